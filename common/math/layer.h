@@ -1,0 +1,91 @@
+// The Layer interface: three pure functions per layer so that zero-bubble schedules can run the
+// input gradient (I) and the weight gradient (W) of a backward pass apart.
+//
+// Conventions for every layer:
+//  - x is the layer's input  [rows, in_features()], y its output [rows, out_features()].
+//    Rows are samples (or tokens for token models) and pass through unchanged.
+//  - A layer object holds only its configuration; parameters live outside in `params`
+//    (one Tensor per ParamSpec, in params() order) so that workers and the reference trainer own
+//    them. Gradients live in `grads` with the same layout and are ACCUMULATED into (+=).
+//  - Forward writes into `stash` whatever BackwardInput/BackwardWeight need beyond x and dy
+//    (caller keeps x alive until the backward of that micro-batch finished). BackwardInput may
+//    add to the stash what BackwardWeight needs (e.g. internal gradients of a composite block).
+//    The caller never interprets a Stash; it only keeps it per (micro-batch, layer).
+//  - dx with zero rows means "the caller needs no input gradient" (first layer of the model):
+//    BackwardInput then skips computing it but still prepares the stash for BackwardWeight.
+//  - Functions are deterministic: the same inputs and the same Eigen thread count give bitwise
+//    identical outputs. They do no I/O, take no locks and are safe to call concurrently on
+//    distinct outputs. Shapes are the caller's contract (checked once when a model is built);
+//    they are asserted only in debug builds.
+#ifndef PIPETRAIN_COMMON_MATH_LAYER_H_
+#define PIPETRAIN_COMMON_MATH_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/math/tensor.h"
+
+namespace pipetrain::math {
+
+// Name (e.g. "weight", "attn.qkv.bias") and shape of one parameter tensor of a layer.
+// Linear weights are [out_features, in_features] (PyTorch layout): y = x W^T + b.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Floating-point operations of one call on a micro-batch (multiply-add = 2 FLOPs).
+struct FlopCount {
+  double forward = 0;
+  double backward_input = 0;
+  double backward_weight = 0;
+  double total() const { return forward + backward_input + backward_weight; }
+};
+
+// Per-(micro-batch, layer) scratch kept from Forward to the end of backward. Layer-defined layout.
+struct Stash {
+  std::vector<float> data;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  // Short kind name used in messages, e.g. "linear", "transformer_block".
+  virtual absl::string_view kind() const = 0;
+  virtual int64_t in_features() const = 0;
+  virtual int64_t out_features() const = 0;
+  // Rows of a micro-batch must be a multiple of this (context length for token layers, else 1).
+  virtual int64_t row_multiple() const { return 1; }
+
+  // Parameter tensors, in a fixed order (empty for parameter-free layers).
+  virtual std::vector<ParamSpec> params() const = 0;
+
+  // Fills `params` (resized here to params()) with initial values that depend only on
+  // (seed, layer_index): never on other layers or on which process runs this.
+  virtual void Init(uint64_t seed, int64_t layer_index, std::vector<Tensor>* params) const = 0;
+
+  // FLOPs of Forward / BackwardInput (with dx requested) / BackwardWeight for `rows` rows.
+  virtual FlopCount Flops(int64_t rows) const = 0;
+  // Bytes Forward leaves in the stash for `rows` rows (excluding x, which the caller keeps).
+  virtual int64_t StashBytes(int64_t rows) const = 0;
+
+  // y = f(x). `y` is pre-sized [rows, out_features()]. Resizes and fills `stash`.
+  virtual void Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
+                       Stash* stash) const = 0;
+  // dx = dL/dx given dy = dL/dy; `dx` pre-sized [rows, in_features()] or zero rows (skip).
+  virtual void BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                             Stash* stash, MatrixMap dx) const = 0;
+  // grads[i] += dL/dparams[i]. Must run after BackwardInput of the same micro-batch.
+  virtual void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x,
+                              ConstMatrixMap dy, const Stash& stash,
+                              absl::Span<Tensor> grads) const = 0;
+};
+
+}  // namespace pipetrain::math
+
+#endif  // PIPETRAIN_COMMON_MATH_LAYER_H_
