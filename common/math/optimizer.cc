@@ -1,0 +1,170 @@
+#include "common/math/optimizer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace pipetrain::math {
+namespace {
+
+bool InUnitInterval(float v) { return v >= 0.0f && v < 1.0f; }
+
+absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_view value) {
+  if (key == "nesterov") {
+    if (value == "1" || value == "true") {
+      c->nesterov = true;
+    } else if (value == "0" || value == "false") {
+      c->nesterov = false;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: nesterov must be 0, 1, true or false, got '", value, "'"));
+    }
+    return absl::OkStatus();
+  }
+  float* field = nullptr;
+  if (key == "lr") field = &c->lr;
+  if (key == "weight_decay") field = &c->weight_decay;
+  if (key == "momentum") field = &c->momentum;
+  if (key == "beta1") field = &c->beta1;
+  if (key == "beta2") field = &c->beta2;
+  if (key == "eps") field = &c->eps;
+  if (key == "clip_norm") field = &c->clip_norm;
+  if (field == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: unknown key '", key,
+        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm)"));
+  }
+  if (!absl::SimpleAtof(value, field)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: ", key, " must be a number, got '", value, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
+  auto bad = [](absl::string_view what, float v, absl::string_view rule) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: ", what, " = ", v, " is out of range: ", rule));
+  };
+  if (!std::isfinite(c.lr) || c.lr <= 0) return bad("lr", c.lr, "must be finite and > 0");
+  if (!std::isfinite(c.weight_decay) || c.weight_decay < 0) {
+    return bad("weight_decay", c.weight_decay, "must be finite and >= 0");
+  }
+  if (!std::isfinite(c.clip_norm) || c.clip_norm < 0) {
+    return bad("clip_norm", c.clip_norm, "must be finite and >= 0 (0 disables clipping)");
+  }
+  if (c.kind == OptimizerKind::kSgd) {
+    if (!InUnitInterval(c.momentum)) return bad("momentum", c.momentum, "must be in [0, 1)");
+    if (c.nesterov && c.momentum == 0) {
+      return absl::InvalidArgumentError("optimizer: nesterov needs momentum > 0");
+    }
+  } else {
+    if (!InUnitInterval(c.beta1)) return bad("beta1", c.beta1, "must be in [0, 1)");
+    if (!InUnitInterval(c.beta2)) return bad("beta2", c.beta2, "must be in [0, 1)");
+    if (!std::isfinite(c.eps) || c.eps <= 0) return bad("eps", c.eps, "must be finite and > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
+  std::pair<absl::string_view, absl::string_view> kind_and_args =
+      absl::StrSplit(text, absl::MaxSplits(':', 1));
+  OptimizerConfig config;
+  if (kind_and_args.first == "sgd") {
+    config.kind = OptimizerKind::kSgd;
+    config.lr = 0.1f;
+  } else if (kind_and_args.first == "adamw") {
+    config.kind = OptimizerKind::kAdamW;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: unknown kind '", kind_and_args.first, "' (expected sgd or adamw)"));
+  }
+  if (!kind_and_args.second.empty()) {
+    for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {
+      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+      if (kv.first.empty() || kv.second.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer: expected key=value, got '", item, "'"));
+      }
+      if (auto s = SetField(&config, kv.first, kv.second); !s.ok()) return s;
+    }
+  }
+  if (auto s = ValidateOptimizerConfig(config); !s.ok()) return s;
+  return config;
+}
+
+std::string FormatOptimizerConfig(const OptimizerConfig& c) {
+  // %.9g round-trips every float exactly.
+  auto f = [](float v) { return absl::StrFormat("%.9g", v); };
+  if (c.kind == OptimizerKind::kSgd) {
+    return absl::StrCat("sgd:lr=", f(c.lr), ",weight_decay=", f(c.weight_decay),
+                        ",momentum=", f(c.momentum), ",nesterov=", c.nesterov ? 1 : 0,
+                        ",clip_norm=", f(c.clip_norm));
+  }
+  return absl::StrCat("adamw:lr=", f(c.lr), ",weight_decay=", f(c.weight_decay),
+                      ",beta1=", f(c.beta1), ",beta2=", f(c.beta2), ",eps=", f(c.eps),
+                      ",clip_norm=", f(c.clip_norm));
+}
+
+std::vector<std::string> OptimizerStateNames(const OptimizerConfig& config) {
+  if (config.kind == OptimizerKind::kAdamW) return {"exp_avg", "exp_avg_sq"};
+  if (config.momentum > 0) return {"momentum_buffer"};
+  return {};
+}
+
+void OptimizerStep(const OptimizerConfig& c, int64_t step, float grad_scale,
+                   absl::Span<const float> grad, absl::Span<float> param,
+                   absl::Span<std::vector<float>> state) {
+  const size_t n = param.size();
+  if (c.kind == OptimizerKind::kSgd) {
+    float* buf = state.empty() ? nullptr : state[0].data();
+    for (size_t i = 0; i < n; ++i) {
+      float g = grad[i] * grad_scale + c.weight_decay * param[i];
+      if (buf != nullptr) {
+        // PyTorch initialises the buffer with the first gradient; with a zero buffer at step 1
+        // momentum * 0 + g == g exactly, so one formula serves both.
+        buf[i] = c.momentum * buf[i] + g;
+        g = c.nesterov ? g + c.momentum * buf[i] : buf[i];
+      }
+      param[i] -= c.lr * g;
+    }
+    return;
+  }
+  float* m = state[0].data();
+  float* v = state[1].data();
+  const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step));
+  const float bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step));
+  const float step_size = c.lr / bias1;
+  const float bias2_sqrt = std::sqrt(bias2);
+  const float decay = 1.0f - c.lr * c.weight_decay;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * grad_scale;
+    param[i] *= decay;
+    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g;
+    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
+    const float denom = std::sqrt(v[i]) / bias2_sqrt + c.eps;
+    param[i] -= step_size * m[i] / denom;
+  }
+}
+
+double SumOfSquares(absl::Span<const float> values) {
+  double sum = 0;
+  for (float x : values) sum += static_cast<double>(x) * x;
+  return sum;
+}
+
+float ClipScale(double global_norm_sq, float clip_norm) {
+  if (clip_norm <= 0) return 1.0f;
+  const double norm = std::sqrt(global_norm_sq);
+  const double scale = clip_norm / (norm + 1e-6);
+  return scale < 1.0 ? static_cast<float>(scale) : 1.0f;
+}
+
+}  // namespace pipetrain::math

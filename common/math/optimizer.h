@@ -1,0 +1,68 @@
+// Optimizers (SGD with momentum, AdamW) and global-norm gradient clipping.
+//
+// Updates are elementwise and run in index order, so the same parameters, gradients, state and
+// step give bitwise-identical results in any process. Semantics follow PyTorch's torch.optim.SGD
+// and torch.optim.AdamW so that users can reason about hyper-parameters the usual way.
+#ifndef PIPETRAIN_COMMON_MATH_OPTIMIZER_H_
+#define PIPETRAIN_COMMON_MATH_OPTIMIZER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace pipetrain::math {
+
+enum class OptimizerKind { kSgd, kAdamW };
+
+// Hyper-parameters of one optimizer. Fields that do not apply to `kind` are ignored.
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  float lr = 1e-3f;            // learning rate, > 0.
+  float weight_decay = 0.0f;   // SGD: L2 added to the gradient; AdamW: decoupled decay. >= 0.
+  float momentum = 0.0f;       // SGD only, in [0, 1).
+  bool nesterov = false;       // SGD only; needs momentum > 0.
+  float beta1 = 0.9f;          // AdamW only, in [0, 1).
+  float beta2 = 0.999f;        // AdamW only, in [0, 1).
+  float eps = 1e-8f;           // AdamW only, > 0.
+  float clip_norm = 0.0f;      // > 0: clip the global gradient L2 norm to this. 0: off.
+};
+
+// INVALID_ARGUMENT naming the first out-of-range hyper-parameter.
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+
+// Parses "sgd" or "adamw", optionally followed by ":key=value,key=value" with keys lr,
+// weight_decay, momentum, nesterov (0/1/true/false), beta1, beta2, eps, clip_norm. Unset keys keep
+// the defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT on unknown kinds/keys/values.
+absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text);
+
+// Canonical text of `config` that ParseOptimizerConfig reads back to an equal config.
+std::string FormatOptimizerConfig(const OptimizerConfig& config);
+
+// Names of the state tensors kept per parameter, in order: SGD with momentum {"momentum_buffer"},
+// SGD without {}, AdamW {"exp_avg", "exp_avg_sq"}. Each has the parameter's shape.
+std::vector<std::string> OptimizerStateNames(const OptimizerConfig& config);
+
+// Applies update number `step` (1-based; AdamW's bias correction uses it) to `param`, using
+// `grad` multiplied by `grad_scale` (the clip scale; 1 for none). `state` holds the tensors named
+// by OptimizerStateNames, each param.size() long, zero before the first step. All spans have the
+// same length. Thread-compatible: distinct parameters may be updated concurrently.
+void OptimizerStep(const OptimizerConfig& config, int64_t step, float grad_scale,
+                   absl::Span<const float> grad, absl::Span<float> param,
+                   absl::Span<std::vector<float>> state);
+
+// Sum of squares of `values`, accumulated in double in index order.
+double SumOfSquares(absl::Span<const float> values);
+
+// The factor min(1, clip_norm / (sqrt(global_norm_sq) + 1e-6)) by which every gradient is scaled
+// (1 when clip_norm <= 0). global_norm_sq must be summed over layers in increasing global layer
+// index so that every process computes the same value.
+float ClipScale(double global_norm_sq, float clip_norm);
+
+}  // namespace pipetrain::math
+
+#endif  // PIPETRAIN_COMMON_MATH_OPTIMIZER_H_

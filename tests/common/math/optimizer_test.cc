@@ -1,0 +1,163 @@
+#include "common/math/optimizer.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::math {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::vector<float>> ZeroState(const OptimizerConfig& c, size_t n) {
+  return std::vector<std::vector<float>>(OptimizerStateNames(c).size(), std::vector<float>(n, 0));
+}
+
+TEST(OptimizerTest, SgdMomentumMatchesHandComputedSteps) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 0.5f;
+  c.momentum = 0.5f;
+  std::vector<float> p = {1.0f, -2.0f};
+  const std::vector<float> g = {0.25f, 1.0f};
+  auto state = ZeroState(c, p.size());
+  ASSERT_EQ(state.size(), 1u);
+  OptimizerStep(c, 1, 1.0f, g, absl::MakeSpan(p), absl::MakeSpan(state));
+  // buf = g; p -= lr * buf. All values are exact binary fractions.
+  EXPECT_EQ(p[0], 0.875f);
+  EXPECT_EQ(p[1], -2.5f);
+  OptimizerStep(c, 2, 1.0f, g, absl::MakeSpan(p), absl::MakeSpan(state));
+  // buf = 0.5 * g + g = 1.5 g; p -= 0.5 * 1.5 g.
+  EXPECT_EQ(state[0][0], 0.375f);
+  EXPECT_EQ(p[0], 0.875f - 0.1875f);
+  EXPECT_EQ(p[1], -2.5f - 0.75f);
+}
+
+TEST(OptimizerTest, SgdNesterovAndWeightDecay) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 0.5f;
+  c.momentum = 0.5f;
+  c.nesterov = true;
+  c.weight_decay = 0.5f;
+  std::vector<float> p = {2.0f};
+  const std::vector<float> g = {1.0f};
+  auto state = ZeroState(c, 1);
+  OptimizerStep(c, 1, 1.0f, g, absl::MakeSpan(p), absl::MakeSpan(state));
+  // g' = 1 + 0.5*2 = 2; buf = 2; nesterov: g'' = 2 + 0.5*2 = 3; p = 2 - 1.5.
+  EXPECT_EQ(state[0][0], 2.0f);
+  EXPECT_EQ(p[0], 0.5f);
+}
+
+TEST(OptimizerTest, GradScaleMultipliesGradient) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.lr = 1.0f;
+  std::vector<float> p = {1.0f};
+  const std::vector<float> g = {1.0f};
+  std::vector<std::vector<float>> state;
+  OptimizerStep(c, 1, 0.25f, g, absl::MakeSpan(p), absl::MakeSpan(state));
+  EXPECT_EQ(p[0], 0.75f);
+}
+
+TEST(OptimizerTest, AdamWFollowsTheDecoupledUpdate) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdamW;
+  c.lr = 0.1f;
+  c.weight_decay = 0.1f;
+  std::vector<float> p = {1.0f, 0.5f};
+  const std::vector<float> g1 = {0.5f, -2.0f};
+  const std::vector<float> g2 = {-0.25f, 1.0f};
+  auto state = ZeroState(c, p.size());
+  ASSERT_EQ(state.size(), 2u);
+  // Independent double-precision evaluation of the AdamW formulas.
+  std::vector<double> pd = {1.0, 0.5}, m = {0, 0}, v = {0, 0};
+  for (int t = 1; t <= 2; ++t) {
+    const auto& g = t == 1 ? g1 : g2;
+    OptimizerStep(c, t, 1.0f, g, absl::MakeSpan(p), absl::MakeSpan(state));
+    for (int i = 0; i < 2; ++i) {
+      pd[i] *= 1.0 - 0.1 * 0.1;
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
+      const double mhat = m[i] / (1 - std::pow(0.9, t));
+      const double vhat = v[i] / (1 - std::pow(0.999, t));
+      pd[i] -= 0.1 * mhat / (std::sqrt(vhat) + 1e-8);
+      EXPECT_NEAR(p[i], pd[i], 1e-6) << "step " << t << " element " << i;
+      EXPECT_NEAR(state[0][i], m[i], 1e-7);
+      EXPECT_NEAR(state[1][i], v[i], 1e-7);
+    }
+  }
+  // First AdamW step moves each parameter by ~lr against the gradient sign (after decay).
+  EXPECT_LT(p[0], 0.99f * 1.0f);
+}
+
+TEST(OptimizerTest, StepsAreBitwiseReproducible) {
+  OptimizerConfig c;
+  c.weight_decay = 0.01f;
+  std::vector<float> g(1000), p1(1000), p2(1000);
+  for (int i = 0; i < 1000; ++i) {
+    g[i] = std::sin(0.37f * i);
+    p1[i] = p2[i] = std::cos(0.11f * i);
+  }
+  auto s1 = ZeroState(c, g.size()), s2 = ZeroState(c, g.size());
+  for (int t = 1; t <= 3; ++t) {
+    OptimizerStep(c, t, 0.7f, g, absl::MakeSpan(p1), absl::MakeSpan(s1));
+    OptimizerStep(c, t, 0.7f, g, absl::MakeSpan(p2), absl::MakeSpan(s2));
+  }
+  EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
+}
+
+TEST(OptimizerTest, ParseAndFormatRoundTrip) {
+  auto c = ParseOptimizerConfig("sgd:lr=0.05,momentum=0.9,nesterov=true,clip_norm=1.5");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kind, OptimizerKind::kSgd);
+  EXPECT_EQ(c->lr, 0.05f);
+  EXPECT_EQ(c->momentum, 0.9f);
+  EXPECT_TRUE(c->nesterov);
+  EXPECT_EQ(c->clip_norm, 1.5f);
+  auto again = ParseOptimizerConfig(FormatOptimizerConfig(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->lr, c->lr);
+  EXPECT_EQ(again->momentum, c->momentum);
+  EXPECT_EQ(again->nesterov, c->nesterov);
+  EXPECT_EQ(again->clip_norm, c->clip_norm);
+
+  auto a = ParseOptimizerConfig("adamw");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->kind, OptimizerKind::kAdamW);
+  EXPECT_EQ(a->lr, 1e-3f);
+  auto a2 = ParseOptimizerConfig(FormatOptimizerConfig(*a));
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ(a2->beta2, a->beta2);
+  EXPECT_EQ(a2->eps, a->eps);
+}
+
+TEST(OptimizerTest, ParseRejectsBadInputWithReasons) {
+  EXPECT_THAT(ParseOptimizerConfig("rmsprop").status().message(), HasSubstr("unknown kind"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:foo=1").status().message(), HasSubstr("unknown key 'foo'"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:lr=abc").status().message(),
+              HasSubstr("lr must be a number"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:lr").status().message(), HasSubstr("key=value"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:lr=-1").status().message(), HasSubstr("lr = -1"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:momentum=1").status().message(),
+              HasSubstr("momentum = 1 is out of range"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:nesterov=1").status().message(),
+              HasSubstr("nesterov needs momentum"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:beta2=1.5").status().message(), HasSubstr("beta2"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:eps=0").status().message(), HasSubstr("eps"));
+  EXPECT_EQ(ParseOptimizerConfig("adamw:lr=nan").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OptimizerTest, ClipScale) {
+  EXPECT_EQ(ClipScale(100.0, 0.0f), 1.0f);   // off
+  EXPECT_EQ(ClipScale(0.25, 1.0f), 1.0f);    // norm 0.5 < 1: unchanged
+  EXPECT_NEAR(ClipScale(16.0, 2.0f), 0.5f, 1e-6f);
+  EXPECT_EQ(SumOfSquares(std::vector<float>{3.0f, 4.0f}), 25.0);
+}
+
+}  // namespace
+}  // namespace pipetrain::math
