@@ -1,0 +1,545 @@
+#include "common/io/dataset.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/io/file_util.h"
+#include "common/util/status_macros.h"
+
+namespace pipetrain::io {
+namespace {
+
+// Names of the bundled files inside DatasetOptions::data_dir.
+constexpr char kDigitsFile[] = "digits.csv.gz";
+constexpr char kTextFile[] = "gpl-3.txt";
+
+// Shape of the bundled digits data.
+constexpr int64_t kDigitsRows = 1797;
+constexpr int64_t kDigitsFeatures = 64;
+constexpr int64_t kDigitsClasses = 10;
+
+// Largest class label accepted in a CSV file: labels travel as floats and must stay exact.
+constexpr double kMaxLabel = 1 << 24;
+
+// Table datasets hold out every 5th row (rows 4, 9, 14, ...): 20%, independent of any seed.
+constexpr int64_t kHoldOutPeriod = 5;
+
+// Text datasets hold out the last 1/kTextHoldOutDivisor of the text.
+constexpr int64_t kTextHoldOutDivisor = 10;
+
+[[noreturn]] void DieBadIndex(const DatasetInfo& info, Split split, int64_t index, int64_t size) {
+  std::fprintf(stderr, "pipetrain: dataset %s: %s sample index %lld out of range [0, %lld)\n",
+               info.name.c_str(), split == Split::kTrain ? "train" : "eval",
+               static_cast<long long>(index), static_cast<long long>(size));
+  std::abort();
+}
+
+// ----- Table split rule --------------------------------------------------------------------
+
+int64_t TableSplitSize(int64_t rows, Split split) {
+  const int64_t eval = rows / kHoldOutPeriod;
+  return split == Split::kEval ? eval : rows - eval;
+}
+
+// Row of the table that is sample `index` of `split`.
+int64_t TableRow(Split split, int64_t index) {
+  if (split == Split::kEval) return index * kHoldOutPeriod + (kHoldOutPeriod - 1);
+  return (index / (kHoldOutPeriod - 1)) * kHoldOutPeriod + index % (kHoldOutPeriod - 1);
+}
+
+// ----- In-memory table (digits, csv) -------------------------------------------------------
+
+struct Table {
+  int64_t rows = 0;
+  int64_t features = 0;
+  int64_t num_classes = 0;
+  std::vector<float> values;  // rows x features, row-major
+  std::vector<float> labels;  // rows
+};
+
+class TableDataset : public Dataset {
+ public:
+  TableDataset(std::string name, Table table) : table_(std::move(table)) {
+    info_.name = std::move(name);
+    info_.input_features = table_.features;
+    info_.target_features = 1;
+    info_.tokens_per_sample = 1;
+    info_.num_classes = table_.num_classes;
+  }
+
+  const DatasetInfo& info() const override { return info_; }
+  int64_t size(Split split) const override { return TableSplitSize(table_.rows, split); }
+
+  void GetSample(Split split, int64_t index, float* inputs, float* targets) const override {
+    if (index < 0 || index >= size(split)) DieBadIndex(info_, split, index, size(split));
+    const int64_t row = TableRow(split, index);
+    const float* src = table_.values.data() + row * table_.features;
+    std::copy(src, src + table_.features, inputs);
+    targets[0] = table_.labels[static_cast<size_t>(row)];
+  }
+
+ private:
+  DatasetInfo info_;
+  Table table_;
+};
+
+absl::Status CsvError(absl::string_view file, int64_t line, int64_t column,
+                      absl::string_view what) {
+  return absl::InvalidArgumentError(column > 0
+                                        ? absl::StrCat(file, ":", line, ":", column, ": ", what)
+                                        : absl::StrCat(file, ":", line, ": ", what));
+}
+
+std::string Shorten(absl::string_view field) {
+  if (field.size() <= 40) return std::string(field);
+  return absl::StrCat(field.substr(0, 40), "...");
+}
+
+// Parses CSV `content` (named `file` in messages): numeric feature columns, then an integer class
+// label >= 0; an optional first line of names; blank lines ignored; no quoting.
+absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file) {
+  Table t;
+  int64_t columns = 0;  // expected per row, fixed by the header or the first data row
+  int64_t first_row_line = 0;
+  bool seen_first_line = false;
+  int64_t line_no = 0;
+  std::vector<absl::string_view> fields;
+  for (absl::string_view line : absl::StrSplit(content, '\n')) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    fields = absl::StrSplit(line, ',');
+    const int64_t n = static_cast<int64_t>(fields.size());
+
+    if (!seen_first_line) {
+      seen_first_line = true;
+      bool any_number = false;
+      for (absl::string_view f : fields) {
+        float unused;
+        any_number |= absl::SimpleAtof(f, &unused);
+      }
+      if (!any_number) {  // a header of column names
+        if (n < 2) {
+          return CsvError(file, line_no, 0,
+                          "header has 1 column; need at least one feature and a label");
+        }
+        columns = n;
+        continue;
+      }
+    }
+    if (columns == 0) {
+      if (n < 2) {
+        return CsvError(file, line_no, 0,
+                        "row has 1 column; need at least one feature column and a label");
+      }
+      columns = n;
+      first_row_line = line_no;
+    }
+    if (n != columns) {
+      return CsvError(
+          file, line_no, 0,
+          absl::StrCat("row has ", n, " columns but ",
+                       first_row_line > 0 ? absl::StrCat("line ", first_row_line, " has ")
+                                          : std::string("the header has "),
+                       columns));
+    }
+    if (first_row_line == 0) first_row_line = line_no;
+    for (int64_t c = 0; c + 1 < n; ++c) {
+      float v;
+      if (!absl::SimpleAtof(fields[static_cast<size_t>(c)], &v)) {
+        return CsvError(
+            file, line_no, c + 1,
+            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a number"));
+      }
+      if (!std::isfinite(v)) {
+        return CsvError(
+            file, line_no, c + 1,
+            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a finite number"));
+      }
+      t.values.push_back(v);
+    }
+    const absl::string_view label_text = fields.back();
+    double label;
+    if (!absl::SimpleAtod(label_text, &label) || !std::isfinite(label)) {
+      return CsvError(file, line_no, n,
+                      absl::StrCat("class label '", Shorten(label_text), "' is not a number"));
+    }
+    if (label < 0) {
+      return CsvError(file, line_no, n,
+                      absl::StrCat("class label '", Shorten(label_text), "' is negative"));
+    }
+    if (label != std::floor(label)) {
+      return CsvError(file, line_no, n,
+                      absl::StrCat("class label '", Shorten(label_text), "' is not an integer"));
+    }
+    if (label >= kMaxLabel) {
+      return CsvError(file, line_no, n,
+                      absl::StrCat("class label '", Shorten(label_text), "' is larger than ",
+                                   static_cast<int64_t>(kMaxLabel) - 1));
+    }
+    t.labels.push_back(static_cast<float>(label));
+    t.num_classes = std::max(t.num_classes, static_cast<int64_t>(label) + 1);
+    ++t.rows;
+  }
+  if (t.rows == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": no data rows"));
+  }
+  t.features = columns - 1;
+  return t;
+}
+
+// ----- Text --------------------------------------------------------------------------------
+
+class TextDataset : public Dataset {
+ public:
+  TextDataset(std::string name, const std::string& text, int64_t context) : context_(context) {
+    std::array<bool, 256> present{};
+    for (char c : text) present[static_cast<unsigned char>(c)] = true;
+    std::array<uint8_t, 256> id{};
+    for (int b = 0; b < 256; ++b) {
+      if (!present[static_cast<size_t>(b)]) continue;
+      id[static_cast<size_t>(b)] = static_cast<uint8_t>(info_.vocabulary.size());
+      info_.vocabulary.push_back(static_cast<char>(b));
+    }
+    ids_.reserve(text.size());
+    for (char c : text) ids_.push_back(id[static_cast<unsigned char>(c)]);
+    const int64_t length = static_cast<int64_t>(text.size());
+    split_ = length - length / kTextHoldOutDivisor;
+    info_.name = std::move(name);
+    info_.input_features = 1;
+    info_.target_features = 1;
+    info_.tokens_per_sample = context;
+    info_.num_classes = static_cast<int64_t>(info_.vocabulary.size());
+  }
+
+  const DatasetInfo& info() const override { return info_; }
+
+  int64_t size(Split split) const override {
+    // A window needs context + 1 characters inside its part of the text.
+    const int64_t part =
+        split == Split::kTrain ? split_ : static_cast<int64_t>(ids_.size()) - split_;
+    return std::max<int64_t>(0, part - context_);
+  }
+
+  void GetSample(Split split, int64_t index, float* inputs, float* targets) const override {
+    if (index < 0 || index >= size(split)) DieBadIndex(info_, split, index, size(split));
+    const uint8_t* p = ids_.data() + (split == Split::kTrain ? 0 : split_) + index;
+    for (int64_t t = 0; t < context_; ++t) {
+      inputs[t] = static_cast<float>(p[t]);
+      targets[t] = static_cast<float>(p[t + 1]);
+    }
+  }
+
+  // First byte of the held-out part.
+  int64_t split_point() const { return split_; }
+
+ private:
+  DatasetInfo info_;
+  int64_t context_;
+  int64_t split_ = 0;
+  std::vector<uint8_t> ids_;
+};
+
+// ----- Synthetic ---------------------------------------------------------------------------
+
+uint64_t Mix64(uint64_t x) {  // SplitMix64 step: a bijective, well-mixed hash
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+constexpr double kPi = 3.14159265358979323846;
+
+// A N(0, 1) draw that depends only on (seed, domain, row, column): Box-Muller on two counter-based
+// uniforms, computed in double and rounded to float.
+float CounterGaussian(uint64_t seed, uint64_t domain, uint64_t row, uint64_t column) {
+  const uint64_t base = Mix64(Mix64(Mix64(seed) ^ domain) + row);
+  const uint64_t pair = column / 2;
+  const uint64_t a = Mix64(base + 2 * pair);
+  const uint64_t b = Mix64(base + 2 * pair + 1);
+  const double u1 = 1.0 - static_cast<double>(a >> 11) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;        // [0, 1)
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double angle = 2.0 * kPi * u2;
+  return static_cast<float>(column % 2 == 0 ? r * std::cos(angle) : r * std::sin(angle));
+}
+
+constexpr uint64_t kFeatureDomain = 0x66656174ull;  // "feat"
+constexpr uint64_t kTeacherDomain = 0x74656163ull;  // "teac"
+
+class SyntheticDataset : public Dataset {
+ public:
+  SyntheticDataset(int64_t rows, int64_t features, int64_t classes, uint64_t seed)
+      : rows_(rows), seed_(seed) {
+    info_.name = absl::StrCat("synthetic:", rows);
+    info_.input_features = features;
+    info_.target_features = 1;
+    info_.tokens_per_sample = 1;
+    info_.num_classes = classes;
+    teacher_.resize(static_cast<size_t>(classes * features));
+    for (int64_t c = 0; c < classes; ++c) {
+      for (int64_t f = 0; f < features; ++f) {
+        teacher_[static_cast<size_t>(c * features + f)] = CounterGaussian(
+            seed, kTeacherDomain, static_cast<uint64_t>(c), static_cast<uint64_t>(f));
+      }
+    }
+  }
+
+  const DatasetInfo& info() const override { return info_; }
+  int64_t size(Split split) const override { return TableSplitSize(rows_, split); }
+
+  void GetSample(Split split, int64_t index, float* inputs, float* targets) const override {
+    if (index < 0 || index >= size(split)) DieBadIndex(info_, split, index, size(split));
+    const uint64_t row = static_cast<uint64_t>(TableRow(split, index));
+    const int64_t features = info_.input_features;
+    for (int64_t f = 0; f < features; ++f) {
+      inputs[f] = CounterGaussian(seed_, kFeatureDomain, row, static_cast<uint64_t>(f));
+    }
+    int64_t best = 0;
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < info_.num_classes; ++c) {
+      const float* w = teacher_.data() + c * features;
+      double score = 0;
+      for (int64_t f = 0; f < features; ++f) score += static_cast<double>(w[f]) * inputs[f];
+      if (score > best_score) {
+        best_score = score;
+        best = c;
+      }
+    }
+    targets[0] = static_cast<float>(best);
+  }
+
+ private:
+  DatasetInfo info_;
+  int64_t rows_;
+  uint64_t seed_;
+  std::vector<float> teacher_;  // num_classes x input_features
+};
+
+// ----- Opening -----------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDigits(const DatasetOptions& options) {
+  const std::string path = JoinPath(options.data_dir, kDigitsFile);
+  PT_ASSIGN_OR_RETURN(std::string content, ReadFileMaybeGzipped(path));
+  absl::StatusOr<Table> table = ParseCsv(content, path);
+  if (!table.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("bundled digits data is corrupt: ", table.status().message()));
+  }
+  if (table->rows != kDigitsRows || table->features != kDigitsFeatures ||
+      table->num_classes != kDigitsClasses) {
+    return absl::DataLossError(absl::StrCat(path, ": bundled digits data has ", table->rows,
+                                            " rows, ", table->features, " features and ",
+                                            table->num_classes, " classes; expected ", kDigitsRows,
+                                            ", ", kDigitsFeatures, " and ", kDigitsClasses));
+  }
+  for (float& v : table->values) {
+    if (v < 0 || v > 16) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": bundled digits pixel value ", v, " outside [0, 16]"));
+    }
+    v /= 16.0f;  // exact: a power of two
+  }
+  return std::unique_ptr<Dataset>(new TableDataset("digits", *std::move(table)));
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenCsv(const std::string& path) {
+  PT_ASSIGN_OR_RETURN(std::string content, ReadFileMaybeGzipped(path));
+  PT_ASSIGN_OR_RETURN(Table table, ParseCsv(content, path));
+  return std::unique_ptr<Dataset>(new TableDataset(absl::StrCat("csv:", path), std::move(table)));
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const std::string& path,
+                                                  const DatasetOptions& options) {
+  if (options.context <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
+  }
+  PT_ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGzipped(path));
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": text is empty"));
+  auto dataset = std::make_unique<TextDataset>(name, text, options.context);
+  if (dataset->size(Split::kTrain) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": text of ", text.size(), " bytes is too short for context ",
+                     options.context, ": the training part (first ", dataset->split_point(),
+                     " bytes) needs at least ", options.context + 1));
+  }
+  return std::unique_ptr<Dataset>(std::move(dataset));
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenSynthetic(absl::string_view rows_text,
+                                                       const DatasetOptions& options) {
+  int64_t rows = options.synthetic_rows;
+  if (!rows_text.empty() && !absl::SimpleAtoi(rows_text, &rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic dataset: row count '", rows_text, "' is not an integer"));
+  }
+  if (rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic dataset: row count must be >= 1, got ", rows));
+  }
+  if (options.input_features < 1 || options.num_classes < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic dataset: needs input_features >= 1 and num_classes >= 2 (from the model), got ",
+        options.input_features, " and ", options.num_classes));
+  }
+  constexpr int64_t kMaxTeacher = int64_t{1} << 28;
+  if (options.input_features > kMaxTeacher || options.num_classes > kMaxTeacher ||
+      options.input_features * options.num_classes > kMaxTeacher) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic dataset: input_features x num_classes = ", options.input_features,
+                     " x ", options.num_classes, " exceeds the limit of ", kMaxTeacher));
+  }
+  return std::unique_ptr<Dataset>(
+      new SyntheticDataset(rows, options.input_features, options.num_classes, options.seed));
+}
+
+// An unbiased draw from [0, bound), bound >= 1, by rejection on the smallest covering bit mask.
+uint64_t BoundedDraw(std::mt19937_64& gen, uint64_t bound) {
+  if (bound <= 1) return 0;
+  const uint64_t mask = ~uint64_t{0} >> __builtin_clzll(bound - 1);
+  while (true) {
+    const uint64_t x = gen() & mask;
+    if (x < bound) return x;
+  }
+}
+
+}  // namespace
+
+Dataset::~Dataset() = default;
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
+                                                     const DatasetOptions& options) {
+  const size_t colon = spec.find(':');
+  const absl::string_view kind = spec.substr(0, colon);
+  const bool has_arg = colon != absl::string_view::npos;
+  const absl::string_view arg = has_arg ? spec.substr(colon + 1) : absl::string_view();
+  if (kind == "digits") {
+    if (has_arg) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset spec '", spec, "': digits takes no argument"));
+    }
+    return OpenDigits(options);
+  }
+  if (kind == "text") {
+    if (has_arg && arg.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset spec '", spec, "': text: needs a path"));
+    }
+    if (!has_arg) return OpenText("text", JoinPath(options.data_dir, kTextFile), options);
+    return OpenText(absl::StrCat("text:", arg), std::string(arg), options);
+  }
+  if (kind == "csv") {
+    if (arg.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset spec '", spec, "': csv needs a path (csv:PATH)"));
+    }
+    return OpenCsv(std::string(arg));
+  }
+  if (kind == "synthetic") {
+    if (has_arg && arg.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset spec '", spec, "': synthetic: needs a row count"));
+    }
+    return OpenSynthetic(arg, options);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dataset spec '", spec,
+                   "' (expected digits, text, text:PATH, csv:PATH, synthetic or synthetic:ROWS)"));
+}
+
+// ----- Batching ----------------------------------------------------------------------------
+
+std::vector<int64_t> BatchSampler::EpochPermutation(int64_t train_size, uint64_t seed,
+                                                    int64_t epoch) {
+  std::vector<int64_t> perm(static_cast<size_t>(std::max<int64_t>(train_size, 0)));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+  std::mt19937_64 gen(Mix64(Mix64(seed) ^ Mix64(static_cast<uint64_t>(epoch) + 0x5eed)));
+  for (size_t i = perm.size(); i > 1; --i) {
+    const uint64_t j = BoundedDraw(gen, i);
+    std::swap(perm[i - 1], perm[static_cast<size_t>(j)]);
+  }
+  return perm;
+}
+
+BatchSampler::BatchSampler(const Dataset* dataset, int64_t batch_size, uint64_t seed,
+                           DataCursor start)
+    : dataset_(dataset),
+      batch_size_(batch_size),
+      seed_(seed),
+      batches_per_epoch_(dataset->size(Split::kTrain) / batch_size),
+      cursor_(start) {}
+
+absl::StatusOr<BatchSampler> BatchSampler::Create(const Dataset* dataset, int64_t batch_size,
+                                                  uint64_t seed, DataCursor start) {
+  if (dataset == nullptr) return absl::InvalidArgumentError("BatchSampler: dataset is null");
+  const int64_t train = dataset->size(Split::kTrain);
+  if (batch_size <= 0 || batch_size > train) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size ", batch_size, " must be in [1, ", train, "] (the training split of ",
+        dataset->info().name, " has ", train, " samples)"));
+  }
+  const int64_t batches = train / batch_size;
+  if (start.epoch < 0 || start.batch < 0 || start.batch >= batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data cursor (epoch ", start.epoch, ", batch ", start.batch,
+                     ") is invalid: need epoch >= 0 and batch in [0, ", batches, ")"));
+  }
+  return BatchSampler(dataset, batch_size, seed, start);
+}
+
+Batch BatchSampler::Next() {
+  if (permutation_epoch_ != cursor_.epoch) {
+    permutation_ = EpochPermutation(dataset_->size(Split::kTrain), seed_, cursor_.epoch);
+    permutation_epoch_ = cursor_.epoch;
+  }
+  const DatasetInfo& info = dataset_->info();
+  const int64_t t = info.tokens_per_sample;
+  Batch batch;
+  batch.samples = batch_size_;
+  batch.inputs.resize(batch_size_ * t, info.input_features);
+  batch.targets.resize(batch_size_ * t, info.target_features);
+  for (int64_t s = 0; s < batch_size_; ++s) {
+    const int64_t index = permutation_[static_cast<size_t>(cursor_.batch * batch_size_ + s)];
+    dataset_->GetSample(Split::kTrain, index, batch.inputs.data() + s * t * info.input_features,
+                        batch.targets.data() + s * t * info.target_features);
+  }
+  if (++cursor_.batch == batches_per_epoch_) {
+    cursor_.batch = 0;
+    ++cursor_.epoch;
+  }
+  return batch;
+}
+
+Batch MakeEvalBatch(const Dataset& dataset, int64_t begin, int64_t count) {
+  const int64_t available = dataset.size(Split::kEval);
+  if (begin < 0 || begin >= available || count < 0) {
+    count = 0;
+  } else {
+    count = std::min(count, available - begin);
+  }
+  const DatasetInfo& info = dataset.info();
+  const int64_t t = info.tokens_per_sample;
+  Batch batch;
+  batch.samples = count;
+  batch.inputs.resize(count * t, info.input_features);
+  batch.targets.resize(count * t, info.target_features);
+  for (int64_t s = 0; s < count; ++s) {
+    dataset.GetSample(Split::kEval, begin + s, batch.inputs.data() + s * t * info.input_features,
+                      batch.targets.data() + s * t * info.target_features);
+  }
+  return batch;
+}
+
+}  // namespace pipetrain::io

@@ -1,0 +1,145 @@
+// Datasets (bundled digits and text, users' CSV and text files, a synthetic generator) and
+// deterministic batching. Formats, splits and the --data syntax are described in docs/data.md.
+//
+// A sample is `tokens_per_sample` rows; each row has `input_features` input floats and
+// `target_features` target floats. Class labels and token ids are stored as exactly
+// representable floats. A batch of b samples is a pair of row-major matrices with
+// b * tokens_per_sample rows, ready to be split into micro-batches of consecutive rows.
+#ifndef PIPETRAIN_COMMON_IO_DATASET_H_
+#define PIPETRAIN_COMMON_IO_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/math/tensor.h"
+
+#ifndef PIPETRAIN_DEFAULT_DATA_DIR
+// Normally set by the pipetrain_io CMake target to the repository's data/ directory.
+#define PIPETRAIN_DEFAULT_DATA_DIR "data"
+#endif
+
+namespace pipetrain::io {
+
+// Which part of a dataset: the training part or the held-out part.
+enum class Split { kTrain, kEval };
+
+// Shape and description of a dataset.
+struct DatasetInfo {
+  std::string name;               // "digits", "text:PATH", "csv:PATH", "synthetic:ROWS", ...
+  int64_t input_features = 0;     // floats per input row (1 for text: the token id)
+  int64_t target_features = 0;    // floats per target row (1: a class index / next-token id)
+  int64_t tokens_per_sample = 1;  // rows per sample (the context for text, else 1)
+  int64_t num_classes = 0;        // classes (vocabulary size for text)
+  std::string vocabulary;         // text only: the i-th byte is token i (sorted)
+};
+
+// An immutable, in-memory (or computed-on-demand) dataset. All methods are const and
+// thread-safe.
+class Dataset {
+ public:
+  virtual ~Dataset();
+
+  virtual const DatasetInfo& info() const = 0;
+
+  // Number of samples in `split` (>= 1 for kTrain; kEval may be 0 for tiny inputs).
+  virtual int64_t size(Split split) const = 0;
+
+  // Writes sample `index` of `split`: tokens_per_sample x input_features floats to `inputs` and
+  // tokens_per_sample x target_features floats to `targets`, both row-major. Requires
+  // 0 <= index < size(split) (aborts otherwise: a programming error, not a data error).
+  virtual void GetSample(Split split, int64_t index, float* inputs, float* targets) const = 0;
+};
+
+// How OpenDataset builds a dataset. The model supplies the shape-dependent fields.
+struct DatasetOptions {
+  // Directory holding the bundled files (digits.csv.gz, gpl-3.txt).
+  std::string data_dir = PIPETRAIN_DEFAULT_DATA_DIR;
+  // Text datasets: tokens per sample (the model's context length). Must be > 0 for text.
+  int64_t context = 0;
+  // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).
+  int64_t input_features = 0;
+  int64_t num_classes = 0;
+  // Synthetic dataset: total rows when the spec gives none ("synthetic" vs "synthetic:ROWS").
+  int64_t synthetic_rows = 4096;
+  // Synthetic dataset: seed of the features and of the teacher that labels them.
+  uint64_t seed = 0;
+};
+
+// Opens the dataset named by `spec`:
+//   digits            bundled UCI optical digits (64 features scaled to [0, 1], 10 classes)
+//   text              bundled text (GPL-3 license), char (byte) level language modelling
+//   text:PATH         the file at PATH, byte-level language modelling
+//   csv:PATH          numeric feature columns then an integer class label >= 0; optional header
+//   synthetic[:ROWS]  N(0, 1) features labelled by a fixed random linear teacher
+// Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options or a
+// malformed file (the message names file:line:column); NOT_FOUND for a missing file;
+// DATA_LOSS for a corrupt compressed file or a corrupt bundled file.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
+                                                     const DatasetOptions& options);
+
+// Position of the next batch a BatchSampler returns.
+struct DataCursor {
+  int64_t epoch = 0;
+  int64_t batch = 0;  // in [0, batches_per_epoch)
+};
+
+// A batch of `samples` samples: inputs [samples * tokens_per_sample, input_features] and
+// targets [samples * tokens_per_sample, target_features].
+struct Batch {
+  math::Matrix inputs;
+  math::Matrix targets;
+  int64_t samples = 0;
+};
+
+// Deterministic shuffled batches of the training split. Epoch e visits the training samples in a
+// permutation determined only by (seed, e) (Fisher-Yates with std::mt19937_64 and an unbiased
+// rejection-sampled bounded draw, so the order is the same on every platform); it yields
+// floor(N / batch_size) batches and drops the remainder. Not thread-safe; does not own the dataset,
+// which must outlive it. Copyable and movable.
+class BatchSampler {
+ public:
+  // INVALID_ARGUMENT if `dataset` is null, batch_size is <= 0 or larger than the training split,
+  // or `start` is not a valid position (epoch < 0, batch outside [0, batches_per_epoch)).
+  static absl::StatusOr<BatchSampler> Create(const Dataset* dataset, int64_t batch_size,
+                                             uint64_t seed, DataCursor start = {});
+
+  // Returns the batch at cursor() and advances the cursor (to the next epoch after the last
+  // batch of an epoch).
+  Batch Next();
+
+  // The position of the batch the next call to Next() returns; restarting a sampler with the
+  // same dataset, batch size and seed at this cursor reproduces the same subsequent batches.
+  DataCursor cursor() const { return cursor_; }
+
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t batch_size() const { return batch_size_; }
+
+  // The order in which epoch `epoch` visits the training indices (all of them, including the
+  // dropped remainder at the end). Exposed for tests and tools.
+  static std::vector<int64_t> EpochPermutation(int64_t train_size, uint64_t seed, int64_t epoch);
+
+ private:
+  BatchSampler(const Dataset* dataset, int64_t batch_size, uint64_t seed, DataCursor start);
+
+  const Dataset* dataset_;
+  int64_t batch_size_;
+  uint64_t seed_;
+  int64_t batches_per_epoch_;
+  DataCursor cursor_;
+  int64_t permutation_epoch_ = -1;  // epoch `permutation_` belongs to
+  std::vector<int64_t> permutation_;
+};
+
+// Returns eval samples [begin, begin + count) of `dataset` as one batch, in order. `count` is
+// clamped to the samples available, so the result may have fewer samples (0 if begin is out of
+// range). Thread-safe.
+Batch MakeEvalBatch(const Dataset& dataset, int64_t begin, int64_t count);
+
+}  // namespace pipetrain::io
+
+#endif  // PIPETRAIN_COMMON_IO_DATASET_H_
