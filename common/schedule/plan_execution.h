@@ -1,0 +1,31 @@
+// Internal: runs a plan under the executor's model and times every action.
+//
+// Model: each worker runs its actions strictly in order; an action starts when its worker is free
+// and its inputs have arrived; sends never block. Inputs: F(mb, c) needs the activation of
+// F(mb, c-1); B or I(mb, c) needs F(mb, c) and the input gradient produced by B or I(mb, c+1)
+// (none for the last chunk, whose F computes the loss); W(mb, c) needs I(mb, c). A message between
+// chunks on different workers arrives `boundary_delay[c]` after its producer ends (c is the lower
+// chunk of the boundary); on the same worker it is available at once.
+#ifndef PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_
+#define PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/ir.h"
+#include "common/schedule/timeline.h"
+
+namespace pipetrain::schedule::internal {
+
+// Times every action of `plan`, which must have passed CheckPlanStructure(). `durations` has the
+// shape of plan.actions; `boundary_delay` is empty (no link delay) or has num_chunks-1 entries.
+// Returns the per-worker intervals, or INVALID_ARGUMENT if the plan deadlocks, naming each blocked
+// worker, its position, the action it cannot start and the input it waits for. O(number of
+// actions) time and O(M * S * V) memory.
+absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
+    const Plan& plan, const std::vector<std::vector<double>>& durations,
+    const std::vector<double>& boundary_delay);
+
+}  // namespace pipetrain::schedule::internal
+
+#endif  // PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_
