@@ -1,0 +1,32 @@
+// Portable elementary functions whose bits do not depend on the C library or the CPU.
+//
+// std::exp/std::log/std::tanh/std::cos come from libm; glibc on x86-64 picks FMA or non-FMA
+// variants of several of them at run time (ifunc) according to the CPU, and neither variant is
+// correctly rounded, so the same binary may return different bits on two machines. pipetrain
+// promises bitwise-identical training on any worker, so every transcendental function in the
+// numerics goes through this file instead: each is built from IEEE-754 basic operations
+// (+ - * /, sqrt, floor, frexp/ldexp) only, which are correctly rounded everywhere. The library is
+// compiled with -ffp-contract=off so the compiler never fuses a*b+c into an FMA.
+//
+// Accuracy: a few double ulps (far below float resolution); results are then rounded to float by
+// callers where needed. All functions are pure, thread-safe and allocation-free.
+#ifndef PIPETRAIN_COMMON_MATH_DET_MATH_H_
+#define PIPETRAIN_COMMON_MATH_DET_MATH_H_
+
+namespace pipetrain::math {
+
+// e^x. Returns +inf above ~709.78, 0 below ~-745.13, NaN for NaN.
+double PortableExp(double x);
+
+// Natural logarithm. Returns -inf for 0, NaN for negative or NaN arguments, +inf for +inf.
+double PortableLog(double x);
+
+// tanh(x). Exactly +-1 for |x| >= 20 (tanh rounds to 1 in double there), NaN for NaN.
+double PortableTanh(double x);
+
+// *s = sin(2*pi*u), *c = cos(2*pi*u) for u in [0, 1] (used by Box-Muller).
+void PortableSinCos2Pi(double u, double* s, double* c);
+
+}  // namespace pipetrain::math
+
+#endif  // PIPETRAIN_COMMON_MATH_DET_MATH_H_

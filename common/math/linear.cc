@@ -1,0 +1,79 @@
+#include "common/math/linear.h"
+
+#include <cassert>
+#include <cmath>
+
+#include "common/math/init.h"
+
+namespace pipetrain::math {
+
+void LinearForward(ConstMatrixMap x, ConstMatrixMap w, const float* b, MatrixMap y) {
+  assert(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows());
+  y.noalias() = x * w.transpose();
+  if (b != nullptr) y.rowwise() += Eigen::Map<const RowVector>(b, w.rows());
+}
+
+void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx) {
+  assert(dy.cols() == w.rows() && dx.rows() == dy.rows() && dx.cols() == w.cols());
+  dx.noalias() = dy * w;
+}
+
+void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, float* gb) {
+  assert(x.rows() == dy.rows() && gw.rows() == dy.cols() && gw.cols() == x.cols());
+  gw.noalias() += dy.transpose() * x;
+  if (gb != nullptr) AccumulateColumnSums(dy, gb);
+}
+
+void AccumulateColumnSums(ConstMatrixMap dy, float* g) {
+  Eigen::Map<RowVector> acc(g, dy.cols());
+  for (Eigen::Index r = 0; r < dy.rows(); ++r) acc += dy.row(r);
+}
+
+double LinearGemmFlops(int64_t rows, int64_t in, int64_t out) {
+  return 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : in_(in_features), out_(out_features), bias_(bias) {
+  assert(in_ > 0 && out_ > 0);
+}
+
+std::vector<ParamSpec> Linear::params() const {
+  std::vector<ParamSpec> specs = {{"weight", {out_, in_}}};
+  if (bias_) specs.push_back({"bias", {out_}});
+  return specs;
+}
+
+void Linear::Init(uint64_t seed, int64_t layer_index, std::vector<Tensor>* params) const {
+  AllocateParams(this->params(), params);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+  FillUniform(seed, layer_index, 0, -bound, bound, &(*params)[0]);
+  if (bias_) FillUniform(seed, layer_index, 1, -bound, bound, &(*params)[1]);
+}
+
+FlopCount Linear::Flops(int64_t rows) const {
+  const double gemm = LinearGemmFlops(rows, in_, out_);
+  const double bias = bias_ ? static_cast<double>(rows) * static_cast<double>(out_) : 0.0;
+  return {gemm + bias, gemm, gemm + bias};
+}
+
+void Linear::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
+                     Stash* stash) const {
+  stash->data.clear();
+  LinearForward(x, ConstMatrixMap(params[0].data.data(), out_, in_),
+                bias_ ? params[1].data.data() : nullptr, y);
+}
+
+void Linear::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                           Stash* stash, MatrixMap dx) const {
+  if (dx.rows() == 0) return;
+  LinearBackwardInput(dy, ConstMatrixMap(params[0].data.data(), out_, in_), dx);
+}
+
+void Linear::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                            const Stash& stash, absl::Span<Tensor> grads) const {
+  LinearBackwardWeight(x, dy, MatrixMap(grads[0].data.data(), out_, in_),
+                       bias_ ? grads[1].data.data() : nullptr);
+}
+
+}  // namespace pipetrain::math

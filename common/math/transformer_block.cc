@@ -1,0 +1,303 @@
+#include "common/math/transformer_block.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+#include "common/math/activations.h"
+#include "common/math/det_math.h"
+#include "common/math/init.h"
+#include "common/math/layer_norm.h"
+#include "common/math/linear.h"
+
+namespace pipetrain::math {
+namespace {
+
+enum Param : int {
+  kLn1W = 0,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFc2W,
+  kFc2B,
+  kNumParams
+};
+
+constexpr float kLnEps = 1e-5f;
+constexpr int64_t kRegionAlign = 16;  // floats (64 bytes).
+
+// Softmax backward per score element (dot, subtract, two multiplies, scale).
+constexpr double kSoftmaxForwardFlopsPerScore = 8;  // scale, max, exp (~4), sum, divide.
+constexpr double kSoftmaxBackwardFlopsPerScore = 5;
+
+int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+
+ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
+
+}  // namespace
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t context, int64_t mlp_ratio)
+    : dim_(dim),
+      heads_(heads),
+      context_(context),
+      hidden_(mlp_ratio * dim),
+      head_dim_(heads > 0 ? dim / heads : 0) {
+  assert(dim_ > 0 && heads_ > 0 && context_ > 0 && mlp_ratio > 0 && dim_ % heads_ == 0);
+}
+
+std::vector<ParamSpec> TransformerBlock::params() const {
+  const int64_t d = dim_;
+  const int64_t h = hidden_;
+  return {{"ln1.weight", {d}},
+          {"ln1.bias", {d}},
+          {"attn.qkv.weight", {3 * d, d}},
+          {"attn.qkv.bias", {3 * d}},
+          {"attn.proj.weight", {d, d}},
+          {"attn.proj.bias", {d}},
+          {"ln2.weight", {d}},
+          {"ln2.bias", {d}},
+          {"mlp.fc.weight", {h, d}},
+          {"mlp.fc.bias", {h}},
+          {"mlp.proj.weight", {d, h}},
+          {"mlp.proj.bias", {d}}};
+}
+
+void TransformerBlock::Init(uint64_t seed, int64_t layer_index, std::vector<Tensor>* params) const {
+  AllocateParams(this->params(), params);
+  FillConstant(1.0f, &(*params)[kLn1W]);
+  FillConstant(1.0f, &(*params)[kLn2W]);
+  for (int p : {kQkvW, kProjW, kFcW, kFc2W}) {
+    FillNormal(seed, layer_index, p, 0.0, 0.02, &(*params)[p]);
+  }
+  // Biases and LN shifts stay 0 (AllocateParams zero-fills).
+}
+
+TransformerBlock::Layout TransformerBlock::MakeLayout(int64_t rows) const {
+  const int64_t n = rows;
+  const int64_t d = dim_;
+  const int64_t samples = rows / context_;
+  Layout l;
+  int64_t at = 0;
+  auto take = [&at](int64_t size) {
+    const int64_t start = at;
+    at += AlignUp(size);
+    return start;
+  };
+  l.mean1 = take(n);
+  l.rstd1 = take(n);
+  l.ln1 = take(n * d);
+  l.qkv = take(n * 3 * d);
+  l.att = take(samples * heads_ * context_ * context_);
+  l.attn = take(n * d);
+  l.h = take(n * d);
+  l.mean2 = take(n);
+  l.rstd2 = take(n);
+  l.ln2 = take(n * d);
+  l.fc = take(n * hidden_);
+  l.gelu = take(n * hidden_);
+  l.dfc = take(n * hidden_);
+  l.dh = take(n * d);
+  l.dln2 = take(n * d);
+  l.dqkv = take(n * 3 * d);
+  l.dln1 = take(n * d);
+  l.scratch = take(context_ * context_);
+  l.total = at;
+  return l;
+}
+
+int64_t TransformerBlock::StashBytes(int64_t rows) const {
+  return MakeLayout(rows).total * static_cast<int64_t>(sizeof(float));
+}
+
+FlopCount TransformerBlock::Flops(int64_t rows) const {
+  const double n = static_cast<double>(rows);
+  const double d = static_cast<double>(dim_);
+  const double hid = static_cast<double>(hidden_);
+  const double t = static_cast<double>(context_);
+  const double scores = n * static_cast<double>(heads_) * t;  // samples * heads * T^2
+  // GEMMs: weights 2 n (3d d + d d + d hid + hid d); attention 2 n T d per T x T x hd product.
+  const double weight_gemm = 2.0 * n * (4.0 * d * d + 2.0 * d * hid);
+  const double attn_gemm = 2.0 * n * t * d;
+  const double biases = n * (5.0 * d + hid);
+  FlopCount f;
+  f.forward = weight_gemm + 2.0 * attn_gemm + biases +
+              2.0 * kLayerNormForwardFlopsPerElement * n * d +
+              kSoftmaxForwardFlopsPerScore * scores + kGeluForwardFlopsPerElement * n * hid +
+              2.0 * n * d;  // residuals
+  f.backward_input =
+      weight_gemm + 4.0 * attn_gemm + 2.0 * (kLayerNormBackwardInputFlopsPerElement + 1.0) * n * d +
+      kSoftmaxBackwardFlopsPerScore * scores + kGeluBackwardFlopsPerElement * n * hid;
+  f.backward_weight = weight_gemm + biases + 2.0 * kLayerNormBackwardWeightFlopsPerElement * n * d;
+  return f;
+}
+
+void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMap out) const {
+  const int64_t t = context_;
+  const int64_t hd = head_dim_;
+  const int64_t d = dim_;
+  const int64_t samples = qkv.rows() / t;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (int64_t s = 0; s < samples; ++s) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      const auto q = qkv.block(s * t, h * hd, t, hd);
+      const auto k = qkv.block(s * t, d + h * hd, t, hd);
+      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
+      float* a_data = att + (s * heads_ + h) * t * t;
+      MatrixMap a(a_data, t, t);
+      a.noalias() = q * k.transpose();
+      // Causal softmax of row i over columns 0..i; columns > i are exactly 0.
+      for (int64_t i = 0; i < t; ++i) {
+        float* ar = a_data + i * t;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          ar[j] *= scale;
+          mx = std::max(mx, ar[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          ar[j] = static_cast<float>(PortableExp(static_cast<double>(ar[j]) - mx));
+          sum += ar[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) ar[j] = static_cast<float>(ar[j] / sum);
+        for (int64_t j = i + 1; j < t; ++j) ar[j] = 0.0f;
+      }
+      out.block(s * t, h * hd, t, hd).noalias() = a * v;
+    }
+  }
+}
+
+void TransformerBlock::AttentionBackward(ConstMatrixMap qkv, const float* att, ConstMatrixMap dout,
+                                         float* scratch, MatrixMap dqkv) const {
+  const int64_t t = context_;
+  const int64_t hd = head_dim_;
+  const int64_t d = dim_;
+  const int64_t samples = qkv.rows() / t;
+  const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  MatrixMap ds(scratch, t, t);
+  for (int64_t s = 0; s < samples; ++s) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      const auto q = qkv.block(s * t, h * hd, t, hd);
+      const auto k = qkv.block(s * t, d + h * hd, t, hd);
+      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
+      const auto dout_h = dout.block(s * t, h * hd, t, hd);
+      const float* a_data = att + (s * heads_ + h) * t * t;
+      ConstMatrixMap a(a_data, t, t);
+      // dP = dO V^T, dV = P^T dO.
+      ds.noalias() = dout_h * v.transpose();
+      dqkv.block(s * t, 2 * d + h * hd, t, hd).noalias() = a.transpose() * dout_h;
+      // Softmax backward: dS_ij = scale P_ij (dP_ij - sum_k P_ik dP_ik), j <= i; 0 above.
+      for (int64_t i = 0; i < t; ++i) {
+        const float* ar = a_data + i * t;
+        float* dr = scratch + i * t;
+        double dot = 0;
+        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(ar[j]) * dr[j];
+        for (int64_t j = 0; j <= i; ++j) {
+          dr[j] = static_cast<float>(scale * ar[j] * (dr[j] - dot));
+        }
+        for (int64_t j = i + 1; j < t; ++j) dr[j] = 0.0f;
+      }
+      // dQ = dS K, dK = dS^T Q.
+      dqkv.block(s * t, h * hd, t, hd).noalias() = ds * k;
+      dqkv.block(s * t, d + h * hd, t, hd).noalias() = ds.transpose() * q;
+    }
+  }
+}
+
+void TransformerBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
+                               Stash* stash) const {
+  assert(x.cols() == dim_ && y.rows() == x.rows() && y.cols() == dim_ && x.rows() % context_ == 0 &&
+         params.size() == kNumParams);
+  const int64_t n = x.rows();
+  const int64_t d = dim_;
+  const Layout l = MakeLayout(n);
+  if (stash->data.size() != static_cast<size_t>(l.total)) {
+    stash->data.resize(static_cast<size_t>(l.total));
+  }
+  float* s = stash->data.data();
+  auto p = [&params](int i) { return params[i].data.data(); };
+
+  MatrixMap ln1(s + l.ln1, n, d);
+  LayerNormForward(x, p(kLn1W), p(kLn1B), kLnEps, ln1, s + l.mean1, s + l.rstd1);
+  MatrixMap qkv(s + l.qkv, n, 3 * d);
+  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv);
+  MatrixMap attn(s + l.attn, n, d);
+  AttentionForward(AsConst(qkv), s + l.att, attn);
+  MatrixMap h(s + l.h, n, d);
+  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h);
+  h += x;
+  MatrixMap ln2(s + l.ln2, n, d);
+  LayerNormForward(AsConst(h), p(kLn2W), p(kLn2B), kLnEps, ln2, s + l.mean2, s + l.rstd2);
+  MatrixMap fc(s + l.fc, n, hidden_);
+  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc);
+  GeluForward(s + l.fc, n * hidden_, s + l.gelu);
+  LinearForward(ConstMatrixMap(s + l.gelu, n, hidden_), ConstMatrixMap(p(kFc2W), d, hidden_),
+                p(kFc2B), y);
+  y += h;
+}
+
+void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                     ConstMatrixMap dy, Stash* stash, MatrixMap dx) const {
+  const int64_t n = x.rows();
+  const int64_t d = dim_;
+  const Layout l = MakeLayout(n);
+  assert(stash->data.size() == static_cast<size_t>(l.total));
+  float* s = stash->data.data();
+  auto p = [&params](int i) { return params[i].data.data(); };
+
+  // MLP: dfc = (dy Wfc2) * gelu'(fc); dln2 = dfc Wfc; dh = dy + LN2'(dln2).
+  MatrixMap dfc(s + l.dfc, n, hidden_);
+  LinearBackwardInput(dy, ConstMatrixMap(p(kFc2W), d, hidden_), dfc);
+  GeluBackward(s + l.fc, s + l.dfc, n * hidden_, s + l.dfc);
+  MatrixMap dln2(s + l.dln2, n, d);
+  LinearBackwardInput(AsConst(dfc), ConstMatrixMap(p(kFcW), hidden_, d), dln2);
+  MatrixMap dh(s + l.dh, n, d);
+  dh = dy;
+  LayerNormBackwardInput(ConstMatrixMap(s + l.h, n, d), AsConst(dln2), p(kLn2W), s + l.mean2,
+                         s + l.rstd2, /*accumulate=*/true, dh);
+  // Attention: d(attn) = dh Wproj (held in the dln1 region until dln1 is written), then dqkv.
+  MatrixMap dattn(s + l.dln1, n, d);
+  LinearBackwardInput(AsConst(dh), ConstMatrixMap(p(kProjW), d, d), dattn);
+  MatrixMap dqkv(s + l.dqkv, n, 3 * d);
+  AttentionBackward(ConstMatrixMap(s + l.qkv, n, 3 * d), s + l.att, AsConst(dattn), s + l.scratch,
+                    dqkv);
+  MatrixMap dln1(s + l.dln1, n, d);
+  LinearBackwardInput(AsConst(dqkv), ConstMatrixMap(p(kQkvW), 3 * d, d), dln1);
+  if (dx.rows() == 0) return;
+  // dx = dh + LN1'(dln1).
+  dx = dh;
+  LayerNormBackwardInput(x, AsConst(dln1), p(kLn1W), s + l.mean1, s + l.rstd1, /*accumulate=*/true,
+                         dx);
+}
+
+void TransformerBlock::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                      ConstMatrixMap dy, const Stash& stash,
+                                      absl::Span<Tensor> grads) const {
+  const int64_t n = x.rows();
+  const int64_t d = dim_;
+  const Layout l = MakeLayout(n);
+  assert(stash.data.size() == static_cast<size_t>(l.total));
+  const float* s = stash.data.data();
+  auto g = [&grads](int i) { return grads[i].data.data(); };
+
+  LinearBackwardWeight(ConstMatrixMap(s + l.gelu, n, hidden_), dy, MatrixMap(g(kFc2W), d, hidden_),
+                       g(kFc2B));
+  LinearBackwardWeight(ConstMatrixMap(s + l.ln2, n, d), ConstMatrixMap(s + l.dfc, n, hidden_),
+                       MatrixMap(g(kFcW), hidden_, d), g(kFcB));
+  LayerNormBackwardWeight(ConstMatrixMap(s + l.h, n, d), ConstMatrixMap(s + l.dln2, n, d),
+                          s + l.mean2, s + l.rstd2, g(kLn2W), g(kLn2B));
+  LinearBackwardWeight(ConstMatrixMap(s + l.attn, n, d), ConstMatrixMap(s + l.dh, n, d),
+                       MatrixMap(g(kProjW), d, d), g(kProjB));
+  LinearBackwardWeight(ConstMatrixMap(s + l.ln1, n, d), ConstMatrixMap(s + l.dqkv, n, 3 * d),
+                       MatrixMap(g(kQkvW), 3 * d, d), g(kQkvB));
+  LayerNormBackwardWeight(x, ConstMatrixMap(s + l.dln1, n, d), s + l.mean1, s + l.rstd1, g(kLn1W),
+                          g(kLn1B));
+}
+
+}  // namespace pipetrain::math

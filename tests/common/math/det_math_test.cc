@@ -1,0 +1,98 @@
+#include "common/math/det_math.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain::math {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double RelErr(double got, double want) {
+  return want == 0 ? std::fabs(got) : std::fabs(got - want) / std::fabs(want);
+}
+
+TEST(PortableExpTest, MatchesStdExpToAFewUlps) {
+  double worst = 0;
+  // Normal results only (below -708 the result is subnormal and has fewer bits).
+  for (double x = -708.0; x <= 709.0; x += 0.0137) {
+    worst = std::max(worst, RelErr(PortableExp(x), std::exp(x)));
+  }
+  for (double x = -2.0; x <= 2.0; x += 1.0 / 1024 + 1e-9) {
+    worst = std::max(worst, RelErr(PortableExp(x), std::exp(x)));
+  }
+  EXPECT_LT(worst, 1e-15);
+  for (double x = -745.0; x < -708.0; x += 0.0731) {
+    EXPECT_NEAR(PortableExp(x), std::exp(x), 2 * std::numeric_limits<double>::denorm_min()) << x;
+  }
+}
+
+TEST(PortableExpTest, SpecialValues) {
+  EXPECT_EQ(PortableExp(0.0), 1.0);
+  EXPECT_EQ(PortableExp(710.0), kInf);
+  EXPECT_EQ(PortableExp(-746.0), 0.0);
+  EXPECT_EQ(PortableExp(-kInf), 0.0);
+  EXPECT_EQ(PortableExp(kInf), kInf);
+  EXPECT_TRUE(std::isnan(PortableExp(std::nan(""))));
+}
+
+TEST(PortableLogTest, MatchesStdLog) {
+  double worst_rel = 0;
+  double worst_abs = 0;
+  for (double x = 1e-300; x < 1e300; x *= 1.37) {
+    worst_rel = std::max(worst_rel, RelErr(PortableLog(x), std::log(x)));
+  }
+  for (double x = 0.5; x <= 2.0; x += 1.0 / 4096 + 1e-10) {
+    worst_abs = std::max(worst_abs, std::fabs(PortableLog(x) - std::log(x)));
+  }
+  EXPECT_LT(worst_rel, 1e-15);
+  EXPECT_LT(worst_abs, 4e-16);
+  // Near 1 the relative error must stay small too (no cancellation).
+  EXPECT_LT(RelErr(PortableLog(1.0 + 1e-12), std::log(1.0 + 1e-12)), 1e-12);
+  EXPECT_LT(RelErr(PortableLog(1.0 - 1e-12), std::log(1.0 - 1e-12)), 1e-12);
+}
+
+TEST(PortableLogTest, SpecialValues) {
+  EXPECT_EQ(PortableLog(1.0), 0.0);
+  EXPECT_EQ(PortableLog(0.0), -kInf);
+  EXPECT_EQ(PortableLog(kInf), kInf);
+  EXPECT_TRUE(std::isnan(PortableLog(-1.0)));
+  EXPECT_TRUE(std::isnan(PortableLog(std::nan(""))));
+  EXPECT_NEAR(PortableLog(std::numeric_limits<double>::denorm_min()),
+              std::log(4.9406564584124654e-324), 1e-12);
+}
+
+TEST(PortableTanhTest, MatchesStdTanh) {
+  double worst = 0;
+  for (double x = -25.0; x <= 25.0; x += 0.00731)
+    worst = std::max(worst, RelErr(PortableTanh(x), std::tanh(x)));
+  for (double x = 1e-30; x < 0.1; x *= 1.1)
+    worst = std::max(worst, RelErr(PortableTanh(x), std::tanh(x)));
+  EXPECT_LT(worst, 1e-13);
+  EXPECT_EQ(PortableTanh(0.0), 0.0);
+  EXPECT_EQ(PortableTanh(30.0), 1.0);
+  EXPECT_EQ(PortableTanh(-30.0), -1.0);
+  EXPECT_TRUE(std::isnan(PortableTanh(std::nan(""))));
+}
+
+TEST(PortableSinCos2PiTest, MatchesStd) {
+  double worst = 0;
+  for (double u = 0; u <= 1.0; u += 1.0 / 10007) {
+    double s = 0;
+    double c = 0;
+    PortableSinCos2Pi(u, &s, &c);
+    const double a = 2 * M_PI * u;
+    worst = std::max({worst, std::fabs(s - std::sin(a)), std::fabs(c - std::cos(a))});
+  }
+  EXPECT_LT(worst, 2e-15);
+  double s = 0;
+  double c = 0;
+  PortableSinCos2Pi(0.0, &s, &c);
+  EXPECT_EQ(s, 0.0);
+  EXPECT_EQ(c, 1.0);
+}
+
+}  // namespace
+}  // namespace pipetrain::math
