@@ -1,0 +1,167 @@
+#include "common/schedule/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/schedule/plan_execution.h"
+#include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+absl::Status CheckNonNegative(double value, const std::string& what) {
+  if (!std::isfinite(value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be finite and >= 0 (got ", value, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOpCosts(const OpCosts& c, const std::string& what) {
+  PT_RETURN_IF_ERROR(CheckNonNegative(c.f, absl::StrCat(what, " F")));
+  PT_RETURN_IF_ERROR(CheckNonNegative(c.b, absl::StrCat(what, " B")));
+  PT_RETURN_IF_ERROR(CheckNonNegative(c.i, absl::StrCat(what, " I")));
+  PT_RETURN_IF_ERROR(CheckNonNegative(c.w, absl::StrCat(what, " W")));
+  return absl::OkStatus();
+}
+
+absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
+  const size_t c_count = static_cast<size_t>(plan.num_chunks());
+  if (costs.action_durations.empty()) {
+    if (costs.chunk_costs.size() != c_count) {
+      return absl::InvalidArgumentError(absl::StrCat("cost model has ", costs.chunk_costs.size(),
+                                                     " chunk costs; the plan has ", c_count,
+                                                     " chunks"));
+    }
+    for (size_t c = 0; c < c_count; ++c) {
+      PT_RETURN_IF_ERROR(CheckOpCosts(costs.chunk_costs[c], absl::StrCat("chunk ", c, " cost")));
+    }
+  } else {
+    if (costs.action_durations.size() != plan.actions.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("measured durations cover ", costs.action_durations.size(),
+                       " workers; the plan has ", plan.actions.size()));
+    }
+    for (size_t w = 0; w < plan.actions.size(); ++w) {
+      if (costs.action_durations[w].size() != plan.actions[w].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "measured durations of worker ", w, " have ", costs.action_durations[w].size(),
+            " entries; the worker has ", plan.actions[w].size(), " actions"));
+      }
+      for (size_t p = 0; p < plan.actions[w].size(); ++p) {
+        PT_RETURN_IF_ERROR(
+            CheckNonNegative(costs.action_durations[w][p],
+                             absl::StrCat("measured duration of worker ", w, " position ", p)));
+      }
+    }
+  }
+  for (const auto& [name, bytes] : {std::pair<const char*, const std::vector<double>*>{
+                                        "activation bytes", &costs.activation_bytes},
+                                    {"boundary bytes", &costs.boundary_bytes}}) {
+    if (!bytes->empty() && bytes->size() != c_count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " has ", bytes->size(), " entries; the plan has ", c_count, " chunks"));
+    }
+    for (size_t c = 0; c < bytes->size(); ++c) {
+      PT_RETURN_IF_ERROR(CheckNonNegative((*bytes)[c], absl::StrCat(name, " of chunk ", c)));
+    }
+  }
+  PT_RETURN_IF_ERROR(CheckNonNegative(costs.link.latency, "link latency"));
+  PT_RETURN_IF_ERROR(CheckNonNegative(costs.link.bandwidth, "link bandwidth"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double OpCosts::Of(Op op) const {
+  switch (op) {
+    case Op::kForward:
+      return f;
+    case Op::kBackward:
+      return b;
+    case Op::kInputGrad:
+      return i;
+    case Op::kWeightGrad:
+      return w;
+  }
+  return 0;
+}
+
+CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage) {
+  const double v = placement.virtual_stages > 0 ? placement.virtual_stages : 1;
+  CostModel model;
+  model.chunk_costs.assign(
+      static_cast<size_t>(std::max(placement.num_chunks(), 0)),
+      OpCosts{per_stage.f / v, per_stage.b / v, per_stage.i / v, per_stage.w / v});
+  return model;
+}
+
+absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
+                                             const std::vector<OpCosts>& chunk_flops,
+                                             const std::vector<double>& worker_speed) {
+  PT_RETURN_IF_ERROR(ValidatePlacement(placement));
+  if (static_cast<int>(chunk_flops.size()) != placement.num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk FLOPs has ", chunk_flops.size(),
+                                                   " entries; the placement has ",
+                                                   placement.num_chunks(), " chunks"));
+  }
+  if (static_cast<int>(worker_speed.size()) != placement.stages) {
+    return absl::InvalidArgumentError(absl::StrCat("worker speeds has ", worker_speed.size(),
+                                                   " entries; the placement has ", placement.stages,
+                                                   " workers"));
+  }
+  for (size_t w = 0; w < worker_speed.size(); ++w) {
+    if (!std::isfinite(worker_speed[w]) || worker_speed[w] <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speed of worker ", w, " must be finite and > 0 (got ", worker_speed[w], ")"));
+    }
+  }
+  CostModel model;
+  model.chunk_costs.reserve(chunk_flops.size());
+  for (int c = 0; c < placement.num_chunks(); ++c) {
+    const OpCosts& fl = chunk_flops[c];
+    PT_RETURN_IF_ERROR(CheckOpCosts(fl, absl::StrCat("chunk ", c, " FLOPs")));
+    const double speed = worker_speed[placement.OwnerOf(c)];
+    model.chunk_costs.push_back(OpCosts{fl.f / speed, fl.b / speed, fl.i / speed, fl.w / speed});
+  }
+  return model;
+}
+
+absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& costs) {
+  PT_RETURN_IF_ERROR(CheckPlanStructure(plan));
+  PT_RETURN_IF_ERROR(CheckCostModel(plan, costs));
+  std::vector<std::vector<double>> durations;
+  if (!costs.action_durations.empty()) {
+    durations = costs.action_durations;
+  } else {
+    durations.resize(plan.actions.size());
+    for (size_t w = 0; w < plan.actions.size(); ++w) {
+      durations[w].reserve(plan.actions[w].size());
+      for (const Action& a : plan.actions[w]) {
+        durations[w].push_back(costs.chunk_costs[a.chunk].Of(a.op));
+      }
+    }
+  }
+  std::vector<double> delay;
+  const int c_count = plan.num_chunks();
+  if (costs.link.latency > 0 || (costs.link.bandwidth > 0 && !costs.boundary_bytes.empty())) {
+    delay.assign(static_cast<size_t>(c_count > 1 ? c_count - 1 : 0), costs.link.latency);
+    if (costs.link.bandwidth > 0 && !costs.boundary_bytes.empty()) {
+      for (size_t c = 0; c < delay.size(); ++c) {
+        delay[c] += costs.boundary_bytes[c] / costs.link.bandwidth;
+      }
+    }
+  }
+  SimulationResult result;
+  result.timeline.placement = plan.placement;
+  PT_ASSIGN_OR_RETURN(result.timeline.workers, internal::ExecuteInOrder(plan, durations, delay));
+  PT_ASSIGN_OR_RETURN(result.stats, SummarizeTimeline(result.timeline, costs.activation_bytes));
+  return result;
+}
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,73 @@
+// Timed simulation of a plan under the executor's model (see plan_execution.h): each worker runs
+// its actions in order, an action starts when its worker is free and its inputs have arrived, and
+// sends never block. Costs are per chunk and op (uniform, from FLOPs and worker speeds, or
+// measured per action); a link adds latency + bytes / bandwidth to every message between chunks on
+// different workers. Pure functions; thread-safe.
+#ifndef PIPETRAIN_COMMON_SCHEDULE_SIMULATOR_H_
+#define PIPETRAIN_COMMON_SCHEDULE_SIMULATOR_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/ir.h"
+#include "common/schedule/timeline.h"
+
+namespace pipetrain::schedule {
+
+// Durations (or FLOPs, see CostModelFromFlops) of the four ops for one micro-batch on one chunk.
+// With a split backward, I and W are used; with a full backward, B. Usually b == i + w.
+struct OpCosts {
+  double f = 1;
+  double b = 2;
+  double i = 1;
+  double w = 1;
+
+  double Of(Op op) const;
+};
+
+// Point-to-point link between two workers.
+struct LinkModel {
+  double latency = 0;    // Time units per message.
+  double bandwidth = 0;  // Bytes per time unit; 0 means infinite (no size-dependent term).
+};
+
+// Everything the simulator charges.
+struct CostModel {
+  // [chunk]: durations of F, B, I, W of one micro-batch on the chunk's owner. Size S*V.
+  std::vector<OpCosts> chunk_costs;
+  // [chunk]: bytes stashed per micro-batch from F until B (or W). Empty: only counts are reported.
+  std::vector<double> activation_bytes;
+  // [chunk]: bytes of chunk c's output, sent to chunk c+1; its gradient, sent back, has the same
+  // size. Entry S*V-1 is unused. Empty: messages cost only the link latency.
+  std::vector<double> boundary_bytes;
+  LinkModel link;
+  // Optional measured durations, [worker][position] with the plan's shape; when non-empty they
+  // replace chunk_costs (e.g. to replay a measured step through a different link model).
+  std::vector<std::vector<double>> action_durations;
+};
+
+// Every chunk gets `per_stage` divided by V: `per_stage` is the cost of one worker's share of the
+// model (1/S of it), so that plans with different V do the same total work.
+CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage);
+
+// Chunk costs from FLOPs: chunk_costs[c] = chunk_flops[c] / worker_speed[owner(c)].
+// `chunk_flops` has S*V entries (FLOPs of F, B, I, W per micro-batch), `worker_speed` S entries
+// (FLOPs per time unit, > 0). INVALID_ARGUMENT on wrong sizes, negative FLOPs or speeds <= 0.
+absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
+                                             const std::vector<OpCosts>& chunk_flops,
+                                             const std::vector<double>& worker_speed);
+
+// A simulated step: the timeline (start/end of every action) and its figures.
+struct SimulationResult {
+  Timeline timeline;
+  TimelineStats stats;
+};
+
+// Simulates `plan` under `costs`. INVALID_ARGUMENT if the plan fails CheckPlanStructure(), if it
+// deadlocks (naming the blocked workers and actions), or if the cost model's sizes do not match
+// the plan or it holds negative or non-finite numbers. O(number of actions).
+absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& costs);
+
+}  // namespace pipetrain::schedule
+
+#endif  // PIPETRAIN_COMMON_SCHEDULE_SIMULATOR_H_

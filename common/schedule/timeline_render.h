@@ -1,0 +1,49 @@
+// Pictures of a Timeline (simulated or measured): an ASCII grid, a Chrome trace and an SVG.
+//
+// Labels: op letter + micro-batch ("F3"); when a worker holds several chunks (V > 1) a letter names
+// which of its chunks, in model order ("F3a" = first chunk, "F3b" = second, ...).
+// Pure functions; thread-safe. Actions with end < start are drawn as empty.
+#ifndef PIPETRAIN_COMMON_SCHEDULE_TIMELINE_RENDER_H_
+#define PIPETRAIN_COMMON_SCHEDULE_TIMELINE_RENDER_H_
+
+#include <string>
+
+#include "common/schedule/timeline.h"
+
+namespace pipetrain::schedule {
+
+// The label of `action` in the pictures (see above).
+std::string ActionLabel(const Placement& placement, const Action& action);
+
+struct AsciiOptions {
+  // Time units per grid cell; 0 picks the shortest action duration (so uniform costs draw
+  // exactly), coarsened if the grid would exceed max_cells.
+  double time_per_cell = 0;
+  // Upper bound on cells per row when time_per_cell is 0; 0 means no bound.
+  int max_cells = 200;
+};
+
+// One row per worker, time across. Every cell is as wide as the widest label plus one; an action
+// covering n cells prints its label followed by '-' up to its last cell; '.' marks idle cells.
+// A ruler above gives the time of every fifth cell; a legend below gives the scale and makespan.
+std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options = {});
+
+// Chrome trace event JSON (chrome://tracing, https://ui.perfetto.dev): one process, one thread
+// track per worker ("worker w"), one complete ("X") event per action with args op, mb, chunk.
+// Times are multiplied by `microseconds_per_time_unit` (1000 shows one time unit as 1 ms).
+std::string RenderChromeTrace(const Timeline& timeline, double microseconds_per_time_unit = 1000);
+
+struct SvgOptions {
+  double pixels_per_time_unit = 0;  // 0: fit the makespan into max_width_px.
+  int max_width_px = 1600;          // Width of the time area when pixels_per_time_unit is 0.
+  int row_height_px = 24;
+};
+
+// A standalone SVG document: one row per worker, one rectangle per action coloured by op (F blue,
+// B green, I light green, W purple; later chunks of a worker drawn lighter), labels where they
+// fit, a time axis and a legend.
+std::string RenderSvg(const Timeline& timeline, const SvgOptions& options = {});
+
+}  // namespace pipetrain::schedule
+
+#endif  // PIPETRAIN_COMMON_SCHEDULE_TIMELINE_RENDER_H_
