@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev
-  nlohmann-json3-dev python3 iproute2
+  nlohmann-json3-dev zlib1g-dev python3 iproute2
 )
 
 missing=()

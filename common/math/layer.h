@@ -81,9 +81,8 @@ class Layer {
   virtual void BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                              Stash* stash, MatrixMap dx) const = 0;
   // grads[i] += dL/dparams[i]. Must run after BackwardInput of the same micro-batch.
-  virtual void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x,
-                              ConstMatrixMap dy, const Stash& stash,
-                              absl::Span<Tensor> grads) const = 0;
+  virtual void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                              const Stash& stash, absl::Span<Tensor> grads) const = 0;
 };
 
 }  // namespace pipetrain::math

@@ -83,8 +83,8 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
   } else if (kind_and_args.first == "adamw") {
     config.kind = OptimizerKind::kAdamW;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: unknown kind '", kind_and_args.first, "' (expected sgd or adamw)"));
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: unknown kind '", kind_and_args.first,
+                                                   "' (expected sgd or adamw)"));
   }
   if (!kind_and_args.second.empty()) {
     for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {

@@ -22,14 +22,14 @@ enum class OptimizerKind { kSgd, kAdamW };
 // Hyper-parameters of one optimizer. Fields that do not apply to `kind` are ignored.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
-  float lr = 1e-3f;            // learning rate, > 0.
-  float weight_decay = 0.0f;   // SGD: L2 added to the gradient; AdamW: decoupled decay. >= 0.
-  float momentum = 0.0f;       // SGD only, in [0, 1).
-  bool nesterov = false;       // SGD only; needs momentum > 0.
-  float beta1 = 0.9f;          // AdamW only, in [0, 1).
-  float beta2 = 0.999f;        // AdamW only, in [0, 1).
-  float eps = 1e-8f;           // AdamW only, > 0.
-  float clip_norm = 0.0f;      // > 0: clip the global gradient L2 norm to this. 0: off.
+  float lr = 1e-3f;           // learning rate, > 0.
+  float weight_decay = 0.0f;  // SGD: L2 added to the gradient; AdamW: decoupled decay. >= 0.
+  float momentum = 0.0f;      // SGD only, in [0, 1).
+  bool nesterov = false;      // SGD only; needs momentum > 0.
+  float beta1 = 0.9f;         // AdamW only, in [0, 1).
+  float beta2 = 0.999f;       // AdamW only, in [0, 1).
+  float eps = 1e-8f;          // AdamW only, > 0.
+  float clip_norm = 0.0f;     // > 0: clip the global gradient L2 norm to this. 0: off.
 };
 
 // INVALID_ARGUMENT naming the first out-of-range hyper-parameter.

@@ -6,11 +6,10 @@
 #ifndef PIPETRAIN_COMMON_MATH_TENSOR_H_
 #define PIPETRAIN_COMMON_MATH_TENSOR_H_
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <Eigen/Core>
 
 namespace pipetrain::math {
 

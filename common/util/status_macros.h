@@ -8,9 +8,9 @@
 #include "absl/status/statusor.h"
 
 // Evaluates `expr` (an absl::Status) once and returns it from the enclosing function if not OK.
-#define PT_RETURN_IF_ERROR(expr)                        \
-  do {                                                  \
-    ::absl::Status pt_status_internal_ = (expr);        \
+#define PT_RETURN_IF_ERROR(expr)                               \
+  do {                                                         \
+    ::absl::Status pt_status_internal_ = (expr);               \
     if (!pt_status_internal_.ok()) return pt_status_internal_; \
   } while (false)
 
@@ -22,8 +22,8 @@
 #define PT_ASSIGN_OR_RETURN(lhs, rexpr) \
   PT_ASSIGN_OR_RETURN_IMPL_(PT_STATUS_MACROS_CONCAT_(pt_statusor_, __LINE__), lhs, rexpr)
 
-#define PT_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                              \
+#define PT_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)    \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

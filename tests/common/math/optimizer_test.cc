@@ -153,8 +153,8 @@ TEST(OptimizerTest, ParseRejectsBadInputWithReasons) {
 }
 
 TEST(OptimizerTest, ClipScale) {
-  EXPECT_EQ(ClipScale(100.0, 0.0f), 1.0f);   // off
-  EXPECT_EQ(ClipScale(0.25, 1.0f), 1.0f);    // norm 0.5 < 1: unchanged
+  EXPECT_EQ(ClipScale(100.0, 0.0f), 1.0f);  // off
+  EXPECT_EQ(ClipScale(0.25, 1.0f), 1.0f);   // norm 0.5 < 1: unchanged
   EXPECT_NEAR(ClipScale(16.0, 2.0f), 0.5f, 1e-6f);
   EXPECT_EQ(SumOfSquares(std::vector<float>{3.0f, 4.0f}), 25.0);
 }

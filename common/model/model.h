@@ -1,0 +1,87 @@
+// A model: a ModelSpec turned into a validated stack of layers plus a loss.
+#ifndef PIPETRAIN_COMMON_MODEL_MODEL_H_
+#define PIPETRAIN_COMMON_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/math/layer.h"
+#include "common/math/loss.h"
+#include "pipetrain/v1/model.pb.h"
+
+namespace pipetrain::model {
+
+// What a data set tells about the shapes a model must have. 0 means unknown.
+struct DataShape {
+  int64_t input_features = 0;     // features per input row (1 for token ids).
+  int64_t target_features = 0;    // features per target row (1 for a class index).
+  int64_t num_classes = 0;        // classes (vocabulary size for text), 0 for regression.
+  int64_t tokens_per_sample = 0;  // rows per sample (context length for text).
+};
+
+// Parses a ModelSpec in protobuf text format. INVALID_ARGUMENT with `source`:line:column and the
+// parser's message on a syntax error.
+absl::StatusOr<v1::ModelSpec> ParseModelSpecText(absl::string_view text, absl::string_view source);
+
+// Reads and parses a ModelSpec text file. NOT_FOUND if missing.
+absl::StatusOr<v1::ModelSpec> LoadModelSpecFile(const std::string& path);
+
+// Returns `spec` with the fields its author left 0 filled from `data` (input_features, the
+// embedding's vocab_size, the last linear layer's out_features), then checks the model against
+// the data: INVALID_ARGUMENT naming the mismatch (e.g. "model input_features 64 != data set's 32").
+absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const DataShape& data);
+
+// An immutable, validated layer stack. Thread-safe for concurrent const use.
+class Model {
+ public:
+  // Builds the layers of `spec`, inferring and checking shapes. INVALID_ARGUMENT naming the layer
+  // and the mismatch, e.g. "layer 3 (linear): in_features 128 != 256 (output of layer 2)".
+  static absl::StatusOr<std::unique_ptr<Model>> Build(const v1::ModelSpec& spec);
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const v1::ModelSpec& spec() const { return spec_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  const math::Layer& layer(int64_t index) const { return *layers_[index]; }
+  const math::Loss& loss() const { return *loss_; }
+  int64_t input_features() const { return layers_.front()->in_features(); }
+  int64_t output_features() const { return layers_.back()->out_features(); }
+  int64_t target_features() const { return loss_->target_features(output_features()); }
+  // Rows per sample: the context length for token models, else 1.
+  int64_t tokens_per_sample() const { return tokens_per_sample_; }
+
+  // Per-layer F+B+W FLOPs for a micro-batch of `samples` samples (the partitioner's cost).
+  std::vector<double> LayerFlops(int64_t samples) const;
+  // Per-layer parameter bytes (float32).
+  std::vector<int64_t> LayerParamBytes() const;
+  // Total parameter count.
+  int64_t NumParameters() const;
+
+  // Checks a batch of `samples` samples before any compute: inputs are
+  // [samples * tokens_per_sample(), input_features()], targets
+  // [samples * tokens_per_sample(), target_features()], every input finite, token ids integral
+  // and below the vocabulary size (when the first layer is an embedding), targets valid for the
+  // loss. INVALID_ARGUMENT naming the offending row and value.
+  absl::Status ValidateBatch(math::ConstMatrixMap inputs, math::ConstMatrixMap targets,
+                             int64_t samples) const;
+
+ private:
+  Model() = default;
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<math::Layer>> layers_;
+  std::unique_ptr<math::Loss> loss_;
+  int64_t tokens_per_sample_ = 1;
+};
+
+// "linear", "relu", ... for a layer spec (its oneof case), "unset" when empty.
+std::string LayerKindName(const v1::LayerSpec& spec);
+
+}  // namespace pipetrain::model
+
+#endif  // PIPETRAIN_COMMON_MODEL_MODEL_H_

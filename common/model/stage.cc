@@ -1,0 +1,182 @@
+#include "common/model/stage.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pipetrain::model {
+namespace {
+
+std::string ParamName(int64_t layer, const std::string& param) {
+  return absl::StrCat("layers.", layer, ".", param);
+}
+std::string StateName(int64_t layer, const std::string& param, const std::string& state) {
+  return absl::StrCat("optim.", layer, ".", param, ".", state);
+}
+
+absl::Status CopyTensor(const std::map<std::string, math::Tensor>& tensors, const std::string& name,
+                        const std::vector<int64_t>& shape, std::vector<float>* out) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) return absl::NotFoundError(absl::StrCat("tensor ", name, " is missing"));
+  if (it->second.shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(it->second.shape, ","),
+                     "], expected [", absl::StrJoin(shape, ","), "]"));
+  }
+  *out = it->second.data;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t last, uint64_t seed,
+                                    const math::OptimizerConfig& optimizer) {
+  if (first < 0 || first >= last || last > model->num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("stage layer range [", first, ", ", last,
+                                                   ") is not within the model's ",
+                                                   model->num_layers(), " layers"));
+  }
+  Stage s;
+  s.model_ = model;
+  s.first_ = first;
+  s.last_ = last;
+  s.optimizer_ = optimizer;
+  s.state_names_ = math::OptimizerStateNames(optimizer);
+  for (int64_t l = first; l < last; ++l) {
+    std::vector<math::Tensor> params;
+    model->layer(l).Init(seed, l, &params);
+    std::vector<math::Tensor> grads = params;
+    std::vector<std::vector<std::vector<float>>> state(params.size());
+    for (size_t p = 0; p < params.size(); ++p) {
+      std::fill(grads[p].data.begin(), grads[p].data.end(), 0.0f);
+      state[p].assign(s.state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
+    }
+    s.params_.push_back(std::move(params));
+    s.grads_.push_back(std::move(grads));
+    s.state_.push_back(std::move(state));
+  }
+  return s;
+}
+
+const math::Matrix& Stage::Forward(math::ConstMatrixMap x, MicrobatchState* mb) const {
+  const int64_t n = last_ - first_;
+  mb->inputs.resize(n + 1);
+  mb->stashes.resize(n);
+  mb->grads.resize(n + 1);
+  mb->inputs[0] = x;
+  for (int64_t k = 0; k < n; ++k) {
+    const math::Layer& layer = model_->layer(first_ + k);
+    const math::Matrix& in = mb->inputs[k];
+    math::Matrix& out = mb->inputs[k + 1];
+    out.resize(in.rows(), layer.out_features());
+    layer.Forward(params_[k], math::AsConstMap(in), math::AsMap(out), &mb->stashes[k]);
+  }
+  mb->forward_done = true;
+  mb->input_grad_done = false;
+  return mb->inputs[n];
+}
+
+const math::Matrix& Stage::BackwardInput(math::ConstMatrixMap dy, bool need_input_grad,
+                                         MicrobatchState* mb) const {
+  const int64_t n = last_ - first_;
+  mb->grads[n] = dy;
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const math::Layer& layer = model_->layer(first_ + k);
+    const math::Matrix& in = mb->inputs[k];
+    math::Matrix& dx = mb->grads[k];
+    const bool need = k > 0 || need_input_grad;
+    dx.resize(need ? in.rows() : 0, layer.in_features());
+    layer.BackwardInput(params_[k], math::AsConstMap(in), math::AsConstMap(mb->grads[k + 1]),
+                        &mb->stashes[k], math::AsMap(dx));
+  }
+  mb->input_grad_done = true;
+  return mb->grads[0];
+}
+
+void Stage::BackwardWeight(MicrobatchState* mb) {
+  const int64_t n = last_ - first_;
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const math::Layer& layer = model_->layer(first_ + k);
+    layer.BackwardWeight(params_[k], math::AsConstMap(mb->inputs[k]),
+                         math::AsConstMap(mb->grads[k + 1]), mb->stashes[k],
+                         absl::MakeSpan(grads_[k]));
+  }
+  // Free the micro-batch's memory but keep the vectors for reuse.
+  for (auto& m : mb->inputs) m.resize(0, 0);
+  for (auto& m : mb->grads) m.resize(0, 0);
+  for (auto& s : mb->stashes) s.data.clear();
+  mb->forward_done = false;
+  mb->input_grad_done = false;
+}
+
+void Stage::ZeroGrads() {
+  for (auto& layer : grads_) {
+    for (auto& g : layer) std::fill(g.data.begin(), g.data.end(), 0.0f);
+  }
+}
+
+std::vector<double> Stage::GradNormSqPerLayer() const {
+  std::vector<double> out;
+  out.reserve(grads_.size());
+  for (const auto& layer : grads_) {
+    double sum = 0;
+    for (const auto& g : layer) sum += math::SumOfSquares(g.data);
+    out.push_back(sum);
+  }
+  return out;
+}
+
+void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    for (size_t p = 0; p < params_[k].size(); ++p) {
+      math::OptimizerStep(optimizer_, step, clip_scale, grads_[k][p].data,
+                          absl::MakeSpan(params_[k][p].data), absl::MakeSpan(state_[k][p]));
+    }
+  }
+}
+
+std::map<std::string, math::Tensor> Stage::ExportState() const {
+  std::map<std::string, math::Tensor> out;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const int64_t l = first_ + static_cast<int64_t>(k);
+    const std::vector<math::ParamSpec> specs = model_->layer(l).params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      out[ParamName(l, specs[p].name)] = params_[k][p];
+      for (size_t s = 0; s < state_names_.size(); ++s) {
+        out[StateName(l, specs[p].name, state_names_[s])] =
+            math::Tensor{specs[p].shape, state_[k][p][s]};
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status Stage::ImportState(const std::map<std::string, math::Tensor>& tensors) {
+  // Copy into fresh storage first so that a failure leaves the stage unchanged.
+  auto params = params_;
+  auto state = state_;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int64_t l = first_ + static_cast<int64_t>(k);
+    const std::vector<math::ParamSpec> specs = model_->layer(l).params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      if (auto s =
+              CopyTensor(tensors, ParamName(l, specs[p].name), specs[p].shape, &params[k][p].data);
+          !s.ok()) {
+        return s;
+      }
+      for (size_t st = 0; st < state_names_.size(); ++st) {
+        if (auto s = CopyTensor(tensors, StateName(l, specs[p].name, state_names_[st]),
+                                specs[p].shape, &state[k][p][st]);
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
+  }
+  params_ = std::move(params);
+  state_ = std::move(state);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::model

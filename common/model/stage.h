@@ -1,0 +1,91 @@
+// A Stage owns the parameters, gradients and optimizer state of a contiguous range of a model's
+// layers and runs Forward (F), BackwardInput (I) and BackwardWeight (W) of that range for one
+// micro-batch. The single-process reference trainer runs one Stage over all layers; a stage
+// worker runs one per model chunk it holds. Both therefore execute the same arithmetic in the
+// same order, which is what makes pipeline results bitwise equal to the reference.
+#ifndef PIPETRAIN_COMMON_MODEL_STAGE_H_
+#define PIPETRAIN_COMMON_MODEL_STAGE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/math/layer.h"
+#include "common/math/optimizer.h"
+#include "common/math/tensor.h"
+#include "common/model/model.h"
+
+namespace pipetrain::model {
+
+// Everything one micro-batch leaves in a Stage between F and the end of W. Owned by the caller
+// (one per in-flight micro-batch); reusable after BackwardWeight.
+struct MicrobatchState {
+  std::vector<math::Matrix> inputs;  // inputs[k]: input of layer first+k; inputs[n] = output.
+  std::vector<math::Stash> stashes;  // per layer.
+  std::vector<math::Matrix> grads;   // grads[k]: dL/d(input of layer first+k); grads[n] = dy.
+  bool forward_done = false;
+  bool input_grad_done = false;
+};
+
+class Stage {
+ public:
+  // A stage over layers [first, last) of `model` (which must outlive it), with parameters
+  // initialised from `seed` exactly as in any other process. INVALID_ARGUMENT on a bad range.
+  static absl::StatusOr<Stage> Create(const Model* model, int64_t first, int64_t last,
+                                      uint64_t seed, const math::OptimizerConfig& optimizer);
+
+  Stage(Stage&&) = default;
+  Stage& operator=(Stage&&) = default;
+
+  int64_t first_layer() const { return first_; }
+  int64_t last_layer() const { return last_; }  // exclusive
+
+  // F: runs the range on `x` ([rows, in_features of layer first]) and returns the output,
+  // which stays in `mb` until BackwardWeight.
+  const math::Matrix& Forward(math::ConstMatrixMap x, MicrobatchState* mb) const;
+
+  // I: given dL/d(output), computes each layer's input gradient and returns dL/dx (empty when
+  // `need_input_grad` is false, as for the first stage). Requires Forward on `mb`.
+  const math::Matrix& BackwardInput(math::ConstMatrixMap dy, bool need_input_grad,
+                                    MicrobatchState* mb) const;
+
+  // W: accumulates the weight gradients of `mb` into this stage's gradients and frees what `mb`
+  // held. Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
+  void BackwardWeight(MicrobatchState* mb);
+
+  // Sets all gradients to zero (start of a step).
+  void ZeroGrads();
+  // Sum of squares of each layer's gradients (params in order, elements in order, in double).
+  std::vector<double> GradNormSqPerLayer() const;
+  // Applies optimizer update number `step` (1-based) with gradients scaled by `clip_scale`.
+  void ApplyOptimizer(int64_t step, float clip_scale);
+
+  // Tensors keyed by global names: "layers.<l>.<param>" and "optim.<l>.<param>.<state>".
+  std::map<std::string, math::Tensor> ExportState() const;
+  // Loads every tensor this stage owns from `tensors` (extra entries for other layers are
+  // ignored). INVALID_ARGUMENT / NOT_FOUND naming the tensor on a missing or mis-shaped entry.
+  absl::Status ImportState(const std::map<std::string, math::Tensor>& tensors);
+
+  // Parameters of global layer `l` (first <= l < last).
+  const std::vector<math::Tensor>& params(int64_t l) const { return params_[l - first_]; }
+  const std::vector<math::Tensor>& grads(int64_t l) const { return grads_[l - first_]; }
+
+ private:
+  Stage() = default;
+
+  const Model* model_ = nullptr;
+  int64_t first_ = 0;
+  int64_t last_ = 0;
+  math::OptimizerConfig optimizer_;
+  std::vector<std::string> state_names_;
+  std::vector<std::vector<math::Tensor>> params_;                    // [layer][param]
+  std::vector<std::vector<math::Tensor>> grads_;                     // [layer][param]
+  std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]
+};
+
+}  // namespace pipetrain::model
+
+#endif  // PIPETRAIN_COMMON_MODEL_STAGE_H_
