@@ -1,0 +1,155 @@
+// Math throughput: pipetrain's Linear F / I / W and one full training step of the deep benchmark
+// MLP, each beside raw OpenBLAS sgemm on the same shapes measured in the same run.
+//
+// Prints GFLOP/s and the ratio ours / sgemm for 1 and 2 threads. A ratio near 1 means the layer
+// runs at BLAS speed; the choice between Eigen's own kernels and EIGEN_USE_BLAS is made from it
+// (docs/performance.md).
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/math/linear.h"
+#include "common/model/model.h"
+#include "common/model/reference_trainer.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace pipetrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best-of-`reps` seconds per call of `fn`, after one warm-up call; each rep runs `fn` until at
+// least 50 ms have passed.
+double SecondsPerCall(const std::function<void()>& fn, int reps = 5) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    int calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < 0.05);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
+}
+
+// C[m,n] (+)= op(A) op(B) in row-major float32 through cblas.
+struct Gemm {
+  CBLAS_TRANSPOSE ta, tb;
+  int m, n, k;
+  float beta;
+};
+
+double SgemmSeconds(const Gemm& g) {
+  std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f),
+      b(static_cast<size_t>(g.k) * g.n, 0.25f), c(static_cast<size_t>(g.m) * g.n, 0.0f);
+  const int lda = g.ta == CblasNoTrans ? g.k : g.m;
+  const int ldb = g.tb == CblasNoTrans ? g.n : g.k;
+  return SecondsPerCall([&] {
+    cblas_sgemm(CblasRowMajor, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb,
+                g.beta, c.data(), g.n);
+  });
+}
+
+void Row(const char* what, double flops, double ours, double ref) {
+  std::printf("  %-34s %8.2f GFLOP/s   sgemm %8.2f GFLOP/s   ratio %.3f\n", what,
+              flops / ours * 1e-9, flops / ref * 1e-9, ref / ours);
+}
+
+void BenchLinear(int rows, int in, int out) {
+  math::Linear layer(in, out, /*bias=*/true);
+  std::vector<math::Tensor> params;
+  layer.Init(1, 0, &params);
+  std::vector<math::Tensor> grads = params;
+  math::Matrix x = math::Matrix::Constant(rows, in, 0.5f), y(rows, out),
+               dy = math::Matrix::Constant(rows, out, 0.25f), dx(rows, in);
+  math::Stash stash;
+  const math::FlopCount f = layer.Flops(rows);
+  const double tf =
+      SecondsPerCall([&] { layer.Forward(params, math::AsConstMap(x), math::AsMap(y), &stash); });
+  const double ti = SecondsPerCall([&] {
+    layer.BackwardInput(params, math::AsConstMap(x), math::AsConstMap(dy), &stash, math::AsMap(dx));
+  });
+  const double tw = SecondsPerCall([&] {
+    layer.BackwardWeight(params, math::AsConstMap(x), math::AsConstMap(dy), stash,
+                         absl::MakeSpan(grads));
+  });
+  // The same products: y = x W^T, dx = dy W, dW += dy^T x.
+  const double sf = SgemmSeconds({CblasNoTrans, CblasTrans, rows, out, in, 0.0f});
+  const double si = SgemmSeconds({CblasNoTrans, CblasNoTrans, rows, in, out, 0.0f});
+  const double sw = SgemmSeconds({CblasTrans, CblasNoTrans, out, in, rows, 1.0f});
+  std::printf(" Linear rows=%d in=%d out=%d\n", rows, in, out);
+  Row("forward (F)", f.forward, tf, sf);
+  Row("input gradient (I)", f.backward_input, ti, si);
+  Row("weight gradient (W)", f.backward_weight, tw, sw);
+}
+
+int BenchMlpStep(const std::string& spec_path) {
+  auto spec = model::LoadModelSpecFile(spec_path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  auto net = model::Model::Build(*spec);
+  if (!net.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(net.status().message()).c_str());
+    return 1;
+  }
+  const int64_t batch = 256, m = 4;
+  model::TrainerOptions o;
+  o.microbatches = m;
+  o.threads = Eigen::nbThreads();
+  o.optimizer.kind = math::OptimizerKind::kSgd;
+  o.optimizer.lr = 1e-3f;
+  auto trainer = model::ReferenceTrainer::Create(net->get(), o);
+  if (!trainer.ok()) return 1;
+  io::Batch b;
+  b.samples = batch;
+  b.inputs = math::Matrix::Constant(batch, (*net)->input_features(), 0.1f);
+  b.targets = math::Matrix::Zero(batch, 1);
+  double flops = 0;
+  for (double f : (*net)->LayerFlops(batch)) flops += f;
+  const double t = SecondsPerCall([&] { (void)(*trainer)->Step(b); }, 3);
+  // Reference: the three GEMMs of one 512x512 hidden layer on one micro-batch, per FLOP.
+  const int rows = static_cast<int>(batch / m);
+  const double gemm_flops = 3 * 2.0 * rows * 512 * 512;
+  const double sgemm = SgemmSeconds({CblasNoTrans, CblasTrans, rows, 512, 512, 0.0f}) +
+                       SgemmSeconds({CblasNoTrans, CblasNoTrans, rows, 512, 512, 0.0f}) +
+                       SgemmSeconds({CblasTrans, CblasNoTrans, 512, 512, rows, 1.0f});
+  std::printf(" deep MLP training step (B=%lld, M=%lld, %s)\n", static_cast<long long>(batch),
+              static_cast<long long>(m), spec_path.c_str());
+  Row("full step (F+I+W+loss+optimizer)", flops, t, sgemm * flops / gemm_flops);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+int main(int argc, char** argv) {
+  const std::string spec = argc > 1 ? argv[1] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto";
+#ifdef EIGEN_USE_BLAS
+  std::printf("pipetrain math: EIGEN_USE_BLAS (products through OpenBLAS)\n");
+#else
+  std::printf("pipetrain math: Eigen's own kernels\n");
+#endif
+  for (int threads : {1, 2}) {
+    Eigen::setNbThreads(threads);
+    openblas_set_num_threads(threads);
+    std::printf("threads=%d\n", threads);
+    pipetrain::BenchLinear(64, 512, 512);
+    pipetrain::BenchLinear(256, 1024, 1024);
+    if (int rc = pipetrain::BenchMlpStep(spec); rc != 0) return rc;
+  }
+  return 0;
+}
