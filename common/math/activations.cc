@@ -10,18 +10,21 @@ constexpr double kGeluCubic = 0.044715;
 
 }  // namespace
 
+// 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, no cancellation for negative x.
 float GeluScalar(float x) {
   const double xd = x;
-  const double t = PortableTanh(kSqrt2OverPi * (xd + kGeluCubic * xd * xd * xd));
-  return static_cast<float>(0.5 * xd * (1.0 + t));
+  const double u = kSqrt2OverPi * (xd + kGeluCubic * xd * xd * xd);
+  return static_cast<float>(xd / (1.0 + PortableExp(-2.0 * u)));
 }
 
+// d/dx [x s(2u)] = s + x s (1 - s) 2 u', s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 0.044715 x^2).
 float GeluGradScalar(float x) {
   const double xd = x;
   const double x2 = xd * xd;
-  const double t = PortableTanh(kSqrt2OverPi * (xd + kGeluCubic * x2 * xd));
+  const double u = kSqrt2OverPi * (xd + kGeluCubic * x2 * xd);
+  const double s = 1.0 / (1.0 + PortableExp(-2.0 * u));
   const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x2);
-  return static_cast<float>(0.5 * (1.0 + t) + 0.5 * xd * (1.0 - t * t) * du);
+  return static_cast<float>(s + xd * s * (1.0 - s) * 2.0 * du);
 }
 
 void ReluForward(const float* x, int64_t n, float* y) {

@@ -12,8 +12,9 @@
 
 namespace pipetrain::math {
 
-// GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated
-// in double with PortableTanh and rounded to float (bitwise portable).
+// GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+// evaluated in double as the identical x / (1 + exp(-2u)) with PortableExp, rounded to float
+// (bitwise portable).
 float GeluScalar(float x);
 // d gelu(x) / dx of the same formula, evaluated in double and rounded to float.
 float GeluGradScalar(float x);
@@ -24,7 +25,7 @@ void ReluBackward(const float* x, const float* dy, int64_t n, float* dx);  // dx
 void GeluForward(const float* x, int64_t n, float* y);                     // y = gelu(x)
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx);  // dx = dy gelu'(x)
 
-// Rough FLOPs per element used in Flops() (documented in docs/numerics.md): tanh counted as 4.
+// Rough FLOPs per element used in Flops() (documented in docs/numerics.md): exp counted as 4.
 inline constexpr double kReluFlopsPerElement = 1;
 inline constexpr double kGeluForwardFlopsPerElement = 10;
 inline constexpr double kGeluBackwardFlopsPerElement = 16;

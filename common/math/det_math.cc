@@ -1,6 +1,9 @@
 #include "common/math/det_math.h"
 
+#include <Eigen/Core>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace pipetrain::math {
@@ -9,7 +12,19 @@ namespace {
 // ln 2 split so that k * kLn2Hi is exact for |k| < 2^20 (fdlibm's constants).
 constexpr double kLn2Hi = 6.93147180369123816490e-01;
 constexpr double kLn2Lo = 1.90821492927058770002e-10;
-constexpr double kInvLn2 = 1.44269504088896338700e+00;
+constexpr double kThirtyTwoOverLn2 = 32 * 1.44269504088896338700e+00;  // exact scaling by 32
+constexpr double kLn2Over32Hi = kLn2Hi / 32;  // exact; n * kLn2Over32Hi exact for |n| < 2^21
+constexpr double kLn2Over32Lo = kLn2Lo / 32;
+// 2^(j/32), j = 0..31, each correctly rounded (computed to 60 digits with Python's decimal).
+constexpr double kExp2Table[32] = {
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0};
 constexpr double kSqrtHalf = 0.70710678118654752440;
 constexpr double kTwoPi = 6.28318530717958647692;
 
@@ -19,25 +34,32 @@ double PortableExp(double x) {
   if (std::isnan(x)) return x;
   if (x > 709.782712893383973096) return std::numeric_limits<double>::infinity();
   if (x < -745.133219101941108420) return 0.0;
-  // x = k ln2 + r with |r| <= ln2/2, e^x = 2^k e^r.
-  const double k = std::floor(x * kInvLn2 + 0.5);
-  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
-  // Taylor series of e^r to r^13 (truncation error < 5e-18 for |r| <= 0.347), Horner form.
-  double p = 1.0 / 6227020800.0;  // 1/13!
-  p = p * r + 1.0 / 479001600.0;  // 1/12!
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  return std::ldexp(p, static_cast<int>(k));
+  // x = (32 m + j) ln2/32 + r, |r| <= ln2/64 (+ a hair): e^x = 2^m 2^(j/32) e^r. n = round(32
+  // x/ln2) by truncating t +- 1/2 (cvttsd2si: exact, no libm call).
+  const double t = x * kThirtyTwoOverLn2;
+  const int n = static_cast<int>(t + (t >= 0 ? 0.5 : -0.5));
+  const double nd = n;
+  const double r = (x - nd * kLn2Over32Hi) - nd * kLn2Over32Lo;  // n * hi is exact
+  const int j = n & 31;
+  const int m = (n - j) / 32;  // exact floor(n / 32)
+  // e^r - 1 to r^6 (truncation < 4e-18 for |r| <= 0.0109), Horner form.
+  double q = 1.0 / 720.0;
+  q = q * r + 1.0 / 120.0;
+  q = q * r + 1.0 / 24.0;
+  q = q * r + 1.0 / 6.0;
+  q = q * r + 0.5;
+  q = q * r + 1.0;
+  q = q * r;
+  const double tj = kExp2Table[j];
+  const double p = tj + tj * q;  // 2^(j/32) e^r, in [2^(-1/64), 2^(63/64)]
+  if (m > -1022 && m < 1023) {
+    // p * 2^m with 2^m built from its bits: an exact scaling for normal results.
+    const uint64_t bits = static_cast<uint64_t>(m + 1023) << 52;
+    double scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+  }
+  return std::ldexp(p, m);  // overflow/subnormal edges: correctly rounded scaling.
 }
 
 double PortableLog(double x) {
@@ -137,6 +159,10 @@ void PortableSinCos2Pi(double u, double* s, double* c) {
       *c = sin_a;
       break;
   }
+}
+
+void PinEigenBlockingForReproducibility() {
+  Eigen::setCpuCacheSizes(32 * 1024, 1024 * 1024, 8 * 1024 * 1024);
 }
 
 }  // namespace pipetrain::math

@@ -1,4 +1,5 @@
-// Portable elementary functions whose bits do not depend on the C library or the CPU.
+// Portable elementary functions whose bits do not depend on the C library or the CPU, and the
+// switch that makes Eigen's GEMM blocking independent of the CPU.
 //
 // std::exp/std::log/std::tanh/std::cos come from libm; glibc on x86-64 picks FMA or non-FMA
 // variants of several of them at run time (ifunc) according to the CPU, and neither variant is
@@ -26,6 +27,16 @@ double PortableTanh(double x);
 
 // *s = sin(2*pi*u), *c = cos(2*pi*u) for u in [0, 1] (used by Box-Muller).
 void PortableSinCos2Pi(double u, double* s, double* c);
+
+// Eigen's GEMM splits the depth (k) of a product into blocks of kc and adds the partial products
+// block by block, so kc fixes the summation order. Eigen derives kc from the L1 cache size it reads
+// from CPUID (and from the thread count), so by default the same binary can round differently on
+// two machines (e.g. 32 KiB vs 48 KiB L1d). This pins the cache sizes Eigen plans with to fixed
+// values (L1 32 KiB, L2 1 MiB, L3 8 MiB), making GEMM bits depend only on shapes, thread count and
+// compile flags. Call it once at process start, before any thread runs an Eigen product, in every
+// process whose numerics must agree (reference trainer, workers, tests comparing them). Process-
+// wide; not thread-safe against concurrent Eigen products.
+void PinEigenBlockingForReproducibility();
 
 }  // namespace pipetrain::math
 

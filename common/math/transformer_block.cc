@@ -33,9 +33,9 @@ enum Param : int {
 constexpr float kLnEps = 1e-5f;
 constexpr int64_t kRegionAlign = 16;  // floats (64 bytes).
 
-// Softmax backward per score element (dot, subtract, two multiplies, scale).
-constexpr double kSoftmaxForwardFlopsPerScore = 8;  // scale, max, exp (~4), sum, divide.
-constexpr double kSoftmaxBackwardFlopsPerScore = 5;
+// Rough FLOPs per attention score entry (documented in docs/numerics.md).
+constexpr double kSoftmaxForwardFlopsPerScore = 8;   // scale, max, exp (~4), sum, divide
+constexpr double kSoftmaxBackwardFlopsPerScore = 5;  // dot, subtract, two multiplies, scale
 
 int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
 

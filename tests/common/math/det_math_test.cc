@@ -1,8 +1,12 @@
 #include "common/math/det_math.h"
 
+#include <Eigen/Core>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
 
+#include "common/math/tensor.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain::math {
@@ -92,6 +96,41 @@ TEST(PortableSinCos2PiTest, MatchesStd) {
   PortableSinCos2Pi(0.0, &s, &c);
   EXPECT_EQ(s, 0.0);
   EXPECT_EQ(c, 1.0);
+}
+
+// The GEMM's summation order follows Eigen's cache-size plan: unpinned, a machine with another L1
+// size rounds differently; pinned, the bits no longer depend on what CPUID reported.
+TEST(PinEigenBlockingTest, GemmBitsDependOnlyOnThePinnedPlan) {
+  const std::ptrdiff_t l1 = Eigen::l1CacheSize(), l2 = Eigen::l2CacheSize(),
+                       l3 = Eigen::l3CacheSize();
+  const int threads = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
+  std::mt19937 gen(1);
+  Matrix x(16, 3000), w(24, 3000);
+  for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>(gen() % 2001) / 1000 - 1;
+  for (int64_t i = 0; i < w.size(); ++i) w.data()[i] = static_cast<float>(gen() % 2001) / 1000 - 1;
+  auto product = [&] {
+    Matrix y(16, 24);
+    y.noalias() = x * w.transpose();
+    return y;
+  };
+  auto same = [](const Matrix& a, const Matrix& b) {
+    return std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+  };
+  Eigen::setCpuCacheSizes(48 * 1024, 2 << 20, 32 << 20);  // e.g. a recent Xeon
+  const Matrix big_l1 = product();
+  Eigen::setCpuCacheSizes(32 * 1024, 1 << 20, 8 << 20);  // e.g. an older one
+  const Matrix small_l1 = product();
+  EXPECT_FALSE(same(big_l1, small_l1)) << "Eigen no longer blocks on L1: revisit the pinning";
+  Eigen::setCpuCacheSizes(48 * 1024, 2 << 20, 32 << 20);
+  PinEigenBlockingForReproducibility();
+  const Matrix pinned_a = product();
+  Eigen::setCpuCacheSizes(16 * 1024, 256 << 10, 4 << 20);
+  PinEigenBlockingForReproducibility();
+  const Matrix pinned_b = product();
+  EXPECT_TRUE(same(pinned_a, pinned_b));
+  Eigen::setCpuCacheSizes(l1, l2, l3);
+  Eigen::setNbThreads(threads);
 }
 
 }  // namespace
