@@ -1,0 +1,76 @@
+// Layer partitioning: cut a model's layers into S*V contiguous chunks placed on S workers so that
+// the slowest worker is as fast as possible.
+//
+// A worker's time is the sum of its chunks' layer costs divided by its speed, plus the transfer
+// time of every cut between two of its chunks' neighbours on other workers (optional). The
+// objective is min over cuts of max over workers of that time; the report adds the imbalance
+// (max / mean worker time).
+//
+//  - Linear placement (V = 1): exact dynamic program over (worker, last layer), O(S*L^2); among the
+//    optimal cuts it returns the one with the smallest sum of squared worker times.
+//  - V-shape placement (V = 2, worker w holds chunks w and 2S-1-w, so its load is the sum of a
+//    chunk near the input and a chunk near the loss): exact. Bisection on the bottleneck over the
+//    64-bit patterns of doubles with a feasibility DP over the still-uncut middle range [a, b):
+//    O(64*S*L^2) without memory caps, O(64*S*L^3) with them.
+//  - Looped placement with V >= 2 (interleaved): the per-worker sum couples V non-adjacent
+//    chunks. Start: the exact chunk-level min-max (each chunk at its owner's speed), improved by
+//    single-layer boundary moves; then a depth-first branch and bound over the cuts (pruned by
+//    memory, the incumbent and the perfectly balanced water level) with a budget of 2^21 nodes.
+//    `proven_optimal` says whether the search finished (it does for small models; for large
+//    ones the answer is the best cut found).
+//
+// Pure functions; thread-safe.
+#ifndef PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
+#define PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/ir.h"
+
+namespace pipetrain::partition {
+
+struct PartitionOptions {
+  int stages = 1;  // S >= 1: workers, in pipeline order (speeds and caps follow this order).
+  schedule::PlacementKind placement = schedule::PlacementKind::kLinear;
+  int virtual_stages = 1;            // V: chunks per worker (linear 1, V-shape 2, looped >= 1).
+  std::vector<double> speeds;        // [worker] cost units per time unit, > 0. Empty: all 1.
+  std::vector<double> layer_memory;  // [layer] bytes, >= 0. Required with memory_caps.
+  std::vector<double> memory_caps;   // [worker] bytes, >= 0. Empty: no cap.
+  // [cut after layer j, j in 0..L-2] time units to move the activation and its gradient across
+  // that cut; added to both workers next to the cut when they differ. Empty: free transfers.
+  std::vector<double> boundary_times;
+};
+
+struct Partition {
+  schedule::Placement placement;
+  std::vector<int> boundaries;        // S*V+1 entries: chunk c holds layers [b[c], b[c+1]).
+  std::vector<double> chunk_cost;     // [chunk] sum of its layer costs.
+  std::vector<double> worker_cost;    // [worker] sum over its chunks.
+  std::vector<double> worker_time;    // [worker] cost / speed + its boundary times.
+  std::vector<double> worker_memory;  // [worker] sum of its layers' memory (0 without memory).
+  double bottleneck = 0;              // max worker_time.
+  int bottleneck_worker = 0;          // First worker reaching it.
+  double imbalance = 1;               // bottleneck / mean worker_time (1 if all times are 0).
+  bool proven_optimal = false;        // False only if the looped search ran out of budget.
+};
+
+// The best cut of `layer_costs` (per-layer cost, e.g. F+B+W FLOPs per micro-batch, >= 0) under
+// `options`. Errors: INVALID_ARGUMENT for an empty or negative cost list, an invalid placement,
+// fewer layers than chunks (every chunk needs a layer), option vectors of the wrong size, speeds
+// <= 0, memory caps without layer memory; RESOURCE_EXHAUSTED if no cut fits the memory caps (the
+// message says why when it can: a layer larger than every cap, or more memory than all caps), or
+// if the exact V-shape search with memory caps would be too large (S*L^3 > 2e8).
+absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs,
+                                          const PartitionOptions& options);
+
+// The figures of a given cut (`boundaries` as in Partition). Same argument checks as
+// PartitionLayers plus: boundaries must start at 0, end at L and strictly increase. Memory caps
+// are not enforced here (worker_memory reports the use); proven_optimal is false.
+absl::StatusOr<Partition> EvaluatePartition(const std::vector<double>& layer_costs,
+                                            const PartitionOptions& options,
+                                            const std::vector<int>& boundaries);
+
+}  // namespace pipetrain::partition
+
+#endif  // PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_

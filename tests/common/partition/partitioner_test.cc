@@ -1,0 +1,417 @@
+#include "common/partition/partitioner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::partition {
+namespace {
+
+using schedule::PlacementKind;
+using ::testing::HasSubstr;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Smallest bottleneck over every cut that fits the memory caps (kInf if none), by enumeration.
+double BruteForce(const std::vector<double>& costs, const PartitionOptions& options,
+                  std::vector<int>* best_cut = nullptr) {
+  const int l = static_cast<int>(costs.size());
+  const int c_count = options.stages * options.virtual_stages;
+  std::vector<int> b(c_count + 1);
+  b[0] = 0;
+  b[c_count] = l;
+  double best = kInf;
+  // Enumerate strictly increasing b[1..C-1] in [1, L-1].
+  for (int c = 1; c < c_count; ++c) b[c] = c;
+  while (true) {
+    absl::StatusOr<Partition> p = EvaluatePartition(costs, options, b);
+    EXPECT_TRUE(p.ok()) << p.status();
+    bool fits = true;
+    for (size_t w = 0; w < options.memory_caps.size(); ++w) {
+      fits = fits && p->worker_memory[w] <= options.memory_caps[w];
+    }
+    if (fits && p->bottleneck < best) {
+      best = p->bottleneck;
+      if (best_cut != nullptr) *best_cut = b;
+    }
+    // Next combination.
+    int c = c_count - 1;
+    while (c >= 1 && b[c] == l - (c_count - c)) --c;
+    if (c < 1) break;
+    ++b[c];
+    for (int d = c + 1; d < c_count; ++d) b[d] = b[d - 1] + 1;
+  }
+  return best;
+}
+
+// Seed 001's greedy FLOPs partition, re-implemented from its description: target = ceil(total/S),
+// close a stage as soon as its running sum reaches the target (keeping a layer for every stage
+// still to open); the last stage takes the rest. Returns boundaries.
+std::vector<int> SeedGreedy(const std::vector<int>& flops, int stages) {
+  const int l = static_cast<int>(flops.size());
+  long long total = 0;
+  for (int f : flops) total += f;
+  const long long target = (total + stages - 1) / stages;
+  std::vector<int> b = {0};
+  long long running = 0;
+  for (int i = 0; i < l; ++i) {
+    running += flops[i];
+    const int opened = static_cast<int>(b.size());
+    if (running >= target && opened < stages && l - i - 1 >= stages - opened) {
+      b.push_back(i + 1);
+      running = 0;
+    }
+  }
+  b.push_back(l);
+  return b;
+}
+
+struct RandomCase {
+  std::vector<double> costs;
+  PartitionOptions options;
+};
+
+RandomCase MakeCase(std::mt19937& rng, PlacementKind kind, bool caps, bool transfers) {
+  RandomCase rc;
+  std::uniform_int_distribution<int> stages_dist(1, kind == PlacementKind::kLinear ? 4 : 3);
+  std::uniform_int_distribution<int> looped_v(2, 3);
+  rc.options.placement = kind;
+  rc.options.stages = stages_dist(rng);
+  rc.options.virtual_stages = kind == PlacementKind::kLinear   ? 1
+                              : kind == PlacementKind::kVShape ? 2
+                                                               : looped_v(rng);
+  if (rc.options.stages * rc.options.virtual_stages > 8) rc.options.virtual_stages = 2;
+  const int c_count = rc.options.stages * rc.options.virtual_stages;
+  std::uniform_int_distribution<int> layers_dist(c_count,
+                                                 std::max(c_count + 1, std::min(c_count + 5, 10)));
+  const int l = layers_dist(rng);
+  std::uniform_int_distribution<int> cost(0, 9);
+  for (int i = 0; i < l; ++i) rc.costs.push_back(cost(rng));
+  std::uniform_int_distribution<int> speed(1, 3);
+  for (int w = 0; w < rc.options.stages; ++w) rc.options.speeds.push_back(speed(rng));
+  if (caps) {
+    std::uniform_int_distribution<int> mem(1, 5);
+    double total = 0;
+    for (int i = 0; i < l; ++i) {
+      rc.options.layer_memory.push_back(mem(rng));
+      total += rc.options.layer_memory.back();
+    }
+    std::uniform_real_distribution<double> share(0.5, 1.6);
+    for (int w = 0; w < rc.options.stages; ++w) {
+      rc.options.memory_caps.push_back(std::floor(share(rng) * total / rc.options.stages));
+    }
+  }
+  if (transfers) {
+    std::uniform_int_distribution<int> t(0, 3);
+    for (int i = 0; i + 1 < l; ++i) rc.options.boundary_times.push_back(t(rng));
+  }
+  return rc;
+}
+
+std::string Describe(const RandomCase& rc) {
+  return absl::StrCat("costs [", absl::StrJoin(rc.costs, ","), "] S=", rc.options.stages,
+                      " speeds [", absl::StrJoin(rc.options.speeds, ","), "] mem [",
+                      absl::StrJoin(rc.options.layer_memory, ","), "] caps [",
+                      absl::StrJoin(rc.options.memory_caps, ","), "] transfers [",
+                      absl::StrJoin(rc.options.boundary_times, ","), "]");
+}
+
+// Property: the exact placements match brute force on random small cases, including memory caps
+// (both feasible and infeasible) and boundary transfer times.
+TEST(PartitionerTest, ExactMatchesBruteForce) {
+  std::mt19937 rng(20240611);
+  for (PlacementKind kind : {PlacementKind::kLinear, PlacementKind::kVShape}) {
+    int infeasible = 0;
+    for (int trial = 0; trial < 1500; ++trial) {
+      const RandomCase rc = MakeCase(rng, kind, trial % 3 == 1, trial % 2 == 1);
+      SCOPED_TRACE(absl::StrCat(schedule::PlacementKindName(kind), " ", Describe(rc)));
+      const double brute = BruteForce(rc.costs, rc.options);
+      absl::StatusOr<Partition> p = PartitionLayers(rc.costs, rc.options);
+      if (brute == kInf) {
+        ASSERT_FALSE(p.ok());
+        EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+        EXPECT_THAT(p.status().message(), HasSubstr("memory caps infeasible"));
+        ++infeasible;
+        continue;
+      }
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_TRUE(p->proven_optimal);
+      EXPECT_NEAR(p->bottleneck, brute, 1e-9);
+      for (size_t w = 0; w < rc.options.memory_caps.size(); ++w) {
+        EXPECT_LE(p->worker_memory[w], rc.options.memory_caps[w]);
+      }
+    }
+    EXPECT_GT(infeasible, 10);  // The generator does produce infeasible caps.
+  }
+}
+
+// Seed 001's greedy FLOPs split is not min-max optimal: on 1..9 over 3 stages it closes the first
+// stage at 15 and then overshoots to 21, where 17 is possible.
+TEST(PartitionerTest, SeedGreedyIsWorse) {
+  const std::vector<int> flops = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<double> costs(flops.begin(), flops.end());
+  PartitionOptions options;
+  options.stages = 3;
+  const std::vector<int> greedy = SeedGreedy(flops, 3);
+  ASSERT_EQ(greedy, (std::vector<int>{0, 5, 8, 9}));
+  absl::StatusOr<Partition> g = EvaluatePartition(costs, options, greedy);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_DOUBLE_EQ(g->bottleneck, 21);
+  absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 5, 7, 9}));
+  EXPECT_DOUBLE_EQ(p->bottleneck, 17);
+  EXPECT_EQ(p->worker_cost, (std::vector<double>{15, 13, 17}));
+  EXPECT_DOUBLE_EQ(p->imbalance, 17 / 15.0);
+
+  // Over random cases the greedy is never better and often worse (or opens too few stages).
+  std::mt19937 rng(7);
+  int worse = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::uniform_int_distribution<int> len(4, 12);
+    std::uniform_int_distribution<int> flop(1, 20);
+    std::vector<int> f(len(rng));
+    for (int& x : f) x = flop(rng);
+    const std::vector<double> c(f.begin(), f.end());
+    options.stages = 3;
+    absl::StatusOr<Partition> exact = PartitionLayers(c, options);
+    ASSERT_TRUE(exact.ok());
+    const std::vector<int> gb = SeedGreedy(f, 3);
+    if (gb.size() != 4) {
+      ++worse;  // Too few stages: an invalid plan.
+      continue;
+    }
+    absl::StatusOr<Partition> gr = EvaluatePartition(c, options, gb);
+    ASSERT_TRUE(gr.ok());
+    EXPECT_LE(exact->bottleneck, gr->bottleneck);
+    worse += exact->bottleneck < gr->bottleneck;
+  }
+  EXPECT_GT(worse, 30);
+}
+
+TEST(PartitionerTest, FasterWorkersGetMoreLayers) {
+  PartitionOptions options;
+  options.stages = 3;
+  options.speeds = {1, 2, 1};
+  absl::StatusOr<Partition> p = PartitionLayers(std::vector<double>(12, 1.0), options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 3, 9, 12}));
+  EXPECT_EQ(p->worker_time, (std::vector<double>{3, 3, 3}));
+  EXPECT_EQ(p->worker_cost, (std::vector<double>{3, 6, 3}));
+  EXPECT_DOUBLE_EQ(p->imbalance, 1);
+}
+
+TEST(PartitionerTest, ImbalanceIsMaxOverMean) {
+  PartitionOptions options;
+  options.stages = 2;
+  absl::StatusOr<Partition> p = PartitionLayers({5, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 3}));
+  EXPECT_DOUBLE_EQ(p->bottleneck, 5);
+  EXPECT_EQ(p->bottleneck_worker, 0);
+  EXPECT_DOUBLE_EQ(p->imbalance, 5 / 3.5);
+}
+
+// Among optimal cuts the one with the smallest sum of squared times: the heavy layer fixes the
+// bottleneck at 10; the other six unit layers are spread 3 + 3 rather than 1 + 5.
+TEST(PartitionerTest, TiesPreferBalancedWorkers) {
+  PartitionOptions options;
+  options.stages = 3;
+  absl::StatusOr<Partition> p = PartitionLayers({10, 1, 1, 1, 1, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 4, 7}));
+}
+
+TEST(PartitionerTest, MemoryCapsForceASlowerCut) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.layer_memory = {1, 1, 1, 1};
+  options.memory_caps = {1, 3};
+  absl::StatusOr<Partition> p = PartitionLayers({1, 1, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 4}));
+  EXPECT_DOUBLE_EQ(p->bottleneck, 3);
+  EXPECT_EQ(p->worker_memory, (std::vector<double>{1, 3}));
+}
+
+TEST(PartitionerTest, InfeasibleMemoryCapsAreAClearError) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.layer_memory = {1, 1, 10, 1};
+  options.memory_caps = {5, 5};
+  absl::Status status = PartitionLayers({1, 1, 1, 1}, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "memory caps infeasible: layer 2 needs 10 bytes, more than the largest cap (5)");
+  options.layer_memory = {2, 2, 2, 2};
+  options.memory_caps = {3, 3};
+  EXPECT_EQ(PartitionLayers({1, 1, 1, 1}, options).status().message(),
+            "memory caps infeasible: the 4 layers need 8 bytes; the caps sum to 6");
+  options.layer_memory = {2, 3, 2};
+  options.memory_caps = {4, 4};
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
+            "memory caps infeasible: no contiguous cut of 3 layers into 2 chunks (linear "
+            "placement) keeps every worker within its cap");
+}
+
+TEST(PartitionerTest, BoundaryTimesAvoidExpensiveCuts) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.boundary_times = {0, 5, 0};  // Cutting between layers 1 and 2 costs 5.
+  absl::StatusOr<Partition> p = PartitionLayers({1, 1, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NE(p->boundaries[1], 2);
+  EXPECT_DOUBLE_EQ(p->bottleneck, 3);
+  absl::StatusOr<Partition> middle = EvaluatePartition({1, 1, 1, 1}, options, {0, 2, 4});
+  ASSERT_TRUE(middle.ok());
+  EXPECT_EQ(middle->worker_time, (std::vector<double>{7, 7}));
+}
+
+// V-shape: worker w holds chunk w (near the input) and chunk 2S-1-w (near the loss); its load is
+// the sum. With a worker three times faster, balancing the 2S chunks equally is far from optimal.
+TEST(PartitionerTest, VShapeCountsBothChunksOfAWorker) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.placement = PlacementKind::kVShape;
+  options.virtual_stages = 2;
+  options.speeds = {1, 3};
+  const std::vector<double> costs(8, 1.0);
+  absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 4, 7, 8}));
+  EXPECT_EQ(p->worker_cost, (std::vector<double>{2, 6}));
+  EXPECT_EQ(p->worker_time, (std::vector<double>{2, 2}));
+  absl::StatusOr<Partition> equal_chunks = EvaluatePartition(costs, options, {0, 2, 4, 6, 8});
+  ASSERT_TRUE(equal_chunks.ok());
+  EXPECT_DOUBLE_EQ(equal_chunks->bottleneck, 4);
+  // Heavy first and last layers (embedding, head) both land on worker 0.
+  options.speeds = {};
+  p = PartitionLayers({6, 1, 1, 1, 1, 1, 1, 1, 6}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 4, 8, 9}));
+  EXPECT_EQ(p->worker_cost, (std::vector<double>{12, 7}));
+}
+
+// Looped (interleaved) placement: exact on random small cases (the branch and bound finishes),
+// including infeasible memory caps.
+TEST(PartitionerTest, LoopedMatchesBruteForce) {
+  PartitionOptions options;
+  options.stages = 4;
+  options.placement = PlacementKind::kLooped;
+  options.virtual_stages = 2;
+  absl::StatusOr<Partition> p = PartitionLayers(std::vector<double>(16, 1.0), options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 4, 6, 8, 10, 12, 14, 16}));
+  EXPECT_DOUBLE_EQ(p->imbalance, 1);
+  EXPECT_TRUE(p->proven_optimal);
+
+  std::mt19937 rng(99);
+  int infeasible = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    const RandomCase rc = MakeCase(rng, PlacementKind::kLooped, trial % 3 == 1, trial % 2 == 1);
+    SCOPED_TRACE(absl::StrCat("looped V=", rc.options.virtual_stages, " ", Describe(rc)));
+    const double brute = BruteForce(rc.costs, rc.options);
+    absl::StatusOr<Partition> q = PartitionLayers(rc.costs, rc.options);
+    if (brute == kInf) {
+      ASSERT_FALSE(q.ok());
+      EXPECT_EQ(q.status().code(), absl::StatusCode::kResourceExhausted);
+      ++infeasible;
+      continue;
+    }
+    ASSERT_TRUE(q.ok()) << q.status();
+    EXPECT_TRUE(q->proven_optimal);
+    EXPECT_NEAR(q->bottleneck, brute, 1e-9);
+  }
+  EXPECT_GT(infeasible, 10);
+}
+
+TEST(PartitionerTest, Errors) {
+  PartitionOptions options;
+  options.stages = 3;
+  EXPECT_EQ(PartitionLayers({}, options).status().message(), "no layer costs given");
+  EXPECT_EQ(PartitionLayers({1, 1}, options).status().message(),
+            "cannot cut 2 layers into 3 chunks: every chunk needs at least one layer");
+  EXPECT_EQ(PartitionLayers({1, -1, 1}, options).status().message(),
+            "cost of layer 1 must be finite and >= 0 (got -1)");
+  options.speeds = {1, 1};
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
+            "got 2 worker speeds for 3 workers");
+  options.speeds = {1, 0, 1};
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
+            "speed of worker 1 must be finite and > 0 (got 0)");
+  options.speeds = {};
+  options.memory_caps = {1, 1, 1};
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
+            "memory caps need the memory of every layer");
+  options.memory_caps = {};
+  options.stages = 0;
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.stages = 2;
+  options.placement = PlacementKind::kVShape;
+  EXPECT_THAT(PartitionLayers({1, 1, 1, 1}, options).status().message(),
+              HasSubstr("virtual stages must be 2"));
+  options.placement = PlacementKind::kLinear;
+  EXPECT_EQ(EvaluatePartition({1, 1, 1}, options, {0, 3, 3}).status().message(),
+            "boundaries must strictly increase (chunk 1 is [3, 3))");
+  EXPECT_EQ(EvaluatePartition({1, 1, 1}, options, {0, 3}).status().message(),
+            "got 2 boundaries for 2 chunks (need chunks + 1)");
+  EXPECT_EQ(EvaluatePartition({1, 1, 1}, options, {1, 2, 3}).status().message(),
+            "boundaries must start at 0 and end at 3");
+}
+
+// Large inputs stay fast: 512 layers on 16 workers (linear), 128 layers on 8 workers (V-shape; 64
+// with memory caps), and 96 layers in 16 looped chunks, where the branch and bound runs out of
+// budget and says so.
+TEST(PartitionerTest, LargeInputs) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> cost(0.5, 2.0);
+  std::vector<double> costs(512);
+  for (double& c : costs) c = cost(rng);
+  PartitionOptions options;
+  options.stages = 16;
+  absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_LT(p->imbalance, 1.05);
+  EXPECT_TRUE(p->proven_optimal);
+
+  costs.resize(128);
+  options.stages = 8;
+  options.placement = PlacementKind::kVShape;
+  options.virtual_stages = 2;
+  p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_LT(p->imbalance, 1.05);
+
+  costs.resize(64);
+  p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  options.layer_memory.assign(64, 1.0);
+  options.memory_caps.assign(8, 8.0);  // Exactly 8 layers per worker.
+  absl::StatusOr<Partition> capped = PartitionLayers(costs, options);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_GE(capped->bottleneck, p->bottleneck);
+  for (double m : capped->worker_memory) EXPECT_EQ(m, 8);
+
+  costs.resize(96);
+  for (double& c : costs) c = cost(rng);
+  options = PartitionOptions{};
+  options.stages = 8;
+  options.placement = PlacementKind::kLooped;
+  options.virtual_stages = 2;
+  p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_LT(p->imbalance, 1.1);
+  EXPECT_FALSE(p->proven_optimal);
+}
+
+}  // namespace
+}  // namespace pipetrain::partition
