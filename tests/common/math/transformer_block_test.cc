@@ -261,6 +261,27 @@ TEST(TransformerBlockTest, FlopsFollowDocumentedFormula) {
   EXPECT_DOUBLE_EQ(f.backward_weight, weight_gemm + biases + 10 * n * d);
 }
 
+// Same inputs and the same thread count give the same bits, with Eigen's products run on one
+// thread and parallelised on two (sizes large enough for Eigen to split the GEMMs).
+TEST(TransformerBlockTest, RepeatsBitsForEachThreadCount) {
+  const int saved = Eigen::nbThreads();
+  const TransformerBlock block(64, 4, 32, 4);
+  const std::vector<Tensor> p = RandomParams(block, 2);
+  const Matrix x = RandomMatrix(4 * 32, 64, 3);
+  const Matrix dy = RandomMatrix(4 * 32, 64, 4);
+  for (int threads : {1, 2}) {
+    Eigen::setNbThreads(threads);
+    const LayerRun a = RunLayer(block, p, x, dy);
+    const LayerRun b = RunLayer(block, p, x, dy);
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.y), AsConstMap(b.y))) << threads;
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.dx), AsConstMap(b.dx))) << threads;
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(a.grads[i].data, b.grads[i].data)) << threads << " " << i;
+    }
+  }
+  Eigen::setNbThreads(saved);
+}
+
 TEST(TransformerBlockTest, BitsDoNotDependOnBufferAlignment) {
   const TransformerBlock block(12, 3, 5, 2);
   ExpectBitwiseStableUnderRealignment(block, RandomParams(block, 1), RandomMatrix(10, 12, 2),
