@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/math/det_math.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::model {
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
         absl::StrCat("threads must be in [1, 256], got ", options.threads));
   }
   PT_RETURN_IF_ERROR(math::ValidateOptimizerConfig(options.optimizer));
+  math::PinEigenBlockingForReproducibility();
   Eigen::setNbThreads(options.threads);
   PT_ASSIGN_OR_RETURN(
       Stage stage, Stage::Create(model, 0, model->num_layers(), options.seed, options.optimizer));

@@ -50,7 +50,8 @@ double SumLayerNormSq(const std::vector<double>& per_layer);
 
 class ReferenceTrainer {
  public:
-  // Sets Eigen's thread count to options.threads (process-wide). `model` must outlive the trainer.
+  // Pins Eigen's GEMM blocking (math::PinEigenBlockingForReproducibility) and sets Eigen's thread
+  // count to options.threads, both process-wide. `model` must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(const Model* model,
                                                                   const TrainerOptions& options);
 
