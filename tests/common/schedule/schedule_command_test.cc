@@ -1,0 +1,133 @@
+#include "client/cli/schedule_command.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string ParseError(absl::string_view kind, absl::string_view stages, absl::string_view m,
+                       absl::string_view v, absl::string_view costs, absl::string_view format) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions(kind, stages, m, v, costs, format);
+  EXPECT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(o.status().message());
+}
+
+TEST(ScheduleCommandTest, ParsesAndDefaults) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("zb-v", "4", "8", "", "", "");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->params.kind, schedule::ScheduleKind::kZbV);
+  EXPECT_EQ(o->params.stages, 4);
+  EXPECT_EQ(o->params.microbatches, 8);
+  EXPECT_EQ(o->params.virtual_stages, 2);
+  EXPECT_EQ(o->costs.f, 1);
+  EXPECT_EQ(o->costs.b, 2);
+  EXPECT_EQ(o->format, ScheduleFormat::kAscii);
+  o = ParseScheduleCommandOptions("interleaved", "2", "4", "3", "1, 2.5,1.5,1", "svg");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->params.virtual_stages, 3);
+  EXPECT_EQ(o->costs.b, 2.5);
+  EXPECT_EQ(o->costs.i, 1.5);
+  EXPECT_EQ(o->format, ScheduleFormat::kSvg);
+}
+
+TEST(ScheduleCommandTest, RefusesBadFlagsWithTheRule) {
+  EXPECT_THAT(ParseError("", "4", "8", "", "", ""), HasSubstr("--kind is required"));
+  EXPECT_THAT(ParseError("zb-h2", "4", "8", "", "", ""), HasSubstr("unknown schedule kind"));
+  EXPECT_EQ(ParseError("1f1b", "0", "8", "", "", ""),
+            "--stages must be an integer >= 1 (got \"0\")");
+  EXPECT_EQ(ParseError("1f1b", "4", "x", "", "", ""),
+            "--microbatches must be an integer >= 1 (got \"x\")");
+  EXPECT_EQ(ParseError("1f1b", "4", "", "", "", ""), "--microbatches is required");
+  EXPECT_EQ(ParseError("1f1b", "4", "8", "0", "", ""),
+            "--virtual must be an integer >= 1 (got \"0\")");
+  EXPECT_EQ(ParseError("1f1b", "4", "8", "", "1,2,3", ""),
+            "--costs needs four numbers >= 0, F,B,I,W (got \"1,2,3\")");
+  EXPECT_EQ(ParseError("1f1b", "4", "8", "", "1,-2,1,1", ""),
+            "--costs needs four numbers >= 0, F,B,I,W (got \"1,-2,1,1\")");
+  EXPECT_EQ(ParseError("1f1b", "4", "8", "", "", "png"),
+            "--format must be ascii, json, chrome or svg (got \"png\")");
+  EXPECT_EQ(ParseError("interleaved", "4", "3", "", "", ""),
+            "interleaved 1F1B needs microbatches (3) >= stages (4)");
+  EXPECT_EQ(ParseError("1f1b", "4", "8", "2", "", ""),
+            "1f1b holds one chunk per worker: virtual stages must be 1 (got 2)");
+}
+
+TEST(ScheduleCommandTest, AsciiReport) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("1f1b", "2", "2", "", "1,2,1,1", "ascii");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::string> out = RunScheduleCommand(*o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "1f1b: S=2 M=2 V=1; per-stage costs F=1 B=2 I=1 W=1\n"
+            "time |0              5\n"
+            "w0   |F0 F1 ......B0--- ...B1---\n"
+            "w1   |...F0 B0--- F1 B1--- ......\n"
+            "1 cell = 1 time unit; makespan 9; F forward, B backward, I input grad, W weight grad, "
+            ". idle\n"
+            "makespan 9, bubble fraction 0.333333\n"
+            "worker  busy        bubble      peak activations\n"
+            "0       6           0.333333    2\n"
+            "1       6           0.333333    1\n");
+}
+
+TEST(ScheduleCommandTest, JsonFollowsTheContract) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("interleaved", "2", "4", "2", "", "json");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::string> out = RunScheduleCommand(*o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const nlohmann::json j = nlohmann::json::parse(*out);
+  EXPECT_EQ(j["kind"], "interleaved");
+  EXPECT_EQ(j["stages"], 2);
+  EXPECT_EQ(j["microbatches"], 4);
+  EXPECT_EQ(j["virtual"], 2);
+  EXPECT_EQ(j["placement"], nlohmann::json::parse("[[0, 2], [1, 3]]"));
+  EXPECT_EQ(j["actions"][0].size(), 16u);
+  EXPECT_EQ(j["actions"][0][2], nlohmann::json::parse(R"({"op": "F", "mb": 0, "chunk": 2})"));
+  // Closed form: (S-1)/(VM+S-1) = 1/9.
+  EXPECT_NEAR(j["simulation"]["bubble_fraction"].get<double>(), 1.0 / 9, 1e-12);
+  EXPECT_DOUBLE_EQ(j["simulation"]["makespan"].get<double>(), 13.5);
+  ASSERT_EQ(j["simulation"]["per_worker"].size(), 2u);
+  for (const auto& w : j["simulation"]["per_worker"]) {
+    EXPECT_TRUE(w.contains("busy"));
+    EXPECT_TRUE(w.contains("bubble_fraction"));
+    EXPECT_TRUE(w.contains("peak_activations"));
+  }
+}
+
+TEST(ScheduleCommandTest, ChromeAndSvg) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("dualpipe-v", "2", "4", "", "", "chrome");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::string> out = RunScheduleCommand(*o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const nlohmann::json trace = nlohmann::json::parse(*out);
+  EXPECT_TRUE(trace["traceEvents"].is_array());
+  o->format = ScheduleFormat::kSvg;
+  out = RunScheduleCommand(*o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, StartsWith("<?xml"));
+}
+
+TEST(ScheduleCommandTest, RunChecksOptionsThatSkippedTheParser) {
+  ScheduleCommandOptions o;
+  o.params = {schedule::ScheduleKind::kZbV, 4, 8, 3};
+  EXPECT_EQ(RunScheduleCommand(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.params.virtual_stages = 2;
+  o.costs.f = -1;
+  EXPECT_THAT(RunScheduleCommand(o).status().message(), HasSubstr("must be finite and >= 0"));
+}
+
+}  // namespace
+}  // namespace pipetrain::cli
