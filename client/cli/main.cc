@@ -17,7 +17,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/partition_command.h"
 #include "client/cli/reference_command.h"
+#include "client/cli/schedule_command.h"
+#include "common/io/dataset.h"
+#include "common/model/model.h"
+#include "common/util/status_macros.h"
 
 // Shared by several commands.
 ABSL_FLAG(std::string, model, "", "ModelSpec file (protobuf text format)");
@@ -43,6 +48,14 @@ ABSL_FLAG(std::string, resume, "", "continue training from this checkpoint direc
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(int64_t, eval_samples, 1000, "held-out samples to evaluate at the end (0: all)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
+// schedule / partition
+ABSL_FLAG(std::string, kind, "", "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
+ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
+ABSL_FLAG(std::string, costs, "",
+          "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
+ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each worker s0,s1,...");
+ABSL_FLAG(std::string, memory_cap, "",
+          "partition: memory cap per worker (one value or one per worker; K/M/G/KiB/MiB/GiB)");
 
 namespace pipetrain::cli {
 namespace {
@@ -51,6 +64,8 @@ constexpr char kUsage[] =
     "pipetrain COMMAND [flags]\n"
     "commands:\n"
     "  reference   train in one process with the reference trainer\n"
+    "  schedule    generate, validate, simulate and draw a pipeline schedule\n"
+    "  partition   split a model's layers across stages (exact min-max)\n"
     "run `pipetrain COMMAND --help` for the flags.";
 
 // Every flag defined above; the per-command allow-lists are subsets.
@@ -113,6 +128,91 @@ std::vector<std::string> NormaliseFlagNames(int argc, char** argv) {
   return out;
 }
 
+// "" for a flag left at 0 (not given), else its decimal value.
+std::string GivenInt(int64_t v) { return v == 0 ? std::string() : absl::StrCat(v); }
+
+absl::Status RunSchedule() {
+  if (auto s = CheckOnlyFlags("schedule",
+                              {"kind", "stages", "microbatches", "virtual", "costs", "format"});
+      !s.ok()) {
+    return s;
+  }
+  PT_ASSIGN_OR_RETURN(
+      ScheduleCommandOptions o,
+      ParseScheduleCommandOptions(absl::GetFlag(FLAGS_kind), GivenInt(absl::GetFlag(FLAGS_stages)),
+                                  absl::StrCat(absl::GetFlag(FLAGS_microbatches)),
+                                  absl::GetFlag(FLAGS_virtual), absl::GetFlag(FLAGS_costs),
+                                  absl::GetFlag(FLAGS_format)));
+  PT_ASSIGN_OR_RETURN(std::string text, RunScheduleCommand(o));
+  std::cout << text;
+  return absl::OkStatus();
+}
+
+// Per-layer partition costs of a model file: F+B+W FLOPs of one micro-batch of
+// batch/microbatches samples, and memory = 4 x parameter bytes (weights, gradients, two AdamW
+// moments) + microbatches x (input + stash bytes of one micro-batch), GPipe's worst case.
+// Sizes the spec leaves to the data set are resolved against --data.
+absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
+  PT_ASSIGN_OR_RETURN(v1::ModelSpec spec, model::LoadModelSpecFile(path));
+  auto built = model::Model::Build(spec);
+  if (!built.ok()) {
+    io::DatasetOptions d;
+    if (!absl::GetFlag(FLAGS_data_dir).empty()) d.data_dir = absl::GetFlag(FLAGS_data_dir);
+    for (const v1::LayerSpec& l : spec.layers()) {
+      if (l.has_embedding()) d.context = l.embedding().context();
+    }
+    d.input_features = spec.input_features();
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<io::Dataset> data,
+                        io::OpenDataset(absl::GetFlag(FLAGS_data), d));
+    const io::DatasetInfo& info = data->info();
+    PT_ASSIGN_OR_RETURN(spec,
+                        model::ResolveModelSpec(spec, {info.input_features, info.target_features,
+                                                       info.num_classes, info.tokens_per_sample}));
+    built = model::Model::Build(spec);
+  }
+  if (!built.ok()) return built.status();
+  const model::Model& m = **built;
+  const int64_t batch = absl::GetFlag(FLAGS_batch), mbs = absl::GetFlag(FLAGS_microbatches);
+  if (batch < 1 || mbs < 1 || batch % mbs != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch (", batch, ") must be a positive multiple of --microbatches (", mbs, ")"));
+  }
+  const int64_t samples = batch / mbs;
+  const int64_t rows = samples * m.tokens_per_sample();
+  ModelLayers layers;
+  layers.costs = m.LayerFlops(samples);
+  const std::vector<int64_t> param_bytes = m.LayerParamBytes();
+  for (int64_t l = 0; l < m.num_layers(); ++l) {
+    const double activation = static_cast<double>(rows) * m.layer(l).in_features() * 4 +
+                              static_cast<double>(m.layer(l).StashBytes(rows));
+    layers.memory_bytes.push_back(4.0 * param_bytes[l] + mbs * activation);
+  }
+  return layers;
+}
+
+absl::Status RunPartition() {
+  if (auto s = CheckOnlyFlags(
+          "partition", {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages",
+                        "speeds", "memory_cap", "kind", "virtual", "format"});
+      !s.ok()) {
+    return s;
+  }
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  ModelLayers layers;
+  if (!model_path.empty()) {
+    PT_ASSIGN_OR_RETURN(layers, ModelLayersFromFile(model_path));
+  }
+  PT_ASSIGN_OR_RETURN(PartitionCommandOptions o,
+                      ParsePartitionCommandOptions(
+                          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_speeds),
+                          absl::GetFlag(FLAGS_memory_cap), GivenInt(absl::GetFlag(FLAGS_stages)),
+                          absl::GetFlag(FLAGS_format), model_path.empty() ? nullptr : &layers,
+                          absl::GetFlag(FLAGS_kind), absl::GetFlag(FLAGS_virtual)));
+  PT_ASSIGN_OR_RETURN(std::string text, RunPartitionCommand(o));
+  std::cout << text;
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<std::string> normalised = NormaliseFlagNames(argc, argv);
@@ -131,6 +231,10 @@ int Main(int argc, char** argv) {
   absl::Status status;
   if (command == "reference") {
     status = RunReference();
+  } else if (command == "schedule") {
+    status = RunSchedule();
+  } else if (command == "partition") {
+    status = RunPartition();
   } else {
     std::cerr << "pipetrain: unknown command '" << command << "'\n" << kUsage << "\n";
     return 2;
