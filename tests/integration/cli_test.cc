@@ -119,5 +119,52 @@ TEST(ReferenceCliTest, BadInputFailsWithAClearMessage) {
   EXPECT_THAT(r.out, HasSubstr("unknown command 'frobnicate'"));
 }
 
+TEST(ScheduleCliTest, JsonCarriesThePlanAndTheSimulation) {
+  const CliRun r = Pipetrain("schedule --kind zb-h1 --stages 4 --microbatches 8 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["kind"], "zb-h1");
+  EXPECT_EQ(j["stages"], 4);
+  EXPECT_EQ(j["microbatches"], 8);
+  EXPECT_EQ(j["virtual"], 1);
+  ASSERT_EQ(j["placement"].size(), 4u);
+  ASSERT_EQ(j["actions"].size(), 4u);
+  // Every worker runs F, I and W once per micro-batch: 3 * 8 actions.
+  for (const auto& worker : j["actions"]) EXPECT_EQ(worker.size(), 24u);
+  ASSERT_EQ(j["simulation"]["per_worker"].size(), 4u);
+  EXPECT_GT(j["simulation"]["makespan"].get<double>(), 0.0);
+}
+
+TEST(ScheduleCliTest, InvalidRequestsExitNonZeroWithTheRule) {
+  CliRun r = Pipetrain("schedule --kind interleaved --stages 4 --microbatches 3 --format ascii");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("microbatches"));
+  r = Pipetrain("schedule --kind 2f2b --stages 4 --microbatches 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("2f2b"));
+  r = Pipetrain("schedule --kind 1f1b --microbatches 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--stages"));
+  r = Pipetrain("schedule --kind 1f1b --stages 2 --microbatches 4 --steps 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--steps not used by `pipetrain schedule`"));
+}
+
+TEST(PartitionCliTest, ModelFileIsCutByFlops) {
+  const CliRun r =
+      Pipetrain("partition --model " + Example("deep_mlp.textproto") + " --stages 4 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_NE(r.out.find("imbalance"), std::string::npos);
+  // Costs from a model whose vocabulary comes from the data set.
+  const CliRun g =
+      Pipetrain("partition --model " + Example("gpt_char.textproto") + " --data text --stages 2");
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  const CliRun bad = Pipetrain("partition --costs 1,2,3 --stages 4");
+  EXPECT_NE(bad.exit_code, 0);
+}
+
 }  // namespace
 }  // namespace pipetrain
