@@ -1,0 +1,2 @@
+add_executable(schedule_bench ${CMAKE_CURRENT_LIST_DIR}/schedule_bench.cc)
+target_link_libraries(schedule_bench PRIVATE pipetrain_schedule pipetrain_warnings)
