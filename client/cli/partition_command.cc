@@ -115,7 +115,7 @@ std::string TextReport(const PartitionCommandOptions& o, const partition::Partit
 }
 
 std::string JsonReport(const PartitionCommandOptions& o, const partition::Partition& p) {
-  nlohmann::json chunks = nlohmann::json::array();
+  nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
   for (int c = 0; c < p.placement.num_chunks(); ++c) {
     chunks.push_back({{"chunk", c},
                       {"worker", p.placement.OwnerOf(c)},
@@ -123,7 +123,7 @@ std::string JsonReport(const PartitionCommandOptions& o, const partition::Partit
                       {"end_layer", p.boundaries[c + 1]},
                       {"cost", p.chunk_cost[c]}});
   }
-  nlohmann::json workers = nlohmann::json::array();
+  nlohmann::ordered_json workers = nlohmann::ordered_json::array();
   for (int w = 0; w < p.placement.stages; ++w) {
     workers.push_back({{"worker", w},
                        {"chunks", p.placement.ChunksOf(w)},
@@ -132,7 +132,7 @@ std::string JsonReport(const PartitionCommandOptions& o, const partition::Partit
                        {"time", p.worker_time[w]},
                        {"memory", p.worker_memory[w]}});
   }
-  const nlohmann::json report = {
+  const nlohmann::ordered_json report = {
       {"placement", std::string(schedule::PlacementKindName(p.placement.kind))},
       {"stages", p.placement.stages},
       {"virtual", p.placement.virtual_stages},

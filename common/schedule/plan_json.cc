@@ -5,12 +5,12 @@
 
 namespace pipetrain::schedule {
 
-nlohmann::json PlanToJson(const Plan& plan) {
-  nlohmann::json placement = nlohmann::json::array();
+nlohmann::ordered_json PlanToJson(const Plan& plan) {
+  nlohmann::ordered_json placement = nlohmann::ordered_json::array();
   for (int w = 0; w < plan.stages(); ++w) placement.push_back(plan.placement.ChunksOf(w));
-  nlohmann::json actions = nlohmann::json::array();
+  nlohmann::ordered_json actions = nlohmann::ordered_json::array();
   for (const std::vector<Action>& list : plan.actions) {
-    nlohmann::json worker = nlohmann::json::array();
+    nlohmann::ordered_json worker = nlohmann::ordered_json::array();
     for (const Action& a : list) {
       worker.push_back({{"op", std::string(OpLetter(a.op))}, {"mb", a.mb}, {"chunk", a.chunk}});
     }
@@ -24,9 +24,9 @@ nlohmann::json PlanToJson(const Plan& plan) {
           {"actions", std::move(actions)}};
 }
 
-nlohmann::json ScheduleReportToJson(const Plan& plan, const TimelineStats& stats) {
-  nlohmann::json report = PlanToJson(plan);
-  nlohmann::json per_worker = nlohmann::json::array();
+nlohmann::ordered_json ScheduleReportToJson(const Plan& plan, const TimelineStats& stats) {
+  nlohmann::ordered_json report = PlanToJson(plan);
+  nlohmann::ordered_json per_worker = nlohmann::ordered_json::array();
   for (const WorkerStats& w : stats.workers) {
     per_worker.push_back({{"busy", w.busy},
                           {"bubble_fraction", w.bubble_fraction},

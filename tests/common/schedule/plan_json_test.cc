@@ -1,5 +1,7 @@
 #include "common/schedule/plan_json.h"
 
+#include <string>
+
 #include "common/schedule/generator.h"
 #include "common/schedule/simulator.h"
 #include "gtest/gtest.h"
@@ -14,7 +16,13 @@ TEST(PlanJsonTest, ReportFollowsTheCliContract) {
   absl::StatusOr<SimulationResult> sim =
       Simulate(*plan, UniformCostModel(plan->placement, {2, 4, 2, 2}));
   ASSERT_TRUE(sim.ok()) << sim.status();
-  const nlohmann::json j = ScheduleReportToJson(*plan, sim->stats);
+  const std::string text = ScheduleReportToJson(*plan, sim->stats).dump();
+  // Keys in the documented order.
+  EXPECT_EQ(text.rfind(R"({"kind":"zb-v","stages":2,"microbatches":2,"virtual":2,"placement":)", 0),
+            0u);
+  EXPECT_NE(text.find(R"({"op":"F","mb":0,"chunk":0})"), std::string::npos);
+  EXPECT_NE(text.find(R"("simulation":{"makespan":)"), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j["kind"], "zb-v");
   EXPECT_EQ(j["stages"], 2);
   EXPECT_EQ(j["microbatches"], 2);
