@@ -1,6 +1,8 @@
 #include "common/schedule/generator.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +191,44 @@ TEST(GeneratorTest, InterleavedFollowsMegatronOrder) {
   }
   EXPECT_LT(first_b, last_f);
   EXPECT_EQ(first_b, 2 * 3 + 4 + 1);  // After the 10 warm-up forwards and one steady forward.
+}
+
+// Why interleaved refuses M % S != 0: Megatron's table with a partial last group (the same rule
+// with groups [0, S), [S, 2S), ..., [kS, M)) deadlocks under in-order execution for S=4, M=5, V=3.
+TEST(GeneratorTest, InterleavedPartialGroupWouldDeadlock) {
+  const int s = 4;
+  const int m = 5;
+  const int v = 3;
+  Plan plan;
+  plan.kind = ScheduleKind::kInterleaved;
+  plan.microbatches = m;
+  plan.placement = Placement{PlacementKind::kLooped, s, v};
+  std::vector<std::pair<int, int>> table;  // (mb, local chunk)
+  for (int group = 0; group < m; group += s) {
+    for (int local = 0; local < v; ++local) {
+      for (int mb = group; mb < std::min(group + s, m); ++mb) table.emplace_back(mb, local);
+    }
+  }
+  const int total = m * v;
+  for (int w = 0; w < s; ++w) {
+    const int warmup = std::min(2 * (s - w - 1) + (v - 1) * s, total);
+    std::vector<Action> list;
+    auto f = [&](int k) {
+      list.push_back({Op::kForward, table[k].first, table[k].second * s + w});
+    };
+    auto b = [&](int k) {
+      list.push_back({Op::kBackward, table[k].first, (v - 1 - table[k].second) * s + w});
+    };
+    for (int k = 0; k < warmup; ++k) f(k);
+    for (int k = warmup; k < total; ++k) {
+      f(k);
+      b(k - warmup);
+    }
+    for (int k = total - warmup; k < total; ++k) b(k);
+    plan.actions.push_back(list);
+  }
+  EXPECT_TRUE(CheckPlanStructure(plan).ok()) << CheckPlanStructure(plan);
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("plan deadlocks"));
 }
 
 // ZB-H1 defers worker w's weight gradients by w steps (not W right after I, seed 000's flaw).
