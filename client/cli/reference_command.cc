@@ -142,8 +142,8 @@ absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream&
     m.batch_size = o.batch;
     m.microbatches = o.microbatches;
     m.data_cursor = sampler.cursor();
-    m.shards.push_back({"stage-0.safetensors", 0, net->num_layers()});
-    PT_RETURN_IF_ERROR(model::SaveCheckpoint(o.save_dir, m, {trainer->ExportState()}));
+    m.shards = model::LayerShards(*net, 0, net->num_layers());
+    PT_RETURN_IF_ERROR(model::SaveCheckpoint(o.save_dir, m, trainer->ExportState()));
     if (!o.json) out << "checkpoint written to " << o.save_dir << "\n";
   }
   return absl::OkStatus();

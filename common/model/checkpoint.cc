@@ -3,7 +3,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/io/file_util.h"
 #include "common/io/safetensors.h"
 #include "common/model/model.h"
@@ -45,13 +47,51 @@ bool IsPlainFileName(const std::string& name) {
 
 }  // namespace
 
-absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::vector<std::map<std::string, math::Tensor>>& shards) {
-  if (shards.size() != manifest.shards.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint has ", manifest.shards.size(),
-                                                   " shard entries but ", shards.size(),
-                                                   " tensor sets"));
+std::string LayerShardFile(int64_t layer) {
+  return absl::StrFormat("layer-%05d.safetensors", layer);
+}
+
+std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last) {
+  std::vector<CheckpointShard> out;
+  for (int64_t l = first; l < last; ++l) {
+    if (!model.layer(l).params().empty()) out.push_back({LayerShardFile(l), l, l + 1});
   }
+  return out;
+}
+
+absl::Status WriteCheckpointShards(const std::string& dir,
+                                   const std::vector<CheckpointShard>& shards,
+                                   const std::map<std::string, math::Tensor>& tensors,
+                                   int64_t step) {
+  PT_RETURN_IF_ERROR(io::EnsureDirectory(dir));
+  for (const CheckpointShard& s : shards) {
+    if (!IsPlainFileName(s.file)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard file name '", s.file, "' is not a plain file name"));
+    }
+    // Every tensor whose global layer index is in [first_layer, last_layer).
+    std::map<std::string, math::Tensor> part;
+    for (int64_t l = s.first_layer; l < s.last_layer; ++l) {
+      for (const std::string& prefix :
+           {absl::StrCat("layers.", l, "."), absl::StrCat("optim.", l, ".")}) {
+        for (auto it = tensors.lower_bound(prefix);
+             it != tensors.end() && absl::StartsWith(it->first, prefix); ++it) {
+          part.insert(*it);
+        }
+      }
+    }
+    if (part.empty()) {
+      return absl::NotFoundError(absl::StrCat("no tensors for shard ", s.file, " (layers ",
+                                              s.first_layer, "..", s.last_layer - 1, ")"));
+    }
+    PT_RETURN_IF_ERROR(
+        io::WriteSafetensors(absl::StrCat(dir, "/", s.file), part,
+                             {{"format", kCheckpointFormat}, {"step", absl::StrCat(step)}}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointManifest& manifest) {
   PT_RETURN_IF_ERROR(io::EnsureDirectory(dir));
   json j;
   j["format"] = kCheckpointFormat;
@@ -66,19 +106,21 @@ absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& ma
   j["microbatches"] = manifest.microbatches;
   j["data_cursor"] = {{"epoch", manifest.data_cursor.epoch}, {"batch", manifest.data_cursor.batch}};
   j["shards"] = json::array();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const CheckpointShard& s = manifest.shards[i];
+  for (const CheckpointShard& s : manifest.shards) {
     if (!IsPlainFileName(s.file)) {
       return absl::InvalidArgumentError(
           absl::StrCat("shard file name '", s.file, "' is not a plain file name"));
     }
-    PT_RETURN_IF_ERROR(io::WriteSafetensors(
-        absl::StrCat(dir, "/", s.file), shards[i],
-        {{"format", kCheckpointFormat}, {"step", absl::StrCat(manifest.step)}}));
     j["shards"].push_back(
         {{"file", s.file}, {"first_layer", s.first_layer}, {"last_layer", s.last_layer}});
   }
   return io::WriteFileAtomically(absl::StrCat(dir, "/", kManifestName), j.dump(2) + "\n");
+}
+
+absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
+                            const std::map<std::string, math::Tensor>& tensors) {
+  PT_RETURN_IF_ERROR(WriteCheckpointShards(dir, manifest.shards, tensors, manifest.step));
+  return WriteCheckpointManifest(dir, manifest);
 }
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {

@@ -1,6 +1,9 @@
-// Checkpoints: one safetensors file per shard (a contiguous range of global layers) plus a JSON
-// manifest. Tensor names are global ("layers.3.weight", "optim.3.weight.exp_avg"), so a
-// checkpoint written by any number of stages loads onto any other number.
+// Checkpoints: one safetensors file per layer that has parameters ("layer-00003.safetensors")
+// plus a JSON manifest. Tensor names are global ("layers.3.weight", "optim.3.weight.exp_avg").
+// The layout does not depend on the partition: the same training state gives byte-identical files
+// whether one process or any number of stages wrote it, and loads onto any number of stages.
+// (The manifest format allows any contiguous layer range per file; pipetrain writes single
+// layers.)
 //
 // Every file is written atomically (temp, fsync, rename, fsync dir) and the manifest is written
 // last: a directory holds a complete checkpoint exactly when manifest.json exists.
@@ -15,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "common/io/dataset.h"
 #include "common/math/tensor.h"
+#include "common/model/model.h"
 #include "pipetrain/v1/model.pb.h"
 
 namespace pipetrain::model {
@@ -40,10 +44,26 @@ struct CheckpointManifest {
   std::vector<CheckpointShard> shards;
 };
 
-// Writes each shard's tensors and then the manifest into `dir` (created if missing). `shards[i]`
-// are the tensors of manifest.shards[i]. INVALID_ARGUMENT if the counts differ.
+// "layer-00003.safetensors" for layer 3.
+std::string LayerShardFile(int64_t layer);
+
+// The per-layer shards of layers [first, last) of `model` that have parameters, in layer order.
+std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last);
+
+// Writes the tensors of `shards` (each a single layer or range) taken from `tensors` (global
+// names, e.g. Stage::ExportState) into `dir` (created if missing), one atomic file each, with
+// `step` in the file metadata. A tensor of a shard's layers missing from `tensors` is NOT_FOUND.
+absl::Status WriteCheckpointShards(const std::string& dir,
+                                   const std::vector<CheckpointShard>& shards,
+                                   const std::map<std::string, math::Tensor>& tensors,
+                                   int64_t step);
+
+// Writes `manifest` into `dir` atomically. Call after every shard is written.
+absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointManifest& manifest);
+
+// WriteCheckpointShards for manifest.shards, then WriteCheckpointManifest.
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::vector<std::map<std::string, math::Tensor>>& shards);
+                            const std::map<std::string, math::Tensor>& tensors);
 
 // Reads the manifest of `dir`. NOT_FOUND without a manifest; DATA_LOSS / INVALID_ARGUMENT naming
 // the field for a malformed one.

@@ -45,14 +45,15 @@ struct Parsed {
   nlohmann::json eval;
 };
 
-Parsed ParseJsonLines(const std::string& out) {
+// Parses --json output whose first step is numbered `first_step`.
+Parsed ParseJsonLines(const std::string& out, int first_step = 1) {
   Parsed p;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << "not JSON: " << line;
     if (j.is_discarded()) continue;
     if (j.contains("step")) {
-      EXPECT_EQ(j["step"].get<int>(), static_cast<int>(p.losses.size()) + 1);
+      EXPECT_EQ(j["step"].get<int>(), static_cast<int>(p.losses.size()) + first_step);
       p.losses.push_back(j["loss"].get<double>());
     } else {
       p.eval = j;
@@ -117,6 +118,52 @@ TEST(ReferenceCliTest, BadInputFailsWithAClearMessage) {
   r = Pipetrain("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command 'frobnicate'"));
+}
+
+std::string ReadAll(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "rb");
+  std::string out;
+  if (f == nullptr) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  fclose(f);
+  return out;
+}
+
+TEST(ReferenceCliTest, ResumeContinuesBitwise) {
+  const std::string dir = ::testing::TempDir() + "/cli_resume";
+  const std::string common = "reference --model " + Example("gpt_char.textproto") +
+                             " --data text --batch 4 --microbatches 2 --seed 5 --json "
+                             "--eval-samples 4 --optimizer adamw:lr=1e-2,clip_norm=0.5";
+  const CliRun straight = Pipetrain(common + " --steps 6 --save " + dir + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const CliRun first = Pipetrain(common + " --steps 3 --save " + dir + "/half");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const CliRun second =
+      Pipetrain(common + " --steps 3 --resume " + dir + "/half --save " + dir + "/resumed");
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  const Parsed a = ParseJsonLines(straight.out);
+  const Parsed b = ParseJsonLines(first.out);
+  const Parsed c = ParseJsonLines(second.out, /*first_step=*/4);
+  ASSERT_EQ(a.losses.size(), 6u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]);
+    EXPECT_EQ(a.losses[3 + i], c.losses[i]);
+  }
+  for (const char* f : {"layer-00000.safetensors", "layer-00001.safetensors",
+                        "layer-00004.safetensors", "manifest.json"}) {
+    const std::string x = ReadAll(dir + "/straight/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_EQ(x, ReadAll(dir + "/resumed/" + f)) << f;
+  }
+  // A different seed is refused.
+  const CliRun wrong = Pipetrain("reference --model " + Example("gpt_char.textproto") +
+                                 " --data text --batch 4 --microbatches 2 --seed 6 --steps 1 "
+                                 "--resume " +
+                                 dir + "/half");
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_THAT(wrong.out, HasSubstr("FAILED_PRECONDITION"));
 }
 
 TEST(ScheduleCliTest, JsonCarriesThePlanAndTheSimulation) {
