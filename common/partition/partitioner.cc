@@ -22,6 +22,10 @@ using schedule::PlacementKind;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Largest S*L^3 for the V-shape search with memory caps (about a second per 1e8 on one core).
 constexpr double kMaxVShapeMemoryWork = 2e8;
+// Largest S*L^2 for the V-shape search without caps (64 probes of it; tables of S*L^2 bytes).
+constexpr double kMaxVShapeWork = 6e7;
+// Most layers accepted.
+constexpr int kMaxLayers = 1 << 16;
 
 // Validated inputs with prefix sums. Layer x's cut ("before layer x") has time bt[x]; bt[0] and
 // bt[L] are 0.
@@ -56,6 +60,10 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
   PT_ASSIGN_OR_RETURN(Placement placement,
                       schedule::MakePlacement(o.placement, o.stages, o.virtual_stages));
   if (costs.empty()) return absl::InvalidArgumentError("no layer costs given");
+  if (costs.size() > static_cast<size_t>(kMaxLayers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("got ", costs.size(), " layers; at most ", kMaxLayers, " are supported"));
+  }
   PT_RETURN_IF_ERROR(CheckVector(costs, "cost of layer", false));
   const int l = static_cast<int>(costs.size());
   const int s = placement.stages;
@@ -203,8 +211,10 @@ std::vector<int> ChainPartition(const Problem& p, const std::vector<double>& chu
   for (int k = 1; k <= c_count; ++k) {
     for (int j = k; j <= l - (c_count - k); ++j) {
       double& out = best[k * width + j];
+      const double speed = p.speed[p.placement.OwnerOf(k - 1)];
       for (int i = j - 1; i >= k - 1; --i) {
         if (p.Memory(i, j) > chunk_cap[k - 1]) break;
+        if (p.Cost(i, j) / speed >= out) break;  // Grows as i falls; transfers only add.
         const double prev = best[(k - 1) * width + i];
         if (prev == kInf) continue;
         out = std::min(out, std::max(prev, time(k - 1, i, j)));
@@ -218,9 +228,11 @@ std::vector<int> ChainPartition(const Problem& p, const std::vector<double>& chu
   std::vector<int> from((c_count + 1) * width, -1);
   squares[0] = 0;
   for (int k = 1; k <= c_count; ++k) {
+    const double speed = p.speed[p.placement.OwnerOf(k - 1)];
     for (int j = k; j <= l - (c_count - k); ++j) {
       for (int i = j - 1; i >= k - 1; --i) {
         if (p.Memory(i, j) > chunk_cap[k - 1]) break;
+        if (p.Cost(i, j) / speed > target) break;
         const double prev = squares[(k - 1) * width + i];
         if (prev == kInf) continue;
         const double t = time(k - 1, i, j);
@@ -417,6 +429,11 @@ absl::StatusOr<std::vector<int>> VShapePartition(const Problem& p,
     return absl::ResourceExhaustedError(absl::StrCat(
         "the exact V-shape search with memory caps is O(S*L^3) per probe; S=", p.stages(),
         " and L=", p.layers, " exceed its limit (S*L^3 <= ", kMaxVShapeMemoryWork, ")"));
+  }
+  if (static_cast<double>(p.stages()) * p.layers * p.layers > kMaxVShapeWork) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the exact V-shape search is O(S*L^2) per probe; S=", p.stages(),
+                     " and L=", p.layers, " exceed its limit (S*L^2 <= ", kMaxVShapeWork, ")"));
   }
   VShapeSearch search(p);
   if (!search.Feasible(kInf)) return MemoryInfeasible(p, layer_memory, "");

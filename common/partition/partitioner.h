@@ -60,7 +60,8 @@ struct Partition {
 // fewer layers than chunks (every chunk needs a layer), option vectors of the wrong size, speeds
 // <= 0, memory caps without layer memory; RESOURCE_EXHAUSTED if no cut fits the memory caps (the
 // message says why when it can: a layer larger than every cap, or more memory than all caps), or
-// if the exact V-shape search with memory caps would be too large (S*L^3 > 2e8).
+// if the exact V-shape search would be too large (S*L^2 > 6e7, or S*L^3 > 2e8 with memory caps).
+// At most 65536 layers.
 absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs,
                                           const PartitionOptions& options);
 

@@ -28,8 +28,9 @@ struct ScheduleParams {
 // The V a kind uses when the user gives none: 2 for interleaved, zb-v and dualpipe-v, else 1.
 int DefaultVirtualStages(ScheduleKind kind);
 
-// Largest S*V*M accepted (keeps plans, and the int32 fields of Action, in range).
-inline constexpr long long kMaxChunkMicrobatches = 1LL << 26;
+// Largest S*V*M accepted: bounds the memory of plans and of their validation (about 32 bytes per
+// (micro-batch, chunk)) and keeps the int32 fields of Action in range.
+inline constexpr long long kMaxChunkMicrobatches = 1LL << 24;
 
 // OK if the parameters describe a schedule of `kind`; otherwise INVALID_ARGUMENT stating the
 // broken rule, e.g. "interleaved 1F1B needs microbatches (3) >= stages (4)". Rules:

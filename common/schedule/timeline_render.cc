@@ -17,6 +17,23 @@ namespace {
 // Longest grid we draw, whatever the options say (guards against tiny time_per_cell values).
 constexpr int64_t kMaxAsciiCells = 1 << 16;
 
+// Actions with non-finite or negative times, or end < start (possible in measured timelines), are
+// left out of the pictures.
+bool Drawable(const TimedAction& t) {
+  return std::isfinite(t.start) && std::isfinite(t.end) && t.start >= 0 && t.end >= t.start;
+}
+
+// Latest end over the drawable actions.
+double DrawnMakespan(const Timeline& timeline) {
+  double makespan = 0;
+  for (const std::vector<TimedAction>& list : timeline.workers) {
+    for (const TimedAction& t : list) {
+      if (Drawable(t)) makespan = std::max(makespan, t.end);
+    }
+  }
+  return makespan;
+}
+
 int64_t CellOf(double time, double per_cell) {
   return static_cast<int64_t>(std::llround(time / per_cell));
 }
@@ -58,17 +75,18 @@ std::string ActionLabel(const Placement& placement, const Action& action) {
 }
 
 std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
-  const double makespan = timeline.Makespan();
+  const double makespan = DrawnMakespan(timeline);
   size_t widest = 2;
   double shortest = std::numeric_limits<double>::infinity();
   for (const std::vector<TimedAction>& list : timeline.workers) {
     for (const TimedAction& t : list) {
+      if (!Drawable(t)) continue;
       widest = std::max(widest, ActionLabel(timeline.placement, t.action).size());
       if (t.end > t.start) shortest = std::min(shortest, t.end - t.start);
     }
   }
   double per_cell = options.time_per_cell;
-  if (!(per_cell > 0)) {
+  if (!(per_cell > 0) || !std::isfinite(per_cell)) {
     per_cell = std::isfinite(shortest) ? shortest : 1.0;
     if (options.max_cells > 0 && makespan / per_cell > options.max_cells) {
       per_cell = makespan / options.max_cells;
@@ -79,6 +97,7 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
   int64_t cells = 0;
   for (const std::vector<TimedAction>& list : timeline.workers) {
     for (const TimedAction& t : list) {
+      if (!Drawable(t)) continue;
       const int64_t c0 = CellOf(t.start, per_cell);
       cells = std::max(cells, std::max(c0 + 1, CellOf(t.end, per_cell)));
     }
@@ -106,7 +125,7 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
   for (size_t w = 0; w < timeline.workers.size(); ++w) {
     std::string row(cells * width, '.');
     for (const TimedAction& t : timeline.workers[w]) {
-      if (t.end < t.start) continue;
+      if (!Drawable(t)) continue;
       const int64_t c0 = CellOf(t.start, per_cell);
       const int64_t c1 = std::max(c0 + 1, CellOf(t.end, per_cell));
       const size_t begin = c0 * width;
@@ -152,6 +171,7 @@ std::string RenderChromeTrace(const Timeline& timeline, double microseconds_per_
   }
   for (size_t w = 0; w < timeline.workers.size(); ++w) {
     for (const TimedAction& t : timeline.workers[w]) {
+      if (!Drawable(t)) continue;
       events.push_back({{"name", ActionLabel(timeline.placement, t.action)},
                         {"cat", std::string(OpLetter(t.action.op))},
                         {"ph", "X"},
@@ -170,7 +190,7 @@ std::string RenderChromeTrace(const Timeline& timeline, double microseconds_per_
 }
 
 std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
-  const double makespan = timeline.Makespan();
+  const double makespan = DrawnMakespan(timeline);
   const double px = options.pixels_per_time_unit > 0 ? options.pixels_per_time_unit
                     : makespan > 0                   ? std::max(1, options.max_width_px) / makespan
                                                      : 1.0;
@@ -210,7 +230,7 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
     absl::StrAppend(&out, absl::StrFormat("<text x=\"4\" y=\"%.1f\">worker %d</text>\n",
                                           y + row * 0.5 + 3.5, w));
     for (const TimedAction& t : timeline.workers[w]) {
-      if (t.end < t.start) continue;
+      if (!Drawable(t)) continue;
       const double x = left + t.start * px;
       const double wd = (t.end - t.start) * px;
       const int local = t.action.chunk >= 0 && t.action.chunk < timeline.placement.num_chunks()

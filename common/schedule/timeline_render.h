@@ -2,7 +2,8 @@
 //
 // Labels: op letter + micro-batch ("F3"); when a worker holds several chunks (V > 1) a letter names
 // which of its chunks, in model order ("F3a" = first chunk, "F3b" = second, ...).
-// Pure functions; thread-safe. Actions with end < start are drawn as empty.
+// Pure functions; thread-safe. Actions with non-finite or negative times or end < start (possible
+// in measured timelines) are left out.
 #ifndef PIPETRAIN_COMMON_SCHEDULE_TIMELINE_RENDER_H_
 #define PIPETRAIN_COMMON_SCHEDULE_TIMELINE_RENDER_H_
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule/generator.h"
 #include "common/schedule/plan_execution.h"
 #include "common/util/status_macros.h"
 
@@ -33,6 +34,11 @@ absl::Status CheckPlanStructure(const Plan& plan) {
   if (static_cast<int>(plan.actions.size()) != s) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan has ", plan.actions.size(), " action lists for ", s, " workers"));
+  }
+  if (static_cast<long long>(m) * c_count > kMaxChunkMicrobatches) {
+    return absl::InvalidArgumentError(absl::StrCat("plan has ", static_cast<long long>(m) * c_count,
+                                                   " (micro-batch, chunk) pairs; the limit is ",
+                                                   kMaxChunkMicrobatches));
   }
   const size_t keys = static_cast<size_t>(m) * c_count;
   // Position of each action of (mb, chunk), by op; kAbsent if none.

@@ -337,6 +337,8 @@ TEST(PartitionerTest, Errors) {
   PartitionOptions options;
   options.stages = 3;
   EXPECT_EQ(PartitionLayers({}, options).status().message(), "no layer costs given");
+  EXPECT_EQ(PartitionLayers(std::vector<double>(70000, 1.0), options).status().message(),
+            "got 70000 layers; at most 65536 are supported");
   EXPECT_EQ(PartitionLayers({1, 1}, options).status().message(),
             "cannot cut 2 layers into 3 chunks: every chunk needs at least one layer");
   EXPECT_EQ(PartitionLayers({1, -1, 1}, options).status().message(),

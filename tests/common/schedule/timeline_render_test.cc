@@ -1,5 +1,6 @@
 #include "common/schedule/timeline_render.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,27 @@ TEST(RenderAsciiTest, EmptyTimeline) {
   EXPECT_EQ(RenderAscii(Timeline{}),
             "time |\n1 cell = 1 time unit; makespan 0; F forward, B backward, I input grad, W "
             "weight grad, . idle\n");
+}
+
+// Measured timelines may hold garbage (clock skew, missing stamps): such actions are left out.
+TEST(RenderAsciiTest, SkipsUndrawableActions) {
+  Timeline t;
+  t.placement = Placement{PlacementKind::kLinear, 1, 1};
+  t.workers = {{{{Op::kForward, 0, 0}, 0, 1},
+                {{Op::kForward, 1, 0}, -5, 2},
+                {{Op::kBackward, 0, 0}, std::nan(""), 3},
+                {{Op::kBackward, 1, 0}, 2, 1e308 * 10},
+                {{Op::kBackward, 2, 0}, 1, 2}}};
+  EXPECT_EQ(RenderAscii(t),
+            "time |0\n"
+            "w0   |F0 B2\n"
+            "1 cell = 1 time unit; makespan 2; F forward, B backward, I input grad, W weight grad, "
+            ". idle\n");
+  const nlohmann::json trace = nlohmann::json::parse(RenderChromeTrace(t));
+  int complete = 0;
+  for (const nlohmann::json& e : trace["traceEvents"]) complete += e["ph"] == "X";
+  EXPECT_EQ(complete, 2);
+  EXPECT_THAT(RenderSvg(t), HasSubstr(">makespan 2</text>"));
 }
 
 TEST(ChromeTraceTest, OneTrackPerWorkerOneEventPerAction) {

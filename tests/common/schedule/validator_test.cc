@@ -175,6 +175,9 @@ TEST(ValidatorTest, PlanShape) {
   plan.microbatches = 0;
   EXPECT_EQ(Error(plan), "plan microbatches must be >= 1 (got 0)");
   plan = Generated(ScheduleKind::kOneFOneB, 2, 2, 1);
+  plan.microbatches = 1 << 30;  // Refused before any per-(mb, chunk) table is allocated.
+  EXPECT_EQ(Error(plan), "plan has 2147483648 (micro-batch, chunk) pairs; the limit is 16777216");
+  plan = Generated(ScheduleKind::kOneFOneB, 2, 2, 1);
   plan.placement.virtual_stages = 2;
   EXPECT_EQ(Error(plan),
             "plan placement: the linear placement holds one chunk per worker: virtual stages must "
