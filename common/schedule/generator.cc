@@ -165,9 +165,10 @@ class VShapeWorker {
 //   4. while forwards remain: F lower, I lower, W lower, F upper, I upper, W upper;
 //   5. w times: I lower, I upper;   6. S-w times: I lower, W lower;
 //   7. the remaining Is, then the remaining Ws (upper chunk first).
-// Each step is skipped when it has nothing to run (only happens for M < 2S). With F = I = W per
-// chunk and M >= 2S the makespan is 6M + S - 1 chunk-steps, the lower bound of any V-shape plan;
-// at most 2S chunk activations are stashed per worker (1F1B's S full-size ones).
+// An action with nothing left to run is skipped (e.g. step 4's last rounds have no forwards left
+// on the lower chunk). With F = I = W per chunk and M >= 2S the makespan is 6M + S - 1 chunk
+// steps, the lower bound of any V-shape plan; at most 2S chunk activations are stashed per worker
+// (1F1B's S full-size ones).
 std::vector<Action> ZbVWorker(int s, int m, int w) {
   VShapeWorker x(s, m, w);
   for (int k = 0; k < 2 * (s - w) - 1; ++k) x.F(0);
