@@ -304,7 +304,9 @@ class VShapeSearch {
       for (int a2 = a + 1; a2 < z && !found; ++a2) {
         for (int b2 = z - 1; b2 > a2 && !found; --b2) {
           if (!feasible_[k + 1][a2 * width_ + b2]) continue;
-          if (!Fits(k, p_.Memory(a, a2) + p_.Memory(b2, z))) continue;
+          // Same arithmetic as the feasibility passes.
+          const double head = p_.Memory(a, a2);
+          if (!Fits(k, head) || p_.Memory(b2, z) > p_.cap[k] - head) continue;
           if (Inner(k, a2, b2) + Outer(k, a, z) > t) continue;
           a = a2;
           z = b2;
@@ -679,6 +681,10 @@ absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs
   } else {
     PT_ASSIGN_OR_RETURN(b, LoopedPartition(p, options.layer_memory, &exact));
   }
+  bool valid =
+      static_cast<int>(b.size()) == p.chunks() + 1 && b.front() == 0 && b.back() == p.layers;
+  for (size_t c = 0; valid && c + 1 < b.size(); ++c) valid = b[c] < b[c + 1];
+  if (!valid) return absl::InternalError("partitioner produced invalid boundaries (a bug)");
   Partition out = Evaluate(layer_costs, p, b, options.layer_memory);
   out.proven_optimal = exact;
   return out;
