@@ -1,0 +1,473 @@
+#include "server/worker/executor.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/reference_trainer.h"
+#include "common/util/status_macros.h"
+
+namespace pipetrain::worker {
+namespace {
+
+using schedule::Action;
+using schedule::Op;
+using wire::TensorKey;
+using wire::TensorKind;
+
+// Prefixes `status`'s message with `context`, keeping its code.
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+std::string At(size_t position, const Action& action) {
+  return absl::StrCat("position ", position, " ", schedule::ActionToString(action));
+}
+
+}  // namespace
+
+absl::StatusOr<double> CombineLayerNormSq(const std::vector<const StepReport*>& reports,
+                                          int64_t num_layers) {
+  if (num_layers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_layers must be >= 1, got ", num_layers));
+  }
+  std::vector<double> per_layer(num_layers, 0.0);
+  std::vector<bool> seen(num_layers, false);
+  for (size_t r = 0; r < reports.size(); ++r) {
+    for (const LayerNormSq& e : reports[r]->layer_grad_norm_sq) {
+      if (e.layer < 0 || e.layer >= num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("report ", r, " has layer ", e.layer, " outside [0, ", num_layers, ")"));
+      }
+      if (seen[e.layer]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", e.layer, " is reported twice (again by report ", r, ")"));
+      }
+      seen[e.layer] = true;
+      per_layer[e.layer] = e.norm_sq;
+    }
+  }
+  for (int64_t l = 0; l < num_layers; ++l) {
+    if (!seen[l]) {
+      return absl::InvalidArgumentError(absl::StrCat("no report has layer ", l));
+    }
+  }
+  return model::SumLayerNormSq(per_layer);
+}
+
+absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::Model* model,
+                                                                   std::vector<OwnedChunk> chunks,
+                                                                   int num_chunks, Mailbox* mailbox,
+                                                                   Sender* sender,
+                                                                   const ExecutorOptions& options) {
+  if (model == nullptr || mailbox == nullptr || sender == nullptr) {
+    return absl::InvalidArgumentError("executor needs a model, a mailbox and a sender");
+  }
+  if (chunks.empty()) return absl::InvalidArgumentError("executor needs at least one chunk");
+  if (options.input_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("input timeout must be positive, got ",
+                                                   absl::FormatDuration(options.input_timeout)));
+  }
+  if (num_chunks < 1 || num_chunks > model->num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("num_chunks ", num_chunks, " is not in [1, ",
+                                                   model->num_layers(), "] (the model's layers)"));
+  }
+  std::sort(chunks.begin(), chunks.end(),
+            [](const OwnedChunk& a, const OwnedChunk& b) { return a.chunk < b.chunk; });
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const OwnedChunk& c = chunks[i];
+    const model::Stage& s = c.stage;
+    if (c.chunk < 0 || c.chunk >= num_chunks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.chunk, " is outside [0, ", num_chunks, ")"));
+    }
+    if (c.chunk == 0 && s.first_layer() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk 0 starts at layer ", s.first_layer(), ", not 0"));
+    }
+    if (c.chunk == num_chunks - 1 && s.last_layer() != model->num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("last chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), ", not at the model's end ",
+                                                     model->num_layers()));
+    }
+    if (s.last_layer() > model->num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), " beyond the model's ",
+                                                     model->num_layers(), " layers"));
+    }
+    if (i == 0) continue;
+    const OwnedChunk& p = chunks[i - 1];
+    if (p.chunk == c.chunk) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " is given twice"));
+    }
+    // Every chunk in between needs at least one layer; adjacent chunks must touch.
+    const int64_t between = c.chunk - p.chunk - 1;
+    const int64_t gap = s.first_layer() - p.stage.last_layer();
+    if (between == 0 ? gap != 0 : gap < between) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", p.chunk, " (layers [", p.stage.first_layer(), ", ", p.stage.last_layer(),
+          ")) and chunk ", c.chunk, " (layers [", s.first_layer(), ", ", s.last_layer(),
+          ")) are not in layer order with room for the ", between, " chunks between them"));
+    }
+  }
+  return std::unique_ptr<StepExecutor>(
+      new StepExecutor(model, std::move(chunks), num_chunks, mailbox, sender, options));
+}
+
+StepExecutor::StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks,
+                           int num_chunks, Mailbox* mailbox, Sender* sender,
+                           const ExecutorOptions& options)
+    : model_(model),
+      num_chunks_(num_chunks),
+      mailbox_(mailbox),
+      sender_(sender),
+      options_(options),
+      local_of_chunk_(num_chunks, -1),
+      chunks_(std::move(chunks)) {
+  for (size_t i = 0; i < chunks_.size(); ++i) local_of_chunk_[chunks_[i].chunk] = i;
+}
+
+std::vector<int> StepExecutor::chunk_indices() const {
+  std::vector<int> out;
+  out.reserve(chunks_.size());
+  for (const OwnedChunk& c : chunks_) out.push_back(c.chunk);
+  return out;
+}
+
+absl::Status StepExecutor::CheckActions(const std::vector<Action>& actions,
+                                        int* microbatches) const {
+  if (actions.empty()) return absl::InvalidArgumentError("the action list is empty");
+  // Every micro-batch needs an F per chunk, so M <= number of actions: bounds the tables below.
+  const int64_t mb_limit = static_cast<int64_t>(actions.size());
+  int m = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (a.chunk < 0 || a.chunk >= num_chunks_ || local_of_chunk_[a.chunk] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(At(i, a), ": chunk ", a.chunk, " is not held by this worker"));
+    }
+    if (a.mb < 0 || a.mb >= mb_limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(At(i, a), ": micro-batch ", a.mb, " is outside [0, ", mb_limit, ")"));
+    }
+    m = std::max(m, a.mb + 1);
+  }
+  const int local_chunks = static_cast<int>(chunks_.size());
+  // Position of F, B, I, W for each (mb, local chunk); -1 = not seen.
+  enum { kF, kB, kI, kW };
+  std::vector<std::array<int64_t, 4>> pos(static_cast<size_t>(m) * local_chunks,
+                                          std::array<int64_t, 4>{-1, -1, -1, -1});
+  std::vector<int> last_weight_mb(local_chunks, -1);
+  std::vector<int64_t> last_weight_pos(local_chunks, -1);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const int local = local_of_chunk_[a.chunk];
+    std::array<int64_t, 4>& p = pos[static_cast<size_t>(a.mb) * local_chunks + local];
+    const int64_t here = static_cast<int64_t>(i);
+    auto error = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(absl::StrCat(At(i, a), ": ", what));
+    };
+    switch (a.op) {
+      case Op::kForward:
+        if (p[kF] >= 0) {
+          return error(absl::StrCat("second forward (first at position ", p[kF], ")"));
+        }
+        p[kF] = here;
+        break;
+      case Op::kBackward:
+      case Op::kInputGrad:
+        if (p[kF] < 0) return error("runs before the forward of its micro-batch and chunk");
+        if (p[kB] >= 0 || p[kI] >= 0) {
+          return error(
+              absl::StrCat("second backward (first at position ", std::max(p[kB], p[kI]), ")"));
+        }
+        p[a.op == Op::kBackward ? kB : kI] = here;
+        break;
+      case Op::kWeightGrad:
+        if (p[kB] >= 0) return error(absl::StrCat("after a full B at position ", p[kB]));
+        if (p[kI] < 0) return error("runs before the I of its micro-batch and chunk");
+        if (p[kW] >= 0) return error(absl::StrCat("second W (first at position ", p[kW], ")"));
+        p[kW] = here;
+        break;
+    }
+    if (a.op == Op::kBackward || a.op == Op::kWeightGrad) {
+      if (a.mb <= last_weight_mb[local]) {
+        return error(absl::StrCat(
+            "accumulates weight gradients after micro-batch ", last_weight_mb[local],
+            " did at position ", last_weight_pos[local],
+            "; they must accumulate in increasing micro-batch order for bitwise equality"));
+      }
+      last_weight_mb[local] = a.mb;
+      last_weight_pos[local] = here;
+    }
+  }
+  for (int mb = 0; mb < m; ++mb) {
+    for (int local = 0; local < local_chunks; ++local) {
+      const std::array<int64_t, 4>& p = pos[static_cast<size_t>(mb) * local_chunks + local];
+      const std::string what = absl::StrCat("(mb=", mb, ", chunk=", chunks_[local].chunk, ")");
+      if (p[kF] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("no F", what, " although the actions cover micro-batches [0, ", m, ")"));
+      }
+      if (p[kB] < 0 && p[kW] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            p[kI] < 0 ? "no B or I" : "no W", what, " after its ",
+            p[kI] < 0 ? "F at position " : "I at position ", p[kI] < 0 ? p[kF] : p[kI]));
+      }
+    }
+  }
+  *microbatches = m;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector<Action>& actions,
+                                                 int64_t batch_rows) {
+  const Clock::time_point t0 = Clock::now();
+  if (phase_ == Phase::kAwaitingCommit) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("RunStep(", step, "): the previous step awaits Commit or Abort"));
+  }
+  if (phase_ == Phase::kFailed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("RunStep(", step, "): the previous step failed and was not aborted"));
+  }
+  int m = 0;
+  if (absl::Status s = CheckActions(actions, &m); !s.ok()) {
+    return WithContext(s, absl::StrCat("step ", step));
+  }
+  if (batch_rows < 1 || batch_rows % m != 0 || (batch_rows / m) % model_->tokens_per_sample()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": batch of ", batch_rows, " rows does not split into ", m,
+        " micro-batches of whole samples (", model_->tokens_per_sample(), " rows per sample)"));
+  }
+  StepReport report;
+  report.step = step;
+  if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
+  report.timings.reserve(actions.size());
+  DiscardInFlight();
+  for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();
+  const absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
+  if (!status.ok()) {
+    phase_ = Phase::kFailed;
+    return status;
+  }
+  for (const ActionTiming& t : report.timings) {
+    report.wait_time += t.wait();
+    report.compute_time += t.compute();
+  }
+  report.layer_grad_norm_sq = GradNormSqPerLayer();
+  report.wall_time = absl::FromChrono(Clock::now() - t0);
+  phase_ = Phase::kAwaitingCommit;
+  return report;
+}
+
+absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& actions,
+                                       int64_t batch_rows, int microbatches, Clock::time_point t0,
+                                       StepReport* report) {
+  const int64_t mb_rows = batch_rows / microbatches;
+  const double loss_scale = 1.0 / static_cast<double>(batch_rows);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const int local = local_of_chunk_[a.chunk];
+    const Clock::time_point start = Clock::now();
+    Clock::time_point ready = start;
+    absl::Status s;
+    switch (a.op) {
+      case Op::kForward:
+        s = Forward(step, a, local, mb_rows, loss_scale, report, &ready);
+        break;
+      case Op::kBackward:
+        s = InputGrad(step, a, local, &ready);
+        if (s.ok()) s = WeightGrad(a, local);
+        break;
+      case Op::kInputGrad:
+        s = InputGrad(step, a, local, &ready);
+        break;
+      case Op::kWeightGrad:
+        s = WeightGrad(a, local);
+        break;
+    }
+    if (!s.ok()) return WithContext(s, absl::StrCat("step ", step, " ", At(i, a)));
+    const Clock::time_point end = Clock::now();
+    report->timings.push_back(ActionTiming{
+        a, absl::FromChrono(start - t0), absl::FromChrono(ready - t0), absl::FromChrono(end - t0)});
+    report->peak_in_flight =
+        std::max(report->peak_in_flight, static_cast<int64_t>(in_flight_.size()));
+  }
+  if (!in_flight_.empty()) {
+    // CheckActions makes this unreachable; kept so a bug cannot leak state into the next step.
+    return absl::InternalError(
+        absl::StrCat("step ", step, ": ", in_flight_.size(), " micro-batch states left in flight"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<math::Matrix> StepExecutor::TakeChecked(const TensorKey& key, int64_t rows,
+                                                       int64_t cols) {
+  const absl::Time deadline = options_.input_timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + options_.input_timeout;
+  PT_ASSIGN_OR_RETURN(math::Matrix x, mailbox_->Take(key, deadline));
+  if ((rows >= 0 && x.rows() != rows) || x.cols() != cols) {
+    return absl::InvalidArgumentError(absl::StrCat(key.ToString(), " has shape [", x.rows(), ", ",
+                                                   x.cols(), "], expected [", rows, ", ", cols,
+                                                   "]"));
+  }
+  return x;
+}
+
+StepExecutor::InFlight* StepExecutor::FindInFlight(int mb, int local) {
+  auto it = in_flight_.find(std::make_pair(mb, local));
+  return it == in_flight_.end() ? nullptr : it->second.get();
+}
+
+StepExecutor::InFlight* StepExecutor::AcquireInFlight(int mb, int local) {
+  std::unique_ptr<InFlight> f;
+  if (pool_.empty()) {
+    f = std::make_unique<InFlight>();
+  } else {
+    f = std::move(pool_.back());
+    pool_.pop_back();
+  }
+  InFlight* raw = f.get();
+  in_flight_[std::make_pair(mb, local)] = std::move(f);
+  return raw;
+}
+
+void StepExecutor::ReleaseInFlight(int mb, int local) {
+  auto it = in_flight_.find(std::make_pair(mb, local));
+  if (it == in_flight_.end()) return;
+  std::unique_ptr<InFlight> f = std::move(it->second);
+  in_flight_.erase(it);
+  f->dpred.resize(0, 0);
+  f->input_grad_done = false;
+  pool_.push_back(std::move(f));
+}
+
+void StepExecutor::DiscardInFlight() {
+  for (auto& [key, f] : in_flight_) {
+    f->state = model::MicrobatchState();  // frees the stashed activations.
+    f->dpred.resize(0, 0);
+    f->input_grad_done = false;
+    pool_.push_back(std::move(f));
+  }
+  in_flight_.clear();
+}
+
+absl::Status StepExecutor::Forward(int64_t step, const Action& a, int local, int64_t mb_rows,
+                                   double loss_scale, StepReport* report,
+                                   Clock::time_point* ready) {
+  if (FindInFlight(a.mb, local) != nullptr) {
+    return absl::FailedPreconditionError("the micro-batch is already in flight on this chunk");
+  }
+  model::Stage& stage = chunks_[local].stage;
+  const bool first = a.chunk == 0;
+  const bool last = a.chunk == num_chunks_ - 1;
+  const TensorKey in_key{step, a.mb, a.chunk, first ? TensorKind::kInput : TensorKind::kActivation};
+  PT_ASSIGN_OR_RETURN(
+      math::Matrix x,
+      TakeChecked(in_key, mb_rows, model_->layer(stage.first_layer()).in_features()));
+  math::Matrix target;
+  if (last) {
+    const TensorKey target_key{step, a.mb, a.chunk, TensorKind::kTarget};
+    PT_ASSIGN_OR_RETURN(target, TakeChecked(target_key, mb_rows, model_->target_features()));
+    if (absl::Status s =
+            model_->loss().CheckTargets(math::AsConstMap(target), model_->output_features());
+        !s.ok()) {
+      return WithContext(s, target_key.ToString());
+    }
+  }
+  *ready = Clock::now();
+  InFlight* f = AcquireInFlight(a.mb, local);
+  const math::Matrix& y = stage.Forward(math::AsConstMap(x), &f->state);
+  if (last) {
+    f->dpred.resize(y.rows(), y.cols());
+    const double loss = model_->loss().LossAndGrad(math::AsConstMap(y), math::AsConstMap(target),
+                                                   loss_scale, math::AsMap(f->dpred));
+    report->microbatch_losses[a.mb] = static_cast<float>(loss);
+  } else {
+    sender_->Send(TensorKey{step, a.mb, a.chunk + 1, TensorKind::kActivation}, y);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
+                                     Clock::time_point* ready) {
+  InFlight* f = FindInFlight(a.mb, local);
+  if (f == nullptr || !f->state.forward_done) {
+    return absl::FailedPreconditionError("no forward state for this micro-batch and chunk");
+  }
+  if (f->input_grad_done) {
+    return absl::FailedPreconditionError("the input gradient was already computed");
+  }
+  model::Stage& stage = chunks_[local].stage;
+  const bool last = a.chunk == num_chunks_ - 1;
+  const math::Matrix& out = f->state.inputs.back();
+  math::Matrix dy;
+  if (!last) {
+    PT_ASSIGN_OR_RETURN(dy, TakeChecked(TensorKey{step, a.mb, a.chunk, TensorKind::kGradient},
+                                        out.rows(), out.cols()));
+  }
+  *ready = Clock::now();
+  const math::Matrix& dx = stage.BackwardInput(math::AsConstMap(last ? f->dpred : dy),
+                                               /*need_input_grad=*/a.chunk > 0, &f->state);
+  if (a.chunk > 0) sender_->Send(TensorKey{step, a.mb, a.chunk - 1, TensorKind::kGradient}, dx);
+  f->dpred.resize(0, 0);
+  f->input_grad_done = true;
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
+  InFlight* f = FindInFlight(a.mb, local);
+  if (f == nullptr || !f->input_grad_done) {
+    return absl::FailedPreconditionError("no input gradient state for this micro-batch and chunk");
+  }
+  chunks_[local].stage.BackwardWeight(&f->state);
+  ReleaseInFlight(a.mb, local);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale) {
+  if (phase_ != Phase::kAwaitingCommit) {
+    return absl::FailedPreconditionError(
+        "Commit without a successful step awaiting it (step failed, aborted or committed)");
+  }
+  if (optimizer_step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step must be >= 1, got ", optimizer_step));
+  }
+  if (!std::isfinite(clip_scale) || clip_scale <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("clip scale must be finite and > 0, got ", clip_scale));
+  }
+  for (OwnedChunk& c : chunks_) c.stage.ApplyOptimizer(optimizer_step, clip_scale);
+  phase_ = Phase::kIdle;
+  return absl::OkStatus();
+}
+
+void StepExecutor::Abort() {
+  DiscardInFlight();
+  for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();
+  phase_ = Phase::kIdle;
+}
+
+std::vector<LayerNormSq> StepExecutor::GradNormSqPerLayer() const {
+  std::vector<LayerNormSq> out;
+  for (const OwnedChunk& c : chunks_) {
+    const std::vector<double> norms = c.stage.GradNormSqPerLayer();
+    for (size_t k = 0; k < norms.size(); ++k) {
+      out.push_back(LayerNormSq{c.stage.first_layer() + static_cast<int64_t>(k), norms[k]});
+    }
+  }
+  return out;
+}
+
+std::map<std::string, math::Tensor> StepExecutor::ExportState() const {
+  std::map<std::string, math::Tensor> out;
+  for (const OwnedChunk& c : chunks_) out.merge(c.stage.ExportState());
+  return out;
+}
+
+}  // namespace pipetrain::worker

@@ -1,0 +1,219 @@
+// The stage worker's step executor: runs one worker's schedule actions (F, B, I, W on the model
+// chunks it holds) for one training step, with inputs from a Mailbox and outputs to a Sender.
+//
+// The executor is the pipeline twin of model::ReferenceTrainer::Step: every chunk is a
+// model::Stage, the last chunk's loss is computed with scale 1/batch_rows exactly as the reference
+// does, weight gradients are accumulated per chunk in increasing micro-batch order (checked), and
+// the optimizer runs only on Commit with the clip scale the coordinator computed from every
+// worker's per-layer squared gradient norms. Hence a pipeline of executors is bitwise equal to the
+// reference for any placement and any valid schedule (tests/server/worker/executor_test.cc).
+//
+// Independent of gRPC: the transport plugs in as a Sender (outgoing) and by calling
+// Mailbox::Put (incoming). See docs/executor.md.
+#ifndef PIPETRAIN_SERVER_WORKER_EXECUTOR_H_
+#define PIPETRAIN_SERVER_WORKER_EXECUTOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/math/tensor.h"
+#include "common/model/model.h"
+#include "common/model/stage.h"
+#include "common/schedule/ir.h"
+#include "common/wire/tensor_key.h"
+#include "server/worker/mailbox.h"
+
+namespace pipetrain::worker {
+
+// Outgoing half of the data plane. The executor calls Send from its compute thread for every
+// activation (kActivation for chunk c+1 after F of chunk c) and input gradient (kGradient for
+// chunk c-1 after I or B of chunk c > 0). Send must not block on the network: it copies or
+// queues `tensor` (which the executor may overwrite or free as soon as Send returns) and
+// returns. A transport that cannot deliver reports it out of band (e.g. by aborting the
+// mailbox of the affected worker and telling the coordinator); the executor never learns of it
+// from Send. Chunks held by this same worker are also sent through the Sender, which must then
+// deliver them to this worker's own mailbox.
+class Sender {
+ public:
+  virtual ~Sender() = default;
+  virtual void Send(const wire::TensorKey& key, const math::Matrix& tensor) = 0;
+};
+
+struct ExecutorOptions {
+  // Longest an action may wait for one input tensor before the step fails with
+  // DEADLINE_EXCEEDED naming the action and the key. Infinite by default: a lost peer is
+  // normally detected by its broken stream, which aborts the mailbox.
+  absl::Duration input_timeout = absl::InfiniteDuration();
+};
+
+// One model chunk held by this worker: its global chunk index and the Stage over its layers.
+struct OwnedChunk {
+  int chunk = 0;
+  model::Stage stage;
+};
+
+// Squared L2 norm of one global layer's gradients.
+struct LayerNormSq {
+  int64_t layer = 0;
+  double norm_sq = 0;
+};
+
+// When one action ran, relative to the start of its RunStep (steady clock). The action waited on
+// the mailbox during [start, ready) and computed (including handing outputs to the Sender) during
+// [ready, end).
+struct ActionTiming {
+  schedule::Action action;
+  absl::Duration start;
+  absl::Duration ready;
+  absl::Duration end;
+  absl::Duration wait() const { return ready - start; }
+  absl::Duration compute() const { return end - ready; }
+};
+
+// What a worker reports to the coordinator after a successful RunStep.
+struct StepReport {
+  int64_t step = 0;
+  // Loss of each micro-batch, indexed by micro-batch (already scaled by 1/batch_rows), if this
+  // worker holds the last chunk; empty otherwise. The coordinator sums them in increasing order
+  // as float to get the step's loss.
+  std::vector<float> microbatch_losses;
+  // Squared gradient norms of every layer this worker holds, in increasing layer order.
+  std::vector<LayerNormSq> layer_grad_norm_sq;
+  // One entry per action, in execution order.
+  std::vector<ActionTiming> timings;
+  absl::Duration wait_time;     // sum of the actions' wait().
+  absl::Duration compute_time;  // sum of the actions' compute().
+  absl::Duration wall_time;     // RunStep entry to return.
+  int64_t peak_in_flight = 0;   // most (micro-batch, chunk) states held at once.
+};
+
+// The global squared gradient norm from every worker's report: the per-layer values placed by
+// global layer and summed in increasing layer order (model::SumLayerNormSq), exactly as the
+// reference trainer does. INVALID_ARGUMENT if a layer in [0, num_layers) is missing or reported
+// twice, or a layer is out of range.
+absl::StatusOr<double> CombineLayerNormSq(const std::vector<const StepReport*>& reports,
+                                          int64_t num_layers);
+
+// Not thread-safe (thread-compatible): one thread (the worker's compute thread) makes all calls.
+// To interrupt a RunStep blocked on its inputs from another thread, abort the Mailbox; RunStep
+// then returns the mailbox's status and the caller calls Abort().
+//
+// Life cycle per step: RunStep (ok) -> Commit, or RunStep (any outcome) -> Abort. A RunStep
+// while a successful step awaits its Commit or Abort is FAILED_PRECONDITION, as is a RunStep
+// after one that failed while running (not in its up-front checks) without Abort in between.
+class StepExecutor {
+ public:
+  // `model`, `mailbox` and `sender` must outlive the executor. `chunks` are this worker's chunks
+  // in any order, their Stages built over `model`; `num_chunks` is the number of chunks of the
+  // whole model (S*V). INVALID_ARGUMENT if there is no chunk, the input timeout is not positive, a
+  // chunk index is out of [0, num_chunks) or repeated, chunk 0 does not start at layer 0, the last
+  // chunk does not end at the model's last layer, chunks are not in layer order, or two consecutive
+  // chunks held here leave a gap.
+  static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(const model::Model* model,
+                                                              std::vector<OwnedChunk> chunks,
+                                                              int num_chunks, Mailbox* mailbox,
+                                                              Sender* sender,
+                                                              const ExecutorOptions& options = {});
+
+  StepExecutor(const StepExecutor&) = delete;
+  StepExecutor& operator=(const StepExecutor&) = delete;
+
+  // Runs `actions` for step `step` strictly in order, after zeroing the gradients. `batch_rows`
+  // is the row count of the whole batch (samples * rows per sample) and fixes the loss scale
+  // 1/batch_rows and the micro-batch shape batch_rows / M, where M is the number of micro-batches
+  // the actions cover.
+  //
+  // Before any compute the action list is checked on its own: every chunk held here, every
+  // micro-batch in [0, M) with one F and either one B or one I and one W per chunk, F before
+  // I before W, weight gradients per chunk in increasing micro-batch order (the bitwise contract).
+  // A violation is INVALID_ARGUMENT naming the position and the action.
+  // While running: F(mb, c) takes kInput (c = 0) or kActivation, and for the last chunk kTarget,
+  // then sends kActivation for c+1 (c not last); I(mb, c) takes kGradient (c not last) and sends
+  // kGradient for c-1 (c > 0); B = I then W. Received tensors are shape-checked
+  // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
+  // error message names the action and its position.
+  absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
+                                     int64_t batch_rows);
+
+  // Applies optimizer update number `optimizer_step` (1-based count of applied steps, as
+  // ReferenceTrainer::steps_done after the step) on every chunk, with the gradients scaled by
+  // `clip_scale` (math::ClipScale of the global norm). FAILED_PRECONDITION unless the last
+  // RunStep succeeded and was neither committed nor aborted; INVALID_ARGUMENT if
+  // optimizer_step < 1 or clip_scale is not finite and > 0.
+  absl::Status Commit(int64_t optimizer_step, float clip_scale);
+
+  // Discards the current step: zeroes the gradients and frees every micro-batch state. The
+  // parameters and optimizer state are untouched. Always succeeds; idempotent.
+  void Abort();
+
+  // Per-layer squared gradient norms now (increasing layer order), e.g. to check Abort.
+  std::vector<LayerNormSq> GradNormSqPerLayer() const;
+  // Parameters and optimizer state of every chunk held here, by global tensor name
+  // (model::Stage::ExportState merged).
+  std::map<std::string, math::Tensor> ExportState() const;
+
+  // Global chunk indices held here, increasing.
+  std::vector<int> chunk_indices() const;
+
+ private:
+  // Per (micro-batch, local chunk) state from F until W.
+  struct InFlight {
+    model::MicrobatchState state;
+    math::Matrix dpred;  // last chunk only: dL/d(prediction) from F until I.
+    bool input_grad_done = false;
+  };
+  enum class Phase { kIdle, kAwaitingCommit, kFailed };
+  using Clock = std::chrono::steady_clock;
+
+  StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
+               Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
+
+  // The checks RunStep documents before any compute; sets *microbatches.
+  absl::Status CheckActions(const std::vector<schedule::Action>& actions, int* microbatches) const;
+  // Runs the checked `actions`; timings are relative to `t0`.
+  absl::Status RunStepImpl(int64_t step, const std::vector<schedule::Action>& actions,
+                           int64_t batch_rows, int microbatches, Clock::time_point t0,
+                           StepReport* report);
+  absl::Status Forward(int64_t step, const schedule::Action& a, int local, int64_t mb_rows,
+                       double loss_scale, StepReport* report, Clock::time_point* ready);
+  absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
+                         Clock::time_point* ready);
+  absl::Status WeightGrad(const schedule::Action& a, int local);
+  // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
+  absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
+  InFlight* FindInFlight(int mb, int local);
+  // A fresh or pooled state registered for (mb, local).
+  InFlight* AcquireInFlight(int mb, int local);
+  // Returns the state of (mb, local) to the pool.
+  void ReleaseInFlight(int mb, int local);
+  // Frees every in-flight state's memory and returns it to the pool.
+  void DiscardInFlight();
+
+  // Constant after construction.
+  const model::Model* const model_;
+  const int num_chunks_;
+  Mailbox* const mailbox_;
+  Sender* const sender_;
+  const ExecutorOptions options_;
+  std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
+
+  std::vector<OwnedChunk> chunks_;  // increasing chunk index.
+  Phase phase_ = Phase::kIdle;
+  // In-flight states by (mb, local chunk), and a pool of reusable ones (their matrices already
+  // freed by Stage::BackwardWeight) so steady-state steps do not allocate the bookkeeping.
+  absl::flat_hash_map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;
+  std::vector<std::unique_ptr<InFlight>> pool_;
+};
+
+}  // namespace pipetrain::worker
+
+#endif  // PIPETRAIN_SERVER_WORKER_EXECUTOR_H_
