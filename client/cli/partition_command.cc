@@ -74,6 +74,17 @@ absl::StatusOr<double> ParseBytes(absl::string_view text) {
 
 std::string Num(double x) { return absl::StrFormat("%.6g", x); }
 
+// "512 B", "1.5 KiB", "15.22 MiB".
+std::string HumanBytes(double x) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (x >= 1024 && unit < 4) {
+    x /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%.0f B", x) : absl::StrFormat("%.2f %s", x, kUnits[unit]);
+}
+
 // "0-4" or "0-1,14-15": the layer ranges of a worker's chunks (inclusive).
 std::string LayerRanges(const partition::Partition& p, const std::vector<int>& chunks) {
   std::vector<std::string> parts;
@@ -102,7 +113,7 @@ std::string TextReport(const PartitionCommandOptions& o, const partition::Partit
     std::string line =
         absl::StrFormat("%-7d %-9s %-13s %-11s %-8s %-11s %s", w, absl::StrJoin(chunks, ","),
                         LayerRanges(p, chunks), Num(p.worker_cost[w]), Num(speed),
-                        Num(p.worker_time[w]), memory ? Num(p.worker_memory[w]) : "");
+                        Num(p.worker_time[w]), memory ? HumanBytes(p.worker_memory[w]) : "");
     absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
   }
   double mean = 0;

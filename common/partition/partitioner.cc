@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::partition {
@@ -159,6 +160,12 @@ Partition Evaluate(const std::vector<double>& costs, const Problem& p, const std
   return out;
 }
 
+// Byte counts in messages: exact when integral ("2170880"), else %g.
+std::string Bytes(double x) {
+  if (x == std::floor(x) && std::abs(x) < 1e15) return absl::StrFormat("%.0f", x);
+  return absl::StrFormat("%g", x);
+}
+
 // RESOURCE_EXHAUSTED explaining why no cut fits the memory caps.
 absl::Status MemoryInfeasible(const Problem& p, const std::vector<double>& layer_memory,
                               const std::string& note) {
@@ -171,15 +178,15 @@ absl::Status MemoryInfeasible(const Problem& p, const std::vector<double>& layer
   for (int x = 0; x < p.layers; ++x) {
     if (layer_memory[x] > cap_max) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("memory caps infeasible: layer ", x, " needs ", layer_memory[x],
-                       " bytes, more than the largest cap (", cap_max, ")"));
+          absl::StrCat("memory caps infeasible: layer ", x, " needs ", Bytes(layer_memory[x]),
+                       " bytes, more than the largest cap (", Bytes(cap_max), ")"));
     }
   }
   const double total = p.memory_prefix[p.layers];
   if (total > cap_sum) {
     return absl::ResourceExhaustedError(absl::StrCat("memory caps infeasible: the ", p.layers,
-                                                     " layers need ", total,
-                                                     " bytes; the caps sum to ", cap_sum));
+                                                     " layers need ", Bytes(total),
+                                                     " bytes; the caps sum to ", Bytes(cap_sum)));
   }
   return absl::ResourceExhaustedError(
       absl::StrCat("memory caps infeasible: no contiguous cut of ", p.layers, " layers into ",
