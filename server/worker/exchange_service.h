@@ -1,0 +1,46 @@
+// ExchangeService: the server side of StageWorker.Exchange, registered as the server's callback
+// generic service (the stream carries grpc::ByteBuffers, encoded by common/wire/frame_codec).
+//
+// Each incoming stream is offered to the AcceptFn with the dialler's PeerHello and the server-side
+// PeerLink; accepted streams then run exactly like a dialled PeerLink (see peer_link.h).
+#ifndef PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_
+#define PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/worker/peer_link.h"
+
+namespace grpc {
+class ServerBuilder;
+}  // namespace grpc
+
+namespace pipetrain::worker {
+
+class ExchangeService {
+ public:
+  // Returns INVALID_ARGUMENT for bad options or a missing `accept`. `accept` runs on gRPC threads,
+  // once per incoming stream, and must not block; it may run concurrently with itself.
+  static absl::StatusOr<std::unique_ptr<ExchangeService>> Create(const LinkOptions& options,
+                                                                 AcceptFn accept);
+  ~ExchangeService();
+  ExchangeService(const ExchangeService&) = delete;
+  ExchangeService& operator=(const ExchangeService&) = delete;
+
+  // Registers the Exchange handler on `builder` as its callback generic service (a server has at
+  // most one; methods other than Exchange that reach it are UNIMPLEMENTED) and sets what Exchange
+  // needs server-wide: receive limit wire::kMaxFrameMessageBytes, keep-alive pings every 30 s,
+  // and client pings accepted every 10 s. The service must outlive the server built from
+  // `builder`. Not thread-safe with respect to `builder`.
+  void RegisterOn(grpc::ServerBuilder* builder);
+
+ private:
+  class GenericService;
+  explicit ExchangeService(std::unique_ptr<GenericService> service);
+
+  const std::unique_ptr<GenericService> service_;
+};
+
+}  // namespace pipetrain::worker
+
+#endif  // PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_

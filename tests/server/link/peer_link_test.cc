@@ -1,0 +1,495 @@
+// Loopback (127.0.0.1) tests of PeerLink and ExchangeService: two endpoints in one process.
+// Synchronisation is by waiting on conditions (absl::Mutex::AwaitWithTimeout, PeerLink::WaitFor,
+// absl::Notification), never by sleeping; the timeouts only bound a failing test.
+#include "server/worker/peer_link.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/wire/frame_codec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker/exchange_service.h"
+
+namespace pipetrain::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using wire::TensorKey;
+using wire::TensorKind;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+constexpr char kJob[] = "job-1";
+constexpr int64_t kEpoch = 4;
+constexpr int kMicrobatches = 1000;
+constexpr int kChunks = 4;
+
+wire::FrameValidation Validation(int64_t epoch = kEpoch) {
+  wire::FrameValidation v;
+  v.expected = wire::StreamIdentity{kJob, epoch};
+  v.num_microbatches = kMicrobatches;
+  v.num_chunks = kChunks;
+  return v;
+}
+
+std::shared_ptr<const math::Matrix> Pattern(int64_t rows, int64_t cols, uint32_t seed) {
+  auto m = std::make_shared<math::Matrix>(rows, cols);
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < m->size(); ++i) {
+    const uint32_t bits = rng();
+    std::memcpy(m->data() + i, &bits, sizeof(bits));
+  }
+  return m;
+}
+
+bool BitwiseEqual(const math::Matrix& a, const math::Matrix& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Collects what one endpoint receives and the errors it reports. Thread-safe.
+class Collector {
+ public:
+  LinkCallbacks Callbacks() {
+    LinkCallbacks callbacks;
+    callbacks.on_tensor = [this](const TensorKey& key, math::Matrix tensor) {
+      if (gate_ != nullptr) gate_->WaitForNotification();  // a deliberately slow receiver.
+      absl::MutexLock lock(&mu_);
+      if (!reply_.ok()) return reply_;
+      received_.emplace(key, std::move(tensor));
+      return absl::OkStatus();
+    };
+    callbacks.on_error = [this](const absl::Status& status) {
+      absl::MutexLock lock(&mu_);
+      errors_.push_back(status);
+    };
+    return callbacks;
+  }
+
+  // Makes on_tensor wait for `gate` before storing (tests of the credit window only).
+  void SetGate(absl::Notification* gate) { gate_ = gate; }
+  // Makes on_tensor fail with `status`.
+  void SetReply(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    reply_ = std::move(status);
+  }
+
+  bool WaitForTensors(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return received_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), kTimeout);
+  }
+
+  // The first error reported, waiting for one; DEADLINE_EXCEEDED if none comes.
+  absl::Status WaitForError() {
+    absl::MutexLock lock(&mu_);
+    auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !errors_.empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&any), kTimeout)) {
+      return absl::DeadlineExceededError("no error reported");
+    }
+    return errors_.front();
+  }
+
+  std::map<TensorKey, math::Matrix> received() {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+  size_t error_count() {
+    absl::MutexLock lock(&mu_);
+    return errors_.size();
+  }
+
+ private:
+  absl::Notification* gate_ = nullptr;  // set before the link starts.
+  absl::Mutex mu_;                      // protects everything below.
+  std::map<TensorKey, math::Matrix> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  absl::Status reply_ ABSL_GUARDED_BY(mu_);
+};
+
+// A loopback server with an ExchangeService whose accept callback keeps the server-side links
+// and receives into `collector`.
+class LinkTest : public ::testing::Test {
+ protected:
+  void StartServer(LinkOptions options = {}, wire::FrameValidation validation = Validation()) {
+    auto service = ExchangeService::Create(
+        options,
+        [this, validation](const PeerHello& hello,
+                           std::unique_ptr<PeerLink> link) -> absl::StatusOr<LinkSettings> {
+          absl::MutexLock lock(&mu_);
+          if (!reject_.ok()) return reject_;
+          hellos_.push_back(hello);
+          server_links_.push_back(std::move(link));
+          return LinkSettings{validation, server_collector_.Callbacks()};
+        });
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    service_->RegisterOn(&builder);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+  }
+
+  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  std::unique_ptr<PeerLink> Connect(LinkOptions options = {}, int64_t epoch = kEpoch,
+                                    wire::FrameValidation validation = Validation()) {
+    auto link = PeerLink::Connect(CreateExchangeChannel(Address()), Address(),
+                                  PeerHello{"stage/0", {kJob, epoch}}, options,
+                                  LinkSettings{validation, client_collector_.Callbacks()});
+    EXPECT_TRUE(link.ok()) << link.status();
+    return link.ok() ? *std::move(link) : nullptr;
+  }
+
+  // The i-th accepted server-side link, waiting for it.
+  PeerLink* ServerLink(size_t i) {
+    absl::MutexLock lock(&mu_);
+    auto accepted = [this, i]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return server_links_.size() > i; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&accepted), kTimeout)) return nullptr;
+    return server_links_[i].get();
+  }
+
+  void TearDown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& link : server_links_) link->Shutdown();
+    }
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+  }
+
+  // Destroyed last: callbacks of every link refer to them.
+  Collector client_collector_;
+  Collector server_collector_;
+
+  std::unique_ptr<ExchangeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  absl::Mutex mu_;  // protects the accept callback's state.
+  std::vector<PeerHello> hellos_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<PeerLink>> server_links_ ABSL_GUARDED_BY(mu_);
+  absl::Status reject_ ABSL_GUARDED_BY(mu_);
+};
+
+bool WaitClosed(PeerLink* link) {
+  return link->WaitFor([](const LinkStats& s) { return s.closed; }, kTimeout);
+}
+
+TEST_F(LinkTest, ManyTensorsBothWays) {
+  StartServer();
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  PeerLink* server = ServerLink(0);
+  ASSERT_NE(server, nullptr);
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(hellos_[0].peer, "stage/0");
+    EXPECT_EQ(hellos_[0].identity.job, kJob);
+    EXPECT_EQ(hellos_[0].identity.epoch, kEpoch);
+  }
+
+  // Activations up (client -> server), gradients down, interleaved; sizes from 4 bytes to 3 MiB
+  // (fragmented) so frames of both kinds and credit grants cross in both directions.
+  constexpr int kCount = 120;
+  std::map<TensorKey, std::shared_ptr<const math::Matrix>> up, down;
+  for (int i = 0; i < kCount; ++i) {
+    const int64_t rows = 1 + (i * 37) % 300;
+    const int64_t cols = (i % 20 == 7) ? 2600 : 1 + (i * 53) % 500;
+    TensorKey a{i / 10, i, 1, TensorKind::kActivation};
+    TensorKey g{i / 10, i, 0, TensorKind::kGradient};
+    up[a] = Pattern(rows, cols, 2 * i);
+    down[g] = Pattern(cols, rows, 2 * i + 1);
+    ASSERT_TRUE(client->Send(a, up[a]).ok());
+    ASSERT_TRUE(server->Send(g, down[g]).ok());
+  }
+  ASSERT_TRUE(server_collector_.WaitForTensors(kCount));
+  ASSERT_TRUE(client_collector_.WaitForTensors(kCount));
+  auto at_server = server_collector_.received();
+  auto at_client = client_collector_.received();
+  ASSERT_EQ(at_server.size(), up.size());
+  ASSERT_EQ(at_client.size(), down.size());
+  for (const auto& [key, tensor] : up) EXPECT_TRUE(BitwiseEqual(at_server.at(key), *tensor));
+  for (const auto& [key, tensor] : down) EXPECT_TRUE(BitwiseEqual(at_client.at(key), *tensor));
+
+  const LinkStats c = client->stats();
+  const LinkStats s = server->stats();
+  EXPECT_EQ(c.tensors_sent, kCount);
+  EXPECT_EQ(c.tensors_received, kCount);
+  EXPECT_EQ(c.bytes_sent, s.bytes_received);
+  EXPECT_EQ(s.bytes_sent, c.bytes_received);
+  EXPECT_LE(c.peak_in_flight, LinkOptions().window_bytes);
+  EXPECT_LE(s.peak_in_flight, LinkOptions().window_bytes);
+  EXPECT_EQ(client_collector_.error_count(), 0u);
+  EXPECT_EQ(server_collector_.error_count(), 0u);
+
+  client->Shutdown();
+  EXPECT_TRUE(WaitClosed(client.get()));
+  EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client_collector_.error_count(), 0u);  // a local shutdown is not an error.
+  EXPECT_EQ(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, Pattern(1, 1, 0)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(LinkTest, CreditWindowBoundsTheSender) {
+  LinkOptions options;
+  options.window_bytes = wire::kMaxFragmentBytes;  // 4 MiB: four 1 MiB tensors.
+  options.fragment_bytes = wire::kMinFragmentBytes;
+  absl::Notification gate;
+  server_collector_.SetGate(&gate);  // the receiver holds its first tensor until released.
+  StartServer(options);
+  std::unique_ptr<PeerLink> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+
+  constexpr int kCount = 12;
+  constexpr int64_t kTensorBytes = 256 * 1024 * 4;  // 1 MiB.
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(
+        client->Send(TensorKey{0, i, 1, TensorKind::kActivation}, Pattern(256, 1024, i)).ok());
+  }
+  // The sender stops once it has used the receiver's whole window...
+  ASSERT_TRUE(client->WaitFor(
+      [](const LinkStats& s) { return s.blocked_on_credit && s.credit_bytes == 0; }, kTimeout));
+  LinkStats stalled = client->stats();
+  EXPECT_EQ(stalled.bytes_sent, options.window_bytes);
+  EXPECT_EQ(stalled.tensors_sent, options.window_bytes / kTensorBytes);
+  EXPECT_EQ(stalled.queued_tensors, kCount - options.window_bytes / kTensorBytes);
+  EXPECT_EQ(stalled.credit_granted, options.window_bytes);  // nothing came back yet.
+  EXPECT_TRUE(server_collector_.received().empty());
+  // ...and resumes when the receiver drains.
+  gate.Notify();
+  ASSERT_TRUE(server_collector_.WaitForTensors(kCount));
+  ASSERT_TRUE(client->WaitFor([](const LinkStats& s) { return s.queued_tensors == 0; }, kTimeout));
+  const LinkStats done = client->stats();
+  EXPECT_EQ(done.bytes_sent, kCount * kTensorBytes);
+  EXPECT_LE(done.peak_in_flight, options.window_bytes);
+  EXPECT_GE(done.credit_stalls, 1);
+  EXPECT_EQ(server_collector_.error_count(), 0u);
+}
+
+TEST_F(LinkTest, LargeTensorLargerThanTheWindowStreamsThrough) {
+  LinkOptions options;
+  options.window_bytes = wire::kMaxFragmentBytes;
+  options.fragment_bytes = wire::kMaxFragmentBytes;
+  StartServer(options);
+  std::unique_ptr<PeerLink> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  auto big = Pattern(1024, 4099, 5);  // ~16 MiB, 5 fragments of <= 4 MiB, window 4 MiB.
+  const TensorKey key{2, 3, 1, TensorKind::kActivation};
+  ASSERT_TRUE(client->Send(key, big).ok());
+  ASSERT_TRUE(server_collector_.WaitForTensors(1));
+  EXPECT_TRUE(BitwiseEqual(server_collector_.received().at(key), *big));
+}
+
+// A bare generic client that writes raw buffers, for feeding the server malformed frames.
+class RawClient final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  RawClient(const std::string& address, int64_t epoch, std::vector<std::string> messages)
+      : stub_(CreateExchangeChannel(address)), messages_(std::move(messages)) {
+    context_.AddMetadata("pipetrain-peer-bin", "raw");
+    context_.AddMetadata("pipetrain-job-bin", kJob);
+    context_.AddMetadata("pipetrain-epoch", absl::StrCat(epoch));
+    stub_.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
+    StartRead(&read_);
+    WriteNext();
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&read_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+  // The call's final status, waiting for it.
+  grpc::Status Wait() {
+    if (!done_.WaitForNotificationWithTimeout(kTimeout)) {
+      context_.TryCancel();
+      done_.WaitForNotification();
+    }
+    return status_;
+  }
+
+ private:
+  // Called from the constructor and from OnWriteDone only: one write at a time.
+  void WriteNext() {
+    if (next_ == messages_.size()) return;
+    grpc::Slice slice(messages_[next_++]);
+    write_ = grpc::ByteBuffer(&slice, 1);
+    StartWrite(&write_);
+  }
+
+  grpc::GenericStub stub_;
+  grpc::ClientContext context_;
+  std::vector<std::string> messages_;
+  size_t next_ = 0;
+  grpc::ByteBuffer read_;
+  grpc::ByteBuffer write_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+TEST_F(LinkTest, BadFrameIsInvalidArgumentOnThatStreamOnly) {
+  StartServer();
+  // Garbage bytes.
+  RawClient garbage(Address(), kEpoch, {std::string("\xff\xff\xff\xff\x01", 5)});
+  grpc::Status status = garbage.Wait();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kInvalidArgument);
+
+  // A well-formed frame with an impossible shape.
+  auto tensor = Pattern(2, 2, 1);
+  grpc::ByteBuffer encoded;
+  ASSERT_TRUE(wire::EncodeFragment({kJob, kEpoch}, TensorKey{0, 0, 0, TensorKind::kActivation},
+                                   tensor, 0, 16, &encoded)
+                  .ok());  // activation of chunk 0 is not a thing.
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(encoded.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  RawClient bad_chunk(Address(), kEpoch, {bytes});
+  status = bad_chunk.Wait();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("cannot name chunk 0"));
+
+  // The server still serves well-behaved peers.
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const TensorKey key{1, 1, 1, TensorKind::kActivation};
+  ASSERT_TRUE(client->Send(key, Pattern(3, 3, 3)).ok());
+  ASSERT_TRUE(server_collector_.WaitForTensors(1));
+}
+
+TEST_F(LinkTest, StaleEpochFrameIsAborted) {
+  StartServer({}, Validation(/*epoch=*/kEpoch + 1));  // the server moved on to a new epoch.
+  std::unique_ptr<PeerLink> client = Connect({}, /*epoch=*/kEpoch);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, Pattern(4, 4, 4)).ok());
+  const absl::Status at_client = client_collector_.WaitForError();
+  EXPECT_EQ(at_client.code(), absl::StatusCode::kAborted) << at_client;
+  EXPECT_THAT(std::string(at_client.message()), HasSubstr("stale frame"));
+  EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(client->status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(server_collector_.received().empty());
+  EXPECT_TRUE(WaitClosed(client.get()));
+}
+
+TEST_F(LinkTest, RejectedHelloReachesTheClient) {
+  StartServer();
+  {
+    absl::MutexLock lock(&mu_);
+    reject_ = absl::AbortedError("epoch 4 is stale, the job is at epoch 5");
+  }
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const absl::Status status = client_collector_.WaitForError();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("epoch 4 is stale"));
+}
+
+TEST_F(LinkTest, ServerShutdownFiresTheClientErrorCallback) {
+  StartServer();
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(ServerLink(0), nullptr);
+  server_->Shutdown(std::chrono::system_clock::now());
+  const absl::Status status = client_collector_.WaitForError();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(WaitClosed(client.get()));
+  EXPECT_FALSE(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, Pattern(1, 1, 1)).ok());
+}
+
+TEST_F(LinkTest, ServerLinkShutdownFiresTheClientErrorCallback) {
+  StartServer();
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  PeerLink* server = ServerLink(0);
+  ASSERT_NE(server, nullptr);
+  server->Shutdown();
+  const absl::Status status = client_collector_.WaitForError();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("shut the Exchange link down"));
+  EXPECT_EQ(server_collector_.error_count(), 0u);
+}
+
+TEST_F(LinkTest, ConnectingToNobodyIsUnavailable) {
+  StartServer();
+  const std::string address = Address();
+  server_->Shutdown(std::chrono::system_clock::now());  // the port is now closed.
+  auto link = PeerLink::Connect(CreateExchangeChannel(address), address,
+                                PeerHello{"stage/0", {kJob, kEpoch}}, LinkOptions(),
+                                LinkSettings{Validation(), client_collector_.Callbacks()});
+  ASSERT_TRUE(link.ok());
+  EXPECT_EQ(client_collector_.WaitForError().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(WaitClosed(link->get()));
+}
+
+TEST_F(LinkTest, ReceiverRefusalClosesTheStream) {
+  StartServer();
+  server_collector_.SetReply(absl::FailedPreconditionError("duplicate key"));
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, Pattern(2, 2, 2)).ok());
+  EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Status at_client = client_collector_.WaitForError();
+  EXPECT_EQ(at_client.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(at_client.message()), HasSubstr("duplicate key"));
+}
+
+TEST(PeerLinkOptionsTest, BadArgumentsAreRejected) {
+  LinkOptions options;
+  options.fragment_bytes = 1000;
+  EXPECT_EQ(options.Check().code(), absl::StatusCode::kInvalidArgument);
+  options = LinkOptions();
+  options.window_bytes = 1 << 20;
+  EXPECT_EQ(options.Check().code(), absl::StatusCode::kInvalidArgument);
+  auto channel = CreateExchangeChannel("127.0.0.1:1");
+  LinkSettings no_callback{Validation(), {}};
+  EXPECT_EQ(
+      PeerLink::Connect(channel, "x", PeerHello{"s", {kJob, kEpoch}}, LinkOptions(), no_callback)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExchangeService::Create(LinkOptions(), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(LinkTest, SendRejectsBadTensors) {
+  StartServer();
+  std::unique_ptr<PeerLink> client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      client
+          ->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, std::make_shared<math::Matrix>(0, 4))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Send(TensorKey{-1, 0, 1, TensorKind::kActivation}, Pattern(1, 1, 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain::worker
