@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "common/model/reference_trainer.h"
 
 extern "C" void openblas_set_num_threads(int);
+extern "C" char* openblas_get_corename(void);
 
 namespace pipetrain {
 namespace {
@@ -143,6 +145,11 @@ int main(int argc, char** argv) {
 #else
   std::printf("pipetrain math: Eigen's own kernels\n");
 #endif
+  // OpenBLAS picks its kernels by CPU model at run time; on virtual machines with a generic CPU
+  // model it may fall back to an old core (e.g. Prescott) and understate sgemm. Set
+  // OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell) to the real core for a fair reference.
+  std::printf("OpenBLAS core: %s%s\n", openblas_get_corename(),
+              std::getenv("OPENBLAS_CORETYPE") ? " (from OPENBLAS_CORETYPE)" : " (auto-detected)");
   for (int threads : {1, 2}) {
     Eigen::setNbThreads(threads);
     openblas_set_num_threads(threads);
