@@ -1,0 +1,110 @@
+// The coordinator daemon: serves pipetrain.v1.Coordinator (worker control streams and the client
+// API), the gRPC health service and, when available, reflection.
+//
+//   coordinator --listen 127.0.0.1:7070 [--client-listen ADDR] [--port-file PATH]
+//
+// With a port of 0 the kernel picks a free port; the daemon prints one line
+// "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
+// --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#endif
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/coordinator/coordinator_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "host:port for the worker control plane (and the client API); port 0 picks one");
+ABSL_FLAG(std::string, client_listen, "",
+          "optional second host:port serving the same service, e.g. for clients");
+ABSL_FLAG(std::string, port_file, "", "write the chosen --listen port here (atomically)");
+
+namespace {
+
+// Host part of "host:port" (brackets kept for IPv6).
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+bool WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pipetrain coordinator daemon: coordinator --listen HOST:PORT");
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  grpc::EnableDefaultHealthCheckService(true);
+#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+#endif
+  auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  int client_port = 0;
+  const std::string client_listen = absl::GetFlag(FLAGS_client_listen);
+  if (!client_listen.empty()) {
+    builder.AddListeningPort(client_listen, grpc::InsecureServerCredentials(), &client_port);
+  }
+  builder.SetMaxReceiveMessageSize(512 << 20);
+  builder.SetMaxSendMessageSize(512 << 20);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0 || (!client_listen.empty() && client_port == 0)) {
+    std::cerr << "coordinator: cannot listen on " << listen
+              << (client_listen.empty() ? "" : " / " + client_listen) << "\n";
+    return 1;
+  }
+  const std::string bound = absl::StrCat(HostOf(listen), ":", port);
+  if (!absl::GetFlag(FLAGS_port_file).empty() &&
+      !WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
+    std::cerr << "coordinator: cannot write --port-file " << absl::GetFlag(FLAGS_port_file) << "\n";
+    server->Shutdown();
+    return 1;
+  }
+  std::cout << "coordinator listening on " << bound << std::endl;
+  std::cerr << "coordinator: serving on " << bound
+            << (client_listen.empty() ? "" : absl::StrCat(" and port ", client_port)) << "\n";
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cerr << "coordinator: signal " << sig << ", shutting down\n";
+  service->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  server.reset();
+  service.reset();
+  return 0;
+}
