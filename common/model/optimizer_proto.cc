@@ -1,0 +1,60 @@
+#include "common/model/optimizer_proto.h"
+
+namespace pipetrain::model {
+
+absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec& spec) {
+  math::OptimizerConfig config;
+  switch (spec.kind_case()) {
+    case v1::OptimizerSpec::kSgd: {
+      const v1::SgdSpec& sgd = spec.sgd();
+      config.kind = math::OptimizerKind::kSgd;
+      config.lr = sgd.lr();
+      config.momentum = sgd.momentum();
+      config.weight_decay = sgd.weight_decay();
+      config.nesterov = sgd.nesterov();
+      break;
+    }
+    case v1::OptimizerSpec::kAdamw: {
+      const v1::AdamWSpec& adamw = spec.adamw();
+      config.kind = math::OptimizerKind::kAdamW;
+      config.lr = adamw.lr();
+      config.beta1 = adamw.beta1() == 0.0f ? 0.9f : adamw.beta1();
+      config.beta2 = adamw.beta2() == 0.0f ? 0.999f : adamw.beta2();
+      config.eps = adamw.eps() == 0.0f ? 1e-8f : adamw.eps();
+      config.weight_decay = adamw.weight_decay();
+      break;
+    }
+    case v1::OptimizerSpec::KIND_NOT_SET:
+      return absl::InvalidArgumentError("optimizer spec sets neither sgd nor adamw");
+  }
+  config.clip_norm = spec.clip_norm();
+  if (absl::Status s = math::ValidateOptimizerConfig(config); !s.ok()) return s;
+  return config;
+}
+
+v1::OptimizerSpec OptimizerToProto(const math::OptimizerConfig& config) {
+  v1::OptimizerSpec spec;
+  switch (config.kind) {
+    case math::OptimizerKind::kSgd: {
+      v1::SgdSpec* sgd = spec.mutable_sgd();
+      sgd->set_lr(config.lr);
+      sgd->set_momentum(config.momentum);
+      sgd->set_weight_decay(config.weight_decay);
+      sgd->set_nesterov(config.nesterov);
+      break;
+    }
+    case math::OptimizerKind::kAdamW: {
+      v1::AdamWSpec* adamw = spec.mutable_adamw();
+      adamw->set_lr(config.lr);
+      adamw->set_beta1(config.beta1);
+      adamw->set_beta2(config.beta2);
+      adamw->set_eps(config.eps);
+      adamw->set_weight_decay(config.weight_decay);
+      break;
+    }
+  }
+  spec.set_clip_norm(config.clip_norm);
+  return spec;
+}
+
+}  // namespace pipetrain::model

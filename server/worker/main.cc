@@ -1,0 +1,69 @@
+// stage_worker: the pipeline stage worker daemon. Flags -> StageWorkerOptions -> run until
+// SIGINT/SIGTERM. All behaviour lives in StageWorkerDaemon (server/worker/worker.h).
+#include <algorithm>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "server/worker/worker.h"
+
+ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
+ABSL_FLAG(std::string, listen, "0.0.0.0:0",
+          "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one).");
+ABSL_FLAG(std::string, name, "", "Stable worker name (default: the advertised address).");
+ABSL_FLAG(std::string, advertise, "",
+          "host:port peers use to reach this worker (default: derived from --listen).");
+ABSL_FLAG(double, emulate_gflops, 0,
+          "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
+ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for (0: all cores).");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
+      "[--emulate-gflops X] [--threads-max T]");
+  // Accept --emulate-gflops as well as --emulate_gflops (Abseil flag names use underscores).
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) {
+    if (arg.rfind("--", 0) == 0) {
+      const size_t end = std::min(arg.find('='), arg.size());
+      std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+    }
+    arg_ptrs.push_back(arg.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+
+  pipetrain::worker::StageWorkerOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.name = absl::GetFlag(FLAGS_name);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.emulate_gflops = absl::GetFlag(FLAGS_emulate_gflops);
+  options.threads_max = absl::GetFlag(FLAGS_threads_max);
+
+  // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
+  // them here, so that shutdown runs in ordinary thread context.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto daemon = pipetrain::worker::StageWorkerDaemon::Start(options);
+  if (!daemon.ok()) {
+    absl::FPrintF(stderr, "stage_worker: %s\n", daemon.status().ToString());
+    return 2;
+  }
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  absl::FPrintF(stderr, "stage_worker: signal %d, shutting down\n", signal);
+  (*daemon)->Shutdown();
+  return 0;
+}

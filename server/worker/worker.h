@@ -1,0 +1,179 @@
+// StageWorkerDaemon: the stage worker daemon as a library (the `stage_worker` binary is a thin
+// main() around it; tests run several in one process).
+//
+// It serves StageWorker.Exchange (server/worker/exchange_service.h), the standard gRPC health
+// service and (when built with it) server reflection on one port, and keeps one control stream
+// Coordinator.Join open to the coordinator, redialling with exponential backoff when it breaks.
+// Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards) are handled on a
+// command thread; each job (job id, epoch) runs its steps on its own compute thread with a
+// StepExecutor over one model::Stage per owned chunk. The control protocol as implemented here
+// (step numbering, which events answer which commands, link dialling) is in docs/worker.md.
+//
+// Threads: gRPC's callback threads only decode and queue (never block, never compute); the
+// command thread validates and builds jobs; the compute thread runs steps, commits and writes
+// checkpoint shards; the session thread dials the coordinator and waits out the backoff.
+#ifndef PIPETRAIN_SERVER_WORKER_WORKER_H_
+#define PIPETRAIN_SERVER_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "server/worker/exchange_service.h"
+#include "server/worker/peer_link.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace pipetrain::worker {
+
+// How a StageWorkerDaemon runs. Checked once by StageWorkerDaemon::Start.
+struct StageWorkerOptions {
+  // The coordinator's "host:port" (its Coordinator service). Required.
+  std::string coordinator;
+  // Where to serve StageWorker.Exchange, health and reflection, "host:port". Port 0: a free port
+  // is picked and advertised. Default "0.0.0.0:0".
+  std::string listen = "0.0.0.0:0";
+  // "host:port" peers and the coordinator use to reach this worker. Empty (default): the listen
+  // host with the bound port, or this machine's host name when listening on a wildcard address.
+  std::string advertise;
+  // Stable identity sent in RegisterWorker. Empty (default): the advertised address.
+  std::string name;
+  // > 0: every action takes at least its FLOPs / (emulate_gflops * 1e9) seconds (the math still
+  // runs; the compute thread then sleeps for the rest), so benchmarks see a fixed compute rate.
+  // 0 (default): off.
+  double emulate_gflops = 0;
+  // Upper bound on Assign.threads (compute threads); 0 (default): the hardware's core count.
+  int threads_max = 0;
+  // > 0: report this GFLOP/s instead of running the sgemm probe (tests). Default 0: probe.
+  double gflops = 0;
+  // Backoff between control-stream attempts: starts at redial_initial, doubles up to
+  // redial_max, and restarts from redial_initial once a stream got its first command.
+  absl::Duration redial_initial = absl::Milliseconds(100);
+  absl::Duration redial_max = absl::Seconds(5);
+  // Data-plane link options (fragment size and credit window) for every Exchange stream.
+  LinkOptions link;
+  // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.
+  bool log = true;
+
+  // OK, or INVALID_ARGUMENT naming the bad field.
+  absl::Status Check() const;
+};
+
+// Measures this machine's float32 GEMM rate in GFLOP/s: 256x256x256 Eigen products repeated for
+// about `duration` on the calling thread (with Eigen's current thread count). Always > 0.
+double MeasureGflops(absl::Duration duration = absl::Milliseconds(100));
+
+class StageWorkerDaemon {
+ public:
+  // Pins Eigen's GEMM blocking (process-wide, once per process), measures GFLOP/s unless given,
+  // starts the gRPC server and the daemon's threads, and begins dialling the coordinator (an
+  // unreachable coordinator is retried, not an error). Errors: INVALID_ARGUMENT for bad options;
+  // UNAVAILABLE if the listen address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> Start(
+      const StageWorkerOptions& options);
+
+  // Shuts down (see Shutdown) and joins every thread.
+  ~StageWorkerDaemon();
+  StageWorkerDaemon(const StageWorkerDaemon&) = delete;
+  StageWorkerDaemon& operator=(const StageWorkerDaemon&) = delete;
+
+  // Stops the daemon: cancels the control stream, aborts and drops the current job (its links
+  // closed, its compute thread joined) and stops the gRPC server. Idempotent; thread-safe; must
+  // not be called from a gRPC callback. Returns when everything has stopped.
+  void Shutdown();
+
+  // Blocks until Shutdown() has been called (from another thread, e.g. a signal watcher).
+  void Wait();
+
+  // The advertised "host:port", the bound port, the name and the GFLOP/s sent in
+  // RegisterWorker. Constant after Start; thread-safe.
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+  const std::string& name() const { return name_; }
+  double gflops() const { return gflops_; }
+
+ private:
+  class ControlStream;
+  class Job;
+
+  // One unit of work for the command thread.
+  struct Task {
+    enum class Kind { kCommand, kStreamLost, kLinkFailed };
+    Kind kind = Kind::kCommand;
+    v1::WorkerCommand command;  // kCommand.
+    std::string job;            // kLinkFailed: the job and epoch whose link failed.
+    int64_t epoch = 0;
+    absl::Status status;  // kStreamLost / kLinkFailed.
+  };
+
+  StageWorkerDaemon(const StageWorkerOptions& options, double gflops);
+
+  absl::Status StartServer();
+  // Session thread: dial, wait for the stream's end, back off, repeat until shutdown.
+  void SessionLoop();
+  // Command thread: runs tasks in order until shutdown.
+  void CommandLoop();
+  void HandleTask(Task task);
+  void HandleAssign(const v1::Assign& assign);
+  // Drops the current job (aborts its step, closes its links, joins its compute thread).
+  void DropJob(absl::string_view why);
+  // Checks that a command names the current job and epoch; otherwise answers it (stale epoch:
+  // ABORTED; unknown job: FAILED_PRECONDITION) and returns false.
+  bool CheckCurrent(const std::string& job, int64_t epoch, int64_t step, absl::string_view what);
+
+  // Thread-safe; never blocks on the network.
+  void Enqueue(Task task);
+  // Queues `event` on the current control stream; dropped if there is none. Thread-safe.
+  void Emit(v1::WorkerEvent event);
+  void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
+  // Accept callback of the ExchangeService (gRPC threads).
+  absl::StatusOr<LinkSettings> Accept(const PeerHello& hello, std::unique_ptr<PeerLink> link);
+  void Log(absl::string_view message) const;
+
+  // Constant after construction.
+  const StageWorkerOptions options_;
+  const double gflops_;
+  std::string address_;  // set in Start before any thread runs.
+  std::string name_;     // likewise.
+  int port_ = 0;         // likewise.
+
+  std::unique_ptr<ExchangeService> exchange_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> coordinator_channel_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+
+  // Protects the shutdown flag, the current control stream and the task queue. `stop_` is also
+  // what the session thread's backoff waits on.
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown() finished.
+  // The open control stream (shared with Emit callers, which write outside mu_).
+  std::shared_ptr<ControlStream> stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+
+  // Protects the job that accepts Exchange streams (read by gRPC threads, replaced by the command
+  // thread). Never held while calling into a Job.
+  absl::Mutex job_mu_;
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(job_mu_);
+
+  // Serialises Shutdown() callers.
+  absl::Mutex shutdown_mu_;
+
+  std::thread session_thread_;
+  std::thread command_thread_;
+};
+
+}  // namespace pipetrain::worker
+
+#endif  // PIPETRAIN_SERVER_WORKER_WORKER_H_

@@ -1,0 +1,644 @@
+// StageWorkerDaemon end to end on loopback (127.0.0.1): a fake coordinator (the generated
+// Coordinator callback service, Join only) registers two real daemons in this process, assigns a
+// small MLP split over them with a 1F1B plan, feeds inputs and targets over Exchange as
+// "coordinator", runs steps with Commit, and compares losses and the saved layer files bitwise
+// with the reference trainer. Plus: a bad Assign is answered with INVALID_ARGUMENT, and a lost
+// neighbour fails the step. Synchronisation waits on conditions (AwaitWithTimeout), never sleeps;
+// the timeouts only bound a failing test.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/io/dataset.h"
+#include "common/math/optimizer.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model.h"
+#include "common/model/optimizer_proto.h"
+#include "common/model/reference_trainer.h"
+#include "common/schedule/generator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "server/worker/peer_link.h"
+#include "server/worker/proto_convert.h"
+#include "server/worker/worker.h"
+#include "tests/common/model/test_models.h"
+
+namespace pipetrain::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using wire::TensorKey;
+using wire::TensorKind;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+constexpr char kJob[] = "job-1";
+constexpr uint64_t kSeed = 7;
+constexpr int kMicrobatches = 4;
+constexpr int64_t kSamples = 16;
+
+// ------------------------------------------------------------------ the fake coordinator
+
+// Implements Coordinator.Join only: records each worker's events by the name it registered with
+// and sends commands to it. Thread-safe.
+class FakeCoordinator final : public v1::Coordinator::CallbackService {
+ public:
+  grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* Join(
+      grpc::CallbackServerContext* context) override {
+    auto session = std::make_unique<Session>(this);
+    Session* raw = session.get();
+    absl::MutexLock lock(&mu_);
+    all_sessions_.push_back(std::move(session));
+    return raw;
+  }
+
+  // Waits until a worker registered as `name`; returns its registration.
+  absl::StatusOr<v1::RegisterWorker> WaitRegistered(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    auto there = [this, &name]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.count(name) > 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&there), kTimeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(name, " did not register"));
+    }
+    return registered_[name];
+  }
+
+  // Sends `command` to `name`; false if it has no open stream.
+  bool Send(const std::string& name, v1::WorkerCommand command) {
+    Session* session = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(name);
+      if (it == sessions_.end()) return false;
+      session = it->second;
+    }
+    // Outside mu_: gRPC may run reactions (which take mu_) inline on this thread.
+    session->Write(std::move(command));
+    return true;
+  }
+
+  // The next event `name` sent (in order), waiting for it.
+  absl::StatusOr<v1::WorkerEvent> Next(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    auto any = [this, &name]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_[name].empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&any), kTimeout)) {
+      return absl::DeadlineExceededError(absl::StrCat("no event from ", name));
+    }
+    v1::WorkerEvent event = std::move(events_[name].front());
+    events_[name].pop_front();
+    return event;
+  }
+
+ private:
+  // One Join stream, owned by the coordinator (kept until it is destroyed, after the server).
+  // Write() may be called from any thread; a write that races with the end of the stream is
+  // either finished before Finish (Finish waits for it) or dropped.
+  class Session final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand> {
+   public:
+    explicit Session(FakeCoordinator* owner) : owner_(owner) { StartRead(&in_); }
+
+    void Write(v1::WorkerCommand command) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (read_done_) return;
+        if (writing_) {
+          queue_.push_back(std::move(command));
+          return;
+        }
+        writing_ = true;
+        out_ = std::move(command);
+      }
+      StartWrite(&out_);
+    }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        owner_->Remove(name_, this);
+        bool finish = false;
+        {
+          absl::MutexLock lock(&mu_);
+          read_done_ = true;
+          finish = !writing_ && !finished_;
+          if (finish) finished_ = true;
+        }
+        if (finish) Finish(grpc::Status::OK);
+        return;
+      }
+      if (in_.has_register_()) {
+        name_ = in_.register_().name();
+        owner_->Register(name_, this, in_.register_());
+      } else {
+        owner_->Record(name_, std::move(in_));
+      }
+      in_.Clear();
+      StartRead(&in_);
+    }
+
+    void OnWriteDone(bool ok) override {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (ok && !read_done_ && !queue_.empty()) {
+          out_ = std::move(queue_.front());
+          queue_.pop_front();
+        } else {
+          writing_ = false;
+          queue_.clear();
+          finish = read_done_ && !finished_;
+          if (finish) finished_ = true;
+        }
+      }
+      if (finish) {
+        Finish(grpc::Status::OK);
+      } else if (writing()) {
+        StartWrite(&out_);
+      }
+    }
+
+    void OnDone() override {}
+
+   private:
+    bool writing() {
+      absl::MutexLock lock(&mu_);
+      return writing_;
+    }
+
+    FakeCoordinator* const owner_;
+    v1::WorkerEvent in_;     // read chain only.
+    std::string name_;       // read chain only.
+    v1::WorkerCommand out_;  // write chain only.
+    absl::Mutex mu_;         // protects the write queue and the flags.
+    std::deque<v1::WorkerCommand> queue_ ABSL_GUARDED_BY(mu_);
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  void Register(const std::string& name, Session* session, const v1::RegisterWorker& reg) {
+    absl::MutexLock lock(&mu_);
+    sessions_[name] = session;
+    registered_[name] = reg;
+  }
+  void Record(const std::string& name, v1::WorkerEvent event) {
+    absl::MutexLock lock(&mu_);
+    events_[name].push_back(std::move(event));
+  }
+  void Remove(const std::string& name, Session* session) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(name);
+    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+  }
+
+  absl::Mutex mu_;  // protects the sessions, registrations and recorded events.
+  std::vector<std::unique_ptr<Session>> all_sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Session*> sessions_ ABSL_GUARDED_BY(mu_);  // open ones, by name.
+  std::map<std::string, v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::deque<v1::WorkerEvent>> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// ------------------------------------------------------------------ helpers
+
+math::OptimizerConfig Optimizer() {
+  math::OptimizerConfig o;
+  o.kind = math::OptimizerKind::kSgd;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  o.weight_decay = 0.01f;
+  o.clip_norm = 0.5f;
+  return o;
+}
+
+uint32_t Bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/stage_worker_test_", getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+v1::WorkerCommand RunStepCommand(int64_t epoch, int64_t step, int64_t rows) {
+  v1::WorkerCommand c;
+  v1::RunStep* r = c.mutable_run_step();
+  r->set_job(kJob);
+  r->set_epoch(epoch);
+  r->set_step(step);
+  r->set_batch_rows(rows);
+  return c;
+}
+
+// Two daemons registered with a fake coordinator, and the job's plan.
+class StageWorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&coordinator_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    for (int w = 0; w < 2; ++w) {
+      StageWorkerOptions o;
+      o.coordinator = absl::StrCat("127.0.0.1:", port_);
+      o.listen = "127.0.0.1:0";
+      o.name = absl::StrCat("w", w);
+      o.gflops = 1;  // no probe in tests.
+      o.threads_max = 2;
+      absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(o);
+      ASSERT_TRUE(d.ok()) << d.status();
+      daemons_.push_back(*std::move(d));
+    }
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(w));
+      ASSERT_TRUE(reg.ok()) << reg.status();
+      EXPECT_EQ(reg->address(), daemons_[w]->address());
+      EXPECT_GT(reg->gflops(), 0);
+      EXPECT_GT(reg->cores(), 0);
+    }
+    model_ = model::testing::BuildOrDie(model::testing::kMlpSpec);
+    absl::StatusOr<schedule::Plan> plan =
+        schedule::GenerateSchedule({schedule::ScheduleKind::kOneFOneB, 2, kMicrobatches, 1});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *std::move(plan);
+  }
+
+  void TearDown() override {
+    for (auto& link : feeds_) link->Shutdown();
+    for (auto& d : daemons_) {
+      if (d != nullptr) d->Shutdown();
+    }
+    daemons_.clear();
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  static std::string Name(int w) { return absl::StrCat("w", w); }
+
+  // The Assign of worker `rank`: layers [0, 3) on worker 0 and [3, 6) on worker 1.
+  v1::WorkerCommand AssignCommand(int rank, int64_t epoch) {
+    v1::WorkerCommand c;
+    v1::Assign* a = c.mutable_assign();
+    a->set_job(kJob);
+    a->set_epoch(epoch);
+    a->set_rank(rank);
+    *a->mutable_model() = model_->spec();
+    *a->mutable_optimizer() = model::OptimizerToProto(Optimizer());
+    a->set_seed(kSeed);
+    a->set_threads(1);
+    a->set_stages(2);
+    a->set_virtual_stages(1);
+    a->set_microbatches(kMicrobatches);
+    const int64_t cuts[] = {0, 3, model_->num_layers()};
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      v1::ChunkSpec* spec = a->add_chunks();
+      spec->set_chunk(chunk);
+      spec->set_worker(chunk);
+      spec->set_first_layer(cuts[chunk]);
+      spec->set_last_layer(cuts[chunk + 1]);
+    }
+    for (auto& d : daemons_) a->add_worker_addresses(d->address());
+    for (const schedule::Action& act : plan_.actions[rank]) *a->add_actions() = ActionToProto(act);
+    return c;
+  }
+
+  // Assigns both workers at `epoch` and waits for both Assigned.
+  void AssignBoth(int64_t epoch) {
+    for (int w = 0; w < 2; ++w) ASSERT_TRUE(coordinator_.Send(Name(w), AssignCommand(w, epoch)));
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE(e->has_assigned()) << e->DebugString();
+      EXPECT_EQ(e->assigned().job(), kJob);
+      EXPECT_EQ(e->assigned().epoch(), epoch);
+    }
+  }
+
+  // Opens the coordinator's feed stream to worker `w` (as peer "coordinator").
+  PeerLink* Feed(int w, int64_t epoch) {
+    LinkSettings settings;
+    settings.validation.expected = wire::StreamIdentity{kJob, epoch};
+    settings.validation.num_microbatches = kMicrobatches;
+    settings.validation.num_chunks = 2;
+    settings.callbacks.on_tensor = [](const TensorKey& key, math::Matrix) {
+      return absl::InvalidArgumentError("the coordinator receives no tensors");
+    };
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+        CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
+        PeerHello{"coordinator", wire::StreamIdentity{kJob, epoch}}, LinkOptions{}, settings);
+    EXPECT_TRUE(link.ok()) << link.status();
+    if (!link.ok()) return nullptr;
+    feeds_.push_back(*std::move(link));
+    return feeds_.back().get();
+  }
+
+  // Sends the inputs of every micro-batch of `batch` to `in` and the targets to `target`.
+  static void FeedBatch(PeerLink* in, PeerLink* target, int64_t step, const io::Batch& batch) {
+    const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      if (in != nullptr) {
+        auto x =
+            std::make_shared<const math::Matrix>(batch.inputs.middleRows(mb * mb_rows, mb_rows));
+        ASSERT_TRUE(in->Send(TensorKey{step, mb, 0, TensorKind::kInput}, x).ok());
+      }
+      if (target != nullptr) {
+        auto y =
+            std::make_shared<const math::Matrix>(batch.targets.middleRows(mb * mb_rows, mb_rows));
+        ASSERT_TRUE(target->Send(TensorKey{step, mb, 1, TensorKind::kTarget}, y).ok());
+      }
+    }
+  }
+
+  FakeCoordinator coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<StageWorkerDaemon>> daemons_;
+  std::vector<std::unique_ptr<PeerLink>> feeds_;
+  std::unique_ptr<model::Model> model_;
+  schedule::Plan plan_;
+};
+
+TEST_F(StageWorkerTest, TwoStepsAreBitwiseEqualToTheReference) {
+  constexpr int64_t kEpoch = 1;
+  AssignBoth(kEpoch);
+  PeerLink* in = Feed(0, kEpoch);
+  PeerLink* target = Feed(1, kEpoch);
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(target, nullptr);
+
+  model::TrainerOptions ro;
+  ro.microbatches = kMicrobatches;
+  ro.threads = 1;
+  ro.seed = kSeed;
+  ro.optimizer = Optimizer();
+  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  for (int64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, static_cast<int>(step));
+    absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+    ASSERT_TRUE(want.ok()) << want.status();
+
+    const int64_t rows = batch.inputs.rows();
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, step, rows)));
+    }
+    FeedBatch(in, target, step, batch);
+    std::vector<double> per_layer(model_->num_layers(), 0.0);
+    std::vector<float> losses;
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+      const v1::StepDone& done = e->step_done();
+      EXPECT_EQ(done.step(), step);
+      EXPECT_EQ(done.epoch(), kEpoch);
+      EXPECT_EQ(done.timings_size(), static_cast<int>(plan_.actions[w].size()));
+      for (const v1::ActionTiming& t : done.timings()) {
+        EXPECT_LE(t.start_us(), t.end_us());
+        EXPECT_GE(t.wait_us(), 0);
+      }
+      for (const v1::LayerNormSq& n : done.grad_norms()) per_layer[n.layer()] = n.norm_sq();
+      if (w == 1) losses.assign(done.microbatch_losses().begin(), done.microbatch_losses().end());
+      if (w == 0) {
+        EXPECT_EQ(done.microbatch_losses_size(), 0);
+      }
+    }
+    ASSERT_EQ(losses.size(), want->microbatch_losses.size());
+    float loss = 0;
+    for (size_t mb = 0; mb < losses.size(); ++mb) {
+      EXPECT_EQ(Bits(losses[mb]), Bits(want->microbatch_losses[mb])) << "mb " << mb;
+      loss += losses[mb];
+    }
+    EXPECT_EQ(Bits(loss), Bits(want->loss));
+    const double norm_sq = model::SumLayerNormSq(per_layer);
+    EXPECT_EQ(norm_sq, want->grad_norm_sq);
+    const float clip = math::ClipScale(norm_sq, Optimizer().clip_norm);
+    EXPECT_EQ(Bits(clip), Bits(want->clip_scale));
+
+    for (int w = 0; w < 2; ++w) {
+      v1::WorkerCommand c;
+      v1::Commit* commit = c.mutable_commit();
+      commit->set_job(kJob);
+      commit->set_epoch(kEpoch);
+      commit->set_step(step);
+      commit->set_clip_scale(clip);
+      ASSERT_TRUE(coordinator_.Send(Name(w), c));
+    }
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE(e->has_committed()) << e->DebugString();
+      EXPECT_EQ(e->committed().step(), step);
+    }
+  }
+
+  // Shards from both workers into one directory, byte for byte equal to the reference's files.
+  const std::string pipe_dir = TempDir("pipeline");
+  const std::string ref_dir = TempDir("reference");
+  for (int w = 0; w < 2; ++w) {
+    v1::WorkerCommand c;
+    v1::SaveShards* save = c.mutable_save_shards();
+    save->set_job(kJob);
+    save->set_epoch(kEpoch);
+    save->set_step(2);
+    save->set_directory(pipe_dir);
+    ASSERT_TRUE(coordinator_.Send(Name(w), c));
+  }
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_shards_saved()) << e->DebugString();
+  }
+  model::CheckpointManifest manifest;
+  manifest.step = (*reference)->steps_done();
+  manifest.model_spec = model_->spec();
+  manifest.optimizer = math::FormatOptimizerConfig(Optimizer());
+  manifest.seed = kSeed;
+  manifest.batch_size = kSamples;
+  manifest.microbatches = kMicrobatches;
+  manifest.shards = model::LayerShards(*model_, 0, model_->num_layers());
+  ASSERT_EQ(manifest.step, 2);
+  ASSERT_TRUE(model::SaveCheckpoint(ref_dir, manifest, (*reference)->ExportState()).ok());
+  ASSERT_FALSE(manifest.shards.empty());
+  for (const model::CheckpointShard& shard : manifest.shards) {
+    const std::string want = ReadBytes(absl::StrCat(ref_dir, "/", shard.file));
+    const std::string got = ReadBytes(absl::StrCat(pipe_dir, "/", shard.file));
+    ASSERT_FALSE(want.empty()) << shard.file;
+    EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
+  }
+}
+
+TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
+  v1::WorkerCommand bad = AssignCommand(0, 3);
+  bad.mutable_assign()->mutable_chunks(1)->set_worker(7);  // no such worker
+  ASSERT_TRUE(coordinator_.Send(Name(0), bad));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e->error().message(), HasSubstr("chunk 1"));
+  EXPECT_EQ(e->error().job(), kJob);
+  EXPECT_EQ(e->error().epoch(), 3);
+
+  v1::WorkerCommand foreign = AssignCommand(0, 3);
+  *foreign.mutable_assign()->mutable_actions(0) =
+      ActionToProto(schedule::Action{schedule::Op::kForward, 0, 1});  // worker 1's chunk
+  ASSERT_TRUE(coordinator_.Send(Name(0), foreign));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e->error().message(), HasSubstr("does not hold"));
+
+  v1::WorkerCommand bad_model = AssignCommand(0, 3);
+  bad_model.mutable_assign()->mutable_model()->mutable_layers(3)->mutable_linear()->set_in_features(
+      99);
+  ASSERT_TRUE(coordinator_.Send(Name(0), bad_model));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+
+  // A RunStep for a job the worker does not have is refused; a valid Assign then works.
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(3, 0, kSamples)));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+
+  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 3)));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+}
+
+TEST_F(StageWorkerTest, StaleEpochCommandIsAborted) {
+  AssignBoth(5);
+  v1::WorkerCommand stale = RunStepCommand(4, 0, kSamples);
+  ASSERT_TRUE(coordinator_.Send(Name(1), stale));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(e->error().epoch(), 4);
+}
+
+TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
+  constexpr int64_t kEpoch = 3;
+  AssignBoth(kEpoch);
+  PeerLink* in = Feed(0, kEpoch);
+  PeerLink* target = Feed(1, kEpoch);
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(target, nullptr);
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  const int64_t rows = batch.inputs.rows();
+  // Step 0 completes: the link between the workers is established.
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+  }
+  FeedBatch(in, target, 0, batch);
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+  }
+  for (int w = 0; w < 2; ++w) {
+    v1::WorkerCommand c;
+    c.mutable_commit()->set_job(kJob);
+    c.mutable_commit()->set_epoch(kEpoch);
+    c.mutable_commit()->set_step(0);
+    c.mutable_commit()->set_clip_scale(1.0f);
+    ASSERT_TRUE(coordinator_.Send(Name(w), c));
+  }
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_committed()) << e->DebugString();
+  }
+  // Step 1: no targets, so worker 1 waits and worker 0 waits for its gradients; then worker 1
+  // goes away and worker 0's established link breaks.
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 1, rows)));
+  }
+  FeedBatch(in, nullptr, 1, batch);
+  daemons_[1]->Shutdown();
+  // The link may break before worker 0 reads RunStep(1) (they travel on different streams); it
+  // then first reports the failure against its latest step, 0. Either way step 1 fails.
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  if (e->error().step() == 0) {
+    EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+    e = coordinator_.Next(Name(0));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_error()) << e->DebugString();
+  }
+  EXPECT_EQ(e->error().step(), 1);
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
+  // The epoch is broken: a new RunStep fails at once with the link's status.
+  v1::WorkerCommand abort;
+  abort.mutable_abort()->set_job(kJob);
+  abort.mutable_abort()->set_epoch(kEpoch);
+  abort.mutable_abort()->set_step(1);
+  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kEpoch, 1, rows)));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(StageWorkerTest, LostNeighbourFailsTheStep) {
+  constexpr int64_t kEpoch = 2;
+  AssignBoth(kEpoch);
+  PeerLink* in = Feed(0, kEpoch);
+  ASSERT_NE(in, nullptr);
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  // Only worker 0 runs the step: it dials worker 1, sends activations and waits for gradients
+  // that never come, because worker 1 goes away.
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kEpoch, 0, batch.inputs.rows())));
+  FeedBatch(in, nullptr, 0, batch);
+  daemons_[1]->Shutdown();
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().step(), 0);
+  EXPECT_EQ(e->error().epoch(), kEpoch);
+  EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kOk));
+  EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace pipetrain::worker
