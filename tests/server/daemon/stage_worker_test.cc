@@ -95,6 +95,37 @@ class FakeCoordinator final : public v1::Coordinator::CallbackService {
     return true;
   }
 
+  // Ends `name`'s stream from the server side (UNAVAILABLE) and forgets it, as a restarting
+  // coordinator would. False if it has no open stream.
+  bool Kick(const std::string& name) {
+    Session* session = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(name);
+      if (it == sessions_.end()) return false;
+      session = it->second;
+      sessions_.erase(it);
+      events_[name].clear();
+    }
+    session->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restarting"));
+    return true;
+  }
+
+  // How many times `name` registered.
+  int registrations(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    return registrations_[name];
+  }
+
+  // Waits until `name` registered at least `n` times.
+  bool WaitRegistrations(const std::string& name, int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, &name, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return registrations_[name] >= n && sessions_.count(name) > 0;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), kTimeout);
+  }
+
   // The next event `name` sent (in order), waiting for it.
   absl::StatusOr<v1::WorkerEvent> Next(const std::string& name) {
     absl::MutexLock lock(&mu_);
@@ -128,6 +159,18 @@ class FakeCoordinator final : public v1::Coordinator::CallbackService {
         out_ = std::move(command);
       }
       StartWrite(&out_);
+    }
+
+    // Finishes the stream with `status` unless it is finishing already (no write in flight: the
+    // test only ends idle streams).
+    void End(const grpc::Status& status) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (finished_) return;
+        finished_ = true;
+        read_done_ = true;  // no more writes.
+      }
+      Finish(status);
     }
 
     void OnReadDone(bool ok) override {
@@ -197,6 +240,7 @@ class FakeCoordinator final : public v1::Coordinator::CallbackService {
     absl::MutexLock lock(&mu_);
     sessions_[name] = session;
     registered_[name] = reg;
+    ++registrations_[name];
   }
   void Record(const std::string& name, v1::WorkerEvent event) {
     absl::MutexLock lock(&mu_);
@@ -212,6 +256,7 @@ class FakeCoordinator final : public v1::Coordinator::CallbackService {
   std::vector<std::unique_ptr<Session>> all_sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Session*> sessions_ ABSL_GUARDED_BY(mu_);  // open ones, by name.
   std::map<std::string, v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> registrations_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::deque<v1::WorkerEvent>> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -304,7 +349,18 @@ class StageWorkerTest : public ::testing::Test {
 
   static std::string Name(int w) { return absl::StrCat("w", w); }
 
-  // The Assign of worker `rank`: layers [0, 3) on worker 0 and [3, 6) on worker 1.
+  // Replaces the plan (1F1B, S = 2, V = 1 after SetUp).
+  void UsePlan(schedule::ScheduleKind kind, int virtual_stages) {
+    absl::StatusOr<schedule::Plan> plan =
+        schedule::GenerateSchedule({kind, 2, kMicrobatches, virtual_stages});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *std::move(plan);
+  }
+
+  int LastChunk() const { return plan_.num_chunks() - 1; }
+
+  // The Assign of worker `rank`: the layers cut evenly into the plan's chunks (with S*V = 2:
+  // [0, 3) and [3, 6)), placed by the plan.
   v1::WorkerCommand AssignCommand(int rank, int64_t epoch) {
     v1::WorkerCommand c;
     v1::Assign* a = c.mutable_assign();
@@ -316,15 +372,16 @@ class StageWorkerTest : public ::testing::Test {
     a->set_seed(kSeed);
     a->set_threads(1);
     a->set_stages(2);
-    a->set_virtual_stages(1);
+    a->set_virtual_stages(plan_.virtual_stages());
     a->set_microbatches(kMicrobatches);
-    const int64_t cuts[] = {0, 3, model_->num_layers()};
-    for (int chunk = 0; chunk < 2; ++chunk) {
+    const int chunks = plan_.num_chunks();
+    const int64_t layers = model_->num_layers();
+    for (int chunk = 0; chunk < chunks; ++chunk) {
       v1::ChunkSpec* spec = a->add_chunks();
       spec->set_chunk(chunk);
-      spec->set_worker(chunk);
-      spec->set_first_layer(cuts[chunk]);
-      spec->set_last_layer(cuts[chunk + 1]);
+      spec->set_worker(plan_.placement.OwnerOf(chunk));
+      spec->set_first_layer(chunk * layers / chunks);
+      spec->set_last_layer((chunk + 1) * layers / chunks);
     }
     for (auto& d : daemons_) a->add_worker_addresses(d->address());
     for (const schedule::Action& act : plan_.actions[rank]) *a->add_actions() = ActionToProto(act);
@@ -348,7 +405,7 @@ class StageWorkerTest : public ::testing::Test {
     LinkSettings settings;
     settings.validation.expected = wire::StreamIdentity{kJob, epoch};
     settings.validation.num_microbatches = kMicrobatches;
-    settings.validation.num_chunks = 2;
+    settings.validation.num_chunks = plan_.num_chunks();
     settings.callbacks.on_tensor = [](const TensorKey& key, math::Matrix) {
       return absl::InvalidArgumentError("the coordinator receives no tensors");
     };
@@ -362,7 +419,7 @@ class StageWorkerTest : public ::testing::Test {
   }
 
   // Sends the inputs of every micro-batch of `batch` to `in` and the targets to `target`.
-  static void FeedBatch(PeerLink* in, PeerLink* target, int64_t step, const io::Batch& batch) {
+  void FeedBatch(PeerLink* in, PeerLink* target, int64_t step, const io::Batch& batch) {
     const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
     for (int mb = 0; mb < kMicrobatches; ++mb) {
       if (in != nullptr) {
@@ -373,7 +430,7 @@ class StageWorkerTest : public ::testing::Test {
       if (target != nullptr) {
         auto y =
             std::make_shared<const math::Matrix>(batch.targets.middleRows(mb * mb_rows, mb_rows));
-        ASSERT_TRUE(target->Send(TensorKey{step, mb, 1, TensorKind::kTarget}, y).ok());
+        ASSERT_TRUE(target->Send(TensorKey{step, mb, LastChunk(), TensorKind::kTarget}, y).ok());
       }
     }
   }
@@ -387,11 +444,41 @@ class StageWorkerTest : public ::testing::Test {
   schedule::Plan plan_;
 };
 
-TEST_F(StageWorkerTest, TwoStepsAreBitwiseEqualToTheReference) {
+struct ScheduleCase {
+  schedule::ScheduleKind kind;
+  int virtual_stages;
+};
+
+class StageWorkerScheduleTest : public StageWorkerTest,
+                                public ::testing::WithParamInterface<ScheduleCase> {};
+
+std::string CaseName(const ::testing::TestParamInfo<ScheduleCase>& info) {
+  std::string name(schedule::ScheduleKindName(info.param.kind));
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return absl::StrCat(name, "_V", info.param.virtual_stages);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerScheduleTest,
+                         ::testing::Values(ScheduleCase{schedule::ScheduleKind::kOneFOneB, 1},
+                                           ScheduleCase{schedule::ScheduleKind::kGPipe, 1},
+                                           ScheduleCase{schedule::ScheduleKind::kZbH1, 1},
+                                           ScheduleCase{schedule::ScheduleKind::kInterleaved, 2},
+                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2}),
+                         CaseName);
+
+// Two steps and a checkpoint, bitwise equal to the reference. Interleaved sends activations from
+// rank 1 to rank 0 (chunk 1 -> 2) over the stream rank 0 dialled; ZB-V places chunks 0 and 3 on
+// rank 0, which then gets both inputs and targets from the coordinator.
+TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
+  UsePlan(GetParam().kind, GetParam().virtual_stages);
   constexpr int64_t kEpoch = 1;
   AssignBoth(kEpoch);
-  PeerLink* in = Feed(0, kEpoch);
-  PeerLink* target = Feed(1, kEpoch);
+  const int first_owner = plan_.placement.OwnerOf(0);
+  const int last_owner = plan_.placement.OwnerOf(LastChunk());
+  PeerLink* in = Feed(first_owner, kEpoch);
+  PeerLink* target = last_owner == first_owner ? in : Feed(last_owner, kEpoch);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
 
@@ -429,8 +516,9 @@ TEST_F(StageWorkerTest, TwoStepsAreBitwiseEqualToTheReference) {
         EXPECT_GE(t.wait_us(), 0);
       }
       for (const v1::LayerNormSq& n : done.grad_norms()) per_layer[n.layer()] = n.norm_sq();
-      if (w == 1) losses.assign(done.microbatch_losses().begin(), done.microbatch_losses().end());
-      if (w == 0) {
+      if (w == last_owner) {
+        losses.assign(done.microbatch_losses().begin(), done.microbatch_losses().end());
+      } else {
         EXPECT_EQ(done.microbatch_losses_size(), 0);
       }
     }
@@ -538,6 +626,24 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 
   ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 3)));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+}
+
+TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
+  AssignBoth(6);
+  ASSERT_EQ(coordinator_.registrations(Name(0)), 1);
+  ASSERT_TRUE(coordinator_.Kick(Name(0)));
+  ASSERT_TRUE(coordinator_.WaitRegistrations(Name(0), 2));
+  // The job went with the stream: a RunStep for it is refused.
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(6, 0, kSamples)));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  // And a new Assign works on the new stream.
+  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 7)));
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_TRUE(e->has_assigned()) << e->DebugString();
