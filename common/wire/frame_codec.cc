@@ -552,10 +552,11 @@ absl::StatusOr<DecodedFrame> FrameDecoder::Decode(const grpc::ByteBuffer& buffer
           absl::StrCat("frame ", key.ToString(), ": fragment at byte ", header.offset(),
                        " without the preceding fragments (expected byte 0)"));
     }
-    assembly_.emplace();
-    assembly_->key = key;
-    assembly_->total_bytes = header.total_bytes();
-    assembly_->tensor.resize(rows, cols);
+    Assembly fresh;
+    fresh.key = key;
+    fresh.total_bytes = header.total_bytes();
+    fresh.tensor.resize(rows, cols);
+    assembly_ = std::move(fresh);
   } else {
     const Assembly& a = *assembly_;
     if (!(a.key == key) || a.tensor.rows() != rows || a.tensor.cols() != cols) {

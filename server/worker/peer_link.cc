@@ -423,10 +423,21 @@ class LinkCore {
     if (callbacks_ != nullptr && callbacks_->on_error) ++callbacks_running_;
   }
 
+  // Whether to return consumed credit now. Grants are batched to half a window, so credit frames
+  // stay rare, except when the peer may be short of credit: with less than one maximal fragment
+  // of credit outstanding the peer could be stalled, so whatever was consumed is granted at once.
+  // This keeps the protocol deadlock-free whatever fragment size (<= kMaxFragmentBytes) the peer
+  // uses.
+  bool GrantDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pending_grant_ <= 0) return false;
+    return pending_grant_ >= options_.window_bytes / 2 ||
+           granted_total_ - received_total_ < wire::kMaxFragmentBytes;
+  }
+
   // Fills write_buf_ with the next frame if one may be written now: a pending credit grant
   // first, else the next fragment if the peer's credit covers it.
   bool PrepareWriteLocked(Pending* pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (pending_grant_ > 0) {
+    if (GrantDueLocked()) {
       absl::Status encoded = wire::EncodeCredit(pending_grant_, &write_buf_);
       if (!encoded.ok()) {
         FailLocked(encoded, /*cancel=*/true, pending);
