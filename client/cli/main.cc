@@ -3,6 +3,8 @@
 //   pipetrain reference --model FILE --data SPEC --steps N --batch B --microbatches M ...
 //   pipetrain schedule  --kind KIND --stages S --microbatches M [--virtual V] --format FMT
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
+//   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
+//   pipetrain local     --stages S --model FILE --schedule KIND ...
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
@@ -15,11 +17,14 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/local_command.h"
 #include "client/cli/partition_command.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
+#include "client/cli/train_command.h"
 #include "common/io/dataset.h"
 #include "common/model/model.h"
 #include "common/util/status_macros.h"
@@ -48,6 +53,11 @@ ABSL_FLAG(std::string, resume, "", "continue training from this checkpoint direc
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(int64_t, eval_samples, 1000, "held-out samples to evaluate at the end (0: all)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
+// train / local
+ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
+ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
 // schedule / partition
 ABSL_FLAG(std::string, kind, "", "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
@@ -66,12 +76,15 @@ constexpr char kUsage[] =
     "  reference   train in one process with the reference trainer\n"
     "  schedule    generate, validate, simulate and draw a pipeline schedule\n"
     "  partition   split a model's layers across stages (exact min-max)\n"
+    "  train       train on a running coordinator and its stage workers\n"
+    "  local       start a coordinator and --stages workers here, then train on them\n"
     "run `pipetrain COMMAND --help` for the flags.";
 
 // Every flag defined above; the per-command allow-lists are subsets.
 const std::set<std::string> kCommandFlags = {
-    "model", "microbatches", "batch",     "format", "stages", "data", "data_dir",     "steps",
-    "seed",  "threads",      "optimizer", "save",   "resume", "json", "eval_samples", "log_every"};
+    "model",        "microbatches", "batch",       "format",    "stages", "data",   "data_dir",
+    "steps",        "seed",         "threads",     "optimizer", "save",   "resume", "json",
+    "eval_samples", "log_every",    "coordinator", "schedule",  "trace",  "virtual"};
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -111,6 +124,52 @@ absl::Status RunReference() {
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
   o.log_every = absl::GetFlag(FLAGS_log_every);
   return RunReferenceCommand(o, std::cout);
+}
+
+// The options shared by `train` and `local`.
+absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
+  TrainCommandOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.model_path = absl::GetFlag(FLAGS_model);
+  o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  const int64_t stages = absl::GetFlag(FLAGS_stages);
+  o.stages = stages == 0 ? 1 : static_cast<int>(stages);
+  o.schedule = absl::GetFlag(FLAGS_schedule);
+  const std::string v = absl::GetFlag(FLAGS_virtual);
+  if (!v.empty() && !absl::SimpleAtoi(v, &o.virtual_stages)) {
+    return absl::InvalidArgumentError(absl::StrCat("--virtual must be an integer, got '", v, "'"));
+  }
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.json = absl::GetFlag(FLAGS_json);
+  o.trace_path = absl::GetFlag(FLAGS_trace);
+  o.save_dir = absl::GetFlag(FLAGS_save);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  return o;
+}
+
+const std::set<std::string> kTrainFlags = {
+    "model",        "data", "data_dir", "stages",    "schedule", "virtual", "steps", "batch",
+    "microbatches", "seed", "threads",  "optimizer", "json",     "trace",   "save",  "log_every"};
+
+absl::Status RunTrain() {
+  std::set<std::string> allowed = kTrainFlags;
+  allowed.insert("coordinator");
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", allowed));
+  PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
+  return RunTrainCommand(o, std::cout);
+}
+
+absl::Status RunLocal() {
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kTrainFlags));
+  LocalCommandOptions o;
+  PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags());
+  return RunLocalCommand(o, std::cout);
 }
 
 // Flag names are spelt with dashes on the command line (--data-dir) and with underscores in
@@ -235,6 +294,10 @@ int Main(int argc, char** argv) {
     status = RunSchedule();
   } else if (command == "partition") {
     status = RunPartition();
+  } else if (command == "train") {
+    status = RunTrain();
+  } else if (command == "local") {
+    status = RunLocal();
   } else {
     std::cerr << "pipetrain: unknown command '" << command << "'\n" << kUsage << "\n";
     return 2;

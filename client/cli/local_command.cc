@@ -1,0 +1,253 @@
+#include "client/cli/local_command.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "client/sdk/client.h"
+#include "common/util/status_macros.h"
+
+namespace pipetrain::cli {
+namespace {
+
+// Set by the SIGINT/SIGTERM handler; read between steps and while waiting for the daemons.
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void OnSignal(int /*sig*/) { g_interrupted = 1; }
+
+// Installs OnSignal for SIGINT and SIGTERM (without SA_RESTART, so a blocking read returns
+// EINTR) and restores the previous handlers when destroyed.
+class SignalScope {
+ public:
+  SignalScope() {
+    g_interrupted = 0;
+    struct sigaction sa = {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalScope() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+};
+
+bool IsExecutable(const std::string& path) {
+  struct stat st;
+  return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         access(path.c_str(), X_OK) == 0;
+}
+
+std::string SelfDirectory() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  std::string path(buf, static_cast<size_t>(n));
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+// The daemon `name`: `given` if set, else next to this binary, else in the build tree, else the
+// build-time path.
+absl::StatusOr<std::string> FindBinary(const std::string& given, const std::string& name,
+                                       const std::string& build_subdir,
+                                       const std::string& configured) {
+  if (!given.empty()) {
+    if (IsExecutable(given)) return given;
+    return absl::FailedPreconditionError(absl::StrCat(name, " binary ", given, " not found"));
+  }
+  const std::string self = SelfDirectory();
+  std::vector<std::string> candidates = {self + "/" + name,
+                                         self + "/../" + build_subdir + "/" + name, configured};
+  for (const std::string& c : candidates) {
+    if (IsExecutable(c)) return c;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot find the ", name, " binary (looked next to pipetrain, in ",
+                   self + "/../" + build_subdir, " and at ", configured, ")"));
+}
+
+// A child process started by this command; killed and reaped by StopAll.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+// Starts `argv` (argv[0] is the binary's path) with stdout redirected to `stdout_fd` if >= 0.
+// The child gets SIGTERM if this process dies (PR_SET_PDEATHSIG), so even a SIGKILL of pipetrain
+// leaves no daemon behind.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd, int close_fd) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+    if (close_fd >= 0) close(close_fd);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+bool Exited(Child& child) {
+  if (child.pid < 0) return true;
+  int status = 0;
+  const pid_t r = waitpid(child.pid, &status, WNOHANG);
+  if (r == child.pid || (r < 0 && errno == ECHILD)) {
+    child.pid = -1;
+    return true;
+  }
+  return false;
+}
+
+// SIGTERM to every child (workers first, then the coordinator), then waits up to 10 s for all of
+// them, SIGKILLing what is left; every child is reaped.
+void StopAll(std::vector<Child>& children) {
+  for (auto it = children.rbegin(); it != children.rend(); ++it) {
+    if (it->pid > 0) kill(it->pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (Child& c : children) {
+    while (!Exited(c) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (c.pid > 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.pid = -1;
+    }
+  }
+}
+
+// A dead child, if any, as an UNAVAILABLE status.
+absl::Status CheckChildren(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.pid > 0 && Exited(c)) {
+      return absl::UnavailableError(absl::StrCat(c.name, " exited unexpectedly"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads the coordinator's "coordinator listening on HOST:PORT" line from `fd`.
+absl::StatusOr<std::string> ReadCoordinatorAddress(int fd) {
+  std::string line;
+  char c;
+  for (;;) {
+    const ssize_t n = read(fd, &c, 1);
+    if (n == 1) {
+      if (c == '\n') break;
+      line.push_back(c);
+      if (line.size() > 512) break;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      if (g_interrupted) return absl::CancelledError("interrupted");
+      continue;
+    }
+    return absl::UnavailableError("the coordinator exited before it served");
+  }
+  absl::string_view rest = line;
+  if (!absl::ConsumePrefix(&rest, "coordinator listening on ")) {
+    return absl::UnavailableError(absl::StrCat("unexpected coordinator output: ", line));
+  }
+  return std::string(rest);
+}
+
+absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& children,
+                        std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(std::string coordinator_bin,
+                      FindBinary(o.coordinator_binary, "coordinator", "server/coordinator",
+                                 PIPETRAIN_COORDINATOR_BINARY));
+  PT_ASSIGN_OR_RETURN(std::string worker_bin, FindBinary(o.worker_binary, "stage_worker",
+                                                         "server/worker", PIPETRAIN_WORKER_BINARY));
+  int fds[2];
+  if (pipe(fds) != 0) return absl::ResourceExhaustedError("pipe failed");
+  absl::StatusOr<pid_t> pid = Spawn({coordinator_bin, "--listen=127.0.0.1:0"}, fds[1], fds[0]);
+  close(fds[1]);
+  if (!pid.ok()) {
+    close(fds[0]);
+    return pid.status();
+  }
+  children.push_back({"coordinator", *pid});
+  absl::StatusOr<std::string> address = ReadCoordinatorAddress(fds[0]);
+  close(fds[0]);  // the coordinator writes nothing else to stdout.
+  if (!address.ok()) return address.status();
+
+  const int S = o.train.stages;
+  for (int w = 0; w < S; ++w) {
+    const std::string name = absl::StrCat("local-", getpid(), "-", w);
+    PT_ASSIGN_OR_RETURN(pid_t wpid, Spawn({worker_bin, "--coordinator=" + *address,
+                                           "--listen=127.0.0.1:0", "--name=" + name},
+                                          -1, -1));
+    children.push_back({absl::StrCat("stage_worker ", w), wpid});
+  }
+  // Wait until all S workers have registered.
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Connect(*address));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    if (g_interrupted) return absl::CancelledError("interrupted");
+    PT_RETURN_IF_ERROR(CheckChildren(children));
+    PT_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> workers, client->ListWorkers());
+    if (static_cast<int>(workers.size()) >= S) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("only ", workers.size(), " of ", S, " workers registered within 60 s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!o.train.json) {
+    out << "local cluster: coordinator on " << *address << ", " << S << " stage workers\n";
+  }
+  TrainCommandOptions train = o.train;
+  train.coordinator = *address;
+  absl::Status status = RunTrainCommand(train, out, [] { return g_interrupted != 0; });
+  if (!status.ok()) {
+    // A daemon that died explains the failure better than the RPC error it caused.
+    absl::Status died = CheckChildren(children);
+    if (!died.ok() && !g_interrupted) {
+      return absl::UnavailableError(absl::StrCat(died.message(), " (", status.message(), ")"));
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
+  SignalScope signals;
+  std::vector<Child> children;
+  absl::Status status = RunCluster(o, children, out);
+  StopAll(children);
+  if (g_interrupted && !status.ok()) return absl::CancelledError("interrupted");
+  return status;
+}
+
+}  // namespace pipetrain::cli

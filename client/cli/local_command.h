@@ -1,0 +1,34 @@
+// `pipetrain local`: the embedded default. Starts a coordinator and S stage workers on 127.0.0.1
+// as child processes, trains through them exactly like `pipetrain train`, and shuts everything
+// down — also on SIGINT/SIGTERM, which are forwarded to the children — leaving no process behind.
+#ifndef PIPETRAIN_CLIENT_CLI_LOCAL_COMMAND_H_
+#define PIPETRAIN_CLIENT_CLI_LOCAL_COMMAND_H_
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/cli/train_command.h"
+
+namespace pipetrain::cli {
+
+struct LocalCommandOptions {
+  // The training options; `train.coordinator` is ignored (the local coordinator's address is
+  // used) and `train.stages` workers are started.
+  TrainCommandOptions train;
+  // Paths of the daemons. Empty: looked up next to the pipetrain binary (same directory, then the
+  // build tree's ../server/coordinator/coordinator and ../server/worker/stage_worker), then at the
+  // build-time paths.
+  std::string coordinator_binary;
+  std::string worker_binary;
+};
+
+// Runs the local cluster and the training. Errors: FAILED_PRECONDITION if a daemon binary is
+// missing, UNAVAILABLE if a daemon dies or does not come up within a minute, CANCELLED on
+// SIGINT/SIGTERM, and every error of RunTrainCommand. Installs SIGINT/SIGTERM handlers for its
+// duration (not thread-safe: one local run per process at a time).
+absl::Status RunLocalCommand(const LocalCommandOptions& options, std::ostream& out);
+
+}  // namespace pipetrain::cli
+
+#endif  // PIPETRAIN_CLIENT_CLI_LOCAL_COMMAND_H_

@@ -1,0 +1,152 @@
+#include "client/sdk/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire/grpc_status.h"
+
+namespace pipetrain::client {
+namespace {
+
+void ToDense(const math::Matrix& m, v1::DenseTensor* out) {
+  out->add_shape(m.rows());
+  out->add_shape(m.cols());
+  out->set_data(reinterpret_cast<const char*>(m.data()),
+                static_cast<size_t>(m.size()) * sizeof(float));
+}
+
+}  // namespace
+
+v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch) {
+  v1::TrainRequest request;
+  request.set_job(job);
+  request.set_samples(batch.samples);
+  if (batch.inputs != nullptr) ToDense(*batch.inputs, request.mutable_inputs());
+  if (batch.targets != nullptr) ToDense(*batch.targets, request.mutable_targets());
+  return request;
+}
+
+// ---------------------------------------------------------------- TrainSession
+
+TrainSession::TrainSession(
+    std::string job, std::unique_ptr<grpc::ClientContext> context,
+    std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream)
+    : job_(std::move(job)), context_(std::move(context)), stream_(std::move(stream)) {}
+
+TrainSession::~TrainSession() {
+  if (!done_) {
+    context_->TryCancel();
+    stream_->Finish().ok();
+  }
+}
+
+absl::Status TrainSession::Fail() {
+  if (!done_) {
+    done_ = true;
+    final_ = wire::FromGrpcStatus(stream_->Finish());
+    if (final_.ok()) final_ = absl::UnavailableError("the coordinator ended the Train stream");
+  }
+  return final_;
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::Step(const BatchView& batch) {
+  return Step(MakeTrainRequest(job_, batch));
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
+  if (done_) {
+    return final_.ok() ? absl::FailedPreconditionError("the Train session is finished") : final_;
+  }
+  if (!stream_->Write(request)) return Fail();
+  v1::StepResult result;
+  if (!stream_->Read(&result)) return Fail();
+  return result;
+}
+
+absl::Status TrainSession::Finish() {
+  if (done_) return final_;
+  done_ = true;
+  stream_->WritesDone();
+  final_ = wire::FromGrpcStatus(stream_->Finish());
+  return final_;
+}
+
+// ---------------------------------------------------------------- Client
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        absl::Duration timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(512 << 20);
+  args.SetMaxSendMessageSize(512 << 20);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+  if (!channel->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", target,
+                                               " within ", absl::FormatDuration(timeout)));
+  }
+  return std::unique_ptr<Client>(new Client(v1::Coordinator::NewStub(channel)));
+}
+
+absl::StatusOr<v1::JobStatus> Client::CreateJob(const v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::JobStatus response;
+  const grpc::Status status = stub_->CreateJob(&context, request, &response);
+  if (!status.ok()) return wire::FromGrpcStatus(status, "CreateJob");
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::string& job) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  auto stream = stub_->Train(context.get());
+  if (stream == nullptr) return absl::UnavailableError("cannot open a Train stream");
+  return std::unique_ptr<TrainSession>(
+      new TrainSession(job, std::move(context), std::move(stream)));
+}
+
+absl::StatusOr<v1::StepResult> Client::TrainStep(const std::string& job, const BatchView& batch) {
+  absl::StatusOr<std::unique_ptr<TrainSession>> session = StartTraining(job);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<v1::StepResult> result = (*session)->Step(batch);
+  const absl::Status finished = (*session)->Finish();
+  if (!result.ok()) return result.status();
+  if (!finished.ok()) return finished;
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> Client::GetJob(const std::string& job) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_job(job);
+  v1::JobStatus response;
+  const grpc::Status status = stub_->GetJob(&context, request, &response);
+  if (!status.ok()) return wire::FromGrpcStatus(status, "GetJob");
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
+  grpc::ClientContext context;
+  v1::ListWorkersResponse response;
+  const grpc::Status status = stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return wire::FromGrpcStatus(status, "ListWorkers");
+  return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
+}
+
+absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job,
+                                                          const std::string& directory) {
+  grpc::ClientContext context;
+  v1::CheckpointRequest request;
+  request.set_job(job);
+  request.set_directory(directory);
+  v1::CheckpointResponse response;
+  const grpc::Status status = stub_->Checkpoint(&context, request, &response);
+  if (!status.ok()) return wire::FromGrpcStatus(status, "Checkpoint");
+  return response;
+}
+
+}  // namespace pipetrain::client

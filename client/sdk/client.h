@@ -1,0 +1,101 @@
+// The pipetrain client SDK: a small synchronous C++ API over the coordinator's client RPCs.
+//
+//   PT_ASSIGN_OR_RETURN(auto client, client::Client::Connect("127.0.0.1:7070"));
+//   PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->CreateJob(spec));
+//   PT_ASSIGN_OR_RETURN(auto session, client->StartTraining(job.job()));
+//   for (...) { PT_ASSIGN_OR_RETURN(v1::StepResult r, session->Step(batch)); }
+//   PT_RETURN_IF_ERROR(session->Finish());
+//
+// Results are the wire messages of coordinator.proto (StepResult, JobStatus, WorkerInfo): the
+// SDK is the client's edge. Errors are the coordinator's statuses (see coordinator.proto and
+// docs/architecture.md): INVALID_ARGUMENT for a bad spec or batch, FAILED_PRECONDITION for too few
+// workers or a second Train stream, NOT_FOUND for an unknown job, UNAVAILABLE when the
+// coordinator cannot be reached or a worker was lost.
+#ifndef PIPETRAIN_CLIENT_SDK_CLIENT_H_
+#define PIPETRAIN_CLIENT_SDK_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/math/tensor.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain::client {
+
+// One training batch: `samples` samples whose rows are inputs [samples * tokens_per_sample,
+// input_features] and targets [samples * tokens_per_sample, target_features] (io::Batch's form).
+struct BatchView {
+  const math::Matrix* inputs = nullptr;
+  const math::Matrix* targets = nullptr;
+  int64_t samples = 0;
+};
+
+// The TrainRequest of `batch` for `job` (copies the tensors' bytes).
+v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch);
+
+// A Train stream: one step per Step() call, in order. A failed step ends the stream (its status is
+// returned, and every later call returns it too); the job stays usable and a new session may be
+// started. Not thread-safe (one thread drives a session); the Client must outlive it.
+class TrainSession {
+ public:
+  ~TrainSession();  // cancels the stream if Finish() was not called.
+  TrainSession(const TrainSession&) = delete;
+  TrainSession& operator=(const TrainSession&) = delete;
+
+  // Sends `batch`, waits for and returns its step's result.
+  absl::StatusOr<v1::StepResult> Step(const BatchView& batch);
+  // Sends a prepared request (its job must be the session's).
+  absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
+  // Closes the stream and returns its final status (OK after successful steps). Idempotent.
+  absl::Status Finish();
+
+ private:
+  friend class Client;
+  TrainSession(std::string job, std::unique_ptr<grpc::ClientContext> context,
+               std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream);
+  // Ends the stream after a failed read or write and returns (and remembers) its status.
+  absl::Status Fail();
+
+  const std::string job_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream_;
+  absl::Status final_;  // set once the stream is over.
+  bool done_ = false;
+};
+
+// A connection to a coordinator. Thread-safe: the stub may be used from several threads.
+class Client {
+ public:
+  // Connects to `target` ("host:port"), waiting up to `timeout` for the channel to be ready.
+  // UNAVAILABLE if it is not.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, absl::Duration timeout = absl::Seconds(10));
+
+  // Creates a job and returns once every worker has accepted its assignment ("ready").
+  absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec);
+  // One training step on its own Train stream.
+  absl::StatusOr<v1::StepResult> TrainStep(const std::string& job, const BatchView& batch);
+  // Opens a Train stream for many steps. The coordinator refuses a second concurrent stream of a
+  // job at its first Step (FAILED_PRECONDITION).
+  absl::StatusOr<std::unique_ptr<TrainSession>> StartTraining(const std::string& job);
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
+  // file system), then the coordinator writes the manifest (see docs/architecture.md).
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
+                                                    const std::string& directory);
+
+ private:
+  explicit Client(std::unique_ptr<v1::Coordinator::Stub> stub) : stub_(std::move(stub)) {}
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace pipetrain::client
+
+#endif  // PIPETRAIN_CLIENT_SDK_CLIENT_H_

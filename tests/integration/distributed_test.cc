@@ -1,0 +1,267 @@
+// The project's central test: `pipetrain local` (a coordinator and S stage_worker processes on
+// 127.0.0.1) reproduces `pipetrain reference` bit for bit — per-step losses (the --json lines,
+// compared as text) and the final weights and optimizer state (the --save layer files, compared
+// byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind.
+// Also: Ctrl-C stops `pipetrain local` and leaves no daemon behind.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;  // stdout only
+};
+
+// Runs `pipetrain ARGS` through the shell, stdout captured, stderr discarded unless it fails.
+CliRun Pipetrain(const std::string& args, const std::string& stderr_file) {
+  const std::string cmd = absl::StrCat(PIPETRAIN_BINARY, " ", args, " 2>",
+                                       stderr_file.empty() ? "/dev/null" : stderr_file);
+  CliRun run;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return run;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
+  const int status = pclose(p);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The {"step": N, "loss": X lines of --json output, cut after the loss (the remaining fields are
+// timings).
+std::vector<std::string> LossLines(const std::string& out) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, "{\"step\"")) continue;
+    const size_t loss = line.find("\"loss\": ");
+    const size_t end = line.find_first_of(",}", loss);
+    lines.emplace_back(line.substr(0, end));
+  }
+  return lines;
+}
+
+std::vector<std::string> LayerFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return files;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (absl::StartsWith(name, "layer-")) files.push_back(name);
+  }
+  closedir(d);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/pipetrain_dist_XXXXXX");
+  char* made = mkdtemp(tmpl.data());
+  return made == nullptr ? "" : std::string(made);
+}
+
+std::string Example(const std::string& name) {
+  return absl::StrCat(PIPETRAIN_SOURCE_DIR, "/examples/", name);
+}
+
+// Deeper versions of the examples: S = 4 with V = 2 needs at least 8 layers.
+constexpr char kDeepMlp[] = R"pb(
+  name: "mlp_digits_deep"
+  input_features: 64
+  layers { linear { out_features: 64 } }
+  layers { relu {} }
+  layers { linear { out_features: 64 } }
+  layers { relu {} }
+  layers { linear { out_features: 64 } }
+  layers { relu {} }
+  layers { linear { out_features: 64 } }
+  layers { relu {} }
+  layers { linear { out_features: 10 } }
+  loss { softmax_cross_entropy {} }
+)pb";
+
+constexpr char kDeepGpt[] = R"pb(
+  name: "gpt_char_deep"
+  input_features: 1
+  layers { embedding { vocab_size: 0 dim: 32 context: 16 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { layer_norm {} }
+  layers { linear { out_features: 0 } }
+  loss { softmax_cross_entropy {} }
+)pb";
+
+class DistributedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(TempDir());
+    ASSERT_FALSE(dir_->empty());
+    std::ofstream(*dir_ + "/mlp_deep.textproto") << kDeepMlp;
+    std::ofstream(*dir_ + "/gpt_deep.textproto") << kDeepGpt;
+  }
+  static void TearDownTestSuite() {
+    std::system(absl::StrCat("rm -rf '", *dir_, "'").c_str());
+    delete dir_;
+  }
+  static std::string* dir_;
+};
+std::string* DistributedTest::dir_ = nullptr;
+
+struct Case {
+  std::string model;  // file
+  std::string data;
+  std::string label;
+};
+
+// The reference and the local runs share these options: M = 8 is legal for every schedule with
+// S = 2 and 4 (interleaved needs M % S == 0, dualpipe-v M >= 2S - 1).
+constexpr char kCommon[] = "--batch 16 --microbatches 8 --steps 3 --seed 7 --threads 1 --json";
+
+void ExpectLocalEqualsReference(const Case& c, const std::string& dir) {
+  const std::string ref_dir = absl::StrCat(dir, "/ref-", c.label);
+  const CliRun ref = Pipetrain(absl::StrCat("reference --model ", c.model, " --data ", c.data, " ",
+                                            kCommon, " --eval-samples 1 --save ", ref_dir),
+                               "");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const std::vector<std::string> ref_losses = LossLines(ref.out);
+  ASSERT_EQ(ref_losses.size(), 3u) << ref.out;
+  const std::vector<std::string> ref_files = LayerFiles(ref_dir);
+  ASSERT_FALSE(ref_files.empty());
+
+  for (int stages : {2, 4}) {
+    for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"}) {
+      SCOPED_TRACE(absl::StrCat(c.label, " S=", stages, " ", kind));
+      const std::string out_dir = absl::StrCat(dir, "/local-", c.label, "-", stages, "-", kind);
+      const std::string err = out_dir + ".stderr";
+      const CliRun local =
+          Pipetrain(absl::StrCat("local --stages ", stages, " --schedule ", kind, " --model ",
+                                 c.model, " --data ", c.data, " ", kCommon, " --save ", out_dir),
+                    err);
+      ASSERT_EQ(local.exit_code, 0) << local.out << ReadFile(err);
+      EXPECT_EQ(LossLines(local.out), ref_losses);
+      EXPECT_EQ(LayerFiles(out_dir), ref_files);
+      for (const std::string& f : ref_files) {
+        EXPECT_TRUE(ReadFile(out_dir + "/" + f) == ReadFile(ref_dir + "/" + f)) << f << " differs";
+      }
+      EXPECT_EQ(ReadFile(out_dir + "/manifest.json"), ReadFile(ref_dir + "/manifest.json"));
+    }
+  }
+}
+
+TEST_F(DistributedTest, DigitsMlpMatchesReference) {
+  ExpectLocalEqualsReference({*dir_ + "/mlp_deep.textproto", "digits", "mlp"}, *dir_);
+}
+
+TEST_F(DistributedTest, CharGptMatchesReference) {
+  ExpectLocalEqualsReference({*dir_ + "/gpt_deep.textproto", "text", "gpt"}, *dir_);
+}
+
+// The example files themselves, where their depth allows (S = 2, every V = 1 schedule).
+TEST_F(DistributedTest, ExampleDigitsMlpMatchesReference) {
+  const std::string ref_dir = *dir_ + "/ref-example";
+  const CliRun ref = Pipetrain(absl::StrCat("reference --model ", Example("mlp_digits.textproto"),
+                                            " ", kCommon, " --eval-samples 1 --save ", ref_dir),
+                               "");
+  ASSERT_EQ(ref.exit_code, 0);
+  for (const char* kind : {"1f1b", "zb-h1", "interleaved"}) {
+    SCOPED_TRACE(kind);
+    const std::string out_dir = absl::StrCat(*dir_, "/local-example-", kind);
+    const CliRun local =
+        Pipetrain(absl::StrCat("local --stages 2 --schedule ", kind, " --model ",
+                               Example("mlp_digits.textproto"), " ", kCommon, " --save ", out_dir),
+                  "");
+    ASSERT_EQ(local.exit_code, 0) << local.out;
+    EXPECT_EQ(LossLines(local.out), LossLines(ref.out));
+    for (const std::string& f : LayerFiles(ref_dir)) {
+      EXPECT_TRUE(ReadFile(out_dir + "/" + f) == ReadFile(ref_dir + "/" + f)) << f;
+    }
+  }
+}
+
+// Children of `pid` according to /proc.
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return children;
+  while (dirent* e = readdir(d)) {
+    const pid_t p = static_cast<pid_t>(std::atoi(e->d_name));
+    if (p <= 0) continue;
+    const std::string stat = ReadFile(absl::StrCat("/proc/", p, "/stat"));
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+    if (fields.size() > 1 && std::atoi(fields[1].c_str()) == pid) children.push_back(p);
+  }
+  closedir(d);
+  return children;
+}
+
+TEST_F(DistributedTest, CtrlCStopsEverything) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, STDERR_FILENO);
+    execl(PIPETRAIN_BINARY, PIPETRAIN_BINARY, "local", "--stages", "2", "--schedule", "1f1b",
+          "--model", Example("mlp_digits.textproto").c_str(), "--batch", "16", "--microbatches",
+          "4", "--steps", "1000000", "--json", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  // Wait for the first step line: by then the coordinator and both workers are up.
+  std::string out;
+  char c;
+  while (out.find("{\"step\"") == std::string::npos && read(fds[0], &c, 1) == 1) out.push_back(c);
+  ASSERT_NE(out.find("{\"step\""), std::string::npos) << out;
+  const std::vector<pid_t> daemons = ChildrenOf(pid);
+  EXPECT_EQ(daemons.size(), 3u);  // coordinator + 2 workers.
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  // Drain stdout so the child never blocks on a full pipe, until it closes it (exits).
+  while (read(fds[0], &c, 1) == 1) {
+  }
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);  // CANCELLED "interrupted".
+  for (pid_t d : daemons) {
+    EXPECT_NE(kill(d, 0), 0) << "daemon " << d << " is still running";
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,518 @@
+// CoordinatorService against scripted fake workers (real gRPC on 127.0.0.1, real Join streams and
+// data links, no model compute): job validation codes and messages, membership, the Train
+// stream's rules (bad batches and worker errors leave the job usable, a second Train is refused),
+// the step's loss and norm arithmetic, and a lost worker failing the job.
+#include "server/coordinator/coordinator_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/sdk/client.h"
+#include "common/model/model.h"
+#include "common/schedule/generator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker/exchange_service.h"
+#include "server/worker/peer_link.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kModel[] = R"pb(
+  input_features: 4
+  layers { linear { out_features: 8 } }
+  layers { relu {} }
+  layers { linear { out_features: 3 } }
+  loss { softmax_cross_entropy {} }
+)pb";
+
+v1::JobSpec MakeSpec(int stages, int microbatches, const std::string& schedule = "1f1b") {
+  v1::JobSpec spec;
+  absl::StatusOr<v1::ModelSpec> model = model::ParseModelSpecText(kModel, "test");
+  EXPECT_TRUE(model.ok()) << model.status();
+  *spec.mutable_model() = *model;
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+  spec.set_schedule(schedule);
+  spec.set_stages(stages);
+  spec.set_microbatches(microbatches);
+  spec.set_seed(1);
+  spec.set_threads(1);
+  return spec;
+}
+
+// A batch of `samples` rows for kModel: 4 features, class labels in [0, 3).
+struct TestBatch {
+  math::Matrix inputs;
+  math::Matrix targets;
+  int64_t samples = 0;
+  client::BatchView view() const { return {&inputs, &targets, samples}; }
+};
+
+TestBatch MakeBatch(int64_t samples, int64_t features = 4) {
+  TestBatch b;
+  b.samples = samples;
+  b.inputs = math::Matrix::Constant(samples, features, 0.5f);
+  b.targets = math::Matrix::Zero(samples, 1);
+  for (int64_t r = 0; r < samples; ++r) b.targets(r, 0) = static_cast<float>(r % 3);
+  return b;
+}
+
+// A scripted stage worker: registers on a Join stream, answers every command at once (StepDone
+// with per-micro-batch losses 0.25 * (mb + 1) and norm (layer + 1) for every layer it holds) and
+// serves StageWorker.Exchange to receive the coordinator's inputs and targets.
+class FakeWorker {
+ public:
+  FakeWorker(const std::string& coordinator, std::string name) : name_(std::move(name)) {
+    auto service = worker::ExchangeService::Create(
+        worker::LinkOptions(),
+        [this](const worker::PeerHello& hello,
+               std::unique_ptr<worker::PeerLink> link) -> absl::StatusOr<worker::LinkSettings> {
+          absl::MutexLock lock(&mu_);
+          worker::LinkSettings settings;
+          settings.validation.expected = hello.identity;
+          settings.validation.num_microbatches = microbatches_;
+          settings.validation.num_chunks = num_chunks_;
+          settings.callbacks.on_tensor = [this](const wire::TensorKey& key, math::Matrix m) {
+            absl::MutexLock l(&mu_);
+            received_.push_back(key);
+            received_rows_ += m.rows();
+            return absl::OkStatus();
+          };
+          links_.push_back(std::move(link));
+          return settings;
+        });
+    EXPECT_TRUE(service.ok()) << service.status();
+    exchange_ = std::move(*service);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    exchange_->RegisterOn(&builder);
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+
+    channel_ = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+    stub_ = v1::Coordinator::NewStub(channel_);
+    stream_ = stub_->Join(&context_);
+    v1::WorkerEvent reg;
+    reg.mutable_register_()->set_name(name_);
+    reg.mutable_register_()->set_address(address_);
+    reg.mutable_register_()->set_cores(1);
+    reg.mutable_register_()->set_gflops(1.0);
+    stream_->Write(reg);
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+
+  ~FakeWorker() { Stop(); }
+
+  // Ends the Join stream (the coordinator sees a lost worker) and waits for the reader.
+  void Stop() {
+    if (stopped_.exchange(true)) return;
+    context_.TryCancel();
+    reader_.join();
+    std::vector<std::unique_ptr<worker::PeerLink>> links;
+    {
+      absl::MutexLock lock(&mu_);
+      links.swap(links_);
+    }
+    for (auto& link : links) link->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  }
+
+  // Fail RunStep of `step` with `status` (once).
+  void FailStep(int64_t step, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    fail_step_ = step;
+    fail_status_ = std::move(status);
+  }
+
+  // Blocks until the coordinator answered this worker's registration one way or the other: its
+  // stream ended (returns the status) or the coordinator lists it (returns OK).
+  absl::Status WaitRegistered(client::Client& client) {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (ended_) return end_status_;
+      }
+      absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
+      if (!workers.ok()) return workers.status();
+      for (const v1::WorkerInfo& w : *workers) {
+        if (w.name() == name_ && w.address() == address_) return absl::OkStatus();
+      }
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&ended_), absl::Milliseconds(5));
+    }
+  }
+
+  // Blocks until the Join stream ended; returns its status.
+  absl::Status WaitEnded() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&ended_));
+    return end_status_;
+  }
+
+  int aborts() {
+    absl::MutexLock lock(&mu_);
+    return aborts_;
+  }
+  std::vector<wire::TensorKey> received() {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+  // Waits until `n` tensors have arrived on the data links (they travel apart from the control
+  // stream, so they may trail the StepDone).
+  int64_t WaitReceived(size_t n) {
+    absl::MutexLock lock(&mu_);
+    wait_for_ = n;
+    mu_.Await(absl::Condition(this, &FakeWorker::ReceivedEnough));
+    return received_rows_;
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  bool ReceivedEnough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return received_.size() >= wait_for_;
+  }
+
+  void ReadLoop() {
+    v1::WorkerCommand command;
+    while (stream_->Read(&command)) {
+      v1::WorkerEvent event;
+      if (command.has_assign()) {
+        const v1::Assign& a = command.assign();
+        {
+          absl::MutexLock lock(&mu_);
+          assign_ = a;
+          microbatches_ = a.microbatches();
+          num_chunks_ = a.chunks_size();
+        }
+        event.mutable_assigned()->set_job(a.job());
+        event.mutable_assigned()->set_epoch(a.epoch());
+      } else if (command.has_run_step()) {
+        const v1::RunStep& r = command.run_step();
+        absl::MutexLock lock(&mu_);
+        if (r.step() == fail_step_) {
+          fail_step_ = -1;
+          v1::WorkerError* e = event.mutable_error();
+          e->set_job(r.job());
+          e->set_epoch(r.epoch());
+          e->set_step(r.step());
+          e->set_code(static_cast<int>(fail_status_.code()));
+          e->set_message(std::string(fail_status_.message()));
+        } else {
+          v1::StepDone* d = event.mutable_step_done();
+          d->set_job(r.job());
+          d->set_epoch(r.epoch());
+          d->set_step(r.step());
+          const int C = assign_.chunks_size();
+          for (const v1::ChunkSpec& c : assign_.chunks()) {
+            if (c.worker() != assign_.rank()) continue;
+            if (c.chunk() == C - 1) {
+              for (int mb = 0; mb < assign_.microbatches(); ++mb) {
+                d->add_microbatch_losses(0.25f * (mb + 1));
+              }
+            }
+            for (int64_t l = c.first_layer(); l < c.last_layer(); ++l) {
+              v1::LayerNormSq* n = d->add_grad_norms();
+              n->set_layer(l);
+              n->set_norm_sq(static_cast<double>(l + 1));
+            }
+          }
+          for (int p = 0; p < assign_.actions_size(); ++p) {
+            v1::ActionTiming* t = d->add_timings();
+            *t->mutable_action() = assign_.actions(p);
+            t->set_start_us(10.0 * p);
+            t->set_end_us(10.0 * p + 5);
+          }
+        }
+      } else if (command.has_commit()) {
+        event.mutable_committed()->set_job(command.commit().job());
+        event.mutable_committed()->set_epoch(command.commit().epoch());
+        event.mutable_committed()->set_step(command.commit().step());
+      } else if (command.has_abort()) {
+        absl::MutexLock lock(&mu_);
+        ++aborts_;
+        continue;
+      } else if (command.has_save_shards()) {
+        event.mutable_shards_saved()->set_job(command.save_shards().job());
+        event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
+        event.mutable_shards_saved()->set_step(command.save_shards().step());
+      } else {
+        continue;
+      }
+      if (!stream_->Write(event)) break;
+    }
+    const grpc::Status status = stream_->Finish();
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    end_status_ =
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+
+  const std::string name_;
+  std::string address_;
+  std::unique_ptr<worker::ExchangeService> exchange_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerEvent, v1::WorkerCommand>> stream_;
+  std::thread reader_;
+  std::atomic<bool> stopped_{false};
+
+  // Protects everything the reader thread, the link callbacks and the test share.
+  mutable absl::Mutex mu_;
+  v1::Assign assign_ ABSL_GUARDED_BY(mu_);
+  int microbatches_ ABSL_GUARDED_BY(mu_) = 1;
+  int num_chunks_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
+  int aborts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<wire::TensorKey> received_ ABSL_GUARDED_BY(mu_);
+  int64_t received_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::unique_ptr<worker::PeerLink>> links_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  size_t wait_for_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<CoordinatorService>();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(address_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+  void TearDown() override {
+    workers_.clear();
+    service_->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_.reset();
+    service_.reset();
+  }
+
+  // Starts `n` fake workers and waits until the coordinator lists them.
+  void AddWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      workers_.push_back(
+          std::make_unique<FakeWorker>(address_, absl::StrCat("w", workers_.size())));
+      ASSERT_TRUE(workers_.back()->WaitRegistered(*client_).ok());
+    }
+  }
+
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<client::Client> client_;
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+};
+
+TEST_F(CoordinatorServiceTest, UnknownScheduleIsInvalidArgument) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4, "pipedream"));
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr(schedule::ParseScheduleKind("pipedream").status().message()));
+}
+
+TEST_F(CoordinatorServiceTest, InvalidScheduleParamsAreTheGeneratorsMessage) {
+  AddWorkers(2);
+  v1::JobSpec spec = MakeSpec(2, 3, "interleaved");
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(spec);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status expected =
+      schedule::CheckScheduleParams({schedule::ScheduleKind::kInterleaved, 2, 3, 2});
+  ASSERT_FALSE(expected.ok());
+  EXPECT_EQ(job.status().message(), absl::StrCat("CreateJob: ", expected.message()));
+}
+
+TEST_F(CoordinatorServiceTest, FewerWorkersThanStagesIsFailedPrecondition) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(3, 3));
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(job.status().message(), "CreateJob: job needs 3 workers, 1 live: 2 missing");
+}
+
+TEST_F(CoordinatorServiceTest, ModelWithFewerLayersThanChunksIsInvalidArgument) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4, "zb-v"));
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("the model has 3 layers, fewer than the 4 chunks of 2 stages x 2 virtual "
+                        "stages"));
+}
+
+TEST_F(CoordinatorServiceTest, BadModelIsInvalidArgument) {
+  AddWorkers(1);
+  v1::JobSpec spec = MakeSpec(1, 1);
+  spec.mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(5);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorServiceTest, DuplicateWorkerNameIsRefused) {
+  AddWorkers(1);
+  FakeWorker twin(address_, "w0");
+  const absl::Status ended = twin.WaitEnded();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(ended.message(), HasSubstr("'w0'"));
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->size(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), "ready");
+  ASSERT_EQ(job->stages_size(), 2);
+  const TestBatch batch = MakeBatch(8);
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), batch.view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+  EXPECT_EQ(r->loss(), 0.25f + 0.5f + 0.75f + 1.0f);
+  EXPECT_EQ(r->microbatch_losses_size(), 4);
+  ASSERT_EQ(r->workers_size(), 2);
+  EXPECT_GT(r->workers(0).busy_ms(), 0);
+  EXPECT_GE(r->predicted_bubble_fraction(), 0);
+  // Rank 0 got the 4 input micro-batches (2 rows each), rank 1 the 4 target micro-batches.
+  EXPECT_EQ(workers_[0]->WaitReceived(4), 8);
+  EXPECT_EQ(workers_[1]->WaitReceived(4), 8);
+  for (const wire::TensorKey& k : workers_[0]->received()) {
+    EXPECT_EQ(k.kind, wire::TensorKind::kInput);
+    EXPECT_EQ(k.chunk, 0);
+    EXPECT_EQ(k.step, 0);
+  }
+  for (const wire::TensorKey& k : workers_[1]->received()) {
+    EXPECT_EQ(k.kind, wire::TensorKind::kTarget);
+    EXPECT_EQ(k.chunk, 1);
+  }
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->steps_done(), 1);
+}
+
+TEST_F(CoordinatorServiceTest, BadBatchesLeaveTheJobUsable) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job();
+
+  // Wrong feature count.
+  TestBatch wrong_features = MakeBatch(4, 5);
+  EXPECT_EQ(client_->TrainStep(id, wrong_features.view()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Label out of range.
+  TestBatch bad_label = MakeBatch(4);
+  bad_label.targets(1, 0) = 7;
+  EXPECT_EQ(client_->TrainStep(id, bad_label.view()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Not divisible by M.
+  TestBatch odd = MakeBatch(3);
+  absl::Status s = client_->TrainStep(id, odd.view()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("not divisible by the job's 2 micro-batches"));
+  // Non-finite input.
+  TestBatch nan = MakeBatch(4);
+  nan.inputs(2, 3) = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(client_->TrainStep(id, nan.view()).status().code(), absl::StatusCode::kInvalidArgument);
+  // Unknown job.
+  EXPECT_EQ(client_->TrainStep("job-404", MakeBatch(4).view()).status().code(),
+            absl::StatusCode::kNotFound);
+  // Nothing reached the workers, and the job still trains.
+  EXPECT_EQ(workers_[0]->aborts(), 0);
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(id, MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+}
+
+TEST_F(CoordinatorServiceTest, SecondTrainStreamIsRefusedAndFirstContinues) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> first = client_->StartTraining(job->job());
+  ASSERT_TRUE(first.ok());
+  const TestBatch batch = MakeBatch(2);
+  ASSERT_TRUE((*first)->Step(batch.view()).ok());
+
+  absl::StatusOr<v1::StepResult> second = client_->TrainStep(job->job(), batch.view());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("already has an active Train stream"));
+
+  absl::StatusOr<v1::StepResult> again = (*first)->Step(batch.view());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step(), 2);
+  EXPECT_TRUE((*first)->Finish().ok());
+  // Once the first stream is over, a new one may train.
+  absl::StatusOr<v1::StepResult> third = client_->TrainStep(job->job(), batch.view());
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->step(), 3);
+}
+
+TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 0: out of memory"));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), "ready");
+  EXPECT_EQ(status->steps_done(), 0);
+  r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+  EXPECT_EQ(workers_[0]->aborts(), 1);
+}
+
+TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->Stop();
+  // The loss is noticed asynchronously; a step either fails on it or after it.
+  absl::StatusOr<v1::JobStatus> status;
+  do {
+    status = client_->GetJob(job->job());
+    ASSERT_TRUE(status.ok());
+  } while (status->state() != "failed" && client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), "failed");
+  EXPECT_THAT(status->error(), HasSubstr("worker 'w1' (rank 1) was lost"));
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  // The surviving worker is idle again.
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].job(), "");
+}
+
+TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {
+  EXPECT_EQ(client_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
