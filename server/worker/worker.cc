@@ -300,7 +300,9 @@ class StageWorkerDaemon::Job final : public Sender {
   void OnCommit(const v1::Commit& commit);
   void OnAbort(const v1::Abort& abort);
   void OnSaveShards(const v1::SaveShards& save);
-  void OnLinkFailed(const absl::Status& status);
+  // A link of this job failed (LinkFailed, via the command queue). `coordinator_link`: the
+  // coordinator's feed stream, which does not break the epoch.
+  void OnLinkFailed(const absl::Status& status, bool coordinator_link);
 
   // Sender: routes an outgoing tensor to this worker's mailbox or the owner's link (compute
   // thread). Never blocks on the network; a failure aborts the mailbox (so the step fails).
@@ -555,17 +557,22 @@ absl::Status StageWorkerDaemon::Job::Deliver(int peer_rank, const TensorKey& key
 void StageWorkerDaemon::Job::LinkFailed(const std::string& peer, const absl::Status& status) {
   const absl::Status annotated =
       wire::Annotate(status, absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer));
+  // A stage link is part of the epoch: once it failed, the epoch cannot run a step any more. The
+  // coordinator's feed stream is replaceable (it redials it in the same epoch) and its failure
+  // is the coordinator's to handle (it aborts the step it was feeding).
+  const bool coordinator = peer == kCoordinatorPeer;
   {
     absl::MutexLock lock(&links_mu_);
     if (closed_) return;
-    if (broken_.ok()) broken_ = annotated;
+    if (!coordinator && broken_.ok()) broken_ = annotated;
   }
-  mailbox_.Abort(annotated);
+  if (!coordinator) mailbox_.Abort(annotated);
   Task task;
   task.kind = Task::Kind::kLinkFailed;
   task.job = job_;
   task.epoch = epoch_;
   task.status = annotated;
+  task.coordinator_link = coordinator;
   daemon_->Enqueue(std::move(task));
 }
 
@@ -773,10 +780,17 @@ void StageWorkerDaemon::Job::OnSaveShards(const v1::SaveShards& save) {
   });
 }
 
-void StageWorkerDaemon::Job::OnLinkFailed(const absl::Status& status) {
+void StageWorkerDaemon::Job::OnLinkFailed(const absl::Status& status, bool coordinator_link) {
   int64_t step = 0;
   {
     absl::MutexLock lock(&state_mu_);
+    if (coordinator_link) {
+      // The coordinator sees its own stream fail: it aborts the step it was feeding (Abort) and
+      // dials a new feed stream for the next one; if it died, the control stream ends too.
+      // Deciding here would race with the replacement stream, so this is only logged.
+      daemon_->Log(absl::StrCat("feed stream ended: ", status.ToString()));
+      return;
+    }
     // A queued or running step fails on the aborted mailbox (or the broken link) and reports
     // the error itself; a step that failed already told the coordinator.
     if (finished_runs_ < requested_runs_ || last_step_failed_) return;
@@ -1014,7 +1028,7 @@ void StageWorkerDaemon::HandleTask(Task task) {
       return;
     case Task::Kind::kLinkFailed:
       if (job != nullptr && job->id() == task.job && job->epoch() == task.epoch) {
-        job->OnLinkFailed(task.status);
+        job->OnLinkFailed(task.status, task.coordinator_link);
       }
       return;
     case Task::Kind::kCommand:

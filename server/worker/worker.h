@@ -114,7 +114,8 @@ class StageWorkerDaemon {
     v1::WorkerCommand command;  // kCommand.
     std::string job;            // kLinkFailed: the job and epoch whose link failed.
     int64_t epoch = 0;
-    absl::Status status;  // kStreamLost / kLinkFailed.
+    absl::Status status;            // kStreamLost / kLinkFailed.
+    bool coordinator_link = false;  // kLinkFailed: the coordinator's feed stream failed.
   };
 
   StageWorkerDaemon(const StageWorkerOptions& options, double gflops);

@@ -649,6 +649,44 @@ TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
   EXPECT_TRUE(e->has_assigned()) << e->DebugString();
 }
 
+TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheEpoch) {
+  constexpr int64_t kEpoch = 8;
+  AssignBoth(kEpoch);
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  const int64_t rows = batch.inputs.rows();
+  for (int64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    // A fresh pair of feed streams per step; the previous pair is closed first.
+    for (auto& link : feeds_) link->Shutdown();
+    PeerLink* in = Feed(0, kEpoch);
+    PeerLink* target = Feed(1, kEpoch);
+    ASSERT_NE(in, nullptr);
+    ASSERT_NE(target, nullptr);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, step, rows)));
+    }
+    FeedBatch(in, target, step, batch);
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+    }
+    for (int w = 0; w < 2; ++w) {
+      v1::WorkerCommand c;
+      c.mutable_commit()->set_job(kJob);
+      c.mutable_commit()->set_epoch(kEpoch);
+      c.mutable_commit()->set_step(step);
+      c.mutable_commit()->set_clip_scale(1.0f);
+      ASSERT_TRUE(coordinator_.Send(Name(w), c));
+    }
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE(e->has_committed()) << e->DebugString();
+    }
+  }
+}
+
 TEST_F(StageWorkerTest, StaleEpochCommandIsAborted) {
   AssignBoth(5);
   v1::WorkerCommand stale = RunStepCommand(4, 0, kSamples);
