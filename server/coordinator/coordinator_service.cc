@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
+#include "common/model/optimizer_proto.h"
 #include "common/model/reference_trainer.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
@@ -589,13 +590,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoCreateJob(const v1::JobSpec&
   params.microbatches = spec.microbatches();
   params.virtual_stages = spec.virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
-  if (spec.optimizer().kind_case() == v1::OptimizerSpec::KIND_NOT_SET) {
-    return absl::InvalidArgumentError("the job's optimizer is not set (sgd or adamw)");
-  }
-  if (!(spec.optimizer().clip_norm() >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer clip_norm must be >= 0, got ", spec.optimizer().clip_norm()));
-  }
+  PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec.optimizer()).status());
   PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> built, model::Model::Build(spec.model()));
   std::shared_ptr<const model::Model> net = std::move(built);
   const int S = spec.stages();
@@ -1037,14 +1032,14 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     PT_RETURN_IF_ERROR(waited);
   }
   // The manifest: what the coordinator knows. The data set, batch size and data cursor are the
-  // client's (a client that knows them rewrites the manifest, see client/cli/train_command.cc);
-  // `optimizer` is the job's OptimizerSpec in text form until the client rewrites it.
+  // client's (a client that knows them rewrites the manifest, see client/cli/train_command.cc).
   model::CheckpointManifest manifest;
   manifest.step = step;
   manifest.model_spec = net->spec();
   manifest.seed = spec.seed();
   manifest.microbatches = spec.microbatches();
-  manifest.optimizer = spec.optimizer().ShortDebugString();
+  absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
+  if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
   manifest.shards = model::LayerShards(*net, 0, net->num_layers());
   PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(request.directory(), manifest));
   v1::CheckpointResponse response;

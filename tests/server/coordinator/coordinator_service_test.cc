@@ -17,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/sdk/client.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
+#include "common/model/optimizer_proto.h"
 #include "common/schedule/generator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -508,6 +510,40 @@ TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {
   ASSERT_TRUE(workers.ok());
   ASSERT_EQ(workers->size(), 1u);
   EXPECT_EQ((*workers)[0].job(), "");
+}
+
+TEST_F(CoordinatorServiceTest, BadOptimizerIsInvalidArgument) {
+  AddWorkers(1);
+  v1::JobSpec spec = MakeSpec(1, 1);
+  spec.mutable_optimizer()->clear_kind();
+  EXPECT_EQ(client_->CreateJob(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec = MakeSpec(1, 1);
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(-1);
+  EXPECT_EQ(client_->CreateJob(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorServiceTest, CheckpointWaitsForShardsThenWritesTheManifest) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  char tmpl[] = "/tmp/coordinator_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  absl::StatusOr<v1::CheckpointResponse> saved = client_->Checkpoint(job->job(), tmpl);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step(), 1);
+  absl::StatusOr<model::CheckpointManifest> m = model::ReadCheckpointManifest(tmpl);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step, 1);
+  EXPECT_EQ(m->microbatches, 2);
+  EXPECT_EQ(m->seed, 1u);
+  absl::StatusOr<math::OptimizerConfig> optimizer =
+      model::OptimizerFromProto(MakeSpec(2, 2).optimizer());
+  ASSERT_TRUE(optimizer.ok());
+  EXPECT_EQ(m->optimizer, math::FormatOptimizerConfig(*optimizer));
+  EXPECT_EQ(m->shards.size(), 2u);  // the two linear layers.
+  std::system(absl::StrCat("rm -rf '", tmpl, "'").c_str());
+  EXPECT_EQ(client_->Checkpoint("job-404", "/tmp/x").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {
