@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pipetrain {
 namespace {
@@ -206,6 +207,33 @@ TEST_F(DistributedTest, ExampleDigitsMlpMatchesReference) {
       EXPECT_TRUE(ReadFile(out_dir + "/" + f) == ReadFile(ref_dir + "/" + f)) << f;
     }
   }
+}
+
+// --trace writes the last step's measured timeline as Chrome trace JSON: one complete event per
+// action (2 workers x 8 micro-batches x F and B).
+TEST_F(DistributedTest, TraceHasEveryActionOfTheLastStep) {
+  const std::string trace = *dir_ + "/trace.json";
+  const CliRun local =
+      Pipetrain(absl::StrCat("local --stages 2 --schedule 1f1b --model ",
+                             Example("mlp_digits.textproto"), " ", kCommon, " --trace ", trace),
+                "");
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(trace), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int complete = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("ph", "") == "X") ++complete;
+  }
+  EXPECT_EQ(complete, 2 * 8 * 2);
+}
+
+TEST_F(DistributedTest, TrainWithoutReachableCoordinatorIsUnavailable) {
+  const CliRun run = Pipetrain(absl::StrCat("train --coordinator 127.0.0.1:1 --model ",
+                                            Example("mlp_digits.textproto"), " --steps 1"),
+                               "/dev/stdout");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.out.find("UNAVAILABLE"), std::string::npos) << run.out;
 }
 
 // Children of `pid` according to /proc.
