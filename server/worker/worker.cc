@@ -256,6 +256,169 @@ class StageWorkerDaemon::ControlStream final
 };
 
 // ---------------------------------------------------------------------------------------------
+// ComputePacer: --emulate-gflops. Keeps a virtual clock of the compute thread in which every
+// action takes exactly FLOPs / rate and starts when both the previous action has ended and its
+// inputs have arrived (in-order execution, as the simulator models it). The real math still runs;
+// the compute thread is held back where the pipeline can observe it:
+//  * before each Send (the output of F on a non-last chunk, of I/B on a chunk > 0) it sleeps until
+//    the virtual end of the producing action;
+//  * after RunStep it sleeps until the virtual end of the last action, before StepDone.
+// Input arrival times come from the mailbox (MailboxObserver: the end of a blocked Take); an
+// input already present when taken arrived before the virtual clock needs it (the real thread
+// never runs behind the virtual one at a Take), so it does not delay the action.
+// Actions without a Send (W, F of the last chunk, I/B of chunk 0) are not slept on themselves:
+// their time is paid at the next Send or at the end of the step, so the reported per-action
+// timings attribute it to that later action; step time and every tensor's send time follow the
+// virtual clock. Thread-safe: the observer calls come from any thread; the rest from the compute
+// thread.
+class ComputePacer final : public MailboxObserver {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit ComputePacer(double gflops) : flops_per_second_(gflops * 1e9) {}
+
+  // Before the compute thread starts: the worker's actions, the model and each chunk's layers.
+  void Configure(const model::Model* model, std::vector<schedule::Action> actions,
+                 std::vector<std::pair<int64_t, int64_t>> chunk_layers, int num_chunks) {
+    model_ = model;
+    actions_ = std::move(actions);
+    chunk_layers_ = std::move(chunk_layers);
+    num_chunks_ = num_chunks;
+    for (size_t i = 0; i < actions_.size(); ++i) {
+      const schedule::Action& a = actions_[i];
+      const int index = static_cast<int>(i);
+      if (a.op == schedule::Op::kForward) {
+        take_index_[Slot(a.mb, a.chunk, TensorKind::kActivation)] = index;
+        take_index_[Slot(a.mb, a.chunk, TensorKind::kInput)] = index;
+        take_index_[Slot(a.mb, a.chunk, TensorKind::kTarget)] = index;
+        send_index_[Slot(a.mb, a.chunk + 1, TensorKind::kActivation)] = index;
+      } else if (a.op == schedule::Op::kInputGrad || a.op == schedule::Op::kBackward) {
+        take_index_[Slot(a.mb, a.chunk, TensorKind::kGradient)] = index;
+        send_index_[Slot(a.mb, a.chunk - 1, TensorKind::kGradient)] = index;
+      }
+    }
+  }
+
+  // Compute thread, right before StepExecutor::RunStep.
+  void BeginStep(int64_t step, int64_t batch_rows) {
+    const int64_t mb_rows = batch_rows / std::max(1, Microbatches());
+    if (mb_rows != seconds_rows_) {
+      seconds_.assign(actions_.size(), 0.0);
+      for (size_t i = 0; i < actions_.size(); ++i) seconds_[i] = ActionFlops(i, mb_rows);
+      for (double& sec : seconds_) sec /= flops_per_second_;
+      seconds_rows_ = mb_rows;
+    }
+    absl::MutexLock lock(&mu_);
+    step_ = step;
+    ready_.assign(actions_.size(), Clock::time_point::min());
+    ends_.assign(actions_.size(), Clock::time_point::min());
+    next_ = 0;
+    clock_ = Clock::now();
+  }
+
+  // Compute thread, from the Sender: waits until the virtual end of the action sending `key`.
+  void BeforeSend(const TensorKey& key) {
+    auto it = send_index_.find(Slot(key.microbatch, key.chunk, key.kind));
+    if (it == send_index_.end()) return;
+    Clock::time_point until;
+    {
+      absl::MutexLock lock(&mu_);
+      if (key.step != step_) return;
+      until = AdvanceLocked(it->second);
+    }
+    std::this_thread::sleep_until(until);
+    absl::MutexLock lock(&mu_);
+    clock_ = std::max(clock_, Clock::now());  // the real thread may be slower than the rate.
+  }
+
+  // Compute thread, after a successful RunStep: waits until the virtual end of the last action.
+  void EndStep() {
+    Clock::time_point until;
+    {
+      absl::MutexLock lock(&mu_);
+      if (actions_.empty()) return;
+      until = AdvanceLocked(static_cast<int>(actions_.size()) - 1);
+    }
+    std::this_thread::sleep_until(until);
+  }
+
+  void OnWaitStart(const TensorKey& key) override {}
+  void OnWaitEnd(const TensorKey& key) override {
+    auto it = take_index_.find(Slot(key.microbatch, key.chunk, key.kind));
+    if (it == take_index_.end()) return;
+    const Clock::time_point now = Clock::now();
+    absl::MutexLock lock(&mu_);
+    if (key.step != step_ || ready_.empty()) return;
+    ready_[it->second] = std::max(ready_[it->second], now);
+  }
+
+ private:
+  int64_t Slot(int mb, int chunk, TensorKind kind) const {
+    return (static_cast<int64_t>(mb) * (num_chunks_ + 2) + (chunk + 1)) * 8 +
+           static_cast<int64_t>(kind);
+  }
+  int Microbatches() const {
+    int m = 0;
+    for (const schedule::Action& a : actions_) m = std::max(m, a.mb + 1);
+    return m;
+  }
+  double ActionFlops(size_t i, int64_t rows) const {
+    const schedule::Action& a = actions_[i];
+    const auto [first, last] = chunk_layers_[a.chunk];
+    double flops = 0;
+    for (int64_t l = first; l < last; ++l) {
+      const math::FlopCount f = model_->layer(l).Flops(rows);
+      switch (a.op) {
+        case schedule::Op::kForward:
+          flops += f.forward;
+          break;
+        case schedule::Op::kBackward:
+          flops += f.backward_input + f.backward_weight;
+          break;
+        case schedule::Op::kInputGrad:
+          flops += f.backward_input;
+          break;
+        case schedule::Op::kWeightGrad:
+          flops += f.backward_weight;
+          break;
+      }
+    }
+    return flops;
+  }
+  // Runs the virtual clock through action `k` and returns its virtual end.
+  Clock::time_point AdvanceLocked(int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (; next_ <= k; ++next_) {
+      const Clock::time_point start = std::max(clock_, ready_[next_]);
+      clock_ = start + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(seconds_[next_]));
+      ends_[next_] = clock_;
+    }
+    return ends_[k];
+  }
+
+  // Constant after Configure (before the compute thread starts).
+  const double flops_per_second_;
+  const model::Model* model_ = nullptr;
+  std::vector<schedule::Action> actions_;
+  std::vector<std::pair<int64_t, int64_t>> chunk_layers_;  // [chunk] -> [first, last) layers.
+  int num_chunks_ = 0;
+  absl::flat_hash_map<int64_t, int> take_index_;  // (mb, chunk, kind) taken -> action index.
+  absl::flat_hash_map<int64_t, int> send_index_;  // (mb, chunk, kind) sent -> action index.
+
+  // Compute thread only.
+  std::vector<double> seconds_;  // per action, for micro-batches of seconds_rows_ rows.
+  int64_t seconds_rows_ = -1;
+
+  // Protects the step's virtual clock and input arrival times.
+  absl::Mutex mu_;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<Clock::time_point> ready_ ABSL_GUARDED_BY(mu_);  // latest input arrival.
+  std::vector<Clock::time_point> ends_ ABSL_GUARDED_BY(mu_);   // virtual ends so far.
+  int next_ ABSL_GUARDED_BY(mu_) = 0;             // first action not yet on the virtual clock.
+  Clock::time_point clock_ ABSL_GUARDED_BY(mu_);  // virtual end of the last advanced action.
+};
+
+// ---------------------------------------------------------------------------------------------
 // Job: one (job, epoch) assignment. Created and driven by the command thread (Create, OnRunStep,
 // OnCommit, OnAbort, OnSaveShards, OnLinkFailed, Stop); Accept runs on gRPC threads; the
 // executor, Send (the Sender) and the posted tasks run on the job's compute thread.
@@ -314,7 +477,13 @@ class StageWorkerDaemon::Job final : public Sender {
     std::vector<std::pair<TensorKey, std::shared_ptr<const math::Matrix>>> pending;
   };
 
-  Job(StageWorkerDaemon* daemon, const v1::Assign& assign) : daemon_(daemon), assign_(assign) {
+  Job(StageWorkerDaemon* daemon, const v1::Assign& assign)
+      : daemon_(daemon),
+        assign_(assign),
+        pacer_(daemon->options_.emulate_gflops > 0
+                   ? std::make_unique<ComputePacer>(daemon->options_.emulate_gflops)
+                   : nullptr),
+        mailbox_(MailboxOptions{0, pacer_.get()}) {
     job_ = assign.job();
     epoch_ = assign.epoch();
     rank_ = assign.rank();
@@ -368,6 +537,8 @@ class StageWorkerDaemon::Job final : public Sender {
   std::unique_ptr<model::Model> model_;
   std::vector<model::CheckpointShard> shards_;  // this worker's layer files.
 
+  // --emulate-gflops (null when off); before the mailbox, which reports waits to it.
+  const std::unique_ptr<ComputePacer> pacer_;
   Mailbox mailbox_;                         // thread-safe.
   std::unique_ptr<StepExecutor> executor_;  // compute thread only (after Create).
 
@@ -505,6 +676,13 @@ absl::StatusOr<std::shared_ptr<StageWorkerDaemon::Job>> StageWorkerDaemon::Job::
       job->model_.get(), std::move(chunks), num_chunks, &job->mailbox_, job.get());
   if (!executor.ok()) return bad(executor.status().message());
   job->executor_ = *std::move(executor);
+  if (job->pacer_ != nullptr) {
+    std::vector<std::pair<int64_t, int64_t>> chunk_layers;
+    for (int c = 0; c < num_chunks; ++c) {
+      chunk_layers.emplace_back(a.chunks(c).first_layer(), a.chunks(c).last_layer());
+    }
+    job->pacer_->Configure(job->model_.get(), job->actions_, std::move(chunk_layers), num_chunks);
+  }
   {
     absl::MutexLock lock(&job->links_mu_);
     for (int p : job->higher_peers_) job->peers_[p];
@@ -654,6 +832,7 @@ void StageWorkerDaemon::Job::DialPeers() {
 }
 
 void StageWorkerDaemon::Job::Send(const TensorKey& key, const math::Matrix& tensor) {
+  if (pacer_ != nullptr) pacer_->BeforeSend(key);
   const int owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
   if (owner == rank_) {
     absl::Status put = mailbox_.Put(key, tensor);
@@ -695,8 +874,10 @@ void StageWorkerDaemon::Job::OnRunStep(const v1::RunStep& run) {
       absl::MutexLock lock(&links_mu_);
       broken = broken_;
     }
+    if (pacer_ != nullptr) pacer_->BeginStep(step, rows);
     absl::StatusOr<StepReport> report =
         broken.ok() ? executor_->RunStep(step, actions_, rows) : absl::StatusOr<StepReport>(broken);
+    if (pacer_ != nullptr && report.ok()) pacer_->EndStep();
     {
       absl::MutexLock lock(&state_mu_);
       ++finished_runs_;
@@ -813,9 +994,8 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",
                               daemon->address_, options.listen, gflops, options.coordinator));
   if (options.emulate_gflops > 0) {
-    daemon->Log(absl::StrFormat(
-        "--emulate-gflops %.3f: pacing is not active yet (needs a per-action executor hook)",
-        options.emulate_gflops));
+    daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
+                                options.emulate_gflops));
   }
   daemon->command_thread_ = std::thread([raw = daemon.get()] { raw->CommandLoop(); });
   daemon->session_thread_ = std::thread([raw = daemon.get()] { raw->SessionLoop(); });

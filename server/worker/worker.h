@@ -49,9 +49,10 @@ struct StageWorkerOptions {
   std::string advertise;
   // Stable identity sent in RegisterWorker. Empty (default): the advertised address.
   std::string name;
-  // > 0: every action takes at least its FLOPs / (emulate_gflops * 1e9) seconds (the math still
-  // runs; the compute thread then sleeps for the rest), so benchmarks see a fixed compute rate.
-  // 0 (default): off.
+  // > 0: the compute thread runs on a virtual clock where every action takes its FLOPs /
+  // (emulate_gflops * 1e9) seconds (the math still runs; the thread sleeps before sending an
+  // action's output and before StepDone until the virtual time), so benchmarks see a fixed
+  // compute rate. See docs/worker.md. 0 (default): off.
   double emulate_gflops = 0;
   // Upper bound on Assign.threads (compute threads); 0 (default): the hardware's core count.
   int threads_max = 0;

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -320,6 +321,7 @@ class StageWorkerTest : public ::testing::Test {
       o.name = absl::StrCat("w", w);
       o.gflops = 1;  // no probe in tests.
       o.threads_max = 2;
+      o.emulate_gflops = emulate_gflops_;
       absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(o);
       ASSERT_TRUE(d.ok()) << d.status();
       daemons_.push_back(*std::move(d));
@@ -438,6 +440,7 @@ class StageWorkerTest : public ::testing::Test {
   FakeCoordinator coordinator_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  double emulate_gflops_ = 0;  // set by derived fixtures before SetUp.
   std::vector<std::unique_ptr<StageWorkerDaemon>> daemons_;
   std::vector<std::unique_ptr<PeerLink>> feeds_;
   std::unique_ptr<model::Model> model_;
@@ -584,6 +587,70 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
     const std::string got = ReadBytes(absl::StrCat(pipe_dir, "/", shard.file));
     ASSERT_FALSE(want.empty()) << shard.file;
     EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
+  }
+}
+
+// Daemons emulating 1e-4 GFLOP/s (1e5 FLOP/s): the test MLP's step then takes ~0.1 s of
+// emulated compute per worker.
+class StageWorkerEmulationTest : public StageWorkerTest {
+ protected:
+  StageWorkerEmulationTest() { emulate_gflops_ = 1e-4; }
+};
+
+TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact) {
+  constexpr int64_t kEpoch = 1;
+  AssignBoth(kEpoch);
+  PeerLink* in = Feed(0, kEpoch);
+  PeerLink* target = Feed(1, kEpoch);
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(target, nullptr);
+  model::TrainerOptions ro;
+  ro.microbatches = kMicrobatches;
+  ro.seed = kSeed;
+  ro.optimizer = Optimizer();
+  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  // Each worker's actions, serialised at the emulated rate, bound the step's time from below.
+  const int64_t rows = batch.inputs.rows();
+  const int64_t mb_rows = rows / kMicrobatches;
+  const int64_t layers = model_->num_layers();
+  double longest = 0;
+  for (int w = 0; w < 2; ++w) {
+    double flops = 0;
+    for (const schedule::Action& a : plan_.actions[w]) {
+      for (int64_t l = a.chunk * layers / 2; l < (a.chunk + 1) * layers / 2; ++l) {
+        const math::FlopCount f = model_->layer(l).Flops(mb_rows);
+        flops += a.op == schedule::Op::kForward ? f.forward : f.backward_input + f.backward_weight;
+      }
+    }
+    longest = std::max(longest, flops / (emulate_gflops_ * 1e9));
+  }
+  ASSERT_GT(longest, 0.01);
+
+  const absl::Time t0 = absl::Now();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+  }
+  FeedBatch(in, target, 0, batch);
+  std::vector<float> losses;
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+    if (w == 1) {
+      losses.assign(e->step_done().microbatch_losses().begin(),
+                    e->step_done().microbatch_losses().end());
+    }
+  }
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  EXPECT_GE(wall, longest * 0.999) << "emulated compute of the busiest worker: " << longest;
+  ASSERT_EQ(losses.size(), want->microbatch_losses.size());
+  for (size_t mb = 0; mb < losses.size(); ++mb) {
+    EXPECT_EQ(Bits(losses[mb]), Bits(want->microbatch_losses[mb])) << "mb " << mb;
   }
 }
 
