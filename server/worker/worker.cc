@@ -320,26 +320,23 @@ class ComputePacer final : public MailboxObserver {
   void BeforeSend(const TensorKey& key) {
     auto it = send_index_.find(Slot(key.microbatch, key.chunk, key.kind));
     if (it == send_index_.end()) return;
-    Clock::time_point until;
-    {
-      absl::MutexLock lock(&mu_);
-      if (key.step != step_) return;
-      until = AdvanceLocked(it->second);
-    }
-    std::this_thread::sleep_until(until);
     absl::MutexLock lock(&mu_);
+    if (key.step != step_) return;
+    SleepUntilLocked(AdvanceLocked(it->second));
     clock_ = std::max(clock_, Clock::now());  // the real thread may be slower than the rate.
   }
 
   // Compute thread, after a successful RunStep: waits until the virtual end of the last action.
   void EndStep() {
-    Clock::time_point until;
-    {
-      absl::MutexLock lock(&mu_);
-      if (actions_.empty()) return;
-      until = AdvanceLocked(static_cast<int>(actions_.size()) - 1);
-    }
-    std::this_thread::sleep_until(until);
+    absl::MutexLock lock(&mu_);
+    if (actions_.empty()) return;
+    SleepUntilLocked(AdvanceLocked(static_cast<int>(actions_.size()) - 1));
+  }
+
+  // Ends every current and future sleep at once (the job is stopping). Any thread.
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
   }
 
   void OnWaitStart(const TensorKey& key) override {}
@@ -385,6 +382,13 @@ class ComputePacer final : public MailboxObserver {
     }
     return flops;
   }
+  // Waits (releasing mu_) until `until` or Cancel().
+  void SleepUntilLocked(Clock::time_point until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Clock::duration left = until - Clock::now();
+    if (left <= Clock::duration::zero() || cancelled_) return;
+    mu_.AwaitWithTimeout(absl::Condition(&cancelled_), absl::FromChrono(left));
+  }
+
   // Runs the virtual clock through action `k` and returns its virtual end.
   Clock::time_point AdvanceLocked(int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (; next_ <= k; ++next_) {
@@ -409,13 +413,15 @@ class ComputePacer final : public MailboxObserver {
   std::vector<double> seconds_;  // per action, for micro-batches of seconds_rows_ rows.
   int64_t seconds_rows_ = -1;
 
-  // Protects the step's virtual clock and input arrival times.
+  // Protects the step's virtual clock, input arrival times and the cancel flag; the compute
+  // thread sleeps on it (AwaitWithTimeout), so observer calls are never held up by a sleep.
   absl::Mutex mu_;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<Clock::time_point> ready_ ABSL_GUARDED_BY(mu_);  // latest input arrival.
   std::vector<Clock::time_point> ends_ ABSL_GUARDED_BY(mu_);   // virtual ends so far.
   int next_ ABSL_GUARDED_BY(mu_) = 0;             // first action not yet on the virtual clock.
   Clock::time_point clock_ ABSL_GUARDED_BY(mu_);  // virtual end of the last advanced action.
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -436,6 +442,7 @@ class StageWorkerDaemon::Job final : public Sender {
   // Aborts the running step, joins the compute thread and closes every link. Idempotent; not
   // from a gRPC callback or the compute thread.
   void Stop(absl::string_view why) {
+    if (pacer_ != nullptr) pacer_->Cancel();
     mailbox_.Abort(absl::AbortedError(absl::StrCat("job ", job_, " epoch ", epoch_, ": ", why)));
     {
       absl::MutexLock lock(&compute_mu_);
