@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Multi-host test: the coordinator, the client and each of S stage workers run in their own
+# network namespace, joined by veth pairs to a bridge in a separate "switch" namespace, with
+# addresses in 198.18.0.0/24. Loopback stays DOWN in every namespace, so no process can take a
+# loopback shortcut: every byte crosses a veth pair. Trains the digits MLP with `pipetrain train`
+# and checks every step's loss and every checkpoint file against `pipetrain reference`, bit for bit.
+#
+# Usage: multihost_test.sh BUILD_DIR SOURCE_DIR [STAGES] [SCHEDULE]
+# Exits 77 (CTest: skipped) with a message where network namespaces are not permitted.
+set -euo pipefail
+
+build=$1
+src=$2
+stages=${3:-3}
+schedule=${4:-1f1b}
+pipetrain=$build/client/pipetrain
+coordinator=$build/server/coordinator/coordinator
+worker=$build/server/worker/stage_worker
+
+tag="pt$$"
+probe="${tag}probe"
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! ip netns add "$probe" 2>/dev/null; then
+  echo "SKIP: network namespaces are not permitted here (needs root, iproute2 and CAP_NET_ADMIN)"
+  exit 77
+fi
+ip netns del "$probe"
+
+work=$(mktemp -d)
+pids=()
+namespaces=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for n in "${namespaces[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+switch="${tag}sw"
+ip netns add "$switch"
+namespaces+=("$switch")
+ip -n "$switch" link add br0 type bridge
+ip -n "$switch" link set br0 up
+
+# add_host NAME ADDRESS: a namespace with one veth to the switch, address ADDRESS/24, lo down.
+host_index=0
+add_host() {
+  local ns="${tag}$1" addr=$2
+  ip netns add "$ns"
+  namespaces+=("$ns")
+  local a="${tag}a${host_index}" b="${tag}b${host_index}"
+  host_index=$((host_index + 1))
+  ip link add "$a" type veth peer name "$b"
+  ip link set "$a" netns "$ns"
+  ip link set "$b" netns "$switch"
+  ip -n "$ns" link set "$a" name eth0
+  ip -n "$ns" addr add "$addr/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$switch" link set "$b" master br0
+  ip -n "$switch" link set "$b" up
+}
+
+add_host coord 198.18.0.1
+add_host client 198.18.0.2
+for ((i = 0; i < stages; i++)); do add_host "w$i" "198.18.0.$((10 + i))"; done
+
+# Loopback is down everywhere: prove it.
+for n in "${namespaces[@]}"; do
+  if ip -n "$n" -o link show lo | grep -q "state UP"; then
+    echo "FAIL: loopback is up in $n"
+    exit 1
+  fi
+done
+
+ip netns exec "${tag}coord" "$coordinator" --listen 198.18.0.1:7070 >"$work/coordinator.log" 2>&1 &
+pids+=($!)
+for ((i = 0; i < stages; i++)); do
+  ip netns exec "${tag}w$i" "$worker" --coordinator 198.18.0.1:7070 \
+    --listen "198.18.0.$((10 + i)):7100" --name "w$i" >"$work/w$i.log" 2>&1 &
+  pids+=($!)
+done
+
+args=(--model "$src/examples/mlp_digits.textproto" --data digits --data-dir "$src/data"
+      --batch 32 --microbatches 4 --steps 6 --seed 11 --optimizer "adamw:lr=1e-2,clip_norm=1"
+      --json)
+"$pipetrain" reference "${args[@]}" --eval-samples 8 --save "$work/reference" >"$work/reference.out"
+
+# Workers register asynchronously: retry while the coordinator answers that some are missing
+# (bounded: 300 tries, 0.1 s apart).
+ok=0
+for ((try = 0; try < 300; try++)); do
+  if ip netns exec "${tag}client" "$pipetrain" train --coordinator 198.18.0.1:7070 \
+       --stages "$stages" --schedule "$schedule" "${args[@]}" --save "$work/pipeline" \
+       >"$work/train.out" 2>"$work/train.err"; then
+    ok=1
+    break
+  fi
+  if ! grep -q "FAILED_PRECONDITION" "$work/train.err"; then break; fi
+  sleep 0.1
+done
+if [[ $ok -ne 1 ]]; then
+  echo "FAIL: pipetrain train failed:"
+  cat "$work/train.err" "$work/coordinator.log"
+  exit 1
+fi
+
+python3 - "$work/reference.out" "$work/train.out" <<'PY'
+import json, sys
+def losses(path):
+    out = []
+    for line in open(path):
+        j = json.loads(line)
+        if "step" in j:
+            out.append((j["step"], j["loss"]))
+    return out
+ref, run = losses(sys.argv[1]), losses(sys.argv[2])
+if not ref or ref != run:
+    print("FAIL: losses differ\nreference:", ref, "\npipeline: ", run)
+    sys.exit(1)
+print("losses equal over", len(ref), "steps")
+PY
+
+for f in "$work"/reference/layer-*.safetensors; do
+  if ! cmp -s "$f" "$work/pipeline/$(basename "$f")"; then
+    echo "FAIL: $(basename "$f") differs between the reference and the pipeline"
+    exit 1
+  fi
+done
+echo "checkpoint files identical: $(ls "$work"/reference/layer-*.safetensors | wc -l)"
