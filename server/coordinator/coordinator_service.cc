@@ -554,6 +554,15 @@ v1::JobStatus CoordinatorService::StatusOf(const Job& job) const {
   return s;
 }
 
+absl::Status CoordinatorService::FailStep(Job& job, int64_t step, const absl::Status& status) {
+  if (job.state == "training") {
+    AbortStep(job, step, status.ToString());
+    job.state = "ready";
+  }
+  job.op_step = -1;
+  return status;
+}
+
 absl::Status CoordinatorService::AwaitOp(Job& job, const std::function<bool()>& done,
                                          absl::Duration timeout, const std::string& what) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -854,13 +863,9 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   }
 
   absl::MutexLock lock(&mu_);
-  auto fail_step = [&](const absl::Status& status) -> absl::Status {
-    if (job->state == "training") {
-      AbortStep(*job, step, status.ToString());
-      job->state = "ready";
-    }
-    job->op_step = -1;
-    return status;
+  auto fail_step = [&](const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // Runs with mu_ held (the lock above); lambdas are not analysed with their enclosing scope.
+    return FailStep(*job, step, status);
   };
   if (!feed.ok()) {
     return fail_step(wire::Annotate(feed, absl::StrCat("feeding step ", step)));

@@ -159,6 +159,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void AbortStep(Job& job, int64_t step, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailJob(Job& job, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a failed training step: Abort to every rank and back to "ready" unless the job failed.
+  // Returns `status`.
+  absl::Status FailStep(Job& job, int64_t step, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `done` holds, the job fails, the operation has an error, the service shuts down or
   // `timeout` passes; returns the reason it stopped waiting (OK: `done`).
