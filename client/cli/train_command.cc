@@ -214,6 +214,15 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     if (ec)
       return absl::InvalidArgumentError(absl::StrCat("--save ", o.save_dir, ": ", ec.message()));
     PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, client->Checkpoint(job.job(), dir));
+    if (!std::filesystem::exists(dir + "/" + model::kManifestName)) {
+      // The coordinator's file system is not ours (a remote coordinator): its manifest stays as
+      // written, without the data set fields.
+      if (!o.json) {
+        out << "checkpoint written to " << dir << " on the coordinator's host (its manifest "
+            << "lacks --data, --batch and the data cursor)\n";
+      }
+      return absl::OkStatus();
+    }
     model::CheckpointManifest m;
     m.step = saved.step();
     m.model_spec = spec;

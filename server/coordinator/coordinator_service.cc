@@ -583,7 +583,22 @@ absl::Status CoordinatorService::AwaitOp(Job& job, const std::function<bool()>& 
 
 // ---- operations (job thread)
 
+void CoordinatorService::CloseLinksOfFailedJobs() {
+  std::vector<std::shared_ptr<worker::PeerLink>> dead;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      if (job->state != "failed") continue;
+      for (auto& [rank, link] : job->links) dead.push_back(std::move(link));
+      job->links.clear();
+    }
+  }
+  // Outside mu_: Shutdown waits for a running link callback, which may be waiting for mu_.
+  for (auto& link : dead) link->Shutdown();
+}
+
 absl::StatusOr<v1::JobStatus> CoordinatorService::DoCreateJob(const v1::JobSpec& request) {
+  CloseLinksOfFailedJobs();
   v1::JobSpec spec = request;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
   if (spec.virtual_stages() == 0) {
@@ -721,6 +736,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoCreateJob(const v1::JobSpec&
 
 absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
   const absl::Time t0 = absl::Now();
+  CloseLinksOfFailedJobs();
   Job* job = nullptr;
   std::shared_ptr<const model::Model> net;
   int M = 0;

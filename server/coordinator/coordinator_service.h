@@ -125,7 +125,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     std::vector<bool> saved;                           // [rank]
     absl::Status op_error;  // first WorkerError or link failure of the operation.
 
-    // Data links to the first and last chunk owners, by rank, for `links_epoch`.
+    // Data links to the first and last chunk owners, by rank, for `links_epoch`. Used by the
+    // job thread only (never destroyed under mu_: their Shutdown may wait for a callback that
+    // takes mu_).
     std::map<int, std::shared_ptr<worker::PeerLink>> links;
     int64_t links_epoch = -1;
   };
@@ -136,6 +138,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   bool HasTaskOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
     return stop_thread_ || !queue_.empty();
   }
+
+  // Shuts down the data links of failed jobs (job thread only; takes mu_).
+  void CloseLinksOfFailedJobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocking operations, run on the job thread.
   absl::StatusOr<v1::JobStatus> DoCreateJob(const v1::JobSpec& spec);
