@@ -236,6 +236,29 @@ TEST_F(DistributedTest, TrainWithoutReachableCoordinatorIsUnavailable) {
   EXPECT_NE(run.out.find("UNAVAILABLE"), std::string::npos) << run.out;
 }
 
+// The char GPT example itself: 5 layers, enough for S = 2 with V = 1 and V = 2.
+TEST_F(DistributedTest, ExampleCharGptMatchesReference) {
+  const std::string model = Example("gpt_char.textproto");
+  const std::string ref_dir = *dir_ + "/ref-example-gpt";
+  const CliRun ref = Pipetrain(absl::StrCat("reference --model ", model, " --data text ", kCommon,
+                                            " --eval-samples 1 --save ", ref_dir),
+                               "");
+  ASSERT_EQ(ref.exit_code, 0);
+  for (const char* kind : {"1f1b", "zb-v"}) {
+    SCOPED_TRACE(kind);
+    const std::string out_dir = absl::StrCat(*dir_, "/local-example-gpt-", kind);
+    const CliRun local =
+        Pipetrain(absl::StrCat("local --stages 2 --schedule ", kind, " --model ", model,
+                               " --data text ", kCommon, " --save ", out_dir),
+                  "");
+    ASSERT_EQ(local.exit_code, 0) << local.out;
+    EXPECT_EQ(LossLines(local.out), LossLines(ref.out));
+    for (const std::string& f : LayerFiles(ref_dir)) {
+      EXPECT_TRUE(ReadFile(out_dir + "/" + f) == ReadFile(ref_dir + "/" + f)) << f;
+    }
+  }
+}
+
 // Children of `pid` according to /proc.
 std::vector<pid_t> ChildrenOf(pid_t pid) {
   std::vector<pid_t> children;
@@ -254,7 +277,9 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   return children;
 }
 
-TEST_F(DistributedTest, CtrlCStopsEverything) {
+// SIGINT (Ctrl-C) or SIGTERM to `pipetrain local` mid-training stops it with CANCELLED and leaves
+// none of its daemons running.
+void ExpectSignalStopsEverything(int signal) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const pid_t pid = fork();
@@ -277,7 +302,7 @@ TEST_F(DistributedTest, CtrlCStopsEverything) {
   ASSERT_NE(out.find("{\"step\""), std::string::npos) << out;
   const std::vector<pid_t> daemons = ChildrenOf(pid);
   EXPECT_EQ(daemons.size(), 3u);  // coordinator + 2 workers.
-  ASSERT_EQ(kill(pid, SIGINT), 0);
+  ASSERT_EQ(kill(pid, signal), 0);
   // Drain stdout so the child never blocks on a full pipe, until it closes it (exits).
   while (read(fds[0], &c, 1) == 1) {
   }
@@ -290,6 +315,10 @@ TEST_F(DistributedTest, CtrlCStopsEverything) {
     EXPECT_NE(kill(d, 0), 0) << "daemon " << d << " is still running";
   }
 }
+
+TEST_F(DistributedTest, CtrlCStopsEverything) { ExpectSignalStopsEverything(SIGINT); }
+
+TEST_F(DistributedTest, SigtermStopsEverything) { ExpectSignalStopsEverything(SIGTERM); }
 
 }  // namespace
 }  // namespace pipetrain
