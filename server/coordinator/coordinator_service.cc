@@ -422,7 +422,15 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
       break;
     case v1::WorkerEvent::kStepDone: {
       const v1::StepDone& d = event.step_done();
-      if (current(d.job(), d.epoch()) && d.step() == job.op_step) job.reports[rank] = d;
+      if (!current(d.job(), d.epoch())) break;
+      // Every RunStep gets exactly one answer (StepDone or WorkerError), in order: only the
+      // answer to the latest RunStep belongs to the current attempt. An earlier one is left over
+      // from an aborted attempt of the same step number.
+      if (job.runs_answered[rank] >= job.runs_sent[rank]) break;
+      ++job.runs_answered[rank];
+      if (job.runs_answered[rank] == job.runs_sent[rank] && d.step() == job.op_step) {
+        job.reports[rank] = d;
+      }
       break;
     }
     case v1::WorkerEvent::kCommitted: {
@@ -437,7 +445,17 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     }
     case v1::WorkerEvent::kError: {
       const v1::WorkerError& e = event.error();
-      if (current(e.job(), e.epoch()) && job.op_error.ok()) {
+      if (!current(e.job(), e.epoch())) break;
+      // While a RunStep is unanswered, an error is its answer (see kStepDone): one answering an
+      // earlier attempt (e.g. the worker's report of a step the coordinator already aborted) must
+      // not fail the current one. Otherwise it concerns the current operation (Assign, Commit,
+      // SaveShards, a link) if it names its step; during assignment any step counts.
+      bool this_op = job.state == "assigning" || e.step() == job.op_step;
+      if (job.runs_answered[rank] < job.runs_sent[rank]) {
+        ++job.runs_answered[rank];
+        this_op = this_op && job.runs_answered[rank] == job.runs_sent[rank];
+      }
+      if (this_op && job.op_error.ok()) {
         int code = e.code();
         if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
           code = static_cast<int>(absl::StatusCode::kUnknown);
@@ -663,6 +681,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoCreateJob(const v1::JobSpec&
     job->spec = spec;
     job->model = net;
     job->assigned.assign(S, false);
+    job->runs_sent.assign(S, 0);
+    job->runs_answered.assign(S, 0);
     jobs_[job->id] = std::move(owned);
   }
 
@@ -810,6 +830,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     run->set_batch_rows(rows);
     for (int rank = 0; rank < S; ++rank) {
       SendToRank(*job, rank, command);
+      ++job->runs_sent[rank];
       auto wit = workers_.find(job->workers[rank]);
       if (wit != workers_.end()) addresses[rank] = wit->second.info.address();
     }

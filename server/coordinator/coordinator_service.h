@@ -120,6 +120,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     // Current operation (one at a time, run by the job thread).
     int64_t op_step = -1;
     std::vector<bool> assigned;                        // [rank]
+    std::vector<int64_t> runs_sent;                    // [rank] RunSteps sent.
+    std::vector<int64_t> runs_answered;                // [rank] StepDone/WorkerError received.
     std::vector<std::optional<v1::StepDone>> reports;  // [rank]
     std::vector<bool> committed;                       // [rank]
     std::vector<bool> saved;                           // [rank]

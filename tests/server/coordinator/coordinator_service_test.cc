@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,6 +132,13 @@ class FakeWorker {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   }
 
+  // Leave RunStep of `step` unanswered until an Abort arrives, then answer it with ABORTED —
+  // what a real worker does when the coordinator aborts a step it is running (once).
+  void HoldStepUntilAbort(int64_t step) {
+    absl::MutexLock lock(&mu_);
+    hold_step_ = step;
+  }
+
   // Fail RunStep of `step` with `status` (once).
   void FailStep(int64_t step, absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -203,6 +211,11 @@ class FakeWorker {
       } else if (command.has_run_step()) {
         const v1::RunStep& r = command.run_step();
         absl::MutexLock lock(&mu_);
+        if (r.step() == hold_step_) {
+          hold_step_ = -1;
+          held_ = r;
+          continue;
+        }
         if (r.step() == fail_step_) {
           fail_step_ = -1;
           v1::WorkerError* e = event.mutable_error();
@@ -244,7 +257,14 @@ class FakeWorker {
       } else if (command.has_abort()) {
         absl::MutexLock lock(&mu_);
         ++aborts_;
-        continue;
+        if (!held_.has_value()) continue;
+        v1::WorkerError* e = event.mutable_error();
+        e->set_job(held_->job());
+        e->set_epoch(held_->epoch());
+        e->set_step(held_->step());
+        e->set_code(static_cast<int>(absl::StatusCode::kAborted));
+        e->set_message("step aborted by the coordinator");
+        held_.reset();
       } else if (command.has_save_shards()) {
         event.mutable_shards_saved()->set_job(command.save_shards().job());
         event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
@@ -278,6 +298,8 @@ class FakeWorker {
   int microbatches_ ABSL_GUARDED_BY(mu_) = 1;
   int num_chunks_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<wire::TensorKey> received_ ABSL_GUARDED_BY(mu_);
@@ -475,6 +497,9 @@ TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
   workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  // Worker 0 is still running step 0 and answers it (ABORTED) only after the Abort, possibly
+  // after the retry of step 0 began: that late answer must not fail the retry.
+  workers_[0]->HoldStepUntilAbort(0);
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 0: out of memory"));
@@ -493,12 +518,15 @@ TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
   workers_[1]->Stop();
-  // The loss is noticed asynchronously; a step either fails on it or after it.
+  // The loss is noticed asynchronously (a step may first fail on the broken data link, which
+  // leaves the job ready); keep training until the broken Join stream has failed the job.
+  for (;;) {
+    absl::StatusOr<v1::JobStatus> now = client_->GetJob(job->job());
+    ASSERT_TRUE(now.ok());
+    if (now->state() == "failed") break;
+    client_->TrainStep(job->job(), MakeBatch(4).view()).IgnoreError();
+  }
   absl::StatusOr<v1::JobStatus> status;
-  do {
-    status = client_->GetJob(job->job());
-    ASSERT_TRUE(status.ok());
-  } while (status->state() != "failed" && client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
   status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->state(), "failed");
