@@ -102,6 +102,9 @@ double MeasureGflops(absl::Duration duration) {
   Eigen::MatrixXf a = Eigen::MatrixXf::Constant(kN, kN, 0.5f);
   Eigen::MatrixXf b = Eigen::MatrixXf::Constant(kN, kN, 0.25f);
   Eigen::MatrixXf c(kN, kN);
+  // One compute thread: the rate per thread, whatever Eigen's (process-wide) setting is.
+  const int threads = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
   const auto t0 = std::chrono::steady_clock::now();
   const auto until = t0 + absl::ToChronoNanoseconds(duration);
   int64_t products = 0;
@@ -112,6 +115,7 @@ double MeasureGflops(absl::Duration duration) {
     ++products;
     now = std::chrono::steady_clock::now();
   } while (now < until);
+  Eigen::setNbThreads(threads);
   const double seconds = std::chrono::duration<double>(now - t0).count();
   const double flops = 2.0 * kN * kN * kN * static_cast<double>(products);
   return std::max(1e-3, flops / std::max(seconds, 1e-9) / 1e9);
@@ -764,8 +768,10 @@ void StageWorkerDaemon::Job::LinkFailed(const std::string& peer, const absl::Sta
 absl::StatusOr<LinkSettings> StageWorkerDaemon::Job::Accept(const PeerHello& hello,
                                                             std::unique_ptr<PeerLink> link) {
   if (hello.identity.job != job_) {
-    return absl::FailedPreconditionError(absl::StrCat("worker rank ", rank_, " runs job '", job_,
-                                                      "', not '", hello.identity.job, "'"));
+    // Links are dialled only after every worker answered Assigned: a stream for another job
+    // means this worker lost that job (restarted or re-assigned), hence ABORTED.
+    return absl::AbortedError(absl::StrCat("worker rank ", rank_, " runs job '", job_, "', not '",
+                                           hello.identity.job, "'"));
   }
   if (hello.identity.epoch != epoch_) {
     return absl::AbortedError(absl::StrCat("job ", job_, " is at epoch ", epoch_,
@@ -1161,8 +1167,9 @@ absl::StatusOr<LinkSettings> StageWorkerDaemon::Accept(const PeerHello& hello,
     job = job_;
   }
   if (job == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", name_, " has no job (stream for job '", hello.identity.job, "')"));
+    // A restarted or dropped worker (see Job::Accept): ABORTED.
+    return absl::AbortedError(absl::StrCat("worker ", name_, " has no job (stream for job '",
+                                           hello.identity.job, "'): restarted or dropped"));
   }
   return job->Accept(hello, std::move(link));
 }

@@ -72,7 +72,8 @@ struct StageWorkerOptions {
 };
 
 // Measures this machine's float32 GEMM rate in GFLOP/s: 256x256x256 Eigen products repeated for
-// about `duration` on the calling thread (with Eigen's current thread count). Always > 0.
+// about `duration` on the calling thread, with one Eigen thread (Eigen's process-wide thread
+// count is restored afterwards; do not call while another thread runs Eigen products). > 0.
 double MeasureGflops(absl::Duration duration = absl::Milliseconds(100));
 
 class StageWorkerDaemon {
