@@ -122,10 +122,11 @@ double MeasureGflops(absl::Duration duration) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ControlStream: the client side of one Coordinator.Join stream. Owned by the session thread,
-// which destroys it after AwaitDone(). At most one read and one write in flight; events are
-// queued by Write() from any thread. Reactions never block: a received command is handed to the
-// daemon's command queue.
+// ControlStream: the client side of one Coordinator.Join stream. Shared by the session thread
+// (which drops its reference after AwaitDone()) and Emit callers (which may still hold one; Write
+// is a no-op once the stream closed). At most one read and one write in flight; events are queued
+// by Write() from any thread. Reactions never block: a received command is handed to the daemon's
+// command queue. gRPC calls are never made with a lock held (reactions may run inline).
 class StageWorkerDaemon::ControlStream final
     : public grpc::ClientBidiReactor<v1::WorkerEvent, v1::WorkerCommand> {
  public:
