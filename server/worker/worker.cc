@@ -316,9 +316,12 @@ class ComputePacer final : public MailboxObserver {
     absl::MutexLock lock(&mu_);
     step_ = step;
     ready_.assign(actions_.size(), Clock::time_point::min());
+    starts_.assign(actions_.size(), Clock::time_point::min());
+    readies_.assign(actions_.size(), Clock::time_point::min());
     ends_.assign(actions_.size(), Clock::time_point::min());
     next_ = 0;
     clock_ = Clock::now();
+    base_ = clock_;
   }
 
   // Compute thread, from the Sender: waits until the virtual end of the action sending `key`.
@@ -327,8 +330,15 @@ class ComputePacer final : public MailboxObserver {
     if (it == send_index_.end()) return;
     absl::MutexLock lock(&mu_);
     if (key.step != step_) return;
-    SleepUntilLocked(AdvanceLocked(it->second));
-    clock_ = std::max(clock_, Clock::now());  // the real thread may be slower than the rate.
+    const Clock::time_point until = AdvanceLocked(it->second);
+    const Clock::time_point now = Clock::now();
+    // Real compute slower than the rate: the real time wins. (The sleep's own wake-up latency
+    // is not charged to the virtual clock.)
+    if (now > until && it->second == next_ - 1) {
+      clock_ = now;
+      ends_[it->second] = now;
+    }
+    SleepUntilLocked(until);
   }
 
   // Compute thread, after a successful RunStep: waits until the virtual end of the last action.
@@ -336,6 +346,24 @@ class ComputePacer final : public MailboxObserver {
     absl::MutexLock lock(&mu_);
     if (actions_.empty()) return;
     SleepUntilLocked(AdvanceLocked(static_cast<int>(actions_.size()) - 1));
+  }
+
+  // After EndStep: replaces the executor's timings of `report` (one per action, in order) by the
+  // virtual ones, relative to BeginStep, so the reported timeline is the emulated one.
+  void RewriteTimings(StepReport* report) {
+    absl::MutexLock lock(&mu_);
+    if (report->timings.size() != actions_.size() || next_ != static_cast<int>(actions_.size())) {
+      return;
+    }
+    report->wait_time = report->compute_time = absl::ZeroDuration();
+    for (size_t i = 0; i < actions_.size(); ++i) {
+      ActionTiming& t = report->timings[i];
+      t.start = absl::FromChrono(starts_[i] - base_);
+      t.ready = absl::FromChrono(readies_[i] - base_);
+      t.end = absl::FromChrono(ends_[i] - base_);
+      report->wait_time += t.wait();
+      report->compute_time += t.compute();
+    }
   }
 
   // Ends every current and future sleep at once (the job is stopping). Any thread.
@@ -397,8 +425,10 @@ class ComputePacer final : public MailboxObserver {
   // Runs the virtual clock through action `k` and returns its virtual end.
   Clock::time_point AdvanceLocked(int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (; next_ <= k; ++next_) {
-      const Clock::time_point start = std::max(clock_, ready_[next_]);
-      clock_ = start + std::chrono::duration_cast<Clock::duration>(
+      starts_[next_] = clock_;
+      const Clock::time_point ready = std::max(clock_, ready_[next_]);
+      readies_[next_] = ready;
+      clock_ = ready + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(seconds_[next_]));
       ends_[next_] = clock_;
     }
@@ -422,8 +452,11 @@ class ComputePacer final : public MailboxObserver {
   // thread sleeps on it (AwaitWithTimeout), so observer calls are never held up by a sleep.
   absl::Mutex mu_;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<Clock::time_point> ready_ ABSL_GUARDED_BY(mu_);  // latest input arrival.
-  std::vector<Clock::time_point> ends_ ABSL_GUARDED_BY(mu_);   // virtual ends so far.
+  std::vector<Clock::time_point> ready_ ABSL_GUARDED_BY(mu_);    // latest input arrival.
+  std::vector<Clock::time_point> starts_ ABSL_GUARDED_BY(mu_);   // virtual starts so far.
+  std::vector<Clock::time_point> readies_ ABSL_GUARDED_BY(mu_);  // virtual input readiness.
+  std::vector<Clock::time_point> ends_ ABSL_GUARDED_BY(mu_);     // virtual ends so far.
+  Clock::time_point base_ ABSL_GUARDED_BY(mu_);                  // BeginStep's time.
   int next_ ABSL_GUARDED_BY(mu_) = 0;             // first action not yet on the virtual clock.
   Clock::time_point clock_ ABSL_GUARDED_BY(mu_);  // virtual end of the last advanced action.
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -891,7 +924,10 @@ void StageWorkerDaemon::Job::OnRunStep(const v1::RunStep& run) {
     if (pacer_ != nullptr) pacer_->BeginStep(step, rows);
     absl::StatusOr<StepReport> report =
         broken.ok() ? executor_->RunStep(step, actions_, rows) : absl::StatusOr<StepReport>(broken);
-    if (pacer_ != nullptr && report.ok()) pacer_->EndStep();
+    if (pacer_ != nullptr && report.ok()) {
+      pacer_->EndStep();
+      pacer_->RewriteTimings(&*report);
+    }
     {
       absl::MutexLock lock(&state_mu_);
       ++finished_runs_;

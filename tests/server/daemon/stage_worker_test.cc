@@ -619,15 +619,19 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   const int64_t mb_rows = rows / kMicrobatches;
   const int64_t layers = model_->num_layers();
   double longest = 0;
+  std::vector<std::vector<double>> action_us(2);  // [worker][action] emulated microseconds.
   for (int w = 0; w < 2; ++w) {
-    double flops = 0;
+    double total = 0;
     for (const schedule::Action& a : plan_.actions[w]) {
+      double flops = 0;
       for (int64_t l = a.chunk * layers / 2; l < (a.chunk + 1) * layers / 2; ++l) {
         const math::FlopCount f = model_->layer(l).Flops(mb_rows);
         flops += a.op == schedule::Op::kForward ? f.forward : f.backward_input + f.backward_weight;
       }
+      action_us[w].push_back(flops / (emulate_gflops_ * 1e9) * 1e6);
+      total += flops / (emulate_gflops_ * 1e9);
     }
-    longest = std::max(longest, flops / (emulate_gflops_ * 1e9));
+    longest = std::max(longest, total);
   }
   ASSERT_GT(longest, 0.01);
 
@@ -644,6 +648,18 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
     if (w == 1) {
       losses.assign(e->step_done().microbatch_losses().begin(),
                     e->step_done().microbatch_losses().end());
+    }
+    // The reported timeline is the emulated one: each action computes for exactly its time,
+    // in order, without overlap.
+    const auto& timings = e->step_done().timings();
+    ASSERT_EQ(timings.size(), static_cast<int>(action_us[w].size()));
+    double prev_end = 0;
+    for (int i = 0; i < timings.size(); ++i) {
+      const v1::ActionTiming& t = timings[i];
+      EXPECT_NEAR(t.end_us() - t.start_us() - t.wait_us(), action_us[w][i], 0.01) << i;
+      EXPECT_NEAR(t.start_us(), prev_end, 0.01) << i;
+      EXPECT_GE(t.wait_us(), 0) << i;
+      prev_end = t.end_us();
     }
   }
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
