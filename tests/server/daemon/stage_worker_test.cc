@@ -5,6 +5,7 @@
 // with the reference trainer. Plus: a bad Assign is answered with INVALID_ARGUMENT, and a lost
 // neighbour fails the step. Synchronisation waits on conditions (AwaitWithTimeout), never sleeps;
 // the timeouts only bound a failing test.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -667,6 +668,38 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   ASSERT_EQ(losses.size(), want->microbatch_losses.size());
   for (size_t mb = 0; mb < losses.size(); ++mb) {
     EXPECT_EQ(Bits(losses[mb]), Bits(want->microbatch_losses[mb])) << "mb " << mb;
+  }
+}
+
+TEST_F(StageWorkerTest, HealthServiceReportsServing) {
+  // grpc.health.v1.Health/Check with an empty request (service ""), over the generic stub.
+  grpc::GenericStub stub(
+      grpc::CreateChannel(daemons_[0]->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::CompletionQueue cq;
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_TRUE(ok);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01"));  // HealthCheckResponse{status: SERVING}
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
   }
 }
 
