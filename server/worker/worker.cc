@@ -985,6 +985,9 @@ void StageWorkerDaemon::Job::OnAbort(const v1::Abort& abort) {
     {
       absl::MutexLock lock(&links_mu_);
       broken = broken_;
+      // Outputs of the aborted run still waiting for a lower-rank peer's stream are dropped, so
+      // a re-run of the step cannot deliver them twice.
+      for (auto& [rank, slot] : peers_) slot.pending.clear();
     }
     // With a broken link the epoch cannot run another step: keep the mailbox aborted.
     if (broken.ok()) mailbox_.Reset();
