@@ -788,6 +788,10 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   }
   PT_ASSIGN_OR_RETURN(math::Matrix inputs, DenseTensorToMatrix(request.inputs(), "inputs"));
   PT_ASSIGN_OR_RETURN(math::Matrix targets, DenseTensorToMatrix(request.targets(), "targets"));
+  if (request.samples() > inputs.rows()) {  // every sample has at least one row.
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.samples(), " samples cannot fit in ", inputs.rows(), " input rows"));
+  }
   PT_RETURN_IF_ERROR(
       net->ValidateBatch(math::AsConstMap(inputs), math::AsConstMap(targets), request.samples()));
   const int64_t rows = inputs.rows();

@@ -459,6 +459,11 @@ TEST_F(CoordinatorServiceTest, BadBatchesLeaveTheJobUsable) {
   TestBatch nan = MakeBatch(4);
   nan.inputs(2, 3) = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(client_->TrainStep(id, nan.view()).status().code(), absl::StatusCode::kInvalidArgument);
+  // More samples than rows.
+  TestBatch overcount = MakeBatch(4);
+  overcount.samples = int64_t{1} << 62;
+  EXPECT_EQ(client_->TrainStep(id, overcount.view()).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Unknown job.
   EXPECT_EQ(client_->TrainStep("job-404", MakeBatch(4).view()).status().code(),
             absl::StatusCode::kNotFound);
