@@ -671,6 +671,60 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   }
 }
 
+TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
+  constexpr int64_t kEpoch = 4;
+  AssignBoth(kEpoch);
+  PeerLink* in = Feed(0, kEpoch);
+  PeerLink* target = Feed(1, kEpoch);
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(target, nullptr);
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  const int64_t rows = batch.inputs.rows();
+  // Step 0 starts without inputs (nothing is in flight), and is aborted.
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+  }
+  for (int w = 0; w < 2; ++w) {
+    v1::WorkerCommand c;
+    c.mutable_abort()->set_job(kJob);
+    c.mutable_abort()->set_epoch(kEpoch);
+    c.mutable_abort()->set_step(0);
+    c.mutable_abort()->set_reason("test");
+    ASSERT_TRUE(coordinator_.Send(Name(w), c));
+  }
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_error()) << e->DebugString();
+    EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
+    EXPECT_EQ(e->error().step(), 0);
+  }
+  // The re-run is exact.
+  model::TrainerOptions ro;
+  ro.microbatches = kMicrobatches;
+  ro.seed = kSeed;
+  ro.optimizer = Optimizer();
+  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+  }
+  FeedBatch(in, target, 0, batch);
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+    if (w == 1) {
+      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
+      for (int mb = 0; mb < kMicrobatches; ++mb) {
+        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
+      }
+    }
+  }
+}
+
 TEST_F(StageWorkerTest, HealthServiceReportsServing) {
   // grpc.health.v1.Health/Check with an empty request (service ""), over the generic stub.
   grpc::GenericStub stub(
