@@ -1,6 +1,7 @@
 #include "client/cli/local_command.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -9,6 +10,9 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,10 +96,12 @@ struct Child {
   pid_t pid = -1;
 };
 
-// Starts `argv` (argv[0] is the binary's path) with stdout redirected to `stdout_fd` if >= 0.
+// Starts `argv` (argv[0] is the binary's path) with stdout and stderr redirected to `stdout_fd`
+// and `stderr_fd` if >= 0, and `close_fd` closed if >= 0.
 // The child gets SIGTERM if this process dies (PR_SET_PDEATHSIG), so even a SIGKILL of pipetrain
 // leaves no daemon behind.
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd, int close_fd) {
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd, int close_fd,
+                            int stderr_fd) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -109,6 +115,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, int stdout_fd,
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+    if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
     if (close_fd >= 0) close(close_fd);
     execv(args[0], args.data());
     _exit(127);
@@ -181,8 +188,14 @@ absl::StatusOr<std::string> ReadCoordinatorAddress(int fd) {
   return std::string(rest);
 }
 
-absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& children,
-                        std::ostream& out) {
+// A log file for one daemon's stderr in `dir` (close-on-exec; the child's dup2 copy is not), or
+// -1 if it cannot be created (the daemon then inherits our stderr).
+int OpenLog(const std::string& dir, const std::string& name) {
+  return open((dir + "/" + name + ".log").c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir,
+                        std::vector<Child>& children, std::ostream& out) {
   PT_ASSIGN_OR_RETURN(std::string coordinator_bin,
                       FindBinary(o.coordinator_binary, "coordinator", "server/coordinator",
                                  PIPETRAIN_COORDINATOR_BINARY));
@@ -190,8 +203,11 @@ absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& childr
                                                          "server/worker", PIPETRAIN_WORKER_BINARY));
   int fds[2];
   if (pipe(fds) != 0) return absl::ResourceExhaustedError("pipe failed");
-  absl::StatusOr<pid_t> pid = Spawn({coordinator_bin, "--listen=127.0.0.1:0"}, fds[1], fds[0]);
+  const int coordinator_log = OpenLog(log_dir, "coordinator");
+  absl::StatusOr<pid_t> pid =
+      Spawn({coordinator_bin, "--listen=127.0.0.1:0"}, fds[1], fds[0], coordinator_log);
   close(fds[1]);
+  if (coordinator_log >= 0) close(coordinator_log);
   if (!pid.ok()) {
     close(fds[0]);
     return pid.status();
@@ -204,10 +220,13 @@ absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& childr
   const int S = o.train.stages;
   for (int w = 0; w < S; ++w) {
     const std::string name = absl::StrCat("local-", getpid(), "-", w);
-    PT_ASSIGN_OR_RETURN(pid_t wpid, Spawn({worker_bin, "--coordinator=" + *address,
-                                           "--listen=127.0.0.1:0", "--name=" + name},
-                                          -1, -1));
-    children.push_back({absl::StrCat("stage_worker ", w), wpid});
+    const int log = OpenLog(log_dir, absl::StrCat("stage_worker-", w));
+    absl::StatusOr<pid_t> wpid =
+        Spawn({worker_bin, "--coordinator=" + *address, "--listen=127.0.0.1:0", "--name=" + name},
+              -1, -1, log);
+    if (log >= 0) close(log);
+    if (!wpid.ok()) return wpid.status();
+    children.push_back({absl::StrCat("stage_worker ", w), *wpid});
   }
   // Wait until all S workers have registered.
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Connect(*address));
@@ -224,7 +243,8 @@ absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& childr
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (!o.train.json) {
-    out << "local cluster: coordinator on " << *address << ", " << S << " stage workers\n";
+    out << "local cluster: coordinator on " << *address << ", " << S << " stage workers (logs in "
+        << log_dir << ")\n";
   }
   TrainCommandOptions train = o.train;
   train.coordinator = *address;
@@ -242,12 +262,35 @@ absl::Status RunCluster(const LocalCommandOptions& o, std::vector<Child>& childr
 }  // namespace
 
 absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o.train));
+  std::string log_dir = o.log_dir;
+  const bool own_log_dir = log_dir.empty();
+  if (own_log_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/pipetrain-local-XXXXXX");
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      return absl::UnavailableError(absl::StrCat("cannot create ", tmpl, ": ", strerror(errno)));
+    }
+    log_dir = tmpl;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+  }
   SignalScope signals;
   std::vector<Child> children;
-  absl::Status status = RunCluster(o, children, out);
+  absl::Status status = RunCluster(o, log_dir, children, out);
   StopAll(children);
-  if (g_interrupted && !status.ok()) return absl::CancelledError("interrupted");
-  return status;
+  if (g_interrupted && !status.ok()) status = absl::CancelledError("interrupted");
+  if (status.ok() || absl::IsCancelled(status)) {
+    if (own_log_dir) {
+      std::error_code ec;
+      std::filesystem::remove_all(log_dir, ec);
+    }
+    return status;
+  }
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (daemon logs in ", log_dir, ")"));
 }
 
 }  // namespace pipetrain::cli

@@ -21,6 +21,10 @@ struct LocalCommandOptions {
   // build-time paths.
   std::string coordinator_binary;
   std::string worker_binary;
+  // Directory for the daemons' stderr logs (coordinator.log, stage_worker-R.log). Empty: a fresh
+  // temporary directory, removed after a successful or interrupted run and kept (and named in
+  // the error) after a failure.
+  std::string log_dir;
 };
 
 // Runs the local cluster and the training. Errors: FAILED_PRECONDITION if a daemon binary is

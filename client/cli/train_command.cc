@@ -39,7 +39,9 @@ io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const TrainComma
   return d;
 }
 
-absl::Status CheckOptions(const TrainCommandOptions& o) {
+}  // namespace
+
+absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
@@ -66,8 +68,10 @@ absl::Status CheckOptions(const TrainCommandOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", o.threads));
   }
   if (o.log_every < 1) return absl::InvalidArgumentError("--log-every must be >= 1");
-  return absl::OkStatus();
+  return schedule::ParseScheduleKind(o.schedule).status();
 }
+
+namespace {
 
 // The measured timeline of a step (compute intervals, in milliseconds), for --trace.
 absl::StatusOr<schedule::Timeline> MeasuredTimeline(const v1::StepResult& r,
@@ -116,7 +120,7 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              const InterruptFn& interrupted) {
-  PT_RETURN_IF_ERROR(CheckOptions(o));
+  PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
   if (o.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));

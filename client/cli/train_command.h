@@ -34,6 +34,10 @@ struct TrainCommandOptions {
   int64_t log_every = 10;           // --log-every: progress line interval without --json.
 };
 
+// OK if the options are usable (everything but the coordinator address, which `local` fills in);
+// INVALID_ARGUMENT naming the flag otherwise.
+absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
+
 // Returns true when the run should stop early (e.g. Ctrl-C); checked between steps.
 using InterruptFn = std::function<bool()>;
 
