@@ -612,6 +612,7 @@ class StageWorkerDaemon::Job final : public Sender {
   // Protects the step flags read by the command thread when a link fails.
   absl::Mutex state_mu_;
   int64_t finished_runs_ ABSL_GUARDED_BY(state_mu_) = 0;  // RunSteps the compute thread ended.
+  int64_t aborted_run_ ABSL_GUARDED_BY(state_mu_) = 0;    // run (1-based) the coordinator aborted.
   bool last_step_failed_ ABSL_GUARDED_BY(state_mu_) = false;
 };
 
@@ -774,6 +775,9 @@ absl::Status StageWorkerDaemon::Job::Deliver(int peer_rank, const TensorKey& key
   absl::Status put = mailbox_.Put(key, std::move(tensor));
   // While the mailbox is aborted (a failed or aborted step) late tensors are dropped quietly.
   if (!put.ok() && !mailbox_.status().ok()) return absl::OkStatus();
+  // A second input or target for one key means stale data of an aborted run is in the mailbox:
+  // fail the step rather than compute with it.
+  if (!put.ok() && peer_rank < 0) mailbox_.Abort(put);
   return put;
 }
 
@@ -912,10 +916,10 @@ void StageWorkerDaemon::Job::OnRunStep(const v1::RunStep& run) {
     DialPeers();
   }
   requested_step_ = run.step();
-  ++requested_runs_;
+  const int64_t run_index = ++requested_runs_;
   const int64_t step = run.step();
   const int64_t rows = run.batch_rows();
-  Post([this, step, rows] {
+  Post([this, step, rows, run_index] {
     absl::Status broken;
     {
       absl::MutexLock lock(&links_mu_);
@@ -928,12 +932,24 @@ void StageWorkerDaemon::Job::OnRunStep(const v1::RunStep& run) {
       pacer_->EndStep();
       pacer_->RewriteTimings(&*report);
     }
+    bool aborted = false;
     {
       absl::MutexLock lock(&state_mu_);
       ++finished_runs_;
       last_step_failed_ = !report.ok();
+      aborted = aborted_run_ == run_index;
     }
-    step_ok_ = report.ok();
+    // Clean up before answering, so that the answer tells the coordinator that this worker is
+    // ready for the next RunStep (also a re-run of this step): the mailbox is reset after the
+    // coordinator's Abort (unless a link broke: the epoch is over), a failed step's leftovers
+    // are dropped and the executor discards the failed step at once.
+    if (aborted && broken.ok()) {
+      mailbox_.Reset();
+    } else if (!report.ok()) {
+      mailbox_.ClearStep(step);
+    }
+    if (!report.ok()) executor_->Abort();
+    step_ok_ = report.ok() && !aborted;
     ran_step_ = step;
     if (!report.ok()) {
       EmitError(step, report.status());
@@ -976,21 +992,24 @@ void StageWorkerDaemon::Job::OnAbort(const v1::Abort& abort) {
                               ": the latest step is ", requested_step_));
     return;
   }
-  mailbox_.Abort(absl::AbortedError(
-      absl::StrCat("step ", abort.step(), " aborted by the coordinator: ", abort.reason())));
+  {
+    // Atomic with the compute thread's end-of-run bookkeeping: either the run is still queued
+    // or running (then it is woken here and resets the mailbox itself before it answers), or it
+    // has answered already (then the mailbox is left alone: a re-run's inputs may be in it).
+    absl::MutexLock lock(&state_mu_);
+    if (finished_runs_ < requested_runs_) {
+      aborted_run_ = requested_runs_;
+      mailbox_.Abort(absl::AbortedError(
+          absl::StrCat("step ", abort.step(), " aborted by the coordinator: ", abort.reason())));
+    }
+  }
   Post([this] {
     executor_->Abort();
     step_ok_ = false;
-    absl::Status broken;
-    {
-      absl::MutexLock lock(&links_mu_);
-      broken = broken_;
-      // Outputs of the aborted run still waiting for a lower-rank peer's stream are dropped, so
-      // a re-run of the step cannot deliver them twice.
-      for (auto& [rank, slot] : peers_) slot.pending.clear();
-    }
-    // With a broken link the epoch cannot run another step: keep the mailbox aborted.
-    if (broken.ok()) mailbox_.Reset();
+    absl::MutexLock lock(&links_mu_);
+    // Outputs of the aborted run still waiting for a lower-rank peer's stream are dropped, so
+    // a re-run of the step cannot deliver them twice.
+    for (auto& [rank, slot] : peers_) slot.pending.clear();
   });
 }
 
