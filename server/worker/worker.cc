@@ -1034,16 +1034,16 @@ void StageWorkerDaemon::Job::OnSaveShards(const v1::SaveShards& save) {
 }
 
 void StageWorkerDaemon::Job::OnLinkFailed(const absl::Status& status, bool coordinator_link) {
+  if (coordinator_link) {
+    // The coordinator sees its own stream fail: it aborts the step it was feeding (Abort) and
+    // dials a new feed stream for the next one; if it died, the control stream ends too.
+    // Deciding here would race with the replacement stream, so this is only logged.
+    daemon_->Log(absl::StrCat("feed stream ended: ", status.ToString()));
+    return;
+  }
   int64_t step = 0;
   {
     absl::MutexLock lock(&state_mu_);
-    if (coordinator_link) {
-      // The coordinator sees its own stream fail: it aborts the step it was feeding (Abort) and
-      // dials a new feed stream for the next one; if it died, the control stream ends too.
-      // Deciding here would race with the replacement stream, so this is only logged.
-      daemon_->Log(absl::StrCat("feed stream ended: ", status.ToString()));
-      return;
-    }
     // A queued or running step fails on the aborted mailbox (or the broken link) and reports
     // the error itself; a step that failed already told the coordinator.
     if (finished_runs_ < requested_runs_ || last_step_failed_) return;
