@@ -1060,7 +1060,11 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   if (absl::Status s = options.Check(); !s.ok()) return s;
   static std::once_flag pinned;
   std::call_once(pinned, [] { math::PinEigenBlockingForReproducibility(); });
-  const double gflops = options.gflops > 0 ? options.gflops : MeasureGflops();
+  // The speed the coordinator partitions by: given, else the emulated rate (what the actions will
+  // really take), else measured.
+  const double gflops = options.gflops > 0           ? options.gflops
+                        : options.emulate_gflops > 0 ? options.emulate_gflops
+                                                     : MeasureGflops();
   std::unique_ptr<StageWorkerDaemon> daemon(new StageWorkerDaemon(options, gflops));
   if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
   daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",

@@ -56,7 +56,8 @@ struct StageWorkerOptions {
   double emulate_gflops = 0;
   // Upper bound on Assign.threads (compute threads); 0 (default): the hardware's core count.
   int threads_max = 0;
-  // > 0: report this GFLOP/s instead of running the sgemm probe (tests). Default 0: probe.
+  // > 0: report this GFLOP/s instead of running the sgemm probe (tests). Default 0: the
+  // emulated rate with emulate_gflops > 0 (what actions will take), else the probe.
   double gflops = 0;
   // Backoff between control-stream attempts: starts at redial_initial, doubles up to
   // redial_max, and restarts from redial_initial once a stream got its first command.
