@@ -8,6 +8,7 @@
 // --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -53,6 +54,10 @@ bool WritePortFile(const std::string& path, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // gRPC allocates multi-MiB receive slices per read; keep them on the heap instead of a fresh
+  // mmap each (docs/wire.md §5).
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   absl::SetProgramUsageMessage("pipetrain coordinator daemon: coordinator --listen HOST:PORT");
   absl::ParseCommandLine(argc, argv);
 
