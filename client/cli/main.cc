@@ -50,6 +50,7 @@ ABSL_FLAG(std::string, optimizer, "adamw",
           "beta1, beta2, eps, clip_norm");
 ABSL_FLAG(std::string, save, "", "write a checkpoint to this directory at the end");
 ABSL_FLAG(std::string, resume, "", "continue training from this checkpoint directory");
+ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(int64_t, eval_samples, 1000, "held-out samples to evaluate at the end (0: all)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
@@ -78,13 +79,14 @@ constexpr char kUsage[] =
     "  partition   split a model's layers across stages (exact min-max)\n"
     "  train       train on a running coordinator and its stage workers\n"
     "  local       start a coordinator and --stages workers here, then train on them\n"
+    "  evaluate    held-out loss and accuracy of a checkpoint\n"
     "run `pipetrain COMMAND --help` for the flags.";
 
 // Every flag defined above; the per-command allow-lists are subsets.
 const std::set<std::string> kCommandFlags = {
-    "model",        "microbatches", "batch",       "format",    "stages", "data",   "data_dir",
-    "steps",        "seed",         "threads",     "optimizer", "save",   "resume", "json",
-    "eval_samples", "log_every",    "coordinator", "schedule",  "trace",  "virtual"};
+    "checkpoint", "model",        "microbatches", "batch",       "format",    "stages", "data",
+    "data_dir",   "steps",        "seed",         "threads",     "optimizer", "save",   "resume",
+    "json",       "eval_samples", "log_every",    "coordinator", "schedule",  "trace",  "virtual"};
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -156,6 +158,20 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
 const std::set<std::string> kTrainFlags = {
     "model",        "data", "data_dir", "stages",    "schedule", "virtual", "steps", "batch",
     "microbatches", "seed", "threads",  "optimizer", "json",     "trace",   "save",  "log_every"};
+
+absl::Status RunEvaluate() {
+  PT_RETURN_IF_ERROR(
+      CheckOnlyFlags("evaluate", {"checkpoint", "data", "data_dir", "eval_samples", "json"}));
+  EvaluateCommandOptions o;
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
+  // --data only when given: by default the data set the checkpoint was trained on.
+  const absl::CommandLineFlag& data = absl::GetFlagReflectionHandle(FLAGS_data);
+  if (data.CurrentValue() != data.DefaultValue()) o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
+  o.json = absl::GetFlag(FLAGS_json);
+  return RunEvaluateCommand(o, std::cout);
+}
 
 absl::Status RunTrain() {
   std::set<std::string> allowed = kTrainFlags;
@@ -294,6 +310,8 @@ int Main(int argc, char** argv) {
     status = RunSchedule();
   } else if (command == "partition") {
     status = RunPartition();
+  } else if (command == "evaluate") {
+    status = RunEvaluate();
   } else if (command == "train") {
     status = RunTrain();
   } else if (command == "local") {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/training_setup.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
@@ -15,20 +16,21 @@
 namespace pipetrain::cli {
 namespace {
 
-// Dataset options that depend on the (unresolved) model: the context for text and the shape of
-// the synthetic task.
-io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const ReferenceCommandOptions& o) {
-  io::DatasetOptions d;
-  if (!o.data_dir.empty()) d.data_dir = o.data_dir;
-  d.seed = o.seed;
-  d.input_features = spec.input_features();
-  for (const v1::LayerSpec& l : spec.layers()) {
-    if (l.has_embedding()) d.context = l.embedding().context();
+// Prints a held-out evaluation: JSON {"eval_loss", "eval_accuracy"} or a text line.
+void PrintEvaluation(const model::EvalResult& eval, bool classification, bool json,
+                     std::ostream& out) {
+  if (json) {
+    if (classification) {
+      out << absl::StrFormat("{\"eval_loss\": %.9g, \"eval_accuracy\": %.9g}\n", eval.loss,
+                             eval.accuracy());
+    } else {
+      out << absl::StrFormat("{\"eval_loss\": %.9g}\n", eval.loss);
+    }
+    return;
   }
-  if (spec.layers_size() > 0 && spec.layers(spec.layers_size() - 1).has_linear()) {
-    d.num_classes = spec.layers(spec.layers_size() - 1).linear().out_features();
-  }
-  return d;
+  out << absl::StrFormat("held-out: %d samples, loss %.6f", eval.samples, eval.loss);
+  if (classification) out << absl::StrFormat(", accuracy %.4f", eval.accuracy());
+  out << "\n";
 }
 
 absl::Status CheckOptions(const ReferenceCommandOptions& o) {
@@ -55,19 +57,12 @@ absl::Status CheckOptions(const ReferenceCommandOptions& o) {
 absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckOptions(o));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));
-  PT_ASSIGN_OR_RETURN(v1::ModelSpec raw_spec, model::LoadModelSpecFile(o.model_path));
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<io::Dataset> data,
-                      io::OpenDataset(o.data, DatasetOptionsFor(raw_spec, o)));
+  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
+                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
+  const v1::ModelSpec& spec = setup.spec;
+  const std::unique_ptr<io::Dataset>& data = setup.data;
+  const std::unique_ptr<model::Model>& net = setup.model;
   const io::DatasetInfo& info = data->info();
-  model::DataShape shape{info.input_features, info.target_features, info.num_classes,
-                         info.tokens_per_sample};
-  PT_ASSIGN_OR_RETURN(v1::ModelSpec spec, model::ResolveModelSpec(raw_spec, shape));
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(spec));
-  if (net->target_features() != info.target_features) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's loss needs ", net->target_features(), " target features per row, data set '",
-        info.name, "' has ", info.target_features));
-  }
   model::TrainerOptions topts;
   topts.microbatches = o.microbatches;
   topts.threads = o.threads;
@@ -119,19 +114,7 @@ absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream&
     }
   }
   PT_ASSIGN_OR_RETURN(model::EvalResult eval, trainer->Evaluate(*data, o.eval_samples));
-  const bool classification = spec.loss().has_softmax_cross_entropy();
-  if (o.json) {
-    if (classification) {
-      out << absl::StrFormat("{\"eval_loss\": %.9g, \"eval_accuracy\": %.9g}\n", eval.loss,
-                             eval.accuracy());
-    } else {
-      out << absl::StrFormat("{\"eval_loss\": %.9g}\n", eval.loss);
-    }
-  } else {
-    out << absl::StrFormat("held-out: %d samples, loss %.6f", eval.samples, eval.loss);
-    if (classification) out << absl::StrFormat(", accuracy %.4f", eval.accuracy());
-    out << "\n";
-  }
+  PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, out);
   if (!o.save_dir.empty()) {
     model::CheckpointManifest m;
     m.step = trainer->steps_done();
@@ -146,6 +129,30 @@ absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream&
     PT_RETURN_IF_ERROR(model::SaveCheckpoint(o.save_dir, m, trainer->ExportState()));
     if (!o.json) out << "checkpoint written to " << o.save_dir << "\n";
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& out) {
+  if (o.checkpoint_dir.empty()) return absl::InvalidArgumentError("--checkpoint is required");
+  if (o.eval_samples < 0) return absl::InvalidArgumentError("--eval-samples must be >= 0");
+  PT_ASSIGN_OR_RETURN(model::LoadedCheckpoint ckpt, model::LoadCheckpoint(o.checkpoint_dir));
+  const model::CheckpointManifest& m = ckpt.manifest;
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(m.optimizer));
+  PT_ASSIGN_OR_RETURN(
+      TrainingSetup setup,
+      SetUpTraining(m.model_spec, o.data.empty() ? m.data : o.data, o.data_dir, m.seed));
+  model::TrainerOptions topts;
+  topts.seed = m.seed;
+  topts.optimizer = optimizer;
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::ReferenceTrainer> trainer,
+                      model::ReferenceTrainer::Create(setup.model.get(), topts));
+  PT_RETURN_IF_ERROR(trainer->ImportState(ckpt.tensors, m.step));
+  PT_ASSIGN_OR_RETURN(model::EvalResult eval, trainer->Evaluate(*setup.data, o.eval_samples));
+  if (!o.json) {
+    out << absl::StrFormat("checkpoint %s: step %d, model %s, data %s\n", o.checkpoint_dir, m.step,
+                           setup.spec.name(), setup.data->info().name);
+  }
+  PrintEvaluation(eval, setup.spec.loss().has_softmax_cross_entropy(), o.json, out);
   return absl::OkStatus();
 }
 

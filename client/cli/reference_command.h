@@ -31,6 +31,19 @@ struct ReferenceCommandOptions {
 // data or model, I/O); nothing is printed for the failing step.
 absl::Status RunReferenceCommand(const ReferenceCommandOptions& options, std::ostream& out);
 
+struct EvaluateCommandOptions {
+  std::string checkpoint_dir;   // --checkpoint: a checkpoint directory (reference or pipeline).
+  std::string data;             // --data: default the data set the checkpoint was trained on.
+  std::string data_dir;         // --data-dir: bundled data directory; empty: the built-in one.
+  int64_t eval_samples = 1000;  // --eval-samples: held-out samples evaluated (0: all).
+  bool json = false;            // --json: one JSON object {"eval_loss", "eval_accuracy"}.
+};
+
+// `pipetrain evaluate`: loads a checkpoint written by `reference --save` or `train/local --save`
+// and prints the held-out loss (and accuracy for classification) exactly as `reference` does at
+// the end of training.
+absl::Status RunEvaluateCommand(const EvaluateCommandOptions& options, std::ostream& out);
+
 }  // namespace pipetrain::cli
 
 #endif  // PIPETRAIN_CLIENT_CLI_REFERENCE_COMMAND_H_

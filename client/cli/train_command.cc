@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/training_setup.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
@@ -21,25 +22,7 @@
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
-namespace {
-
-// Dataset options that depend on the (unresolved) model; identical to `pipetrain reference`'s so
-// that both commands see the same data.
-io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const TrainCommandOptions& o) {
-  io::DatasetOptions d;
-  if (!o.data_dir.empty()) d.data_dir = o.data_dir;
-  d.seed = o.seed;
-  d.input_features = spec.input_features();
-  for (const v1::LayerSpec& l : spec.layers()) {
-    if (l.has_embedding()) d.context = l.embedding().context();
-  }
-  if (spec.layers_size() > 0 && spec.layers(spec.layers_size() - 1).has_linear()) {
-    d.num_classes = spec.layers(spec.layers_size() - 1).linear().out_features();
-  }
-  return d;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
@@ -124,19 +107,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   if (o.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));
-  PT_ASSIGN_OR_RETURN(v1::ModelSpec raw_spec, model::LoadModelSpecFile(o.model_path));
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<io::Dataset> data,
-                      io::OpenDataset(o.data, DatasetOptionsFor(raw_spec, o)));
+  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
+                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
+  const v1::ModelSpec& spec = setup.spec;
+  const std::unique_ptr<io::Dataset>& data = setup.data;
+  const std::unique_ptr<model::Model>& net = setup.model;
   const io::DatasetInfo& info = data->info();
-  model::DataShape shape{info.input_features, info.target_features, info.num_classes,
-                         info.tokens_per_sample};
-  PT_ASSIGN_OR_RETURN(v1::ModelSpec spec, model::ResolveModelSpec(raw_spec, shape));
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(spec));
-  if (net->target_features() != info.target_features) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's loss needs ", net->target_features(), " target features per row, data set '",
-        info.name, "' has ", info.target_features));
-  }
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
                       io::BatchSampler::Create(data.get(), o.batch, o.seed, io::DataCursor()));
 

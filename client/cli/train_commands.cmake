@@ -7,7 +7,7 @@ add_library(pipetrain_cli_train
   ${CMAKE_CURRENT_LIST_DIR}/train_command.cc
 )
 target_link_libraries(pipetrain_cli_train
-  PUBLIC pipetrain_client pipetrain_model pipetrain_schedule pipetrain_io absl::status
+  PUBLIC pipetrain_cli_commands pipetrain_client pipetrain_model pipetrain_schedule pipetrain_io absl::status
          absl::statusor absl::strings absl::str_format
   PRIVATE pipetrain_util pipetrain_warnings)
 # Build-time locations of the daemons `pipetrain local` starts (used when they are not found next

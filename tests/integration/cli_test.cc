@@ -166,6 +166,29 @@ TEST(ReferenceCliTest, ResumeContinuesBitwise) {
   EXPECT_THAT(wrong.out, HasSubstr("FAILED_PRECONDITION"));
 }
 
+TEST(EvaluateCliTest, ReproducesTheReferencesFinalEvaluation) {
+  const std::string dir = ::testing::TempDir() + "/cli_evaluate";
+  const CliRun trained = Pipetrain("reference --model " + Example("mlp_digits.textproto") +
+                                   " --data digits --steps 40 --batch 32 --microbatches 2 --seed 4"
+                                   " --json --eval-samples 0 --save " +
+                                   dir);
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  const Parsed p = ParseJsonLines(trained.out);
+  const CliRun eval = Pipetrain("evaluate --checkpoint " + dir + " --json --eval-samples 0");
+  ASSERT_EQ(eval.exit_code, 0) << eval.out;
+  const auto j = nlohmann::json::parse(eval.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << eval.out;
+  // The same model state on the same held-out data: the same numbers to the last digit.
+  EXPECT_EQ(j["eval_loss"], p.eval["eval_loss"]);
+  EXPECT_EQ(j["eval_accuracy"], p.eval["eval_accuracy"]);
+  const CliRun missing = Pipetrain("evaluate --checkpoint " + dir + "/nope");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.out, HasSubstr("[NOT_FOUND]"));
+  const CliRun none = Pipetrain("evaluate");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_THAT(none.out, HasSubstr("--checkpoint is required"));
+}
+
 TEST(ScheduleCliTest, JsonCarriesThePlanAndTheSimulation) {
   const CliRun r = Pipetrain("schedule --kind zb-h1 --stages 4 --microbatches 8 --format json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -1,0 +1,53 @@
+#include "client/cli/training_setup.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace pipetrain::cli {
+namespace {
+
+// Dataset options that depend on the (unresolved) model.
+io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const std::string& data_dir,
+                                     uint64_t seed) {
+  io::DatasetOptions d;
+  if (!data_dir.empty()) d.data_dir = data_dir;
+  d.seed = seed;
+  d.input_features = spec.input_features();
+  for (const v1::LayerSpec& l : spec.layers()) {
+    if (l.has_embedding()) d.context = l.embedding().context();
+  }
+  if (spec.layers_size() > 0 && spec.layers(spec.layers_size() - 1).has_linear()) {
+    d.num_classes = spec.layers(spec.layers_size() - 1).linear().out_features();
+  }
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
+                                            const std::string& data_dir, uint64_t seed) {
+  TrainingSetup s;
+  PT_ASSIGN_OR_RETURN(s.data, io::OpenDataset(data, DatasetOptionsFor(raw_spec, data_dir, seed)));
+  const io::DatasetInfo& info = s.data->info();
+  const model::DataShape shape{info.input_features, info.target_features, info.num_classes,
+                               info.tokens_per_sample};
+  PT_ASSIGN_OR_RETURN(s.spec, model::ResolveModelSpec(raw_spec, shape));
+  PT_ASSIGN_OR_RETURN(s.model, model::Model::Build(s.spec));
+  if (s.model->target_features() != info.target_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's loss needs ", s.model->target_features(),
+        " target features per row, data set '", info.name, "' has ", info.target_features));
+  }
+  return s;
+}
+
+absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_path,
+                                                    const std::string& data,
+                                                    const std::string& data_dir, uint64_t seed) {
+  PT_ASSIGN_OR_RETURN(v1::ModelSpec raw_spec, model::LoadModelSpecFile(model_path));
+  return SetUpTraining(raw_spec, data, data_dir, seed);
+}
+
+}  // namespace pipetrain::cli
