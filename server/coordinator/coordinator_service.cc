@@ -491,6 +491,19 @@ void CoordinatorService::OnWorkerGone(JoinReactor* reactor, const std::string& n
   event_cv_.SignalAll();
 }
 
+absl::Status CoordinatorService::CheckReady(const Job& job) {
+  if (job.state == "ready") return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("job '", job.id, "' is ", job.state, job.error.empty() ? "" : ": ", job.error));
+}
+
+absl::StatusOr<CoordinatorService::Job*> CoordinatorService::ReadyJob(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  PT_RETURN_IF_ERROR(CheckReady(*it->second));
+  return it->second.get();
+}
+
 absl::Status CoordinatorService::ClaimJob(const std::string& job_id, const void* owner) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
@@ -763,15 +776,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
-    auto it = jobs_.find(request.job());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
-    }
-    job = it->second.get();
-    if (job->state != "ready") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job->id, "' is ", job->state, job->error.empty() ? "" : ": ", job->error));
-    }
+    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
     net = job->model;
     M = job->spec.microbatches();
   }
@@ -813,10 +818,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   std::vector<std::string> addresses(S);
   {
     absl::MutexLock lock(&mu_);
-    if (job->state != "ready") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job->id, "' is ", job->state, job->error.empty() ? "" : ": ", job->error));
-    }
+    PT_RETURN_IF_ERROR(CheckReady(*job));
     // Steps are numbered from 0 on the control and data planes: step n is the (n+1)-th
     // optimizer update (StepResult.step reports n + 1).
     step = job->steps_done;
@@ -1042,15 +1044,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
-    auto it = jobs_.find(request.job());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
-    }
-    job = it->second.get();
-    if (job->state != "ready") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job->id, "' is ", job->state, job->error.empty() ? "" : ": ", job->error));
-    }
+    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
     step = job->steps_done;
     net = job->model;
     spec = job->spec;

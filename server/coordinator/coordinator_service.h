@@ -161,6 +161,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void ReleaseJob(const std::string& job, const void* owner);
 
   // Helpers; `mu_` held.
+  // OK if `job` is "ready", else FAILED_PRECONDITION naming its state (and error).
+  static absl::Status CheckReady(const Job& job);
+  // The job `id` if it exists and is ready: NOT_FOUND for an unknown job, else CheckReady's error.
+  absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendToRank(Job& job, int rank, const v1::WorkerCommand& command)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortStep(Job& job, int64_t step, const std::string& reason)
