@@ -35,20 +35,8 @@ void PrintEvaluation(const model::EvalResult& eval, bool classification, bool js
 
 absl::Status CheckOptions(const ReferenceCommandOptions& o) {
   if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
-  if (o.steps < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
-  if (o.batch < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--batch must be >= 1, got ", o.batch));
-  if (o.microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--microbatches must be >= 1, got ", o.microbatches));
-  }
-  if (o.batch % o.microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--batch ", o.batch, " is not divisible by --microbatches ", o.microbatches));
-  }
+  PT_RETURN_IF_ERROR(CheckTrainingLoopOptions(o.steps, o.batch, o.microbatches, o.log_every));
   if (o.eval_samples < 0) return absl::InvalidArgumentError("--eval-samples must be >= 0");
-  if (o.log_every < 1) return absl::InvalidArgumentError("--log-every must be >= 1");
   return absl::OkStatus();
 }
 

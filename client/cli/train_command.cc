@@ -31,26 +31,12 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   }
   if (o.virtual_stages < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--virtual must be >= 1, got ", o.virtual_stages));
+        absl::StrCat("--virtual must be >= 0 (0: the schedule's default), got ", o.virtual_stages));
   }
-  if (o.steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
-  }
-  if (o.batch < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--batch must be >= 1, got ", o.batch));
-  }
-  if (o.microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--microbatches must be >= 1, got ", o.microbatches));
-  }
-  if (o.batch % o.microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--batch ", o.batch, " is not divisible by --microbatches ", o.microbatches));
-  }
+  PT_RETURN_IF_ERROR(CheckTrainingLoopOptions(o.steps, o.batch, o.microbatches, o.log_every));
   if (o.threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", o.threads));
   }
-  if (o.log_every < 1) return absl::InvalidArgumentError("--log-every must be >= 1");
   return schedule::ParseScheduleKind(o.schedule).status();
 }
 

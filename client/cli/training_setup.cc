@@ -50,4 +50,24 @@ absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_pat
   return SetUpTraining(raw_spec, data, data_dir, seed);
 }
 
+absl::Status CheckTrainingLoopOptions(int64_t steps, int64_t batch, int64_t microbatches,
+                                      int64_t log_every) {
+  if (steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", steps));
+  }
+  if (batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch must be >= 1, got ", batch));
+  }
+  if (microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--microbatches must be >= 1, got ", microbatches));
+  }
+  if (batch % microbatches != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch ", batch, " is not divisible by --microbatches ", microbatches));
+  }
+  if (log_every < 1) return absl::InvalidArgumentError("--log-every must be >= 1");
+  return absl::OkStatus();
+}
+
 }  // namespace pipetrain::cli

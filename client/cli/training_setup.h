@@ -32,6 +32,11 @@ absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_pat
                                                     const std::string& data,
                                                     const std::string& data_dir, uint64_t seed);
 
+// The checks every training command makes on its loop flags: --steps >= 1, --batch >= 1,
+// --microbatches >= 1 dividing --batch, --log-every >= 1. INVALID_ARGUMENT naming the flag.
+absl::Status CheckTrainingLoopOptions(int64_t steps, int64_t batch, int64_t microbatches,
+                                      int64_t log_every);
+
 }  // namespace pipetrain::cli
 
 #endif  // PIPETRAIN_CLIENT_CLI_TRAINING_SETUP_H_
