@@ -25,7 +25,7 @@
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
 #include "client/cli/train_command.h"
-#include "common/io/dataset.h"
+#include "client/cli/training_setup.h"
 #include "common/model/model.h"
 #include "common/util/status_macros.h"
 
@@ -229,24 +229,17 @@ absl::Status RunSchedule() {
 // Sizes the spec leaves to the data set are resolved against --data.
 absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
   PT_ASSIGN_OR_RETURN(v1::ModelSpec spec, model::LoadModelSpecFile(path));
-  auto built = model::Model::Build(spec);
-  if (!built.ok()) {
-    io::DatasetOptions d;
-    if (!absl::GetFlag(FLAGS_data_dir).empty()) d.data_dir = absl::GetFlag(FLAGS_data_dir);
-    for (const v1::LayerSpec& l : spec.layers()) {
-      if (l.has_embedding()) d.context = l.embedding().context();
-    }
-    d.input_features = spec.input_features();
-    PT_ASSIGN_OR_RETURN(std::unique_ptr<io::Dataset> data,
-                        io::OpenDataset(absl::GetFlag(FLAGS_data), d));
-    const io::DatasetInfo& info = data->info();
-    PT_ASSIGN_OR_RETURN(spec,
-                        model::ResolveModelSpec(spec, {info.input_features, info.target_features,
-                                                       info.num_classes, info.tokens_per_sample}));
-    built = model::Model::Build(spec);
+  std::unique_ptr<model::Model> net;
+  if (auto built = model::Model::Build(spec); built.ok()) {
+    net = std::move(built).value();
+  } else {
+    // Sizes left to the data set: resolve them exactly as the training commands do.
+    PT_ASSIGN_OR_RETURN(TrainingSetup setup,
+                        SetUpTraining(spec, absl::GetFlag(FLAGS_data),
+                                      absl::GetFlag(FLAGS_data_dir), absl::GetFlag(FLAGS_seed)));
+    net = std::move(setup.model);
   }
-  if (!built.ok()) return built.status();
-  const model::Model& m = **built;
+  const model::Model& m = *net;
   const int64_t batch = absl::GetFlag(FLAGS_batch), mbs = absl::GetFlag(FLAGS_microbatches);
   if (batch < 1 || mbs < 1 || batch % mbs != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
