@@ -1,18 +1,29 @@
 // Stream throughput of the data plane between two processes on loopback: tensors of 64 KiB, 1, 4
 // and 16 MiB sent through the real frame codec and a PeerLink (StageWorker.Exchange, credit
-// window, one copy on receive), beside raw TCP with the same sizes and process layout, measured in
-// the same run. Prints MB/s (1 MB = 10^6 bytes) and the ratio gRPC / TCP (goal >= 0.8).
+// window, one copy on receive), beside two references measured in the same run with the same sizes
+// and process layout:
+//   raw TCP    blocking send/recv, each tensor read straight into a fresh Matrix (the floor);
+//   bare gRPC  one callback bidi stream, one message per tensor whose slice aliases the tensor,
+//              received bytes left in gRPC's slices (what gRPC 1.51 itself costs, with no codec,
+//              no credit and no copy out).
+// Prints MB/s (1 MB = 10^6 bytes), the ratios Exchange / TCP (goal >= 0.8) and Exchange / bare
+// gRPC, and the CPU time both processes spent per GB moved for each transport.
 //
 // Layout: this process is the receiver; for each case it spawns itself with --role=sender, which
-// connects to 127.0.0.1, streams warm-up + measured tensors, waits for a one-tensor ack and exits.
-// The receiver times from the arrival of the last warm-up tensor to that of the last tensor.
+// connects to 127.0.0.1, streams warm-up + measured tensors, waits for an acknowledgement and
+// exits. The receiver times from the arrival of the last warm-up tensor to that of the last one.
 #include <arpa/inet.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_callback.h>
+#include <grpcpp/support/server_callback.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,11 +54,11 @@
 #include "server/worker/peer_link.h"
 
 ABSL_FLAG(std::string, role, "", "internal: 'sender' for the spawned child; empty for the driver");
-ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc' or 'tcp'");
+ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc', 'bare' or 'tcp'");
 ABSL_FLAG(int, port, 0, "internal (sender): the receiver's port on 127.0.0.1");
 ABSL_FLAG(int64_t, bytes, 0, "internal (sender): bytes per tensor");
 ABSL_FLAG(int64_t, count, 0, "internal (sender): tensors to send, warm-up included");
-ABSL_FLAG(int64_t, budget_mib, 64, "MiB streamed per run of a (size, transport) case");
+ABSL_FLAG(int64_t, budget_mib, 256, "MiB streamed per run of a (size, transport) case");
 ABSL_FLAG(int, repeats, 3, "runs per case; the best is reported");
 ABSL_FLAG(bool, tune_malloc, true,
           "raise malloc's mmap and trim thresholds in both processes (see main)");
@@ -204,27 +215,28 @@ absl::Status GrpcSend(const Options& options) {
   return (*link)->status();
 }
 
-// The receiving side of one gRPC case: counts tensors, timestamps, acks the sender.
-class GrpcReceiver {
+// Counts the tensors of one case as they arrive and times the measured ones. Thread-safe.
+class ArrivalClock {
  public:
-  GrpcReceiver(int64_t warmup, int64_t count) : warmup_(warmup), count_(count) {}
+  ArrivalClock(int64_t warmup, int64_t count) : warmup_(warmup), count_(count) {}
 
-  absl::StatusOr<worker::LinkSettings> Accept(std::unique_ptr<worker::PeerLink> link) {
+  // Records one arrival; true for the last one.
+  bool Arrived() {
     absl::MutexLock lock(&mu_);
-    link_ = std::move(link);
-    worker::LinkCallbacks callbacks;
-    callbacks.on_tensor = [this](const TensorKey& key, math::Matrix tensor) {
-      OnTensor();
-      return absl::OkStatus();
-    };
-    callbacks.on_error = [this](const absl::Status& status) {
-      absl::MutexLock error_lock(&mu_);
-      if (error_.ok()) error_ = status;
-    };
-    return worker::LinkSettings{Validation(), callbacks};
+    ++received_;
+    if (received_ == warmup_) start_ = absl::Now();
+    if (received_ == count_) end_ = absl::Now();
+    return received_ == count_;
   }
 
-  // Seconds from the last warm-up tensor to the last tensor.
+  // Records the first failure (ends Wait() early).
+  void Fail(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = status;
+  }
+
+  // Seconds from the last warm-up tensor to the last tensor, once all arrived; the failure, or
+  // DEADLINE_EXCEEDED after kCaseTimeout.
   absl::StatusOr<double> Wait() {
     absl::MutexLock lock(&mu_);
     auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -233,9 +245,38 @@ class GrpcReceiver {
     if (!mu_.AwaitWithTimeout(absl::Condition(&finished), kCaseTimeout)) {
       return absl::DeadlineExceededError(absl::StrCat("received ", received_, " of ", count_));
     }
-    if (received_ < count_) return error_;  // the sender may hang up once acked.
+    if (received_ < count_) return error_;  // a failure after the last arrival does not count.
     return absl::ToDoubleSeconds(end_ - start_);
   }
+
+ private:
+  const int64_t warmup_;
+  const int64_t count_;
+  absl::Mutex mu_;  // protects everything below.
+  int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time start_ ABSL_GUARDED_BY(mu_);
+  absl::Time end_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The receiving side of one Exchange case: counts tensors and acks the sender after the last.
+class GrpcReceiver {
+ public:
+  GrpcReceiver(int64_t warmup, int64_t count) : clock_(warmup, count) {}
+
+  absl::StatusOr<worker::LinkSettings> Accept(std::unique_ptr<worker::PeerLink> link) {
+    absl::MutexLock lock(&mu_);
+    link_ = std::move(link);
+    worker::LinkCallbacks callbacks;
+    callbacks.on_tensor = [this](const TensorKey&, math::Matrix) {
+      if (clock_.Arrived()) Ack();
+      return absl::OkStatus();
+    };
+    callbacks.on_error = [this](const absl::Status& status) { clock_.Fail(status); };
+    return worker::LinkSettings{Validation(), callbacks};
+  }
+
+  absl::StatusOr<double> Wait() { return clock_.Wait(); }
 
   void Close() {
     std::unique_ptr<worker::PeerLink> link;
@@ -247,31 +288,138 @@ class GrpcReceiver {
   }
 
  private:
-  void OnTensor() {
-    worker::PeerLink* ack_on = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      ++received_;
-      if (received_ == warmup_) start_ = absl::Now();
-      if (received_ == count_) {
-        end_ = absl::Now();
-        ack_on = link_.get();
-      }
-    }
-    if (ack_on != nullptr) {
-      (void)ack_on->Send(TensorKey{0, 0, 0, TensorKind::kGradient}, MakeTensor(4096));
+  void Ack() {
+    absl::MutexLock lock(&mu_);
+    if (link_ != nullptr) {
+      (void)link_->Send(TensorKey{0, 0, 0, TensorKind::kGradient}, MakeTensor(4096));
     }
   }
 
-  const int64_t warmup_;
-  const int64_t count_;
-  absl::Mutex mu_;  // protects everything below.
+  ArrivalClock clock_;
+  absl::Mutex mu_;  // protects link_.
   std::unique_ptr<worker::PeerLink> link_ ABSL_GUARDED_BY(mu_);
-  int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time start_ ABSL_GUARDED_BY(mu_);
-  absl::Time end_ ABSL_GUARDED_BY(mu_);
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
+
+// ---------------------------------------------------------------------------------------------
+// Bare gRPC: one callback bidi stream (generic method), one message per tensor.
+
+constexpr char kBareMethod[] = "/pipetrain.bench.Bare/Stream";
+
+// Sender: writes `count` messages whose one slice aliases the same tensor (no copy), half-closes,
+// and waits for the receiver's status, which it sends once it has counted every message.
+class BareSender final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  BareSender(grpc::GenericStub* stub, std::shared_ptr<const math::Matrix> tensor, int64_t count)
+      : tensor_(std::move(tensor)), remaining_(count) {
+    grpc::Slice slice(tensor_->data(), static_cast<size_t>(tensor_->size()) * sizeof(float),
+                      grpc::Slice::STATIC_SLICE);
+    message_ = grpc::ByteBuffer(&slice, 1);
+    stub->PrepareBidiStreamingCall(&context_, kBareMethod, grpc::StubOptions(), this);
+  }
+
+  absl::Status Run() {
+    StartCall();
+    WriteNext();
+    if (!done_.WaitForNotificationWithTimeout(kCaseTimeout)) {
+      context_.TryCancel();
+      done_.WaitForNotification();
+      return absl::DeadlineExceededError("bare gRPC: no status from the receiver");
+    }
+    return status_.ok() ? absl::OkStatus()
+                        : absl::UnavailableError(
+                              absl::StrCat("bare gRPC stream: ", status_.error_message()));
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();  // else the call is over; OnDone reports why.
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+ private:
+  void WriteNext() {
+    if (remaining_ == 0) {
+      StartWritesDone();
+      return;
+    }
+    --remaining_;
+    StartWrite(&message_);
+  }
+
+  const std::shared_ptr<const math::Matrix> tensor_;  // outlives every write of message_.
+  grpc::ByteBuffer message_;
+  int64_t remaining_;  // touched only by the write chain (one write in flight).
+  grpc::ClientContext context_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+// Receiver side of one bare case: counts messages of the expected size and timestamps them.
+class BareReceiver final : public grpc::CallbackGenericService {
+ public:
+  BareReceiver(int64_t bytes, int64_t warmup, int64_t count)
+      : bytes_(bytes), clock_(warmup, count) {}
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    return new Reactor(this, context->method() == kBareMethod);
+  }
+
+  absl::StatusOr<double> Wait() { return clock_.Wait(); }
+
+ private:
+  class Reactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    Reactor(BareReceiver* owner, bool known_method) : owner_(owner) {
+      if (!known_method) {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method"));
+        return;
+      }
+      StartRead(&message_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        owner_->clock_.Fail(absl::UnavailableError("bare gRPC: the stream ended early"));
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended early"));
+        return;
+      }
+      const int64_t length = static_cast<int64_t>(message_.Length());
+      message_.Clear();
+      if (length != owner_->bytes_) {
+        owner_->clock_.Fail(absl::DataLossError(
+            absl::StrCat("bare gRPC: a message of ", length, " bytes, expected ", owner_->bytes_)));
+        Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "bad message size"));
+        return;
+      }
+      if (owner_->clock_.Arrived()) {
+        Finish(grpc::Status::OK);
+      } else {
+        StartRead(&message_);
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    BareReceiver* const owner_;
+    grpc::ByteBuffer message_;
+  };
+
+  const int64_t bytes_;
+  ArrivalClock clock_;
+};
+
+absl::Status BareSend(const Options& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", options.port),
+                                           grpc::InsecureChannelCredentials(), args);
+  grpc::GenericStub stub(channel);
+  BareSender sender(&stub, MakeTensor(options.bytes), options.count);
+  return sender.Run();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Driver.
@@ -299,21 +447,61 @@ absl::StatusOr<pid_t> SpawnSender(const Options& options, const std::string& mod
   return pid;
 }
 
-// Waits for the sender `pid`; OK if it exited with status 0.
-absl::Status ReapSender(pid_t pid, bool kill_first) {
+double CpuSeconds(const rusage& usage) {
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+// CPU time this process has used so far (all threads).
+double SelfCpuSeconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return CpuSeconds(usage);
+}
+
+// Waits for the sender `pid`, adding the CPU time it used to `*cpu_seconds`; OK if it exited
+// with status 0.
+absl::Status ReapSender(pid_t pid, bool kill_first, double* cpu_seconds) {
   if (kill_first) ::kill(pid, SIGKILL);
   int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0) {
-    if (errno != EINTR) return absl::InternalError("waitpid");
+  rusage usage{};
+  while (::wait4(pid, &wstatus, 0, &usage) < 0) {
+    if (errno != EINTR) return absl::InternalError("wait4");
   }
+  *cpu_seconds += CpuSeconds(usage);
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
     return absl::InternalError(absl::StrCat("sender exited abnormally (", wstatus, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> RunTcpCase(const Options& options, int64_t bytes, int64_t warmup,
-                                  int64_t count) {
+// One run of one (transport, size) case.
+struct CaseResult {
+  double seconds = 0;      // from the last warm-up tensor to the last tensor, at the receiver.
+  double cpu_seconds = 0;  // CPU time of both processes over the whole run (warm-up included).
+};
+
+// Runs the receiving side `receive` against a spawned sender in `mode` on `port`, accounting the
+// CPU time of both processes.
+template <typename Receive>
+absl::StatusOr<CaseResult> RunCase(const Options& options, const std::string& mode, int port,
+                                   int64_t bytes, int64_t count, Receive receive) {
+  CaseResult result;
+  const double cpu_before = SelfCpuSeconds();
+  auto pid = SpawnSender(options, mode, port, bytes, count);
+  if (!pid.ok()) return pid.status();
+  absl::StatusOr<double> seconds = receive();
+  double sender_cpu = 0;
+  absl::Status reaped = ReapSender(*pid, /*kill_first=*/!seconds.ok(), &sender_cpu);
+  PT_RETURN_IF_ERROR(seconds.status());
+  PT_RETURN_IF_ERROR(reaped);
+  result.seconds = *seconds;
+  result.cpu_seconds = SelfCpuSeconds() - cpu_before + sender_cpu;
+  return result;
+}
+
+absl::StatusOr<CaseResult> RunTcpCase(const Options& options, int64_t bytes, int64_t warmup,
+                                      int64_t count) {
   const int listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (listen_fd < 0) return absl::InternalError("socket");
   sockaddr_in addr{};
@@ -326,19 +514,31 @@ absl::StatusOr<double> RunTcpCase(const Options& options, int64_t bytes, int64_t
     ::close(listen_fd);
     return absl::InternalError(absl::StrCat("listen: ", std::strerror(errno)));
   }
-  auto pid = SpawnSender(options, "tcp", ntohs(addr.sin_port), bytes, count);
-  if (!pid.ok()) {
-    ::close(listen_fd);
-    return pid.status();
-  }
-  absl::StatusOr<double> seconds = TcpReceive(listen_fd, bytes, warmup, count);
+  absl::StatusOr<CaseResult> result =
+      RunCase(options, "tcp", ntohs(addr.sin_port), bytes, count,
+              [&] { return TcpReceive(listen_fd, bytes, warmup, count); });
   ::close(listen_fd);
-  PT_RETURN_IF_ERROR(ReapSender(*pid, /*kill_first=*/!seconds.ok()));
-  return seconds;
+  return result;
 }
 
-absl::StatusOr<double> RunGrpcCase(const Options& options, int64_t bytes, int64_t warmup,
-                                   int64_t count) {
+absl::StatusOr<CaseResult> RunBareCase(const Options& options, int64_t bytes, int64_t warmup,
+                                       int64_t count) {
+  BareReceiver receiver(bytes, warmup, count);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.RegisterCallbackGenericService(&receiver);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return absl::InternalError("cannot start the server");
+  absl::StatusOr<CaseResult> result =
+      RunCase(options, "bare", port, bytes, count, [&] { return receiver.Wait(); });
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return result;
+}
+
+absl::StatusOr<CaseResult> RunGrpcCase(const Options& options, int64_t bytes, int64_t warmup,
+                                       int64_t count) {
   GrpcReceiver receiver(warmup, count);
   auto service = worker::ExchangeService::Create(
       options.link, [&receiver](const worker::PeerHello&, std::unique_ptr<worker::PeerLink> link) {
@@ -351,32 +551,38 @@ absl::StatusOr<double> RunGrpcCase(const Options& options, int64_t bytes, int64_
   (*service)->RegisterOn(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return absl::InternalError("cannot start the server");
-  absl::StatusOr<double> seconds;
-  auto pid = SpawnSender(options, "grpc", port, bytes, count);
-  if (pid.ok()) {
-    seconds = receiver.Wait();
-    absl::Status reaped = ReapSender(*pid, /*kill_first=*/!seconds.ok());
-    if (seconds.ok() && !reaped.ok()) seconds = reaped;
-  } else {
-    seconds = pid.status();
-  }
+  absl::StatusOr<CaseResult> result =
+      RunCase(options, "grpc", port, bytes, count, [&] { return receiver.Wait(); });
   receiver.Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return seconds;
+  return result;
 }
 
 std::string SizeName(int64_t bytes) {
   return bytes >= (1 << 20) ? absl::StrCat(bytes >> 20, " MiB") : absl::StrCat(bytes >> 10, " KiB");
 }
 
+// Best time and least CPU over the runs of one transport.
+struct Best {
+  double seconds = 1e30;
+  double cpu_seconds = 1e30;
+  void Add(const CaseResult& r) {
+    seconds = std::min(seconds, r.seconds);
+    cpu_seconds = std::min(cpu_seconds, r.cpu_seconds);
+  }
+};
+
 int Drive(const Options& options) {
   std::printf(
-      "stream_bench: 127.0.0.1, sender and receiver in separate processes; gRPC = frame codec + "
-      "PeerLink (fragment %lld MiB, credit window %lld MiB); %lld MiB per run, best of %d\n",
+      "stream_bench: 127.0.0.1, sender and receiver in separate processes; Exchange = frame codec "
+      "+ PeerLink (fragment %lld MiB, credit window %lld MiB); %lld MiB per run, best of %d\n",
       static_cast<long long>(options.link.fragment_bytes >> 20),
       static_cast<long long>(options.link.window_bytes >> 20),
       static_cast<long long>(options.budget_bytes >> 20), options.repeats);
-  std::printf("%-8s %8s %14s %14s %7s\n", "size", "tensors", "raw TCP MB/s", "gRPC MB/s", "ratio");
+  std::printf("%-8s %8s | %9s %9s %9s | %8s %8s | %22s\n", "", "", "MB/s", "", "", "Exchange /", "",
+              "CPU s per GB (2 procs)");
+  std::printf("%-8s %8s | %9s %9s %9s | %8s %8s | %6s %6s %8s\n", "size", "tensors", "raw TCP",
+              "bare gRPC", "Exchange", "TCP", "bare", "TCP", "bare", "Exchange");
   bool all_ok = true;
   double worst = 1e9;
   for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
@@ -385,16 +591,19 @@ int Drive(const Options& options) {
     const int64_t count = warmup + measured;
     // Best of `repeats` alternating runs: the machine is shared, and the best run is the one
     // least disturbed by other load.
-    double tcp_best = 1e30, grpc_best = 1e30;
+    Best tcp, bare, exchange;
     absl::Status failure;
     for (int r = 0; r < options.repeats && failure.ok(); ++r) {
-      absl::StatusOr<double> tcp = RunTcpCase(options, bytes, warmup, count);
-      absl::StatusOr<double> grpc = RunGrpcCase(options, bytes, warmup, count);
-      if (!tcp.ok()) failure = tcp.status();
-      if (!grpc.ok()) failure = grpc.status();
+      absl::StatusOr<CaseResult> t = RunTcpCase(options, bytes, warmup, count);
+      absl::StatusOr<CaseResult> b = RunBareCase(options, bytes, warmup, count);
+      absl::StatusOr<CaseResult> e = RunGrpcCase(options, bytes, warmup, count);
+      for (const auto* run : {&t, &b, &e}) {
+        if (!run->ok() && failure.ok()) failure = run->status();
+      }
       if (failure.ok()) {
-        tcp_best = std::min(tcp_best, *tcp);
-        grpc_best = std::min(grpc_best, *grpc);
+        tcp.Add(*t);
+        bare.Add(*b);
+        exchange.Add(*e);
       }
     }
     if (!failure.ok()) {
@@ -402,16 +611,22 @@ int Drive(const Options& options) {
       all_ok = false;
       continue;
     }
-    // Timing starts at the last warm-up tensor: `measured` tensors arrive after it.
+    // Timing starts at the last warm-up tensor: `measured` tensors arrive after it. CPU time
+    // covers the whole run: `count` tensors.
     const double moved = static_cast<double>(bytes) * static_cast<double>(measured);
-    const double tcp_mbs = moved / tcp_best / 1e6;
-    const double grpc_mbs = moved / grpc_best / 1e6;
-    worst = std::min(worst, grpc_mbs / tcp_mbs);
-    std::printf("%-8s %8lld %14.0f %14.0f %7.2f\n", SizeName(bytes).c_str(),
-                static_cast<long long>(measured), tcp_mbs, grpc_mbs, grpc_mbs / tcp_mbs);
+    const double gb_total = static_cast<double>(bytes) * static_cast<double>(count) / 1e9;
+    const double tcp_mbs = moved / tcp.seconds / 1e6;
+    const double bare_mbs = moved / bare.seconds / 1e6;
+    const double exchange_mbs = moved / exchange.seconds / 1e6;
+    worst = std::min(worst, exchange_mbs / tcp_mbs);
+    std::printf("%-8s %8lld | %9.0f %9.0f %9.0f | %8.2f %8.2f | %6.2f %6.2f %8.2f\n",
+                SizeName(bytes).c_str(), static_cast<long long>(measured), tcp_mbs, bare_mbs,
+                exchange_mbs, exchange_mbs / tcp_mbs, exchange_mbs / bare_mbs,
+                tcp.cpu_seconds / gb_total, bare.cpu_seconds / gb_total,
+                exchange.cpu_seconds / gb_total);
     std::fflush(stdout);
   }
-  if (all_ok) std::printf("worst ratio %.2f (goal >= 0.80)\n", worst);
+  if (all_ok) std::printf("worst Exchange / TCP ratio %.2f (goal >= 0.80)\n", worst);
   return all_ok ? 0 : 1;
 }
 
@@ -451,8 +666,17 @@ int main(int argc, char** argv) {
   // Keep the gRPC library initialised until exit: otherwise dropping the last channel runs
   // grpc_shutdown(), which in gRPC 1.51 can block for seconds joining its executor threads.
   grpc_init();
-  const absl::Status status = options.mode == "tcp" ? pipetrain::bench::TcpSend(options)
-                                                    : pipetrain::bench::GrpcSend(options);
+  absl::Status status;
+  if (options.mode == "tcp") {
+    status = pipetrain::bench::TcpSend(options);
+  } else if (options.mode == "bare") {
+    status = pipetrain::bench::BareSend(options);
+  } else if (options.mode == "grpc") {
+    status = pipetrain::bench::GrpcSend(options);
+  } else {
+    std::fprintf(stderr, "stream_bench: unknown --mode '%s'\n", options.mode.c_str());
+    return 2;
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "stream_bench sender (%s): %s\n", options.mode.c_str(),
                  status.ToString().c_str());
