@@ -60,11 +60,21 @@ absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t l
 }
 
 const math::Matrix& Stage::Forward(math::ConstMatrixMap x, MicrobatchState* mb) const {
+  mb->inputs.resize(last_ - first_ + 1);
+  mb->inputs[0] = x;
+  return ForwardFromInput(mb);
+}
+
+const math::Matrix& Stage::Forward(math::Matrix&& x, MicrobatchState* mb) const {
+  mb->inputs.resize(last_ - first_ + 1);
+  mb->inputs[0] = std::move(x);
+  return ForwardFromInput(mb);
+}
+
+const math::Matrix& Stage::ForwardFromInput(MicrobatchState* mb) const {
   const int64_t n = last_ - first_;
-  mb->inputs.resize(n + 1);
   mb->stashes.resize(n);
   mb->grads.resize(n + 1);
-  mb->inputs[0] = x;
   for (int64_t k = 0; k < n; ++k) {
     const math::Layer& layer = model_->layer(first_ + k);
     const math::Matrix& in = mb->inputs[k];
@@ -79,8 +89,19 @@ const math::Matrix& Stage::Forward(math::ConstMatrixMap x, MicrobatchState* mb) 
 
 const math::Matrix& Stage::BackwardInput(math::ConstMatrixMap dy, bool need_input_grad,
                                          MicrobatchState* mb) const {
+  mb->grads.back() = dy;
+  return BackwardInputFromOutputGrad(need_input_grad, mb);
+}
+
+const math::Matrix& Stage::BackwardInput(math::Matrix&& dy, bool need_input_grad,
+                                         MicrobatchState* mb) const {
+  mb->grads.back() = std::move(dy);
+  return BackwardInputFromOutputGrad(need_input_grad, mb);
+}
+
+const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
+                                                       MicrobatchState* mb) const {
   const int64_t n = last_ - first_;
-  mb->grads[n] = dy;
   for (int64_t k = n - 1; k >= 0; --k) {
     const math::Layer& layer = model_->layer(first_ + k);
     const math::Matrix& in = mb->inputs[k];

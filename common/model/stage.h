@@ -22,6 +22,8 @@ namespace pipetrain::model {
 
 // Everything one micro-batch leaves in a Stage between F and the end of W. Owned by the caller
 // (one per in-flight micro-batch); reusable after BackwardWeight.
+// The output (inputs[n]) and dL/dx (grads[0]) are not read by any later phase: a caller may move
+// them out (e.g. to hand them to the network without a copy) once F, respectively I, returned.
 struct MicrobatchState {
   std::vector<math::Matrix> inputs;  // inputs[k]: input of layer first+k; inputs[n] = output.
   std::vector<math::Stash> stashes;  // per layer.
@@ -46,10 +48,15 @@ class Stage {
   // F: runs the range on `x` ([rows, in_features of layer first]) and returns the output,
   // which stays in `mb` until BackwardWeight.
   const math::Matrix& Forward(math::ConstMatrixMap x, MicrobatchState* mb) const;
+  // The same, keeping `x` itself as the stashed input instead of a copy of it.
+  const math::Matrix& Forward(math::Matrix&& x, MicrobatchState* mb) const;
 
   // I: given dL/d(output), computes each layer's input gradient and returns dL/dx (empty when
   // `need_input_grad` is false, as for the first stage). Requires Forward on `mb`.
   const math::Matrix& BackwardInput(math::ConstMatrixMap dy, bool need_input_grad,
+                                    MicrobatchState* mb) const;
+  // The same, keeping `dy` itself instead of a copy of it.
+  const math::Matrix& BackwardInput(math::Matrix&& dy, bool need_input_grad,
                                     MicrobatchState* mb) const;
 
   // W: accumulates the weight gradients of `mb` into this stage's gradients and frees what `mb`
@@ -75,6 +82,11 @@ class Stage {
 
  private:
   Stage() = default;
+
+  // F over mb->inputs[0] (already set, inputs sized n + 1).
+  const math::Matrix& ForwardFromInput(MicrobatchState* mb) const;
+  // I from mb->grads[n] (already set, grads sized n + 1).
+  const math::Matrix& BackwardInputFromOutputGrad(bool need_input_grad, MicrobatchState* mb) const;
 
   const Model* model_ = nullptr;
   int64_t first_ = 0;

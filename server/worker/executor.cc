@@ -381,14 +381,18 @@ absl::Status StepExecutor::Forward(int64_t step, const Action& a, int local, int
   }
   *ready = Clock::now();
   InFlight* f = AcquireInFlight(a.mb, local);
-  const math::Matrix& y = stage.Forward(math::AsConstMap(x), &f->state);
+  const math::Matrix& y = stage.Forward(std::move(x), &f->state);
+  f->out_rows = y.rows();
+  f->out_cols = y.cols();
   if (last) {
     f->dpred.resize(y.rows(), y.cols());
     const double loss = model_->loss().LossAndGrad(math::AsConstMap(y), math::AsConstMap(target),
                                                    loss_scale, math::AsMap(f->dpred));
     report->microbatch_losses[a.mb] = static_cast<float>(loss);
   } else {
-    sender_->Send(TensorKey{step, a.mb, a.chunk + 1, TensorKind::kActivation}, y);
+    // The output is not needed here any more (model::MicrobatchState): hand it over.
+    sender_->Send(TensorKey{step, a.mb, a.chunk + 1, TensorKind::kActivation},
+                  std::move(f->state.inputs.back()));
   }
   return absl::OkStatus();
 }
@@ -404,16 +408,19 @@ absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
   }
   model::Stage& stage = chunks_[local].stage;
   const bool last = a.chunk == num_chunks_ - 1;
-  const math::Matrix& out = f->state.inputs.back();
   math::Matrix dy;
   if (!last) {
     PT_ASSIGN_OR_RETURN(dy, TakeChecked(TensorKey{step, a.mb, a.chunk, TensorKind::kGradient},
-                                        out.rows(), out.cols()));
+                                        f->out_rows, f->out_cols));
   }
   *ready = Clock::now();
-  const math::Matrix& dx = stage.BackwardInput(math::AsConstMap(last ? f->dpred : dy),
-                                               /*need_input_grad=*/a.chunk > 0, &f->state);
-  if (a.chunk > 0) sender_->Send(TensorKey{step, a.mb, a.chunk - 1, TensorKind::kGradient}, dx);
+  stage.BackwardInput(last ? std::move(f->dpred) : std::move(dy),
+                      /*need_input_grad=*/a.chunk > 0, &f->state);
+  if (a.chunk > 0) {
+    // dL/dx is not read by W (model::MicrobatchState): hand it over.
+    sender_->Send(TensorKey{step, a.mb, a.chunk - 1, TensorKind::kGradient},
+                  std::move(f->state.grads[0]));
+  }
   f->dpred.resize(0, 0);
   f->input_grad_done = true;
   return absl::OkStatus();

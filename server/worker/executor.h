@@ -36,16 +36,16 @@ namespace pipetrain::worker {
 
 // Outgoing half of the data plane. The executor calls Send from its compute thread for every
 // activation (kActivation for chunk c+1 after F of chunk c) and input gradient (kGradient for
-// chunk c-1 after I or B of chunk c > 0). Send must not block on the network: it copies or
-// queues `tensor` (which the executor may overwrite or free as soon as Send returns) and
-// returns. A transport that cannot deliver reports it out of band (e.g. by aborting the
-// mailbox of the affected worker and telling the coordinator); the executor never learns of it
-// from Send. Chunks held by this same worker are also sent through the Sender, which must then
-// deliver them to this worker's own mailbox.
+// chunk c-1 after I or B of chunk c > 0). Send takes ownership of `tensor` (the executor keeps
+// no reference to it, so a transport can send it without a copy) and must not block on the
+// network: it queues the tensor and returns. A transport that cannot deliver reports it out of band
+// (e.g. by aborting the mailbox of the affected worker and telling the coordinator); the executor
+// never learns of it from Send. Chunks held by this same worker are also sent through the Sender,
+// which must then deliver them to this worker's own mailbox.
 class Sender {
  public:
   virtual ~Sender() = default;
-  virtual void Send(const wire::TensorKey& key, const math::Matrix& tensor) = 0;
+  virtual void Send(const wire::TensorKey& key, math::Matrix tensor) = 0;
 };
 
 struct ExecutorOptions {
@@ -168,6 +168,8 @@ class StepExecutor {
   // Per (micro-batch, local chunk) state from F until W.
   struct InFlight {
     model::MicrobatchState state;
+    int64_t out_rows = 0;  // shape of the chunk's output (sent on, so not kept in `state`).
+    int64_t out_cols = 0;
     math::Matrix dpred;  // last chunk only: dL/d(prediction) from F until I.
     bool input_grad_done = false;
   };

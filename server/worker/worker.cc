@@ -514,7 +514,7 @@ class StageWorkerDaemon::Job final : public Sender {
 
   // Sender: routes an outgoing tensor to this worker's mailbox or the owner's link (compute
   // thread). Never blocks on the network; a failure aborts the mailbox (so the step fails).
-  void Send(const TensorKey& key, const math::Matrix& tensor) override;
+  void Send(const TensorKey& key, math::Matrix tensor) override;
 
  private:
   struct PeerSlot {
@@ -882,15 +882,15 @@ void StageWorkerDaemon::Job::DialPeers() {
   }
 }
 
-void StageWorkerDaemon::Job::Send(const TensorKey& key, const math::Matrix& tensor) {
+void StageWorkerDaemon::Job::Send(const TensorKey& key, math::Matrix tensor) {
   if (pacer_ != nullptr) pacer_->BeforeSend(key);
   const int owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
   if (owner == rank_) {
-    absl::Status put = mailbox_.Put(key, tensor);
+    absl::Status put = mailbox_.Put(key, std::move(tensor));
     if (!put.ok() && mailbox_.status().ok()) mailbox_.Abort(put);
     return;
   }
-  auto shared = std::make_shared<const math::Matrix>(tensor);
+  auto shared = std::make_shared<const math::Matrix>(std::move(tensor));
   PeerLink* link = nullptr;
   {
     absl::MutexLock lock(&links_mu_);

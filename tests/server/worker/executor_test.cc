@@ -177,16 +177,17 @@ class DeadlockDetector : public MailboxObserver {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Delivers a worker's outgoing tensors straight into the mailbox of the chunk's owner (a copy,
-// as a transport would make). Used by one compute thread.
+// Delivers a worker's outgoing tensors straight into the mailbox of the chunk's owner. Used by
+// one compute thread.
 class InMemorySender : public Sender {
  public:
   InMemorySender(const schedule::Placement* placement,
                  const std::vector<std::unique_ptr<Mailbox>>* mailboxes)
       : placement_(placement), mailboxes_(mailboxes) {}
 
-  void Send(const TensorKey& key, const math::Matrix& tensor) override {
-    const absl::Status s = (*mailboxes_)[placement_->OwnerOf(key.chunk)]->Put(key, tensor);
+  void Send(const TensorKey& key, math::Matrix tensor) override {
+    const absl::Status s =
+        (*mailboxes_)[placement_->OwnerOf(key.chunk)]->Put(key, std::move(tensor));
     // A Put into an aborted mailbox is the expected end of an aborted step.
     if (!s.ok() && s.code() != absl::StatusCode::kAborted) ADD_FAILURE() << s;
   }
@@ -583,7 +584,7 @@ TEST(ExecutorTest, CrossWorkerDeadlockIsReportedNamingTheBlockedActions) {
 // A Sender for a worker that holds every chunk (nothing leaves it).
 class NoSender : public Sender {
  public:
-  void Send(const TensorKey& key, const math::Matrix& tensor) override {
+  void Send(const TensorKey& key, math::Matrix tensor) override {
     ADD_FAILURE() << "unexpected send of " << key.ToString();
   }
 };

@@ -1,0 +1,102 @@
+// Stage: the overloads that take their input by rvalue compute exactly what the copying ones do,
+// and the output and dL/dx may be moved out of the micro-batch state without changing what the
+// later phases compute (the executor hands both to the network that way).
+#include "common/model/stage.h"
+
+#include <cstring>
+#include <utility>
+
+#include "common/math/tensor.h"
+#include "gtest/gtest.h"
+#include "tests/common/model/test_models.h"
+
+namespace pipetrain::model {
+namespace {
+
+using testing::BuildOrDie;
+using testing::kGptSpec;
+using testing::kMlpSpec;
+using testing::MakeBatch;
+
+bool BitwiseEqual(const math::Matrix& a, const math::Matrix& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(a.size())) == 0;
+}
+
+// A deterministic [rows, cols] matrix varying with `salt`.
+math::Matrix Pattern(int64_t rows, int64_t cols, int salt) {
+  math::Matrix m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) {
+    m.data()[i] = 0.01f * static_cast<float>((i * 13 + salt * 7) % 97) - 0.4f;
+  }
+  return m;
+}
+
+// Runs F, I and W of two micro-batches through two identical stages over layers [first, last):
+// one with the copying overloads, one with the moving overloads, taking the output and dx out of
+// the state after F and I. Outputs, input gradients and accumulated weight gradients must be
+// bitwise equal.
+void ExpectMovingEqualsCopying(const char* spec, int64_t first, int64_t last) {
+  auto model = BuildOrDie(spec);
+  ASSERT_NE(model, nullptr);
+  math::OptimizerConfig optimizer;
+  auto copying = Stage::Create(model.get(), first, last, 11, optimizer);
+  auto moving = Stage::Create(model.get(), first, last, 11, optimizer);
+  ASSERT_TRUE(copying.ok()) << copying.status();
+  ASSERT_TRUE(moving.ok()) << moving.status();
+  copying->ZeroGrads();
+  moving->ZeroGrads();
+
+  for (int mb = 0; mb < 2; ++mb) {
+    math::Matrix x;
+    if (first == 0) {
+      x = MakeBatch(*model, 3, mb).inputs;
+    } else {
+      x = Pattern(3 * model->tokens_per_sample(), model->layer(first).in_features(), mb);
+    }
+    MicrobatchState a, b;
+    const math::Matrix y_copying = copying->Forward(math::AsConstMap(x), &a);
+    math::Matrix x_moved = x;
+    moving->Forward(std::move(x_moved), &b);
+    math::Matrix y_moving = std::move(b.inputs.back());
+    EXPECT_TRUE(BitwiseEqual(y_copying, y_moving)) << "output, micro-batch " << mb;
+
+    const math::Matrix dy = Pattern(y_copying.rows(), y_copying.cols(), 100 + mb);
+    const bool need_dx = first > 0;
+    const math::Matrix dx_copying = copying->BackwardInput(math::AsConstMap(dy), need_dx, &a);
+    math::Matrix dy_moved = dy;
+    moving->BackwardInput(std::move(dy_moved), need_dx, &b);
+    math::Matrix dx_moving = std::move(b.grads[0]);
+    EXPECT_TRUE(BitwiseEqual(dx_copying, dx_moving)) << "dx, micro-batch " << mb;
+    if (need_dx) {
+      EXPECT_GT(dx_moving.size(), 0);
+    }
+
+    copying->BackwardWeight(&a);
+    moving->BackwardWeight(&b);
+  }
+  for (int64_t l = first; l < last; ++l) {
+    const auto& ga = copying->grads(l);
+    const auto& gb = moving->grads(l);
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t p = 0; p < ga.size(); ++p) {
+      ASSERT_EQ(ga[p].data.size(), gb[p].data.size());
+      EXPECT_EQ(
+          std::memcmp(ga[p].data.data(), gb[p].data.data(), sizeof(float) * ga[p].data.size()), 0)
+          << "layer " << l << " param " << p;
+    }
+  }
+}
+
+TEST(StageTest, MovingOverloadsMatchCopyingOnesMlp) {
+  ExpectMovingEqualsCopying(kMlpSpec, 0, 3);  // first stage: no dx.
+  ExpectMovingEqualsCopying(kMlpSpec, 2, 5);  // a middle stage.
+}
+
+TEST(StageTest, MovingOverloadsMatchCopyingOnesGpt) {
+  ExpectMovingEqualsCopying(kGptSpec, 0, 2);
+  ExpectMovingEqualsCopying(kGptSpec, 1, 4);
+}
+
+}  // namespace
+}  // namespace pipetrain::model
