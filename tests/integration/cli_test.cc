@@ -1,8 +1,6 @@
 // Runs the real `pipetrain reference` binary and checks what a user would: the loss falls, the
 // digits MLP generalises, the char model beats the uniform baseline, runs repeat bit for bit,
 // and bad input fails with a clear message.
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -12,28 +10,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/run_command.h"
 
 namespace pipetrain {
 namespace {
 
 using ::testing::HasSubstr;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using CliRun = testing::CommandRun;  // out: stdout and stderr.
 
 CliRun Pipetrain(const std::string& args) {
-  const std::string cmd = std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1";
-  CliRun run;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
-  const int status = pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1");
 }
 
 std::string Example(const std::string& name) {

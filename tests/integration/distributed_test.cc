@@ -23,28 +23,17 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/run_command.h"
 
 namespace pipetrain {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout only
-};
+using CliRun = testing::CommandRun;  // out: stdout only.
 
 // Runs `pipetrain ARGS` through the shell, stdout captured, stderr discarded unless it fails.
 CliRun Pipetrain(const std::string& args, const std::string& stderr_file) {
-  const std::string cmd = absl::StrCat(PIPETRAIN_BINARY, " ", args, " 2>",
-                                       stderr_file.empty() ? "/dev/null" : stderr_file);
-  CliRun run;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
-  const int status = pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " ", args, " 2>",
+                                          stderr_file.empty() ? "/dev/null" : stderr_file));
 }
 
 std::string ReadFile(const std::string& path) {
