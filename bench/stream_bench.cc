@@ -50,8 +50,8 @@
 #include "common/math/tensor.h"
 #include "common/util/status_macros.h"
 #include "common/wire/frame_codec.h"
-#include "server/worker/exchange_service.h"
-#include "server/worker/peer_link.h"
+#include "server/link/exchange_service.h"
+#include "server/link/peer_link.h"
 
 ABSL_FLAG(std::string, role, "", "internal: 'sender' for the spawned child; empty for the driver");
 ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc', 'bare' or 'tcp'");
@@ -85,7 +85,7 @@ struct Options {
   int64_t budget_bytes = 0;
   int repeats = 1;
   bool tune_malloc = true;
-  worker::LinkOptions link;
+  link::LinkOptions link;
 };
 
 wire::FrameValidation Validation() {
@@ -194,15 +194,15 @@ absl::Status GrpcSend(const Options& options) {
   auto notify = [&acked, &notified] {
     if (!notified.exchange(true)) acked.Notify();
   };
-  worker::LinkCallbacks callbacks;
+  link::LinkCallbacks callbacks;
   callbacks.on_tensor = [notify](const TensorKey&, math::Matrix) {
     notify();
     return absl::OkStatus();
   };
   callbacks.on_error = [notify](const absl::Status&) { notify(); };
-  auto link = worker::PeerLink::Connect(worker::CreateExchangeChannel(address), address,
-                                        worker::PeerHello{"bench-sender", {kJob, 1}}, options.link,
-                                        {Validation(), callbacks});
+  auto link = link::PeerLink::Connect(link::CreateExchangeChannel(address), address,
+                                      link::PeerHello{"bench-sender", {kJob, 1}}, options.link,
+                                      {Validation(), callbacks});
   PT_RETURN_IF_ERROR(link.status());
   auto tensor = MakeTensor(options.bytes);
   for (int64_t i = 0; i < options.count; ++i) {
@@ -264,22 +264,22 @@ class GrpcReceiver {
  public:
   GrpcReceiver(int64_t warmup, int64_t count) : clock_(warmup, count) {}
 
-  absl::StatusOr<worker::LinkSettings> Accept(std::unique_ptr<worker::PeerLink> link) {
+  absl::StatusOr<link::LinkSettings> Accept(std::unique_ptr<link::PeerLink> link) {
     absl::MutexLock lock(&mu_);
     link_ = std::move(link);
-    worker::LinkCallbacks callbacks;
+    link::LinkCallbacks callbacks;
     callbacks.on_tensor = [this](const TensorKey&, math::Matrix) {
       if (clock_.Arrived()) Ack();
       return absl::OkStatus();
     };
     callbacks.on_error = [this](const absl::Status& status) { clock_.Fail(status); };
-    return worker::LinkSettings{Validation(), callbacks};
+    return link::LinkSettings{Validation(), callbacks};
   }
 
   absl::StatusOr<double> Wait() { return clock_.Wait(); }
 
   void Close() {
-    std::unique_ptr<worker::PeerLink> link;
+    std::unique_ptr<link::PeerLink> link;
     {
       absl::MutexLock lock(&mu_);
       link = std::move(link_);
@@ -297,7 +297,7 @@ class GrpcReceiver {
 
   ArrivalClock clock_;
   absl::Mutex mu_;  // protects link_.
-  std::unique_ptr<worker::PeerLink> link_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<link::PeerLink> link_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -540,8 +540,8 @@ absl::StatusOr<CaseResult> RunBareCase(const Options& options, int64_t bytes, in
 absl::StatusOr<CaseResult> RunGrpcCase(const Options& options, int64_t bytes, int64_t warmup,
                                        int64_t count) {
   GrpcReceiver receiver(warmup, count);
-  auto service = worker::ExchangeService::Create(
-      options.link, [&receiver](const worker::PeerHello&, std::unique_ptr<worker::PeerLink> link) {
+  auto service = link::ExchangeService::Create(
+      options.link, [&receiver](const link::PeerHello&, std::unique_ptr<link::PeerLink> link) {
         return receiver.Accept(std::move(link));
       });
   PT_RETURN_IF_ERROR(service.status());

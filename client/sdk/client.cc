@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 
 namespace pipetrain::client {
@@ -119,21 +120,54 @@ absl::StatusOr<v1::StepResult> Client::TrainStep(const std::string& job, const B
   return result;
 }
 
-absl::StatusOr<v1::JobStatus> Client::GetJob(const std::string& job) {
+namespace {
+
+// One unary call of `method` on `stub`; errors are the coordinator's statuses, prefixed `what`.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Unary(v1::Coordinator::Stub* stub,
+                               grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                             const Request&,
+                                                                             Response*),
+                               const Request& request, const char* what) {
   grpc::ClientContext context;
-  v1::GetJobRequest request;
-  request.set_job(job);
-  v1::JobStatus response;
-  const grpc::Status status = stub_->GetJob(&context, request, &response);
-  if (!status.ok()) return wire::FromGrpcStatus(status, "GetJob");
+  Response response;
+  const grpc::Status status = (stub->*method)(&context, request, &response);
+  if (!status.ok()) return wire::FromGrpcStatus(status, what);
   return response;
 }
 
+}  // namespace
+
+absl::StatusOr<v1::JobStatus> Client::GetJob(const std::string& job) {
+  v1::GetJobRequest request;
+  request.set_job(job);
+  return Unary(stub_.get(), &v1::Coordinator::Stub::GetJob, request, "GetJob");
+}
+
+absl::StatusOr<v1::JobStatus> Client::FinishJob(const std::string& job) {
+  v1::FinishJobRequest request;
+  request.set_job(job);
+  return Unary(stub_.get(), &v1::Coordinator::Stub::FinishJob, request, "FinishJob");
+}
+
+absl::StatusOr<v1::JobStatus> Client::CancelJob(const std::string& job, const std::string& reason) {
+  v1::CancelJobRequest request;
+  request.set_job(job);
+  request.set_reason(reason);
+  return Unary(stub_.get(), &v1::Coordinator::Stub::CancelJob, request, "CancelJob");
+}
+
+absl::StatusOr<std::vector<v1::JobStatus>> Client::ListJobs() {
+  PT_ASSIGN_OR_RETURN(
+      v1::ListJobsResponse response,
+      Unary(stub_.get(), &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), "ListJobs"));
+  return std::vector<v1::JobStatus>(response.jobs().begin(), response.jobs().end());
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
-  grpc::ClientContext context;
-  v1::ListWorkersResponse response;
-  const grpc::Status status = stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return wire::FromGrpcStatus(status, "ListWorkers");
+  PT_ASSIGN_OR_RETURN(v1::ListWorkersResponse response,
+                      Unary(stub_.get(), &v1::Coordinator::Stub::ListWorkers,
+                            v1::ListWorkersRequest(), "ListWorkers"));
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 

@@ -5,6 +5,7 @@
 //   PT_ASSIGN_OR_RETURN(auto session, client->StartTraining(job.job()));
 //   for (...) { PT_ASSIGN_OR_RETURN(v1::StepResult r, session->Step(batch)); }
 //   PT_RETURN_IF_ERROR(session->Finish());
+//   PT_RETURN_IF_ERROR(client->FinishJob(job.job()).status());  // frees the workers
 //
 // Results are the wire messages of coordinator.proto (StepResult, JobStatus, WorkerInfo): the
 // SDK is the client's edge. Errors are the coordinator's statuses (see coordinator.proto and
@@ -85,6 +86,14 @@ class Client {
   // job at its first Step (FAILED_PRECONDITION).
   absl::StatusOr<std::unique_ptr<TrainSession>> StartTraining(const std::string& job);
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);
+  // Ends a job that trained successfully: DONE, its workers freed. FAILED_PRECONDITION while a
+  // step is in flight or once the job ended (the message names its state).
+  absl::StatusOr<v1::JobStatus> FinishJob(const std::string& job);
+  // Ends a job at once (a step in flight is aborted): CANCELLED with `reason`, its workers freed.
+  // OK (and no change) for a job that already ended.
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job, const std::string& reason = "");
+  // Every job the coordinator knows (ended ones for its retention period), oldest first.
+  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
   // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
   // file system), then the coordinator writes the manifest (see docs/architecture.md).

@@ -2,19 +2,25 @@
 // membership of stage workers, the job state machine and the orchestration of training steps.
 //
 // Threading model (docs/architecture.md):
-//  - gRPC callback reactors (one per Join stream, one per Train stream, unary reactors) never
-//    block: they validate and record what arrives under `mu_` and hand every blocking operation
-//    (CreateJob's assignment, a training step, a checkpoint) to the job thread, a single thread
-//    that runs those operations one at a time in arrival order.
-//  - The job thread sends commands by queueing them on the workers' Join reactors and waits on
+//  - gRPC callback reactors (server/coordinator/reactors.h: one per Join stream, one per Train
+//    stream; unary reactors) never block: they validate and record what arrives under `mu_` and
+//    hand every blocking operation to a thread.
+//  - Every job has its own operation thread (OpThread) that runs its blocking operations
+//    (assignment, training steps, checkpoints) one at a time in arrival order, so that jobs never
+//    wait for each other. CreateJob's validation and partitioning run on the admission thread.
+//  - Operation threads send commands by queueing them on the workers' Join reactors and wait on
 //    `mu_` (absl::Mutex::Await) for the events the reactors record (Assigned, StepDone,
-//    Committed, ShardsSaved, WorkerError, a lost worker).
+//    Committed, ShardsSaved, WorkerError, a lost worker, a cancelled job).
+//  - The housekeeping thread cancels jobs whose client lease ran out, prunes ended jobs after
+//    the retention period and joins the operation threads of ended jobs.
 //
+// Job life (coordinator.proto, JobState): a job ends DONE (FinishJob), CANCELLED (CancelJob, or
+// no client for longer than the lease) or FAILED (a lost worker, a step not committed
+// everywhere, a failed assignment); an ended job releases its workers at once (Release).
 // Error policy of Train: a bad batch (shape, values, samples % M) ends that Train stream with
 // INVALID_ARGUMENT, and a step a worker failed ends it with the worker's status after Abort was
-// sent to every worker; in both cases the job stays "ready" and a new Train stream may continue
-// where the last applied step left off. A lost worker (its Join stream broke) fails the job
-// ("failed" with the reason; recovery is future work) and releases its other workers.
+// sent to every worker; in both cases the job stays READY and a new Train stream may continue
+// where the last applied step left off. A lost worker fails the job (recovery is future work).
 #ifndef PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -40,18 +46,32 @@
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
-#include "server/worker/peer_link.h"
+#include "server/coordinator/job_state.h"
+#include "server/coordinator/op_thread.h"
+#include "server/link/peer_link.h"
 
 namespace pipetrain::coordinator {
 
 struct CoordinatorOptions {
   // Options of the data links the coordinator opens to the first and last chunk owners.
-  worker::LinkOptions link;
+  link::LinkOptions link;
   // Longest wait for every worker's Assigned after Assign. Default 2 minutes.
   absl::Duration assign_timeout = absl::Minutes(2);
   // Longest wait for a step's StepDone (or Committed, ShardsSaved) from every worker. A lost
   // worker is detected sooner by its broken Join stream. Default 30 minutes.
   absl::Duration step_timeout = absl::Minutes(30);
+  // A job with no Train stream and no client call naming it for this long is cancelled
+  // ("client gone"). Default 5 minutes.
+  absl::Duration client_lease = absl::Minutes(5);
+  // Ended jobs stay listed (ListJobs, GetJob) this long, at most `max_ended_jobs` of them (the
+  // oldest go first). Defaults: 1 hour, 1000.
+  absl::Duration job_retention = absl::Hours(1);
+  int max_ended_jobs = 1000;
+  // How often the housekeeping thread looks at leases and retention. Default 1 s.
+  absl::Duration housekeeping_interval = absl::Seconds(1);
+
+  // OK, or INVALID_ARGUMENT naming the bad field.
+  absl::Status Check() const;
 };
 
 class JoinReactor;
@@ -82,6 +102,15 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
                                    v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* FinishJob(grpc::CallbackServerContext* context,
+                                      const v1::FinishJobRequest* request,
+                                      v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
@@ -109,15 +138,23 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     std::shared_ptr<const model::Model> model;
     schedule::Plan plan;
     std::vector<v1::ChunkSpec> chunks;
-    std::vector<std::string> workers;  // [rank] worker name.
+    std::vector<std::string> workers;  // [rank] worker name (kept after the job ended).
     double imbalance = 1;
     int64_t epoch = 1;
-    std::string state = "assigning";  // assigning | ready | training | failed
-    std::string error;
+    JobState state = JobState::kAssigning;
+    std::string reason;  // why it FAILED or was CANCELLED.
     int64_t steps_done = 0;
-    const void* train_owner = nullptr;  // the TrainReactor holding the job, if any.
+    absl::Time created;
+    absl::Time ended = absl::InfinitePast();  // set when it enters a terminal state.
+    const void* train_owner = nullptr;        // the TrainReactor holding the job, if any.
+    // With no Train stream open, the job is cancelled at this time unless a client call renews
+    // it (InfiniteFuture while a stream is open or once the job ended).
+    absl::Time lease_expiry = absl::InfiniteFuture();
 
-    // Current operation (one at a time, run by the job thread).
+    // Runs this job's blocking operations (null only while the job is being created).
+    std::unique_ptr<OpThread> ops;
+
+    // Current operation (one at a time, run by the job's OpThread).
     int64_t op_step = -1;
     std::vector<bool> assigned;                        // [rank]
     std::vector<int64_t> runs_sent;                    // [rank] RunSteps sent.
@@ -128,26 +165,35 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     absl::Status op_error;  // first WorkerError or link failure of the operation.
 
     // Data links to the first and last chunk owners, by rank, for `links_epoch`. Used by the
-    // job thread only (never destroyed under mu_: their Shutdown may wait for a callback that
+    // job's OpThread only (never destroyed under mu_: their Shutdown may wait for a callback that
     // takes mu_).
-    std::map<int, std::shared_ptr<worker::PeerLink>> links;
+    std::map<int, std::shared_ptr<link::PeerLink>> links;
     int64_t links_epoch = -1;
   };
 
-  // Queues `task` on the job thread.
-  void Post(std::function<void()> task);
-  void JobThreadLoop();
-  bool HasTaskOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-    return stop_thread_ || !queue_.empty();
-  }
+  // "worker 'NAME' (rank R)".
+  static std::string WorkerLabel(const std::string& name, int rank);
 
-  // Shuts down the data links of failed jobs (job thread only; takes mu_).
-  void CloseLinksOfFailedJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  void HousekeepingLoop();
+  // Answers a unary call about job `id` with its status after `act` (run under mu_) returned OK,
+  // or with the error of FindJob or `act`.
+  grpc::ServerUnaryReactor* AnswerWithJob(grpc::CallbackServerContext* context,
+                                          const std::string& id, v1::JobStatus* response,
+                                          const std::function<absl::Status(Job&)>& act)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` on job `id`'s OpThread; FAILED_PRECONDITION/NOT_FOUND if it has none or ended.
+  absl::Status PostToJob(const std::string& id, std::function<void()> task)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Blocking operations, run on the job thread.
-  absl::StatusOr<v1::JobStatus> DoCreateJob(const v1::JobSpec& spec);
+  // Blocking operations. DoCreateJob runs on the admission thread and hands the assignment to
+  // the new job's OpThread, which answers `done`; the others run on the job's OpThread.
+  void DoCreateJob(const v1::JobSpec& spec,
+                   std::function<void(absl::StatusOr<v1::JobStatus>)> done);
+  absl::StatusOr<v1::JobStatus> DoAssign(Job* job);
   absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request);
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
+  // The last task on an ended job's OpThread: closes its data links.
+  void CloseJobLinks(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reactor hooks (non-blocking).
   // Handles one event of worker `name` (empty before registration); sets *registered_name on a
@@ -161,45 +207,68 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void ReleaseJob(const std::string& job, const void* owner);
 
   // Helpers; `mu_` held.
-  // OK if `job` is "ready", else FAILED_PRECONDITION naming its state (and error).
+  // OK if `job` is READY, else FAILED_PRECONDITION naming its state (and reason).
   static absl::Status CheckReady(const Job& job);
   // The job `id` if it exists and is ready: NOT_FOUND for an unknown job, else CheckReady's error.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `id`: NOT_FOUND naming it if there is none. Renews its client lease.
+  absl::StatusOr<Job*> FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendToRank(Job& job, int rank, const v1::WorkerCommand& command)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortStep(Job& job, int64_t step, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailJob(Job& job, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a failed training step: Abort to every rank and back to "ready" unless the job failed.
+  // Moves a job that has not ended into terminal `state` (DONE, FAILED, CANCELLED) with
+  // `reason`: aborts a step in flight, sends Release to its workers and frees them, wakes its
+  // waiting operation and closes its OpThread behind a task that closes its links.
+  void EndJob(Job& job, JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailJob(Job& job, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EndJob(job, JobState::kFailed, error);
+  }
+  // Ends a failed training step: Abort to every rank and back to READY unless the job ended.
   // Returns `status`.
   absl::Status FailStep(Job& job, int64_t step, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until `done` holds, the job fails, the operation has an error, the service shuts down or
+  // "job 'ID' is STATE[: REASON]" for an ended job.
+  static std::string EndedMessage(const Job& job);
+  // What new work on an ended job gets: FAILED_PRECONDITION with EndedMessage.
+  static absl::Status EndedError(const Job& job);
+  // What an operation in flight gets when its job ends: CANCELLED for a cancelled job,
+  // UNAVAILABLE for a failed one, FAILED_PRECONDITION for a finished one.
+  static absl::Status InterruptedError(const Job& job);
+  // Waits until `done` holds, the job ends, the operation has an error, the service shuts down or
   // `timeout` passes; returns the reason it stopped waiting (OK: `done`).
   absl::Status AwaitOp(Job& job, const std::function<bool()>& done, absl::Duration timeout,
                        const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels jobs whose lease expired and prunes ended jobs (retention); returns the OpThreads of
+  // pruned jobs, to be destroyed (joined) outside mu_.
+  std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const CoordinatorOptions options_;
+  const std::string id_prefix_;  // "job-<random hex>-": job ids are unique across restarts.
 
   // Protects the membership, the jobs and every Join reactor's registration (reactors take it in
-  // their callbacks, never while blocking). Lock order: mu_ before any reactor's own mutex.
+  // their callbacks, never while blocking). Lock order: mu_ before any reactor's own mutex, and
+  // before an OpThread's.
   mutable absl::Mutex mu_;
   std::map<std::string, WorkerConn> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  // Signalled (under mu_) whenever a worker event, a lost worker, a link failure or Shutdown
-  // changes what a waiting operation looks at.
+  // Signalled (under mu_) whenever a worker event, a lost worker, a link failure, an ended job or
+  // Shutdown changes what a waiting operation looks at.
   absl::CondVar event_cv_;
 
-  // Protects the job thread's queue.
-  absl::Mutex queue_mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool stop_thread_ ABSL_GUARDED_BY(queue_mu_) = false;
-  std::thread job_thread_;
+  // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
+  std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();
+  // Wakes the housekeeping thread for shutdown.
+  absl::Mutex housekeeping_mu_;
+  bool stop_housekeeping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
+  std::thread housekeeping_thread_;
 };
 
 // Converts a client DenseTensor to a matrix: INVALID_ARGUMENT (naming `what`) unless it is rank 2

@@ -2,6 +2,7 @@
 // API), the gRPC health service and, when available, reflection.
 //
 //   coordinator --listen 127.0.0.1:7070 [--client-listen ADDR] [--port-file PATH]
+//               [--client-lease 5m] [--job-retention 1h] [--max-ended-jobs 1000]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -25,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/flag_names.h"
 #include "server/coordinator/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -32,6 +34,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
 ABSL_FLAG(std::string, client_listen, "",
           "optional second host:port serving the same service, e.g. for clients");
 ABSL_FLAG(std::string, port_file, "", "write the chosen --listen port here (atomically)");
+ABSL_FLAG(absl::Duration, client_lease, absl::Minutes(5),
+          "cancel a job that has had no Train stream and no client call for this long");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
+          "keep ended jobs listed (ListJobs/GetJob) this long");
+ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs listed");
 
 namespace {
 
@@ -59,7 +66,10 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   absl::SetProgramUsageMessage("pipetrain coordinator daemon: coordinator --listen HOST:PORT");
-  absl::ParseCommandLine(argc, argv);
+  // --port-file and --port_file alike.
+  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
   // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
   sigset_t signals;
@@ -73,7 +83,15 @@ int main(int argc, char** argv) {
 #ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 #endif
-  auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>();
+  pipetrain::coordinator::CoordinatorOptions options;
+  options.client_lease = absl::GetFlag(FLAGS_client_lease);
+  options.job_retention = absl::GetFlag(FLAGS_job_retention);
+  options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
+  if (const absl::Status s = options.Check(); !s.ok()) {
+    std::cerr << "coordinator: " << s.message() << "\n";
+    return 2;
+  }
+  auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>(options);
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);

@@ -1,5 +1,5 @@
 // stage_worker: the pipeline stage worker daemon. Flags -> StageWorkerOptions -> run until
-// SIGINT/SIGTERM. All behaviour lives in StageWorkerDaemon (server/worker/worker.h).
+// SIGINT/SIGTERM. All behaviour lives in StageWorkerDaemon (server/worker/stage_worker_daemon.h).
 #include <malloc.h>
 
 #include <algorithm>
@@ -14,7 +14,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "server/worker/worker.h"
+#include "common/util/flag_names.h"
+#include "server/worker/stage_worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
 ABSL_FLAG(std::string, listen, "0.0.0.0:0",
@@ -35,16 +36,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
       "[--emulate-gflops X] [--threads-max T]");
-  // Accept --emulate-gflops as well as --emulate_gflops (Abseil flag names use underscores).
-  std::vector<std::string> args(argv, argv + argc);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) {
-    if (arg.rfind("--", 0) == 0) {
-      const size_t end = std::min(arg.find('='), arg.size());
-      std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-    }
-    arg_ptrs.push_back(arg.data());
-  }
+  // --emulate-gflops and --emulate_gflops alike.
+  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
   pipetrain::worker::StageWorkerOptions options;

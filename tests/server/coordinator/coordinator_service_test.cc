@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -24,8 +25,8 @@
 #include "common/schedule/generator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/worker/exchange_service.h"
-#include "server/worker/peer_link.h"
+#include "server/link/exchange_service.h"
+#include "server/link/peer_link.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -77,12 +78,12 @@ TestBatch MakeBatch(int64_t samples, int64_t features = 4) {
 class FakeWorker {
  public:
   FakeWorker(const std::string& coordinator, std::string name) : name_(std::move(name)) {
-    auto service = worker::ExchangeService::Create(
-        worker::LinkOptions(),
-        [this](const worker::PeerHello& hello,
-               std::unique_ptr<worker::PeerLink> link) -> absl::StatusOr<worker::LinkSettings> {
+    auto service = link::ExchangeService::Create(
+        link::LinkOptions(),
+        [this](const link::PeerHello& hello,
+               std::unique_ptr<link::PeerLink> link) -> absl::StatusOr<link::LinkSettings> {
           absl::MutexLock lock(&mu_);
-          worker::LinkSettings settings;
+          link::LinkSettings settings;
           settings.validation.expected = hello.identity;
           settings.validation.num_microbatches = microbatches_;
           settings.validation.num_chunks = num_chunks_;
@@ -123,7 +124,7 @@ class FakeWorker {
     if (stopped_.exchange(true)) return;
     context_.TryCancel();
     reader_.join();
-    std::vector<std::unique_ptr<worker::PeerLink>> links;
+    std::vector<std::unique_ptr<link::PeerLink>> links;
     {
       absl::MutexLock lock(&mu_);
       links.swap(links_);
@@ -174,6 +175,15 @@ class FakeWorker {
   int aborts() {
     absl::MutexLock lock(&mu_);
     return aborts_;
+  }
+  // Waits until a Release of `job` arrived (or the stream ended: false).
+  bool WaitReleased(const std::string& job) {
+    absl::MutexLock lock(&mu_);
+    auto released = [this, &job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return ended_ || std::find(released_.begin(), released_.end(), job) != released_.end();
+    };
+    mu_.Await(absl::Condition(&released));
+    return std::find(released_.begin(), released_.end(), job) != released_.end();
   }
   std::vector<wire::TensorKey> received() {
     absl::MutexLock lock(&mu_);
@@ -265,6 +275,10 @@ class FakeWorker {
         e->set_code(static_cast<int>(absl::StatusCode::kAborted));
         e->set_message("step aborted by the coordinator");
         held_.reset();
+      } else if (command.has_release()) {
+        absl::MutexLock lock(&mu_);
+        released_.push_back(command.release().job());
+        continue;
       } else if (command.has_save_shards()) {
         event.mutable_shards_saved()->set_job(command.save_shards().job());
         event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
@@ -283,7 +297,7 @@ class FakeWorker {
 
   const std::string name_;
   std::string address_;
-  std::unique_ptr<worker::ExchangeService> exchange_;
+  std::unique_ptr<link::ExchangeService> exchange_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
@@ -304,16 +318,20 @@ class FakeWorker {
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<wire::TensorKey> received_ ABSL_GUARDED_BY(mu_);
   int64_t received_rows_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::unique_ptr<worker::PeerLink>> links_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<link::PeerLink>> links_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   size_t wait_for_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);  // jobs named by Release commands.
 };
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
+  // The service's options; fixtures for timing-dependent behaviour shorten them.
+  virtual CoordinatorOptions Options() const { return {}; }
+
   void SetUp() override {
-    service_ = std::make_unique<CoordinatorService>();
+    service_ = std::make_unique<CoordinatorService>(Options());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -372,7 +390,7 @@ TEST_F(CoordinatorServiceTest, FewerWorkersThanStagesIsFailedPrecondition) {
   AddWorkers(1);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(3, 3));
   ASSERT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(job.status().message(), "CreateJob: job needs 3 workers, 1 live: 2 missing");
+  EXPECT_EQ(job.status().message(), "CreateJob: job needs 3 workers, 1 idle: 2 missing");
 }
 
 TEST_F(CoordinatorServiceTest, ModelWithFewerLayersThanChunksIsInvalidArgument) {
@@ -407,7 +425,7 @@ TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->state(), "ready");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_READY);
   ASSERT_EQ(job->stages_size(), 2);
   const TestBatch batch = MakeBatch(8);
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), batch.view());
@@ -510,7 +528,7 @@ TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
   EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 0: out of memory"));
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
-  EXPECT_EQ(status->state(), "ready");
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
   EXPECT_EQ(status->steps_done(), 0);
   r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_TRUE(r.ok()) << r.status();
@@ -528,14 +546,14 @@ TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {
   for (;;) {
     absl::StatusOr<v1::JobStatus> now = client_->GetJob(job->job());
     ASSERT_TRUE(now.ok());
-    if (now->state() == "failed") break;
+    if (now->state() == v1::JOB_STATE_FAILED) break;
     client_->TrainStep(job->job(), MakeBatch(4).view()).IgnoreError();
   }
   absl::StatusOr<v1::JobStatus> status;
   status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
-  EXPECT_EQ(status->state(), "failed");
-  EXPECT_THAT(status->error(), HasSubstr("worker 'w1' (rank 1) was lost"));
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("worker 'w1' (rank 1) was lost"));
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   // The surviving worker is idle again.
@@ -581,6 +599,178 @@ TEST_F(CoordinatorServiceTest, CheckpointWaitsForShardsThenWritesTheManifest) {
 
 TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {
   EXPECT_EQ(client_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// ------------------------------------------------------------------ job life cycle
+
+// Polls ListJobs (which, unlike GetJob, does not renew a job's client lease) until `job` is in
+// `state` or has left the list (nullopt), for at most 30 s.
+std::optional<v1::JobStatus> AwaitListedState(client::Client& client, const std::string& job,
+                                              v1::JobState state) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::optional<v1::JobStatus> last;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<v1::JobStatus>> jobs = client.ListJobs();
+    if (!jobs.ok()) return std::nullopt;
+    last.reset();
+    for (const v1::JobStatus& j : *jobs) {
+      if (j.job() == job) last = j;
+    }
+    if (!last.has_value() || last->state() == state) return last;
+    absl::SleepFor(absl::Milliseconds(5));  // polling interval, not synchronisation.
+  }
+  return last;
+}
+
+TEST_F(CoordinatorServiceTest, FinishedJobReleasesItsWorkersForTheNextJob) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->job(), ::testing::MatchesRegex("job-[0-9a-f]{8}-1"));
+  ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  absl::StatusOr<v1::JobStatus> done = client_->FinishJob(job->job());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ(done->steps_done(), 1);
+  EXPECT_GT(done->ended_unix_ms(), 0);
+  for (auto& w : workers_) EXPECT_TRUE(w->WaitReleased(job->job())) << w->name();
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const v1::WorkerInfo& w : *workers) EXPECT_EQ(w.job(), "") << w.name();
+
+  // The ended job takes no more work; finishing it again says what it is; cancelling is a no-op.
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("is done"));
+  EXPECT_EQ(client_->FinishJob(job->job()).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<v1::JobStatus> cancelled = client_->CancelJob(job->job());
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ(client_->CancelJob("no-such-job").status().code(), absl::StatusCode::kNotFound);
+
+  // The same workers serve the next job.
+  absl::StatusOr<v1::JobStatus> next = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE(next->job(), job->job());
+  r = client_->TrainStep(next->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job(), job->job());
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ((*jobs)[1].state(), v1::JOB_STATE_READY);
+}
+
+TEST_F(CoordinatorServiceTest, CancelAbortsTheStepInFlightAndFreesTheWorkers) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->HoldStepUntilAbort(0);
+  absl::StatusOr<v1::StepResult> step;
+  std::thread trainer([&] { step = client_->TrainStep(job->job(), MakeBatch(4).view()); });
+  std::optional<v1::JobStatus> training =
+      AwaitListedState(*client_, job->job(), v1::JOB_STATE_TRAINING);
+  ASSERT_TRUE(training.has_value());
+  ASSERT_EQ(training->state(), v1::JOB_STATE_TRAINING);
+  EXPECT_EQ(client_->FinishJob(job->job()).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<v1::JobStatus> cancelled = client_->CancelJob(job->job(), "operator says stop");
+  trainer.join();
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "operator says stop");
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(step.status().message(), HasSubstr("operator says stop"));
+  EXPECT_EQ(workers_[0]->aborts(), 1);
+  for (auto& w : workers_) EXPECT_TRUE(w->WaitReleased(job->job())) << w->name();
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(status->steps_done(), 0);
+  ASSERT_TRUE(client_->CreateJob(MakeSpec(2, 2)).ok());
+}
+
+TEST_F(CoordinatorServiceTest, JobsOnDifferentWorkersDoNotWaitForEachOther) {
+  AddWorkers(4);
+  absl::StatusOr<v1::JobStatus> a = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->stages(1).worker(), "w1");
+  workers_[1]->HoldStepUntilAbort(0);
+  absl::StatusOr<v1::StepResult> held;
+  std::thread trainer([&] { held = client_->TrainStep(a->job(), MakeBatch(4).view()); });
+  ASSERT_EQ(AwaitListedState(*client_, a->job(), v1::JOB_STATE_TRAINING)->state(),
+            v1::JOB_STATE_TRAINING);
+  // While job a's step hangs, job b is created and trains on the other two workers.
+  absl::StatusOr<v1::JobStatus> b = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->stages(0).worker(), "w2");
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<v1::StepResult> r = client_->TrainStep(b->job(), MakeBatch(4).view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), i + 1);
+  }
+  ASSERT_TRUE(client_->CancelJob(a->job()).ok());
+  trainer.join();
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(client_->FinishJob(b->job()).ok());
+}
+
+class CoordinatorLeaseTest : public CoordinatorServiceTest {
+ protected:
+  CoordinatorOptions Options() const override {
+    CoordinatorOptions options;
+    options.client_lease = absl::Milliseconds(300);
+    options.housekeeping_interval = absl::Milliseconds(10);
+    return options;
+  }
+};
+
+TEST_F(CoordinatorLeaseTest, JobWithoutAClientIsCancelledAndFreesItsWorkers) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // A Train stream holds the lease for as long as it is open...
+  {
+    absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+        client_->StartTraining(job->job());
+    ASSERT_TRUE(session.ok());
+    ASSERT_TRUE((*session)->Step(MakeBatch(4).view()).ok());
+    absl::StatusOr<v1::JobStatus> attached = client_->GetJob(job->job());
+    ASSERT_TRUE(attached.ok());
+    EXPECT_TRUE(attached->client_attached());
+    ASSERT_TRUE((*session)->Finish().ok());
+  }
+  // ... and once it is gone, nobody renews it.
+  std::optional<v1::JobStatus> ended =
+      AwaitListedState(*client_, job->job(), v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(ended.has_value());
+  ASSERT_EQ(ended->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(ended->reason(), HasSubstr("client gone"));
+  EXPECT_EQ(ended->steps_done(), 1);
+  for (auto& w : workers_) EXPECT_TRUE(w->WaitReleased(job->job())) << w->name();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("client gone"));
+}
+
+class CoordinatorRetentionTest : public CoordinatorServiceTest {
+ protected:
+  CoordinatorOptions Options() const override {
+    CoordinatorOptions options;
+    options.job_retention = absl::ZeroDuration();
+    options.housekeeping_interval = absl::Milliseconds(10);
+    return options;
+  }
+};
+
+TEST_F(CoordinatorRetentionTest, EndedJobsArePrunedAfterTheRetentionPeriod) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(client_->FinishJob(job->job()).ok());
+  EXPECT_FALSE(AwaitListedState(*client_, job->job(), v1::JOB_STATE_UNSPECIFIED).has_value());
+  EXPECT_EQ(client_->GetJob(job->job()).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -39,14 +39,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
-#include "server/worker/peer_link.h"
-#include "server/worker/proto_convert.h"
-#include "server/worker/worker.h"
+#include "server/control/control_proto.h"
+#include "server/link/peer_link.h"
+#include "server/worker/stage_worker_daemon.h"
 #include "tests/common/model/test_models.h"
 
 namespace pipetrain::worker {
 namespace {
 
+using link::LinkOptions;
+using link::LinkSettings;
+using link::PeerHello;
+using link::PeerLink;
 using ::testing::HasSubstr;
 using wire::TensorKey;
 using wire::TensorKind;
@@ -387,7 +391,8 @@ class StageWorkerTest : public ::testing::Test {
       spec->set_last_layer((chunk + 1) * layers / chunks);
     }
     for (auto& d : daemons_) a->add_worker_addresses(d->address());
-    for (const schedule::Action& act : plan_.actions[rank]) *a->add_actions() = ActionToProto(act);
+    for (const schedule::Action& act : plan_.actions[rank])
+      *a->add_actions() = control::ActionToProto(act);
     return c;
   }
 
@@ -413,7 +418,7 @@ class StageWorkerTest : public ::testing::Test {
       return absl::InvalidArgumentError("the coordinator receives no tensors");
     };
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
+        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
         PeerHello{"coordinator", wire::StreamIdentity{kJob, epoch}}, LinkOptions{}, settings);
     EXPECT_TRUE(link.ok()) << link.status();
     if (!link.ok()) return nullptr;
@@ -771,7 +776,7 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
 
   v1::WorkerCommand foreign = AssignCommand(0, 3);
   *foreign.mutable_assign()->mutable_actions(0) =
-      ActionToProto(schedule::Action{schedule::Op::kForward, 0, 1});  // worker 1's chunk
+      control::ActionToProto(schedule::Action{schedule::Op::kForward, 0, 1});  // worker 1's chunk
   ASSERT_TRUE(coordinator_.Send(Name(0), foreign));
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();

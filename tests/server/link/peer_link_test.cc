@@ -1,7 +1,7 @@
 // Loopback (127.0.0.1) tests of PeerLink and ExchangeService: two endpoints in one process.
 // Synchronisation is by waiting on conditions (absl::Mutex::AwaitWithTimeout, PeerLink::WaitFor,
 // absl::Notification), never by sleeping; the timeouts only bound a failing test.
-#include "server/worker/peer_link.h"
+#include "server/link/peer_link.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -23,9 +23,9 @@
 #include "common/wire/frame_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/worker/exchange_service.h"
+#include "server/link/exchange_service.h"
 
-namespace pipetrain::worker {
+namespace pipetrain::link {
 namespace {
 
 using ::testing::HasSubstr;
@@ -492,4 +492,4 @@ TEST_F(LinkTest, SendRejectsBadTensors) {
 }
 
 }  // namespace
-}  // namespace pipetrain::worker
+}  // namespace pipetrain::link

@@ -1,4 +1,4 @@
-#include "server/worker/peer_link.h"
+#include "server/link/peer_link.h"
 
 #include <grpc/grpc.h>
 #include <grpcpp/channel.h>
@@ -23,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/wire/grpc_status.h"
 
-namespace pipetrain::worker {
+namespace pipetrain::link {
 namespace internal {
 namespace {
 
@@ -808,4 +808,4 @@ std::shared_ptr<grpc::Channel> CreateExchangeChannel(
   return grpc::CreateCustomChannel(target, credentials, ExchangeChannelArguments());
 }
 
-}  // namespace pipetrain::worker
+}  // namespace pipetrain::link

@@ -3,19 +3,19 @@
 //
 // Each incoming stream is offered to the AcceptFn with the dialler's PeerHello and the server-side
 // PeerLink; accepted streams then run exactly like a dialled PeerLink (see peer_link.h).
-#ifndef PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_
-#define PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_
+#ifndef PIPETRAIN_SERVER_LINK_EXCHANGE_SERVICE_H_
+#define PIPETRAIN_SERVER_LINK_EXCHANGE_SERVICE_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "server/worker/peer_link.h"
+#include "server/link/peer_link.h"
 
 namespace grpc {
 class ServerBuilder;
 }  // namespace grpc
 
-namespace pipetrain::worker {
+namespace pipetrain::link {
 
 class ExchangeService {
  public:
@@ -41,6 +41,6 @@ class ExchangeService {
   const std::unique_ptr<GenericService> service_;
 };
 
-}  // namespace pipetrain::worker
+}  // namespace pipetrain::link
 
-#endif  // PIPETRAIN_SERVER_WORKER_EXCHANGE_SERVICE_H_
+#endif  // PIPETRAIN_SERVER_LINK_EXCHANGE_SERVICE_H_

@@ -1,4 +1,4 @@
-#include "server/worker/exchange_service.h"
+#include "server/link/exchange_service.h"
 
 #include <grpc/grpc.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -8,7 +8,7 @@
 
 #include "common/wire/frame_codec.h"
 
-namespace pipetrain::worker {
+namespace pipetrain::link {
 
 // Hands every incoming generic call to a server link reactor (which rejects other methods).
 class ExchangeService::GenericService final : public grpc::CallbackGenericService {
@@ -49,4 +49,4 @@ void ExchangeService::RegisterOn(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
 }
 
-}  // namespace pipetrain::worker
+}  // namespace pipetrain::link

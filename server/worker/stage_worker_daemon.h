@@ -1,19 +1,19 @@
 // StageWorkerDaemon: the stage worker daemon as a library (the `stage_worker` binary is a thin
 // main() around it; tests run several in one process).
 //
-// It serves StageWorker.Exchange (server/worker/exchange_service.h), the standard gRPC health
+// It serves StageWorker.Exchange (server/link/exchange_service.h), the standard gRPC health
 // service and (when built with it) server reflection on one port, and keeps one control stream
 // Coordinator.Join open to the coordinator, redialling with exponential backoff when it breaks.
 // Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards) are handled on a
-// command thread; each job (job id, epoch) runs its steps on its own compute thread with a
-// StepExecutor over one model::Stage per owned chunk. The control protocol as implemented here
+// command thread; each job (job id, epoch) is a WorkerJob (server/worker/worker_job.h) that runs
+// its steps on its own compute thread. The control protocol as implemented here
 // (step numbering, which events answer which commands, link dialling) is in docs/worker.md.
 //
 // Threads: gRPC's callback threads only decode and queue (never block, never compute); the
 // command thread validates and builds jobs; the compute thread runs steps, commits and writes
 // checkpoint shards; the session thread dials the coordinator and waits out the backoff.
-#ifndef PIPETRAIN_SERVER_WORKER_WORKER_H_
-#define PIPETRAIN_SERVER_WORKER_WORKER_H_
+#ifndef PIPETRAIN_SERVER_WORKER_STAGE_WORKER_DAEMON_H_
+#define PIPETRAIN_SERVER_WORKER_STAGE_WORKER_DAEMON_H_
 
 #include <cstdint>
 #include <deque>
@@ -28,8 +28,11 @@
 #include "absl/time/time.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
-#include "server/worker/exchange_service.h"
-#include "server/worker/peer_link.h"
+#include "server/link/exchange_service.h"
+#include "server/link/peer_link.h"
+#include "server/worker/control_stream.h"
+#include "server/worker/host_probe.h"
+#include "server/worker/worker_job.h"
 
 namespace grpc {
 class Server;
@@ -64,7 +67,7 @@ struct StageWorkerOptions {
   absl::Duration redial_initial = absl::Milliseconds(100);
   absl::Duration redial_max = absl::Seconds(5);
   // Data-plane link options (fragment size and credit window) for every Exchange stream.
-  LinkOptions link;
+  link::LinkOptions link;
   // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.
   bool log = true;
 
@@ -72,12 +75,7 @@ struct StageWorkerOptions {
   absl::Status Check() const;
 };
 
-// Measures this machine's float32 GEMM rate in GFLOP/s: 256x256x256 Eigen products repeated for
-// about `duration` on the calling thread, with one Eigen thread (Eigen's process-wide thread
-// count is restored afterwards; do not call while another thread runs Eigen products). > 0.
-double MeasureGflops(absl::Duration duration = absl::Milliseconds(100));
-
-class StageWorkerDaemon {
+class StageWorkerDaemon final : private JobHost {
  public:
   // Pins Eigen's GEMM blocking (process-wide, once per process), measures GFLOP/s unless given,
   // starts the gRPC server and the daemon's threads, and begins dialling the coordinator (an
@@ -107,9 +105,6 @@ class StageWorkerDaemon {
   double gflops() const { return gflops_; }
 
  private:
-  class ControlStream;
-  class Job;
-
   // One unit of work for the command thread.
   struct Task {
     enum class Kind { kCommand, kStreamLost, kLinkFailed };
@@ -138,12 +133,14 @@ class StageWorkerDaemon {
 
   // Thread-safe; never blocks on the network.
   void Enqueue(Task task);
-  // Queues `event` on the current control stream; dropped if there is none. Thread-safe.
-  void Emit(v1::WorkerEvent event);
-  void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
+  // JobHost. Emit queues `event` on the current control stream (dropped if there is none).
+  void Emit(v1::WorkerEvent event) override;
+  void Log(absl::string_view message) const override;
+  void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
+                  bool coordinator_link) override;
   // Accept callback of the ExchangeService (gRPC threads).
-  absl::StatusOr<LinkSettings> Accept(const PeerHello& hello, std::unique_ptr<PeerLink> link);
-  void Log(absl::string_view message) const;
+  absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
+                                            std::unique_ptr<link::PeerLink> link);
 
   // Constant after construction.
   const StageWorkerOptions options_;
@@ -152,7 +149,7 @@ class StageWorkerDaemon {
   std::string name_;     // likewise.
   int port_ = 0;         // likewise.
 
-  std::unique_ptr<ExchangeService> exchange_;
+  std::unique_ptr<link::ExchangeService> exchange_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
@@ -169,7 +166,7 @@ class StageWorkerDaemon {
   // Protects the job that accepts Exchange streams (read by gRPC threads, replaced by the command
   // thread). Never held while calling into a Job.
   absl::Mutex job_mu_;
-  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(job_mu_);
+  std::shared_ptr<WorkerJob> job_ ABSL_GUARDED_BY(job_mu_);
 
   // Serialises Shutdown() callers.
   absl::Mutex shutdown_mu_;
@@ -180,4 +177,4 @@ class StageWorkerDaemon {
 
 }  // namespace pipetrain::worker
 
-#endif  // PIPETRAIN_SERVER_WORKER_WORKER_H_
+#endif  // PIPETRAIN_SERVER_WORKER_STAGE_WORKER_DAEMON_H_

@@ -14,8 +14,8 @@
 // Threading: the gRPC callback API runs every reaction on gRPC threads; at most one read and one
 // write are in flight per stream; reactions never block (the only work in them is decoding one
 // frame, i.e. one memcpy of at most one fragment, and the non-blocking user callbacks).
-#ifndef PIPETRAIN_SERVER_WORKER_PEER_LINK_H_
-#define PIPETRAIN_SERVER_WORKER_PEER_LINK_H_
+#ifndef PIPETRAIN_SERVER_LINK_PEER_LINK_H_
+#define PIPETRAIN_SERVER_LINK_PEER_LINK_H_
 
 #include <cstdint>
 #include <functional>
@@ -38,7 +38,7 @@ template <class Request, class Response>
 class ServerBidiReactor;
 }  // namespace grpc
 
-namespace pipetrain::worker {
+namespace pipetrain::link {
 
 namespace internal {
 class LinkCore;
@@ -46,6 +46,11 @@ class LinkCore;
 
 // The full gRPC method name of StageWorker.Exchange.
 inline constexpr char kExchangeMethod[] = "/pipetrain.v1.StageWorker/Exchange";
+
+// PeerHello.peer of the coordinator's feed streams (inputs and targets), and the prefix of a
+// stage worker's ("stage/<rank>").
+inline constexpr char kCoordinatorPeer[] = "coordinator";
+inline constexpr char kStagePeerPrefix[] = "stage/";
 
 struct LinkOptions {
   // Payload bytes per Frame when sending (the "chunk size"); in [1 MiB, 4 MiB]. Default 1 MiB.
@@ -176,6 +181,6 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerLinkReacto
     const AcceptFn& accept);
 }  // namespace internal
 
-}  // namespace pipetrain::worker
+}  // namespace pipetrain::link
 
-#endif  // PIPETRAIN_SERVER_WORKER_PEER_LINK_H_
+#endif  // PIPETRAIN_SERVER_LINK_PEER_LINK_H_

@@ -1,0 +1,561 @@
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/math/optimizer.h"
+#include "common/model/checkpoint.h"
+#include "common/model/optimizer_proto.h"
+#include "common/model/reference_trainer.h"
+#include "common/partition/partitioner.h"
+#include "common/schedule/generator.h"
+#include "common/schedule/simulator.h"
+#include "common/schedule/timeline.h"
+#include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
+#include "common/wire/grpc_status.h"
+#include "common/wire/tensor_key.h"
+#include "server/control/control_proto.h"
+#include "server/coordinator/coordinator_service.h"
+
+// The coordinator's blocking job operations: creation (admission thread), assignment, training
+// steps and checkpoints (each on the job's OpThread).
+namespace pipetrain::coordinator {
+namespace {
+
+absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
+                                            std::shared_ptr<const model::Model>* net) {
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
+  if (spec->virtual_stages() == 0) {
+    spec->set_virtual_stages(schedule::DefaultVirtualStages(kind));
+  }
+  if (spec->threads() == 0) spec->set_threads(1);
+  if (spec->threads() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
+  }
+  schedule::ScheduleParams params;
+  params.kind = kind;
+  params.stages = spec->stages();
+  params.microbatches = spec->microbatches();
+  params.virtual_stages = spec->virtual_stages();
+  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> built, model::Model::Build(spec->model()));
+  *net = std::move(built);
+  const int C = spec->stages() * spec->virtual_stages();
+  if ((*net)->num_layers() < C) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", (*net)->num_layers(), " layers, fewer than the ", C, " chunks of ",
+        spec->stages(), " stages x ", spec->virtual_stages(), " virtual stages"));
+  }
+  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
+  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
+  return plan;
+}
+
+}  // namespace
+
+void CoordinatorService::CloseJobLinks(const std::string& id) {
+  std::vector<std::shared_ptr<link::PeerLink>> dead;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    for (auto& [rank, link] : it->second->links) dead.push_back(std::move(link));
+    it->second->links.clear();
+  }
+  // Outside mu_: Shutdown waits for a running link callback, which may be waiting for mu_.
+  for (auto& link : dead) link->Shutdown();
+}
+
+void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
+                                     std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
+  v1::JobSpec spec = request;
+  std::shared_ptr<const model::Model> net;
+  absl::StatusOr<schedule::Plan> plan = CheckJobSpec(&spec, &net);
+  if (!plan.ok()) {
+    done(plan.status());
+    return;
+  }
+  const int S = spec.stages();
+  std::string id;
+  std::vector<double> speeds;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      done(absl::CancelledError("coordinator shutting down"));
+      return;
+    }
+    std::vector<WorkerConn*> idle;
+    int busy = 0;
+    for (auto& [name, conn] : workers_) {
+      if (conn.reactor == nullptr) continue;
+      if (conn.job.empty()) {
+        idle.push_back(&conn);
+      } else {
+        ++busy;
+      }
+    }
+    const int live = static_cast<int>(idle.size());
+    if (live < S) {
+      done(absl::FailedPreconditionError(absl::StrCat(
+          "job needs ", S, " workers, ", live, " idle: ", S - live, " missing",
+          busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : "")));
+      return;
+    }
+    std::sort(idle.begin(), idle.end(),
+              [](const WorkerConn* a, const WorkerConn* b) { return a->order < b->order; });
+    auto job = std::make_unique<Job>();
+    id = absl::StrCat(id_prefix_, next_job_++);
+    job->id = id;
+    for (int rank = 0; rank < S; ++rank) {
+      job->workers.push_back(idle[rank]->info.name());
+      speeds.push_back(idle[rank]->info.gflops());
+      idle[rank]->job = id;
+      idle[rank]->rank = rank;
+    }
+    job->spec = spec;
+    job->model = net;
+    job->plan = *plan;
+    job->assigned.assign(S, false);
+    job->runs_sent.assign(S, 0);
+    job->runs_answered.assign(S, 0);
+    job->created = absl::Now();
+    job->lease_expiry = job->created + options_.client_lease;
+    job->ops = std::make_unique<OpThread>();
+    jobs_[id] = std::move(job);
+  }
+
+  // Partition (no lock: pure compute on this thread's own data).
+  partition::PartitionOptions popts;
+  popts.stages = S;
+  popts.placement = plan->placement.kind;
+  popts.virtual_stages = spec.virtual_stages();
+  popts.speeds = speeds;
+  absl::StatusOr<partition::Partition> cut = partition::PartitionLayers(net->LayerFlops(1), popts);
+
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);  // by id: the job may have been cancelled and pruned meanwhile.
+  if (it == jobs_.end()) {
+    done(absl::CancelledError(absl::StrCat("job '", id, "' ended while it was being created")));
+    return;
+  }
+  Job& job = *it->second;
+  if (!cut.ok()) FailJob(job, cut.status().ToString());
+  if (IsTerminal(job.state)) {
+    done(cut.ok() ? EndedError(job) : cut.status());
+    return;
+  }
+  job.imbalance = cut->imbalance;
+  for (int c = 0; c < plan->num_chunks(); ++c) {
+    v1::ChunkSpec chunk;
+    chunk.set_chunk(c);
+    chunk.set_worker(plan->placement.OwnerOf(c));
+    chunk.set_first_layer(cut->boundaries[c]);
+    chunk.set_last_layer(cut->boundaries[c + 1]);
+    job.chunks.push_back(chunk);
+  }
+  Job* raw = &job;  // lives while its OpThread runs this task.
+  if (!job.ops->Post([this, raw, done] { done(DoAssign(raw)); })) {
+    done(EndedError(job));
+  }
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+  if (IsTerminal(job->state)) return EndedError(*job);
+  const int S = static_cast<int>(job->workers.size());
+  for (int rank = 0; rank < S; ++rank) {
+    v1::WorkerCommand command;
+    v1::Assign* a = command.mutable_assign();
+    a->set_job(job->id);
+    a->set_epoch(job->epoch);
+    a->set_rank(rank);
+    *a->mutable_model() = job->model->spec();
+    *a->mutable_optimizer() = job->spec.optimizer();
+    a->set_seed(job->spec.seed());
+    a->set_threads(job->spec.threads());
+    a->set_stages(S);
+    a->set_virtual_stages(job->spec.virtual_stages());
+    a->set_microbatches(job->spec.microbatches());
+    for (const v1::ChunkSpec& c : job->chunks) *a->add_chunks() = c;
+    for (const std::string& name : job->workers) {
+      auto wit = workers_.find(name);
+      a->add_worker_addresses(wit == workers_.end() ? "" : wit->second.info.address());
+    }
+    for (const schedule::Action& action : job->plan.actions[rank]) {
+      *a->add_actions() = control::ActionToProto(action);
+    }
+    SendToRank(*job, rank, command);
+  }
+  job->op_error = absl::OkStatus();
+  const absl::Status waited = AwaitOp(
+      *job,
+      [job] {
+        for (bool b : job->assigned) {
+          if (!b) return false;
+        }
+        return true;
+      },
+      options_.assign_timeout, "every worker's Assigned");
+  if (!waited.ok()) {
+    if (!IsTerminal(job->state)) FailJob(*job, waited.ToString());
+    return waited;
+  }
+  job->state = JobState::kReady;
+  return StatusOf(*job);
+}
+
+absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
+  const absl::Time t0 = absl::Now();
+  Job* job = nullptr;
+  std::shared_ptr<const model::Model> net;
+  int M = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
+    net = job->model;
+    M = job->spec.microbatches();
+  }
+
+  // Validate the batch before any worker hears of it.
+  if (request.samples() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples must be >= 1, got ", request.samples()));
+  }
+  if (request.samples() % M != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", request.samples(),
+                                                   " samples is not divisible by the job's ", M,
+                                                   " micro-batches"));
+  }
+  PT_ASSIGN_OR_RETURN(math::Matrix inputs, DenseTensorToMatrix(request.inputs(), "inputs"));
+  PT_ASSIGN_OR_RETURN(math::Matrix targets, DenseTensorToMatrix(request.targets(), "targets"));
+  if (request.samples() > inputs.rows()) {  // every sample has at least one row.
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.samples(), " samples cannot fit in ", inputs.rows(), " input rows"));
+  }
+  PT_RETURN_IF_ERROR(
+      net->ValidateBatch(math::AsConstMap(inputs), math::AsConstMap(targets), request.samples()));
+  const int64_t rows = inputs.rows();
+  const int64_t mb_rows = rows / M;
+  std::vector<std::shared_ptr<const math::Matrix>> mb_inputs, mb_targets;
+  for (int mb = 0; mb < M; ++mb) {
+    mb_inputs.push_back(
+        std::make_shared<const math::Matrix>(inputs.middleRows(mb * mb_rows, mb_rows)));
+    mb_targets.push_back(
+        std::make_shared<const math::Matrix>(targets.middleRows(mb * mb_rows, mb_rows)));
+  }
+
+  const int S = static_cast<int>(job->workers.size());
+  const int C = job->plan.num_chunks();
+  const int first_rank = job->plan.placement.OwnerOf(0);
+  const int last_rank = job->plan.placement.OwnerOf(C - 1);
+  int64_t step = 0;
+  int64_t epoch = 0;
+  std::vector<std::string> addresses(S);
+  {
+    absl::MutexLock lock(&mu_);
+    PT_RETURN_IF_ERROR(CheckReady(*job));
+    // Steps are numbered from 0 on the control and data planes: step n is the (n+1)-th
+    // optimizer update (StepResult.step reports n + 1).
+    step = job->steps_done;
+    epoch = job->epoch;
+    job->op_step = step;
+    job->op_error = absl::OkStatus();
+    job->reports.assign(S, std::nullopt);
+    job->committed.assign(S, false);
+    job->state = JobState::kTraining;
+    v1::WorkerCommand command;
+    v1::RunStep* run = command.mutable_run_step();
+    run->set_job(job->id);
+    run->set_epoch(epoch);
+    run->set_step(step);
+    run->set_batch_rows(rows);
+    for (int rank = 0; rank < S; ++rank) {
+      SendToRank(*job, rank, command);
+      ++job->runs_sent[rank];
+      auto wit = workers_.find(job->workers[rank]);
+      if (wit != workers_.end()) addresses[rank] = wit->second.info.address();
+    }
+  }
+
+  // Data links (job thread only): opened lazily at the first step of an epoch, and again if one
+  // failed.
+  std::vector<std::shared_ptr<link::PeerLink>> stale;
+  if (job->links_epoch != epoch) {
+    for (auto& [rank, link] : job->links) stale.push_back(link);
+    job->links.clear();
+    job->links_epoch = epoch;
+  }
+  for (auto it = job->links.begin(); it != job->links.end();) {
+    if (!it->second->status().ok()) {
+      stale.push_back(it->second);
+      it = job->links.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& link : stale) link->Shutdown();
+  stale.clear();
+  absl::Status feed;
+  for (int rank : {first_rank, last_rank}) {
+    if (job->links.count(rank) != 0) continue;
+    link::PeerHello hello;
+    hello.peer = link::kCoordinatorPeer;
+    hello.identity.job = job->id;
+    hello.identity.epoch = epoch;
+    link::LinkSettings settings;
+    settings.validation.expected = hello.identity;
+    settings.validation.num_microbatches = M;
+    settings.validation.num_chunks = C;
+    settings.validation.allowed_kinds = 0;  // the coordinator receives no tensors.
+    settings.callbacks.on_tensor = [](const wire::TensorKey& key, math::Matrix) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the coordinator accepts no tensors, got ", key.ToString()));
+    };
+    const std::string job_id = job->id;
+    settings.callbacks.on_error = [this, job_id, rank](const absl::Status& status) {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return;
+      Job& j = *it->second;
+      if (j.state == JobState::kTraining && j.op_error.ok()) {
+        j.op_error = wire::Annotate(status, absl::StrCat("data link to rank ", rank));
+        event_cv_.SignalAll();
+      }
+    };
+    absl::StatusOr<std::unique_ptr<link::PeerLink>> link =
+        link::PeerLink::Connect(link::CreateExchangeChannel(addresses[rank]), addresses[rank],
+                                hello, options_.link, std::move(settings));
+    if (!link.ok()) {
+      feed = link.status();
+      break;
+    }
+    job->links[rank] = std::move(*link);
+  }
+  for (int mb = 0; mb < M && feed.ok(); ++mb) {
+    feed = job->links[first_rank]->Send(wire::TensorKey{step, mb, 0, wire::TensorKind::kInput},
+                                        mb_inputs[mb]);
+    if (feed.ok()) {
+      feed = job->links[last_rank]->Send(
+          wire::TensorKey{step, mb, C - 1, wire::TensorKind::kTarget}, mb_targets[mb]);
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  auto fail_step = [&](const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // Runs with mu_ held (the lock above); lambdas are not analysed with their enclosing scope.
+    return FailStep(*job, step, status);
+  };
+  if (!feed.ok()) {
+    return fail_step(wire::Annotate(feed, absl::StrCat("feeding step ", step)));
+  }
+  absl::Status waited = AwaitOp(
+      *job,
+      [job] {
+        for (const auto& r : job->reports) {
+          if (!r.has_value()) return false;
+        }
+        return true;
+      },
+      options_.step_timeout, absl::StrCat("StepDone of step ", step));
+  if (!waited.ok()) return fail_step(waited);
+
+  // Loss: the last chunk owner's micro-batch losses summed in increasing order, as float.
+  const v1::StepDone& last = *job->reports[last_rank];
+  if (last.microbatch_losses_size() != M) {
+    return fail_step(absl::InternalError(
+        absl::StrCat(WorkerLabel(job->workers[last_rank], last_rank), " reported ",
+                     last.microbatch_losses_size(), " micro-batch losses, expected ", M)));
+  }
+  v1::StepResult result;
+  float loss = 0;
+  for (float l : last.microbatch_losses()) {
+    loss += l;
+    result.add_microbatch_losses(l);
+  }
+  // Global gradient norm: per-layer norms placed by layer, summed in increasing layer order.
+  const int64_t L = net->num_layers();
+  std::vector<double> per_layer(L, 0.0);
+  std::vector<bool> seen(L, false);
+  for (int rank = 0; rank < S; ++rank) {
+    for (const v1::LayerNormSq& n : job->reports[rank]->grad_norms()) {
+      if (n.layer() < 0 || n.layer() >= L || seen[n.layer()]) {
+        return fail_step(absl::InternalError(
+            absl::StrCat(WorkerLabel(job->workers[rank], rank), " reported layer ", n.layer(),
+                         n.layer() >= 0 && n.layer() < L ? " twice" : " out of range")));
+      }
+      seen[n.layer()] = true;
+      per_layer[n.layer()] = n.norm_sq();
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    if (!seen[l]) {
+      return fail_step(
+          absl::InternalError(absl::StrCat("no worker reported the gradient norm of layer ", l)));
+    }
+  }
+  const double norm_sq = model::SumLayerNormSq(per_layer);
+  const float clip = math::ClipScale(norm_sq, job->spec.optimizer().clip_norm());
+
+  v1::WorkerCommand command;
+  v1::Commit* commit = command.mutable_commit();
+  commit->set_job(job->id);
+  commit->set_epoch(epoch);
+  commit->set_step(step);
+  commit->set_clip_scale(clip);
+  for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
+  waited = AwaitOp(
+      *job,
+      [job] {
+        for (bool b : job->committed) {
+          if (!b) return false;
+        }
+        return true;
+      },
+      options_.step_timeout, absl::StrCat("Committed of step ", step));
+  if (!waited.ok()) {
+    // Some workers may have applied the step: the replicas can no longer be trusted.
+    if (!IsTerminal(job->state)) {
+      FailJob(*job,
+              absl::StrCat("step ", step, " was not committed everywhere: ", waited.ToString()));
+    }
+    job->op_step = -1;
+    return waited;
+  }
+  job->steps_done = step + 1;
+  job->state = JobState::kReady;
+  job->op_step = -1;
+
+  // Timelines: measured (compute intervals, in ms) and the simulator's replay of the same costs.
+  result.set_step(step + 1);
+  result.set_loss(loss);
+  result.set_step_ms(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  schedule::Timeline timeline;
+  timeline.placement = job->plan.placement;
+  timeline.workers.resize(S);
+  schedule::CostModel costs = schedule::UniformCostModel(job->plan.placement, {});
+  costs.action_durations.resize(S);
+  bool replayable = true;
+  for (int rank = 0; rank < S; ++rank) {
+    v1::WorkerTimeline* wt = result.add_workers();
+    wt->set_rank(rank);
+    const v1::StepDone& r = *job->reports[rank];
+    if (r.timings_size() != static_cast<int>(job->plan.actions[rank].size())) replayable = false;
+    for (int p = 0; p < r.timings_size(); ++p) {
+      const v1::ActionTiming& t = r.timings(p);
+      *wt->add_timings() = t;
+      schedule::TimedAction ta;
+      absl::StatusOr<schedule::Action> action = control::ActionFromProto(t.action());
+      if (action.ok()) {
+        ta.action = *action;
+      } else {
+        replayable = false;
+      }
+      ta.start = (t.start_us() + t.wait_us()) / 1000.0;
+      ta.end = std::max(ta.start, t.end_us() / 1000.0);
+      timeline.workers[rank].push_back(ta);
+      costs.action_durations[rank].push_back(ta.end - ta.start);
+      if (replayable && !(ta.action == job->plan.actions[rank][p])) replayable = false;
+    }
+  }
+  absl::StatusOr<schedule::TimelineStats> stats = schedule::SummarizeTimeline(timeline, {});
+  if (stats.ok()) {
+    result.set_bubble_fraction(stats->bubble_fraction);
+    for (int rank = 0; rank < S && rank < static_cast<int>(stats->workers.size()); ++rank) {
+      result.mutable_workers(rank)->set_busy_ms(stats->workers[rank].busy);
+      result.mutable_workers(rank)->set_bubble_fraction(stats->workers[rank].bubble_fraction);
+    }
+  }
+  if (replayable) {
+    absl::StatusOr<schedule::SimulationResult> sim = schedule::Simulate(job->plan, costs);
+    if (sim.ok()) result.set_predicted_bubble_fraction(sim->stats.bubble_fraction);
+  }
+  return result;
+}
+
+absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
+    const v1::CheckpointRequest& request) {
+  if (request.directory().empty()) {
+    return absl::InvalidArgumentError("Checkpoint: empty directory");
+  }
+  Job* job = nullptr;
+  int64_t step = 0;
+  std::shared_ptr<const model::Model> net;
+  v1::JobSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
+    step = job->steps_done;
+    net = job->model;
+    spec = job->spec;
+    const int S = static_cast<int>(job->workers.size());
+    job->op_step = step;
+    job->op_error = absl::OkStatus();
+    job->saved.assign(S, false);
+    v1::WorkerCommand command;
+    v1::SaveShards* save = command.mutable_save_shards();
+    save->set_job(job->id);
+    save->set_epoch(job->epoch);
+    save->set_step(step);
+    save->set_directory(request.directory());
+    for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
+    const absl::Status waited = AwaitOp(
+        *job,
+        [job] {
+          for (bool b : job->saved) {
+            if (!b) return false;
+          }
+          return true;
+        },
+        options_.step_timeout, "every worker's ShardsSaved");
+    job->op_step = -1;
+    PT_RETURN_IF_ERROR(waited);
+  }
+  // The manifest: what the coordinator knows. The data set, batch size and data cursor are the
+  // client's (a client that knows them rewrites the manifest, see client/cli/train_command.cc).
+  model::CheckpointManifest manifest;
+  manifest.step = step;
+  manifest.model_spec = net->spec();
+  manifest.seed = spec.seed();
+  manifest.microbatches = spec.microbatches();
+  absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
+  if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
+  manifest.shards = model::LayerShards(*net, 0, net->num_layers());
+  PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(request.directory(), manifest));
+  v1::CheckpointResponse response;
+  response.set_step(step);
+  response.set_directory(request.directory());
+  return response;
+}
+
+absl::StatusOr<math::Matrix> DenseTensorToMatrix(const v1::DenseTensor& tensor,
+                                                 const std::string& what) {
+  if (tensor.shape_size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a rank-2 tensor, got rank ", tensor.shape_size()));
+  }
+  const int64_t rows = tensor.shape(0);
+  const int64_t cols = tensor.shape(1);
+  constexpr int64_t kMaxDim = int64_t{1} << 30;
+  if (rows <= 0 || cols <= 0 || rows > kMaxDim || cols > kMaxDim || rows * cols > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape [", rows, ", ", cols, "]"));
+  }
+  const int64_t bytes = rows * cols * static_cast<int64_t>(sizeof(float));
+  if (static_cast<int64_t>(tensor.data().size()) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape [", rows, ", ", cols, "] needs ",
+                                                   bytes, " bytes, got ", tensor.data().size()));
+  }
+  math::Matrix m(rows, cols);
+  std::memcpy(m.data(), tensor.data().data(), static_cast<size_t>(bytes));
+  return m;
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,389 @@
+#include "server/worker/stage_worker_daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/math/det_math.h"
+#include "common/wire/grpc_status.h"
+#include "server/control/control_proto.h"
+
+#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#endif
+
+namespace pipetrain::worker {
+
+absl::Status StageWorkerOptions::Check() const {
+  std::string host, port;
+  if (coordinator.empty() || !SplitHostPort(coordinator, &host, &port) || host.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator must be host:port, got '", coordinator, "'"));
+  }
+  if (!SplitHostPort(listen, &host, &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("listen must be host:port, got '", listen, "'"));
+  }
+  if (!advertise.empty() && (!SplitHostPort(advertise, &host, &port) || host.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("advertise must be host:port, got '", advertise, "'"));
+  }
+  if (!(emulate_gflops >= 0) || emulate_gflops > 1e9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("emulate_gflops must be in [0, 1e9], got ", emulate_gflops));
+  }
+  if (threads_max < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads_max must be >= 0, got ", threads_max));
+  }
+  if (!(gflops >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("gflops must be >= 0, got ", gflops));
+  }
+  if (redial_initial <= absl::ZeroDuration() || redial_max < redial_initial) {
+    return absl::InvalidArgumentError("redial backoff needs 0 < redial_initial <= redial_max");
+  }
+  return link.Check();
+}
+
+// ---------------------------------------------------------------------------------------------
+// StageWorkerDaemon
+
+absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
+    const StageWorkerOptions& options) {
+  if (absl::Status s = options.Check(); !s.ok()) return s;
+  static std::once_flag pinned;
+  std::call_once(pinned, [] { math::PinEigenBlockingForReproducibility(); });
+  // The speed the coordinator partitions by: given, else the emulated rate (what the actions will
+  // really take), else measured.
+  const double gflops = options.gflops > 0           ? options.gflops
+                        : options.emulate_gflops > 0 ? options.emulate_gflops
+                                                     : MeasureGflops();
+  std::unique_ptr<StageWorkerDaemon> daemon(new StageWorkerDaemon(options, gflops));
+  if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
+  daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",
+                              daemon->address_, options.listen, gflops, options.coordinator));
+  if (options.emulate_gflops > 0) {
+    daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
+                                options.emulate_gflops));
+  }
+  daemon->command_thread_ = std::thread([raw = daemon.get()] { raw->CommandLoop(); });
+  daemon->session_thread_ = std::thread([raw = daemon.get()] { raw->SessionLoop(); });
+  return daemon;
+}
+
+StageWorkerDaemon::StageWorkerDaemon(const StageWorkerOptions& options, double gflops)
+    : options_(options), gflops_(gflops) {}
+
+StageWorkerDaemon::~StageWorkerDaemon() { Shutdown(); }
+
+absl::Status StageWorkerDaemon::StartServer() {
+  absl::StatusOr<std::unique_ptr<link::ExchangeService>> exchange = link::ExchangeService::Create(
+      options_.link, [this](const link::PeerHello& hello, std::unique_ptr<link::PeerLink> link) {
+        return Accept(hello, std::move(link));
+      });
+  if (!exchange.ok()) return exchange.status();
+  exchange_ = *std::move(exchange);
+  grpc::EnableDefaultHealthCheckService(true);
+#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+#endif
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  exchange_->RegisterOn(&builder);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+  }
+  if (!options_.advertise.empty()) {
+    address_ = options_.advertise;
+  } else {
+    std::string host, port;
+    SplitHostPort(options_.listen, &host, &port);
+    if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") host = HostName();
+    address_ = absl::StrCat(host, ":", port_);
+  }
+  name_ = options_.name.empty() ? address_ : options_.name;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(wire::kMaxFrameMessageBytes));
+  coordinator_channel_ =
+      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  coordinator_stub_ = v1::Coordinator::NewStub(coordinator_channel_);
+  return absl::OkStatus();
+}
+
+void StageWorkerDaemon::SessionLoop() {
+  absl::Duration backoff = options_.redial_initial;
+  for (;;) {
+    auto stream = std::make_shared<ControlStream>([this](v1::WorkerCommand command) {
+      Task task;
+      task.kind = Task::Kind::kCommand;
+      task.command = std::move(command);
+      Enqueue(std::move(task));
+    });
+    v1::WorkerEvent hello;
+    v1::RegisterWorker* reg = hello.mutable_register_();
+    reg->set_name(name_);
+    reg->set_address(address_);
+    reg->set_cores(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
+    reg->set_gflops(gflops_);
+    reg->set_memory_bytes(PhysicalMemoryBytes());
+    // Published before Begin, so that no event emitted once the coordinator has seen the
+    // registration is dropped (they queue behind it).
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stream_ = stream;
+      cancel = stopping_;
+    }
+    stream->Begin(coordinator_stub_.get(), std::move(hello));
+    // gRPC calls are made outside mu_: reactions (which take mu_) may run inline.
+    if (cancel) stream->Cancel();
+    const absl::Status status = stream->AwaitDone();
+    {
+      absl::MutexLock lock(&mu_);
+      stream_ = nullptr;
+    }
+    const bool accepted = stream->got_command();
+    stream.reset();
+    Task lost;
+    lost.kind = Task::Kind::kStreamLost;
+    lost.status = status;
+    Enqueue(std::move(lost));
+    if (accepted) backoff = options_.redial_initial;
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    Log(absl::StrCat("control stream to ", options_.coordinator, " ended (", status.ToString(),
+                     "); redialling in ", absl::FormatDuration(backoff)));
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
+    if (stopping_) return;
+    backoff = std::min(backoff * 2, options_.redial_max);
+  }
+}
+
+void StageWorkerDaemon::Enqueue(Task task) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  tasks_.push_back(std::move(task));
+}
+
+void StageWorkerDaemon::CommandLoop() {
+  for (;;) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) break;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    HandleTask(std::move(task));
+  }
+  DropJob("the worker is shutting down");
+}
+
+void StageWorkerDaemon::Emit(v1::WorkerEvent event) {
+  std::shared_ptr<ControlStream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    stream = stream_;
+  }
+  // Outside mu_: Write may start a gRPC operation. After the stream's OnDone, Write is a no-op.
+  if (stream != nullptr) stream->Write(std::move(event));
+}
+
+void StageWorkerDaemon::LinkFailed(const std::string& job, int64_t epoch,
+                                   const absl::Status& status, bool coordinator_link) {
+  Task task;
+  task.kind = Task::Kind::kLinkFailed;
+  task.job = job;
+  task.epoch = epoch;
+  task.status = status;
+  task.coordinator_link = coordinator_link;
+  Enqueue(std::move(task));
+}
+
+void StageWorkerDaemon::Log(absl::string_view message) const {
+  if (!options_.log) return;
+  absl::FPrintF(stderr, "%s stage_worker[%s] %s\n",
+                absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+                name_.empty() ? options_.listen : name_, message);
+}
+
+absl::StatusOr<link::LinkSettings> StageWorkerDaemon::Accept(const link::PeerHello& hello,
+                                                             std::unique_ptr<link::PeerLink> link) {
+  std::shared_ptr<WorkerJob> job;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job = job_;
+  }
+  if (job == nullptr) {
+    // A restarted or dropped worker (see WorkerJob::Accept): ABORTED.
+    return absl::AbortedError(absl::StrCat("worker ", name_, " has no job (stream for job '",
+                                           hello.identity.job, "'): restarted or dropped"));
+  }
+  return job->Accept(hello, std::move(link));
+}
+
+void StageWorkerDaemon::DropJob(absl::string_view why) {
+  std::shared_ptr<WorkerJob> job;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job.swap(job_);
+  }
+  if (job == nullptr) return;
+  Log(absl::StrCat("dropping job ", job->id(), " epoch ", job->epoch(), ": ", why));
+  job->Stop(why);
+}
+
+bool StageWorkerDaemon::CheckCurrent(const std::string& job_id, int64_t epoch, int64_t step,
+                                     absl::string_view what) {
+  std::shared_ptr<WorkerJob> job;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job = job_;
+  }
+  if (job != nullptr && job->id() == job_id && job->epoch() == epoch) return true;
+  if (job != nullptr && job->id() == job_id && epoch < job->epoch()) {
+    Log(absl::StrCat("ignoring stale ", what, "(", step, ") of job ", job_id, " epoch ", epoch,
+                     " (current epoch ", job->epoch(), ")"));
+    EmitError(job_id, epoch, step,
+              absl::AbortedError(absl::StrCat(what, "(", step, "): epoch ", epoch,
+                                              " is stale, the job is at epoch ", job->epoch())));
+    return false;
+  }
+  EmitError(job_id, epoch, step,
+            absl::FailedPreconditionError(absl::StrCat(
+                what, "(", step, "): this worker has no job '", job_id, "' at epoch ", epoch,
+                job == nullptr
+                    ? std::string(" (no job)")
+                    : absl::StrCat(" (it runs job '", job->id(), "' epoch ", job->epoch(), ")"))));
+  return false;
+}
+
+void StageWorkerDaemon::HandleTask(Task task) {
+  std::shared_ptr<WorkerJob> job;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job = job_;
+  }
+  switch (task.kind) {
+    case Task::Kind::kStreamLost:
+      DropJob(absl::StrCat("control stream lost: ", task.status.ToString()));
+      return;
+    case Task::Kind::kLinkFailed:
+      if (job != nullptr && job->id() == task.job && job->epoch() == task.epoch) {
+        job->OnLinkFailed(task.status, task.coordinator_link);
+      }
+      return;
+    case Task::Kind::kCommand:
+      break;
+  }
+  const v1::WorkerCommand& command = task.command;
+  switch (command.command_case()) {
+    case v1::WorkerCommand::kAssign:
+      HandleAssign(command.assign());
+      return;
+    case v1::WorkerCommand::kRunStep: {
+      const v1::RunStep& c = command.run_step();
+      if (CheckCurrent(c.job(), c.epoch(), c.step(), "RunStep")) job->OnRunStep(c);
+      return;
+    }
+    case v1::WorkerCommand::kCommit: {
+      const v1::Commit& c = command.commit();
+      if (CheckCurrent(c.job(), c.epoch(), c.step(), "Commit")) job->OnCommit(c);
+      return;
+    }
+    case v1::WorkerCommand::kAbort: {
+      const v1::Abort& c = command.abort();
+      if (CheckCurrent(c.job(), c.epoch(), c.step(), "Abort")) job->OnAbort(c);
+      return;
+    }
+    case v1::WorkerCommand::kSaveShards: {
+      const v1::SaveShards& c = command.save_shards();
+      if (CheckCurrent(c.job(), c.epoch(), c.step(), "SaveShards")) job->OnSaveShards(c);
+      return;
+    }
+    case v1::WorkerCommand::kRelease: {
+      // Not answered: a worker that does not run (job, epoch) any more has nothing to drop.
+      const v1::Release& c = command.release();
+      if (job != nullptr && job->id() == c.job() && job->epoch() <= c.epoch()) {
+        DropJob(absl::StrCat("released by the coordinator: ", c.reason()));
+      }
+      return;
+    }
+    case v1::WorkerCommand::COMMAND_NOT_SET:
+      EmitError("", 0, 0, absl::InvalidArgumentError("empty WorkerCommand"));
+      return;
+  }
+}
+
+void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
+  DropJob(absl::StrCat("replaced by Assign(job ", assign.job(), ", epoch ", assign.epoch(), ")"));
+  WorkerJobOptions job_options;
+  job_options.emulate_gflops = options_.emulate_gflops;
+  job_options.threads_max =
+      options_.threads_max > 0
+          ? options_.threads_max
+          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  job_options.link = options_.link;
+  absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
+  if (!job.ok()) {
+    EmitError(assign.job(), assign.epoch(), 0, job.status());
+    return;
+  }
+  {
+    absl::MutexLock lock(&job_mu_);
+    job_ = *job;
+  }
+  Log(absl::StrCat("assigned job ", assign.job(), " epoch ", assign.epoch(), " rank ",
+                   assign.rank(), " of ", assign.stages()));
+  v1::WorkerEvent event;
+  v1::Assigned* assigned = event.mutable_assigned();
+  assigned->set_job(assign.job());
+  assigned->set_epoch(assign.epoch());
+  Emit(std::move(event));
+}
+
+void StageWorkerDaemon::Shutdown() {
+  absl::MutexLock serial(&shutdown_mu_);
+  std::shared_ptr<ControlStream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopping_ = true;
+    tasks_.clear();
+    stream = stream_;
+  }
+  if (stream != nullptr) stream->Cancel();
+  if (session_thread_.joinable()) session_thread_.join();
+  if (command_thread_.joinable()) command_thread_.join();  // drops the job on its way out.
+  DropJob("the worker is shutting down");
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+}
+
+void StageWorkerDaemon::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&stopping_));
+}
+
+}  // namespace pipetrain::worker

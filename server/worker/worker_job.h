@@ -1,0 +1,177 @@
+// WorkerJob: one (job, epoch) assignment on a stage worker — its model chunks, step executor,
+// compute thread and data-plane links — and JobHost, what it needs from the daemon running it.
+//
+// Threads: the daemon's command thread creates and drives a WorkerJob (Create, OnRunStep,
+// OnCommit, OnAbort, OnSaveShards, OnLinkFailed, Stop); Accept runs on gRPC threads; the
+// executor, Send (the Sender) and the posted tasks run on the job's own compute thread.
+#ifndef PIPETRAIN_SERVER_WORKER_WORKER_JOB_H_
+#define PIPETRAIN_SERVER_WORKER_WORKER_JOB_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model.h"
+#include "common/schedule/ir.h"
+#include "common/wire/tensor_key.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "server/link/peer_link.h"
+#include "server/worker/compute_pacer.h"
+#include "server/worker/executor.h"
+#include "server/worker/mailbox.h"
+
+namespace pipetrain::worker {
+
+// What a WorkerJob needs from the daemon that runs it. Every method is thread-safe and never
+// blocks on the network.
+class JobHost {
+ public:
+  virtual ~JobHost() = default;
+  // Queues `event` on the current control stream (dropped when there is none).
+  virtual void Emit(v1::WorkerEvent event) = 0;
+  // Writes one log line.
+  virtual void Log(absl::string_view message) const = 0;
+  // A data link of (job, epoch) failed; called on any thread. The daemon answers by calling
+  // WorkerJob::OnLinkFailed on its command thread if the job is still current.
+  virtual void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
+                          bool coordinator_link) = 0;
+
+  // Logs `status` and emits it as a WorkerError of (job, epoch, step).
+  void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
+};
+
+// How the daemon runs its jobs (constant for the daemon's life).
+struct WorkerJobOptions {
+  // > 0: pace every action to FLOPs / rate (ComputePacer); 0: off.
+  double emulate_gflops = 0;
+  // Upper bound on Assign.threads (>= 1).
+  int threads_max = 1;
+  // Options of every Exchange stream.
+  link::LinkOptions link;
+};
+
+class WorkerJob final : public Sender {
+ public:
+  // Validates `assign` (INVALID_ARGUMENT naming the field: ranks, chunk tiling, actions, model,
+  // optimizer, threads) and builds the job with its compute thread running. `host` must outlive
+  // the job.
+  static absl::StatusOr<std::shared_ptr<WorkerJob>> Create(const v1::Assign& assign,
+                                                           const WorkerJobOptions& options,
+                                                           JobHost* host);
+  ~WorkerJob() override { Stop("job dropped"); }
+  WorkerJob(const WorkerJob&) = delete;
+  WorkerJob& operator=(const WorkerJob&) = delete;
+
+  const std::string& id() const { return job_; }
+  int64_t epoch() const { return epoch_; }
+
+  // Aborts the running step, joins the compute thread and closes every link. Idempotent; not
+  // from a gRPC callback or the compute thread.
+  void Stop(absl::string_view why);
+
+  // An Exchange stream opened to this worker for this job (gRPC threads): from the coordinator
+  // (inputs/targets) or a lower-rank neighbour. ABORTED for another job or epoch,
+  // FAILED_PRECONDITION for a peer that has no business here.
+  absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
+                                            std::unique_ptr<link::PeerLink> link);
+
+  // Commands of this (job, epoch), from the command thread.
+  void OnRunStep(const v1::RunStep& run);
+  void OnCommit(const v1::Commit& commit);
+  void OnAbort(const v1::Abort& abort);
+  void OnSaveShards(const v1::SaveShards& save);
+  // A link of this job failed (reported through JobHost::LinkFailed). `coordinator_link`: the
+  // coordinator's feed stream, which does not break the epoch.
+  void OnLinkFailed(const absl::Status& status, bool coordinator_link);
+
+  // Sender: routes an outgoing tensor to this worker's mailbox or the owner's link (compute
+  // thread). Never blocks on the network; a failure aborts the mailbox (so the step fails).
+  void Send(const wire::TensorKey& key, math::Matrix tensor) override;
+
+ private:
+  struct PeerSlot {
+    std::unique_ptr<link::PeerLink> link;  // null until dialled or accepted.
+    std::vector<std::pair<wire::TensorKey, std::shared_ptr<const math::Matrix>>> pending;
+  };
+
+  WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, JobHost* host);
+
+  // Runs `task` on the compute thread after the tasks posted before it.
+  void Post(std::function<void()> task);
+  void ComputeLoop();
+
+  // Receive settings for a stream carrying `kinds` from `peer_rank` (-1: the coordinator).
+  link::LinkSettings SettingsFor(uint32_t kinds, int peer_rank);
+  // Validates the ownership of a received key and puts it into the mailbox.
+  absl::Status Deliver(int peer_rank, const wire::TensorKey& key, math::Matrix tensor);
+  void LinkFailed(const std::string& peer, const absl::Status& status);
+  void DialPeers();
+  void Emit(v1::WorkerEvent event) { host_->Emit(std::move(event)); }
+  void EmitError(int64_t step, const absl::Status& status) {
+    host_->EmitError(job_, epoch_, step, status);
+  }
+
+  // Constant after Create.
+  JobHost* const host_;
+  const WorkerJobOptions options_;
+  const v1::Assign assign_;
+  std::string job_;
+  int64_t epoch_ = 0;
+  int rank_ = 0;
+  int num_chunks_ = 0;
+  int microbatches_ = 0;
+  std::vector<int> owner_;  // [chunk] -> rank.
+  std::vector<int> higher_peers_, lower_peers_;
+  std::vector<schedule::Action> actions_;
+  std::unique_ptr<model::Model> model_;
+  std::vector<model::CheckpointShard> shards_;  // this worker's layer files.
+
+  // --emulate-gflops (null when off); before the mailbox, which reports waits to it.
+  const std::unique_ptr<ComputePacer> pacer_;
+  Mailbox mailbox_;                         // thread-safe.
+  std::unique_ptr<StepExecutor> executor_;  // compute thread only (after Create).
+
+  // Command thread only.
+  bool dialled_ = false;
+  int64_t requested_step_ = -1;  // latest RunStep received.
+  int64_t requested_runs_ = 0;   // RunSteps received.
+
+  // Compute thread only.
+  bool step_ok_ = false;  // the last RunStep succeeded and awaits Commit or Abort.
+  int64_t ran_step_ = -1;
+
+  // Protects the compute thread's queue and stop flag.
+  absl::Mutex compute_mu_;
+  std::deque<std::function<void()>> compute_queue_ ABSL_GUARDED_BY(compute_mu_);
+  bool compute_stop_ ABSL_GUARDED_BY(compute_mu_) = false;
+  std::thread compute_thread_;
+
+  // Protects the links, tensors waiting for a link, and the link-failure state.
+  absl::Mutex links_mu_;
+  std::map<int, PeerSlot> peers_ ABSL_GUARDED_BY(links_mu_);
+  std::vector<std::unique_ptr<link::PeerLink>> coordinator_links_ ABSL_GUARDED_BY(links_mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(links_mu_);  // first link failure of this epoch.
+  bool closed_ ABSL_GUARDED_BY(links_mu_) = false;
+
+  // Protects the step flags read by the command thread when a link fails.
+  absl::Mutex state_mu_;
+  int64_t finished_runs_ ABSL_GUARDED_BY(state_mu_) = 0;  // RunSteps the compute thread ended.
+  int64_t aborted_run_ ABSL_GUARDED_BY(state_mu_) = 0;    // run (1-based) the coordinator aborted.
+  bool last_step_failed_ ABSL_GUARDED_BY(state_mu_) = false;
+};
+
+}  // namespace pipetrain::worker
+
+#endif  // PIPETRAIN_SERVER_WORKER_WORKER_JOB_H_
