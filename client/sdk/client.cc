@@ -183,4 +183,18 @@ absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job
   return response;
 }
 
+ScopedJob::~ScopedJob() {
+  if (!ended_) Cancel().IgnoreError();  // best effort: the lease ends the job otherwise.
+}
+
+absl::Status ScopedJob::Finish() {
+  ended_ = true;
+  return client_->FinishJob(job_).status();
+}
+
+absl::Status ScopedJob::Cancel() {
+  ended_ = true;
+  return client_->CancelJob(job_, cancel_reason_).status();
+}
+
 }  // namespace pipetrain::client

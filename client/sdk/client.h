@@ -105,6 +105,32 @@ class Client {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
+// Ends a job when it goes out of scope, so that a client that stops early (an error, Ctrl-C)
+// never leaves workers held until the coordinator's client lease runs out: CancelJob with the
+// cancel reason unless Finish() ended it first. Not thread-safe; `client` must outlive it.
+class ScopedJob {
+ public:
+  ScopedJob(Client* client, std::string job) : client_(client), job_(std::move(job)) {}
+  ~ScopedJob();
+  ScopedJob(const ScopedJob&) = delete;
+  ScopedJob& operator=(const ScopedJob&) = delete;
+
+  const std::string& job() const { return job_; }
+  // The reason the destructor gives CancelJob. Default "the client stopped before the job
+  // finished".
+  void set_cancel_reason(std::string reason) { cancel_reason_ = std::move(reason); }
+  // FinishJob (DONE). Returns its status; the destructor does nothing afterwards.
+  absl::Status Finish();
+  // CancelJob with the cancel reason now; the destructor does nothing afterwards.
+  absl::Status Cancel();
+
+ private:
+  Client* const client_;
+  const std::string job_;
+  std::string cancel_reason_ = "the client stopped before the job finished";
+  bool ended_ = false;
+};
+
 }  // namespace pipetrain::client
 
 #endif  // PIPETRAIN_CLIENT_SDK_CLIENT_H_

@@ -824,6 +824,44 @@ TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
   EXPECT_TRUE(e->has_assigned()) << e->DebugString();
 }
 
+TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
+  AssignBoth(9);
+  // A Release of another job or a later epoch's job leaves the job alone...
+  v1::WorkerCommand other;
+  other.mutable_release()->set_job("another-job");
+  other.mutable_release()->set_epoch(9);
+  ASSERT_TRUE(coordinator_.Send(Name(0), other));
+  v1::WorkerCommand release;
+  release.mutable_release()->set_job(kJob);
+  release.mutable_release()->set_epoch(9);
+  release.mutable_release()->set_reason("job done");
+  ASSERT_TRUE(coordinator_.Send(Name(1), release));
+  // ... Release is not answered, and commands are handled in order: the RunStep behind each
+  // Release shows what it did.
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(9, 0, kSamples)));
+  ASSERT_TRUE(coordinator_.Send(Name(1), RunStepCommand(9, 0, kSamples)));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(e->error().message(), HasSubstr("no job"));
+  // Worker 0 still runs the job: its step waits for inputs until the Abort fails it.
+  v1::WorkerCommand abort;
+  abort.mutable_abort()->set_job(kJob);
+  abort.mutable_abort()->set_epoch(9);
+  abort.mutable_abort()->set_step(0);
+  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  // The released worker takes a new job.
+  ASSERT_TRUE(coordinator_.Send(Name(1), AssignCommand(1, 10)));
+  e = coordinator_.Next(Name(1));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+}
+
 TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheEpoch) {
   constexpr int64_t kEpoch = 8;
   AssignBoth(kEpoch);

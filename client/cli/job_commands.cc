@@ -1,0 +1,155 @@
+#include "client/cli/job_commands.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/sdk/client.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::cli {
+namespace {
+
+// "ready", "done", ... from JOB_STATE_READY, JOB_STATE_DONE, ...
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  const std::string prefix = "JOB_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+// Whole seconds, minutes or hours since `unix_ms`: "42s", "7m", "3h".
+std::string Age(int64_t unix_ms, absl::Time now) {
+  const absl::Duration age = now - absl::FromUnixMillis(unix_ms);
+  if (age < absl::Minutes(2)) return absl::StrCat(absl::ToInt64Seconds(age), "s");
+  if (age < absl::Hours(2)) return absl::StrCat(absl::ToInt64Minutes(age), "m");
+  return absl::StrCat(absl::ToInt64Hours(age), "h");
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const JobCommandOptions& o) {
+  if (o.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
+  }
+  return client::Client::Connect(o.coordinator);
+}
+
+absl::Status RequireJob(const JobCommandOptions& o, const char* command) {
+  if (o.job.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("usage: pipetrain ", command,
+                                                   " JOB --coordinator HOST:PORT (the job id, as "
+                                                   "`pipetrain jobs` lists it)"));
+  }
+  return absl::OkStatus();
+}
+
+void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
+  out << absl::StrFormat("job %s: %s", job.job(), StateName(job.state()));
+  if (!job.reason().empty()) out << " (" << job.reason() << ")";
+  out << absl::StrFormat("\n  steps done %d, epoch %d, created %s ago", job.steps_done(),
+                         job.epoch(), Age(job.created_unix_ms(), now));
+  if (job.ended_unix_ms() > 0) out << ", ended " << Age(job.ended_unix_ms(), now) << " ago";
+  out << (job.client_attached() ? ", a client is training it" : "") << "\n";
+  const v1::JobSpec& s = job.spec();
+  out << absl::StrFormat(
+      "  %d stages x %d virtual, schedule %s, %d micro-batches, seed %d, %d threads, imbalance "
+      "%.3f\n",
+      s.stages(), s.virtual_stages(), s.schedule(), s.microbatches(), s.seed(), s.threads(),
+      job.imbalance());
+  for (const v1::StageStatus& st : job.stages()) {
+    std::vector<std::string> layers;
+    for (const v1::ChunkSpec& c : st.chunks()) {
+      layers.push_back(absl::StrFormat("[%d, %d)", c.first_layer(), c.last_layer()));
+    }
+    out << absl::StrFormat("  rank %d  %-16s %-22s layers %s\n", st.rank(), st.worker(),
+                           st.address(), absl::StrJoin(layers, " "));
+  }
+}
+
+}  // namespace
+
+std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+  for (const v1::StageStatus& st : job.stages()) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const v1::ChunkSpec& c : st.chunks()) layers.push_back({c.first_layer(), c.last_layer()});
+    stages.push_back({{"rank", st.rank()},
+                      {"worker", st.worker()},
+                      {"address", st.address()},
+                      {"layers", layers}});
+  }
+  const nlohmann::ordered_json j = {
+      {"job", job.job()},
+      {"state", StateName(job.state())},
+      {"reason", job.reason()},
+      {"steps_done", job.steps_done()},
+      {"epoch", job.epoch()},
+      {"schedule", job.spec().schedule()},
+      {"stages", job.spec().stages()},
+      {"microbatches", job.spec().microbatches()},
+      {"age_s", absl::ToInt64Seconds(now - absl::FromUnixMillis(job.created_unix_ms()))},
+      {"client_attached", job.client_attached()},
+      {"workers", stages},
+  };
+  return j.dump();
+}
+
+absl::Status RunJobsCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  PT_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> jobs, client->ListJobs());
+  const absl::Time now = absl::Now();
+  if (o.json) {
+    for (const v1::JobStatus& job : jobs) out << JobStatusJson(job, now) << "\n";
+    return absl::OkStatus();
+  }
+  if (jobs.empty()) {
+    out << "no jobs\n";
+    return absl::OkStatus();
+  }
+  out << absl::StrFormat("%-22s %-10s %7s %6s %-11s %5s  %s\n", "JOB", "STATE", "STEPS", "STAGES",
+                         "SCHEDULE", "AGE", "REASON");
+  for (const v1::JobStatus& job : jobs) {
+    out << absl::StrFormat("%-22s %-10s %7d %6d %-11s %5s  %s\n", job.job(), StateName(job.state()),
+                           job.steps_done(), job.spec().stages(), job.spec().schedule(),
+                           Age(job.created_unix_ms(), now), job.reason());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunStatusCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(RequireJob(o, "status"));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->GetJob(o.job));
+  if (o.json) {
+    out << JobStatusJson(job, absl::Now()) << "\n";
+  } else {
+    PrintStatus(job, absl::Now(), out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunCancelCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(RequireJob(o, "cancel"));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  PT_ASSIGN_OR_RETURN(v1::JobStatus before, client->GetJob(o.job));
+  PT_ASSIGN_OR_RETURN(
+      v1::JobStatus job,
+      client->CancelJob(o.job, o.reason.empty() ? "cancelled by pipetrain cancel" : o.reason));
+  if (o.json) {
+    out << JobStatusJson(job, absl::Now()) << "\n";
+  } else if (before.state() == job.state() && job.state() != v1::JOB_STATE_CANCELLED) {
+    out << absl::StrFormat("job %s had already ended: %s%s\n", job.job(), StateName(job.state()),
+                           job.reason().empty() ? "" : absl::StrCat(" (", job.reason(), ")"));
+  } else if (before.state() == v1::JOB_STATE_CANCELLED) {
+    out << absl::StrFormat("job %s was already cancelled (%s)\n", job.job(), job.reason());
+  } else {
+    out << absl::StrFormat("job %s cancelled after %d steps; its %d workers are free\n", job.job(),
+                           job.steps_done(), job.stages_size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::cli
