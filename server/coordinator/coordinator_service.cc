@@ -1041,10 +1041,12 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   int64_t step = 0;
   std::shared_ptr<const model::Model> net;
   v1::JobSpec spec;
+  std::string staging;  // the workers write here; published as request.directory() when complete.
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
     PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
+    PT_ASSIGN_OR_RETURN(staging, model::BeginCheckpointStaging(request.directory()));
     step = job->steps_done;
     net = job->model;
     spec = job->spec;
@@ -1057,7 +1059,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     save->set_job(job->id);
     save->set_epoch(job->epoch);
     save->set_step(step);
-    save->set_directory(request.directory());
+    save->set_directory(staging);
     for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
     const absl::Status waited = AwaitOp(
         *job,
@@ -1069,6 +1071,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
         },
         options_.step_timeout, "every worker's ShardsSaved");
     job->op_step = -1;
+    if (!waited.ok()) model::DiscardCheckpointStaging(staging).IgnoreError();
     PT_RETURN_IF_ERROR(waited);
   }
   // The manifest: what the coordinator knows. The data set, batch size and data cursor are the
@@ -1080,8 +1083,11 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   manifest.microbatches = spec.microbatches();
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
-  manifest.shards = model::LayerShards(*net, 0, net->num_layers());
-  PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(request.directory(), manifest));
+  // The workers share this file system: the digests are those of the files they wrote.
+  PT_ASSIGN_OR_RETURN(
+      manifest.shards,
+      model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers())));
+  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, request.directory(), manifest));
   v1::CheckpointResponse response;
   response.set_step(step);
   response.set_directory(request.directory());
