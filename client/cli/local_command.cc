@@ -242,7 +242,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (!o.train.json) {
+  if (!o.train.training.json) {
     out << "local cluster: coordinator on " << *address << ", " << S << " stage workers (logs in "
         << log_dir << ")\n";
   }
@@ -263,6 +263,8 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
 
 absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o.train));
+  // The daemons run here and share this file system: a bad --save fails before they start.
+  PT_RETURN_IF_ERROR(CheckSaveDirectory(o.train.training));
   std::string log_dir = o.log_dir;
   const bool own_log_dir = log_dir.empty();
   if (own_log_dir) {

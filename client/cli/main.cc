@@ -7,7 +7,9 @@
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,11 +22,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "client/cli/local_command.h"
 #include "client/cli/partition_command.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
 #include "client/cli/train_command.h"
+#include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
 #include "common/model/model.h"
 #include "common/util/status_macros.h"
@@ -48,12 +52,21 @@ ABSL_FLAG(int32_t, threads, 1, "compute threads");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
           "beta1, beta2, eps, clip_norm");
-ABSL_FLAG(std::string, save, "", "write a checkpoint to this directory at the end");
-ABSL_FLAG(std::string, resume, "", "continue training from this checkpoint directory");
+ABSL_FLAG(std::string, save, "",
+          "checkpoint directory (created if missing, checked writable before the first step): a "
+          "checkpoint at the end, and every --checkpoint-every steps");
+ABSL_FLAG(std::string, resume, "", "reference: continue training from this checkpoint directory");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
-ABSL_FLAG(int64_t, eval_samples, 1000, "held-out samples to evaluate at the end (0: all)");
+ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
+          "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
+          "evaluate, none for train/local (which evaluate the final --save checkpoint)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "with --save: also checkpoint after every step whose number is a multiple of N "
+          "(0: only at the end)");
+ABSL_FLAG(int32_t, keep_checkpoints, 2,
+          "checkpoints to keep (>= 1); a single --save directory holds only the newest for now");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
 ABSL_FLAG(std::string, schedule, "1f1b",
@@ -82,11 +95,25 @@ constexpr char kUsage[] =
     "  evaluate    held-out loss and accuracy of a checkpoint\n"
     "run `pipetrain COMMAND --help` for the flags.";
 
-// Every flag defined above; the per-command allow-lists are subsets.
-const std::set<std::string> kCommandFlags = {
-    "checkpoint", "model",        "microbatches", "batch",       "format",    "stages", "data",
-    "data_dir",   "steps",        "seed",         "threads",     "optimizer", "save",   "resume",
-    "json",       "eval_samples", "log_every",    "coordinator", "schedule",  "trace",  "virtual"};
+// `base` and `more`.
+std::set<std::string> With(std::set<std::string> base, std::initializer_list<const char*> more) {
+  base.insert(more.begin(), more.end());
+  return base;
+}
+
+// The TrainingOptions flags that `reference`, `train` and `local` all take.
+// clang-format off
+const std::set<std::string> kTrainingFlags = {
+    "model", "data", "data_dir",                                      // what to train on
+    "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
+    "json", "eval_samples", "log_every",                              // output
+    "save", "checkpoint_every", "keep_checkpoints"};                  // checkpoints
+// clang-format on
+
+// Every training and pipeline flag defined above; the per-command allow-lists are subsets.
+const std::set<std::string> kCommandFlags = With(
+    kTrainingFlags,
+    {"checkpoint", "format", "stages", "resume", "coordinator", "schedule", "trace", "virtual"});
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -95,7 +122,10 @@ absl::Status CheckOnlyFlags(absl::string_view command, const std::set<std::strin
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (kCommandFlags.count(std::string(name)) == 0) continue;  // absl's own (--help, ...)
     if (allowed.count(std::string(name)) != 0) continue;
-    if (flag->CurrentValue() != flag->DefaultValue()) foreign.push_back(absl::StrCat("--", name));
+    if (flag->CurrentValue() != flag->DefaultValue()) {
+      // Spelt as on the command line: --data-dir, not --data_dir.
+      foreign.push_back(absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}})));
+    }
   }
   if (foreign.empty()) return absl::OkStatus();
   std::sort(foreign.begin(), foreign.end());
@@ -103,14 +133,9 @@ absl::Status CheckOnlyFlags(absl::string_view command, const std::set<std::strin
       absl::StrCat(absl::StrJoin(foreign, ", "), " not used by `pipetrain ", command, "`"));
 }
 
-absl::Status RunReference() {
-  if (auto s = CheckOnlyFlags("reference", {"model", "data", "data_dir", "steps", "batch",
-                                            "microbatches", "seed", "threads", "optimizer", "save",
-                                            "resume", "json", "eval_samples", "log_every"});
-      !s.ok()) {
-    return s;
-  }
-  ReferenceCommandOptions o;
+// The options of every training command, from the flags: one place for reference, train, local.
+TrainingOptions TrainingOptionsFromFlags() {
+  TrainingOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -120,21 +145,27 @@ absl::Status RunReference() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.json = absl::GetFlag(FLAGS_json);
   o.save_dir = absl::GetFlag(FLAGS_save);
   o.resume_dir = absl::GetFlag(FLAGS_resume);
-  o.json = absl::GetFlag(FLAGS_json);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
   o.log_every = absl::GetFlag(FLAGS_log_every);
-  return RunReferenceCommand(o, std::cout);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  return o;
 }
 
-// The options shared by `train` and `local`.
+absl::Status RunReference() {
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("reference", With(kTrainingFlags, {"resume"})));
+  return RunReferenceCommand(TrainingOptionsFromFlags(), std::cout);
+}
+
+// The options of `train` and `local`. --resume is not theirs yet: the service cannot load a
+// checkpoint into its workers.
 absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   TrainCommandOptions o;
+  o.training = TrainingOptionsFromFlags();
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.model_path = absl::GetFlag(FLAGS_model);
-  o.data = absl::GetFlag(FLAGS_data);
-  o.data_dir = absl::GetFlag(FLAGS_data_dir);
   const int64_t stages = absl::GetFlag(FLAGS_stages);
   o.stages = stages == 0 ? 1 : static_cast<int>(stages);
   o.schedule = absl::GetFlag(FLAGS_schedule);
@@ -142,22 +173,12 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   if (!v.empty() && !absl::SimpleAtoi(v, &o.virtual_stages)) {
     return absl::InvalidArgumentError(absl::StrCat("--virtual must be an integer, got '", v, "'"));
   }
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.batch = absl::GetFlag(FLAGS_batch);
-  o.microbatches = absl::GetFlag(FLAGS_microbatches);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.optimizer = absl::GetFlag(FLAGS_optimizer);
-  o.json = absl::GetFlag(FLAGS_json);
   o.trace_path = absl::GetFlag(FLAGS_trace);
-  o.save_dir = absl::GetFlag(FLAGS_save);
-  o.log_every = absl::GetFlag(FLAGS_log_every);
   return o;
 }
 
-const std::set<std::string> kTrainFlags = {
-    "model",        "data", "data_dir", "stages",    "schedule", "virtual", "steps", "batch",
-    "microbatches", "seed", "threads",  "optimizer", "json",     "trace",   "save",  "log_every"};
+const std::set<std::string> kLocalFlags =
+    With(kTrainingFlags, {"stages", "schedule", "virtual", "trace"});
 
 absl::Status RunEvaluate() {
   PT_RETURN_IF_ERROR(
@@ -168,21 +189,19 @@ absl::Status RunEvaluate() {
   const absl::CommandLineFlag& data = absl::GetFlagReflectionHandle(FLAGS_data);
   if (data.CurrentValue() != data.DefaultValue()) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
-  o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
+  o.eval_samples = absl::GetFlag(FLAGS_eval_samples).value_or(kDefaultEvalSamples);
   o.json = absl::GetFlag(FLAGS_json);
   return RunEvaluateCommand(o, std::cout);
 }
 
 absl::Status RunTrain() {
-  std::set<std::string> allowed = kTrainFlags;
-  allowed.insert("coordinator");
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", allowed));
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", With(kLocalFlags, {"coordinator"})));
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
   return RunTrainCommand(o, std::cout);
 }
 
 absl::Status RunLocal() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kTrainFlags));
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kLocalFlags));
   LocalCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags());
   return RunLocalCommand(o, std::cout);
