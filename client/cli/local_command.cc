@@ -20,40 +20,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "client/cli/interrupt.h"
 #include "client/sdk/client.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
 namespace {
-
-// Set by the SIGINT/SIGTERM handler; read between steps and while waiting for the daemons.
-volatile std::sig_atomic_t g_interrupted = 0;
-
-void OnSignal(int /*sig*/) { g_interrupted = 1; }
-
-// Installs OnSignal for SIGINT and SIGTERM (without SA_RESTART, so a blocking read returns
-// EINTR) and restores the previous handlers when destroyed.
-class SignalScope {
- public:
-  SignalScope() {
-    g_interrupted = 0;
-    struct sigaction sa = {};
-    sa.sa_handler = OnSignal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalScope() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  SignalScope(const SignalScope&) = delete;
-  SignalScope& operator=(const SignalScope&) = delete;
-
- private:
-  struct sigaction old_int_ = {};
-  struct sigaction old_term_ = {};
-};
 
 bool IsExecutable(const std::string& path) {
   struct stat st;
@@ -176,7 +148,7 @@ absl::StatusOr<std::string> ReadCoordinatorAddress(int fd) {
       continue;
     }
     if (n < 0 && errno == EINTR) {
-      if (g_interrupted) return absl::CancelledError("interrupted");
+      if (InterruptScope::Interrupted()) return absl::CancelledError("interrupted");
       continue;
     }
     return absl::UnavailableError("the coordinator exited before it served");
@@ -232,7 +204,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Connect(*address));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
-    if (g_interrupted) return absl::CancelledError("interrupted");
+    if (InterruptScope::Interrupted()) return absl::CancelledError("interrupted");
     PT_RETURN_IF_ERROR(CheckChildren(children));
     PT_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> workers, client->ListWorkers());
     if (static_cast<int>(workers.size()) >= S) break;
@@ -242,17 +214,17 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (!o.train.json) {
+  if (!o.train.training.json) {
     out << "local cluster: coordinator on " << *address << ", " << S << " stage workers (logs in "
         << log_dir << ")\n";
   }
   TrainCommandOptions train = o.train;
   train.coordinator = *address;
-  absl::Status status = RunTrainCommand(train, out, [] { return g_interrupted != 0; });
+  absl::Status status = RunTrainCommand(train, out, [] { return InterruptScope::Interrupted(); });
   if (!status.ok()) {
     // A daemon that died explains the failure better than the RPC error it caused.
     absl::Status died = CheckChildren(children);
-    if (!died.ok() && !g_interrupted) {
+    if (!died.ok() && !InterruptScope::Interrupted()) {
       return absl::UnavailableError(absl::StrCat(died.message(), " (", status.message(), ")"));
     }
   }
@@ -263,6 +235,8 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
 
 absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o.train));
+  // The daemons run here and share this file system: a bad --save fails before they start.
+  PT_RETURN_IF_ERROR(CheckSaveDirectory(o.train.training));
   std::string log_dir = o.log_dir;
   const bool own_log_dir = log_dir.empty();
   if (own_log_dir) {
@@ -277,11 +251,13 @@ absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
     std::error_code ec;
     std::filesystem::create_directories(log_dir, ec);
   }
-  SignalScope signals;
+  InterruptScope interrupts;
   std::vector<Child> children;
   absl::Status status = RunCluster(o, log_dir, children, out);
   StopAll(children);
-  if (g_interrupted && !status.ok()) status = absl::CancelledError("interrupted");
+  if (InterruptScope::Interrupted() && !status.ok() && !absl::IsCancelled(status)) {
+    status = absl::CancelledError("interrupted");
+  }
   if (status.ok() || absl::IsCancelled(status)) {
     if (own_log_dir) {
       std::error_code ec;

@@ -27,9 +27,10 @@ struct LocalCommandOptions {
   std::string log_dir;
 };
 
-// Runs the local cluster and the training. Errors: FAILED_PRECONDITION if a daemon binary is
-// missing, UNAVAILABLE if a daemon dies or does not come up within a minute, CANCELLED on
-// SIGINT/SIGTERM, and every error of RunTrainCommand. Installs SIGINT/SIGTERM handlers for its
+// Runs the local cluster and the training. Errors: FAILED_PRECONDITION if --save is not a
+// writable directory (before any daemon starts) or a daemon binary is missing, UNAVAILABLE if a
+// daemon dies or does not come up within a minute, CANCELLED on SIGINT/SIGTERM, and every error
+// of RunTrainCommand. Installs SIGINT/SIGTERM handlers for its
 // duration (not thread-safe: one local run per process at a time).
 absl::Status RunLocalCommand(const LocalCommandOptions& options, std::ostream& out);
 

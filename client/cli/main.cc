@@ -7,7 +7,9 @@
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,13 +22,18 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "client/cli/interrupt.h"
+#include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
 #include "client/cli/partition_command.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
 #include "client/cli/train_command.h"
+#include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
 #include "common/model/model.h"
+#include "common/util/flag_names.h"
 #include "common/util/status_macros.h"
 
 // Shared by several commands.
@@ -48,17 +55,28 @@ ABSL_FLAG(int32_t, threads, 1, "compute threads");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
           "beta1, beta2, eps, clip_norm");
-ABSL_FLAG(std::string, save, "", "write a checkpoint to this directory at the end");
-ABSL_FLAG(std::string, resume, "", "continue training from this checkpoint directory");
+ABSL_FLAG(std::string, save, "",
+          "checkpoint directory (created if missing, checked writable before the first step): a "
+          "checkpoint at the end, and every --checkpoint-every steps");
+ABSL_FLAG(std::string, resume, "", "reference: continue training from this checkpoint directory");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
-ABSL_FLAG(int64_t, eval_samples, 1000, "held-out samples to evaluate at the end (0: all)");
+ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
+          "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
+          "evaluate, none for train/local (which evaluate the final --save checkpoint)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "with --save: also checkpoint after every step whose number is a multiple of N "
+          "(0: only at the end)");
+ABSL_FLAG(int32_t, keep_checkpoints, 2,
+          "checkpoints to keep (>= 1); a single --save directory holds only the newest for now");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
+// jobs / status / cancel
+ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
 ABSL_FLAG(std::string, kind, "", "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
@@ -80,13 +98,30 @@ constexpr char kUsage[] =
     "  train       train on a running coordinator and its stage workers\n"
     "  local       start a coordinator and --stages workers here, then train on them\n"
     "  evaluate    held-out loss and accuracy of a checkpoint\n"
+    "  jobs        list a coordinator's jobs\n"
+    "  status JOB  one job's state, steps and stages\n"
+    "  cancel JOB  cancel a job and free its workers\n"
     "run `pipetrain COMMAND --help` for the flags.";
 
-// Every flag defined above; the per-command allow-lists are subsets.
-const std::set<std::string> kCommandFlags = {
-    "checkpoint", "model",        "microbatches", "batch",       "format",    "stages", "data",
-    "data_dir",   "steps",        "seed",         "threads",     "optimizer", "save",   "resume",
-    "json",       "eval_samples", "log_every",    "coordinator", "schedule",  "trace",  "virtual"};
+// `base` and `more`.
+std::set<std::string> With(std::set<std::string> base, std::initializer_list<const char*> more) {
+  base.insert(more.begin(), more.end());
+  return base;
+}
+
+// The TrainingOptions flags that `reference`, `train` and `local` all take.
+// clang-format off
+const std::set<std::string> kTrainingFlags = {
+    "model", "data", "data_dir",                                      // what to train on
+    "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
+    "json", "eval_samples", "log_every",                              // output
+    "save", "checkpoint_every", "keep_checkpoints"};                  // checkpoints
+// clang-format on
+
+// Every training and pipeline flag defined above; the per-command allow-lists are subsets.
+const std::set<std::string> kCommandFlags =
+    With(kTrainingFlags, {"checkpoint", "format", "stages", "resume", "coordinator", "schedule",
+                          "trace", "virtual", "reason"});
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -95,7 +130,10 @@ absl::Status CheckOnlyFlags(absl::string_view command, const std::set<std::strin
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (kCommandFlags.count(std::string(name)) == 0) continue;  // absl's own (--help, ...)
     if (allowed.count(std::string(name)) != 0) continue;
-    if (flag->CurrentValue() != flag->DefaultValue()) foreign.push_back(absl::StrCat("--", name));
+    if (flag->CurrentValue() != flag->DefaultValue()) {
+      // Spelt as on the command line: --data-dir, not --data_dir.
+      foreign.push_back(absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}})));
+    }
   }
   if (foreign.empty()) return absl::OkStatus();
   std::sort(foreign.begin(), foreign.end());
@@ -103,14 +141,9 @@ absl::Status CheckOnlyFlags(absl::string_view command, const std::set<std::strin
       absl::StrCat(absl::StrJoin(foreign, ", "), " not used by `pipetrain ", command, "`"));
 }
 
-absl::Status RunReference() {
-  if (auto s = CheckOnlyFlags("reference", {"model", "data", "data_dir", "steps", "batch",
-                                            "microbatches", "seed", "threads", "optimizer", "save",
-                                            "resume", "json", "eval_samples", "log_every"});
-      !s.ok()) {
-    return s;
-  }
-  ReferenceCommandOptions o;
+// The options of every training command, from the flags: one place for reference, train, local.
+TrainingOptions TrainingOptionsFromFlags() {
+  TrainingOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -120,21 +153,27 @@ absl::Status RunReference() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.json = absl::GetFlag(FLAGS_json);
   o.save_dir = absl::GetFlag(FLAGS_save);
   o.resume_dir = absl::GetFlag(FLAGS_resume);
-  o.json = absl::GetFlag(FLAGS_json);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
   o.log_every = absl::GetFlag(FLAGS_log_every);
-  return RunReferenceCommand(o, std::cout);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  return o;
 }
 
-// The options shared by `train` and `local`.
+absl::Status RunReference() {
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("reference", With(kTrainingFlags, {"resume"})));
+  return RunReferenceCommand(TrainingOptionsFromFlags(), std::cout);
+}
+
+// The options of `train` and `local`. --resume is not theirs yet: the service cannot load a
+// checkpoint into its workers.
 absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   TrainCommandOptions o;
+  o.training = TrainingOptionsFromFlags();
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.model_path = absl::GetFlag(FLAGS_model);
-  o.data = absl::GetFlag(FLAGS_data);
-  o.data_dir = absl::GetFlag(FLAGS_data_dir);
   const int64_t stages = absl::GetFlag(FLAGS_stages);
   o.stages = stages == 0 ? 1 : static_cast<int>(stages);
   o.schedule = absl::GetFlag(FLAGS_schedule);
@@ -142,22 +181,12 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   if (!v.empty() && !absl::SimpleAtoi(v, &o.virtual_stages)) {
     return absl::InvalidArgumentError(absl::StrCat("--virtual must be an integer, got '", v, "'"));
   }
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.batch = absl::GetFlag(FLAGS_batch);
-  o.microbatches = absl::GetFlag(FLAGS_microbatches);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.optimizer = absl::GetFlag(FLAGS_optimizer);
-  o.json = absl::GetFlag(FLAGS_json);
   o.trace_path = absl::GetFlag(FLAGS_trace);
-  o.save_dir = absl::GetFlag(FLAGS_save);
-  o.log_every = absl::GetFlag(FLAGS_log_every);
   return o;
 }
 
-const std::set<std::string> kTrainFlags = {
-    "model",        "data", "data_dir", "stages",    "schedule", "virtual", "steps", "batch",
-    "microbatches", "seed", "threads",  "optimizer", "json",     "trace",   "save",  "log_every"};
+const std::set<std::string> kLocalFlags =
+    With(kTrainingFlags, {"stages", "schedule", "virtual", "trace"});
 
 absl::Status RunEvaluate() {
   PT_RETURN_IF_ERROR(
@@ -168,39 +197,38 @@ absl::Status RunEvaluate() {
   const absl::CommandLineFlag& data = absl::GetFlagReflectionHandle(FLAGS_data);
   if (data.CurrentValue() != data.DefaultValue()) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
-  o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
+  o.eval_samples = absl::GetFlag(FLAGS_eval_samples).value_or(kDefaultEvalSamples);
   o.json = absl::GetFlag(FLAGS_json);
   return RunEvaluateCommand(o, std::cout);
 }
 
 absl::Status RunTrain() {
-  std::set<std::string> allowed = kTrainFlags;
-  allowed.insert("coordinator");
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", allowed));
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", With(kLocalFlags, {"coordinator"})));
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
-  return RunTrainCommand(o, std::cout);
+  InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
+  return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
+}
+
+// `jobs`, `status JOB`, `cancel JOB`: `job` is the JOB argument ("" for jobs).
+absl::Status RunJobCommand(const std::string& command, const std::string& job) {
+  PT_RETURN_IF_ERROR(CheckOnlyFlags(
+      command, command == "cancel" ? std::set<std::string>{"coordinator", "json", "reason"}
+                                   : std::set<std::string>{"coordinator", "json"}));
+  JobCommandOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.job = job;
+  o.reason = absl::GetFlag(FLAGS_reason);
+  o.json = absl::GetFlag(FLAGS_json);
+  if (command == "jobs") return RunJobsCommand(o, std::cout);
+  if (command == "status") return RunStatusCommand(o, std::cout);
+  return RunCancelCommand(o, std::cout);
 }
 
 absl::Status RunLocal() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kTrainFlags));
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kLocalFlags));
   LocalCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags());
   return RunLocalCommand(o, std::cout);
-}
-
-// Flag names are spelt with dashes on the command line (--data-dir) and with underscores in
-// code (absl requires identifiers): rewrites the name part of every --flag[=value] argument.
-std::vector<std::string> NormaliseFlagNames(int argc, char** argv) {
-  std::vector<std::string> out(argv, argv + argc);
-  for (size_t i = 1; i < out.size(); ++i) {
-    std::string& a = out[i];
-    if (a == "--") break;
-    if (a.size() < 3 || a[0] != '-') continue;
-    const size_t name_begin = a[1] == '-' ? 2 : 1;
-    const size_t name_end = std::min(a.find('='), a.size());
-    std::replace(a.begin() + name_begin, a.begin() + name_end, '-', '_');
-  }
-  return out;
 }
 
 // "" for a flag left at 0 (not given), else its decimal value.
@@ -284,18 +312,19 @@ absl::Status RunPartition() {
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<std::string> normalised = NormaliseFlagNames(argc, argv);
-  std::vector<char*> normalised_argv;
-  for (std::string& a : normalised) normalised_argv.push_back(a.data());
+  std::vector<char*> normalised_argv = ArgvOf(normalised);
   std::vector<char*> args =
       absl::ParseCommandLine(static_cast<int>(normalised_argv.size()), normalised_argv.data());
-  if (args.size() != 2) {
+  const std::string command = args.size() >= 2 ? args[1] : "";
+  // `status` and `cancel` take the job as their one argument; every other command takes none.
+  const size_t arity = command == "status" || command == "cancel" ? 3 : 2;
+  if (args.size() > arity || (args.size() < 2)) {
     std::cerr << (args.size() < 2
                       ? "pipetrain: missing command\n"
-                      : absl::StrCat("pipetrain: unexpected argument '", args[2], "'\n"))
+                      : absl::StrCat("pipetrain: unexpected argument '", args[arity], "'\n"))
               << kUsage << "\n";
     return 2;
   }
-  const std::string command = args[1];
   absl::Status status;
   if (command == "reference") {
     status = RunReference();
@@ -309,6 +338,8 @@ int Main(int argc, char** argv) {
     status = RunTrain();
   } else if (command == "local") {
     status = RunLocal();
+  } else if (command == "jobs" || command == "status" || command == "cancel") {
+    status = RunJobCommand(command, args.size() == 3 ? args[2] : "");
   } else {
     std::cerr << "pipetrain: unknown command '" << command << "'\n" << kUsage << "\n";
     return 2;
@@ -317,7 +348,7 @@ int Main(int argc, char** argv) {
   if (!status.ok()) {
     std::cerr << "pipetrain " << command << ": " << status.message() << " ["
               << absl::StatusCodeToString(status.code()) << "]\n";
-    return 1;
+    return absl::IsCancelled(status) && InterruptScope::Interrupted() ? kInterruptedExitCode : 1;
   }
   return 0;
 }

@@ -33,18 +33,12 @@ void PrintEvaluation(const model::EvalResult& eval, bool classification, bool js
   out << "\n";
 }
 
-absl::Status CheckOptions(const ReferenceCommandOptions& o) {
-  if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
-  PT_RETURN_IF_ERROR(CheckTrainingLoopOptions(o.steps, o.batch, o.microbatches, o.log_every));
-  if (o.eval_samples < 0) return absl::InvalidArgumentError("--eval-samples must be >= 0");
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream& out) {
-  PT_RETURN_IF_ERROR(CheckOptions(o));
+absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(CheckTrainingOptions(o));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));
+  PT_RETURN_IF_ERROR(CheckSaveDirectory(o));
   PT_ASSIGN_OR_RETURN(TrainingSetup setup,
                       SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
   const v1::ModelSpec& spec = setup.spec;
@@ -100,23 +94,16 @@ absl::Status RunReferenceCommand(const ReferenceCommandOptions& o, std::ostream&
       window_start = Clock::now();
       window_samples = 0;
     }
+    if (CheckpointDue(o, r.step, i + 1 == o.steps)) {
+      PT_RETURN_IF_ERROR(model::SaveCheckpoint(
+          o.save_dir, CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor()),
+          trainer->ExportState()));
+      if (!o.json) out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
+    }
   }
-  PT_ASSIGN_OR_RETURN(model::EvalResult eval, trainer->Evaluate(*data, o.eval_samples));
+  PT_ASSIGN_OR_RETURN(model::EvalResult eval,
+                      trainer->Evaluate(*data, o.eval_samples.value_or(kDefaultEvalSamples)));
   PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, out);
-  if (!o.save_dir.empty()) {
-    model::CheckpointManifest m;
-    m.step = trainer->steps_done();
-    m.model_spec = spec;
-    m.optimizer = math::FormatOptimizerConfig(optimizer);
-    m.seed = o.seed;
-    m.data = o.data;
-    m.batch_size = o.batch;
-    m.microbatches = o.microbatches;
-    m.data_cursor = sampler.cursor();
-    m.shards = model::LayerShards(*net, 0, net->num_layers());
-    PT_RETURN_IF_ERROR(model::SaveCheckpoint(o.save_dir, m, trainer->ExportState()));
-    if (!o.json) out << "checkpoint written to " << o.save_dir << "\n";
-  }
   return absl::OkStatus();
 }
 

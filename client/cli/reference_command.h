@@ -7,36 +7,23 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "client/cli/training_options.h"
 
 namespace pipetrain::cli {
 
-struct ReferenceCommandOptions {
-  std::string model_path;           // --model: ModelSpec text file. Required.
-  std::string data = "digits";      // --data: digits | text[:PATH] | csv:PATH | synthetic[:ROWS].
-  std::string data_dir;             // --data-dir: bundled data directory; empty: the built-in one.
-  int64_t steps = 100;              // --steps: optimizer steps, >= 1.
-  int64_t batch = 64;               // --batch: samples per step, >= 1.
-  int64_t microbatches = 1;         // --microbatches: M, divides batch.
-  uint64_t seed = 0;                // --seed: initialisation and shuffling seed.
-  int threads = 1;                  // --threads: compute threads.
-  std::string optimizer = "adamw";  // --optimizer: KIND[:key=value,...] (see ParseOptimizerConfig).
-  std::string save_dir;             // --save: write a checkpoint here at the end (empty: none).
-  std::string resume_dir;           // --resume: continue from this checkpoint (empty: fresh start).
-  bool json = false;                // --json: one JSON object per line.
-  int64_t eval_samples = 1000;  // --eval-samples: held-out samples evaluated at the end (0: all).
-  int64_t log_every = 10;       // --log-every: progress line interval without --json.
-};
-
-// Trains as `options` says, writing progress to `out`. Returns the first error (bad options,
-// data or model, I/O); nothing is printed for the failing step.
-absl::Status RunReferenceCommand(const ReferenceCommandOptions& options, std::ostream& out);
+// Trains as `options` says with the reference trainer, writing progress to `out`: checkpoints
+// into --save (every --checkpoint-every steps and at the end), then the held-out evaluation
+// (--eval-samples, default kDefaultEvalSamples). Returns the first error (bad options:
+// INVALID_ARGUMENT; an unwritable --save: FAILED_PRECONDITION, before the first step; data, model,
+// resume mismatch, I/O); nothing is printed for the failing step. Thread-compatible.
+absl::Status RunReferenceCommand(const TrainingOptions& options, std::ostream& out);
 
 struct EvaluateCommandOptions {
-  std::string checkpoint_dir;   // --checkpoint: a checkpoint directory (reference or pipeline).
-  std::string data;             // --data: default the data set the checkpoint was trained on.
-  std::string data_dir;         // --data-dir: bundled data directory; empty: the built-in one.
-  int64_t eval_samples = 1000;  // --eval-samples: held-out samples evaluated (0: all).
-  bool json = false;            // --json: one JSON object {"eval_loss", "eval_accuracy"}.
+  std::string checkpoint_dir;  // --checkpoint: a checkpoint directory (reference or pipeline).
+  std::string data;            // --data: default the data set the checkpoint was trained on.
+  std::string data_dir;        // --data-dir: bundled data directory; empty: the built-in one.
+  int64_t eval_samples = kDefaultEvalSamples;  // --eval-samples: held-out samples (0: all).
+  bool json = false;  // --json: one JSON object {"eval_loss", "eval_accuracy"}.
 };
 
 // `pipetrain evaluate`: loads a checkpoint written by `reference --save` or `train/local --save`

@@ -4,10 +4,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "client/cli/reference_command.h"
 #include "client/cli/training_setup.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
@@ -22,20 +26,26 @@
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
-namespace {}  // namespace
 
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
-  if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  const TrainingOptions& t = o.training;
+  PT_RETURN_IF_ERROR(CheckTrainingOptions(t));
+  if (!t.resume_dir.empty()) {
+    return absl::UnimplementedError(
+        "--resume: resuming through the service is not implemented yet (its workers cannot load "
+        "a checkpoint)");
+  }
+  if (t.eval_samples.has_value() && t.save_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--eval-samples needs --save DIR for train and local: the final checkpoint is what is "
+        "evaluated");
+  }
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
   }
   if (o.virtual_stages < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--virtual must be >= 0 (0: the schedule's default), got ", o.virtual_stages));
-  }
-  PT_RETURN_IF_ERROR(CheckTrainingLoopOptions(o.steps, o.batch, o.microbatches, o.log_every));
-  if (o.threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", o.threads));
   }
   return schedule::ParseScheduleKind(o.schedule).status();
 }
@@ -85,22 +95,76 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// True if `target` (HOST:PORT) is on this host's loopback interface: the coordinator and its
+// workers then share this process's file system.
+bool IsLoopbackTarget(absl::string_view target) {
+  absl::string_view host = target;
+  if (absl::ConsumePrefix(&host, "[")) {
+    host = host.substr(0, host.find(']'));
+  } else {
+    host = host.substr(0, host.rfind(':'));
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+// Checkpoints `job` into `dir` (absolute, on the coordinator's file system) through the
+// coordinator: the workers write the layer files and the coordinator a manifest with what it
+// knows. Where `dir` is visible here, the client then rewrites that manifest with the fields only
+// it knows (data set, batch size, data cursor `cursor`, the optimizer's canonical text), keeping
+// the coordinator's step and shards: exactly what `pipetrain reference --save` writes. Returns
+// whether `dir` was visible (false: the coordinator's file system is not ours, its manifest stays
+// as written).
+absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::string& job,
+                                            const std::string& dir, const TrainingOptions& o,
+                                            const TrainingSetup& setup,
+                                            const math::OptimizerConfig& optimizer,
+                                            const io::DataCursor& cursor, std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, client.Checkpoint(job, dir));
+  const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
+  if (visible) {
+    // The shards are the coordinator's: the files its workers wrote.
+    PT_ASSIGN_OR_RETURN(model::CheckpointManifest written, model::ReadCheckpointManifest(dir));
+    model::CheckpointManifest m = CheckpointManifestFor(o, setup, optimizer, saved.step(), cursor);
+    m.shards = std::move(written.shards);
+    PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(dir, m));
+  }
+  if (!o.json) {
+    out << "checkpoint of step " << saved.step() << " written to " << dir;
+    if (!visible) {
+      out << " on the coordinator's host (its manifest lacks --data, --batch and the data cursor)";
+    }
+    out << "\n";
+  }
+  return visible;
+}
+
 }  // namespace
 
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              const InterruptFn& interrupted) {
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
   if (o.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
+  const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(t.optimizer));
+  // --save is a directory on the coordinator's host: checkable here only when that is this host.
+  std::string save_dir;
+  if (!t.save_dir.empty()) {
+    if (IsLoopbackTarget(o.coordinator)) PT_RETURN_IF_ERROR(CheckSaveDirectory(t));
+    std::error_code ec;
+    save_dir = std::filesystem::absolute(t.save_dir, ec).string();
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("--save ", t.save_dir, ": ", ec.message()));
+    }
+  }
   PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
+                      SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
   const v1::ModelSpec& spec = setup.spec;
   const std::unique_ptr<io::Dataset>& data = setup.data;
   const std::unique_ptr<model::Model>& net = setup.model;
   const io::DatasetInfo& info = data->info();
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
-                      io::BatchSampler::Create(data.get(), o.batch, o.seed, io::DataCursor()));
+                      io::BatchSampler::Create(data.get(), t.batch, t.seed, io::DataCursor()));
 
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                       client::Client::Connect(o.coordinator));
@@ -109,16 +173,16 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   *job_spec.mutable_optimizer() = model::OptimizerToProto(optimizer);
   job_spec.set_schedule(std::string(schedule::ScheduleKindName(kind)));
   job_spec.set_stages(o.stages);
-  job_spec.set_microbatches(static_cast<int32_t>(o.microbatches));
+  job_spec.set_microbatches(static_cast<int32_t>(t.microbatches));
   job_spec.set_virtual_stages(o.virtual_stages);
-  job_spec.set_seed(o.seed);
-  job_spec.set_threads(o.threads);
+  job_spec.set_seed(t.seed);
+  job_spec.set_threads(t.threads);
   PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->CreateJob(job_spec));
-  if (!o.json) {
+  if (!t.json) {
     out << absl::StrFormat(
         "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
         "schedule %s, imbalance %.3f\n",
-        spec.name().empty() ? o.model_path : spec.name(), net->num_layers(), net->NumParameters(),
+        spec.name().empty() ? t.model_path : spec.name(), net->num_layers(), net->NumParameters(),
         info.name, data->size(io::Split::kTrain), job.job(), o.stages, o.schedule, job.imbalance());
     for (const v1::StageStatus& s : job.stages()) {
       out << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
@@ -129,26 +193,36 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     }
   }
 
+  // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on an
+  // error or an interrupt, so that its workers are freed at once.
+  client::ScopedJob scoped(client.get(), job.job());
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
                       client->StartTraining(job.job()));
   using Clock = std::chrono::steady_clock;
   auto window_start = Clock::now();
   int64_t window_samples = 0;
   v1::StepResult last;
-  for (int64_t i = 0; i < o.steps; ++i) {
-    if (interrupted && interrupted()) return absl::CancelledError("interrupted");
+  bool checkpoint_visible = false;  // the last checkpoint's manifest is on this file system.
+  for (int64_t i = 0; i < t.steps; ++i) {
+    if (interrupted && interrupted()) {
+      scoped.set_cancel_reason(
+          absl::StrCat("interrupted: the client stopped after step ", last.step()));
+      PT_RETURN_IF_ERROR(scoped.Cancel());
+      return absl::CancelledError(absl::StrCat("interrupted: job ", job.job(), " cancelled after ",
+                                               last.step(), " steps; its workers are free"));
+    }
     io::Batch batch = sampler.Next();
     PT_ASSIGN_OR_RETURN(
         last, session->Step(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
     window_samples += batch.samples;
-    if (o.json) {
+    if (t.json) {
       out << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.9g, \"step_ms\": %.3f, \"bubble_fraction\": %.4f, "
           "\"predicted_bubble_fraction\": %.4f}\n",
           last.step(), last.loss(), last.step_ms(), last.bubble_fraction(),
           last.predicted_bubble_fraction());
       out.flush();
-    } else if (last.step() % o.log_every == 0 || i == 0 || i + 1 == o.steps) {
+    } else if (last.step() % t.log_every == 0 || i == 0 || i + 1 == t.steps) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       out << absl::StrFormat(
           "step %6d  loss %.6f  %.0f samples/s  bubble %.1f%% (predicted %.1f%%)\n", last.step(),
@@ -158,49 +232,42 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       window_start = Clock::now();
       window_samples = 0;
     }
+    // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
+    if (CheckpointDue(t, last.step(), i + 1 == t.steps)) {
+      PT_ASSIGN_OR_RETURN(checkpoint_visible,
+                          SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
+                                                 sampler.cursor(), out));
+    }
   }
   PT_RETURN_IF_ERROR(session->Finish());
+  // The job is over: its workers are free for the next job.
+  PT_RETURN_IF_ERROR(scoped.Finish());
 
   if (!o.trace_path.empty()) {
     schedule::ScheduleParams params{
-        kind, o.stages, static_cast<int>(o.microbatches),
+        kind, o.stages, static_cast<int>(t.microbatches),
         o.virtual_stages > 0 ? o.virtual_stages : schedule::DefaultVirtualStages(kind)};
     PT_ASSIGN_OR_RETURN(schedule::Placement placement, schedule::PlacementFor(params));
     PT_ASSIGN_OR_RETURN(schedule::Timeline timeline, MeasuredTimeline(last, placement));
     // Timeline times are milliseconds: 1000 trace microseconds per unit.
     PT_RETURN_IF_ERROR(WriteTextFile(o.trace_path, schedule::RenderChromeTrace(timeline, 1000)));
-    if (!o.json) out << "trace of step " << last.step() << " written to " << o.trace_path << "\n";
+    if (!t.json) out << "trace of step " << last.step() << " written to " << o.trace_path << "\n";
   }
-  if (!o.save_dir.empty()) {
-    // The workers write the layer files and the coordinator a manifest with what it knows; the
-    // client then rewrites the manifest with the fields only it knows (data set, batch size, data
-    // cursor, the optimizer's canonical text), exactly as `pipetrain reference --save` writes it.
-    std::error_code ec;
-    const std::string dir = std::filesystem::absolute(o.save_dir, ec).string();
-    if (ec)
-      return absl::InvalidArgumentError(absl::StrCat("--save ", o.save_dir, ": ", ec.message()));
-    PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, client->Checkpoint(job.job(), dir));
-    if (!std::filesystem::exists(dir + "/" + model::kManifestName)) {
-      // The coordinator's file system is not ours (a remote coordinator): its manifest stays as
-      // written, without the data set fields.
-      if (!o.json) {
-        out << "checkpoint written to " << dir << " on the coordinator's host (its manifest "
-            << "lacks --data, --batch and the data cursor)\n";
-      }
-      return absl::OkStatus();
+  if (t.eval_samples.has_value()) {
+    // The final checkpoint, evaluated as `pipetrain evaluate` does (CheckTrainCommandOptions
+    // made sure there is one).
+    if (!checkpoint_visible) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--eval-samples: checkpoint ", save_dir,
+                       " is on the coordinator's host, not here; run `pipetrain evaluate` there"));
     }
-    model::CheckpointManifest m;
-    m.step = saved.step();
-    m.model_spec = spec;
-    m.optimizer = math::FormatOptimizerConfig(optimizer);
-    m.seed = o.seed;
-    m.data = o.data;
-    m.batch_size = o.batch;
-    m.microbatches = o.microbatches;
-    m.data_cursor = sampler.cursor();
-    m.shards = model::LayerShards(*net, 0, net->num_layers());
-    PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(dir, m));
-    if (!o.json) out << "checkpoint written to " << o.save_dir << "\n";
+    EvaluateCommandOptions eval;
+    eval.checkpoint_dir = save_dir;
+    eval.data = t.data;
+    eval.data_dir = t.data_dir;
+    eval.eval_samples = *t.eval_samples;
+    eval.json = t.json;
+    PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,11 @@
 # Included from client/CMakeLists.txt; safe to include more than once.
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/../sdk/sdk.cmake)
+# TrainingOptions, shared by reference/train/local. Belongs in client/CMakeLists.txt's
+# pipetrain_cli_commands sources; added here while that file is owned elsewhere.
+target_sources(pipetrain_cli_commands PRIVATE ${CMAKE_CURRENT_LIST_DIR}/training_options.cc)
 add_library(pipetrain_cli_train
+  ${CMAKE_CURRENT_LIST_DIR}/interrupt.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_commands.cc
   ${CMAKE_CURRENT_LIST_DIR}/local_command.cc
   ${CMAKE_CURRENT_LIST_DIR}/train_command.cc

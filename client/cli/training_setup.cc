@@ -50,24 +50,21 @@ absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_pat
   return SetUpTraining(raw_spec, data, data_dir, seed);
 }
 
-absl::Status CheckTrainingLoopOptions(int64_t steps, int64_t batch, int64_t microbatches,
-                                      int64_t log_every) {
-  if (steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", steps));
-  }
-  if (batch < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--batch must be >= 1, got ", batch));
-  }
-  if (microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--microbatches must be >= 1, got ", microbatches));
-  }
-  if (batch % microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--batch ", batch, " is not divisible by --microbatches ", microbatches));
-  }
-  if (log_every < 1) return absl::InvalidArgumentError("--log-every must be >= 1");
-  return absl::OkStatus();
+model::CheckpointManifest CheckpointManifestFor(const TrainingOptions& options,
+                                                const TrainingSetup& setup,
+                                                const math::OptimizerConfig& optimizer,
+                                                int64_t step, const io::DataCursor& cursor) {
+  model::CheckpointManifest m;
+  m.step = step;
+  m.model_spec = setup.spec;
+  m.optimizer = math::FormatOptimizerConfig(optimizer);
+  m.seed = options.seed;
+  m.data = options.data;
+  m.batch_size = options.batch;
+  m.microbatches = options.microbatches;
+  m.data_cursor = cursor;
+  m.shards = model::LayerShards(*setup.model, 0, setup.model->num_layers());
+  return m;
 }
 
 }  // namespace pipetrain::cli

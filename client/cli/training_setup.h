@@ -8,7 +8,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/cli/training_options.h"
 #include "common/io/dataset.h"
+#include "common/math/optimizer.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "pipetrain/v1/model.pb.h"
 
@@ -32,10 +35,13 @@ absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_pat
                                                     const std::string& data,
                                                     const std::string& data_dir, uint64_t seed);
 
-// The checks every training command makes on its loop flags: --steps >= 1, --batch >= 1,
-// --microbatches >= 1 dividing --batch, --log-every >= 1. INVALID_ARGUMENT naming the flag.
-absl::Status CheckTrainingLoopOptions(int64_t steps, int64_t batch, int64_t microbatches,
-                                      int64_t log_every);
+// The manifest of a checkpoint of `setup`'s model after `step` steps of a run with `options` and
+// `optimizer`, its next batch at `cursor`: what `reference --save` writes, and what `train --save`
+// rewrites the coordinator's manifest to (so that both are byte-identical).
+model::CheckpointManifest CheckpointManifestFor(const TrainingOptions& options,
+                                                const TrainingSetup& setup,
+                                                const math::OptimizerConfig& optimizer,
+                                                int64_t step, const io::DataCursor& cursor);
 
 }  // namespace pipetrain::cli
 

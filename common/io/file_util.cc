@@ -14,33 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/io/dir_util.h"
+#include "common/io/scoped_fd.h"
 
 namespace pipetrain::io {
 namespace {
-
-// Closes a file descriptor on scope exit unless released.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  // Closes now and returns close()'s result (errno set on failure).
-  int Close() {
-    int fd = fd_;
-    fd_ = -1;
-    return ::close(fd);
-  }
-
- private:
-  int fd_;
-};
-
-absl::Status ErrnoError(int err, absl::string_view what, absl::string_view path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
-}
 
 absl::Status WriteAll(int fd, absl::string_view contents, const std::string& path) {
   const char* p = contents.data();
@@ -98,7 +76,7 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   }
   if (fd < 0) return ErrnoError(EEXIST, "cannot create temporary file", tmp);
 
-  FdCloser closer(fd);
+  ScopedFd closer(fd);
   absl::Status status = WriteAll(fd, contents, tmp);
   if (status.ok() && ::fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", tmp);
   if (closer.Close() != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp);
@@ -111,18 +89,13 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   }
 
   // Make the rename itself durable.
-  const std::string dir = DirName(path);
-  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoError(errno, "cannot open directory", dir);
-  FdCloser dir_closer(dir_fd);
-  if (::fsync(dir_fd) != 0) return ErrnoError(errno, "cannot fsync directory", dir);
-  return absl::OkStatus();
+  return SyncDirectory(DirName(path));
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open", path);
-  FdCloser closer(fd);
+  ScopedFd closer(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (S_ISDIR(st.st_mode)) {

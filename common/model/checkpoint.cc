@@ -1,11 +1,21 @@
 #include "common/model/checkpoint.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/io/digest.h"
+#include "common/io/dir_util.h"
 #include "common/io/file_util.h"
 #include "common/io/safetensors.h"
 #include "common/model/model.h"
@@ -18,23 +28,47 @@ namespace {
 
 using json = nlohmann::json;
 
+// The manifest format before per-shard checksums.
+constexpr char kUnverifiableFormat[] = "pipetrain.checkpoint.v1";
+// A manifest is a few kilobytes plus the model spec text.
+constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
+
 absl::Status ManifestError(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
-// Reads an integer field; INVALID_ARGUMENT naming it when missing or mistyped.
-absl::StatusOr<int64_t> GetInt(const json& j, const char* key, const std::string& path) {
+// Reads integer field `prefix + key`; INVALID_ARGUMENT naming it when missing or mistyped.
+absl::StatusOr<int64_t> GetInt(const json& j, const char* key, const std::string& prefix,
+                               const std::string& path) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) {
-    return ManifestError(path, absl::StrCat("field '", key, "' missing or not an integer"));
+    return ManifestError(path, absl::StrCat("field '", prefix, key, "' missing or not an integer"));
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    return ManifestError(path, absl::StrCat("field '", prefix, key, "' = ", it->get<uint64_t>(),
+                                            " does not fit in 64 bits"));
   }
   return it->get<int64_t>();
 }
 
-absl::StatusOr<std::string> GetString(const json& j, const char* key, const std::string& path) {
+// Reads a counter field: an integer in [0, kMaxManifestCount).
+absl::StatusOr<int64_t> GetCount(const json& j, const char* key, const std::string& prefix,
+                                 const std::string& path) {
+  PT_ASSIGN_OR_RETURN(int64_t v, GetInt(j, key, prefix, path));
+  if (v < 0 || v >= kMaxManifestCount) {
+    return ManifestError(
+        path, absl::StrCat("field '", prefix, key, "' = ", v,
+                           " is out of range [0, 2^53) (counters are converted to double, which "
+                           "is exact only below 2^53)"));
+  }
+  return v;
+}
+
+absl::StatusOr<std::string> GetString(const json& j, const char* key, const std::string& prefix,
+                                      const std::string& path) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) {
-    return ManifestError(path, absl::StrCat("field '", key, "' missing or not a string"));
+    return ManifestError(path, absl::StrCat("field '", prefix, key, "' missing or not a string"));
   }
   return it->get<std::string>();
 }
@@ -43,6 +77,243 @@ absl::StatusOr<std::string> GetString(const json& j, const char* key, const std:
 bool IsPlainFileName(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
+}
+
+absl::Status CheckPlainFileName(const std::string& name) {
+  if (IsPlainFileName(name)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("shard file name '", name, "' is not a plain file name"));
+}
+
+// "layer-NNNNN.safetensors" as LayerShardFile writes it (five or more digits).
+bool IsLayerShardFile(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "layer-") || !absl::ConsumeSuffix(&name, ".safetensors")) {
+    return false;
+  }
+  if (name.size() < 5) return false;
+  for (char c : name) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+json ManifestToJson(const CheckpointManifest& manifest) {
+  json j;
+  j["format"] = kCheckpointFormat;
+  j["step"] = manifest.step;
+  std::string spec_text;
+  google::protobuf::TextFormat::PrintToString(manifest.model_spec, &spec_text);
+  j["model_spec"] = spec_text;
+  j["optimizer"] = manifest.optimizer;
+  j["seed"] = manifest.seed;
+  j["data"] = manifest.data;
+  j["batch_size"] = manifest.batch_size;
+  j["microbatches"] = manifest.microbatches;
+  j["data_cursor"] = {{"epoch", manifest.data_cursor.epoch}, {"batch", manifest.data_cursor.batch}};
+  j["shards"] = json::array();
+  for (const CheckpointShard& s : manifest.shards) {
+    j["shards"].push_back({{"file", s.file},
+                           {"first_layer", s.first_layer},
+                           {"last_layer", s.last_layer},
+                           {"sha256", s.sha256},
+                           {"bytes", s.bytes}});
+  }
+  return j;
+}
+
+// Validates a manifest's JSON field by field; errors start with `path`.
+absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::string& path) {
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  PT_ASSIGN_OR_RETURN(std::string format, GetString(j, "format", "", path));
+  if (format == kUnverifiableFormat) {
+    return ManifestError(
+        path, absl::StrCat("the checkpoint's format ", format,
+                           " predates per-shard checksums, so its files cannot be verified; "
+                           "this pipetrain reads ",
+                           kCheckpointFormat, " (docs/checkpoints.md says how to upgrade one)"));
+  }
+  if (format != kCheckpointFormat) {
+    return ManifestError(path, absl::StrCat("format '", format, "' is not ", kCheckpointFormat));
+  }
+  CheckpointManifest m;
+  PT_ASSIGN_OR_RETURN(m.step, GetCount(j, "step", "", path));
+  PT_ASSIGN_OR_RETURN(std::string spec_text, GetString(j, "model_spec", "", path));
+  PT_ASSIGN_OR_RETURN(m.model_spec,
+                      ParseModelSpecText(spec_text, absl::StrCat(path, ":model_spec")));
+  PT_ASSIGN_OR_RETURN(m.optimizer, GetString(j, "optimizer", "", path));
+  auto seed = j.find("seed");
+  if (seed == j.end() || !seed->is_number_integer()) {
+    return ManifestError(path, "field 'seed' missing or not an integer");
+  }
+  m.seed = seed->get<uint64_t>();
+  PT_ASSIGN_OR_RETURN(m.data, GetString(j, "data", "", path));
+  PT_ASSIGN_OR_RETURN(m.batch_size, GetCount(j, "batch_size", "", path));
+  PT_ASSIGN_OR_RETURN(m.microbatches, GetCount(j, "microbatches", "", path));
+  auto cursor = j.find("data_cursor");
+  if (cursor == j.end() || !cursor->is_object()) {
+    return ManifestError(path, "field 'data_cursor' missing or not an object");
+  }
+  PT_ASSIGN_OR_RETURN(m.data_cursor.epoch, GetCount(*cursor, "epoch", "data_cursor.", path));
+  PT_ASSIGN_OR_RETURN(m.data_cursor.batch, GetCount(*cursor, "batch", "data_cursor.", path));
+  auto shards = j.find("shards");
+  if (shards == j.end() || !shards->is_array() || shards->empty()) {
+    return ManifestError(path, "field 'shards' missing, not an array, or empty");
+  }
+  const int64_t num_layers = m.model_spec.layers_size();
+  std::set<std::string> files;
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const json& s = (*shards)[i];
+    const std::string prefix = absl::StrCat("shards[", i, "].");
+    if (!s.is_object())
+      return ManifestError(path, absl::StrCat("field 'shards[", i, "]' is not an object"));
+    CheckpointShard shard;
+    PT_ASSIGN_OR_RETURN(shard.file, GetString(s, "file", prefix, path));
+    if (!IsPlainFileName(shard.file)) {
+      return ManifestError(path, absl::StrCat("field '", prefix, "file' = '", shard.file,
+                                              "' is not a plain file name"));
+    }
+    if (!files.insert(shard.file).second) {
+      return ManifestError(path, absl::StrCat("shard file '", shard.file, "' is listed twice"));
+    }
+    PT_ASSIGN_OR_RETURN(shard.first_layer, GetInt(s, "first_layer", prefix, path));
+    PT_ASSIGN_OR_RETURN(shard.last_layer, GetInt(s, "last_layer", prefix, path));
+    if (shard.first_layer < 0 || shard.first_layer >= shard.last_layer ||
+        shard.last_layer > num_layers) {
+      return ManifestError(
+          path,
+          absl::StrCat("fields '", prefix, "first_layer', '", prefix, "last_layer' of ", shard.file,
+                       ": layer range [", shard.first_layer, ", ", shard.last_layer,
+                       ") is not a non-empty range within the model's ", num_layers, " layers"));
+    }
+    PT_ASSIGN_OR_RETURN(shard.sha256, GetString(s, "sha256", prefix, path));
+    if (!io::IsSha256Hex(shard.sha256)) {
+      return ManifestError(path, absl::StrCat("field '", prefix, "sha256' = '", shard.sha256,
+                                              "' is not 64 lowercase hex digits"));
+    }
+    PT_ASSIGN_OR_RETURN(shard.bytes, GetCount(s, "bytes", prefix, path));
+    m.shards.push_back(std::move(shard));
+  }
+  return m;
+}
+
+// Reads one shard file and checks it against the manifest: size, SHA-256, step metadata, and
+// that every value is finite.
+absl::StatusOr<io::SafetensorsFile> ReadVerifiedShard(const std::string& dir,
+                                                      const CheckpointShard& shard, int64_t step) {
+  const std::string path = io::JoinPath(dir, shard.file);
+  PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadFile(path));
+  if (static_cast<int64_t>(bytes.size()) != shard.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
+                                            " bytes, but the manifest says ", shard.bytes,
+                                            " (truncated or overwritten?)"));
+  }
+  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+  if (digest.sha256 != shard.sha256) {
+    return absl::DataLossError(absl::StrCat(path, ": SHA-256 ", digest.sha256,
+                                            " differs from the manifest's ", shard.sha256,
+                                            " (file corrupted)"));
+  }
+  PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::ParseSafetensors(bytes, path));
+  auto meta = file.metadata.find("step");
+  int64_t file_step = 0;
+  if (meta == file.metadata.end() || !absl::SimpleAtoi(meta->second, &file_step)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": no integer 'step' in the safetensors metadata"));
+  }
+  if (file_step != step) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": written at step ", file_step, " but the manifest's step is ", step));
+  }
+  for (const auto& [name, tensor] : file.tensors) {
+    for (size_t i = 0; i < tensor.data.size(); ++i) {
+      if (!std::isfinite(tensor.data[i])) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds ",
+                                                std::isnan(tensor.data[i]) ? "NaN" : "Inf",
+                                                " at element ", i));
+      }
+    }
+  }
+  return file;
+}
+
+// LoadCheckpoint; with `keep_tensors` false the tensors are checked and dropped.
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, bool keep_tensors) {
+  LoadedCheckpoint out;
+  PT_ASSIGN_OR_RETURN(out.manifest, ReadCheckpointManifest(dir));
+  std::set<std::string> names;
+  for (const CheckpointShard& shard : out.manifest.shards) {
+    PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, ReadVerifiedShard(dir, shard, out.manifest.step));
+    for (auto& [name, tensor] : file.tensors) {
+      if (!names.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(io::JoinPath(dir, shard.file), ": tensor ",
+                                                       name, " also appears in an earlier shard"));
+      }
+      if (keep_tensors) out.tensors.emplace(name, std::move(tensor));
+    }
+  }
+  return out;
+}
+
+// NOT_FOUND unless `dir` is an existing directory: checkpoint files are only written into one
+// made by BeginCheckpointStaging (or a published checkpoint), never into one created on the fly.
+absl::Status CheckDirectoryExists(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory '", dir, "' does not exist"));
+  }
+  return absl::OkStatus();
+}
+
+// The shard file names the manifest in `dir` lists, read leniently (any format version), so that
+// a checkpoint this version cannot load can still be replaced.
+std::set<std::string> ListedShardFiles(const std::string& dir) {
+  std::set<std::string> out;
+  absl::StatusOr<std::string> text =
+      io::ReadFile(io::JoinPath(dir, kManifestName), kMaxManifestBytes);
+  if (!text.ok()) return out;
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("shards") || !j["shards"].is_array()) return out;
+  for (const json& s : j["shards"]) {
+    if (s.is_object() && s.contains("file") && s["file"].is_string()) {
+      out.insert(s["file"].get<std::string>());
+    }
+  }
+  return out;
+}
+
+// OK if `dir` does not exist or is a directory a checkpoint save may replace: every entry is a
+// regular file that a save writes (or a temporary of one).
+absl::Status CheckReplaceable(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat '", dir, "'"));
+  }
+  if (S_ISLNK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", dir,
+                     "' is a symbolic link; a save replaces the directory itself, so name the "
+                     "directory it points to"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("'", dir, "' exists and is not a directory"));
+  }
+  PT_ASSIGN_OR_RETURN(std::vector<std::string> entries, io::ListDirectory(dir));
+  const std::set<std::string> listed = ListedShardFiles(dir);
+  for (const std::string& entry : entries) {
+    // WriteFileAtomically's temporaries are "NAME.tmp.PID.RANDOM.N".
+    const std::string name = entry.substr(0, entry.find(".tmp."));
+    struct stat est;
+    const bool regular =
+        ::lstat(io::JoinPath(dir, entry).c_str(), &est) == 0 && S_ISREG(est.st_mode);
+    if (!regular || (name != kManifestName && !IsLayerShardFile(name) && listed.count(name) == 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", dir, "' holds '", entry,
+          "', which a checkpoint does not; refusing to replace it (save into a new or empty "
+          "directory, or a checkpoint directory)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -54,21 +325,28 @@ std::string LayerShardFile(int64_t layer) {
 std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last) {
   std::vector<CheckpointShard> out;
   for (int64_t l = first; l < last; ++l) {
-    if (!model.layer(l).params().empty()) out.push_back({LayerShardFile(l), l, l + 1});
+    if (model.layer(l).params().empty()) continue;
+    CheckpointShard shard;
+    shard.file = LayerShardFile(l);
+    shard.first_layer = l;
+    shard.last_layer = l + 1;
+    out.push_back(std::move(shard));
   }
   return out;
 }
 
-absl::Status WriteCheckpointShards(const std::string& dir,
-                                   const std::vector<CheckpointShard>& shards,
-                                   const std::map<std::string, math::Tensor>& tensors,
-                                   int64_t step) {
-  PT_RETURN_IF_ERROR(io::EnsureDirectory(dir));
-  for (const CheckpointShard& s : shards) {
-    if (!IsPlainFileName(s.file)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shard file name '", s.file, "' is not a plain file name"));
-    }
+absl::StatusOr<std::string> BeginCheckpointStaging(const std::string& dir) {
+  PT_RETURN_IF_ERROR(CheckCheckpointDestination(dir));
+  return io::CreateStagingDirectory(dir);
+}
+
+absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
+    const std::string& dir, const std::vector<CheckpointShard>& shards,
+    const std::map<std::string, math::Tensor>& tensors, int64_t step) {
+  PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
+  std::vector<CheckpointShard> out = shards;
+  for (CheckpointShard& s : out) {
+    PT_RETURN_IF_ERROR(CheckPlainFileName(s.file));
     // Every tensor whose global layer index is in [first_layer, last_layer).
     std::map<std::string, math::Tensor> part;
     for (int64_t l = s.first_layer; l < s.last_layer; ++l) {
@@ -84,112 +362,88 @@ absl::Status WriteCheckpointShards(const std::string& dir,
       return absl::NotFoundError(absl::StrCat("no tensors for shard ", s.file, " (layers ",
                                               s.first_layer, "..", s.last_layer - 1, ")"));
     }
-    PT_RETURN_IF_ERROR(
-        io::WriteSafetensors(absl::StrCat(dir, "/", s.file), part,
-                             {{"format", kCheckpointFormat}, {"step", absl::StrCat(step)}}));
+    PT_ASSIGN_OR_RETURN(
+        std::string bytes,
+        io::SerializeSafetensors(part, {{"format", kShardFormat}, {"step", absl::StrCat(step)}}));
+    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+    PT_RETURN_IF_ERROR(io::WriteFileAtomically(io::JoinPath(dir, s.file), bytes));
+    s.sha256 = std::move(digest.sha256);
+    s.bytes = digest.bytes;
   }
-  return absl::OkStatus();
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
+    const std::string& dir, std::vector<CheckpointShard> shards) {
+  for (CheckpointShard& s : shards) {
+    PT_RETURN_IF_ERROR(CheckPlainFileName(s.file));
+    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestFile(io::JoinPath(dir, s.file)));
+    s.sha256 = std::move(digest.sha256);
+    s.bytes = digest.bytes;
+  }
+  return shards;
 }
 
 absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointManifest& manifest) {
-  PT_RETURN_IF_ERROR(io::EnsureDirectory(dir));
-  json j;
-  j["format"] = kCheckpointFormat;
-  j["step"] = manifest.step;
-  std::string spec_text;
-  google::protobuf::TextFormat::PrintToString(manifest.model_spec, &spec_text);
-  j["model_spec"] = spec_text;
-  j["optimizer"] = manifest.optimizer;
-  j["seed"] = manifest.seed;
-  j["data"] = manifest.data;
-  j["batch_size"] = manifest.batch_size;
-  j["microbatches"] = manifest.microbatches;
-  j["data_cursor"] = {{"epoch", manifest.data_cursor.epoch}, {"batch", manifest.data_cursor.batch}};
-  j["shards"] = json::array();
-  for (const CheckpointShard& s : manifest.shards) {
-    if (!IsPlainFileName(s.file)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shard file name '", s.file, "' is not a plain file name"));
-    }
-    j["shards"].push_back(
-        {{"file", s.file}, {"first_layer", s.first_layer}, {"last_layer", s.last_layer}});
-  }
-  return io::WriteFileAtomically(absl::StrCat(dir, "/", kManifestName), j.dump(2) + "\n");
+  PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
+  const std::string path = io::JoinPath(dir, kManifestName);
+  const json j = ManifestToJson(manifest);
+  // Write only what would load back.
+  PT_RETURN_IF_ERROR(ManifestFromJson(j, path).status());
+  return io::WriteFileAtomically(path, j.dump(2) + "\n");
+}
+
+absl::Status PublishCheckpoint(const std::string& staging, const std::string& dir,
+                               const CheckpointManifest& manifest) {
+  absl::Status status = WriteCheckpointManifest(staging, manifest);
+  if (status.ok()) status = VerifyCheckpoint(staging).status();
+  if (status.ok()) status = CheckReplaceable(dir);
+  if (status.ok()) status = io::PublishDirectory(staging, dir);
+  // After a successful publish `staging` holds nothing (or the old contents PublishDirectory
+  // could not remove); after a failed one, the abandoned new checkpoint.
+  DiscardCheckpointStaging(staging).IgnoreError();
+  return status;
+}
+
+absl::Status DiscardCheckpointStaging(const std::string& staging) {
+  return io::RemoveTree(staging);
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
                             const std::map<std::string, math::Tensor>& tensors) {
-  PT_RETURN_IF_ERROR(WriteCheckpointShards(dir, manifest.shards, tensors, manifest.step));
-  return WriteCheckpointManifest(dir, manifest);
+  PT_ASSIGN_OR_RETURN(const std::string staging, BeginCheckpointStaging(dir));
+  absl::StatusOr<std::vector<CheckpointShard>> shards =
+      WriteCheckpointShards(staging, manifest.shards, tensors, manifest.step);
+  if (!shards.ok()) {
+    DiscardCheckpointStaging(staging).IgnoreError();
+    return shards.status();
+  }
+  CheckpointManifest m = manifest;
+  m.shards = *std::move(shards);
+  return PublishCheckpoint(staging, dir, m);
+}
+
+absl::Status CheckCheckpointDestination(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint directory path");
+  PT_RETURN_IF_ERROR(io::CheckWritableDirectory(io::DirName(dir)));
+  return CheckReplaceable(dir);
 }
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
-  const std::string path = absl::StrCat(dir, "/", kManifestName);
-  PT_ASSIGN_OR_RETURN(std::string text, io::ReadFile(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
-  }
-  PT_ASSIGN_OR_RETURN(std::string format, GetString(j, "format", path));
-  if (format != kCheckpointFormat) {
-    return ManifestError(path, absl::StrCat("format '", format, "' is not ", kCheckpointFormat));
-  }
-  CheckpointManifest m;
-  PT_ASSIGN_OR_RETURN(m.step, GetInt(j, "step", path));
-  if (m.step < 0) return ManifestError(path, "step < 0");
-  PT_ASSIGN_OR_RETURN(std::string spec_text, GetString(j, "model_spec", path));
-  PT_ASSIGN_OR_RETURN(m.model_spec,
-                      ParseModelSpecText(spec_text, absl::StrCat(path, ":model_spec")));
-  PT_ASSIGN_OR_RETURN(m.optimizer, GetString(j, "optimizer", path));
-  PT_ASSIGN_OR_RETURN(int64_t seed, GetInt(j, "seed", path));
-  m.seed = static_cast<uint64_t>(seed);
-  PT_ASSIGN_OR_RETURN(m.data, GetString(j, "data", path));
-  PT_ASSIGN_OR_RETURN(m.batch_size, GetInt(j, "batch_size", path));
-  PT_ASSIGN_OR_RETURN(m.microbatches, GetInt(j, "microbatches", path));
-  auto cursor = j.find("data_cursor");
-  if (cursor == j.end() || !cursor->is_object()) {
-    return ManifestError(path, "field 'data_cursor' missing or not an object");
-  }
-  PT_ASSIGN_OR_RETURN(m.data_cursor.epoch, GetInt(*cursor, "epoch", path));
-  PT_ASSIGN_OR_RETURN(m.data_cursor.batch, GetInt(*cursor, "batch", path));
-  auto shards = j.find("shards");
-  if (shards == j.end() || !shards->is_array() || shards->empty()) {
-    return ManifestError(path, "field 'shards' missing, not an array, or empty");
-  }
-  for (const json& s : *shards) {
-    if (!s.is_object()) return ManifestError(path, "a shard entry is not an object");
-    CheckpointShard shard;
-    PT_ASSIGN_OR_RETURN(shard.file, GetString(s, "file", path));
-    if (!IsPlainFileName(shard.file)) {
-      return ManifestError(path,
-                           absl::StrCat("shard file '", shard.file, "' is not a plain file name"));
-    }
-    PT_ASSIGN_OR_RETURN(shard.first_layer, GetInt(s, "first_layer", path));
-    PT_ASSIGN_OR_RETURN(shard.last_layer, GetInt(s, "last_layer", path));
-    if (shard.first_layer < 0 || shard.first_layer >= shard.last_layer) {
-      return ManifestError(
-          path, absl::StrCat("shard ", shard.file, " has an empty or negative layer range"));
-    }
-    m.shards.push_back(std::move(shard));
-  }
-  return m;
+  const std::string path = io::JoinPath(dir, kManifestName);
+  PT_ASSIGN_OR_RETURN(std::string text, io::ReadFile(path, kMaxManifestBytes));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  return ManifestFromJson(j, path);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
-  LoadedCheckpoint out;
-  PT_ASSIGN_OR_RETURN(out.manifest, ReadCheckpointManifest(dir));
-  for (const CheckpointShard& shard : out.manifest.shards) {
-    const std::string path = absl::StrCat(dir, "/", shard.file);
-    PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::ReadSafetensors(path));
-    for (auto& [name, tensor] : file.tensors) {
-      if (out.tensors.count(name) != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": tensor ", name, " also appears in an earlier shard"));
-      }
-      out.tensors.emplace(name, std::move(tensor));
-    }
-  }
-  return out;
+  return ReadCheckpoint(dir, /*keep_tensors=*/true);
+}
+
+absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& dir) {
+  PT_ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, ReadCheckpoint(dir, /*keep_tensors=*/false));
+  return std::move(checkpoint.manifest);
 }
 
 }  // namespace pipetrain::model

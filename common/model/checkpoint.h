@@ -1,12 +1,27 @@
 // Checkpoints: one safetensors file per layer that has parameters ("layer-00003.safetensors")
-// plus a JSON manifest. Tensor names are global ("layers.3.weight", "optim.3.weight.exp_avg").
-// The layout does not depend on the partition: the same training state gives byte-identical files
-// whether one process or any number of stages wrote it, and loads onto any number of stages.
-// (The manifest format allows any contiguous layer range per file; pipetrain writes single
-// layers.)
+// plus a JSON manifest naming every file with its SHA-256 and size. Tensor names are global
+// ("layers.3.weight", "optim.3.weight.exp_avg"). The layout does not depend on the partition: the
+// same training state gives byte-identical layer files whether one process or any number of
+// stages wrote it, and loads onto any number of stages. (The manifest format allows any
+// contiguous layer range per file; pipetrain writes single layers.) docs/checkpoints.md describes
+// the format.
 //
-// Every file is written atomically (temp, fsync, rename, fsync dir) and the manifest is written
-// last: a directory holds a complete checkpoint exactly when manifest.json exists.
+// Saving is atomic as a set. A save writes every file into a fresh staging directory beside the
+// destination and then publishes it (io::PublishDirectory): the destination directory is swapped
+// for the staging one in a single rename, so after a crash at any point it holds the complete
+// old checkpoint or the complete new one, never a mix. A distributed save splits this up:
+//
+//   coordinator: staging = BeginCheckpointStaging(dir)          // tell every writer `staging`
+//   each writer: digests = WriteCheckpointShards(staging, its shards, tensors, step)
+//   coordinator: manifest.shards = every writer's digests
+//                (or DigestCheckpointShards(staging, shards) on a shared file system)
+//                PublishCheckpoint(staging, dir, manifest)       // verifies, then publishes
+//
+// SaveCheckpoint does all of it in one process. A crash leaves at most a stale staging directory
+// "DIR.tmp-PID-RANDOM" beside DIR, which loads ignore (CheckpointStore removes them).
+//
+// All functions are thread-safe (they share no state); two concurrent saves into the same
+// directory both succeed and the last publish wins.
 #ifndef PIPETRAIN_COMMON_MODEL_CHECKPOINT_H_
 #define PIPETRAIN_COMMON_MODEL_CHECKPOINT_H_
 
@@ -15,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/io/dataset.h"
 #include "common/math/tensor.h"
@@ -24,12 +40,26 @@
 namespace pipetrain::model {
 
 inline constexpr char kManifestName[] = "manifest.json";
-inline constexpr char kCheckpointFormat[] = "pipetrain.checkpoint.v1";
+// The manifest's "format". v2 added each shard's "sha256" and "bytes" and made them required;
+// manifests of v1 are refused because they cannot be verified.
+inline constexpr char kCheckpointFormat[] = "pipetrain.checkpoint.v2";
+// The "format" entry of every layer file's safetensors metadata. The layer files did not change
+// with manifest v2 and keep their bytes.
+inline constexpr char kShardFormat[] = "pipetrain.checkpoint.v1";
+// Steps, data cursors, batch sizes and byte counts in a manifest must be below 2^53: the step is
+// converted to double (AdamW's bias correction, JSON readers that use doubles), which represents
+// every integer only up to 2^53, so larger counters would silently stop counting.
+inline constexpr int64_t kMaxManifestCount = int64_t{1} << 53;
 
 struct CheckpointShard {
-  std::string file;         // name inside the checkpoint directory, e.g. "stage-0.safetensors".
+  std::string file;         // name inside the checkpoint directory, e.g. "layer-00003.safetensors".
   int64_t first_layer = 0;  // global layer range [first_layer, last_layer).
   int64_t last_layer = 0;
+  // The file's SHA-256 (64 lowercase hex digits) and size in bytes: filled by
+  // WriteCheckpointShards / DigestCheckpointShards, required by WriteCheckpointManifest. Empty /
+  // 0 in the plan LayerShards returns.
+  std::string sha256;
+  int64_t bytes = 0;
 };
 
 struct CheckpointManifest {
@@ -37,8 +67,8 @@ struct CheckpointManifest {
   v1::ModelSpec model_spec;  // fully resolved spec.
   std::string optimizer;     // math::FormatOptimizerConfig text.
   uint64_t seed = 0;
-  std::string data;  // data set spec, e.g. "digits".
-  int64_t batch_size = 0;
+  std::string data;        // data set spec, e.g. "digits"; "" if the writer did not know it.
+  int64_t batch_size = 0;  // 0 if the writer did not know it.
   int64_t microbatches = 0;
   io::DataCursor data_cursor;  // position of the next batch.
   std::vector<CheckpointShard> shards;
@@ -47,26 +77,79 @@ struct CheckpointManifest {
 // "layer-00003.safetensors" for layer 3.
 std::string LayerShardFile(int64_t layer);
 
-// The per-layer shards of layers [first, last) of `model` that have parameters, in layer order.
+// The per-layer shards of layers [first, last) of `model` that have parameters, in layer order
+// (without digests).
 std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last);
 
-// Writes the tensors of `shards` (each a single layer or range) taken from `tensors` (global
-// names, e.g. Stage::ExportState) into `dir` (created if missing), one atomic file each, with
-// `step` in the file metadata. A tensor of a shard's layers missing from `tensors` is NOT_FOUND.
-absl::Status WriteCheckpointShards(const std::string& dir,
-                                   const std::vector<CheckpointShard>& shards,
-                                   const std::map<std::string, math::Tensor>& tensors,
-                                   int64_t step);
+// Creates a fresh, empty staging directory beside `dir` ("DIR.tmp-PID-RANDOM", see
+// io::CreateStagingDirectory) for a save into `dir` and returns its path; creates the parent of
+// `dir` if missing. Nothing is written into `dir`. Errors: INVALID_ARGUMENT for a `dir` such as
+// "" or "x/.."; FAILED_PRECONDITION if `dir` exists and is not a directory or not a checkpoint
+// directory (see CheckCheckpointDestination); errno errors naming the path. The caller owns the
+// staging directory: PublishCheckpoint consumes it, DiscardCheckpointStaging removes it.
+absl::StatusOr<std::string> BeginCheckpointStaging(const std::string& dir);
 
-// Writes `manifest` into `dir` atomically. Call after every shard is written.
+// Writes the tensors of `shards` (each a single layer or range) taken from `tensors` (global
+// names, e.g. Stage::ExportState) into the existing directory `dir` (normally a staging
+// directory), one atomic file each, with `step` in the file metadata. Returns `shards` with
+// sha256 and bytes filled from the bytes written. Errors: NOT_FOUND if `dir` does not exist (it
+// is not created, so a writer cannot resurrect a discarded staging directory) or a tensor of a
+// shard's layers is missing from `tensors`; INVALID_ARGUMENT for a shard file name that is not a
+// plain name; I/O errors naming the file.
+absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
+    const std::string& dir, const std::vector<CheckpointShard>& shards,
+    const std::map<std::string, math::Tensor>& tensors, int64_t step);
+
+// Returns `shards` with sha256 and bytes computed from the files of that name in `dir`, for a
+// manifest writer that shares a file system with the shard writers but did not receive their
+// digests. NOT_FOUND naming a missing file.
+absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
+    const std::string& dir, std::vector<CheckpointShard> shards);
+
+// Writes `manifest` into the existing directory `dir` atomically (a single file: this is how a
+// writer that knows more fields rewrites the manifest of a published checkpoint). Errors:
+// INVALID_ARGUMENT naming the field when the manifest would not load (a shard without sha256, a
+// step out of range, ...; see ReadCheckpointManifest); NOT_FOUND if `dir` does not exist.
 absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointManifest& manifest);
 
-// WriteCheckpointShards for manifest.shards, then WriteCheckpointManifest.
+// Writes `manifest` into `staging` (made by BeginCheckpointStaging(dir) and holding every shard
+// file of the manifest), verifies the staged checkpoint as LoadCheckpoint would (so a checkpoint
+// that would not load -- a missing, truncated or corrupt file, a step mismatch, NaN or Inf in a
+// tensor -- never replaces an existing one), then publishes it as `dir` with
+// io::PublishDirectory: `dir` switches from its old contents to the new checkpoint in one rename
+// and the old contents are removed. Returns LoadCheckpoint's or WriteCheckpointManifest's error
+// for a bad checkpoint, FAILED_PRECONDITION if `dir` exists but is not a checkpoint directory or
+// its file system cannot exchange directories, I/O errors naming the path. On every error `dir`
+// is unchanged (but for a failed fsync after the rename, see io::PublishDirectory) and `staging`
+// has been removed.
+absl::Status PublishCheckpoint(const std::string& staging, const std::string& dir,
+                               const CheckpointManifest& manifest);
+
+// Removes a staging directory that will not be published (e.g. a shard writer failed). OK if it
+// does not exist.
+absl::Status DiscardCheckpointStaging(const std::string& staging);
+
+// BeginCheckpointStaging(dir), WriteCheckpointShards for manifest.shards (their digest fields are
+// ignored and filled in), then PublishCheckpoint. Errors as for those; on error `dir` is unchanged
+// and nothing is left behind.
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
                             const std::map<std::string, math::Tensor>& tensors);
 
-// Reads the manifest of `dir`. NOT_FOUND without a manifest; DATA_LOSS / INVALID_ARGUMENT naming
-// the field for a malformed one.
+// Checks before training that a save into `dir` can succeed later: the parent of `dir` is
+// created if missing and must be writable (the staging directory goes there, see
+// io::CheckWritableDirectory for the errors), and an existing `dir` must be a directory that a
+// save may replace: empty, or holding only what a checkpoint save writes (manifest.json, files
+// named layer-NNNNN.safetensors or listed in its manifest, and temporaries of those).
+// FAILED_PRECONDITION naming `dir` and an unexpected entry otherwise, so that `--save ~` cannot
+// delete a home directory.
+absl::Status CheckCheckpointDestination(const std::string& dir);
+
+// Reads the manifest of `dir`. NOT_FOUND without a manifest; DATA_LOSS for a file that is not a
+// JSON object; INVALID_ARGUMENT naming the field for a malformed one: a missing or mistyped
+// field, a format other than kCheckpointFormat (a v1 manifest "predates per-shard checksums"),
+// step, batch_size, microbatches, data cursor or shard bytes negative or >= 2^53, a shard file
+// name that is not plain or appears twice, a shard layer range empty or beyond the model's
+// layers, a sha256 that is not 64 lowercase hex digits.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
 
 struct LoadedCheckpoint {
@@ -74,9 +157,17 @@ struct LoadedCheckpoint {
   std::map<std::string, math::Tensor> tensors;  // all shards merged.
 };
 
-// Reads the manifest and every shard. Errors name the file and tensor; a tensor present in two
-// shards is INVALID_ARGUMENT.
+// Reads the manifest and every shard, verifying each shard against the manifest before use.
+// Errors (each naming the file, and the tensor where there is one): ReadCheckpointManifest's;
+// DATA_LOSS when a file's size or SHA-256 differs from the manifest's (truncated or corrupted),
+// when a file's "step" metadata is missing or differs from the manifest's step (both named), or
+// when a tensor holds NaN or Inf; the safetensors reader's errors; INVALID_ARGUMENT for a tensor
+// present in two shards.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir);
+
+// LoadCheckpoint without keeping the tensors (one shard in memory at a time): OK exactly when
+// LoadCheckpoint would succeed; returns the manifest.
+absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& dir);
 
 }  // namespace pipetrain::model
 

@@ -496,6 +496,13 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     step = job->steps_done;
     net = job->model;
     spec = job->spec;
+  }
+  // The workers write into a staging directory, published as request.directory() when complete
+  // (file I/O outside mu_; only this job's thread runs operations on the job).
+  PT_ASSIGN_OR_RETURN(const std::string staging,
+                      model::BeginCheckpointStaging(request.directory()));
+  {
+    absl::MutexLock lock(&mu_);
     const int S = static_cast<int>(job->workers.size());
     job->op_step = step;
     job->op_error = absl::OkStatus();
@@ -505,7 +512,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     save->set_job(job->id);
     save->set_epoch(job->epoch);
     save->set_step(step);
-    save->set_directory(request.directory());
+    save->set_directory(staging);
     for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
     const absl::Status waited = AwaitOp(
         *job,
@@ -517,7 +524,10 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
         },
         options_.step_timeout, "every worker's ShardsSaved");
     job->op_step = -1;
-    PT_RETURN_IF_ERROR(waited);
+    if (!waited.ok()) {
+      model::DiscardCheckpointStaging(staging).IgnoreError();
+      return waited;
+    }
   }
   // The manifest: what the coordinator knows. The data set, batch size and data cursor are the
   // client's (a client that knows them rewrites the manifest, see client/cli/train_command.cc).
@@ -528,8 +538,15 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   manifest.microbatches = spec.microbatches();
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
-  manifest.shards = model::LayerShards(*net, 0, net->num_layers());
-  PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(request.directory(), manifest));
+  // The workers share this file system: the digests are those of the files they wrote.
+  absl::StatusOr<std::vector<model::CheckpointShard>> shards =
+      model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
+  if (!shards.ok()) {
+    model::DiscardCheckpointStaging(staging).IgnoreError();
+    return shards.status();
+  }
+  manifest.shards = *std::move(shards);
+  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, request.directory(), manifest));
   v1::CheckpointResponse response;
   response.set_step(step);
   response.set_directory(request.directory());

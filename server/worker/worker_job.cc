@@ -484,7 +484,8 @@ void WorkerJob::OnSaveShards(const v1::SaveShards& save) {
   Post([this, step, directory] {
     absl::Status s = directory.empty() ? absl::InvalidArgumentError("SaveShards: empty directory")
                                        : model::WriteCheckpointShards(
-                                             directory, shards_, executor_->ExportState(), step);
+                                             directory, shards_, executor_->ExportState(), step)
+                                             .status();
     if (!s.ok()) {
       EmitError(step, s);
       return;

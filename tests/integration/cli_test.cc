@@ -1,12 +1,20 @@
-// Runs the real `pipetrain reference` binary and checks what a user would: the loss falls, the
-// digits MLP generalises, the char model beats the uniform baseline, runs repeat bit for bit,
-// and bad input fails with a clear message.
+// Runs the real `pipetrain` binary and checks what a user would: the loss falls, the digits MLP
+// generalises, the char model beats the uniform baseline, runs repeat bit for bit, checkpoints
+// are written when asked (and `local`'s equal the reference's), each command takes its own flags,
+// and bad input fails with a clear message before any training.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -16,11 +24,19 @@ namespace pipetrain {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using CliRun = testing::CommandRun;  // out: stdout and stderr.
 
 CliRun Pipetrain(const std::string& args) {
   return testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + args + " 2>&1");
+}
+
+// Runs `pipetrain ARGS` and expects it to fail (exit code 1) saying `message`.
+void ExpectRefused(const std::string& args, const std::string& message) {
+  const CliRun r = Pipetrain(args);
+  EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.out;
+  EXPECT_THAT(r.out, HasSubstr(message)) << args;
 }
 
 std::string Example(const std::string& name) {
@@ -174,6 +190,162 @@ TEST(EvaluateCliTest, ReproducesTheReferencesFinalEvaluation) {
   const CliRun none = Pipetrain("evaluate");
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_THAT(none.out, HasSubstr("--checkpoint is required"));
+}
+
+// The "step" of the checkpoint manifest in `dir` (-1 if there is none).
+int ManifestStep(const std::string& dir) {
+  const auto j = nlohmann::json::parse(ReadAll(dir + "/manifest.json"), nullptr, false);
+  return j.is_discarded() || !j.contains("step") ? -1 : j["step"].get<int>();
+}
+
+// The "checkpoint of step N written to" lines of a text-mode run: the N in order.
+std::vector<int> CheckpointLines(const std::string& out) {
+  std::vector<int> steps;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&line, "checkpoint of step ")) continue;
+    int step = -1;
+    EXPECT_TRUE(absl::SimpleAtoi(line.substr(0, line.find(' ')), &step)) << line;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+// --checkpoint-every and --keep-checkpoints are training options of reference, train and local
+// (validated by each: a bad value names the flag); train and local also take --eval-samples (it
+// evaluates the final checkpoint, so it needs --save) but not --resume yet; the other commands
+// refuse all of them.
+TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
+  const std::string model = " --model " + Example("mlp_digits.textproto");
+  for (const std::string command : {"reference", "train", "local"}) {
+    SCOPED_TRACE(command);
+    ExpectRefused(command + model + " --keep-checkpoints 0",
+                  "--keep-checkpoints must be >= 1, got 0 [INVALID_ARGUMENT]");
+    ExpectRefused(command + model + " --checkpoint-every -1",
+                  "--checkpoint-every must be >= 0, got -1 [INVALID_ARGUMENT]");
+    ExpectRefused(command + model + " --checkpoint-every 5",
+                  "--checkpoint-every 5 needs --save DIR");
+    ExpectRefused(command + model + " --eval-samples -1",
+                  "--eval-samples must be >= 0 (0: all), got -1");
+  }
+  for (const std::string command : {"train", "local"}) {
+    SCOPED_TRACE(command);
+    ExpectRefused(command + model + " --eval-samples 10",
+                  "--eval-samples needs --save DIR for train and local");
+    ExpectRefused(command + model + " --resume /tmp/ckpt",
+                  "--resume not used by `pipetrain " + command + "`");
+  }
+  ExpectRefused("evaluate --checkpoint /tmp/ckpt --checkpoint-every 2",
+                "--checkpoint-every not used by `pipetrain evaluate`");
+  ExpectRefused("schedule --kind 1f1b --stages 2 --microbatches 4 --keep-checkpoints 3",
+                "--keep-checkpoints not used by `pipetrain schedule`");
+  ExpectRefused("partition --costs 1,2,3 --stages 2 --save /tmp/x",
+                "--save not used by `pipetrain partition`");
+}
+
+// --checkpoint-every N: a checkpoint after every step whose number is a multiple of N and one at
+// the end, each overwriting --save; a last step that is a multiple of N is saved once.
+TEST(ReferenceCliTest, CheckpointEveryWritesEveryNStepsAndAtTheEnd) {
+  const std::string dir = ::testing::TempDir() + "/cli_checkpoint_every";
+  const std::string common = "reference --model " + Example("mlp_digits.textproto") +
+                             " --batch 16 --microbatches 2 --seed 2 --eval-samples 1";
+  CliRun r = Pipetrain(common + " --steps 5 --checkpoint-every 2 --save " + dir + "/five");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(CheckpointLines(r.out), (std::vector<int>{2, 4, 5})) << r.out;
+  EXPECT_EQ(ManifestStep(dir + "/five"), 5);
+
+  r = Pipetrain(common + " --steps 4 --checkpoint-every 2 --save " + dir + "/every2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(CheckpointLines(r.out), (std::vector<int>{2, 4})) << r.out;
+  EXPECT_EQ(ManifestStep(dir + "/every2"), 4);
+  // The checkpoint at step N is the one a run of N steps writes at its end.
+  r = Pipetrain(common + " --steps 2 --checkpoint-every 2 --save " + dir + "/two");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(CheckpointLines(r.out), (std::vector<int>{2})) << r.out;
+  EXPECT_EQ(ManifestStep(dir + "/two"), 2);
+  r = Pipetrain(common + " --steps 2 --save " + dir + "/plain");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(CheckpointLines(r.out), (std::vector<int>{2})) << r.out;
+  for (const char* f : {"layer-00000.safetensors", "layer-00004.safetensors", "manifest.json"}) {
+    const std::string x = ReadAll(dir + "/plain/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_EQ(x, ReadAll(dir + "/two/" + f)) << f;
+  }
+  // Resumed at step 2, the multiples of N count from the start of training: 4, then the end (5).
+  r = Pipetrain(common + " --steps 3 --checkpoint-every 2 --resume " + dir + "/two --save " + dir +
+                "/resumed");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(CheckpointLines(r.out), (std::vector<int>{4, 5})) << r.out;
+  EXPECT_EQ(ManifestStep(dir + "/resumed"), 5);
+  EXPECT_EQ(ReadAll(dir + "/resumed/layer-00000.safetensors"),
+            ReadAll(dir + "/five/layer-00000.safetensors"));
+}
+
+// A --save that cannot be a writable directory fails with FAILED_PRECONDITION naming it before
+// anything is trained (and, for local, before any daemon starts); a missing one is created.
+TEST(TrainingOptionsCliTest, UnwritableSaveIsRefusedBeforeTheFirstStep) {
+  const std::string dir = ::testing::TempDir() + "/cli_bad_save";
+  ASSERT_EQ(
+      std::system(
+          ("rm -rf '" + dir + "' && mkdir -p '" + dir + "' && : > '" + dir + "/file'").c_str()),
+      0);
+  // A path below a regular file cannot be created, even by root. Had training started, a "step"
+  // line (and for local the cluster's line) would be printed before the save failed.
+  const std::string model = " --model " + Example("mlp_digits.textproto") + " --steps 2";
+  for (const std::string& command : {std::string("reference"), std::string("local --stages 2"),
+                                     std::string("train --coordinator 127.0.0.1:1")}) {
+    SCOPED_TRACE(command);
+    for (const std::string& bad : {dir + "/file", dir + "/file/sub"}) {
+      const CliRun r = Pipetrain(command + model + " --save " + bad);
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_THAT(r.out, HasSubstr("--save " + bad + ": "));
+      EXPECT_THAT(r.out, HasSubstr("[FAILED_PRECONDITION]"));
+      EXPECT_THAT(r.out, Not(HasSubstr("step")));
+      EXPECT_THAT(r.out, Not(HasSubstr("local cluster")));
+    }
+  }
+  if (geteuid() != 0) {  // root writes anywhere
+    const std::string read_only = dir + "/read-only";
+    ASSERT_EQ(
+        std::system(("mkdir -p '" + read_only + "' && chmod 555 '" + read_only + "'").c_str()), 0);
+    ExpectRefused("reference" + model + " --save " + read_only,
+                  "--save " + read_only + ": directory is not writable");
+  }
+  // A missing directory is created (and used).
+  const CliRun ok = Pipetrain("reference --model " + Example("mlp_digits.textproto") +
+                              " --steps 1 --batch 8 --eval-samples 1 --save " + dir + "/new/ckpt");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ManifestStep(dir + "/new/ckpt"), 1);
+}
+
+// `local` (a coordinator and two workers here) with --checkpoint-every and --eval-samples: the
+// checkpoint the coordinator's workers write, completed by the client, is byte for byte the
+// reference's, and its evaluation the reference's to the last digit.
+TEST(LocalCliTest, CheckpointEveryAndEvalSamplesMatchTheReference) {
+  const std::string dir = ::testing::TempDir() + "/cli_local_checkpoint";
+  const std::string common = " --model " + Example("mlp_digits.textproto") +
+                             " --batch 16 --microbatches 4 --seed 3 --steps 3 --json "
+                             "--eval-samples 0 --checkpoint-every 2 --save ";
+  const CliRun ref = Pipetrain("reference" + common + dir + "/ref");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const CliRun local = Pipetrain("local --stages 2 --schedule 1f1b" + common + dir + "/local");
+  if (local.out.find("cannot find the coordinator binary") != std::string::npos) {
+    GTEST_SKIP() << "the daemons are not built";
+  }
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  // Losses are printed with 9 significant digits: equal doubles mean equal floats.
+  const Parsed a = ParseJsonLines(ref.out);
+  const Parsed b = ParseJsonLines(local.out);
+  ASSERT_EQ(a.losses.size(), 3u) << ref.out;
+  EXPECT_EQ(a.losses, b.losses);
+  ASSERT_TRUE(a.eval.contains("eval_accuracy")) << ref.out;
+  EXPECT_EQ(a.eval, b.eval);
+  EXPECT_EQ(ManifestStep(dir + "/local"), 3);
+  for (const char* f : {"layer-00000.safetensors", "layer-00002.safetensors",
+                        "layer-00004.safetensors", "manifest.json"}) {
+    const std::string x = ReadAll(dir + "/ref/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == ReadAll(dir + "/local/" + f)) << f << " differs";
+  }
 }
 
 TEST(ScheduleCliTest, JsonCarriesThePlanAndTheSimulation) {

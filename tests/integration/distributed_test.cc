@@ -299,7 +299,7 @@ void ExpectSignalStopsEverything(int signal) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);  // CANCELLED "interrupted".
+  EXPECT_EQ(WEXITSTATUS(status), 130);  // CANCELLED "interrupted", as 128 + SIGINT.
   for (pid_t d : daemons) {
     EXPECT_NE(kill(d, 0), 0) << "daemon " << d << " is still running";
   }

@@ -181,8 +181,7 @@ TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
   std::vector<int64_t> rss_before;
   for (int j = 0; j < kJobs; ++j) {
     const testing::CommandRun run = Pipetrain(TrainArgs(2));
-    ASSERT_EQ(run.exit_code, 0) << "job " << j << ": " << run.out
-                                << ReadFile(dir_ + "/client.log");
+    ASSERT_EQ(run.exit_code, 0) << "job " << j << ": " << run.out << ReadFile(dir_ + "/client.log");
     EXPECT_EQ(CountSteps(run.out), 2) << run.out;
     if (j + 1 == kWarmup) {
       for (pid_t pid : daemons) {
@@ -202,13 +201,120 @@ TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
     const int fds = OpenFds(daemons[d]);
     const int64_t rss = RssKib(daemons[d]);
     std::cout << "daemon " << d << ": fds " << fds_before[d] << " -> " << fds << ", RSS "
-              << rss_before[d] << " -> " << rss << " KiB over " << kJobs - kWarmup
-              << " jobs\n";
+              << rss_before[d] << " -> " << rss << " KiB over " << kJobs - kWarmup << " jobs\n";
     EXPECT_LE(fds, fds_before[d]) << "daemon " << d << " leaks file descriptors";
     // Allocator noise is a few hundred KiB; a leak of one job's model, links or records per job
     // would add up to several MiB over 17 jobs.
     EXPECT_LE(rss - rss_before[d], 2048) << "daemon " << d << " grows by job";
   }
+}
+
+// Ctrl-C of `pipetrain train` cancels its job between steps, says so, exits 130 and frees the
+// workers at once for the next job.
+TEST_F(ServiceTest, CtrlCOfTrainCancelsItsJobAndFreesTheWorkers) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string err = dir_ + "/interrupted.err";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    const int errfd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(errfd, STDERR_FILENO);
+    execl(PIPETRAIN_BINARY, PIPETRAIN_BINARY, "train", "--coordinator", address_.c_str(),
+          "--stages", "2", "--model", Example("mlp_digits.textproto").c_str(), "--batch", "16",
+          "--microbatches", "2", "--steps", "1000000", "--json", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char c;
+  while (out.find("{\"step\"") == std::string::npos && read(fds[0], &c, 1) == 1) out.push_back(c);
+  ASSERT_NE(out.find("{\"step\""), std::string::npos) << out;
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  while (read(fds[0], &c, 1) == 1) out.push_back(c);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of cancelling its job";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string message = ReadFile(err);
+  EXPECT_THAT(message, HasSubstr("interrupted: job "));
+  EXPECT_THAT(message, HasSubstr("cancelled after"));
+  EXPECT_THAT(message, HasSubstr("its workers are free"));
+
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT((*jobs)[0].reason(), HasSubstr("interrupted"));
+  EXPECT_GE((*jobs)[0].steps_done(), 1);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const v1::WorkerInfo& w : *workers) EXPECT_EQ(w.job(), "") << w.name();
+  const testing::CommandRun next = Pipetrain(TrainArgs(2));
+  EXPECT_EQ(next.exit_code, 0) << next.out << ReadFile(dir_ + "/client.log");
+}
+
+// `pipetrain jobs`, `status JOB` and `cancel JOB` show and end jobs by id.
+TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
+  testing::CommandRun run = Pipetrain("jobs");
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_EQ(run.out, "no jobs\n");
+
+  // A job held by a client that does nothing (as a crashed or slow one would).
+  absl::StatusOr<v1::ModelSpec> spec =
+      model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  v1::JobSpec job_spec;
+  *job_spec.mutable_model() = *spec;
+  job_spec.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+  job_spec.set_schedule("gpipe");
+  job_spec.set_stages(2);
+  job_spec.set_microbatches(2);
+  job_spec.set_threads(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(job_spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  run = Pipetrain("jobs");
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, HasSubstr("JOB"));
+  EXPECT_THAT(run.out, HasSubstr(job->job()));
+  EXPECT_THAT(run.out, HasSubstr("ready"));
+  run = Pipetrain(absl::StrCat("status ", job->job()));
+  ASSERT_EQ(run.exit_code, 0) << ReadFile(dir_ + "/client.log");
+  EXPECT_THAT(run.out, HasSubstr(absl::StrCat("job ", job->job(), ": ready")));
+  EXPECT_THAT(run.out, HasSubstr("schedule gpipe"));
+  // Ranks go to the workers in registration order, which the two processes race for.
+  EXPECT_THAT(run.out, ::testing::ContainsRegex("rank 0  w[01] .* layers \\[0, [0-9]\\)"));
+  EXPECT_THAT(run.out, ::testing::ContainsRegex("rank 1  w[01] .* layers \\[[0-9], 5\\)"));
+  run = Pipetrain(absl::StrCat("status ", job->job(), " --json"));
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, HasSubstr("\"state\":\"ready\""));
+
+  run = Pipetrain(absl::StrCat("cancel ", job->job(), " --reason 'maintenance window'"));
+  ASSERT_EQ(run.exit_code, 0) << ReadFile(dir_ + "/client.log");
+  EXPECT_THAT(run.out, HasSubstr("cancelled after 0 steps; its 2 workers are free"));
+  absl::StatusOr<v1::JobStatus> now = client_->GetJob(job->job());
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(now->reason(), "maintenance window");
+  run = Pipetrain(absl::StrCat("cancel ", job->job()));
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, HasSubstr("already cancelled (maintenance window)"));
+
+  // Errors say what is wrong.
+  run = Pipetrain("status no-such-job");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(ReadFile(dir_ + "/client.log"), HasSubstr("unknown job 'no-such-job'"));
+  run = testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " status 2>&1"));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.out, HasSubstr("usage: pipetrain status JOB"));
+  run = testing::RunCommand(
+      absl::StrCat(PIPETRAIN_BINARY, " jobs --steps 5 --coordinator ", address_, " 2>&1"));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.out, HasSubstr("--steps not used by `pipetrain jobs`"));
 }
 
 }  // namespace

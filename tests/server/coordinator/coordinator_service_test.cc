@@ -22,7 +22,9 @@
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/model/optimizer_proto.h"
+#include "common/model/stage.h"
 #include "common/schedule/generator.h"
+#include "common/util/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
@@ -204,6 +206,30 @@ class FakeWorker {
     return received_.size() >= wait_for_;
   }
 
+  // Writes the layer files of this worker's chunks into the SaveShards directory as a worker
+  // does (with the freshly initialised weights: the fake trains nothing).
+  absl::Status WriteShards(const v1::SaveShards& save) {
+    v1::Assign a;
+    {
+      absl::MutexLock lock(&mu_);
+      a = assign_;
+    }
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
+    PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
+    for (const v1::ChunkSpec& c : a.chunks()) {
+      if (c.worker() != a.rank()) continue;
+      PT_ASSIGN_OR_RETURN(
+          model::Stage stage,
+          model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
+      PT_RETURN_IF_ERROR(
+          model::WriteCheckpointShards(save.directory(),
+                                       model::LayerShards(*net, c.first_layer(), c.last_layer()),
+                                       stage.ExportState(), save.step())
+              .status());
+    }
+    return absl::OkStatus();
+  }
+
   void ReadLoop() {
     v1::WorkerCommand command;
     while (stream_->Read(&command)) {
@@ -280,6 +306,8 @@ class FakeWorker {
         released_.push_back(command.release().job());
         continue;
       } else if (command.has_save_shards()) {
+        const absl::Status written = WriteShards(command.save_shards());
+        EXPECT_TRUE(written.ok()) << written;
         event.mutable_shards_saved()->set_job(command.save_shards().job());
         event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
         event.mutable_shards_saved()->set_step(command.save_shards().step());
@@ -593,6 +621,8 @@ TEST_F(CoordinatorServiceTest, CheckpointWaitsForShardsThenWritesTheManifest) {
   ASSERT_TRUE(optimizer.ok());
   EXPECT_EQ(m->optimizer, math::FormatOptimizerConfig(*optimizer));
   EXPECT_EQ(m->shards.size(), 2u);  // the two linear layers.
+  // The workers' files, published with their digests.
+  EXPECT_TRUE(model::LoadCheckpoint(tmpl).ok());
   std::system(absl::StrCat("rm -rf '", tmpl, "'").c_str());
   EXPECT_EQ(client_->Checkpoint("job-404", "/tmp/x").status().code(), absl::StatusCode::kNotFound);
 }

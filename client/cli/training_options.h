@@ -1,0 +1,75 @@
+// The options every training command shares (`reference`, `train`, `local`): what to train, on
+// which data, for how long, and where checkpoints go. main.cc fills one TrainingOptions from the
+// flags; each command takes it (train/local add their pipeline options around it).
+#ifndef PIPETRAIN_CLIENT_CLI_TRAINING_OPTIONS_H_
+#define PIPETRAIN_CLIENT_CLI_TRAINING_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace pipetrain::cli {
+
+// Held-out samples `reference` and `evaluate` evaluate when --eval-samples is not given.
+inline constexpr int64_t kDefaultEvalSamples = 1000;
+
+struct TrainingOptions {
+  // --model FILE: the ModelSpec (protobuf text format). Required.
+  std::string model_path;
+  // --data SPEC: digits | text[:PATH] | csv:PATH | synthetic[:ROWS] (docs/data.md).
+  std::string data = "digits";
+  // --data-dir DIR: the bundled data directory; empty: the built-in one.
+  std::string data_dir;
+  // --steps N: optimizer steps to run, >= 1.
+  int64_t steps = 100;
+  // --batch B: samples per step, >= 1.
+  int64_t batch = 64;
+  // --microbatches M: micro-batches per step, >= 1, divides B.
+  int64_t microbatches = 1;
+  // --seed S: initialisation and shuffling seed.
+  uint64_t seed = 0;
+  // --threads T: compute threads (per worker for train/local), >= 1.
+  int threads = 1;
+  // --optimizer KIND[:key=value,...]: sgd | adamw (see math::ParseOptimizerConfig).
+  std::string optimizer = "adamw";
+  // --json: one JSON object per line instead of progress text.
+  bool json = false;
+  // --save DIR: checkpoint directory, created if missing and checked writable before the first
+  // step; each checkpoint overwrites the previous one. Empty: no checkpoint.
+  std::string save_dir;
+  // --resume DIR: continue from this checkpoint (same model, data, seed and batch). Empty: a
+  // fresh start. `reference` only for now: train/local refuse it (UNIMPLEMENTED), the service
+  // cannot load weights into its workers yet.
+  std::string resume_dir;
+  // --eval-samples N: held-out samples evaluated at the end, >= 0 (0: all). Unset: `reference`
+  // evaluates kDefaultEvalSamples; train/local do not evaluate. train/local evaluate the final
+  // checkpoint, so they need --save.
+  std::optional<int64_t> eval_samples;
+  // --log-every N: steps between progress lines without --json, >= 1.
+  int64_t log_every = 10;
+  // --checkpoint-every N: >= 0. 0: one checkpoint at the end (with --save). N > 0: a checkpoint
+  // after every step whose number is a multiple of N, and at the end; needs --save.
+  int64_t checkpoint_every = 0;
+  // --keep-checkpoints K: >= 1, checkpoints to keep. Validated only for now: a single --save
+  // directory holds only the newest (for the service's checkpoint store, to come).
+  int keep_checkpoints = 2;
+};
+
+// OK if `options` are usable; INVALID_ARGUMENT naming the flag otherwise. Checks values only (no
+// I/O: see CheckSaveDirectory); the optimizer text is parsed by the commands.
+absl::Status CheckTrainingOptions(const TrainingOptions& options);
+
+// With --save: creates `options.save_dir` if missing and proves it writable (creates and removes a
+// probe file), so that a bad directory fails before the first step. FAILED_PRECONDITION naming
+// the path if it cannot be created or written; OK without --save. Thread-compatible.
+absl::Status CheckSaveDirectory(const TrainingOptions& options);
+
+// True if a checkpoint is due after step number `step` (global, 1-based): with --save, at the
+// `last` step of the run and, with --checkpoint-every N, at every multiple of N.
+bool CheckpointDue(const TrainingOptions& options, int64_t step, bool last);
+
+}  // namespace pipetrain::cli
+
+#endif  // PIPETRAIN_CLIENT_CLI_TRAINING_OPTIONS_H_
