@@ -23,6 +23,8 @@
 namespace pipetrain {
 namespace {
 
+using testing::Example;
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -37,10 +39,6 @@ void ExpectRefused(const std::string& args, const std::string& message) {
   const CliRun r = Pipetrain(args);
   EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.out;
   EXPECT_THAT(r.out, HasSubstr(message)) << args;
-}
-
-std::string Example(const std::string& name) {
-  return std::string(PIPETRAIN_SOURCE_DIR) + "/examples/" + name;
 }
 
 struct Parsed {

@@ -28,19 +28,16 @@
 namespace pipetrain {
 namespace {
 
+using testing::Example;
+using testing::ReadFile;
+using testing::TempDir;
+
 using CliRun = testing::CommandRun;  // out: stdout only.
 
 // Runs `pipetrain ARGS` through the shell, stdout captured, stderr discarded unless it fails.
 CliRun Pipetrain(const std::string& args, const std::string& stderr_file) {
   return testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " ", args, " 2>",
                                           stderr_file.empty() ? "/dev/null" : stderr_file));
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 // The {"step": N, "loss": X lines of --json output, cut after the loss (the remaining fields are
@@ -67,17 +64,6 @@ std::vector<std::string> LayerFiles(const std::string& dir) {
   closedir(d);
   std::sort(files.begin(), files.end());
   return files;
-}
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/pipetrain_dist_XXXXXX");
-  char* made = mkdtemp(tmpl.data());
-  return made == nullptr ? "" : std::string(made);
-}
-
-std::string Example(const std::string& name) {
-  return absl::StrCat(PIPETRAIN_SOURCE_DIR, "/examples/", name);
 }
 
 // Deeper versions of the examples: S = 4 with V = 2 needs at least 8 layers.
@@ -114,7 +100,7 @@ constexpr char kDeepGpt[] = R"pb(
 class DistributedTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(TempDir());
+    dir_ = new std::string(TempDir("pipetrain_dist_"));
     ASSERT_FALSE(dir_->empty());
     std::ofstream(*dir_ + "/mlp_deep.textproto") << kDeepMlp;
     std::ofstream(*dir_ + "/gpt_deep.textproto") << kDeepGpt;

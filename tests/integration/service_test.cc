@@ -31,27 +31,13 @@
 namespace pipetrain {
 namespace {
 
+using testing::Example;
+using testing::ReadFile;
+using testing::TempDir;
+
 using ::testing::HasSubstr;
 
 constexpr int kWorkers = 2;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/pipetrain_svc_XXXXXX");
-  char* made = mkdtemp(tmpl.data());
-  return made == nullptr ? "" : std::string(made);
-}
-
-std::string Example(const std::string& name) {
-  return absl::StrCat(PIPETRAIN_SOURCE_DIR, "/examples/", name);
-}
 
 // Starts `argv` with stdout and stderr appended to `log`; returns its PID (-1 on failure).
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
@@ -97,7 +83,7 @@ int64_t RssKib(pid_t pid) {
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TempDir();
+    dir_ = TempDir("pipetrain_svc_");
     ASSERT_FALSE(dir_.empty());
     const std::string port_file = dir_ + "/port";
     coordinator_ = Spawn({PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--port-file",
