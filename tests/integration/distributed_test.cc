@@ -255,35 +255,19 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
 // SIGINT (Ctrl-C) or SIGTERM to `pipetrain local` mid-training stops it with CANCELLED and leaves
 // none of its daemons running.
 void ExpectSignalStopsEverything(int signal) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    const int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, STDERR_FILENO);
-    execl(PIPETRAIN_BINARY, PIPETRAIN_BINARY, "local", "--stages", "2", "--schedule", "1f1b",
-          "--model", Example("mlp_digits.textproto").c_str(), "--batch", "16", "--microbatches",
-          "4", "--steps", "1000000", "--json", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
+  testing::PipedChild local =
+      testing::SpawnPiped({PIPETRAIN_BINARY, "local", "--stages", "2", "--schedule", "1f1b",
+                           "--model", Example("mlp_digits.textproto"), "--batch", "16",
+                           "--microbatches", "4", "--steps", "1000000", "--json"},
+                          "/dev/null");
+  ASSERT_GT(local.pid, 0);
   // Wait for the first step line: by then the coordinator and both workers are up.
   std::string out;
-  char c;
-  while (out.find("{\"step\"") == std::string::npos && read(fds[0], &c, 1) == 1) out.push_back(c);
-  ASSERT_NE(out.find("{\"step\""), std::string::npos) << out;
-  const std::vector<pid_t> daemons = ChildrenOf(pid);
+  ASSERT_TRUE(testing::ReadUntil(local, "{\"step\"", &out)) << out;
+  const std::vector<pid_t> daemons = ChildrenOf(local.pid);
   EXPECT_EQ(daemons.size(), 3u);  // coordinator + 2 workers.
-  ASSERT_EQ(kill(pid, signal), 0);
-  // Drain stdout so the child never blocks on a full pipe, until it closes it (exits).
-  while (read(fds[0], &c, 1) == 1) {
-  }
-  close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(kill(local.pid, signal), 0);
+  const int status = testing::DrainAndWait(local, &out);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);  // CANCELLED "interrupted", as 128 + SIGINT.
   for (pid_t d : daemons) {

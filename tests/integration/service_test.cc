@@ -198,31 +198,17 @@ TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
 // Ctrl-C of `pipetrain train` cancels its job between steps, says so, exits 130 and frees the
 // workers at once for the next job.
 TEST_F(ServiceTest, CtrlCOfTrainCancelsItsJobAndFreesTheWorkers) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
   const std::string err = dir_ + "/interrupted.err";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    const int errfd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(errfd, STDERR_FILENO);
-    execl(PIPETRAIN_BINARY, PIPETRAIN_BINARY, "train", "--coordinator", address_.c_str(),
-          "--stages", "2", "--model", Example("mlp_digits.textproto").c_str(), "--batch", "16",
-          "--microbatches", "2", "--steps", "1000000", "--json", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
+  testing::PipedChild train =
+      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", address_, "--stages", "2",
+                           "--model", Example("mlp_digits.textproto"), "--batch", "16",
+                           "--microbatches", "2", "--steps", "1000000", "--json"},
+                          err);
+  ASSERT_GT(train.pid, 0);
   std::string out;
-  char c;
-  while (out.find("{\"step\"") == std::string::npos && read(fds[0], &c, 1) == 1) out.push_back(c);
-  ASSERT_NE(out.find("{\"step\""), std::string::npos) << out;
-  ASSERT_EQ(kill(pid, SIGINT), 0);
-  while (read(fds[0], &c, 1) == 1) out.push_back(c);
-  close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(testing::ReadUntil(train, "{\"step\"", &out)) << out << ReadFile(err);
+  ASSERT_EQ(kill(train.pid, SIGINT), 0);
+  const int status = testing::DrainAndWait(train, &out);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of cancelling its job";
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const std::string message = ReadFile(err);
