@@ -58,7 +58,9 @@ ABSL_FLAG(std::string, optimizer, "adamw",
 ABSL_FLAG(std::string, save, "",
           "checkpoint directory (created if missing, checked writable before the first step): a "
           "checkpoint at the end, and every --checkpoint-every steps");
-ABSL_FLAG(std::string, resume, "", "reference: continue training from this checkpoint directory");
+ABSL_FLAG(std::string, resume, "",
+          "continue training from this checkpoint directory (train/local: on the coordinator's "
+          "host)");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
@@ -168,8 +170,7 @@ absl::Status RunReference() {
   return RunReferenceCommand(TrainingOptionsFromFlags(), std::cout);
 }
 
-// The options of `train` and `local`. --resume is not theirs yet: the service cannot load a
-// checkpoint into its workers.
+// The options of `train` and `local`.
 absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   TrainCommandOptions o;
   o.training = TrainingOptionsFromFlags();
@@ -186,7 +187,7 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
 }
 
 const std::set<std::string> kLocalFlags =
-    With(kTrainingFlags, {"stages", "schedule", "virtual", "trace"});
+    With(kTrainingFlags, {"stages", "schedule", "virtual", "trace", "resume"});
 
 absl::Status RunEvaluate() {
   PT_RETURN_IF_ERROR(

@@ -30,11 +30,6 @@ namespace pipetrain::cli {
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   const TrainingOptions& t = o.training;
   PT_RETURN_IF_ERROR(CheckTrainingOptions(t));
-  if (!t.resume_dir.empty()) {
-    return absl::UnimplementedError(
-        "--resume: resuming through the service is not implemented yet (its workers cannot load "
-        "a checkpoint)");
-  }
   if (t.eval_samples.has_value() && t.save_dir.empty()) {
     return absl::InvalidArgumentError(
         "--eval-samples needs --save DIR for train and local: the final checkpoint is what is "
@@ -163,8 +158,6 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   const std::unique_ptr<io::Dataset>& data = setup.data;
   const std::unique_ptr<model::Model>& net = setup.model;
   const io::DatasetInfo& info = data->info();
-  PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
-                      io::BatchSampler::Create(data.get(), t.batch, t.seed, io::DataCursor()));
 
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                       client::Client::Connect(o.coordinator));
@@ -177,7 +170,33 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_virtual_stages(o.virtual_stages);
   job_spec.set_seed(t.seed);
   job_spec.set_threads(t.threads);
+  if (!t.resume_dir.empty()) {
+    // Like --save, a directory on the coordinator's host, which verifies and loads it.
+    std::error_code ec;
+    job_spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--resume ", t.resume_dir, ": ", ec.message()));
+    }
+  }
   PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->CreateJob(job_spec));
+  // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on an
+  // error or an interrupt, so that its workers are freed at once.
+  client::ScopedJob scoped(client.get(), job.job());
+  // The data stream continues where the checkpoint's left off, as `reference --resume` does.
+  io::DataCursor cursor;
+  if (job.has_resumed_from()) {
+    const v1::ResumedFrom& r = job.resumed_from();
+    if (r.data() != t.data || r.batch_size() != t.batch) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(t.resume_dir, ": checkpoint was written with --data ", r.data(), " --seed ",
+                       t.seed, " --batch ", r.batch_size(), "; resume with the same values"));
+    }
+    cursor.epoch = r.cursor_epoch();
+    cursor.batch = r.cursor_batch();
+  }
+  PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
+                      io::BatchSampler::Create(data.get(), t.batch, t.seed, cursor));
   if (!t.json) {
     out << absl::StrFormat(
         "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
@@ -193,9 +212,6 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     }
   }
 
-  // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on an
-  // error or an interrupt, so that its workers are freed at once.
-  client::ScopedJob scoped(client.get(), job.job());
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
                       client->StartTraining(job.job()));
   using Clock = std::chrono::steady_clock;

@@ -196,44 +196,12 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::st
   return m;
 }
 
-// Reads one shard file and checks it against the manifest: size, SHA-256, step metadata, and
-// that every value is finite.
+// Reads one shard file and checks it against the manifest (ParseCheckpointShard).
 absl::StatusOr<io::SafetensorsFile> ReadVerifiedShard(const std::string& dir,
                                                       const CheckpointShard& shard, int64_t step) {
   const std::string path = io::JoinPath(dir, shard.file);
   PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadFile(path));
-  if (static_cast<int64_t>(bytes.size()) != shard.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
-                                            " bytes, but the manifest says ", shard.bytes,
-                                            " (truncated or overwritten?)"));
-  }
-  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
-  if (digest.sha256 != shard.sha256) {
-    return absl::DataLossError(absl::StrCat(path, ": SHA-256 ", digest.sha256,
-                                            " differs from the manifest's ", shard.sha256,
-                                            " (file corrupted)"));
-  }
-  PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::ParseSafetensors(bytes, path));
-  auto meta = file.metadata.find("step");
-  int64_t file_step = 0;
-  if (meta == file.metadata.end() || !absl::SimpleAtoi(meta->second, &file_step)) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": no integer 'step' in the safetensors metadata"));
-  }
-  if (file_step != step) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": written at step ", file_step, " but the manifest's step is ", step));
-  }
-  for (const auto& [name, tensor] : file.tensors) {
-    for (size_t i = 0; i < tensor.data.size(); ++i) {
-      if (!std::isfinite(tensor.data[i])) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds ",
-                                                std::isnan(tensor.data[i]) ? "NaN" : "Inf",
-                                                " at element ", i));
-      }
-    }
-  }
-  return file;
+  return ParseCheckpointShard(path, shard, bytes, step);
 }
 
 // LoadCheckpoint; with `keep_tensors` false the tensors are checked and dropped.
@@ -317,6 +285,43 @@ absl::Status CheckReplaceable(const std::string& dir) {
 }
 
 }  // namespace
+
+absl::StatusOr<io::SafetensorsFile> ParseCheckpointShard(const std::string& path,
+                                                         const CheckpointShard& shard,
+                                                         absl::string_view bytes, int64_t step) {
+  if (static_cast<int64_t>(bytes.size()) != shard.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
+                                            " bytes, but the manifest says ", shard.bytes,
+                                            " (truncated or overwritten?)"));
+  }
+  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+  if (digest.sha256 != shard.sha256) {
+    return absl::DataLossError(absl::StrCat(path, ": SHA-256 ", digest.sha256,
+                                            " differs from the manifest's ", shard.sha256,
+                                            " (file corrupted)"));
+  }
+  PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::ParseSafetensors(bytes, path));
+  auto meta = file.metadata.find("step");
+  int64_t file_step = 0;
+  if (meta == file.metadata.end() || !absl::SimpleAtoi(meta->second, &file_step)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": no integer 'step' in the safetensors metadata"));
+  }
+  if (file_step != step) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": written at step ", file_step, " but the manifest's step is ", step));
+  }
+  for (const auto& [name, tensor] : file.tensors) {
+    for (size_t i = 0; i < tensor.data.size(); ++i) {
+      if (!std::isfinite(tensor.data[i])) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds ",
+                                                std::isnan(tensor.data[i]) ? "NaN" : "Inf",
+                                                " at element ", i));
+      }
+    }
+  }
+  return file;
+}
 
 std::string LayerShardFile(int64_t layer) {
   return absl::StrFormat("layer-%05d.safetensors", layer);

@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/io/dataset.h"
+#include "common/io/safetensors.h"
 #include "common/math/tensor.h"
 #include "common/model/model.h"
 #include "pipetrain/v1/model.pb.h"
@@ -73,6 +74,14 @@ struct CheckpointManifest {
   io::DataCursor data_cursor;  // position of the next batch.
   std::vector<CheckpointShard> shards;
 };
+
+// Checks the bytes of `shard` (read from `path`, or received from another process under that
+// name) against the manifest: size and SHA-256 (DATA_LOSS on a mismatch), the safetensors format,
+// the file's "step" metadata equal to `step` and every value finite (DATA_LOSS naming the tensor).
+// Returns the parsed file.
+absl::StatusOr<io::SafetensorsFile> ParseCheckpointShard(const std::string& path,
+                                                         const CheckpointShard& shard,
+                                                         absl::string_view bytes, int64_t step);
 
 // "layer-00003.safetensors" for layer 3.
 std::string LayerShardFile(int64_t layer);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/file_util.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
@@ -279,6 +280,52 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
   return reactor;
 }
 
+grpc::ServerWriteReactor<v1::StateChunk>* CoordinatorService::FetchState(
+    grpc::CallbackServerContext* /*context*/, const v1::FetchStateRequest* request) {
+  std::vector<StateFile> files;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = StateFilesFor(*request, &files);
+  }
+  return new StateReactor(std::move(files), status);
+}
+
+absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& request,
+                                               std::vector<StateFile>* files) {
+  auto it = jobs_.find(request.job());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
+  }
+  const Job& job = *it->second;
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (request.epoch() != job.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", request.epoch()));
+  }
+  if (!job.resume.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job.id, "' did not start from a checkpoint"));
+  }
+  auto w = std::find(job.workers.begin(), job.workers.end(), request.worker());
+  auto conn = workers_.find(request.worker());
+  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", request.worker(), "' holds no rank of job '", job.id, "'"));
+  }
+  const int rank = static_cast<int>(w - job.workers.begin());
+  for (const model::CheckpointShard& shard : job.resume->shards) {
+    for (const v1::ChunkSpec& c : job.chunks) {
+      if (c.worker() == rank && shard.first_layer >= c.first_layer() &&
+          shard.last_layer <= c.last_layer()) {
+        files->push_back(StateFile{shard, io::JoinPath(job.resume_dir, shard.file)});
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- reactor hooks
 
 absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string* name,
@@ -537,6 +584,15 @@ v1::JobStatus CoordinatorService::StatusOf(const Job& job) const {
   if (IsTerminal(job.state)) s.set_ended_unix_ms(absl::ToUnixMillis(job.ended));
   *s.mutable_spec() = job.spec;
   s.set_client_attached(job.train_owner != nullptr);
+  if (job.resume.has_value()) {
+    v1::ResumedFrom* r = s.mutable_resumed_from();
+    r->set_directory(job.resume_dir);
+    r->set_step(job.resume->step);
+    r->set_data(job.resume->data);
+    r->set_batch_size(job.resume->batch_size);
+    r->set_cursor_epoch(job.resume->data_cursor.epoch);
+    r->set_cursor_batch(job.resume->data_cursor.batch);
+  }
   for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
     v1::StageStatus* st = s.add_stages();
     st->set_rank(rank);

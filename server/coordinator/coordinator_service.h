@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
@@ -77,6 +78,12 @@ struct CoordinatorOptions {
 class JoinReactor;
 class TrainReactor;
 
+// One checkpoint file a worker fetches (FetchState): its manifest entry and its path here.
+struct StateFile {
+  model::CheckpointShard shard;
+  std::string path;
+};
+
 // The Coordinator service. Thread-safe: every public method may be called from any thread.
 // Create it, register it on a grpc::ServerBuilder, start the server; to stop, call Shutdown(),
 // then shut the server down, then destroy the service.
@@ -111,6 +118,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest* request,
                                      v1::ListJobsResponse* response) override;
+  grpc::ServerWriteReactor<v1::StateChunk>* FetchState(
+      grpc::CallbackServerContext* context, const v1::FetchStateRequest* request) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
@@ -144,6 +153,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     JobState state = JobState::kAssigning;
     std::string reason;  // why it FAILED or was CANCELLED.
     int64_t steps_done = 0;
+    // The checkpoint the job started from (JobSpec.resume_from), verified at creation.
+    std::string resume_dir;
+    std::optional<model::CheckpointManifest> resume;
     absl::Time created;
     absl::Time ended = absl::InfinitePast();  // set when it enters a terminal state.
     const void* train_owner = nullptr;        // the TrainReactor holding the job, if any.
@@ -194,6 +206,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
   // The last task on an ended job's OpThread: closes its data links.
   void CloseJobLinks(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The files of `request`'s rank of its job (FetchState), or why it gets none.
+  absl::Status StateFilesFor(const v1::FetchStateRequest& request, std::vector<StateFile>* files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Reactor hooks (non-blocking).
   // Handles one event of worker `name` (empty before registration); sets *registered_name on a

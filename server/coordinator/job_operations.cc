@@ -81,6 +81,26 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     done(plan.status());
     return;
   }
+  // A checkpoint to start from is verified (every file's checksum) before any worker is taken.
+  std::optional<model::CheckpointManifest> resume;
+  if (!spec.resume_from().empty()) {
+    absl::StatusOr<model::CheckpointManifest> manifest =
+        model::VerifyCheckpoint(spec.resume_from());
+    absl::Status fits = manifest.status();
+    if (fits.ok() && manifest->model_spec.SerializeAsString() != net->spec().SerializeAsString()) {
+      fits = absl::FailedPreconditionError(absl::StrCat(
+          "resume_from ", spec.resume_from(), ": the checkpoint is of another model spec"));
+    } else if (fits.ok() && manifest->seed != spec.seed()) {
+      fits = absl::FailedPreconditionError(absl::StrCat(
+          "resume_from ", spec.resume_from(), ": the checkpoint was trained with seed ",
+          manifest->seed, ", the job has seed ", spec.seed()));
+    }
+    if (!fits.ok()) {
+      done(fits);
+      return;
+    }
+    resume = *std::move(manifest);
+  }
   const int S = spec.stages();
   std::string id;
   std::vector<double> speeds;
@@ -124,6 +144,11 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     job->assigned.assign(S, false);
     job->runs_sent.assign(S, 0);
     job->runs_answered.assign(S, 0);
+    if (resume.has_value()) {
+      job->resume_dir = spec.resume_from();
+      job->steps_done = resume->step;
+      job->resume = std::move(resume);
+    }
     job->created = absl::Now();
     job->lease_expiry = job->created + options_.client_lease;
     job->ops = std::make_unique<OpThread>();
@@ -190,6 +215,10 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
     }
     for (const schedule::Action& action : job->plan.actions[rank]) {
       *a->add_actions() = control::ActionToProto(action);
+    }
+    if (job->resume.has_value()) {
+      a->set_restore(true);
+      a->set_restore_step(job->resume->step);
     }
     SendToRank(*job, rank, command);
   }

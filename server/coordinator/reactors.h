@@ -5,11 +5,17 @@
 #ifndef PIPETRAIN_SERVER_COORDINATOR_REACTORS_H_
 #define PIPETRAIN_SERVER_COORDINATOR_REACTORS_H_
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -166,6 +172,88 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
   v1::TrainRequest request_;
   v1::StepResult result_;
   std::string job_;
+};
+
+// A worker's FetchState: streams checkpoint files, each as chunks of at most 1 MiB read with
+// pread from the coordinator's local disk (one chunk per reaction, one write in flight), the
+// first chunk of a file carrying its manifest entry. The worker verifies each file's size and
+// SHA-256 end to end. Deletes itself in OnDone.
+class StateReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
+ public:
+  static constexpr int64_t kChunkBytes = int64_t{1} << 20;
+
+  // Finishes at once with `status` unless it is OK.
+  StateReactor(std::vector<StateFile> files, const absl::Status& status)
+      : files_(std::move(files)) {
+    if (!status.ok()) {
+      Finish(wire::ToGrpcStatus(status));
+      return;
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the worker stopped reading"));
+      return;
+    }
+    Next();
+  }
+
+  void OnDone() override {
+    if (fd_ >= 0) close(fd_);
+    delete this;
+  }
+
+ private:
+  // Writes the next chunk, or finishes after the last one.
+  void Next() {
+    while (index_ < files_.size() && fd_ >= 0 && offset_ >= files_[index_].shard.bytes) {
+      close(fd_);
+      fd_ = -1;
+      ++index_;
+    }
+    if (index_ == files_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const StateFile& f = files_[index_];
+    chunk_.Clear();
+    chunk_.set_file(f.shard.file);
+    if (fd_ < 0) {
+      fd_ = open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) {
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("cannot open ", f.path, ": ", strerror(errno))));
+        return;
+      }
+      offset_ = 0;
+      chunk_.set_first_layer(f.shard.first_layer);
+      chunk_.set_last_layer(f.shard.last_layer);
+      chunk_.set_sha256(f.shard.sha256);
+      chunk_.set_bytes(f.shard.bytes);
+    }
+    const int64_t n = std::min(kChunkBytes, f.shard.bytes - offset_);
+    std::string* data = chunk_.mutable_data();
+    data->resize(static_cast<size_t>(n));
+    if (pread(fd_, data->data(), static_cast<size_t>(n), offset_) != n) {
+      Finish(
+          grpc::Status(grpc::StatusCode::DATA_LOSS,
+                       absl::StrCat(f.path, ": shorter than the ", f.shard.bytes,
+                                    " bytes its manifest names (changed since it was verified?)")));
+      return;
+    }
+    chunk_.set_offset(offset_);
+    offset_ += n;
+    StartWrite(&chunk_);
+  }
+
+  // Touched by one reaction at a time (at most one write in flight).
+  const std::vector<StateFile> files_;
+  size_t index_ = 0;
+  int fd_ = -1;
+  int64_t offset_ = 0;
+  v1::StateChunk chunk_;
 };
 
 }  // namespace pipetrain::coordinator

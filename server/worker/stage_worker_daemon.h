@@ -101,7 +101,7 @@ class StageWorkerDaemon final : private JobHost {
   // RegisterWorker. Constant after Start; thread-safe.
   const std::string& address() const { return address_; }
   int port() const { return port_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const override { return name_; }
   double gflops() const { return gflops_; }
 
  private:
@@ -138,6 +138,7 @@ class StageWorkerDaemon final : private JobHost {
   void Log(absl::string_view message) const override;
   void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
                   bool coordinator_link) override;
+  v1::Coordinator::Stub* coordinator() override { return coordinator_stub_.get(); }
   // Accept callback of the ExchangeService (gRPC threads).
   absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
                                             std::unique_ptr<link::PeerLink> link);

@@ -13,6 +13,7 @@
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
 #include "server/worker/proto_convert.h"
+#include "server/worker/state_fetch.h"
 
 namespace pipetrain::worker {
 
@@ -190,6 +191,32 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
     }
   }
   if (chunks.empty()) return bad(absl::StrCat("rank ", a.rank(), " holds no chunk"));
+  if (a.restore()) {
+    StateRequest request;
+    request.job = a.job();
+    request.epoch = a.epoch();
+    request.worker = host->name();
+    request.step = a.restore_step();
+    for (const OwnedChunk& c : chunks) {
+      request.layer_ranges.emplace_back(a.chunks(c.chunk).first_layer(),
+                                        a.chunks(c.chunk).last_layer());
+    }
+    absl::StatusOr<std::map<std::string, math::Tensor>> state =
+        FetchState(host->coordinator(), request);
+    if (!state.ok()) {
+      return wire::Annotate(state.status(),
+                            absl::StrCat("Assign(job ", a.job(), ", epoch ", a.epoch(),
+                                         "): restoring step ", a.restore_step()));
+    }
+    for (OwnedChunk& c : chunks) {
+      if (absl::Status s = c.stage.ImportState(*state); !s.ok()) {
+        return wire::Annotate(s,
+                              absl::StrCat("Assign(job ", a.job(), "): restoring chunk ", c.chunk));
+      }
+    }
+    host->Log(absl::StrCat("job ", a.job(), ": restored ", state->size(), " tensors of step ",
+                           a.restore_step(), " from the coordinator"));
+  }
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
       job->model_.get(), std::move(chunks), num_chunks, &job->mailbox_, job.get());
   if (!executor.ok()) return bad(executor.status().message());

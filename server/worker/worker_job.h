@@ -26,6 +26,7 @@
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/link/peer_link.h"
 #include "server/worker/compute_pacer.h"
@@ -47,6 +48,9 @@ class JobHost {
   // WorkerJob::OnLinkFailed on its command thread if the job is still current.
   virtual void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
                           bool coordinator_link) = 0;
+  // The coordinator's stub (for FetchState) and this worker's registered name.
+  virtual v1::Coordinator::Stub* coordinator() = 0;
+  virtual const std::string& name() const = 0;
 
   // Logs `status` and emits it as a WorkerError of (job, epoch, step).
   void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
@@ -65,8 +69,9 @@ struct WorkerJobOptions {
 class WorkerJob final : public Sender {
  public:
   // Validates `assign` (INVALID_ARGUMENT naming the field: ranks, chunk tiling, actions, model,
-  // optimizer, threads) and builds the job with its compute thread running. `host` must outlive
-  // the job.
+  // optimizer, threads) and builds the job with its compute thread running; with
+  // `assign.restore`, first fetches its chunks' checkpoint files from the coordinator and loads
+  // them (FetchState's errors). `host` must outlive the job. Blocks while fetching.
   static absl::StatusOr<std::shared_ptr<WorkerJob>> Create(const v1::Assign& assign,
                                                            const WorkerJobOptions& options,
                                                            JobHost* host);

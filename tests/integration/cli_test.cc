@@ -210,8 +210,8 @@ std::vector<int> CheckpointLines(const std::string& out) {
 
 // --checkpoint-every and --keep-checkpoints are training options of reference, train and local
 // (validated by each: a bad value names the flag); train and local also take --eval-samples (it
-// evaluates the final checkpoint, so it needs --save) but not --resume yet; the other commands
-// refuse all of them.
+// evaluates the final checkpoint, so it needs --save) and --resume (distributed_test); the other
+// commands refuse all of them.
 TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
   const std::string model = " --model " + Example("mlp_digits.textproto");
   for (const std::string command : {"reference", "train", "local"}) {
@@ -229,9 +229,9 @@ TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
     SCOPED_TRACE(command);
     ExpectRefused(command + model + " --eval-samples 10",
                   "--eval-samples needs --save DIR for train and local");
-    ExpectRefused(command + model + " --resume /tmp/ckpt",
-                  "--resume not used by `pipetrain " + command + "`");
   }
+  ExpectRefused("evaluate --checkpoint /tmp/ckpt --resume /tmp/ckpt",
+                "--resume not used by `pipetrain evaluate`");
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --checkpoint-every 2",
                 "--checkpoint-every not used by `pipetrain evaluate`");
   ExpectRefused("schedule --kind 1f1b --stages 2 --microbatches 4 --keep-checkpoints 3",

@@ -20,7 +20,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/run_command.h"
@@ -186,6 +188,59 @@ TEST_F(DistributedTest, ExampleDigitsMlpMatchesReference) {
 
 // --trace writes the last step's measured timeline as Chrome trace JSON: one complete event per
 // action (2 workers x 8 micro-batches x F and B).
+// Checkpoints move between the reference and the service in both directions and onto any stage
+// count: 3 reference steps then 3 `local --resume` steps (S=2, zb-v), and 3 `local` steps (S=3)
+// then 3 `reference --resume` steps, both give the losses of steps 4-6 and the final files of 6
+// uninterrupted reference steps, bit for bit.
+TEST_F(DistributedTest, ResumeThroughTheServiceEqualsAnUninterruptedRun) {
+  const std::string flags = absl::StrCat(" --model ", Example("mlp_digits.textproto"),
+                                         " --data digits --batch 16 --microbatches 4 --seed 5 "
+                                         "--optimizer adamw:lr=1e-2 --json --eval-samples 1");
+  const std::string d = *dir_ + "/resume";
+  const CliRun full =
+      Pipetrain(absl::StrCat("reference", flags, " --steps 6 --save ", d, "/full"), "");
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  std::vector<std::string> last3 = LossLines(full.out);
+  ASSERT_EQ(last3.size(), 6u);
+  last3.erase(last3.begin(), last3.begin() + 3);
+
+  const std::string train_flags = absl::StrReplaceAll(flags, {{" --eval-samples 1", ""}});
+  ASSERT_EQ(
+      Pipetrain(absl::StrCat("reference", flags, " --steps 3 --save ", d, "/ref3"), "").exit_code,
+      0);
+  const CliRun resumed =
+      Pipetrain(absl::StrCat("local --stages 2 --schedule zb-v", train_flags,
+                             " --steps 3 --resume ", d, "/ref3 --save ", d, "/local6"),
+                d + "-local6.err");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << ReadFile(d + "-local6.err");
+  EXPECT_EQ(LossLines(resumed.out), last3);
+
+  ASSERT_EQ(Pipetrain(absl::StrCat("local --stages 3 --schedule 1f1b", train_flags,
+                                   " --steps 3 --save ", d, "/local3"),
+                      "")
+                .exit_code,
+            0);
+  const CliRun back = Pipetrain(
+      absl::StrCat("reference", flags, " --steps 3 --resume ", d, "/local3 --save ", d, "/ref6"),
+      "");
+  ASSERT_EQ(back.exit_code, 0) << back.out;
+  EXPECT_EQ(LossLines(back.out), last3);
+  const std::vector<std::string> files = LayerFiles(d + "/full");
+  ASSERT_FALSE(files.empty());
+  for (const std::string& f : files) {
+    EXPECT_TRUE(ReadFile(d + "/local6/" + f) == ReadFile(d + "/full/" + f)) << f;
+    EXPECT_TRUE(ReadFile(d + "/ref6/" + f) == ReadFile(d + "/full/" + f)) << f;
+  }
+
+  // A checkpoint of another model is refused before any worker hears of it.
+  const CliRun other = Pipetrain(
+      absl::StrCat("local --stages 2 --model ", Example("gpt_char.textproto"),
+                   " --data text --batch 8 --microbatches 2 --steps 1 --resume ", d, "/ref3"),
+      d + "-other.err");
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_THAT(ReadFile(d + "-other.err"), ::testing::HasSubstr("another model spec"));
+}
+
 TEST_F(DistributedTest, TraceHasEveryActionOfTheLastStep) {
   const std::string trace = *dir_ + "/trace.json";
   const CliRun local =
