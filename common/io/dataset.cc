@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <new>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -14,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/io/file_util.h"
+#include "common/io/input_file.h"
+#include "common/util/checked_math.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::io {
@@ -105,9 +109,23 @@ std::string Shorten(absl::string_view field) {
   return absl::StrCat(field.substr(0, 40), "...");
 }
 
+// Reads a data file under options.max_file_bytes (decompressed if gzip-compressed).
+absl::StatusOr<std::string> ReadDataFile(const std::string& path, const DatasetOptions& options) {
+  return ReadInputFile("data file", path, options.max_file_bytes, InputCompression::kGzipDetected);
+}
+
+// RESOURCE_EXHAUSTED "<what>: more than the limit of <limit> samples
+// (DatasetOptions::max_samples)".
+absl::Status TooManySamples(absl::string_view what, int64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(what, ": more than the limit of ", limit,
+                                                   " samples (DatasetOptions::max_samples)"));
+}
+
 // Parses CSV `content` (named `file` in messages): numeric feature columns, then an integer class
-// label >= 0; an optional first line of names; blank lines ignored; no quoting.
-absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file) {
+// label >= 0; an optional first line of names; blank lines ignored; no quoting. At most
+// `max_rows` data rows (RESOURCE_EXHAUSTED beyond).
+absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file,
+                               int64_t max_rows) {
   Table t;
   int64_t columns = 0;  // expected per row, fixed by the header or the first data row
   int64_t first_row_line = 0;
@@ -154,6 +172,10 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
                        columns));
     }
     if (first_row_line == 0) first_row_line = line_no;
+    if (t.rows == max_rows) {
+      return TooManySamples(absl::StrCat(file, ":", line_no, ": data row ", max_rows + 1),
+                            max_rows);
+    }
     for (int64_t c = 0; c + 1 < n; ++c) {
       float v;
       if (!absl::SimpleAtof(fields[static_cast<size_t>(c)], &v)) {
@@ -331,8 +353,8 @@ class SyntheticDataset : public Dataset {
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDigits(const DatasetOptions& options) {
   const std::string path = JoinPath(options.data_dir, kDigitsFile);
-  PT_ASSIGN_OR_RETURN(std::string content, ReadFileMaybeGzipped(path));
-  absl::StatusOr<Table> table = ParseCsv(content, path);
+  PT_ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, options));
+  absl::StatusOr<Table> table = ParseCsv(content, path, options.max_samples);
   if (!table.ok()) {
     return absl::DataLossError(
         absl::StrCat("bundled digits data is corrupt: ", table.status().message()));
@@ -354,9 +376,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDigits(const DatasetOptions& option
   return std::unique_ptr<Dataset>(new TableDataset("digits", *std::move(table)));
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenCsv(const std::string& path) {
-  PT_ASSIGN_OR_RETURN(std::string content, ReadFileMaybeGzipped(path));
-  PT_ASSIGN_OR_RETURN(Table table, ParseCsv(content, path));
+absl::StatusOr<std::unique_ptr<Dataset>> OpenCsv(const std::string& path,
+                                                 const DatasetOptions& options) {
+  PT_ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, options));
+  PT_ASSIGN_OR_RETURN(Table table, ParseCsv(content, path, options.max_samples));
   return std::unique_ptr<Dataset>(new TableDataset(absl::StrCat("csv:", path), std::move(table)));
 }
 
@@ -366,9 +389,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
   }
-  PT_ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGzipped(path));
+  PT_ASSIGN_OR_RETURN(std::string text, ReadDataFile(path, options));
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": text is empty"));
   auto dataset = std::make_unique<TextDataset>(name, text, options.context);
+  const int64_t samples = dataset->size(Split::kTrain) + dataset->size(Split::kEval);
+  if (samples > options.max_samples) {
+    return TooManySamples(absl::StrCat(path, ": text of ", text.size(), " bytes has ", samples,
+                                       " windows (one per byte)"),
+                          options.max_samples);
+  }
   if (dataset->size(Split::kTrain) < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": text of ", text.size(), " bytes is too short for context ",
@@ -382,12 +411,20 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSynthetic(absl::string_view rows_te
                                                        const DatasetOptions& options) {
   int64_t rows = options.synthetic_rows;
   if (!rows_text.empty() && !absl::SimpleAtoi(rows_text, &rows)) {
+    if (std::all_of(rows_text.begin(), rows_text.end(), absl::ascii_isdigit)) {
+      return TooManySamples(
+          absl::StrCat("synthetic dataset: row count ", rows_text, " (beyond 64 bits)"),
+          options.max_samples);
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("synthetic dataset: row count '", rows_text, "' is not an integer"));
   }
   if (rows < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("synthetic dataset: row count must be >= 1, got ", rows));
+  }
+  if (rows > options.max_samples) {
+    return TooManySamples(absl::StrCat("synthetic dataset: row count ", rows), options.max_samples);
   }
   if (options.input_features < 1 || options.num_classes < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -415,12 +452,8 @@ uint64_t BoundedDraw(std::mt19937_64& gen, uint64_t bound) {
   }
 }
 
-}  // namespace
-
-Dataset::~Dataset() = default;
-
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
-                                                     const DatasetOptions& options) {
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetUnguarded(absl::string_view spec,
+                                                              const DatasetOptions& options) {
   const size_t colon = spec.find(':');
   const absl::string_view kind = spec.substr(0, colon);
   const bool has_arg = colon != absl::string_view::npos;
@@ -445,7 +478,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
       return absl::InvalidArgumentError(
           absl::StrCat("dataset spec '", spec, "': csv needs a path (csv:PATH)"));
     }
-    return OpenCsv(std::string(arg));
+    return OpenCsv(std::string(arg), options);
   }
   if (kind == "synthetic") {
     if (has_arg && arg.empty()) {
@@ -457,6 +490,22 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dataset spec '", spec,
                    "' (expected digits, text, text:PATH, csv:PATH, synthetic or synthetic:ROWS)"));
+}
+
+}  // namespace
+
+Dataset::~Dataset() = default;
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
+                                                     const DatasetOptions& options) {
+  // DatasetOptions' limits bound every allocation; this is the last line of defence when the
+  // machine has less memory than they allow.
+  try {
+    return OpenDatasetUnguarded(spec, options);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dataset '", spec, "': out of memory while loading it"));
+  }
 }
 
 // ----- Batching ----------------------------------------------------------------------------
@@ -489,6 +538,17 @@ absl::StatusOr<BatchSampler> BatchSampler::Create(const Dataset* dataset, int64_
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", batch_size, " must be in [1, ", train, "] (the training split of ",
         dataset->info().name, " has ", train, " samples)"));
+  }
+  const DatasetInfo& info = dataset->info();
+  const std::optional<int64_t> batch_bytes = util::CheckedProduct(
+      {batch_size, info.tokens_per_sample, info.input_features + info.target_features,
+       static_cast<int64_t>(sizeof(float))});
+  if (!batch_bytes.has_value() || *batch_bytes > kMaxBatchBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a batch of ", batch_size, " samples of ", info.name, " (", info.tokens_per_sample,
+        " rows of ", info.input_features, " + ", info.target_features, " floats each) takes ",
+        util::CheckedToString(batch_bytes), " bytes, more than the limit of ", kMaxBatchBytes,
+        " bytes"));
   }
   const int64_t batches = train / batch_size;
   if (start.epoch < 0 || start.batch < 0 || start.batch >= batches) {

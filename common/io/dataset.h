@@ -68,7 +68,17 @@ struct DatasetOptions {
   int64_t synthetic_rows = 4096;
   // Synthetic dataset: seed of the features and of the teacher that labels them.
   uint64_t seed = 0;
+  // Largest data file (csv:, text: and the bundled files) in bytes, after decompression: a larger
+  // file is RESOURCE_EXHAUSTED before it is parsed. Parsing takes up to about 5 times this.
+  int64_t max_file_bytes = int64_t{1} << 30;  // 1 GiB
+  // Most samples (table or synthetic rows, text windows) a dataset may have: shuffling keeps an
+  // 8-byte index per training sample (512 MiB at the default). More is RESOURCE_EXHAUSTED.
+  int64_t max_samples = int64_t{1} << 26;  // 67,108,864
 };
+
+// Largest batch BatchSampler::Create accepts: samples x tokens_per_sample x (input_features +
+// target_features) x 4 bytes.
+inline constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;  // 1 GiB
 
 // Opens the dataset named by `spec`:
 //   digits            bundled UCI optical digits (64 features scaled to [0, 1], 10 classes)
@@ -76,9 +86,11 @@ struct DatasetOptions {
 //   text:PATH         the file at PATH, byte-level language modelling
 //   csv:PATH          numeric feature columns then an integer class label >= 0; optional header
 //   synthetic[:ROWS]  N(0, 1) features labelled by a fixed random linear teacher
-// Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options or a
-// malformed file (the message names file:line:column); NOT_FOUND for a missing file;
-// DATA_LOSS for a corrupt compressed file or a corrupt bundled file.
+// Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options, a path
+// that is not a regular file (a directory, /dev/zero, a FIFO) or a malformed file (the message
+// names file:line:column); NOT_FOUND for a missing file; RESOURCE_EXHAUSTED naming the numbers
+// for a file larger than options.max_file_bytes, more samples than options.max_samples, or memory
+// that cannot be allocated; DATA_LOSS for a corrupt compressed file or a corrupt bundled file.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
                                                      const DatasetOptions& options);
 
@@ -105,6 +117,7 @@ class BatchSampler {
  public:
   // INVALID_ARGUMENT if `dataset` is null, batch_size is <= 0 or larger than the training split,
   // or `start` is not a valid position (epoch < 0, batch outside [0, batches_per_epoch)).
+  // RESOURCE_EXHAUSTED if a batch would take more than kMaxBatchBytes.
   static absl::StatusOr<BatchSampler> Create(const Dataset* dataset, int64_t batch_size,
                                              uint64_t seed, DataCursor start = {});
 

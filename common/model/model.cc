@@ -1,15 +1,23 @@
 #include "common/model/model.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/io/file_util.h"
+#include "absl/strings/str_join.h"
+#include "common/io/input_file.h"
 #include "common/math/activations.h"
 #include "common/math/embedding.h"
 #include "common/math/layer_norm.h"
 #include "common/math/linear.h"
 #include "common/math/transformer_block.h"
+#include "common/util/checked_math.h"
 #include "common/util/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -20,8 +28,11 @@ namespace {
 // Largest feature count / context / vocabulary a spec may ask for; larger values are rejected
 // before any allocation is attempted.
 constexpr int64_t kMaxDim = int64_t{1} << 24;
-// Largest number of elements of one parameter tensor (4 GiB of float32).
-constexpr int64_t kMaxParamElements = int64_t{1} << 30;
+// Bytes a Stage keeps per parameter with the hungriest optimizer (AdamW): the float32 weight, its
+// gradient and two moments.
+constexpr int64_t kMaxTrainingBytesPerParameter = 4 * static_cast<int64_t>(sizeof(float));
+// DefaultMemoryBudget's upper bound.
+constexpr int64_t kMaxDefaultMemoryBudget = int64_t{16} << 30;
 
 class CollectingErrors : public google::protobuf::io::ErrorCollector {
  public:
@@ -56,6 +67,79 @@ absl::Status CheckDim(int64_t index, const v1::LayerSpec& spec, absl::string_vie
 std::string Origin(int64_t index) {
   return index == 0 ? std::string("model input_features")
                     : absl::StrCat("output of layer ", index - 1);
+}
+
+// Checks that layer `index`'s parameters fit a Stage under `limits` with any optimizer.
+// INVALID_ARGUMENT if their count overflows int64; RESOURCE_EXHAUSTED naming the numbers.
+absl::Status CheckLayerParameters(int64_t index, const v1::LayerSpec& spec,
+                                  const math::Layer& layer, const ModelLimits& limits) {
+  const std::vector<math::ParamSpec> params = layer.params();
+  if (params.empty()) return absl::OkStatus();
+  std::optional<int64_t> count = 0;
+  const math::ParamSpec* largest = nullptr;
+  int64_t largest_count = 0;
+  for (const math::ParamSpec& p : params) {
+    std::optional<int64_t> n = 1;
+    for (int64_t d : p.shape) n = n.has_value() ? util::CheckedMul(*n, d) : n;
+    if (!n.has_value()) {
+      return LayerError(
+          index, spec,
+          absl::StrCat("parameter ", p.name, " of shape [", absl::StrJoin(p.shape, ", "),
+                       "] has more than 2^63 elements"));
+    }
+    count = count.has_value() ? util::CheckedAdd(*count, *n) : count;
+    if (largest == nullptr || *n > largest_count) {
+      largest = &p;
+      largest_count = *n;
+    }
+  }
+  const std::optional<int64_t> bytes =
+      count.has_value() ? util::CheckedMul(*count, kMaxTrainingBytesPerParameter) : count;
+  if (!bytes.has_value() || *bytes > limits.max_parameter_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layer ", index, " (", LayerKindName(spec), "): ", util::CheckedToString(count),
+        " parameters (largest: ", largest->name, " [", absl::StrJoin(largest->shape, ", "),
+        "]) need ", util::CheckedToString(bytes), " bytes to train (",
+        kMaxTrainingBytesPerParameter,
+        " per parameter: weight, gradient and two AdamW moments), more than the limit of ",
+        limits.max_parameter_bytes, " bytes (ModelLimits::max_parameter_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Returns the activation bytes of one sample of `tokens` rows (Model::SampleActivationBytes) of
+// `layers`, whose output has `out_features` features. RESOURCE_EXHAUSTED if more than
+// limits.max_activation_bytes. Layers' StashBytes must not overflow for `tokens` rows (the
+// transformer's attention is checked when it is built).
+absl::StatusOr<int64_t> CheckSampleActivations(
+    const std::vector<std::unique_ptr<math::Layer>>& layers, int64_t out_features, int64_t tokens,
+    const ModelLimits& limits) {
+  constexpr int64_t kFloat = sizeof(float);
+  // Each layer's input and its gradient, and its stash; then the output and its gradient.
+  std::optional<int64_t> total = util::CheckedProduct({2, out_features, tokens, kFloat});
+  size_t largest = 0;
+  int64_t largest_bytes = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::optional<int64_t> io =
+        util::CheckedProduct({2, layers[l]->in_features(), tokens, kFloat});
+    // A layer's bytes that overflow count as the largest possible.
+    const int64_t bytes = io.has_value() ? util::CheckedAdd(*io, layers[l]->StashBytes(tokens))
+                                               .value_or(std::numeric_limits<int64_t>::max())
+                                         : std::numeric_limits<int64_t>::max();
+    if (bytes > largest_bytes) {
+      largest = l;
+      largest_bytes = bytes;
+    }
+    total = total.has_value() ? util::CheckedAdd(*total, bytes) : std::nullopt;
+  }
+  if (!total.has_value() || *total > limits.max_activation_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one sample (", tokens, tokens == 1 ? " row" : " rows", ") needs ",
+        util::CheckedToString(total), " bytes of activations (largest: layer ", largest, " (",
+        layers[largest]->kind(), "), ", largest_bytes, " bytes), more than the limit of ",
+        limits.max_activation_bytes, " bytes (ModelLimits::max_activation_bytes)"));
+  }
+  return *total;
 }
 
 }  // namespace
@@ -93,8 +177,31 @@ absl::StatusOr<v1::ModelSpec> ParseModelSpecText(absl::string_view text, absl::s
 }
 
 absl::StatusOr<v1::ModelSpec> LoadModelSpecFile(const std::string& path) {
-  PT_ASSIGN_OR_RETURN(std::string text, io::ReadFile(path));
+  PT_ASSIGN_OR_RETURN(std::string text,
+                      io::ReadInputFile("model spec file", path, kMaxModelSpecFileBytes,
+                                        io::InputCompression::kNone));
   return ParseModelSpecText(text, path);
+}
+
+int64_t DefaultMemoryBudget() {
+  static const int64_t budget = [] {
+    int64_t memory = std::numeric_limits<int64_t>::max();
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page_size = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0) {
+      memory = util::CheckedMul(pages, page_size).value_or(memory);
+    }
+    // A process limited by `ulimit -v` / `ulimit -d` gets bad_alloc beyond it.
+    for (int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+      struct rlimit limit;
+      if (::getrlimit(resource, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+          limit.rlim_cur < static_cast<rlim_t>(memory)) {
+        memory = static_cast<int64_t>(limit.rlim_cur);
+      }
+    }
+    return std::min(kMaxDefaultMemoryBudget, memory / 2);
+  }();
+  return budget;
 }
 
 absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const DataShape& data) {
@@ -129,9 +236,11 @@ absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const 
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
+                                                    const ModelLimits& limits) {
   auto model = std::unique_ptr<Model>(new Model());
   model->spec_ = spec;
+  model->limits_ = limits;
   if (spec.layers_size() == 0) return absl::InvalidArgumentError("model has no layers");
   if (spec.input_features() <= 0 || spec.input_features() > kMaxDim) {
     return absl::InvalidArgumentError(absl::StrCat("model input_features ", spec.input_features(),
@@ -151,11 +260,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec) {
               i, ls, absl::StrCat("in_features ", in, " != ", features, " (", Origin(i), ")"));
         }
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "out_features", s.out_features()));
-        if (in * s.out_features() > kMaxParamElements) {
-          return LayerError(i, ls,
-                            absl::StrCat("weight of ", in, " x ", s.out_features(),
-                                         " elements exceeds the limit of ", kMaxParamElements));
-        }
         layer = std::make_unique<math::Linear>(in, s.out_features(), !s.no_bias());
         break;
       }
@@ -188,9 +292,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec) {
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "vocab_size", s.vocab_size()));
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "dim", s.dim()));
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", s.context()));
-        if (s.vocab_size() * s.dim() > kMaxParamElements) {
-          return LayerError(i, ls, "token table exceeds the parameter size limit");
-        }
         context = s.context();
         layer = std::make_unique<math::Embedding>(s.vocab_size(), s.dim(), s.context());
         break;
@@ -220,8 +321,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec) {
         if (ratio < 0 || ratio > 64) {
           return LayerError(i, ls, absl::StrCat("mlp_ratio ", ratio, " must be in [1, 64]"));
         }
-        if (dim * dim * ratio > kMaxParamElements) {
-          return LayerError(i, ls, "MLP weights exceed the parameter size limit");
+        // The attention scores of one sample (heads x context^2 floats) are the only activation
+        // that grows faster than linearly; check them before anything multiplies them further.
+        const std::optional<int64_t> attention =
+            util::CheckedProduct({s.heads(), ctx, ctx, static_cast<int64_t>(sizeof(float))});
+        if (!attention.has_value() || *attention > limits.max_activation_bytes) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "layer ", i, " (transformer_block): the attention scores of one sample (heads ",
+              s.heads(), " x context ", ctx, "^2 floats) take ", util::CheckedToString(attention),
+              " bytes, more than the limit of ", limits.max_activation_bytes,
+              " bytes (ModelLimits::max_activation_bytes)"));
         }
         layer = std::make_unique<math::TransformerBlock>(dim, s.heads(), ctx, ratio);
         break;
@@ -231,10 +340,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec) {
                           "no layer kind set (expected one of linear, relu, gelu, "
                           "layer_norm, embedding, transformer_block)");
     }
+    PT_RETURN_IF_ERROR(CheckLayerParameters(i, ls, *layer, limits));
     features = layer->out_features();
     model->layers_.push_back(std::move(layer));
   }
   model->tokens_per_sample_ = context == 0 ? 1 : context;
+  PT_ASSIGN_OR_RETURN(
+      model->sample_activation_bytes_,
+      CheckSampleActivations(model->layers_, features, model->tokens_per_sample_, limits));
 
   switch (spec.loss().kind_case()) {
     case v1::LossSpec::kSoftmaxCrossEntropy:
@@ -308,6 +421,16 @@ absl::Status Model::ValidateBatch(math::ConstMatrixMap inputs, math::ConstMatrix
     }
   }
   return loss_->CheckTargets(targets, output_features());
+}
+
+absl::Status Model::CheckMicrobatchActivations(int64_t samples) const {
+  const std::optional<int64_t> bytes = util::CheckedMul(samples, sample_activation_bytes_);
+  if (bytes.has_value() && *bytes <= limits_.max_activation_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "a micro-batch of ", samples, " samples needs ", util::CheckedToString(bytes),
+      " bytes of activations (", sample_activation_bytes_, " per sample), more than the limit of ",
+      limits_.max_activation_bytes,
+      " bytes (ModelLimits::max_activation_bytes); use more micro-batches or a smaller batch"));
 }
 
 int64_t Model::NumParameters() const {

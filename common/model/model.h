@@ -23,12 +23,38 @@ struct DataShape {
   int64_t tokens_per_sample = 0;  // rows per sample (context length for text).
 };
 
+// Largest ModelSpec text file LoadModelSpecFile reads (a spec is a few hundred bytes).
+inline constexpr int64_t kMaxModelSpecFileBytes = int64_t{16} << 20;  // 16 MiB
+
 // Parses a ModelSpec in protobuf text format. INVALID_ARGUMENT with `source`:line:column and the
 // parser's message on a syntax error.
 absl::StatusOr<v1::ModelSpec> ParseModelSpecText(absl::string_view text, absl::string_view source);
 
-// Reads and parses a ModelSpec text file. NOT_FOUND if missing.
+// Reads and parses a ModelSpec text file. NOT_FOUND if missing; INVALID_ARGUMENT naming the path if
+// it is not a regular file (a directory, /dev/zero, a FIFO); RESOURCE_EXHAUSTED naming the path
+// and its size if larger than kMaxModelSpecFileBytes (checked before reading).
 absl::StatusOr<v1::ModelSpec> LoadModelSpecFile(const std::string& path);
+
+// The default memory budget of ModelLimits: min(16 GiB, half of this machine's physical memory,
+// half of the process's RLIMIT_AS and RLIMIT_DATA), each term only when known; computed once.
+// Thread-safe.
+int64_t DefaultMemoryBudget();
+
+// Memory limits checked before anything is allocated, so that an oversized model is an error, not
+// an out-of-memory abort. docs/numerics.md, "Limits".
+struct ModelLimits {
+  // Most bytes one Stage may hold for its parameters: weights, gradients and optimizer state, 4
+  // bytes each. Model::Build refuses a layer whose parameters would need more with the most any
+  // optimizer keeps (AdamW: weight, gradient and two moments, 16 bytes per parameter), since a
+  // layer cannot be split between stages; Stage::Create refuses a layer range that needs more with
+  // its optimizer. Default: DefaultMemoryBudget().
+  int64_t max_parameter_bytes = DefaultMemoryBudget();
+  // Most bytes of activations one micro-batch may keep in a Stage over all layers from F to the
+  // end of W (Model::SampleActivationBytes per sample). Model::Build refuses a model where a
+  // single sample needs more; ReferenceTrainer::Step refuses a micro-batch that would.
+  // Default: DefaultMemoryBudget().
+  int64_t max_activation_bytes = DefaultMemoryBudget();
+};
 
 // Returns `spec` with the fields its author left 0 filled from `data` (input_features, the
 // embedding's vocab_size, the last linear layer's out_features), then checks the model against
@@ -38,9 +64,13 @@ absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const 
 // An immutable, validated layer stack. Thread-safe for concurrent const use.
 class Model {
  public:
-  // Builds the layers of `spec`, inferring and checking shapes. INVALID_ARGUMENT naming the layer
-  // and the mismatch, e.g. "layer 3 (linear): in_features 128 != 256 (output of layer 2)".
-  static absl::StatusOr<std::unique_ptr<Model>> Build(const v1::ModelSpec& spec);
+  // Builds the layers of `spec`, inferring and checking shapes. Allocates no parameters (a Stage
+  // does). INVALID_ARGUMENT naming the layer and the mismatch, e.g. "layer 3 (linear): in_features
+  // 128 != 256 (output of layer 2)", or a dimension outside [1, 2^24]; RESOURCE_EXHAUSTED naming
+  // the layer and the numbers when a layer's parameters, or one sample's activations, exceed
+  // `limits`.
+  static absl::StatusOr<std::unique_ptr<Model>> Build(const v1::ModelSpec& spec,
+                                                      const ModelLimits& limits = ModelLimits());
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -61,6 +91,16 @@ class Model {
   std::vector<int64_t> LayerParamBytes() const;
   // Total parameter count.
   int64_t NumParameters() const;
+  // The limits the model was built with (Stage::Create and ReferenceTrainer check against them).
+  const ModelLimits& limits() const { return limits_; }
+  // Bytes of activations one sample keeps in a Stage over all layers from F to the end of W: every
+  // layer's input and input gradient, each layer's stash, the output and its gradient (float32).
+  // An estimate: Eigen's temporaries are not counted.
+  int64_t SampleActivationBytes() const { return sample_activation_bytes_; }
+  // OK if the activations of a micro-batch of `samples` samples (SampleActivationBytes() each)
+  // fit limits().max_activation_bytes, else RESOURCE_EXHAUSTED with the numbers. For whoever runs
+  // a Stage over all layers (ReferenceTrainer); a stage over fewer layers keeps less.
+  absl::Status CheckMicrobatchActivations(int64_t samples) const;
 
   // Checks a batch of `samples` samples before any compute: inputs are
   // [samples * tokens_per_sample(), input_features()], targets
@@ -77,6 +117,8 @@ class Model {
   std::vector<std::unique_ptr<math::Layer>> layers_;
   std::unique_ptr<math::Loss> loss_;
   int64_t tokens_per_sample_ = 1;
+  ModelLimits limits_;
+  int64_t sample_activation_bytes_ = 0;
 };
 
 // "linear", "relu", ... for a layer spec (its oneof case), "unset" when empty.

@@ -1,5 +1,7 @@
 #include "common/model/reference_trainer.h"
 
+#include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,21 @@ absl::StatusOr<StepResult> ReferenceTrainer::Step(const io::Batch& batch) {
   }
   PT_RETURN_IF_ERROR(model_->ValidateBatch(math::AsConstMap(batch.inputs),
                                            math::AsConstMap(batch.targets), batch.samples));
+  PT_RETURN_IF_ERROR(model_->CheckMicrobatchActivations(batch.samples / m));
+  // The check above bounds the activations; this catches a machine with less memory than that.
+  // Nothing has changed when it throws: gradients are zeroed at the start of every step and the
+  // optimizer, which allocates nothing, runs last.
+  try {
+    return StepUnguarded(batch);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("step ", steps_done_ + 1,
+                                                     ": out of memory for a micro-batch of ",
+                                                     batch.samples / m, " samples"));
+  }
+}
+
+StepResult ReferenceTrainer::StepUnguarded(const io::Batch& batch) {
+  const int64_t m = options_.microbatches;
   const int64_t rows = batch.inputs.rows();
   const int64_t mb_rows = rows / m;
   const double scale = 1.0 / static_cast<double>(rows);
@@ -72,10 +89,26 @@ absl::StatusOr<StepResult> ReferenceTrainer::Step(const io::Batch& batch) {
 
 absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(const io::Dataset& data, int64_t max_samples,
                                                       int64_t chunk) const {
-  EvalResult result;
   int64_t n = data.size(io::Split::kEval);
   if (max_samples > 0 && max_samples < n) n = max_samples;
   if (chunk < 1) return absl::InvalidArgumentError("evaluation chunk must be >= 1");
+  // Forward alone keeps less than a training micro-batch: chunks of the samples that fit the
+  // activation limit for training fit it here.
+  PT_RETURN_IF_ERROR(model_->CheckMicrobatchActivations(1));
+  chunk = std::min(chunk,
+                   std::max<int64_t>(1, model_->limits().max_activation_bytes /
+                                            std::max<int64_t>(1, model_->SampleActivationBytes())));
+  try {
+    return EvaluateUnguarded(data, n, chunk);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("evaluation: out of memory for a chunk of ", chunk, " samples"));
+  }
+}
+
+absl::StatusOr<EvalResult> ReferenceTrainer::EvaluateUnguarded(const io::Dataset& data, int64_t n,
+                                                               int64_t chunk) const {
+  EvalResult result;
   MicrobatchState mb;
   math::Matrix dpred;
   double loss_sum = 0;

@@ -56,11 +56,14 @@ class ReferenceTrainer {
                                                                   const TrainerOptions& options);
 
   // Validates `batch` (Model::ValidateBatch, divisibility by M) and applies one training step.
-  // On error nothing changes.
+  // RESOURCE_EXHAUSTED if a micro-batch's activations would exceed the model's
+  // limits().max_activation_bytes, or if memory runs out. On error nothing changes.
   absl::StatusOr<StepResult> Step(const io::Batch& batch);
 
   // Mean loss and accuracy over the first `max_samples` (all if <= 0) samples of the held-out
-  // split, in chunks of `chunk` samples. No state changes.
+  // split, in chunks of `chunk` samples (fewer if `chunk` samples' activations would exceed the
+  // model's limits().max_activation_bytes). RESOURCE_EXHAUSTED if memory runs out. No state
+  // changes.
   absl::StatusOr<EvalResult> Evaluate(const io::Dataset& data, int64_t max_samples,
                                       int64_t chunk = 256) const;
 
@@ -73,6 +76,12 @@ class ReferenceTrainer {
  private:
   ReferenceTrainer(const Model* model, const TrainerOptions& options, Stage stage)
       : model_(model), options_(options), stage_(std::move(stage)) {}
+
+  // Step after its checks; Evaluate of `n` samples in chunks of `chunk`. Both may throw
+  // std::bad_alloc, which their callers turn into RESOURCE_EXHAUSTED.
+  StepResult StepUnguarded(const io::Batch& batch);
+  absl::StatusOr<EvalResult> EvaluateUnguarded(const io::Dataset& data, int64_t n,
+                                               int64_t chunk) const;
 
   const Model* model_;
   TrainerOptions options_;

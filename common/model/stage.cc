@@ -1,9 +1,12 @@
 #include "common/model/stage.h"
 
+#include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/util/checked_math.h"
 
 namespace pipetrain::model {
 namespace {
@@ -43,20 +46,49 @@ absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t l
   s.last_ = last;
   s.optimizer_ = optimizer;
   s.state_names_ = math::OptimizerStateNames(optimizer);
-  for (int64_t l = first; l < last; ++l) {
+  // What the loop below allocates: every parameter, its gradient and its optimizer state tensors.
+  // Model::Build checked each layer, so the sums cannot overflow for any sane layer count; they
+  // are checked anyway.
+  const std::vector<int64_t> layer_bytes = model->LayerParamBytes();
+  const int64_t copies = 2 + static_cast<int64_t>(s.state_names_.size());
+  std::optional<int64_t> bytes = 0;
+  for (int64_t l = first; l < last && bytes.has_value(); ++l) {
+    bytes = util::CheckedAdd(*bytes, layer_bytes[l]);
+  }
+  if (bytes.has_value()) bytes = util::CheckedMul(*bytes, copies);
+  const int64_t limit = model->limits().max_parameter_bytes;
+  if (!bytes.has_value() || *bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "stage of layers [", first, ", ", last, ") needs ", util::CheckedToString(bytes),
+        " bytes for its parameters (weights, gradients and ", copies - 2,
+        " optimizer state tensors), more than the limit of ", limit,
+        " bytes (ModelLimits::max_parameter_bytes); split the model into more stages"));
+  }
+  // The check above bounds the allocation; this catches a machine with less memory than that.
+  try {
+    s.AllocateParameters(seed);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("stage of layers [", first, ", ", last, "): out of memory allocating ", *bytes,
+                     " bytes of parameters, gradients and optimizer state"));
+  }
+  return s;
+}
+
+void Stage::AllocateParameters(uint64_t seed) {
+  for (int64_t l = first_; l < last_; ++l) {
     std::vector<math::Tensor> params;
-    model->layer(l).Init(seed, l, &params);
+    model_->layer(l).Init(seed, l, &params);
     std::vector<math::Tensor> grads = params;
     std::vector<std::vector<std::vector<float>>> state(params.size());
     for (size_t p = 0; p < params.size(); ++p) {
       std::fill(grads[p].data.begin(), grads[p].data.end(), 0.0f);
-      state[p].assign(s.state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
+      state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
-    s.params_.push_back(std::move(params));
-    s.grads_.push_back(std::move(grads));
-    s.state_.push_back(std::move(state));
+    params_.push_back(std::move(params));
+    grads_.push_back(std::move(grads));
+    state_.push_back(std::move(state));
   }
-  return s;
 }
 
 const math::Matrix& Stage::Forward(math::ConstMatrixMap x, MicrobatchState* mb) const {

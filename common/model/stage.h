@@ -35,7 +35,10 @@ struct MicrobatchState {
 class Stage {
  public:
   // A stage over layers [first, last) of `model` (which must outlive it), with parameters
-  // initialised from `seed` exactly as in any other process. INVALID_ARGUMENT on a bad range.
+  // initialised from `seed` exactly as in any other process. INVALID_ARGUMENT on a bad range;
+  // RESOURCE_EXHAUSTED, before allocating anything, if the range's weights, gradients and
+  // `optimizer`'s state would take more than model->limits().max_parameter_bytes, or if the
+  // allocation fails.
   static absl::StatusOr<Stage> Create(const Model* model, int64_t first, int64_t last,
                                       uint64_t seed, const math::OptimizerConfig& optimizer);
 
@@ -82,6 +85,10 @@ class Stage {
 
  private:
   Stage() = default;
+
+  // Allocates and initialises params_, grads_ and state_ of layers [first_, last_). Throws
+  // std::bad_alloc when out of memory (Create catches it).
+  void AllocateParameters(uint64_t seed);
 
   // F over mb->inputs[0] (already set, inputs sized n + 1).
   const math::Matrix& ForwardFromInput(MicrobatchState* mb) const;

@@ -1,6 +1,7 @@
 #include "common/io/dataset.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -434,6 +435,82 @@ TEST(SyntheticTest, Errors) {
   EXPECT_THAT(d.status().message(), HasSubstr("must be >= 1"));
   d = OpenDataset("synthetic:", SyntheticOptions(3, 2, 0));
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ----- limits ------------------------------------------------------------------------------
+
+TEST(DatasetLimitsTest, SyntheticRowCountIsCapped) {
+  absl::StatusOr<std::unique_ptr<Dataset>> d =
+      OpenDataset("synthetic:9223372036854775807", SyntheticOptions(3, 2, 0));
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status().message(),
+            "synthetic dataset: row count 9223372036854775807: more than the limit of 67108864 "
+            "samples (DatasetOptions::max_samples)");
+  d = OpenDataset("synthetic:99999999999999999999", SyntheticOptions(3, 2, 0));
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(d.status().message(), HasSubstr("99999999999999999999 (beyond 64 bits)"));
+  DatasetOptions o = SyntheticOptions(3, 2, 0);
+  o.max_samples = 100;
+  EXPECT_TRUE(OpenDataset("synthetic:100", o).ok());
+  EXPECT_EQ(OpenDataset("synthetic:101", o).status().code(), absl::StatusCode::kResourceExhausted);
+  o.synthetic_rows = 101;  // the default row count is capped too
+  EXPECT_EQ(OpenDataset("synthetic", o).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(DatasetLimitsTest, FilesMustBeRegular) {
+  for (const char* kind : {"csv:", "text:"}) {
+    DatasetOptions o = Options();
+    o.context = 4;
+    absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset(absl::StrCat(kind, "/dev/zero"), o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << kind;
+    EXPECT_EQ(d.status().message(),
+              "data file: '/dev/zero' is a character device, not a regular file");
+    const std::string dir = TempDir();
+    d = OpenDataset(absl::StrCat(kind, dir), o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << kind;
+    EXPECT_THAT(d.status().message(), HasSubstr("'" + dir + "' is a directory"));
+  }
+}
+
+TEST(DatasetLimitsTest, FileSizeIsCappedBeforeReading) {
+  const std::string path = WriteTemp("big.csv", "");
+  ASSERT_EQ(::truncate(path.c_str(), (int64_t{1} << 30) + 1), 0);  // sparse
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, Options());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("'" + path + "' has 1073741825 bytes, more than the limit of 1073741824"));
+}
+
+TEST(DatasetLimitsTest, CsvRowsAndTextWindowsAreCapped) {
+  DatasetOptions o = Options();
+  o.max_samples = 3;
+  const std::string csv = WriteTemp("rows.csv", "a,label\n1,0\n2,1\n3,0\n4,1\n");
+  EXPECT_TRUE(OpenDataset("csv:" + WriteTemp("three.csv", "1,0\n2,1\n3,0\n"), o).ok());
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + csv, o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status().message(), csv +
+                                      ":5: data row 4: more than the limit of 3 samples "
+                                      "(DatasetOptions::max_samples)");
+  o.context = 2;
+  const std::string text = WriteTemp("t.txt", std::string(30, 'a'));
+  d = OpenDataset("text:" + text, o);  // 27 - 2 = 25 train windows, 3 - 2 = 1 eval window
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr(text + ": text of 30 bytes has 26 windows (one per byte): more than "
+                               "the limit of 3 samples"));
+}
+
+TEST(DatasetLimitsTest, BatchBytesAreCapped) {
+  // 2^20 features: a batch of 256 samples would take 256 x (2^20 + 1) x 4 bytes > 1 GiB.
+  absl::StatusOr<std::unique_ptr<Dataset>> d =
+      OpenDataset("synthetic:500", SyntheticOptions(int64_t{1} << 20, 2, 0));
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<BatchSampler> s = BatchSampler::Create(d->get(), 256, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.status().message(),
+            "a batch of 256 samples of synthetic:500 (1 rows of 1048576 + 1 floats each) takes "
+            "1073742848 bytes, more than the limit of 1073741824 bytes");
+  EXPECT_TRUE(BatchSampler::Create(d->get(), 255, 1).ok());
 }
 
 TEST(OpenDatasetTest, UnknownSpecs) {

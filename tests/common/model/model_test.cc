@@ -1,5 +1,12 @@
 #include "common/model/model.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/test_models.h"
@@ -82,6 +89,137 @@ TEST(ModelTest, RejectsBadSpecsWithReasons) {
                           "loss { mse {} }")
                   .message(),
               HasSubstr("out_features 100000000 must be in [1, 16777216]"));
+}
+
+// ----- Limits: an oversized spec is refused before anything is allocated -------------------
+
+absl::StatusOr<std::unique_ptr<Model>> BuildWith(const std::string& text,
+                                                 const ModelLimits& limits) {
+  auto spec = ParseModelSpecText(text, "spec.textproto");
+  if (!spec.ok()) return spec.status();
+  return Model::Build(*spec, limits);
+}
+
+// Expects RESOURCE_EXHAUSTED with `message` in it.
+void ExpectExhausted(const absl::Status& s, const std::string& message) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr(message));
+}
+
+// The fault campaign's model: a layer of 2^30 weights (and its 2^10 biases).
+constexpr char kGiantLinearSpec[] = R"pb(input_features: 64
+                                         layers { linear { out_features: 1024 } }
+                                         layers { relu {} }
+                                         layers { linear { out_features: 1048576 } }
+                                         loss { mse {} })pb";
+
+TEST(ModelLimitsTest, DefaultBudgetIsAtMost16GiB) {
+  EXPECT_GT(DefaultMemoryBudget(), 0);
+  EXPECT_LE(DefaultMemoryBudget(), int64_t{16} << 30);
+  EXPECT_EQ(ModelLimits().max_parameter_bytes, DefaultMemoryBudget());
+  EXPECT_EQ(ModelLimits().max_activation_bytes, DefaultMemoryBudget());
+}
+
+TEST(ModelLimitsTest, LayerOf2To30WeightsIsRefusedByDefault) {
+  // (2^30 + 2^20) parameters x 16 bytes > 16 GiB >= the default budget on any machine.
+  const absl::Status s = BuildStatus(kGiantLinearSpec);
+  ExpectExhausted(s,
+                  "layer 2 (linear): 1074790400 parameters (largest: weight [1048576, 1024]) "
+                  "need 17196646400 bytes to train");
+  ExpectExhausted(s, "ModelLimits::max_parameter_bytes");
+}
+
+TEST(ModelLimitsTest, LayerParametersAreCheckedWithTheLimitGiven) {
+  ModelLimits limits;
+  limits.max_parameter_bytes = 1000;
+  // kMlpSpec: layer 0 has 6*8+8 = 56 parameters (896 bytes), layer 3 has 8*8+8 = 72 (1152).
+  auto m = BuildWith(testing::kMlpSpec, limits);
+  ExpectExhausted(m.status(),
+                  "layer 3 (linear): 72 parameters (largest: weight [8, 8]) need 1152 bytes to "
+                  "train (16 per parameter: weight, gradient and two AdamW moments), more than "
+                  "the limit of 1000 bytes");
+  limits.max_parameter_bytes = 1152;
+  m = BuildWith(testing::kMlpSpec, limits);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->limits().max_parameter_bytes, 1152);
+}
+
+TEST(ModelLimitsTest, EmbeddingPositionTableCounts) {
+  // A 5 x 2^20 token table, but a 2^20 x 2^20 position table.
+  ExpectExhausted(
+      BuildStatus(R"pb(input_features: 1
+                       layers { embedding { vocab_size: 5 dim: 1048576 context: 1048576 } }
+                       loss { mse {} })pb"),
+      "layer 0 (embedding): 1099516870656 parameters (largest: position.weight "
+      "[1048576, 1048576])");
+}
+
+TEST(ModelLimitsTest, AttentionOfOneSampleIsChecked) {
+  // 16 heads x (2^16)^2 scores x 4 bytes = 256 GiB for one sample.
+  ExpectExhausted(BuildStatus(R"pb(input_features: 16
+                                   layers { transformer_block { heads: 16 context: 65536 } }
+                                   loss { mse {} })pb"),
+                  "layer 0 (transformer_block): the attention scores of one sample (heads 16 x "
+                  "context 65536^2 floats) take 274877906944 bytes");
+  // heads x context^2 x 4 overflows int64: still a clean error.
+  ExpectExhausted(
+      BuildStatus(R"pb(input_features: 16777216
+                       layers { transformer_block { heads: 16777216 context: 16777216 } }
+                       loss { mse {} })pb"),
+      "take more than 2^63 bytes");
+}
+
+TEST(ModelLimitsTest, SampleActivationsAreCountedAndChecked) {
+  auto m = testing::BuildOrDie(testing::kMlpSpec);
+  // Inputs of the six layers (6 + 5 x 8 features) and the output (4), each with its gradient,
+  // plus the layer norm's stash (mean and rstd): 2 x 4 x 50 + 8 bytes.
+  EXPECT_EQ(m->SampleActivationBytes(), 408);
+  ModelLimits limits;
+  limits.max_activation_bytes = 407;
+  ExpectExhausted(BuildWith(testing::kMlpSpec, limits).status(),
+                  "one sample (1 row) needs 408 bytes of activations (largest: layer 2 "
+                  "(layer_norm), 72 bytes), more than the limit of 407 bytes");
+}
+
+TEST(ModelLimitsTest, AbsurdDimsAreInvalid) {
+  for (const char* dim : {"16777217", "2147483648", "9223372036854775807", "-1"}) {
+    const absl::Status s =
+        BuildStatus(absl::StrCat("input_features: 8 layers { linear { out_features: ", dim,
+                                 " } } "
+                                 "loss { mse {} }"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << dim;
+    EXPECT_THAT(s.message(),
+                HasSubstr(absl::StrCat("out_features ", dim, " must be in [1, 16777216]")));
+  }
+}
+
+// ----- Model spec files ----------------------------------------------------------------------
+
+std::string TempDir() {
+  std::string pattern = ::testing::TempDir() + "/pipetrain_model_XXXXXX";
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  return pattern;
+}
+
+TEST(ModelSpecFileTest, OnlyRegularFilesUnderTheSizeLimit) {
+  absl::StatusOr<v1::ModelSpec> spec = LoadModelSpecFile("/dev/zero");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("model spec file: '/dev/zero' is a character device, not a regular file"));
+  const std::string dir = TempDir();
+  spec = LoadModelSpecFile(dir);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("'" + dir + "' is a directory"));
+  // A sparse file one byte over the limit: refused from its size, without reading it.
+  const std::string big = dir + "/big.textproto";
+  FILE* f = std::fopen(big.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  ASSERT_EQ(::truncate(big.c_str(), kMaxModelSpecFileBytes + 1), 0);
+  ExpectExhausted(LoadModelSpecFile(big).status(),
+                  absl::StrCat("'", big, "' has 16777217 bytes, more than the limit of ",
+                               kMaxModelSpecFileBytes, " bytes"));
+  EXPECT_EQ(LoadModelSpecFile(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ModelTest, TextFormatErrorsCarryLineAndColumn) {

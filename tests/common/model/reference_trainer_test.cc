@@ -187,6 +187,40 @@ TEST(ReferenceTrainerErrors, RejectsBadBatchesAndLeavesStateUnchanged) {
   EXPECT_TRUE((*t)->Step(testing::MakeBatch(*model, 9, 0)).ok());
 }
 
+// A micro-batch whose activations exceed the model's max_activation_bytes is refused before any
+// compute (kMlpSpec: 408 bytes per sample); evaluation shrinks its chunks to fit instead.
+TEST(ReferenceTrainerErrors, RefusesMicrobatchesOverTheActivationLimit) {
+  auto spec = ParseModelSpecText(testing::kMlpSpec, "mlp");
+  ASSERT_TRUE(spec.ok());
+  ModelLimits limits;
+  limits.max_activation_bytes = 4 * 408;
+  auto model = Model::Build(*spec, limits);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto t = ReferenceTrainer::Create(model->get(), Options(1));
+  ASSERT_TRUE(t.ok());
+  const auto before = (*t)->ExportState();
+  auto r = (*t)->Step(testing::MakeBatch(**model, 8, 0));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("a micro-batch of 8 samples needs 3264 bytes of activations (408 per "
+                        "sample), more than the limit of 1632 bytes"));
+  EXPECT_EQ((*t)->steps_done(), 0);
+  EXPECT_TRUE(BitwiseEqual(before, (*t)->ExportState()));
+
+  auto split = ReferenceTrainer::Create(model->get(), Options(2));  // micro-batches of 4
+  ASSERT_TRUE(split.ok());
+  EXPECT_TRUE((*split)->Step(testing::MakeBatch(**model, 8, 0)).ok());
+
+  io::DatasetOptions d;
+  d.input_features = 6;
+  d.num_classes = 4;
+  auto data = io::OpenDataset("synthetic:100", d);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto eval = (*split)->Evaluate(**data, 0);  // 20 samples in chunks of 4
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_EQ(eval->samples, 20);
+}
+
 TEST(ReferenceTrainerErrors, RejectsBadOptions) {
   auto model = testing::BuildOrDie(testing::kMlpSpec);
   TrainerOptions o = Options(0);

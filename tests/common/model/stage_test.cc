@@ -3,10 +3,16 @@
 // later phases compute (the executor hands both to the network that way).
 #include "common/model/stage.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "common/math/tensor.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/model/test_models.h"
 
@@ -96,6 +102,69 @@ TEST(StageTest, MovingOverloadsMatchCopyingOnesMlp) {
 TEST(StageTest, MovingOverloadsMatchCopyingOnesGpt) {
   ExpectMovingEqualsCopying(kGptSpec, 0, 2);
   ExpectMovingEqualsCopying(kGptSpec, 1, 4);
+}
+
+// Create checks exactly what it will allocate (weights, gradients and the optimizer's state
+// tensors) against the model's max_parameter_bytes, before allocating.
+TEST(StageTest, CreateRefusesARangeOverTheParameterLimit) {
+  auto spec = ParseModelSpecText(kMlpSpec, "mlp");
+  ASSERT_TRUE(spec.ok());
+  // kMlpSpec's parameters per layer: 56, 0, 16, 72, 0, 36 (180 in all). Each layer fits 2000 bytes
+  // with AdamW (at most 72 x 16 = 1152), the whole model does not (180 x 16 = 2880).
+  ModelLimits limits;
+  limits.max_parameter_bytes = 2000;
+  auto model = Model::Build(*spec, limits);
+  ASSERT_TRUE(model.ok()) << model.status();
+  math::OptimizerConfig adamw;
+  auto stage = Stage::Create(model->get(), 0, 6, 1, adamw);
+  EXPECT_EQ(stage.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(stage.status().message()),
+              ::testing::HasSubstr("stage of layers [0, 6) needs 2880 bytes for its parameters "
+                                   "(weights, gradients and 2 optimizer state tensors), more "
+                                   "than the limit of 2000 bytes"));
+  // Split in two, each half fits.
+  EXPECT_TRUE(Stage::Create(model->get(), 0, 3, 1, adamw).ok());
+  EXPECT_TRUE(Stage::Create(model->get(), 3, 6, 1, adamw).ok());
+  // Plain SGD keeps no state: 180 x 8 = 1440 bytes fit.
+  math::OptimizerConfig sgd;
+  sgd.kind = math::OptimizerKind::kSgd;
+  EXPECT_TRUE(Stage::Create(model->get(), 0, 6, 1, sgd).ok());
+}
+
+// In a child process: limits the address space to what is in use now plus 64 MiB, creates a stage
+// over `model`'s layer 0 (whose 128 MiB weight cannot then be allocated), prints the status and
+// exits 0 if it is RESOURCE_EXHAUSTED.
+[[noreturn]] void CreateStageUnderAddressSpaceLimit(const Model* model) {
+  long pages = 0;
+  FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (statm == nullptr || std::fscanf(statm, "%ld", &pages) != 1) std::_Exit(2);
+  std::fclose(statm);
+  struct rlimit rl;
+  rl.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                (rlim_t{64} << 20);
+  rl.rlim_max = rl.rlim_cur;
+  if (::setrlimit(RLIMIT_AS, &rl) != 0) std::_Exit(3);
+  auto stage = Stage::Create(model, 0, 1, 1, math::OptimizerConfig());
+  std::fprintf(stderr, "%s\n", stage.status().ToString().c_str());
+  std::_Exit(stage.status().code() == absl::StatusCode::kResourceExhausted ? 0 : 1);
+}
+
+// The last line of defence: an allocation that fails although the limit allowed it (the machine,
+// here RLIMIT_AS, has less memory) is RESOURCE_EXHAUSTED, not an abort. Runs in a child process
+// so that the address-space limit does not outlive the test.
+TEST(StageDeathTest, AllocationFailureIsAnError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto spec = ParseModelSpecText(R"pb(input_features: 4096
+                                      layers { linear { out_features: 8192 no_bias: true } }
+                                      loss { mse {} })pb",
+                                 "big");
+  ASSERT_TRUE(spec.ok());
+  ModelLimits limits;
+  limits.max_parameter_bytes = int64_t{1} << 40;  // let the allocation be tried
+  auto model = Model::Build(*spec, limits);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EXIT(CreateStageUnderAddressSpaceLimit(model->get()), ::testing::ExitedWithCode(0),
+              "out of memory allocating 536870912 bytes");
 }
 
 }  // namespace
