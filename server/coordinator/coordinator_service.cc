@@ -291,6 +291,46 @@ grpc::ServerWriteReactor<v1::StateChunk>* CoordinatorService::FetchState(
   return new StateReactor(std::move(files), status);
 }
 
+grpc::ServerReadReactor<v1::PutStateRequest>* CoordinatorService::PutState(
+    grpc::CallbackServerContext* /*context*/, v1::PutStateResponse* response) {
+  return new UploadReactor(this, response);
+}
+
+absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>>
+CoordinatorService::AcceptUpload(const v1::PutStateRequest& first) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(first.job());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", first.job(), "'"));
+  }
+  const Job& job = *it->second;
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (first.epoch() != job.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", first.epoch()));
+  }
+  auto w = std::find(job.workers.begin(), job.workers.end(), first.worker());
+  auto conn = workers_.find(first.worker());
+  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", first.worker(), "' holds no rank of job '", job.id, "'"));
+  }
+  if (job.checkpoint_staging.empty() || first.step() != job.op_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "' has no checkpoint of step ", first.step(), " in progress"));
+  }
+  const int rank = static_cast<int>(w - job.workers.begin());
+  std::map<std::string, model::CheckpointShard> files;
+  for (const v1::ChunkSpec& c : job.chunks) {
+    if (c.worker() != rank) continue;
+    for (model::CheckpointShard& s :
+         model::LayerShards(*job.model, c.first_layer(), c.last_layer())) {
+      files.emplace(s.file, s);
+    }
+  }
+  return std::make_pair(job.checkpoint_staging, std::move(files));
+}
+
 absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& request,
                                                std::vector<StateFile>* files) {
   auto it = jobs_.find(request.job());

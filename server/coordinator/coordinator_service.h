@@ -120,6 +120,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                      v1::ListJobsResponse* response) override;
   grpc::ServerWriteReactor<v1::StateChunk>* FetchState(
       grpc::CallbackServerContext* context, const v1::FetchStateRequest* request) override;
+  grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
+                                                         v1::PutStateResponse* response) override;
+
+  // Where the first message of a PutState stream may store its files: the staging directory of
+  // the checkpoint in progress and the files of the caller's layers (name -> layer range), or
+  // FAILED_PRECONDITION / PERMISSION_DENIED / NOT_FOUND / ABORTED. Thread-safe.
+  absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>>
+  AcceptUpload(const v1::PutStateRequest& first) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
@@ -156,6 +164,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     // The checkpoint the job started from (JobSpec.resume_from), verified at creation.
     std::string resume_dir;
     std::optional<model::CheckpointManifest> resume;
+    // The staging directory of the checkpoint in progress (PutState writes there); empty when
+    // none is.
+    std::string checkpoint_staging;
     absl::Time created;
     absl::Time ended = absl::InfinitePast();  // set when it enters a terminal state.
     const void* train_owner = nullptr;        // the TrainReactor holding the job, if any.

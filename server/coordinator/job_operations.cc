@@ -541,7 +541,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     save->set_job(job->id);
     save->set_epoch(job->epoch);
     save->set_step(step);
-    save->set_directory(staging);
+    job->checkpoint_staging = staging;
     for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
     const absl::Status waited = AwaitOp(
         *job,
@@ -553,6 +553,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
         },
         options_.step_timeout, "every worker's ShardsSaved");
     job->op_step = -1;
+    job->checkpoint_staging.clear();  // no more uploads are accepted into it.
     if (!waited.ok()) {
       model::DiscardCheckpointStaging(staging).IgnoreError();
       return waited;
@@ -567,7 +568,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   manifest.microbatches = spec.microbatches();
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
-  // The workers share this file system: the digests are those of the files they wrote.
+  // Every worker uploaded its files (PutState) and answered ShardsSaved: digest what is there
+  // (a missing file is NOT_FOUND), then publish after verifying the whole checkpoint.
   absl::StatusOr<std::vector<model::CheckpointShard>> shards =
       model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
   if (!shards.ok()) {

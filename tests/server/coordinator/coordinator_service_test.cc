@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
+#include "server/worker/state_transfer.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -216,18 +217,25 @@ class FakeWorker {
     }
     PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
     PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
+    worker::StateUpload upload;
+    upload.job = save.job();
+    upload.epoch = save.epoch();
+    upload.step = save.step();
+    upload.worker = name_;
+    std::map<std::string, math::Tensor> tensors;
     for (const v1::ChunkSpec& c : a.chunks()) {
       if (c.worker() != a.rank()) continue;
       PT_ASSIGN_OR_RETURN(
           model::Stage stage,
           model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
-      PT_RETURN_IF_ERROR(
-          model::WriteCheckpointShards(save.directory(),
-                                       model::LayerShards(*net, c.first_layer(), c.last_layer()),
-                                       stage.ExportState(), save.step())
-              .status());
+      tensors.merge(stage.ExportState());
+      for (const model::CheckpointShard& s :
+           model::LayerShards(*net, c.first_layer(), c.last_layer())) {
+        upload.shards.push_back(s);
+      }
     }
-    return absl::OkStatus();
+    grpc::ClientContext context;
+    return worker::PutState(stub_.get(), &context, upload, tensors).status();
   }
 
   void ReadLoop() {
@@ -629,6 +637,31 @@ TEST_F(CoordinatorServiceTest, CheckpointWaitsForShardsThenWritesTheManifest) {
 
 TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {
   EXPECT_EQ(client_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorServiceTest, PutStateTakesFilesOnlyFromTheJobsWorkersForACheckpointInProgress) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto upload = [&](const std::string& job_id, int64_t epoch, const std::string& worker) {
+    worker::StateUpload u;
+    u.job = job_id;
+    u.epoch = epoch;
+    u.step = 0;
+    u.worker = worker;
+    grpc::ClientContext context;
+    return worker::PutState(stub.get(), &context, u, {}).status();
+  };
+  EXPECT_EQ(upload("no-such-job", 1, "w0").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(upload(job->job(), 0, "w0").code(), absl::StatusCode::kAborted);
+  const absl::Status stranger = upload(job->job(), 1, "w9");
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(stranger.message(), HasSubstr("'w9' holds no rank"));
+  const absl::Status idle = upload(job->job(), 1, "w0");
+  EXPECT_EQ(idle.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(idle.message(), HasSubstr("no checkpoint of step 0 in progress"));
 }
 
 // ------------------------------------------------------------------ job life cycle
