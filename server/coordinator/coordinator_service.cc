@@ -31,6 +31,15 @@ absl::Status CoordinatorOptions::Check() const {
   if (assign_timeout <= absl::ZeroDuration() || step_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("assign_timeout and step_timeout must be > 0");
   }
+  if (step_deadline_floor <= absl::ZeroDuration() || !(step_deadline_factor >= 1) ||
+      !std::isfinite(step_deadline_factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step deadline needs a floor > 0 and a factor >= 1, got ",
+                     absl::FormatDuration(step_deadline_floor), " and ", step_deadline_factor));
+  }
+  if (wait_report_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("wait_report_interval must be > 0");
+  }
   if (client_lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_lease must be > 0, got ", absl::FormatDuration(client_lease)));
@@ -656,19 +665,39 @@ absl::Status CoordinatorService::FailStep(Job& job, int64_t step, const absl::St
 }
 
 absl::Status CoordinatorService::AwaitOp(Job& job, const std::function<bool()>& done,
-                                         absl::Duration timeout, const std::string& what) {
-  const absl::Time deadline = absl::Now() + timeout;
+                                         absl::Duration timeout, const std::string& what,
+                                         const std::function<void(absl::Duration)>& on_wait) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  absl::Time next_report = start + options_.wait_report_interval;
   for (;;) {
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
     if (IsTerminal(job.state)) return InterruptedError(job);
     if (!job.op_error.ok()) return job.op_error;
     if (done()) return absl::OkStatus();
-    if (event_cv_.WaitWithDeadline(&mu_, deadline) && !done()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("job '", job.id, "': timed out after ",
                                                       absl::FormatDuration(timeout),
                                                       " waiting for ", what));
     }
+    if (on_wait != nullptr && now >= next_report) {
+      on_wait(now - start);
+      next_report = now + options_.wait_report_interval;
+    }
+    event_cv_.WaitWithDeadline(&mu_,
+                               on_wait != nullptr ? std::min(deadline, next_report) : deadline);
   }
+}
+
+void CoordinatorService::Log(const std::string& message) const {
+  if (options_.log != nullptr) {
+    options_.log(message);
+    return;
+  }
+  absl::FPrintF(stderr, "%s coordinator %s\n",
+                absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+                message);
 }
 
 }  // namespace pipetrain::coordinator

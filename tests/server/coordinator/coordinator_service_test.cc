@@ -837,5 +837,57 @@ TEST_F(CoordinatorRetentionTest, EndedJobsArePrunedAfterTheRetentionPeriod) {
   EXPECT_EQ(client_->GetJob(job->job()).status().code(), absl::StatusCode::kNotFound);
 }
 
+class CoordinatorDeadlineTest : public CoordinatorServiceTest {
+ protected:
+  CoordinatorOptions Options() const override {
+    CoordinatorOptions options;
+    // The test model's step is predicted in microseconds: the floor decides.
+    options.step_deadline_floor = absl::Milliseconds(400);
+    options.wait_report_interval = absl::Milliseconds(100);
+    options.log = [this](const std::string& line) {
+      absl::MutexLock lock(&log_mu_);
+      log_.push_back(line);
+    };
+    return options;
+  }
+
+  std::vector<std::string> Log() {
+    absl::MutexLock lock(&log_mu_);
+    return log_;
+  }
+
+  mutable absl::Mutex log_mu_;
+  mutable std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
+};
+
+TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->HoldStepUntilAbort(0);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("StepDone of step 0 from worker 'w1' (rank 1)"));
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_LT(took, absl::Seconds(20));
+  bool reported = false;
+  for (const std::string& line : Log()) {
+    reported = reported ||
+               (line.find("step 0: waiting for worker 'w1' (rank 1) for") != std::string::npos &&
+                line.find("worker 'w0'") == std::string::npos);
+  }
+  EXPECT_TRUE(reported) << "no progress line names the missing rank";
+  // The step was aborted everywhere; the job is usable again and the worker's late answer to
+  // the aborted attempt does not disturb the retry.
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
+  r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+}
+
 }  // namespace
 }  // namespace pipetrain::coordinator
