@@ -400,9 +400,28 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
           absl::StrCat("RegisterWorker '", r.name(), "': negative cores or memory"));
     }
     if (shutting_down_) return absl::UnavailableError("coordinator shutting down");
-    if (workers_.count(r.name()) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("a live worker named '", r.name(), "' is already registered"));
+    if (auto old = workers_.find(r.name()); old != workers_.end()) {
+      if (r.incarnation() <= old->second.info.incarnation()) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("a live worker named '", r.name(), "' is already registered (incarnation ",
+                         old->second.info.incarnation(), "; this one is ", r.incarnation(), ")"));
+      }
+      // A restart of a worker whose old stream has not broken yet (hung, or its host gone
+      // without a reset): the newer incarnation takes over.
+      const std::string why =
+          absl::StrCat("worker '", r.name(), "' was replaced by a newer incarnation (restarted)");
+      Log(why);
+      if (!old->second.job.empty()) {
+        auto jit = jobs_.find(old->second.job);
+        if (jit != jobs_.end() && !IsTerminal(jit->second->state)) {
+          FailJob(*jit->second,
+                  absl::StrCat(WorkerLabel(r.name(), old->second.rank), " was lost: ", why));
+        }
+      }
+      if (old->second.reactor != nullptr) {
+        old->second.reactor->Close(grpc::Status(grpc::StatusCode::CANCELLED, why));
+      }
+      workers_.erase(old);
     }
     WorkerConn& conn = workers_[r.name()];
     conn.info = r;

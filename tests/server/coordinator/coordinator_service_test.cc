@@ -80,7 +80,8 @@ TestBatch MakeBatch(int64_t samples, int64_t features = 4) {
 // serves StageWorker.Exchange to receive the coordinator's inputs and targets.
 class FakeWorker {
  public:
-  FakeWorker(const std::string& coordinator, std::string name) : name_(std::move(name)) {
+  FakeWorker(const std::string& coordinator, std::string name, uint64_t incarnation = 0)
+      : name_(std::move(name)) {
     auto service = link::ExchangeService::Create(
         link::LinkOptions(),
         [this](const link::PeerHello& hello,
@@ -116,6 +117,7 @@ class FakeWorker {
     reg.mutable_register_()->set_address(address_);
     reg.mutable_register_()->set_cores(1);
     reg.mutable_register_()->set_gflops(1.0);
+    reg.mutable_register_()->set_incarnation(incarnation);
     stream_->Write(reg);
     reader_ = std::thread([this] { ReadLoop(); });
   }
@@ -455,6 +457,28 @@ TEST_F(CoordinatorServiceTest, DuplicateWorkerNameIsRefused) {
   absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
   ASSERT_TRUE(workers.ok());
   EXPECT_EQ(workers->size(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, NewerIncarnationReplacesAHungWorkerOfTheSameName) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // w1 restarts while its old process is still connected (say, hung): the restart wins.
+  FakeWorker restarted(address_, "w1", /*incarnation=*/2);
+  ASSERT_TRUE(restarted.WaitRegistered(*client_).ok());
+  const absl::Status old_end = workers_[1]->WaitEnded();
+  EXPECT_EQ(old_end.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(old_end.message(), HasSubstr("replaced by a newer incarnation"));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("worker 'w1' (rank 1) was lost"));
+  // An older incarnation (a zombie reconnecting) is refused.
+  FakeWorker zombie(address_, "w1", /*incarnation=*/1);
+  EXPECT_EQ(zombie.WaitEnded().code(), absl::StatusCode::kAlreadyExists);
+  // The restarted worker serves the next job.
+  absl::StatusOr<v1::JobStatus> next = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(next.ok()) << next.status();
 }
 
 TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
