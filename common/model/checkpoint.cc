@@ -345,35 +345,41 @@ absl::StatusOr<std::string> BeginCheckpointStaging(const std::string& dir) {
   return io::CreateStagingDirectory(dir);
 }
 
+absl::StatusOr<std::string> SerializeCheckpointShard(
+    CheckpointShard* shard, const std::map<std::string, math::Tensor>& tensors, int64_t step) {
+  PT_RETURN_IF_ERROR(CheckPlainFileName(shard->file));
+  // Every tensor whose global layer index is in [first_layer, last_layer).
+  std::map<std::string, math::Tensor> part;
+  for (int64_t l = shard->first_layer; l < shard->last_layer; ++l) {
+    for (const std::string& prefix :
+         {absl::StrCat("layers.", l, "."), absl::StrCat("optim.", l, ".")}) {
+      for (auto it = tensors.lower_bound(prefix);
+           it != tensors.end() && absl::StartsWith(it->first, prefix); ++it) {
+        part.insert(*it);
+      }
+    }
+  }
+  if (part.empty()) {
+    return absl::NotFoundError(absl::StrCat("no tensors for shard ", shard->file, " (layers ",
+                                            shard->first_layer, "..", shard->last_layer - 1, ")"));
+  }
+  PT_ASSIGN_OR_RETURN(
+      std::string bytes,
+      io::SerializeSafetensors(part, {{"format", kShardFormat}, {"step", absl::StrCat(step)}}));
+  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+  shard->sha256 = std::move(digest.sha256);
+  shard->bytes = digest.bytes;
+  return bytes;
+}
+
 absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
     const std::string& dir, const std::vector<CheckpointShard>& shards,
     const std::map<std::string, math::Tensor>& tensors, int64_t step) {
   PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
   std::vector<CheckpointShard> out = shards;
   for (CheckpointShard& s : out) {
-    PT_RETURN_IF_ERROR(CheckPlainFileName(s.file));
-    // Every tensor whose global layer index is in [first_layer, last_layer).
-    std::map<std::string, math::Tensor> part;
-    for (int64_t l = s.first_layer; l < s.last_layer; ++l) {
-      for (const std::string& prefix :
-           {absl::StrCat("layers.", l, "."), absl::StrCat("optim.", l, ".")}) {
-        for (auto it = tensors.lower_bound(prefix);
-             it != tensors.end() && absl::StartsWith(it->first, prefix); ++it) {
-          part.insert(*it);
-        }
-      }
-    }
-    if (part.empty()) {
-      return absl::NotFoundError(absl::StrCat("no tensors for shard ", s.file, " (layers ",
-                                              s.first_layer, "..", s.last_layer - 1, ")"));
-    }
-    PT_ASSIGN_OR_RETURN(
-        std::string bytes,
-        io::SerializeSafetensors(part, {{"format", kShardFormat}, {"step", absl::StrCat(step)}}));
-    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+    PT_ASSIGN_OR_RETURN(std::string bytes, SerializeCheckpointShard(&s, tensors, step));
     PT_RETURN_IF_ERROR(io::WriteFileAtomically(io::JoinPath(dir, s.file), bytes));
-    s.sha256 = std::move(digest.sha256);
-    s.bytes = digest.bytes;
   }
   return out;
 }

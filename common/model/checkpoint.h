@@ -109,6 +109,13 @@ absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
     const std::string& dir, const std::vector<CheckpointShard>& shards,
     const std::map<std::string, math::Tensor>& tensors, int64_t step);
 
+// The bytes of the layer file `*shard` names (the tensors of its layers taken from `tensors`,
+// with `step` in the metadata), exactly as WriteCheckpointShards writes it; fills shard->sha256
+// and shard->bytes. NOT_FOUND if `tensors` has none of its layers; INVALID_ARGUMENT for a file
+// name that is not a plain name.
+absl::StatusOr<std::string> SerializeCheckpointShard(
+    CheckpointShard* shard, const std::map<std::string, math::Tensor>& tensors, int64_t step);
+
 // Returns `shards` with sha256 and bytes computed from the files of that name in `dir`, for a
 // manifest writer that shares a file system with the shard writers but did not receive their
 // digests. NOT_FOUND naming a missing file.

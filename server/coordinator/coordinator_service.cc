@@ -31,6 +31,15 @@ absl::Status CoordinatorOptions::Check() const {
   if (assign_timeout <= absl::ZeroDuration() || step_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("assign_timeout and step_timeout must be > 0");
   }
+  if (step_deadline_floor <= absl::ZeroDuration() || !(step_deadline_factor >= 1) ||
+      !std::isfinite(step_deadline_factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step deadline needs a floor > 0 and a factor >= 1, got ",
+                     absl::FormatDuration(step_deadline_floor), " and ", step_deadline_factor));
+  }
+  if (wait_report_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("wait_report_interval must be > 0");
+  }
   if (client_lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_lease must be > 0, got ", absl::FormatDuration(client_lease)));
@@ -291,6 +300,46 @@ grpc::ServerWriteReactor<v1::StateChunk>* CoordinatorService::FetchState(
   return new StateReactor(std::move(files), status);
 }
 
+grpc::ServerReadReactor<v1::PutStateRequest>* CoordinatorService::PutState(
+    grpc::CallbackServerContext* /*context*/, v1::PutStateResponse* response) {
+  return new UploadReactor(this, response);
+}
+
+absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>>
+CoordinatorService::AcceptUpload(const v1::PutStateRequest& first) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(first.job());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", first.job(), "'"));
+  }
+  const Job& job = *it->second;
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (first.epoch() != job.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", first.epoch()));
+  }
+  auto w = std::find(job.workers.begin(), job.workers.end(), first.worker());
+  auto conn = workers_.find(first.worker());
+  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", first.worker(), "' holds no rank of job '", job.id, "'"));
+  }
+  if (job.checkpoint_staging.empty() || first.step() != job.op_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "' has no checkpoint of step ", first.step(), " in progress"));
+  }
+  const int rank = static_cast<int>(w - job.workers.begin());
+  std::map<std::string, model::CheckpointShard> files;
+  for (const v1::ChunkSpec& c : job.chunks) {
+    if (c.worker() != rank) continue;
+    for (model::CheckpointShard& s :
+         model::LayerShards(*job.model, c.first_layer(), c.last_layer())) {
+      files.emplace(s.file, s);
+    }
+  }
+  return std::make_pair(job.checkpoint_staging, std::move(files));
+}
+
 absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& request,
                                                std::vector<StateFile>* files) {
   auto it = jobs_.find(request.job());
@@ -351,9 +400,28 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
           absl::StrCat("RegisterWorker '", r.name(), "': negative cores or memory"));
     }
     if (shutting_down_) return absl::UnavailableError("coordinator shutting down");
-    if (workers_.count(r.name()) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("a live worker named '", r.name(), "' is already registered"));
+    if (auto old = workers_.find(r.name()); old != workers_.end()) {
+      if (r.incarnation() <= old->second.info.incarnation()) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("a live worker named '", r.name(), "' is already registered (incarnation ",
+                         old->second.info.incarnation(), "; this one is ", r.incarnation(), ")"));
+      }
+      // A restart of a worker whose old stream has not broken yet (hung, or its host gone
+      // without a reset): the newer incarnation takes over.
+      const std::string why =
+          absl::StrCat("worker '", r.name(), "' was replaced by a newer incarnation (restarted)");
+      Log(why);
+      if (!old->second.job.empty()) {
+        auto jit = jobs_.find(old->second.job);
+        if (jit != jobs_.end() && !IsTerminal(jit->second->state)) {
+          FailJob(*jit->second,
+                  absl::StrCat(WorkerLabel(r.name(), old->second.rank), " was lost: ", why));
+        }
+      }
+      if (old->second.reactor != nullptr) {
+        old->second.reactor->Close(grpc::Status(grpc::StatusCode::CANCELLED, why));
+      }
+      workers_.erase(old);
     }
     WorkerConn& conn = workers_[r.name()];
     conn.info = r;
@@ -616,19 +684,39 @@ absl::Status CoordinatorService::FailStep(Job& job, int64_t step, const absl::St
 }
 
 absl::Status CoordinatorService::AwaitOp(Job& job, const std::function<bool()>& done,
-                                         absl::Duration timeout, const std::string& what) {
-  const absl::Time deadline = absl::Now() + timeout;
+                                         absl::Duration timeout, const std::string& what,
+                                         const std::function<void(absl::Duration)>& on_wait) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  absl::Time next_report = start + options_.wait_report_interval;
   for (;;) {
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
     if (IsTerminal(job.state)) return InterruptedError(job);
     if (!job.op_error.ok()) return job.op_error;
     if (done()) return absl::OkStatus();
-    if (event_cv_.WaitWithDeadline(&mu_, deadline) && !done()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("job '", job.id, "': timed out after ",
                                                       absl::FormatDuration(timeout),
                                                       " waiting for ", what));
     }
+    if (on_wait != nullptr && now >= next_report) {
+      on_wait(now - start);
+      next_report = now + options_.wait_report_interval;
+    }
+    event_cv_.WaitWithDeadline(&mu_,
+                               on_wait != nullptr ? std::min(deadline, next_report) : deadline);
   }
+}
+
+void CoordinatorService::Log(const std::string& message) const {
+  if (options_.log != nullptr) {
+    options_.log(message);
+    return;
+  }
+  absl::FPrintF(stderr, "%s coordinator %s\n",
+                absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+                message);
 }
 
 }  // namespace pipetrain::coordinator

@@ -58,9 +58,21 @@ struct CoordinatorOptions {
   link::LinkOptions link;
   // Longest wait for every worker's Assigned after Assign. Default 2 minutes.
   absl::Duration assign_timeout = absl::Minutes(2);
-  // Longest wait for a step's StepDone (or Committed, ShardsSaved) from every worker. A lost
+  // Longest wait for every worker's Committed or ShardsSaved (a checkpoint's upload). A lost
   // worker is detected sooner by its broken Join stream. Default 30 minutes.
   absl::Duration step_timeout = absl::Minutes(30);
+  // Longest wait for a step's StepDone from every worker: max(step_deadline_floor,
+  // step_deadline_factor x the plan's simulated step time), the simulation charging every action
+  // its chunk's FLOPs for the step's micro-batch size at the owner's measured GFLOP/s. A worker
+  // that misses it (stopped, stuck) fails the step with DEADLINE_EXCEEDED naming it. Defaults:
+  // 60 s, 50.
+  absl::Duration step_deadline_floor = absl::Seconds(60);
+  double step_deadline_factor = 50;
+  // While a step waits longer than this for some ranks, a line "waiting for rank R (worker W)
+  // for T s" is logged, again every interval. Default 10 s.
+  absl::Duration wait_report_interval = absl::Seconds(10);
+  // Where log lines go ("<time> coordinator <message>"); null: stderr.
+  std::function<void(const std::string&)> log;
   // A job with no Train stream and no client call naming it for this long is cancelled
   // ("client gone"). Default 5 minutes.
   absl::Duration client_lease = absl::Minutes(5);
@@ -120,6 +132,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                      v1::ListJobsResponse* response) override;
   grpc::ServerWriteReactor<v1::StateChunk>* FetchState(
       grpc::CallbackServerContext* context, const v1::FetchStateRequest* request) override;
+  grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
+                                                         v1::PutStateResponse* response) override;
+
+  // Where the first message of a PutState stream may store its files: the staging directory of
+  // the checkpoint in progress and the files of the caller's layers (name -> layer range), or
+  // FAILED_PRECONDITION / PERMISSION_DENIED / NOT_FOUND / ABORTED. Thread-safe.
+  absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>>
+  AcceptUpload(const v1::PutStateRequest& first) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
@@ -156,6 +176,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     // The checkpoint the job started from (JobSpec.resume_from), verified at creation.
     std::string resume_dir;
     std::optional<model::CheckpointManifest> resume;
+    // The staging directory of the checkpoint in progress (PutState writes there); empty when
+    // none is.
+    std::string checkpoint_staging;
     absl::Time created;
     absl::Time ended = absl::InfinitePast();  // set when it enters a terminal state.
     const void* train_owner = nullptr;        // the TrainReactor holding the job, if any.
@@ -255,8 +278,17 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   static absl::Status InterruptedError(const Job& job);
   // Waits until `done` holds, the job ends, the operation has an error, the service shuts down or
   // `timeout` passes; returns the reason it stopped waiting (OK: `done`).
+  // `on_wait`, if given, is called (with mu_ held) every options_.wait_report_interval while it
+  // waits, with the time waited so far.
   absl::Status AwaitOp(Job& job, const std::function<bool()>& done, absl::Duration timeout,
-                       const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       const std::string& what,
+                       const std::function<void(absl::Duration)>& on_wait = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // StepDone's deadline for micro-batches of `mb_rows` rows (see CoordinatorOptions).
+  absl::Duration StepDeadline(const Job& job, int64_t mb_rows) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes one log line (thread-safe; never under a lock that a log sink could need).
+  void Log(const std::string& message) const;
   // Cancels jobs whose lease expired and prunes ended jobs (retention); returns the OpThreads of
   // pruned jobs, to be destroyed (joined) outside mu_.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
@@ -385,6 +386,16 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   if (!feed.ok()) {
     return fail_step(wire::Annotate(feed, absl::StrCat("feeding step ", step)));
   }
+  // Ranks that have not answered, for the progress lines and the deadline's message.
+  auto missing = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
+    std::vector<std::string> who;
+    for (int rank = 0; rank < S; ++rank) {
+      if (!job->reports[rank].has_value()) who.push_back(WorkerLabel(job->workers[rank], rank));
+    }
+    return absl::StrJoin(who, ", ");
+  };
+  const absl::Duration deadline = StepDeadline(*job, mb_rows);
+  const std::string job_id = job->id;
   absl::Status waited = AwaitOp(
       *job,
       [job] {
@@ -393,7 +404,19 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
         }
         return true;
       },
-      options_.step_timeout, absl::StrCat("StepDone of step ", step));
+      deadline, absl::StrCat("StepDone of step ", step),
+      [&](absl::Duration waited_so_far) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        Log(absl::StrCat("job ", job_id, " step ", step, ": waiting for ", missing(), " for ",
+                         absl::ToInt64Seconds(waited_so_far), " s (deadline ",
+                         absl::FormatDuration(deadline), ")"));
+      });
+  if (absl::IsDeadlineExceeded(waited)) {
+    waited = absl::DeadlineExceededError(
+        absl::StrCat(waited.message(), " from ", missing(),
+                     " (stopped or stuck; the deadline is max(--step-deadline-floor, "
+                     "--step-deadline-factor x the plan's predicted step time))"));
+    Log(std::string(waited.message()));
+  }
   if (!waited.ok()) return fail_step(waited);
 
   // Loss: the last chunk owner's micro-batch losses summed in increasing order, as float.
@@ -541,7 +564,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     save->set_job(job->id);
     save->set_epoch(job->epoch);
     save->set_step(step);
-    save->set_directory(staging);
+    job->checkpoint_staging = staging;
     for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
     const absl::Status waited = AwaitOp(
         *job,
@@ -553,6 +576,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
         },
         options_.step_timeout, "every worker's ShardsSaved");
     job->op_step = -1;
+    job->checkpoint_staging.clear();  // no more uploads are accepted into it.
     if (!waited.ok()) {
       model::DiscardCheckpointStaging(staging).IgnoreError();
       return waited;
@@ -567,7 +591,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   manifest.microbatches = spec.microbatches();
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
-  // The workers share this file system: the digests are those of the files they wrote.
+  // Every worker uploaded its files (PutState) and answered ShardsSaved: digest what is there
+  // (a missing file is NOT_FOUND), then publish after verifying the whole checkpoint.
   absl::StatusOr<std::vector<model::CheckpointShard>> shards =
       model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
   if (!shards.ok()) {
@@ -580,6 +605,38 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   response.set_step(step);
   response.set_directory(request.directory());
   return response;
+}
+
+absl::Duration CoordinatorService::StepDeadline(const Job& job, int64_t mb_rows) const {
+  // Chunk FLOPs for micro-batches of mb_rows rows, worker speeds in FLOP/s: the simulated step
+  // in seconds.
+  const int C = job.plan.num_chunks();
+  std::vector<schedule::OpCosts> flops(C, schedule::OpCosts{0, 0, 0, 0});
+  for (const v1::ChunkSpec& c : job.chunks) {
+    if (c.chunk() < 0 || c.chunk() >= C) continue;
+    for (int64_t l = c.first_layer(); l < c.last_layer(); ++l) {
+      const math::FlopCount f = job.model->layer(l).Flops(std::max<int64_t>(mb_rows, 1));
+      schedule::OpCosts& o = flops[c.chunk()];
+      o.f += f.forward;
+      o.i += f.backward_input;
+      o.w += f.backward_weight;
+      o.b += f.backward_input + f.backward_weight;
+    }
+  }
+  std::vector<double> speeds;
+  for (const std::string& name : job.workers) {
+    auto it = workers_.find(name);
+    speeds.push_back(it == workers_.end() ? 1e9 : it->second.info.gflops() * 1e9);
+  }
+  double predicted_s = 0;
+  absl::StatusOr<schedule::CostModel> costs =
+      schedule::CostModelFromFlops(job.plan.placement, flops, speeds);
+  if (costs.ok()) {
+    absl::StatusOr<schedule::SimulationResult> sim = schedule::Simulate(job.plan, *costs);
+    if (sim.ok()) predicted_s = sim->stats.makespan;
+  }
+  return std::max(options_.step_deadline_floor,
+                  absl::Seconds(predicted_s * options_.step_deadline_factor));
 }
 
 absl::StatusOr<math::Matrix> DenseTensorToMatrix(const v1::DenseTensor& tensor,

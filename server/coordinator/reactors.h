@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/io/digest.h"
+#include "common/io/dir_util.h"
+#include "common/io/file_util.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/coordinator/coordinator_service.h"
@@ -254,6 +258,154 @@ class StateReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
   int fd_ = -1;
   int64_t offset_ = 0;
   v1::StateChunk chunk_;
+};
+
+// A worker's PutState: stores its uploaded checkpoint files in the staging directory of the
+// checkpoint in progress. One read in flight; each chunk is written with pwrite to "FILE.part" on
+// the coordinator's local disk; a complete file is fsynced, checked against the size and SHA-256
+// announced with it, renamed to its name and the directory fsynced. Only the files of the
+// caller's layers are accepted, each once. Deletes itself in OnDone (removing a partial file).
+class UploadReactor final : public grpc::ServerReadReactor<v1::PutStateRequest> {
+ public:
+  static constexpr int64_t kMaxFileBytes = int64_t{1} << 40;
+
+  UploadReactor(CoordinatorService* service, v1::PutStateResponse* response)
+      : service_(service), response_(response) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker's WritesDone (or a broken stream: then nobody reads the status).
+      if (fd_ >= 0) {
+        Fail(absl::DataLossError(absl::StrCat(current_.file, ": the upload ended after ", offset_,
+                                              " of ", current_.bytes, " bytes")));
+        return;
+      }
+      response_->set_files(files_);
+      response_->set_bytes(bytes_);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (absl::Status s = Handle(); !s.ok()) {
+      Fail(s);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    Cleanup();
+    delete this;
+  }
+
+ private:
+  absl::Status Handle() {
+    if (!accepted_) {
+      absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>> target =
+          service_->AcceptUpload(request_);
+      if (!target.ok()) return target.status();
+      staging_ = std::move(target->first);
+      expected_ = std::move(target->second);
+      accepted_ = true;
+    }
+    if (!request_.has_chunk()) return absl::OkStatus();  // the identity message.
+    const v1::StateChunk& c = request_.chunk();
+    if (fd_ < 0) {
+      auto it = expected_.find(c.file());
+      if (it == expected_.end()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "checkpoint file '", c.file(), "' is not one of this worker's layers (or came twice)"));
+      }
+      if (c.offset() != 0 || c.first_layer() != it->second.first_layer ||
+          c.last_layer() != it->second.last_layer || c.bytes() < 0 || c.bytes() > kMaxFileBytes ||
+          !io::IsSha256Hex(c.sha256())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(c.file(), ": the first chunk must carry offset 0, the layers [",
+                         it->second.first_layer, ", ", it->second.last_layer,
+                         "), a size in [0, 2^40] and a "
+                         "SHA-256 in hex"));
+      }
+      current_ = it->second;
+      current_.sha256 = c.sha256();
+      current_.bytes = c.bytes();
+      expected_.erase(it);
+      part_ = io::JoinPath(staging_, current_.file + ".part");
+      fd_ = open(part_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd_ < 0) {
+        return absl::UnavailableError(absl::StrCat("cannot create ", part_, ": ", strerror(errno),
+                                                   " (the checkpoint was abandoned?)"));
+      }
+      offset_ = 0;
+    }
+    if (c.file() != current_.file || c.offset() != offset_ ||
+        offset_ + static_cast<int64_t>(c.data().size()) > current_.bytes) {
+      return absl::DataLossError(absl::StrCat(current_.file, ": chunk of '", c.file(),
+                                              "' at offset ", c.offset(), " (", c.data().size(),
+                                              " bytes) does not continue the ", offset_, " of ",
+                                              current_.bytes, " bytes received"));
+    }
+    for (size_t done = 0; done < c.data().size();) {
+      const ssize_t n = pwrite(fd_, c.data().data() + done, c.data().size() - done,
+                               static_cast<off_t>(offset_ + static_cast<int64_t>(done)));
+      if (n <= 0) {
+        return absl::UnavailableError(absl::StrCat("writing ", part_, ": ", strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+    offset_ += static_cast<int64_t>(c.data().size());
+    if (offset_ < current_.bytes) return absl::OkStatus();
+    // The file is complete: durable, as announced, then under its name.
+    const bool synced = fsync(fd_) == 0;
+    close(fd_);
+    fd_ = -1;
+    if (!synced)
+      return absl::UnavailableError(absl::StrCat("fsync ", part_, ": ", strerror(errno)));
+    absl::StatusOr<io::FileDigest> digest = io::DigestFile(part_);
+    if (!digest.ok()) return digest.status();
+    if (digest->sha256 != current_.sha256) {
+      unlink(part_.c_str());
+      return absl::DataLossError(absl::StrCat(current_.file, ": received bytes have SHA-256 ",
+                                              digest->sha256, ", the worker announced ",
+                                              current_.sha256));
+    }
+    const std::string final_path = io::JoinPath(staging_, current_.file);
+    if (rename(part_.c_str(), final_path.c_str()) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("rename ", part_, " -> ", final_path, ": ", strerror(errno)));
+    }
+    part_.clear();
+    if (absl::Status s = io::SyncDirectory(staging_); !s.ok()) return s;
+    ++files_;
+    bytes_ += current_.bytes;
+    return absl::OkStatus();
+  }
+
+  void Fail(const absl::Status& status) {
+    Cleanup();
+    Finish(wire::ToGrpcStatus(status));
+  }
+
+  // Closes and removes a partial file.
+  void Cleanup() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    if (!part_.empty()) unlink(part_.c_str());
+    part_.clear();
+  }
+
+  CoordinatorService* const service_;
+  v1::PutStateResponse* const response_;
+  // Touched by one reaction at a time (at most one read in flight).
+  v1::PutStateRequest request_;
+  bool accepted_ = false;
+  std::string staging_;
+  std::map<std::string, model::CheckpointShard> expected_;  // files not yet received.
+  model::CheckpointShard current_;                          // the file being received.
+  std::string part_;                                        // its ".part" path.
+  int fd_ = -1;
+  int64_t offset_ = 0;
+  int64_t files_ = 0;
+  int64_t bytes_ = 0;
 };
 
 }  // namespace pipetrain::coordinator

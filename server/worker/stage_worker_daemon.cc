@@ -141,6 +141,7 @@ void StageWorkerDaemon::SessionLoop() {
     reg->set_cores(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
     reg->set_gflops(gflops_);
     reg->set_memory_bytes(PhysicalMemoryBytes());
+    reg->set_incarnation(incarnation_);
     // Published before Begin, so that no event emitted once the coordinator has seen the
     // registration is dropped (they queue behind it).
     bool cancel = false;

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -146,6 +147,8 @@ class StageWorkerDaemon final : private JobHost {
   // Constant after construction.
   const StageWorkerOptions options_;
   const double gflops_;
+  // RegisterWorker.incarnation: this daemon's start time in ns since the Unix epoch.
+  const uint64_t incarnation_ = static_cast<uint64_t>(absl::GetCurrentTimeNanos());
   std::string address_;  // set in Start before any thread runs.
   std::string name_;     // likewise.
   int port_ = 0;         // likewise.

@@ -13,7 +13,7 @@
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
 #include "server/worker/proto_convert.h"
-#include "server/worker/state_fetch.h"
+#include "server/worker/state_transfer.h"
 
 namespace pipetrain::worker {
 
@@ -46,6 +46,11 @@ WorkerJob::WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, 
 
 void WorkerJob::Stop(absl::string_view why) {
   if (pacer_ != nullptr) pacer_->Cancel();
+  {
+    absl::MutexLock lock(&upload_mu_);
+    stopping_ = true;
+    if (upload_context_ != nullptr) upload_context_->TryCancel();
+  }
   mailbox_.Abort(absl::AbortedError(absl::StrCat("job ", job_, " epoch ", epoch_, ": ", why)));
   {
     absl::MutexLock lock(&compute_mu_);
@@ -507,12 +512,25 @@ void WorkerJob::OnAbort(const v1::Abort& abort) {
 
 void WorkerJob::OnSaveShards(const v1::SaveShards& save) {
   const int64_t step = save.step();
-  const std::string directory = save.directory();
-  Post([this, step, directory] {
-    absl::Status s = directory.empty() ? absl::InvalidArgumentError("SaveShards: empty directory")
-                                       : model::WriteCheckpointShards(
-                                             directory, shards_, executor_->ExportState(), step)
-                                             .status();
+  Post([this, step] {
+    StateUpload upload;
+    upload.job = job_;
+    upload.epoch = epoch_;
+    upload.step = step;
+    upload.worker = host_->name();
+    upload.shards = shards_;
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&upload_mu_);
+      if (stopping_) return;
+      upload_context_ = &context;
+    }
+    absl::Status s =
+        PutState(host_->coordinator(), &context, upload, executor_->ExportState()).status();
+    {
+      absl::MutexLock lock(&upload_mu_);
+      upload_context_ = nullptr;
+    }
     if (!s.ok()) {
       EmitError(step, s);
       return;

@@ -7,6 +7,8 @@
 #ifndef PIPETRAIN_SERVER_WORKER_WORKER_JOB_H_
 #define PIPETRAIN_SERVER_WORKER_WORKER_JOB_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -169,6 +171,11 @@ class WorkerJob final : public Sender {
   std::vector<std::unique_ptr<link::PeerLink>> coordinator_links_ ABSL_GUARDED_BY(links_mu_);
   absl::Status broken_ ABSL_GUARDED_BY(links_mu_);  // first link failure of this epoch.
   bool closed_ ABSL_GUARDED_BY(links_mu_) = false;
+
+  // Protects the call of a checkpoint upload in progress, so that Stop can cancel it.
+  absl::Mutex upload_mu_;
+  grpc::ClientContext* upload_context_ ABSL_GUARDED_BY(upload_mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(upload_mu_) = false;
 
   // Protects the step flags read by the command thread when a link fails.
   absl::Mutex state_mu_;

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
+#include "server/worker/state_transfer.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -79,7 +80,8 @@ TestBatch MakeBatch(int64_t samples, int64_t features = 4) {
 // serves StageWorker.Exchange to receive the coordinator's inputs and targets.
 class FakeWorker {
  public:
-  FakeWorker(const std::string& coordinator, std::string name) : name_(std::move(name)) {
+  FakeWorker(const std::string& coordinator, std::string name, uint64_t incarnation = 0)
+      : name_(std::move(name)) {
     auto service = link::ExchangeService::Create(
         link::LinkOptions(),
         [this](const link::PeerHello& hello,
@@ -115,6 +117,7 @@ class FakeWorker {
     reg.mutable_register_()->set_address(address_);
     reg.mutable_register_()->set_cores(1);
     reg.mutable_register_()->set_gflops(1.0);
+    reg.mutable_register_()->set_incarnation(incarnation);
     stream_->Write(reg);
     reader_ = std::thread([this] { ReadLoop(); });
   }
@@ -216,18 +219,25 @@ class FakeWorker {
     }
     PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
     PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
+    worker::StateUpload upload;
+    upload.job = save.job();
+    upload.epoch = save.epoch();
+    upload.step = save.step();
+    upload.worker = name_;
+    std::map<std::string, math::Tensor> tensors;
     for (const v1::ChunkSpec& c : a.chunks()) {
       if (c.worker() != a.rank()) continue;
       PT_ASSIGN_OR_RETURN(
           model::Stage stage,
           model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
-      PT_RETURN_IF_ERROR(
-          model::WriteCheckpointShards(save.directory(),
-                                       model::LayerShards(*net, c.first_layer(), c.last_layer()),
-                                       stage.ExportState(), save.step())
-              .status());
+      tensors.merge(stage.ExportState());
+      for (const model::CheckpointShard& s :
+           model::LayerShards(*net, c.first_layer(), c.last_layer())) {
+        upload.shards.push_back(s);
+      }
     }
-    return absl::OkStatus();
+    grpc::ClientContext context;
+    return worker::PutState(stub_.get(), &context, upload, tensors).status();
   }
 
   void ReadLoop() {
@@ -449,6 +459,28 @@ TEST_F(CoordinatorServiceTest, DuplicateWorkerNameIsRefused) {
   EXPECT_EQ(workers->size(), 1u);
 }
 
+TEST_F(CoordinatorServiceTest, NewerIncarnationReplacesAHungWorkerOfTheSameName) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // w1 restarts while its old process is still connected (say, hung): the restart wins.
+  FakeWorker restarted(address_, "w1", /*incarnation=*/2);
+  ASSERT_TRUE(restarted.WaitRegistered(*client_).ok());
+  const absl::Status old_end = workers_[1]->WaitEnded();
+  EXPECT_EQ(old_end.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(old_end.message(), HasSubstr("replaced by a newer incarnation"));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("worker 'w1' (rank 1) was lost"));
+  // An older incarnation (a zombie reconnecting) is refused.
+  FakeWorker zombie(address_, "w1", /*incarnation=*/1);
+  EXPECT_EQ(zombie.WaitEnded().code(), absl::StatusCode::kAlreadyExists);
+  // The restarted worker serves the next job.
+  absl::StatusOr<v1::JobStatus> next = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
 TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4));
@@ -631,6 +663,31 @@ TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {
   EXPECT_EQ(client_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorServiceTest, PutStateTakesFilesOnlyFromTheJobsWorkersForACheckpointInProgress) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto upload = [&](const std::string& job_id, int64_t epoch, const std::string& worker) {
+    worker::StateUpload u;
+    u.job = job_id;
+    u.epoch = epoch;
+    u.step = 0;
+    u.worker = worker;
+    grpc::ClientContext context;
+    return worker::PutState(stub.get(), &context, u, {}).status();
+  };
+  EXPECT_EQ(upload("no-such-job", 1, "w0").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(upload(job->job(), 0, "w0").code(), absl::StatusCode::kAborted);
+  const absl::Status stranger = upload(job->job(), 1, "w9");
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(stranger.message(), HasSubstr("'w9' holds no rank"));
+  const absl::Status idle = upload(job->job(), 1, "w0");
+  EXPECT_EQ(idle.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(idle.message(), HasSubstr("no checkpoint of step 0 in progress"));
+}
+
 // ------------------------------------------------------------------ job life cycle
 
 // Polls ListJobs (which, unlike GetJob, does not renew a job's client lease) until `job` is in
@@ -802,6 +859,58 @@ TEST_F(CoordinatorRetentionTest, EndedJobsArePrunedAfterTheRetentionPeriod) {
   ASSERT_TRUE(client_->FinishJob(job->job()).ok());
   EXPECT_FALSE(AwaitListedState(*client_, job->job(), v1::JOB_STATE_UNSPECIFIED).has_value());
   EXPECT_EQ(client_->GetJob(job->job()).status().code(), absl::StatusCode::kNotFound);
+}
+
+class CoordinatorDeadlineTest : public CoordinatorServiceTest {
+ protected:
+  CoordinatorOptions Options() const override {
+    CoordinatorOptions options;
+    // The test model's step is predicted in microseconds: the floor decides.
+    options.step_deadline_floor = absl::Milliseconds(400);
+    options.wait_report_interval = absl::Milliseconds(100);
+    options.log = [this](const std::string& line) {
+      absl::MutexLock lock(&log_mu_);
+      log_.push_back(line);
+    };
+    return options;
+  }
+
+  std::vector<std::string> Log() {
+    absl::MutexLock lock(&log_mu_);
+    return log_;
+  }
+
+  mutable absl::Mutex log_mu_;
+  mutable std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
+};
+
+TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->HoldStepUntilAbort(0);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("StepDone of step 0 from worker 'w1' (rank 1)"));
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_LT(took, absl::Seconds(20));
+  bool reported = false;
+  for (const std::string& line : Log()) {
+    reported = reported ||
+               (line.find("step 0: waiting for worker 'w1' (rank 1) for") != std::string::npos &&
+                line.find("worker 'w0'") == std::string::npos);
+  }
+  EXPECT_TRUE(reported) << "no progress line names the missing rank";
+  // The step was aborted everywhere; the job is usable again and the worker's late answer to
+  // the aborted attempt does not disturb the retry.
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
+  r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
 }
 
 }  // namespace

@@ -63,10 +63,44 @@ constexpr int64_t kSamples = 16;
 
 // ------------------------------------------------------------------ the fake coordinator
 
-// Implements Coordinator.Join only: records each worker's events by the name it registered with
-// and sends commands to it. Thread-safe.
+// Implements Coordinator.Join, recording each worker's events by the name it registered with and
+// sending commands to it, and Coordinator.PutState, keeping the uploaded files' bytes by name.
+// Thread-safe.
 class FakeCoordinator final : public v1::Coordinator::CallbackService {
  public:
+  grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
+                                                        v1::PutStateResponse* response) override {
+    // Appends every chunk to its file's bytes; one read in flight.
+    class Upload final : public grpc::ServerReadReactor<v1::PutStateRequest> {
+     public:
+      explicit Upload(FakeCoordinator* owner) : owner_(owner) { StartRead(&request_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        {
+          absl::MutexLock lock(&owner_->mu_);
+          owner_->uploaded_[request_.chunk().file()].append(request_.chunk().data());
+        }
+        StartRead(&request_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      FakeCoordinator* const owner_;
+      v1::PutStateRequest request_;
+    };
+    return new Upload(this);
+  }
+
+  // The bytes uploaded under `file` so far ("" if none).
+  std::string Uploaded(const std::string& file) {
+    absl::MutexLock lock(&mu_);
+    auto it = uploaded_.find(file);
+    return it == uploaded_.end() ? std::string() : it->second;
+  }
+
   grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* Join(
       grpc::CallbackServerContext* context) override {
     auto session = std::make_unique<Session>(this);
@@ -264,6 +298,7 @@ class FakeCoordinator final : public v1::Coordinator::CallbackService {
   std::map<std::string, v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> registrations_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::deque<v1::WorkerEvent>> events_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> uploaded_ ABSL_GUARDED_BY(mu_);  // PutState files by name.
 };
 
 // ------------------------------------------------------------------ helpers
@@ -560,8 +595,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
     }
   }
 
-  // Shards from both workers into one directory, byte for byte equal to the reference's files.
-  const std::string pipe_dir = TempDir("pipeline");
+  // Shards uploaded by both workers, byte for byte equal to the reference's files.
   const std::string ref_dir = TempDir("reference");
   for (int w = 0; w < 2; ++w) {
     v1::WorkerCommand c;
@@ -569,7 +603,6 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
     save->set_job(kJob);
     save->set_epoch(kEpoch);
     save->set_step(2);
-    save->set_directory(pipe_dir);
     ASSERT_TRUE(coordinator_.Send(Name(w), c));
   }
   for (int w = 0; w < 2; ++w) {
@@ -590,7 +623,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
   ASSERT_FALSE(manifest.shards.empty());
   for (const model::CheckpointShard& shard : manifest.shards) {
     const std::string want = ReadBytes(absl::StrCat(ref_dir, "/", shard.file));
-    const std::string got = ReadBytes(absl::StrCat(pipe_dir, "/", shard.file));
+    const std::string got = coordinator_.Uploaded(shard.file);
     ASSERT_FALSE(want.empty()) << shard.file;
     EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
   }

@@ -1,4 +1,4 @@
-#include "server/worker/state_fetch.h"
+#include "server/worker/state_transfer.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -94,6 +94,63 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::Coordinator::
   if (!status.ok()) return wire::FromGrpcStatus(status, "FetchState");
   if (file.has_value()) PT_RETURN_IF_ERROR(finish_file());
   return tensors;
+}
+
+absl::StatusOr<std::vector<model::CheckpointShard>> PutState(
+    v1::Coordinator::Stub* stub, grpc::ClientContext* context, const StateUpload& upload,
+    const std::map<std::string, math::Tensor>& tensors) {
+  constexpr size_t kChunkBytes = size_t{1} << 20;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + upload.timeout));
+  v1::PutStateResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PutStateRequest>> writer =
+      stub->PutState(context, &response);
+  std::vector<model::CheckpointShard> shards = upload.shards;
+  v1::PutStateRequest request;
+  request.set_job(upload.job);
+  request.set_epoch(upload.epoch);
+  request.set_step(upload.step);
+  request.set_worker(upload.worker);
+  // The first message names the operation and carries no chunk; the identity is not repeated.
+  bool open = writer->Write(request);
+  request.clear_job();
+  request.clear_epoch();
+  request.clear_step();
+  request.clear_worker();
+  absl::Status local;
+  for (model::CheckpointShard& shard : shards) {
+    if (!open) break;  // the coordinator ended the call: Finish has its status.
+    absl::StatusOr<std::string> bytes =
+        model::SerializeCheckpointShard(&shard, tensors, upload.step);
+    if (!bytes.ok()) {
+      local = bytes.status();
+      break;
+    }
+    for (size_t offset = 0; open && (offset < bytes->size() || offset == 0);
+         offset += kChunkBytes) {
+      v1::StateChunk* chunk = request.mutable_chunk();
+      chunk->Clear();
+      chunk->set_file(shard.file);
+      if (offset == 0) {
+        chunk->set_first_layer(shard.first_layer);
+        chunk->set_last_layer(shard.last_layer);
+        chunk->set_sha256(shard.sha256);
+        chunk->set_bytes(shard.bytes);
+      }
+      chunk->set_offset(static_cast<int64_t>(offset));
+      chunk->set_data(bytes->substr(offset, kChunkBytes));
+      open = writer->Write(request);
+      if (bytes->empty()) break;
+    }
+  }
+  if (!local.ok()) {
+    context->TryCancel();
+    (void)writer->Finish();
+    return local;
+  }
+  if (open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return wire::FromGrpcStatus(status, "PutState");
+  return shards;
 }
 
 }  // namespace pipetrain::worker
