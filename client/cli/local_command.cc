@@ -177,7 +177,9 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   if (pipe(fds) != 0) return absl::ResourceExhaustedError("pipe failed");
   const int coordinator_log = OpenLog(log_dir, "coordinator");
   absl::StatusOr<pid_t> pid =
-      Spawn({coordinator_bin, "--listen=127.0.0.1:0"}, fds[1], fds[0], coordinator_log);
+      // The local cluster is the user's own: their --save and --resume may be anywhere.
+      Spawn({coordinator_bin, "--listen=127.0.0.1:0", "--checkpoint-root=/"}, fds[1], fds[0],
+            coordinator_log);
   close(fds[1]);
   if (coordinator_log >= 0) close(coordinator_log);
   if (!pid.ok()) {

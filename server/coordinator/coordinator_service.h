@@ -71,6 +71,10 @@ struct CoordinatorOptions {
   // While a step waits longer than this for some ranks, a line "waiting for rank R (worker W)
   // for T s" is logged, again every interval. Default 10 s.
   absl::Duration wait_report_interval = absl::Seconds(10);
+  // Every checkpoint directory a client names (Checkpoint, JobSpec.resume_from) must lie under
+  // this directory (io::ConfinePath; PERMISSION_DENIED otherwise). Empty (default): the
+  // coordinator reads and writes no checkpoints (FAILED_PRECONDITION saying so).
+  std::string checkpoint_root;
   // Where log lines go ("<time> coordinator <message>"); null: stderr.
   std::function<void(const std::string&)> log;
   // A job with no Train stream and no client call naming it for this long is cancelled
@@ -284,6 +288,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                        const std::string& what,
                        const std::function<void(absl::Duration)>& on_wait = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `path` (a client's checkpoint directory, named by `what`) confined to the checkpoint root.
+  absl::StatusOr<std::string> CheckpointPath(const std::string& path, absl::string_view what) const;
   // StepDone's deadline for micro-batches of `mb_rows` rows (see CoordinatorOptions).
   absl::Duration StepDeadline(const Job& job, int64_t mb_rows) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

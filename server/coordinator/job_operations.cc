@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/confined_path.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
@@ -85,6 +86,12 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
   // A checkpoint to start from is verified (every file's checksum) before any worker is taken.
   std::optional<model::CheckpointManifest> resume;
   if (!spec.resume_from().empty()) {
+    absl::StatusOr<std::string> confined = CheckpointPath(spec.resume_from(), "resume_from");
+    if (!confined.ok()) {
+      done(confined.status());
+      return;
+    }
+    spec.set_resume_from(*confined);
     absl::StatusOr<model::CheckpointManifest> manifest =
         model::VerifyCheckpoint(spec.resume_from());
     absl::Status fits = manifest.status();
@@ -537,6 +544,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   if (request.directory().empty()) {
     return absl::InvalidArgumentError("Checkpoint: empty directory");
   }
+  PT_ASSIGN_OR_RETURN(const std::string directory,
+                      CheckpointPath(request.directory(), "Checkpoint directory"));
   Job* job = nullptr;
   int64_t step = 0;
   std::shared_ptr<const model::Model> net;
@@ -549,10 +558,9 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     net = job->model;
     spec = job->spec;
   }
-  // The workers write into a staging directory, published as request.directory() when complete
+  // The workers write into a staging directory, published as directory when complete
   // (file I/O outside mu_; only this job's thread runs operations on the job).
-  PT_ASSIGN_OR_RETURN(const std::string staging,
-                      model::BeginCheckpointStaging(request.directory()));
+  PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
   {
     absl::MutexLock lock(&mu_);
     const int S = static_cast<int>(job->workers.size());
@@ -600,11 +608,24 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     return shards.status();
   }
   manifest.shards = *std::move(shards);
-  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, request.directory(), manifest));
+  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, directory, manifest));
   v1::CheckpointResponse response;
   response.set_step(step);
-  response.set_directory(request.directory());
+  response.set_directory(directory);
   return response;
+}
+
+absl::StatusOr<std::string> CoordinatorService::CheckpointPath(const std::string& path,
+                                                               absl::string_view what) const {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " '", path,
+                     "': this coordinator keeps no checkpoints; start it with --checkpoint-root "
+                     "DIR (checkpoint and resume directories must lie under it)"));
+  }
+  absl::StatusOr<std::string> confined = io::ConfinePath(options_.checkpoint_root, path);
+  if (!confined.ok()) return wire::Annotate(confined.status(), std::string(what));
+  return confined;
 }
 
 absl::Duration CoordinatorService::StepDeadline(const Job& job, int64_t mb_rows) const {

@@ -4,6 +4,7 @@
 //   coordinator --listen 127.0.0.1:7070 [--client-listen ADDR] [--port-file PATH]
 //               [--client-lease 5m] [--job-retention 1h] [--max-ended-jobs 1000]
 //               [--step-deadline-floor 60s] [--step-deadline-factor 50]
+//               [--checkpoint-root DIR]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -43,6 +44,9 @@ ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs list
 ABSL_FLAG(absl::Duration, step_deadline_floor, absl::Seconds(60),
           "a step's workers must all answer within max(this, --step-deadline-factor x the plan's "
           "predicted step time)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "checkpoint and resume directories that clients name must lie under this directory; "
+          "empty: this coordinator keeps no checkpoints");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
 
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   options.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
+  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (const absl::Status s = options.Check(); !s.ok()) {
     std::cerr << "coordinator: " << s.message() << "\n";
     return 2;

@@ -72,7 +72,7 @@ for n in "${namespaces[@]}"; do
   fi
 done
 
-ip netns exec "${tag}coord" "$coordinator" --listen 198.18.0.1:7070 >"$work/coordinator.log" 2>&1 &
+ip netns exec "${tag}coord" "$coordinator" --listen 198.18.0.1:7070 --checkpoint-root "$work" >"$work/coordinator.log" 2>&1 &
 pids+=($!)
 for ((i = 0; i < stages; i++)); do
   ip netns exec "${tag}w$i" "$worker" --coordinator 198.18.0.1:7070 \

@@ -5,6 +5,7 @@
 #include "server/coordinator/coordinator_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/sdk/client.h"
@@ -366,7 +368,11 @@ class FakeWorker {
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
   // The service's options; fixtures for timing-dependent behaviour shorten them.
-  virtual CoordinatorOptions Options() const { return {}; }
+  virtual CoordinatorOptions Options() const {
+    CoordinatorOptions options;
+    options.checkpoint_root = "/";
+    return options;
+  }
 
   void SetUp() override {
     service_ = std::make_unique<CoordinatorService>(Options());
@@ -911,6 +917,48 @@ TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
   r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+class CoordinatorRootTest : public CoordinatorServiceTest {
+ protected:
+  CoordinatorOptions Options() const override {
+    CoordinatorOptions options;
+    options.checkpoint_root = ::testing::TempDir() + "/coordinator_root";
+    mkdir(options.checkpoint_root.c_str(), 0755);
+    return options;
+  }
+};
+
+TEST_F(CoordinatorRootTest, CheckpointsOutsideTheRootArePermissionDenied) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string root = ::testing::TempDir() + "/coordinator_root";
+  for (const std::string& bad :
+       {std::string("/etc/pipetrain-ckpt"), root + "/../escape", std::string("../escape")}) {
+    absl::StatusOr<v1::CheckpointResponse> r = client_->Checkpoint(job->job(), bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("outside the checkpoint root")) << bad;
+  }
+  // Inside the root, relative or absolute, it works; the response names the real directory.
+  absl::StatusOr<v1::CheckpointResponse> r = client_->Checkpoint(job->job(), "job-a/ckpt");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::EndsWith(r->directory(), "/coordinator_root/job-a/ckpt")) << r->directory();
+  EXPECT_TRUE(model::VerifyCheckpoint(r->directory()).ok());
+  ASSERT_TRUE(client_->FinishJob(job->job()).ok());
+  v1::JobSpec spec = MakeSpec(1, 1);
+  spec.set_resume_from("/etc");
+  EXPECT_EQ(client_->CreateJob(spec).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(CoordinatorLeaseTest, WithoutACheckpointRootThereAreNoCheckpoints) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::CheckpointResponse> r =
+      client_->Checkpoint(job->job(), ::testing::TempDir() + "/no_root_ckpt");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("start it with --checkpoint-root"));
 }
 
 }  // namespace
