@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/training_setup.h"
@@ -170,6 +171,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_virtual_stages(o.virtual_stages);
   job_spec.set_seed(t.seed);
   job_spec.set_threads(t.threads);
+  job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   if (!t.resume_dir.empty()) {
     // Like --save, a directory on the coordinator's host, which verifies and loads it.
     std::error_code ec;
@@ -212,8 +214,29 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     }
   }
 
+  // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
+  // the batches since, and each recovery is reported here.
+  client::TrainOptions train_options;
+  train_options.replay = true;
+  train_options.first_step = job.steps_done();
+  train_options.on_recovery = [&out, &t](const v1::RecoveryEvent& r) {
+    if (t.json) {
+      out << absl::StrFormat(
+          "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"failed_step\": %d, "
+          "\"restored_step\": %d, \"epoch\": %d, \"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
+          r.lost_worker(), r.rank(), r.failed_step(), r.restored_step(), r.epoch(),
+          absl::StrJoin(r.workers(), "\", \""), r.seconds());
+    } else {
+      out << absl::StrFormat(
+          "recovered: lost %s (rank %d) after step %d; restarted from step %d on %s in %.2f s; "
+          "replayed %d steps\n",
+          r.lost_worker(), r.rank(), r.failed_step(), r.restored_step(),
+          absl::StrJoin(r.workers(), ", "), r.seconds(), r.failed_step() - r.restored_step());
+    }
+    out.flush();
+  };
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
-                      client->StartTraining(job.job()));
+                      client->StartTraining(job.job(), std::move(train_options)));
   using Clock = std::chrono::steady_clock;
   auto window_start = Clock::now();
   int64_t window_samples = 0;
@@ -253,6 +276,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       PT_ASSIGN_OR_RETURN(checkpoint_visible,
                           SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
                                                  sampler.cursor(), out));
+      session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
     }
   }
   PT_RETURN_IF_ERROR(session->Finish());

@@ -2,10 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 
@@ -57,7 +60,7 @@ absl::StatusOr<v1::StepResult> TrainSession::Step(const BatchView& batch) {
   return Step(MakeTrainRequest(job_, batch));
 }
 
-absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
+absl::StatusOr<v1::StepResult> TrainSession::StepOnce(const v1::TrainRequest& request) {
   if (done_) {
     return final_.ok() ? absl::FailedPreconditionError("the Train session is finished") : final_;
   }
@@ -65,6 +68,81 @@ absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& reques
   v1::StepResult result;
   if (!stream_->Read(&result)) return Fail();
   return result;
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
+  absl::StatusOr<v1::StepResult> result = StepOnce(request);
+  // A recovery may itself be interrupted by another loss: a few rounds, each bounded.
+  for (int round = 0; options_.replay && round < 3 && absl::IsAborted(result.status()); ++round) {
+    result = Recover(request);
+  }
+  if (!result.ok()) return result;
+  next_step_ = result->step();
+  if (options_.replay) {
+    kept_.push_back(Kept{result->step() - 1, request, result->loss()});
+    while (static_cast<int64_t>(kept_.size()) > options_.max_kept_batches) kept_.pop_front();
+  }
+  return result;
+}
+
+void TrainSession::CheckpointDone(int64_t steps_done) {
+  while (!kept_.empty() && kept_.front().step < steps_done) kept_.pop_front();
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::Recover(const v1::TrainRequest& request) {
+  // Wait (bounded) until the coordinator has re-assigned the job.
+  const absl::Time deadline = absl::Now() + options_.recovery_timeout;
+  absl::Duration delay = absl::Milliseconds(20);
+  v1::JobStatus job;
+  for (;;) {
+    PT_ASSIGN_OR_RETURN(job, client_->GetJob(job_));
+    if (job.state() == v1::JOB_STATE_READY) break;
+    if (job.state() != v1::JOB_STATE_RECOVERING && job.state() != v1::JOB_STATE_TRAINING) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_, " did not recover: ", v1::JobState_Name(job.state()),
+                       job.reason().empty() ? "" : ": ", job.reason()));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", job_, " did not recover within ",
+                       absl::FormatDuration(options_.recovery_timeout)));
+    }
+    absl::SleepFor(delay);  // polling interval of a bounded wait.
+    delay = std::min(delay * 2, absl::Seconds(1));
+  }
+  const int64_t restored = job.steps_done();
+  const int64_t first_kept = kept_.empty() ? next_step_ : kept_.front().step;
+  if (restored > next_step_ || restored < first_kept) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
+        first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
+  }
+  // A fresh stream for the new epoch.
+  if (!done_) {
+    context_->TryCancel();
+    (void)stream_->Finish();
+  }
+  auto context = std::make_unique<grpc::ClientContext>();
+  auto stream = client_->stub_->Train(context.get());
+  if (stream == nullptr) return absl::UnavailableError("cannot reopen the Train stream");
+  context_ = std::move(context);
+  stream_ = std::move(stream);
+  done_ = false;
+  final_ = absl::OkStatus();
+  for (const Kept& k : kept_) {
+    if (k.step < restored) continue;
+    PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(k.request));
+    const float loss = replayed.loss();
+    if (replayed.step() != k.step + 1 || std::memcmp(&loss, &k.loss, sizeof(float)) != 0) {
+      return absl::DataLossError(absl::StrCat(
+          "replaying step ", k.step + 1, " of job ", job_, " gave step ", replayed.step(), " loss ",
+          replayed.loss(), ", the first run loss ", k.loss, ": the recovery is not exact"));
+    }
+  }
+  if (options_.on_recovery != nullptr && job.recoveries_size() > 0) {
+    options_.on_recovery(job.recoveries(job.recoveries_size() - 1));
+  }
+  return StepOnce(request);
 }
 
 absl::Status TrainSession::Finish() {
@@ -102,12 +180,17 @@ absl::StatusOr<v1::JobStatus> Client::CreateJob(const v1::JobSpec& spec) {
   return response;
 }
 
-absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::string& job) {
+absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::string& job,
+                                                                    TrainOptions options) {
   auto context = std::make_unique<grpc::ClientContext>();
   auto stream = stub_->Train(context.get());
   if (stream == nullptr) return absl::UnavailableError("cannot open a Train stream");
-  return std::unique_ptr<TrainSession>(
+  std::unique_ptr<TrainSession> session(
       new TrainSession(job, std::move(context), std::move(stream)));
+  session->client_ = this;
+  session->next_step_ = options.first_step;
+  session->options_ = std::move(options);
+  return session;
 }
 
 absl::StatusOr<v1::StepResult> Client::TrainStep(const std::string& job, const BatchView& batch) {

@@ -16,6 +16,8 @@
 #define PIPETRAIN_CLIENT_SDK_CLIENT_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,26 @@ struct BatchView {
 // The TrainRequest of `batch` for `job` (copies the tensors' bytes).
 v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch);
 
+class Client;
+
+// How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover).
+struct TrainOptions {
+  // Replay: keep every batch sent since the last checkpoint (CheckpointDone trims them), and
+  // when a step fails because the job is recovering (ABORTED), wait until it is READY again,
+  // resend the kept batches from the step it restarted at (checking each replayed loss is bit
+  // for bit the first run's) and then the failed one. Memory: the kept batches' tensors.
+  bool replay = false;
+  // The job's steps done when the session starts (the step of its first batch).
+  int64_t first_step = 0;
+  // At most this many batches are kept; older ones are dropped (a recovery from before them
+  // then fails with FAILED_PRECONDITION). Checkpoint every N < this steps to stay within it.
+  int64_t max_kept_batches = 10000;
+  // Longest wait for the job to be READY again.
+  absl::Duration recovery_timeout = absl::Minutes(5);
+  // Called after each recovery the session replayed through (the coordinator's record).
+  std::function<void(const v1::RecoveryEvent&)> on_recovery;
+};
+
 // A Train stream: one step per Step() call, in order. A failed step ends the stream (its status is
 // returned, and every later call returns it too); the job stays usable and a new session may be
 // started. Not thread-safe (one thread drives a session); the Client must outlive it.
@@ -55,6 +77,10 @@ class TrainSession {
   absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
   // Closes the stream and returns its final status (OK after successful steps). Idempotent.
   absl::Status Finish();
+  // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
+  void CheckpointDone(int64_t steps_done);
+  // Batches kept for a replay.
+  int64_t kept_batches() const { return static_cast<int64_t>(kept_.size()); }
 
  private:
   friend class Client;
@@ -62,6 +88,21 @@ class TrainSession {
                std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream);
   // Ends the stream after a failed read or write and returns (and remembers) its status.
   absl::Status Fail();
+  // One request on the current stream.
+  absl::StatusOr<v1::StepResult> StepOnce(const v1::TrainRequest& request);
+  // After an ABORTED step: waits for the job, reopens the stream, replays, resends `request`.
+  absl::StatusOr<v1::StepResult> Recover(const v1::TrainRequest& request);
+
+  // A batch kept for replay: its step (0-based), the request and the loss it gave.
+  struct Kept {
+    int64_t step = 0;
+    v1::TrainRequest request;
+    float loss = 0;
+  };
+  Client* client_ = nullptr;  // set by Client::StartTraining.
+  TrainOptions options_;
+  int64_t next_step_ = 0;  // the step of the next new batch.
+  std::deque<Kept> kept_;
 
   const std::string job_;
   std::unique_ptr<grpc::ClientContext> context_;
@@ -84,7 +125,8 @@ class Client {
   absl::StatusOr<v1::StepResult> TrainStep(const std::string& job, const BatchView& batch);
   // Opens a Train stream for many steps. The coordinator refuses a second concurrent stream of a
   // job at its first Step (FAILED_PRECONDITION).
-  absl::StatusOr<std::unique_ptr<TrainSession>> StartTraining(const std::string& job);
+  absl::StatusOr<std::unique_ptr<TrainSession>> StartTraining(const std::string& job,
+                                                              TrainOptions options = {});
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);
   // Ends a job that trained successfully: DONE, its workers freed. FAILED_PRECONDITION while a
   // step is in flight or once the job ended (the message names its state).
@@ -101,6 +143,7 @@ class Client {
                                                     const std::string& directory);
 
  private:
+  friend class TrainSession;
   explicit Client(std::unique_ptr<v1::Coordinator::Stub> stub) : stub_(std::move(stub)) {}
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };

@@ -352,9 +352,9 @@ absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& requ
     return absl::AbortedError(
         absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", request.epoch()));
   }
-  if (!job.resume.has_value()) {
+  if (!job.restore.has_value()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job '", job.id, "' did not start from a checkpoint"));
+        absl::StrCat("job '", job.id, "' restarts from no checkpoint"));
   }
   auto w = std::find(job.workers.begin(), job.workers.end(), request.worker());
   auto conn = workers_.find(request.worker());
@@ -363,11 +363,11 @@ absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& requ
         absl::StrCat("worker '", request.worker(), "' holds no rank of job '", job.id, "'"));
   }
   const int rank = static_cast<int>(w - job.workers.begin());
-  for (const model::CheckpointShard& shard : job.resume->shards) {
+  for (const model::CheckpointShard& shard : job.restore->shards) {
     for (const v1::ChunkSpec& c : job.chunks) {
       if (c.worker() == rank && shard.first_layer >= c.first_layer() &&
           shard.last_layer <= c.last_layer()) {
-        files->push_back(StateFile{shard, io::JoinPath(job.resume_dir, shard.file)});
+        files->push_back(StateFile{shard, io::JoinPath(job.restore_dir, shard.file)});
         break;
       }
     }
@@ -428,6 +428,7 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     conn.order = next_worker_order_++;
     conn.reactor = reactor;
     *name = r.name();
+    event_cv_.SignalAll();  // a recovery may be waiting for an idle worker.
     return absl::OkStatus();
   }
   if (event.has_register_()) {
@@ -481,7 +482,8 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
       // earlier attempt (e.g. the worker's report of a step the coordinator already aborted) must
       // not fail the current one. Otherwise it concerns the current operation (Assign, Commit,
       // SaveShards, a link) if it names its step; during assignment any step counts.
-      bool this_op = job.state == JobState::kAssigning || e.step() == job.op_step;
+      bool this_op = job.state == JobState::kAssigning || job.state == JobState::kRecovering ||
+                     e.step() == job.op_step;
       if (job.runs_answered[rank] < job.runs_sent[rank]) {
         ++job.runs_answered[rank];
         this_op = this_op && job.runs_answered[rank] == job.runs_sent[rank];
@@ -510,15 +512,45 @@ void CoordinatorService::OnWorkerGone(JoinReactor* reactor, const std::string& n
   if (!job_id.empty()) {
     auto jit = jobs_.find(job_id);
     if (jit != jobs_.end() && !IsTerminal(jit->second->state)) {
-      FailJob(*jit->second,
-              absl::StrCat(WorkerLabel(name, rank), " was lost: its Join stream ended"));
+      if (jit->second->spec.recover()) {
+        BeginRecovery(*jit->second, name, rank);
+      } else {
+        FailJob(*jit->second,
+                absl::StrCat(WorkerLabel(name, rank), " was lost: its Join stream ended"));
+      }
     }
   }
   event_cv_.SignalAll();
 }
 
+void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int rank) {
+  Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was lost at step ",
+                   job.steps_done, "; recovering"));
+  if (job.state == JobState::kRecovering) return;  // the recovery in progress replaces it too.
+  job.state = JobState::kRecovering;
+  job.recovery_start = absl::Now();
+  job.recovering = v1::RecoveryEvent();
+  job.recovering.set_lost_worker(name);
+  job.recovering.set_rank(rank);
+  job.recovering.set_failed_step(job.steps_done);
+  if (job.op_error.ok()) {
+    job.op_error = absl::AbortedError(
+        absl::StrCat("job '", job.id, "': ", WorkerLabel(name, rank), " was lost at step ",
+                     job.steps_done, "; the job is recovering (replay from its last checkpoint)"));
+  }
+  Job* raw = &job;  // lives while its OpThread runs tasks.
+  if (job.ops != nullptr && !job.ops->Post([this, raw] { DoRecover(raw); })) {
+    FailJob(job, "lost a worker while shutting down");
+  }
+}
+
 absl::Status CoordinatorService::CheckReady(const Job& job) {
   if (job.state == JobState::kReady) return absl::OkStatus();
+  if (job.state == JobState::kRecovering) {
+    return absl::AbortedError(absl::StrCat("job '", job.id, "' is recovering from the loss of ",
+                                           job.recovering.lost_worker(),
+                                           "; retry once it is ready"));
+  }
   if (IsTerminal(job.state)) return EndedError(job);
   return absl::FailedPreconditionError(
       absl::StrCat("job '", job.id, "' is ", JobStateName(job.state)));
@@ -652,6 +684,7 @@ v1::JobStatus CoordinatorService::StatusOf(const Job& job) const {
   if (IsTerminal(job.state)) s.set_ended_unix_ms(absl::ToUnixMillis(job.ended));
   *s.mutable_spec() = job.spec;
   s.set_client_attached(job.train_owner != nullptr);
+  for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
   if (job.resume.has_value()) {
     v1::ResumedFrom* r = s.mutable_resumed_from();
     r->set_directory(job.resume_dir);

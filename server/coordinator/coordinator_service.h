@@ -75,6 +75,9 @@ struct CoordinatorOptions {
   // this directory (io::ConfinePath; PERMISSION_DENIED otherwise). Empty (default): the
   // coordinator reads and writes no checkpoints (FAILED_PRECONDITION saying so).
   std::string checkpoint_root;
+  // How long a recoverable job's step that failed on a transport error waits for a worker's loss
+  // to be noticed (its Join stream ending) before the error goes to the client. Default 3 s.
+  absl::Duration loss_grace = absl::Seconds(3);
   // Where log lines go ("<time> coordinator <message>"); null: stderr.
   std::function<void(const std::string&)> log;
   // A job with no Train stream and no client call naming it for this long is cancelled
@@ -183,6 +186,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     // The staging directory of the checkpoint in progress (PutState writes there); empty when
     // none is.
     std::string checkpoint_staging;
+    // The state a recovery restarts from: the last checkpoint (or the one it resumed from);
+    // none: the initial weights, step 0.
+    std::string restore_dir;
+    std::optional<model::CheckpointManifest> restore;
+    // Recoveries so far, and the one in progress (state RECOVERING).
+    std::vector<v1::RecoveryEvent> recoveries;
+    v1::RecoveryEvent recovering;
+    absl::Time recovery_start;
     absl::Time created;
     absl::Time ended = absl::InfinitePast();  // set when it enters a terminal state.
     const void* train_owner = nullptr;        // the TrainReactor holding the job, if any.
@@ -231,6 +242,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::StatusOr<v1::JobStatus> DoAssign(Job* job);
   absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request);
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
+  // Replaces the lost ranks of a RECOVERING job with idle workers (waiting for them up to the
+  // job's replace timeout), bumps the epoch and assigns every rank with the restore state; READY
+  // on success, FAILED otherwise. On the job's OpThread.
+  void DoRecover(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts recovering `job` from the loss of `name` (rank `rank`): RECOVERING, the operation in
+  // flight aborted (ABORTED), DoRecover queued. `mu_` held.
+  void BeginRecovery(Job& job, const std::string& name, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last task on an ended job's OpThread: closes its data links.
   void CloseJobLinks(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 

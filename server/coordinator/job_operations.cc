@@ -155,6 +155,8 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     if (resume.has_value()) {
       job->resume_dir = spec.resume_from();
       job->steps_done = resume->step;
+      job->restore_dir = job->resume_dir;
+      job->restore = resume;
       job->resume = std::move(resume);
     }
     job->created = absl::Now();
@@ -224,9 +226,9 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
     for (const schedule::Action& action : job->plan.actions[rank]) {
       *a->add_actions() = control::ActionToProto(action);
     }
-    if (job->resume.has_value()) {
+    if (job->restore.has_value()) {
       a->set_restore(true);
-      a->set_restore_step(job->resume->step);
+      a->set_restore_step(job->restore->step);
     }
     SendToRank(*job, rank, command);
   }
@@ -246,6 +248,75 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   }
   job->state = JobState::kReady;
   return StatusOf(*job);
+}
+
+void CoordinatorService::DoRecover(Job* job) {
+  absl::MutexLock lock(&mu_);
+  if (job->state != JobState::kRecovering) return;
+  const absl::Duration wait = job->spec.replace_timeout_ms() > 0
+                                  ? absl::Milliseconds(job->spec.replace_timeout_ms())
+                                  : absl::Seconds(30);
+  const absl::Time deadline = absl::Now() + wait;
+  const int S = static_cast<int>(job->workers.size());
+  std::vector<int> lost;
+  std::vector<WorkerConn*> idle;
+  for (;;) {
+    if (shutting_down_ || IsTerminal(job->state)) return;
+    lost.clear();
+    for (int rank = 0; rank < S; ++rank) {
+      auto it = workers_.find(job->workers[rank]);
+      if (it == workers_.end() || it->second.reactor == nullptr || it->second.job != job->id) {
+        lost.push_back(rank);
+      }
+    }
+    idle.clear();
+    for (auto& [name, conn] : workers_) {
+      if (conn.reactor != nullptr && conn.job.empty()) idle.push_back(&conn);
+    }
+    if (idle.size() >= lost.size()) break;
+    if (absl::Now() >= deadline) {
+      FailJob(*job, absl::StrCat("lost ", lost.size(), " of its ", S, " workers (",
+                                 job->recovering.lost_worker(), " at step ",
+                                 job->recovering.failed_step(), ") and no idle worker replaced ",
+                                 lost.size() == 1 ? "it" : "them", " within ",
+                                 absl::FormatDuration(wait)));
+      return;
+    }
+    event_cv_.WaitWithDeadline(&mu_, deadline);
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const WorkerConn* a, const WorkerConn* b) { return a->order < b->order; });
+  for (size_t i = 0; i < lost.size(); ++i) {
+    job->workers[lost[i]] = idle[i]->info.name();
+    idle[i]->job = job->id;
+    idle[i]->rank = lost[i];
+  }
+  // A new epoch: every rank rebuilds its stages from the restore state; frames and answers of
+  // the old epoch are rejected.
+  ++job->epoch;
+  job->steps_done = job->restore.has_value() ? job->restore->step : 0;
+  job->assigned.assign(S, false);
+  job->runs_sent.assign(S, 0);
+  job->runs_answered.assign(S, 0);
+  job->reports.assign(S, std::nullopt);
+  job->committed.assign(S, false);
+  job->saved.assign(S, false);
+  job->op_step = -1;
+  job->op_error = absl::OkStatus();
+  job->recovering.set_restored_step(job->steps_done);
+  job->recovering.set_epoch(job->epoch);
+  job->recovering.clear_workers();
+  for (const std::string& name : job->workers) job->recovering.add_workers(name);
+  mu_.Unlock();
+  const absl::StatusOr<v1::JobStatus> assigned = DoAssign(job);
+  mu_.Lock();
+  if (!assigned.ok()) return;  // DoAssign failed the job.
+  job->recovering.set_seconds(absl::ToDoubleSeconds(absl::Now() - job->recovery_start));
+  job->recoveries.push_back(job->recovering);
+  Log(absl::StrCat("job ", job->id, ": recovered from the loss of ", job->recovering.lost_worker(),
+                   " at step ", job->recovering.failed_step(), " in ", job->recovering.seconds(),
+                   " s; restarted from step ", job->steps_done, " in epoch ", job->epoch, " on ",
+                   absl::StrJoin(job->workers, ", ")));
 }
 
 absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
@@ -386,8 +457,20 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   }
 
   absl::MutexLock lock(&mu_);
-  auto fail_step = [&](const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  auto fail_step = [&](absl::Status status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // Runs with mu_ held (the lock above); lambdas are not analysed with their enclosing scope.
+    // A transport failure often reaches us (a neighbour's link error, our feed) before the lost
+    // worker's broken Join stream does: a recoverable job waits a moment for that, so the client
+    // hears "recovering" (ABORTED) and replays instead of giving up.
+    const bool transport = absl::IsUnavailable(status) || absl::IsAborted(status) ||
+                           absl::IsCancelled(status) || absl::IsDeadlineExceeded(status);
+    if (transport && job->spec.recover() && job->state == JobState::kTraining) {
+      const absl::Time until = absl::Now() + options_.loss_grace;
+      while (job->state == JobState::kTraining && !shutting_down_ && absl::Now() < until) {
+        event_cv_.WaitWithDeadline(&mu_, until);
+      }
+      if (job->state == JobState::kRecovering) status = CheckReady(*job);
+    }
     return FailStep(*job, step, status);
   };
   if (!feed.ok()) {
@@ -609,6 +692,12 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   }
   manifest.shards = *std::move(shards);
   PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, directory, manifest));
+  {
+    // The newest state a recovery restarts from.
+    absl::MutexLock lock(&mu_);
+    job->restore_dir = directory;
+    job->restore = manifest;
+  }
   v1::CheckpointResponse response;
   response.set_step(step);
   response.set_directory(directory);

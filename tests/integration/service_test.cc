@@ -16,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -36,8 +38,6 @@ using testing::ReadFile;
 using testing::TempDir;
 
 using ::testing::HasSubstr;
-
-constexpr int kWorkers = 2;
 
 // Starts `argv` with stdout and stderr appended to `log`; returns its PID (-1 on failure).
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
@@ -82,12 +82,15 @@ int64_t RssKib(pid_t pid) {
 
 class ServiceTest : public ::testing::Test {
  protected:
+  // stage_worker processes started (named w0, w1, ...).
+  virtual int Workers() const { return 2; }
+
   void SetUp() override {
     dir_ = TempDir("pipetrain_svc_");
     ASSERT_FALSE(dir_.empty());
     const std::string port_file = dir_ + "/port";
     coordinator_ = Spawn({PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--port-file",
-                          port_file, "--client-lease", "10m"},
+                          port_file, "--client-lease", "10m", "--checkpoint-root", dir_},
                          dir_ + "/coordinator.log");
     ASSERT_GT(coordinator_, 0);
     // Bounded wait for the coordinator's port (it writes the file once it serves).
@@ -98,7 +101,7 @@ class ServiceTest : public ::testing::Test {
     }
     ASSERT_FALSE(port.empty()) << ReadFile(dir_ + "/coordinator.log");
     address_ = absl::StrCat("127.0.0.1:", port);
-    for (int w = 0; w < kWorkers; ++w) {
+    for (int w = 0; w < Workers(); ++w) {
       const pid_t pid = Spawn({PIPETRAIN_WORKER, "--coordinator", address_, "--listen",
                                "127.0.0.1:0", "--name", absl::StrCat("w", w)},
                               absl::StrCat(dir_, "/worker-", w, ".log"));
@@ -112,7 +115,7 @@ class ServiceTest : public ::testing::Test {
     for (int i = 0; i < 3000; ++i) {
       absl::StatusOr<std::vector<v1::WorkerInfo>> listed = client_->ListWorkers();
       ASSERT_TRUE(listed.ok()) << listed.status();
-      if (static_cast<int>(listed->size()) == kWorkers) return;
+      if (static_cast<int>(listed->size()) == Workers()) return;
       absl::SleepFor(absl::Milliseconds(10));
     }
     FAIL() << "the workers did not register: " << ReadFile(dir_ + "/worker-0.log");
@@ -287,6 +290,76 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
       absl::StrCat(PIPETRAIN_BINARY, " jobs --steps 5 --coordinator ", address_, " 2>&1"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_THAT(run.out, HasSubstr("--steps not used by `pipetrain jobs`"));
+}
+
+// Three stages and a spare: SIGKILL of the worker holding rank 1 mid-run. The coordinator
+// replaces it with the spare, restarts every rank from the last checkpoint, `pipetrain train`
+// replays the batches since and reports the recovery, and every loss and the final checkpoint
+// are bit for bit those of `pipetrain reference`.
+class RecoveryTest : public ServiceTest {
+ protected:
+  int Workers() const override { return 4; }
+};
+
+TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
+  const std::string flags = absl::StrCat(
+      " --model ", Example("mlp_digits.textproto"),
+      " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
+      "--steps 150");
+  const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
+      PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+
+  const std::string err = dir_ + "/recovery.err";
+  std::vector<std::string> argv = {PIPETRAIN_BINARY,     "train", "--coordinator", address_,
+                                   "--stages",           "3",     "--schedule",    "1f1b",
+                                   "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
+  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) {
+    argv.emplace_back(f);
+  }
+  testing::PipedChild train = testing::SpawnPiped(argv, err);
+  ASSERT_GT(train.pid, 0);
+  std::string out;
+  ASSERT_TRUE(testing::ReadUntil(train, "{\"step\": 30,", &out)) << out << ReadFile(err);
+  // The worker holding rank 1 dies.
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  const std::string victim = (*jobs)[0].stages(1).worker();
+  const int index = victim.back() - '0';
+  ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
+  ASSERT_EQ(kill(workers_[index], SIGKILL), 0);
+  const int status = testing::DrainAndWait(train, &out);
+  waitpid(workers_[index], nullptr, 0);
+  workers_[index] = -1;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err);
+
+  // One recovery, reported; the run's losses are the reference's, step for step.
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("{\"recovery\": {\"lost_worker\": \"", victim,
+                                          "\", \"rank\": 1,")));
+  std::vector<std::string> got, want;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::StartsWith(line, "{\"step\""))
+      got.emplace_back(line.substr(0, line.find(", \"step_ms")));
+  }
+  for (absl::string_view line : absl::StrSplit(ref.out, '\n')) {
+    if (absl::StartsWith(line, "{\"step\"")) want.emplace_back(line.substr(0, line.size() - 1));
+  }
+  ASSERT_EQ(want.size(), 150u);
+  EXPECT_EQ(got, want);
+  for (int l : {0, 2, 4}) {
+    const std::string f = absl::StrFormat("layer-%05d.safetensors", l);
+    EXPECT_TRUE(ReadFile(dir_ + "/pipe/" + f) == ReadFile(dir_ + "/ref/" + f)) << f;
+  }
+  absl::StatusOr<v1::JobStatus> job = client_->GetJob((*jobs)[0].job());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_DONE);
+  ASSERT_EQ(job->recoveries_size(), 1);
+  EXPECT_EQ(job->recoveries(0).lost_worker(), victim);
+  EXPECT_EQ(job->recoveries(0).restored_step() % 20, 0);
+  EXPECT_GE(job->recoveries(0).failed_step(), job->recoveries(0).restored_step());
+  EXPECT_EQ(job->epoch(), 2);
 }
 
 }  // namespace
