@@ -469,8 +469,9 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
       while (job->state == JobState::kTraining && !shutting_down_ && absl::Now() < until) {
         event_cv_.WaitWithDeadline(&mu_, until);
       }
-      if (job->state == JobState::kRecovering) status = CheckReady(*job);
     }
+    // Recovering (noticed now or before): the step will be replayed, whatever failed it.
+    if (job->state == JobState::kRecovering) status = CheckReady(*job);
     return FailStep(*job, step, status);
   };
   if (!feed.ok()) {
@@ -563,12 +564,14 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
       },
       options_.step_timeout, absl::StrCat("Committed of step ", step));
   if (!waited.ok()) {
-    // Some workers may have applied the step: the replicas can no longer be trusted.
+    job->op_step = -1;
+    // Some workers may have applied the step: the replicas can no longer be trusted — unless the
+    // job is recovering, which restarts every rank from its last checkpoint anyway.
+    if (job->state == JobState::kRecovering) return CheckReady(*job);
     if (!IsTerminal(job->state)) {
       FailJob(*job,
               absl::StrCat("step ", step, " was not committed everywhere: ", waited.ToString()));
     }
-    job->op_step = -1;
     return waited;
   }
   job->steps_done = step + 1;

@@ -14,6 +14,7 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -44,6 +45,10 @@ ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs list
 ABSL_FLAG(absl::Duration, step_deadline_floor, absl::Seconds(60),
           "a step's workers must all answer within max(this, --step-deadline-factor x the plan's "
           "predicted step time)");
+ABSL_FLAG(absl::Duration, peer_keepalive, absl::Seconds(5),
+          "ping every connection (workers' control streams, clients) this often; one that does "
+          "not answer within max(this, 10s) is closed, so a stopped or cut-off worker is "
+          "noticed as lost (its job recovers)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "checkpoint and resume directories that clients name must lie under this directory; "
           "empty: this coordinator keeps no checkpoints");
@@ -114,6 +119,23 @@ int main(int argc, char** argv) {
   if (!client_listen.empty()) {
     builder.AddListeningPort(client_listen, grpc::InsecureServerCredentials(), &client_port);
   }
+  // Keepalive: a peer that stops answering pings (a stopped process, a host cut off) has its
+  // connection closed, which ends a worker's Join stream like a crash would.
+  const absl::Duration keepalive = absl::GetFlag(FLAGS_peer_keepalive);
+  if (keepalive <= absl::ZeroDuration()) {
+    std::cerr << "coordinator: --peer-keepalive must be > 0\n";
+    return 2;
+  }
+  const int keepalive_ms =
+      static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(keepalive), int64_t{1} << 30));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  // At least 10 s to answer: an idle client's channel answers pings only from gRPC's backup
+  // poller (every 5 s), and must not be cut off for that.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients' and workers' own keepalive pings are welcome (no "too many pings" GOAWAY).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.SetMaxReceiveMessageSize(512 << 20);
   builder.SetMaxSendMessageSize(512 << 20);
   builder.RegisterService(service.get());

@@ -84,14 +84,18 @@ class ServiceTest : public ::testing::Test {
  protected:
   // stage_worker processes started (named w0, w1, ...).
   virtual int Workers() const { return 2; }
+  // Extra coordinator flags.
+  virtual std::vector<std::string> CoordinatorFlags() const { return {}; }
 
   void SetUp() override {
     dir_ = TempDir("pipetrain_svc_");
     ASSERT_FALSE(dir_.empty());
     const std::string port_file = dir_ + "/port";
-    coordinator_ = Spawn({PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--port-file",
-                          port_file, "--client-lease", "10m", "--checkpoint-root", dir_},
-                         dir_ + "/coordinator.log");
+    std::vector<std::string> argv = {
+        PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0",       "--port-file", port_file,
+        "--client-lease",      "10m",      "--checkpoint-root", dir_};
+    for (const std::string& f : CoordinatorFlags()) argv.push_back(f);
+    coordinator_ = Spawn(argv, dir_ + "/coordinator.log");
     ASSERT_GT(coordinator_, 0);
     // Bounded wait for the coordinator's port (it writes the file once it serves).
     std::string port;
@@ -126,6 +130,7 @@ class ServiceTest : public ::testing::Test {
     all.push_back(coordinator_);
     for (pid_t pid : all) {
       if (pid > 0) kill(pid, SIGTERM);
+      if (pid > 0) kill(pid, SIGCONT);  // a stopped process takes the SIGTERM only once continued.
     }
     for (pid_t pid : all) {
       if (pid > 0) waitpid(pid, nullptr, 0);
@@ -292,16 +297,24 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   EXPECT_THAT(run.out, HasSubstr("--steps not used by `pipetrain jobs`"));
 }
 
-// Three stages and a spare: SIGKILL of the worker holding rank 1 mid-run. The coordinator
-// replaces it with the spare, restarts every rank from the last checkpoint, `pipetrain train`
-// replays the batches since and reports the recovery, and every loss and the final checkpoint
-// are bit for bit those of `pipetrain reference`.
+// Three stages and a spare; a signal (SIGKILL or SIGSTOP) hits the worker holding rank 1 mid-run.
+// The coordinator replaces it with the spare, restarts every rank from the last checkpoint,
+// `pipetrain train` replays the batches since and reports the recovery, and every loss and the
+// final checkpoint are bit for bit those of `pipetrain reference`.
 class RecoveryTest : public ServiceTest {
  protected:
   int Workers() const override { return 4; }
+  void ExpectBitwiseRecoveryFrom(int signal);
 };
 
-TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
+class HungRecoveryTest : public RecoveryTest {
+ protected:
+  std::vector<std::string> CoordinatorFlags() const override {
+    return {"--peer-keepalive", "500ms"};
+  }
+};
+
+void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   const std::string flags = absl::StrCat(
       " --model ", Example("mlp_digits.textproto"),
       " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
@@ -328,10 +341,12 @@ TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
   const std::string victim = (*jobs)[0].stages(1).worker();
   const int index = victim.back() - '0';
   ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
-  ASSERT_EQ(kill(workers_[index], SIGKILL), 0);
+  ASSERT_EQ(kill(workers_[index], signal), 0);
   const int status = testing::DrainAndWait(train, &out);
-  waitpid(workers_[index], nullptr, 0);
-  workers_[index] = -1;
+  if (signal == SIGKILL) {
+    waitpid(workers_[index], nullptr, 0);
+    workers_[index] = -1;
+  }
   ASSERT_TRUE(WIFEXITED(status)) << out;
   ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err);
 
@@ -353,13 +368,37 @@ TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
     EXPECT_TRUE(ReadFile(dir_ + "/pipe/" + f) == ReadFile(dir_ + "/ref/" + f)) << f;
   }
   absl::StatusOr<v1::JobStatus> job = client_->GetJob((*jobs)[0].job());
-  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_DONE);
   ASSERT_EQ(job->recoveries_size(), 1);
   EXPECT_EQ(job->recoveries(0).lost_worker(), victim);
   EXPECT_EQ(job->recoveries(0).restored_step() % 20, 0);
   EXPECT_GE(job->recoveries(0).failed_step(), job->recoveries(0).restored_step());
   EXPECT_EQ(job->epoch(), 2);
+  if (signal == SIGSTOP) {
+    // The stopped worker was evicted; continued, it finds its job gone (fenced by the new
+    // epoch) and registers again as an idle worker.
+    ASSERT_EQ(kill(workers_[index], SIGCONT), 0);
+    bool back = false;
+    for (int i = 0; i < 3000 && !back; ++i) {
+      absl::StatusOr<std::vector<v1::WorkerInfo>> listed = client_->ListWorkers();
+      ASSERT_TRUE(listed.ok());
+      for (const v1::WorkerInfo& w : *listed)
+        back = back || (w.name() == victim && w.job().empty());
+      if (!back) absl::SleepFor(absl::Milliseconds(10));  // polling a bounded wait.
+    }
+    EXPECT_TRUE(back) << victim << " did not come back as an idle worker";
+  }
+}
+
+TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
+  ExpectBitwiseRecoveryFrom(SIGKILL);
+}
+
+// A stopped worker stops answering the coordinator's keepalive pings: its connection is closed,
+// it is replaced like a dead one; continued, it finds its job gone and registers again.
+TEST_F(HungRecoveryTest, StoppedWorkerIsEvictedReplacedAndFenced) {
+  ExpectBitwiseRecoveryFrom(SIGSTOP);
 }
 
 }  // namespace
