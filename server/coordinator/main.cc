@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   }
   builder.SetMaxReceiveMessageSize(512 << 20);
   builder.SetMaxSendMessageSize(512 << 20);
+  pipetrain::coordinator::AllowClientKeepalive(builder);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0 || (!client_listen.empty() && client_port == 0)) {
