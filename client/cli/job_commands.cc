@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const JobCommandOptions&
   if (o.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   }
-  return client::Client::Connect(o.coordinator);
+  return client::Client::Connect(o.coordinator, o.client);
 }
 
 absl::Status RequireJob(const JobCommandOptions& o, const char* command) {

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "client/sdk/client.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::cli {
@@ -18,6 +19,8 @@ struct JobCommandOptions {
   std::string reason;       // --reason (cancel): recorded with the job. Default: "cancelled by
                             // pipetrain cancel".
   bool json = false;        // --json: one JSON object per job instead of text.
+  // Keepalive and deadlines of the connection to the coordinator (the SDK's defaults).
+  client::ClientOptions client;
 };
 
 // `jobs`: one line per job the coordinator knows (ended ones for its retention period), oldest

@@ -203,7 +203,8 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
     children.push_back({absl::StrCat("stage_worker ", w), *wpid});
   }
   // Wait until all S workers have registered.
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Connect(*address));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                      client::Client::Connect(*address, o.train.client));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     if (InterruptScope::Interrupted()) return absl::CancelledError("interrupted");

@@ -161,7 +161,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   const io::DatasetInfo& info = data->info();
 
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
-                      client::Client::Connect(o.coordinator));
+                      client::Client::Connect(o.coordinator, o.client));
   v1::JobSpec job_spec;
   *job_spec.mutable_model() = spec;
   *job_spec.mutable_optimizer() = model::OptimizerToProto(optimizer);

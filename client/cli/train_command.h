@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "client/cli/training_options.h"
+#include "client/sdk/client.h"
 
 namespace pipetrain::cli {
 
@@ -22,6 +23,10 @@ struct TrainCommandOptions {
   std::string schedule = "1f1b";  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v.
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
   std::string trace_path;  // --trace FILE: Chrome trace of the last step; empty: none.
+  // Keepalive and deadlines of the connection to the coordinator: the SDK's defaults, so a
+  // coordinator that stops answering ends the run within about 15 s (10 s to notice it, 5 s for
+  // the best-effort CancelJob of the job).
+  client::ClientOptions client;
 };
 
 // OK if the options are usable (everything but the coordinator address, which `local` fills in);

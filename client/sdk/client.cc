@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/util/status_macros.h"
@@ -22,7 +25,53 @@ void ToDense(const math::Matrix& m, v1::DenseTensor* out) {
                 static_cast<size_t>(m.size()) * sizeof(float));
 }
 
+// Milliseconds of `d` as a gRPC channel argument (which is an int).
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
+
+// Why gRPC closed the connection under a failed call, if it was because the coordinator stopped
+// answering, in words that follow "stopped answering (" given the keepalive timeout `timeout`; ""
+// for any other status (the coordinator's own ones included). gRPC 1.51 reports an unanswered
+// keepalive ping as UNAVAILABLE "keepalive watchdog timeout" and data left unacknowledged for the
+// keepalive timeout (its TCP_USER_TIMEOUT, e.g. a large batch the frozen coordinator no longer
+// reads) as UNAVAILABLE "recvmsg:Connection timed out".
+std::string StoppedAnsweringReason(const grpc::Status& status, absl::Duration timeout) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return "";
+  const std::string& message = status.error_message();
+  if (absl::StrContains(message, "keepalive")) {
+    return absl::StrCat("no keepalive reply within ", absl::FormatDuration(timeout));
+  }
+  if (absl::StrContains(message, "Connection timed out") &&
+      !absl::StrContains(message, "failed to connect")) {
+    return absl::StrCat("what was sent to it stayed unacknowledged for ",
+                        absl::FormatDuration(timeout));
+  }
+  return "";
+}
+
 }  // namespace
+
+absl::Status ClientOptions::Check() const {
+  const std::pair<const char*, absl::Duration> timeouts[] = {
+      {"connect_timeout", connect_timeout},
+      {"call_timeout", call_timeout},
+      {"long_call_timeout", long_call_timeout},
+      {"cleanup_timeout", cleanup_timeout}};
+  for (const auto& [name, value] : timeouts) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.", name, " must be positive, got ", absl::FormatDuration(value)));
+    }
+  }
+  if (keepalive_interval < absl::Seconds(1) || keepalive_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.keepalive_interval and keepalive_timeout must be at least 1s, got ",
+        absl::FormatDuration(keepalive_interval), " and ",
+        absl::FormatDuration(keepalive_timeout)));
+  }
+  return absl::OkStatus();
+}
 
 v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch) {
   v1::TrainRequest request;
@@ -36,9 +85,12 @@ v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch
 // ---------------------------------------------------------------- TrainSession
 
 TrainSession::TrainSession(
-    std::string job, std::unique_ptr<grpc::ClientContext> context,
+    Client* client, std::string job, std::unique_ptr<grpc::ClientContext> context,
     std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream)
-    : job_(std::move(job)), context_(std::move(context)), stream_(std::move(stream)) {}
+    : client_(client),
+      job_(std::move(job)),
+      context_(std::move(context)),
+      stream_(std::move(stream)) {}
 
 TrainSession::~TrainSession() {
   if (!done_) {
@@ -50,8 +102,9 @@ TrainSession::~TrainSession() {
 absl::Status TrainSession::Fail() {
   if (!done_) {
     done_ = true;
-    final_ = wire::FromGrpcStatus(stream_->Finish());
-    if (final_.ok()) final_ = absl::UnavailableError("the coordinator ended the Train stream");
+    const grpc::Status status = stream_->Finish();
+    final_ = status.ok() ? absl::UnavailableError("the coordinator ended the Train stream")
+                         : client_->CallError(status, "");
   }
   return final_;
 }
@@ -149,35 +202,56 @@ absl::Status TrainSession::Finish() {
   if (done_) return final_;
   done_ = true;
   stream_->WritesDone();
-  final_ = wire::FromGrpcStatus(stream_->Finish());
+  const grpc::Status status = stream_->Finish();
+  final_ = status.ok() ? absl::OkStatus() : client_->CallError(status, "");
   return final_;
 }
 
 // ---------------------------------------------------------------- Client
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
-                                                        absl::Duration timeout) {
+                                                        const ClientOptions& options) {
+  PT_RETURN_IF_ERROR(options.Check());
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(512 << 20);
   args.SetMaxSendMessageSize(512 << 20);
+  // Pings also while no call is in flight and however long no data moves (a long Train step):
+  // an unanswered one closes the connection and fails its calls (the coordinator accepts this
+  // rate: coordinator::AllowClientKeepalive).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_interval));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
-  if (!channel->WaitForConnected(deadline)) {
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", target,
-                                               " within ", absl::FormatDuration(timeout)));
+                                               " within ",
+                                               absl::FormatDuration(options.connect_timeout)));
   }
-  return std::unique_ptr<Client>(new Client(v1::Coordinator::NewStub(channel)));
+  return std::unique_ptr<Client>(new Client(target, options, v1::Coordinator::NewStub(channel)));
+}
+
+absl::Status Client::CallError(const grpc::Status& status, const char* what, absl::Duration timeout,
+                               absl::Time deadline) const {
+  absl::Status error = wire::FromGrpcStatus(status);
+  if (const std::string reason = StoppedAnsweringReason(status, options_.keepalive_timeout);
+      !reason.empty()) {
+    error = absl::UnavailableError(
+        absl::StrCat("the coordinator at ", target_, " stopped answering (", reason, ")"));
+  } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+             absl::Now() >= deadline) {
+    // Our deadline, not the coordinator's own DEADLINE_EXCEEDED (a worker's step timed out).
+    error = absl::DeadlineExceededError(absl::StrCat(
+        "the coordinator at ", target_, " did not answer within ", absl::FormatDuration(timeout)));
+  }
+  return *what == '\0' ? error : wire::Annotate(error, what);
 }
 
 absl::StatusOr<v1::JobStatus> Client::CreateJob(const v1::JobSpec& spec) {
-  grpc::ClientContext context;
   v1::CreateJobRequest request;
   *request.mutable_spec() = spec;
-  v1::JobStatus response;
-  const grpc::Status status = stub_->CreateJob(&context, request, &response);
-  if (!status.ok()) return wire::FromGrpcStatus(status, "CreateJob");
-  return response;
+  return Unary(&v1::Coordinator::Stub::CreateJob, request, "CreateJob", options_.long_call_timeout);
 }
 
 absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::string& job,
@@ -186,8 +260,7 @@ absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::s
   auto stream = stub_->Train(context.get());
   if (stream == nullptr) return absl::UnavailableError("cannot open a Train stream");
   std::unique_ptr<TrainSession> session(
-      new TrainSession(job, std::move(context), std::move(stream)));
-  session->client_ = this;
+      new TrainSession(this, job, std::move(context), std::move(stream)));
   session->next_step_ = options.first_step;
   session->options_ = std::move(options);
   return session;
@@ -203,71 +276,69 @@ absl::StatusOr<v1::StepResult> Client::TrainStep(const std::string& job, const B
   return result;
 }
 
-namespace {
-
-// One unary call of `method` on `stub`; errors are the coordinator's statuses, prefixed `what`.
 template <typename Request, typename Response>
-absl::StatusOr<Response> Unary(v1::Coordinator::Stub* stub,
-                               grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
-                                                                             const Request&,
-                                                                             Response*),
-                               const Request& request, const char* what) {
+absl::StatusOr<Response> Client::Unary(
+    grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, const char* what, absl::Duration timeout) const {
   grpc::ClientContext context;
+  const absl::Time deadline = absl::Now() + timeout;
+  context.set_deadline(absl::ToChronoTime(deadline));
   Response response;
-  const grpc::Status status = (stub->*method)(&context, request, &response);
-  if (!status.ok()) return wire::FromGrpcStatus(status, what);
+  const grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+  if (!status.ok()) return CallError(status, what, timeout, deadline);
   return response;
 }
-
-}  // namespace
 
 absl::StatusOr<v1::JobStatus> Client::GetJob(const std::string& job) {
   v1::GetJobRequest request;
   request.set_job(job);
-  return Unary(stub_.get(), &v1::Coordinator::Stub::GetJob, request, "GetJob");
+  return Unary(&v1::Coordinator::Stub::GetJob, request, "GetJob", options_.call_timeout);
 }
 
 absl::StatusOr<v1::JobStatus> Client::FinishJob(const std::string& job) {
   v1::FinishJobRequest request;
   request.set_job(job);
-  return Unary(stub_.get(), &v1::Coordinator::Stub::FinishJob, request, "FinishJob");
+  return Unary(&v1::Coordinator::Stub::FinishJob, request, "FinishJob", options_.call_timeout);
 }
 
-absl::StatusOr<v1::JobStatus> Client::CancelJob(const std::string& job, const std::string& reason) {
+absl::StatusOr<v1::JobStatus> Client::CancelJob(const std::string& job, const std::string& reason,
+                                                absl::Duration timeout) {
   v1::CancelJobRequest request;
   request.set_job(job);
   request.set_reason(reason);
-  return Unary(stub_.get(), &v1::Coordinator::Stub::CancelJob, request, "CancelJob");
+  return Unary(&v1::Coordinator::Stub::CancelJob, request, "CancelJob",
+               timeout > absl::ZeroDuration() ? timeout : options_.call_timeout);
 }
 
 absl::StatusOr<std::vector<v1::JobStatus>> Client::ListJobs() {
-  PT_ASSIGN_OR_RETURN(
-      v1::ListJobsResponse response,
-      Unary(stub_.get(), &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), "ListJobs"));
+  PT_ASSIGN_OR_RETURN(v1::ListJobsResponse response,
+                      Unary(&v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), "ListJobs",
+                            options_.call_timeout));
   return std::vector<v1::JobStatus>(response.jobs().begin(), response.jobs().end());
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
   PT_ASSIGN_OR_RETURN(v1::ListWorkersResponse response,
-                      Unary(stub_.get(), &v1::Coordinator::Stub::ListWorkers,
-                            v1::ListWorkersRequest(), "ListWorkers"));
+                      Unary(&v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(),
+                            "ListWorkers", options_.call_timeout));
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
 absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job,
                                                           const std::string& directory) {
-  grpc::ClientContext context;
   v1::CheckpointRequest request;
   request.set_job(job);
   request.set_directory(directory);
-  v1::CheckpointResponse response;
-  const grpc::Status status = stub_->Checkpoint(&context, request, &response);
-  if (!status.ok()) return wire::FromGrpcStatus(status, "Checkpoint");
-  return response;
+  return Unary(&v1::Coordinator::Stub::Checkpoint, request, "Checkpoint",
+               options_.long_call_timeout);
 }
 
 ScopedJob::~ScopedJob() {
-  if (!ended_) Cancel().IgnoreError();  // best effort: the lease ends the job otherwise.
+  if (ended_) return;
+  // Best effort, briefly: the coordinator's client lease ends the job otherwise.
+  client_->CancelJob(job_, cancel_reason_, client_->options().cleanup_timeout)
+      .status()
+      .IgnoreError();
 }
 
 absl::Status ScopedJob::Finish() {

@@ -12,6 +12,15 @@
 // docs/architecture.md): INVALID_ARGUMENT for a bad spec or batch, FAILED_PRECONDITION for too few
 // workers or a second Train stream, NOT_FOUND for an unknown job, UNAVAILABLE when the
 // coordinator cannot be reached or a worker was lost.
+//
+// Liveness (ClientOptions): the channel pings the coordinator `keepalive_interval` after it last
+// heard from it, also while a call waits, so a coordinator that stops answering (frozen,
+// overloaded, its host or the network gone) fails every call on the connection, a Train step
+// included, with UNAVAILABLE "the coordinator at HOST:PORT stopped answering (no keepalive reply
+// within 5s)" — or "(what was sent to it stayed unacknowledged for 5s)" when a large request
+// filled the socket — within keepalive_interval + keepalive_timeout (10 s by default). Unary calls
+// also have deadlines (DEADLINE_EXCEEDED "...: the coordinator at HOST:PORT did not answer within
+// 30s"); a Train step has none, since a step may legitimately take long.
 #ifndef PIPETRAIN_CLIENT_SDK_CLIENT_H_
 #define PIPETRAIN_CLIENT_SDK_CLIENT_H_
 
@@ -30,6 +39,36 @@
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::client {
+
+// How a Client notices a coordinator that stopped answering, and how long calls may take.
+// Defaults suit a coordinator on the same LAN; Check() says whether a set is usable.
+struct ClientOptions {
+  // How long Connect waits for the channel to be ready. Default 10 s.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // An HTTP/2 ping goes to the coordinator when nothing has come from it for this long, whether
+  // or not a call is in flight. Default 5 s; at least 1 s (the coordinator accepts pings every half
+  // second or slower, see coordinator::AllowClientKeepalive; more frequent ones would make it close
+  // the connection).
+  absl::Duration keepalive_interval = absl::Seconds(5);
+  // A ping unanswered for this long, or data sent and unacknowledged by the coordinator's host for
+  // this long (the socket's TCP_USER_TIMEOUT, which gRPC sets to it), closes the connection: every
+  // call on it ends UNAVAILABLE ("stopped answering"). Default 5 s; at least 1 s.
+  absl::Duration keepalive_timeout = absl::Seconds(5);
+  // Deadline of GetJob, ListJobs, ListWorkers, FinishJob and CancelJob. Default 30 s.
+  absl::Duration call_timeout = absl::Seconds(30);
+  // Deadline of CreateJob (every worker builds, or loads from the --resume checkpoint, its layers)
+  // and Checkpoint (every worker uploads its layers' files), which may take minutes for a large
+  // model. Default 10 min.
+  absl::Duration long_call_timeout = absl::Minutes(10);
+  // Deadline of the CancelJob a ScopedJob sends when it goes out of scope unfinished. Short,
+  // because the coordinator itself may be why the client stops; best effort (the coordinator's
+  // client lease ends the job otherwise). Default 5 s.
+  absl::Duration cleanup_timeout = absl::Seconds(5);
+
+  // OK if usable; INVALID_ARGUMENT naming the field otherwise (every duration must be positive,
+  // the keepalive ones at least 1 s).
+  absl::Status Check() const;
+};
 
 // One training batch: `samples` samples whose rows are inputs [samples * tokens_per_sample,
 // input_features] and targets [samples * tokens_per_sample, target_features] (io::Batch's form).
@@ -64,7 +103,9 @@ struct TrainOptions {
 
 // A Train stream: one step per Step() call, in order. A failed step ends the stream (its status is
 // returned, and every later call returns it too); the job stays usable and a new session may be
-// started. Not thread-safe (one thread drives a session); the Client must outlive it.
+// started. A step has no deadline; a coordinator that stops answering ends it UNAVAILABLE through
+// the channel's keepalive (ClientOptions). Not thread-safe (one thread drives a session); the
+// Client must outlive it.
 class TrainSession {
  public:
   ~TrainSession();  // cancels the stream if Finish() was not called.
@@ -84,7 +125,7 @@ class TrainSession {
 
  private:
   friend class Client;
-  TrainSession(std::string job, std::unique_ptr<grpc::ClientContext> context,
+  TrainSession(Client* client, std::string job, std::unique_ptr<grpc::ClientContext> context,
                std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream);
   // Ends the stream after a failed read or write and returns (and remembers) its status.
   absl::Status Fail();
@@ -99,11 +140,11 @@ class TrainSession {
     v1::TrainRequest request;
     float loss = 0;
   };
-  Client* client_ = nullptr;  // set by Client::StartTraining.
   TrainOptions options_;
   int64_t next_step_ = 0;  // the step of the next new batch.
   std::deque<Kept> kept_;
 
+  Client* const client_;
   const std::string job_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream_;
@@ -114,12 +155,21 @@ class TrainSession {
 // A connection to a coordinator. Thread-safe: the stub may be used from several threads.
 class Client {
  public:
-  // Connects to `target` ("host:port"), waiting up to `timeout` for the channel to be ready.
-  // UNAVAILABLE if it is not.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const std::string& target, absl::Duration timeout = absl::Seconds(10));
+  // Connects to `target` ("host:port") with `options`, waiting up to options.connect_timeout for
+  // the channel to be ready. INVALID_ARGUMENT for unusable options, UNAVAILABLE if the channel is
+  // not ready in time.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         const ClientOptions& options = {});
 
-  // Creates a job and returns once every worker has accepted its assignment ("ready").
+  const std::string& target() const { return target_; }
+  const ClientOptions& options() const { return options_; }
+
+  // Every call below fails UNAVAILABLE when the coordinator stops answering keepalive pings and
+  // DEADLINE_EXCEEDED when it does not answer within the call's deadline (call_timeout, or
+  // long_call_timeout where said); both messages name the coordinator.
+
+  // Creates a job and returns once every worker has accepted its assignment ("ready"). Deadline:
+  // long_call_timeout.
   absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec);
   // One training step on its own Train stream.
   absl::StatusOr<v1::StepResult> TrainStep(const std::string& job, const BatchView& batch);
@@ -132,25 +182,49 @@ class Client {
   // step is in flight or once the job ended (the message names its state).
   absl::StatusOr<v1::JobStatus> FinishJob(const std::string& job);
   // Ends a job at once (a step in flight is aborted): CANCELLED with `reason`, its workers freed.
-  // OK (and no change) for a job that already ended.
-  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job, const std::string& reason = "");
+  // OK (and no change) for a job that already ended. `timeout` overrides call_timeout when
+  // given.
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& job, const std::string& reason = "",
+                                          absl::Duration timeout = absl::ZeroDuration());
   // Every job the coordinator knows (ended ones for its retention period), oldest first.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
   // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
-  // file system), then the coordinator writes the manifest (see docs/architecture.md).
+  // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
+  // long_call_timeout.
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
                                                     const std::string& directory);
 
  private:
   friend class TrainSession;
-  explicit Client(std::unique_ptr<v1::Coordinator::Stub> stub) : stub_(std::move(stub)) {}
+  Client(std::string target, const ClientOptions& options,
+         std::unique_ptr<v1::Coordinator::Stub> stub)
+      : target_(std::move(target)), options_(options), stub_(std::move(stub)) {}
+  // One unary call of `method` with `timeout` as its deadline; errors as CallError.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                               const Request&,
+                                                                               Response*),
+                                 const Request& request, const char* what,
+                                 absl::Duration timeout) const;
+  // The absl status of a failed call `what` whose deadline was `deadline`, `timeout` after it
+  // started (none by default): the coordinator's own statuses keep their message, prefixed
+  // "`what`: " unless `what` is empty; a connection closed by an unanswered keepalive ping and the
+  // call's own deadline say that the coordinator at target_ stopped answering, or did not answer
+  // within `timeout`.
+  absl::Status CallError(const grpc::Status& status, const char* what,
+                         absl::Duration timeout = absl::InfiniteDuration(),
+                         absl::Time deadline = absl::InfiniteFuture()) const;
+
+  const std::string target_;
+  const ClientOptions options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
 // Ends a job when it goes out of scope, so that a client that stops early (an error, Ctrl-C)
 // never leaves workers held until the coordinator's client lease runs out: CancelJob with the
-// cancel reason unless Finish() ended it first. Not thread-safe; `client` must outlive it.
+// cancel reason and the client's cleanup_timeout unless Finish() or Cancel() ended it first. Not
+// thread-safe; `client` must outlive it.
 class ScopedJob {
  public:
   ScopedJob(Client* client, std::string job) : client_(client), job_(std::move(job)) {}

@@ -27,6 +27,11 @@ std::string NewJobIdPrefix() {
 
 }  // namespace
 
+void AllowClientKeepalive(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
 absl::Status CoordinatorOptions::Check() const {
   if (assign_timeout <= absl::ZeroDuration() || step_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("assign_timeout and step_timeout must be > 0");

@@ -51,6 +51,10 @@
 #include "server/coordinator/op_thread.h"
 #include "server/link/peer_link.h"
 
+namespace grpc {
+class ServerBuilder;
+}  // namespace grpc
+
 namespace pipetrain::coordinator {
 
 struct CoordinatorOptions {
@@ -343,6 +347,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   bool stop_housekeeping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
   std::thread housekeeping_thread_;
 };
+
+// Sets on `builder` (of a server that registers the CoordinatorService) the ping policy that lets
+// clients and workers keep their connections alive: HTTP/2 pings every 0.5 s or slower are
+// accepted, with or without calls in flight and however long no data moves. gRPC's default (at
+// most one ping per 5 minutes without data) answers a client's keepalive (client::ClientOptions,
+// every 5 s by default) with GOAWAY "too_many_pings" during a long step. Not thread-safe (as
+// the builder).
+void AllowClientKeepalive(grpc::ServerBuilder& builder);
 
 // Converts a client DenseTensor to a matrix: INVALID_ARGUMENT (naming `what`) unless it is rank 2
 // with positive dims and exactly rows * cols * 4 bytes.

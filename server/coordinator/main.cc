@@ -132,12 +132,10 @@ int main(int argc, char** argv) {
   // At least 10 s to answer: an idle client's channel answers pings only from gRPC's backup
   // poller (every 5 s), and must not be cut off for that.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Clients' and workers' own keepalive pings are welcome (no "too many pings" GOAWAY).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.SetMaxReceiveMessageSize(512 << 20);
   builder.SetMaxSendMessageSize(512 << 20);
+  pipetrain::coordinator::AllowClientKeepalive(builder);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0 || (!client_listen.empty() && client_port == 0)) {

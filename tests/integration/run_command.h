@@ -4,11 +4,17 @@
 #ifndef PIPETRAIN_TESTS_INTEGRATION_RUN_COMMAND_H_
 #define PIPETRAIN_TESTS_INTEGRATION_RUN_COMMAND_H_
 
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -41,15 +47,15 @@ struct PipedChild {
   int out = -1;    // read end of its stdout.
 };
 
-// Starts `argv` (argv[0] a path) with stdout into a pipe and stderr into `stderr_path`.
+// Starts `argv` (argv[0] a path) with stdout into a pipe and stderr into `stderr_path`. The pipe is
+// close-on-exec, so that processes started later do not hold it open.
 inline PipedChild SpawnPiped(const std::vector<std::string>& argv, const std::string& stderr_path) {
   PipedChild child;
   int fds[2];
-  if (pipe(fds) != 0) return child;
+  if (pipe2(fds, O_CLOEXEC) != 0) return child;
   child.pid = fork();
   if (child.pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
     const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (err >= 0) dup2(err, STDERR_FILENO);
     std::vector<char*> args;
@@ -63,23 +69,52 @@ inline PipedChild SpawnPiped(const std::vector<std::string>& argv, const std::st
   return child;
 }
 
-// Reads `child`'s stdout into `*out` until `*out` contains `marker` or the pipe ends; true if it
-// does.
-inline bool ReadUntil(const PipedChild& child, const std::string& marker, std::string* out) {
+// How ReadWhile stopped.
+enum class ReadEnd { kDone, kEndOfPipe, kTimeout };
+
+// Appends what `child` writes to its stdout to `*out` until `done(*out)`, the pipe ends (or fails),
+// or `timeout_ms` milliseconds pass (-1: no limit).
+template <typename Done>
+ReadEnd ReadWhile(const PipedChild& child, int timeout_ms, std::string* out, Done done) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point end = Clock::now() + std::chrono::milliseconds(timeout_ms);
   char c;
-  while (out->find(marker) == std::string::npos && read(child.out, &c, 1) == 1) out->push_back(c);
-  return out->find(marker) != std::string::npos;
+  while (!done(*out)) {
+    int wait = -1;
+    if (timeout_ms >= 0) {
+      wait = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count()));
+    }
+    pollfd ready{child.out, POLLIN, 0};
+    const int r = poll(&ready, 1, wait);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return ReadEnd::kTimeout;
+    if (r < 0 || read(child.out, &c, 1) != 1) return ReadEnd::kEndOfPipe;
+    out->push_back(c);
+  }
+  return ReadEnd::kDone;
+}
+
+// Reads `child`'s stdout into `*out` until `*out` contains `marker`, the pipe ends or `timeout_ms`
+// milliseconds pass (-1: no limit); true if it does.
+inline bool ReadUntil(const PipedChild& child, const std::string& marker, std::string* out,
+                      int timeout_ms = -1) {
+  return ReadWhile(child, timeout_ms, out, [&marker](const std::string& s) {
+           return s.find(marker) != std::string::npos;
+         }) == ReadEnd::kDone;
 }
 
 // Reads the rest of `child`'s stdout into `*out` (so it never blocks on a full pipe), closes it
-// and reaps the child; returns its wait status (-1 if waitpid failed).
-inline int DrainAndWait(PipedChild& child, std::string* out) {
-  char c;
-  while (read(child.out, &c, 1) == 1) out->push_back(c);
+// and reaps the child; returns its wait status. -1 if waitpid failed, or if the pipe did not end
+// within `timeout_ms` milliseconds (-1: no limit): the child is then killed (SIGKILL) and reaped.
+inline int DrainAndWait(PipedChild& child, std::string* out, int timeout_ms = -1) {
+  const bool ended = ReadWhile(child, timeout_ms, out, [](const std::string&) { return false; }) ==
+                     ReadEnd::kEndOfPipe;
   close(child.out);
   child.out = -1;
+  if (!ended) kill(child.pid, SIGKILL);
   int status = 0;
-  return waitpid(child.pid, &status, 0) == child.pid ? status : -1;
+  return waitpid(child.pid, &status, 0) == child.pid && ended ? status : -1;
 }
 
 // The whole contents of `path` ("" if it cannot be read).

@@ -28,6 +28,7 @@
 #include "common/model/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/daemons.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -39,21 +40,6 @@ using testing::TempDir;
 
 using ::testing::HasSubstr;
 
-// Starts `argv` with stdout and stderr appended to `log`; returns its PID (-1 on failure).
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (fd >= 0) {
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-  }
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  _exit(127);
-}
 
 // Open file descriptors of process `pid`.
 int OpenFds(pid_t pid) {
@@ -90,58 +76,22 @@ class ServiceTest : public ::testing::Test {
   void SetUp() override {
     dir_ = TempDir("pipetrain_svc_");
     ASSERT_FALSE(dir_.empty());
-    const std::string port_file = dir_ + "/port";
-    std::vector<std::string> argv = {
-        PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0",       "--port-file", port_file,
-        "--client-lease",      "10m",      "--checkpoint-root", dir_};
-    for (const std::string& f : CoordinatorFlags()) argv.push_back(f);
-    coordinator_ = Spawn(argv, dir_ + "/coordinator.log");
-    ASSERT_GT(coordinator_, 0);
-    // Bounded wait for the coordinator's port (it writes the file once it serves).
-    std::string port;
-    for (int i = 0; i < 3000 && port.empty(); ++i) {
-      port = std::string(absl::StripAsciiWhitespace(ReadFile(port_file)));
-      if (port.empty()) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_FALSE(port.empty()) << ReadFile(dir_ + "/coordinator.log");
-    address_ = absl::StrCat("127.0.0.1:", port);
-    for (int w = 0; w < Workers(); ++w) {
-      const pid_t pid = Spawn({PIPETRAIN_WORKER, "--coordinator", address_, "--listen",
-                               "127.0.0.1:0", "--name", absl::StrCat("w", w)},
-                              absl::StrCat(dir_, "/worker-", w, ".log"));
-      ASSERT_GT(pid, 0);
-      workers_.push_back(pid);
-    }
-    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(address_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    client_ = *std::move(c);
-    // Bounded wait until both workers registered (each measures its GFLOP/s first).
-    for (int i = 0; i < 3000; ++i) {
-      absl::StatusOr<std::vector<v1::WorkerInfo>> listed = client_->ListWorkers();
-      ASSERT_TRUE(listed.ok()) << listed.status();
-      if (static_cast<int>(listed->size()) == Workers()) return;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    FAIL() << "the workers did not register: " << ReadFile(dir_ + "/worker-0.log");
+    std::vector<std::string> flags = {"--client-lease", "10m", "--checkpoint-root", dir_};
+    for (const std::string& f : CoordinatorFlags()) flags.push_back(f);
+    const std::string error = daemons_.Start(dir_, Workers(), flags);
+    ASSERT_EQ(error, "");
+    client_ = &daemons_.client();
   }
 
   void TearDown() override {
-    std::vector<pid_t> all = workers_;
-    all.push_back(coordinator_);
-    for (pid_t pid : all) {
-      if (pid > 0) kill(pid, SIGTERM);
-      if (pid > 0) kill(pid, SIGCONT);  // a stopped process takes the SIGTERM only once continued.
-    }
-    for (pid_t pid : all) {
-      if (pid > 0) waitpid(pid, nullptr, 0);
-    }
+    daemons_.Stop();
     if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // `pipetrain ARGS --coordinator ADDRESS`, stdout captured (stderr into the test's log).
   testing::CommandRun Pipetrain(const std::string& args) {
     return testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " ", args, " --coordinator ",
-                                            address_, " 2>>", dir_, "/client.log"));
+                                            daemons_.address(), " 2>>", dir_, "/client.log"));
   }
 
   std::string TrainArgs(int steps) const {
@@ -152,10 +102,8 @@ class ServiceTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::string address_;
-  pid_t coordinator_ = -1;
-  std::vector<pid_t> workers_;
-  std::unique_ptr<client::Client> client_;
+  testing::Daemons daemons_;
+  client::Client* client_ = nullptr;  // daemons_.client()
 };
 
 int CountSteps(const std::string& out) {
@@ -169,8 +117,8 @@ int CountSteps(const std::string& out) {
 TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
   constexpr int kJobs = 20;
   constexpr int kWarmup = 3;
-  std::vector<pid_t> daemons = workers_;
-  daemons.push_back(coordinator_);
+  std::vector<pid_t> daemons = daemons_.workers();
+  daemons.push_back(daemons_.coordinator());
   std::vector<int> fds_before;
   std::vector<int64_t> rss_before;
   for (int j = 0; j < kJobs; ++j) {
@@ -208,9 +156,9 @@ TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
 TEST_F(ServiceTest, CtrlCOfTrainCancelsItsJobAndFreesTheWorkers) {
   const std::string err = dir_ + "/interrupted.err";
   testing::PipedChild train =
-      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", address_, "--stages", "2",
-                           "--model", Example("mlp_digits.textproto"), "--batch", "16",
-                           "--microbatches", "2", "--steps", "1000000", "--json"},
+      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(),
+                           "--stages", "2", "--model", Example("mlp_digits.textproto"), "--batch",
+                           "16", "--microbatches", "2", "--steps", "1000000", "--json"},
                           err);
   ASSERT_GT(train.pid, 0);
   std::string out;
@@ -291,8 +239,8 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   run = testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " status 2>&1"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_THAT(run.out, HasSubstr("usage: pipetrain status JOB"));
-  run = testing::RunCommand(
-      absl::StrCat(PIPETRAIN_BINARY, " jobs --steps 5 --coordinator ", address_, " 2>&1"));
+  run = testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " jobs --steps 5 --coordinator ",
+                                         daemons_.address(), " 2>&1"));
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_THAT(run.out, HasSubstr("--steps not used by `pipetrain jobs`"));
 }
@@ -324,7 +272,7 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   ASSERT_EQ(ref.exit_code, 0) << ref.out;
 
   const std::string err = dir_ + "/recovery.err";
-  std::vector<std::string> argv = {PIPETRAIN_BINARY,     "train", "--coordinator", address_,
+  std::vector<std::string> argv = {PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
                                    "--stages",           "3",     "--schedule",    "1f1b",
                                    "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
   for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) {
@@ -341,12 +289,10 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   const std::string victim = (*jobs)[0].stages(1).worker();
   const int index = victim.back() - '0';
   ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
-  ASSERT_EQ(kill(workers_[index], signal), 0);
+  const pid_t victim_pid = daemons_.workers()[index];
+  ASSERT_EQ(kill(victim_pid, signal), 0);
   const int status = testing::DrainAndWait(train, &out);
-  if (signal == SIGKILL) {
-    waitpid(workers_[index], nullptr, 0);
-    workers_[index] = -1;
-  }
+  if (signal == SIGKILL) daemons_.Reap(index);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err);
 
@@ -378,7 +324,7 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   if (signal == SIGSTOP) {
     // The stopped worker was evicted; continued, it finds its job gone (fenced by the new
     // epoch) and registers again as an idle worker.
-    ASSERT_EQ(kill(workers_[index], SIGCONT), 0);
+    ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
     bool back = false;
     for (int i = 0; i < 3000 && !back; ++i) {
       absl::StatusOr<std::vector<v1::WorkerInfo>> listed = client_->ListWorkers();

@@ -1,0 +1,140 @@
+// The daemons of a multi-process integration test: one `coordinator` and N `stage_worker`
+// processes on 127.0.0.1, started by the test (fork/exec) and signalled by their PIDs only, and a
+// client SDK connection to the coordinator. The including test defines PIPETRAIN_COORDINATOR and
+// PIPETRAIN_WORKER (the binaries' paths).
+#ifndef PIPETRAIN_TESTS_INTEGRATION_DAEMONS_H_
+#define PIPETRAIN_TESTS_INTEGRATION_DAEMONS_H_
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/sdk/client.h"
+#include "tests/integration/run_command.h"
+
+namespace pipetrain::testing {
+
+// Starts `argv` with stdout and stderr appended to `log`; returns its PID (-1 on failure).
+inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+// A coordinator and its workers, stopped when destroyed. Not thread-safe.
+class Daemons {
+ public:
+  Daemons() = default;
+  ~Daemons() { Stop(); }
+  Daemons(const Daemons&) = delete;
+  Daemons& operator=(const Daemons&) = delete;
+
+  // Starts the coordinator (--listen 127.0.0.1:0 and `coordinator_flags`) and `workers` workers
+  // named w0, w1, … (--coordinator, --listen 127.0.0.1:0, --name and `worker_flags`) with their
+  // logs in `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s)
+  // until every worker has registered. Returns "" on success, else what failed and the log that
+  // says why.
+  std::string Start(const std::string& dir, int workers,
+                    const std::vector<std::string>& coordinator_flags = {},
+                    const std::vector<std::string>& worker_flags = {}) {
+    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+    const std::string coordinator_log = dir + "/coordinator.log";
+    PipedChild coordinator = SpawnPiped(argv, coordinator_log);
+    if (coordinator.pid <= 0) return "cannot start the coordinator";
+    coordinator_ = coordinator.pid;
+    // It prints "coordinator listening on HOST:PORT" once it serves, and nothing else.
+    std::string line;
+    const bool listening = ReadUntil(coordinator, "\n", &line, 30000);
+    close(coordinator.out);
+    absl::string_view rest = absl::StripAsciiWhitespace(line);
+    if (!listening || !absl::ConsumePrefix(&rest, "coordinator listening on ")) {
+      return absl::StrCat("the coordinator did not start: '", line, "' ",
+                          ReadFile(coordinator_log));
+    }
+    address_ = std::string(rest);
+    for (int w = 0; w < workers; ++w) {
+      std::vector<std::string> worker = {PIPETRAIN_WORKER,    "--coordinator", address_,
+                                         "--listen",          "127.0.0.1:0",   "--name",
+                                         absl::StrCat("w", w)};
+      worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
+      const pid_t pid = Spawn(worker, absl::StrCat(dir, "/worker-", w, ".log"));
+      if (pid <= 0) return "cannot start a worker";
+      workers_.push_back(pid);
+    }
+    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(address_);
+    if (!c.ok()) return c.status().ToString();
+    client_ = *std::move(c);
+    // Each worker measures its GFLOP/s before it registers.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::vector<v1::WorkerInfo>> listed = client_->ListWorkers();
+      if (!listed.ok()) return listed.status().ToString();
+      if (static_cast<int>(listed->size()) == workers) return "";
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return absl::StrCat("the workers did not register: ", ReadFile(dir + "/worker-0.log"));
+  }
+
+  // SIGTERM (and SIGCONT, for a stopped one) to every daemon still running, then waits for them.
+  // The client is closed first.
+  void Stop() {
+    client_.reset();
+    std::vector<pid_t> all = workers_;
+    all.push_back(coordinator_);
+    for (pid_t pid : all) {
+      if (pid <= 0) continue;
+      kill(pid, SIGTERM);
+      kill(pid, SIGCONT);
+    }
+    for (pid_t pid : all) {
+      if (pid > 0) waitpid(pid, nullptr, 0);
+    }
+    workers_.clear();
+    coordinator_ = -1;
+  }
+
+  // Waits for worker `w` (killed by the caller) and forgets it, so Stop signals no stale PID.
+  void Reap(size_t w) {
+    if (w >= workers_.size() || workers_[w] <= 0) return;
+    waitpid(workers_[w], nullptr, 0);
+    workers_[w] = -1;
+  }
+
+  // The coordinator's HOST:PORT.
+  const std::string& address() const { return address_; }
+  pid_t coordinator() const { return coordinator_; }
+  const std::vector<pid_t>& workers() const { return workers_; }
+  // Connected to the coordinator by Start().
+  client::Client& client() { return *client_; }
+
+ private:
+  std::string address_;
+  pid_t coordinator_ = -1;
+  std::vector<pid_t> workers_;
+  std::unique_ptr<client::Client> client_;
+};
+
+}  // namespace pipetrain::testing
+
+#endif  // PIPETRAIN_TESTS_INTEGRATION_DAEMONS_H_

@@ -1,0 +1,251 @@
+// A coordinator that stops answering is noticed by its clients within seconds. The test freezes a
+// real `coordinator` process with SIGSTOP (its sockets stay open and the kernel still accepts
+// bytes, but nothing replies: a hung or swapped-out daemon, or a host that vanished without a
+// reset, looks the same): `pipetrain train` exits 1 saying that the coordinator stopped
+// answering, a TrainSession::Step blocked on it ends UNAVAILABLE through the channel's keepalive,
+// and a GetJob ends within its deadline. Every process is started by the test and signalled by
+// its PID only; the frozen coordinator is killed (SIGKILL) in the tear-down.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <iostream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/sdk/client.h"
+#include "common/math/tensor.h"
+#include "common/model/model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemons.h"
+#include "tests/integration/run_command.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::Example;
+using testing::ReadFile;
+using testing::TempDir;
+
+using ::testing::HasSubstr;
+
+constexpr int kWorkers = 2;
+
+class LivenessTest : public ::testing::Test {
+ protected:
+  // Flags the workers get besides their address and name.
+  virtual std::vector<std::string> WorkerFlags() const { return {}; }
+
+  void SetUp() override {
+    dir_ = TempDir("pipetrain_live_");
+    ASSERT_FALSE(dir_.empty());
+    ASSERT_EQ(daemons_.Start(dir_, kWorkers, {}, WorkerFlags()), "");
+  }
+
+  void TearDown() override {
+    if (daemons_.coordinator() > 0) kill(daemons_.coordinator(), SIGKILL);
+    daemons_.Stop();
+    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+  }
+
+  // Stops the coordinator (SIGSTOP) and waits until it has stopped (a signal is delivered
+  // asynchronously: it may still answer a call just after kill returns); then runs `call` and
+  // returns its result and how long after the freeze it returned, which it prints as `what`.
+  template <typename Call>
+  auto WhileFrozen(const std::string& what, Call call)
+      -> std::pair<decltype(call()), absl::Duration> {
+    const pid_t pid = daemons_.coordinator();
+    EXPECT_EQ(kill(pid, SIGSTOP), 0);
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, WUNTRACED), pid);
+    EXPECT_TRUE(WIFSTOPPED(status));
+    const absl::Time frozen = absl::Now();
+    auto result = call();
+    const absl::Duration took = absl::Now() - frozen;
+    std::cout << what << " ended " << absl::FormatDuration(took)
+              << " after the coordinator froze\n";
+    return {std::move(result), took};
+  }
+
+  // What the client says when the coordinator stops answering.
+  std::string StoppedAnswering() const {
+    return absl::StrCat("the coordinator at ", daemons_.address(), " stopped answering (");
+  }
+
+  // A ready 2-stage job of the digits MLP.
+  absl::StatusOr<v1::JobStatus> CreateJob() {
+    absl::StatusOr<v1::ModelSpec> spec =
+        model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
+    if (!spec.ok()) return spec.status();
+    v1::JobSpec job;
+    *job.mutable_model() = *spec;
+    job.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+    job.set_schedule("1f1b");
+    job.set_stages(kWorkers);
+    job.set_microbatches(2);
+    job.set_threads(1);
+    return daemons_.client().CreateJob(job);
+  }
+
+  std::string dir_;
+  testing::Daemons daemons_;
+};
+
+// A batch of `samples` digits-shaped samples (64 features, class 0).
+struct Batch {
+  explicit Batch(int64_t samples)
+      : inputs(math::Matrix::Constant(samples, 64, 0.5f)),
+        targets(math::Matrix::Zero(samples, 1)),
+        samples(samples) {}
+  client::BatchView view() const { return {&inputs, &targets, samples}; }
+
+  math::Matrix inputs;
+  math::Matrix targets;
+  int64_t samples;
+};
+
+// The CLI: a run of a million steps exits 1 with the message, well within 30 s of the freeze
+// (about 10 s to notice, 5 s for the best-effort CancelJob of its job).
+TEST_F(LivenessTest, TrainExitsWhenTheCoordinatorFreezes) {
+  const std::string err = dir_ + "/train.err";
+  testing::PipedChild train =
+      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(),
+                           "--stages", "2", "--model", Example("mlp_digits.textproto"), "--batch",
+                           "16", "--microbatches", "2", "--steps", "1000000", "--json"},
+                          err);
+  ASSERT_GT(train.pid, 0);
+  std::string out;
+  ASSERT_TRUE(testing::ReadUntil(train, "{\"step\"", &out, 60000)) << out << ReadFile(err);
+  const auto [status, took] =
+      WhileFrozen("pipetrain train", [&] { return testing::DrainAndWait(train, &out, 30000); });
+  ASSERT_NE(status, -1) << "still running 30 s after the coordinator froze: " << ReadFile(err);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(ReadFile(err), HasSubstr(StoppedAnswering()));
+  EXPECT_LT(took, absl::Seconds(20));
+}
+
+// The SDK: a Step blocked on a frozen coordinator ends UNAVAILABLE within keepalive interval +
+// timeout (10 s with the defaults), and the session stays failed.
+TEST_F(LivenessTest, StepOnAFrozenCoordinatorEndsUnavailable) {
+  absl::StatusOr<v1::JobStatus> job = CreateJob();
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      daemons_.client().StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const Batch batch(4);
+  absl::StatusOr<v1::StepResult> step = (*session)->Step(batch.view());
+  ASSERT_TRUE(step.ok()) << step.status();
+
+  absl::Duration took;
+  std::tie(step, took) = WhileFrozen("Step", [&] { return (*session)->Step(batch.view()); });
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kUnavailable) << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr(absl::StrCat(StoppedAnswering(), "no keepalive reply within 5s)")));
+  EXPECT_LT(took, absl::Seconds(15));
+  EXPECT_EQ((*session)->Finish(), step.status());
+}
+
+// The SDK: a Step still sending its batch (32 MiB, after 8 MiB ones opened the flow-control
+// windows) when the coordinator freezes ends UNAVAILABLE as well: through the keepalive, or through
+// the socket's unacknowledged-data timeout (gRPC sets it to the keepalive timeout) once the frozen
+// side's buffers are full. A 2 s keepalive here: both are noticed within 2 + 2 s.
+TEST_F(LivenessTest, StepSendingALargeBatchToAFrozenCoordinatorEndsUnavailable) {
+  absl::StatusOr<v1::JobStatus> job = CreateJob();
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::ClientOptions options;
+  options.keepalive_interval = absl::Seconds(2);
+  options.keepalive_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect(daemons_.address(), options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session = (*c)->StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const Batch warm(32768);
+  for (int i = 0; i < 2; ++i) {
+    const absl::StatusOr<v1::StepResult> step = (*session)->Step(warm.view());
+    ASSERT_TRUE(step.ok()) << step.status();
+  }
+  const Batch large(131072);
+  const auto [step, took] =
+      WhileFrozen("Step of a 32 MiB batch", [&] { return (*session)->Step(large.view()); });
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kUnavailable) << step.status();
+  EXPECT_THAT(std::string(step.status().message()), HasSubstr(StoppedAnswering()));
+  EXPECT_THAT(std::string(step.status().message()), HasSubstr(" 2s)"));
+  EXPECT_LT(took, absl::Seconds(8));
+}
+
+// The SDK: a unary call on a frozen coordinator ends at its deadline (here 2 s, sooner than the
+// keepalive's 5-10 s), saying which coordinator did not answer.
+TEST_F(LivenessTest, GetJobOnAFrozenCoordinatorEndsWithinItsDeadline) {
+  client::ClientOptions options;
+  options.call_timeout = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect(daemons_.address(), options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->ListJobs().ok());
+
+  const auto [job, took] = WhileFrozen("GetJob", [&] { return (*c)->GetJob("job-1"); });
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kDeadlineExceeded) << job.status();
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr(absl::StrCat("GetJob: the coordinator at ", daemons_.address(),
+                                     " did not answer within 2s")));
+  EXPECT_GE(took, absl::Seconds(2) - absl::Milliseconds(50));
+  EXPECT_LT(took, absl::Seconds(4));
+}
+
+// Options that would make the coordinator refuse the pings, or end every call at once, are
+// refused before anything is sent.
+TEST(ClientOptionsTest, UnusableOptionsAreRefused) {
+  client::ClientOptions options;
+  options.keepalive_interval = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect("127.0.0.1:1", options);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("keepalive_interval"));
+  options = client::ClientOptions();
+  options.call_timeout = absl::ZeroDuration();
+  c = client::Client::Connect("127.0.0.1:1", options);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("call_timeout must be positive"));
+  EXPECT_TRUE(client::ClientOptions().Check().ok());
+}
+
+// Workers that pace every action to a slow emulated speed, so that a step takes seconds.
+class SlowStepTest : public LivenessTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return {"--emulate-gflops", "0.0003"}; }
+};
+
+// Keepalive is no false alarm: a client pinging every second through a step during which no data
+// moves for several seconds is neither refused by the coordinator (gRPC's default server policy
+// would answer the third such ping with GOAWAY "too_many_pings" and end the step UNAVAILABLE; see
+// coordinator::AllowClientKeepalive) nor told that the coordinator stopped answering.
+TEST_F(SlowStepTest, PingsDuringALongStepAreAccepted) {
+  absl::StatusOr<v1::JobStatus> job = CreateJob();
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::ClientOptions options;
+  options.keepalive_interval = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect(daemons_.address(), options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Batch batch(16);
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<v1::StepResult> step = (*c)->TrainStep(job->job(), batch.view());
+  const absl::Duration took = absl::Now() - start;
+  std::cout << "a step of " << absl::FormatDuration(took)
+            << " with a ping every second: " << step.status() << "\n";
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_GE(took, absl::Seconds(5)) << "too short to have drawn several pings";
+}
+
+}  // namespace
+}  // namespace pipetrain
