@@ -42,6 +42,16 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log)
 }
 
 // A coordinator and its workers, stopped when destroyed. Not thread-safe.
+// `pipetrain train` of the example digits MLP over 2 stages for a million steps (--json) against
+// the coordinator at `address`, stdout piped, stderr into `stderr_path`: a run that only ends
+// when something stops it.
+inline PipedChild SpawnEndlessTrain(const std::string& address, const std::string& stderr_path) {
+  return SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", address, "--stages", "2",
+                     "--model", Example("mlp_digits.textproto"), "--batch", "16", "--microbatches",
+                     "2", "--steps", "1000000", "--json"},
+                    stderr_path);
+}
+
 class Daemons {
  public:
   Daemons() = default;

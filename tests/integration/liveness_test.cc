@@ -113,11 +113,7 @@ struct Batch {
 // (about 10 s to notice, 5 s for the best-effort CancelJob of its job).
 TEST_F(LivenessTest, TrainExitsWhenTheCoordinatorFreezes) {
   const std::string err = dir_ + "/train.err";
-  testing::PipedChild train =
-      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(),
-                           "--stages", "2", "--model", Example("mlp_digits.textproto"), "--batch",
-                           "16", "--microbatches", "2", "--steps", "1000000", "--json"},
-                          err);
+  testing::PipedChild train = testing::SpawnEndlessTrain(daemons_.address(), err);
   ASSERT_GT(train.pid, 0);
   std::string out;
   ASSERT_TRUE(testing::ReadUntil(train, "{\"step\"", &out, 60000)) << out << ReadFile(err);

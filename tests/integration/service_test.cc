@@ -40,7 +40,6 @@ using testing::TempDir;
 
 using ::testing::HasSubstr;
 
-
 // Open file descriptors of process `pid`.
 int OpenFds(pid_t pid) {
   int n = 0;
@@ -155,11 +154,7 @@ TEST_F(ServiceTest, TwentyJobsInARowOnTheSameDaemons) {
 // workers at once for the next job.
 TEST_F(ServiceTest, CtrlCOfTrainCancelsItsJobAndFreesTheWorkers) {
   const std::string err = dir_ + "/interrupted.err";
-  testing::PipedChild train =
-      testing::SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(),
-                           "--stages", "2", "--model", Example("mlp_digits.textproto"), "--batch",
-                           "16", "--microbatches", "2", "--steps", "1000000", "--json"},
-                          err);
+  testing::PipedChild train = testing::SpawnEndlessTrain(daemons_.address(), err);
   ASSERT_GT(train.pid, 0);
   std::string out;
   ASSERT_TRUE(testing::ReadUntil(train, "{\"step\"", &out)) << out << ReadFile(err);
@@ -272,9 +267,10 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   ASSERT_EQ(ref.exit_code, 0) << ref.out;
 
   const std::string err = dir_ + "/recovery.err";
-  std::vector<std::string> argv = {PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
-                                   "--stages",           "3",     "--schedule",    "1f1b",
-                                   "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
+  std::vector<std::string> argv = {
+      PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
+      "--stages",           "3",     "--schedule",    "1f1b",
+      "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
   for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) {
     argv.emplace_back(f);
   }

@@ -69,7 +69,7 @@ constexpr int64_t kSamples = 16;
 class FakeCoordinator final : public v1::Coordinator::CallbackService {
  public:
   grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
-                                                        v1::PutStateResponse* response) override {
+                                                         v1::PutStateResponse* response) override {
     // Appends every chunk to its file's bytes; one read in flight.
     class Upload final : public grpc::ServerReadReactor<v1::PutStateRequest> {
      public:
