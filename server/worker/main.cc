@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
 ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for (0: all cores).");
+ABSL_FLAG(absl::Duration, keepalive, absl::Seconds(10),
+          "ping the coordinator after this long without traffic; no answer within max(this, 10s) "
+          "ends the control stream (the job is dropped and the worker redials)");
 
 int main(int argc, char** argv) {
   // gRPC allocates multi-MiB receive slices per read; above glibc's default mmap threshold each
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.emulate_gflops = absl::GetFlag(FLAGS_emulate_gflops);
   options.threads_max = absl::GetFlag(FLAGS_threads_max);
+  options.keepalive = absl::GetFlag(FLAGS_keepalive);
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

@@ -50,6 +50,10 @@ absl::Status StageWorkerOptions::Check() const {
   if (redial_initial <= absl::ZeroDuration() || redial_max < redial_initial) {
     return absl::InvalidArgumentError("redial backoff needs 0 < redial_initial <= redial_max");
   }
+  if (keepalive < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keepalive must be >= 1s, got ", absl::FormatDuration(keepalive)));
+  }
   return link.Check();
 }
 
@@ -115,9 +119,14 @@ absl::Status StageWorkerDaemon::StartServer() {
   }
   name_ = options_.name.empty() ? address_ : options_.name;
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  const int keepalive_ms = static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(options_.keepalive), int64_t{1} << 30));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Keep pinging while the control stream is idle (gRPC stops after 2 pings without data by
+  // default), so a frozen coordinator is noticed between jobs too.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(wire::kMaxFrameMessageBytes));
   coordinator_channel_ =
       grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);

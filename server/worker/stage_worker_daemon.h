@@ -67,6 +67,10 @@ struct StageWorkerOptions {
   // redial_max, and restarts from redial_initial once a stream got its first command.
   absl::Duration redial_initial = absl::Milliseconds(100);
   absl::Duration redial_max = absl::Seconds(5);
+  // The control stream pings the coordinator after this long without traffic, with or without
+  // data in flight; no answer within max(this, 10 s) ends the stream (the job is dropped, the
+  // worker redials). Default 10 s; at least 1 s (the coordinator refuses faster pings).
+  absl::Duration keepalive = absl::Seconds(10);
   // Data-plane link options (fragment size and credit window) for every Exchange stream.
   link::LinkOptions link;
   // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.

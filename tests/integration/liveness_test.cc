@@ -243,5 +243,32 @@ TEST_F(SlowStepTest, PingsDuringALongStepAreAccepted) {
   EXPECT_GE(took, absl::Seconds(5)) << "too short to have drawn several pings";
 }
 
+// The worker's side: an idle worker (no job, nothing on its control stream for many ping
+// intervals) still notices a frozen coordinator through its own keepalive, ends the control
+// stream and redials (gRPC stops pinging after two pings without data unless told otherwise).
+class WorkerKeepaliveTest : public LivenessTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return {"--keepalive", "1s"}; }
+};
+
+TEST_F(WorkerKeepaliveTest, AnIdleWorkerNoticesAFrozenCoordinator) {
+  // Idle for several ping intervals first: the situation the default ping budget gets wrong.
+  absl::SleepFor(absl::Milliseconds(3500));  // the time that passes is what is tested.
+  const std::string log = dir_ + "/worker-0.log";
+  const auto [noticed, took] = WhileFrozen("the idle worker's control stream", [&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(40);
+    while (absl::Now() < deadline) {
+      if (ReadFile(log).find("control stream to " + daemons_.address() + " ended") !=
+          std::string::npos) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(50));  // polling a bounded wait.
+    }
+    return false;
+  });
+  EXPECT_TRUE(noticed) << ReadFile(log);
+  EXPECT_LT(took, absl::Seconds(25));  // 1 s to the ping, at most 10 s for its answer.
+}
+
 }  // namespace
 }  // namespace pipetrain
