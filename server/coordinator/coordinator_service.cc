@@ -310,30 +310,39 @@ grpc::ServerReadReactor<v1::PutStateRequest>* CoordinatorService::PutState(
   return new UploadReactor(this, response);
 }
 
+absl::StatusOr<const CoordinatorService::Job*> CoordinatorService::LiveJobAt(const std::string& id,
+                                                                             int64_t epoch) const {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  const Job& job = *it->second;
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (epoch != job.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", epoch));
+  }
+  return &job;
+}
+
+absl::StatusOr<int> CoordinatorService::RankOf(const Job& job, const std::string& worker) const {
+  auto w = std::find(job.workers.begin(), job.workers.end(), worker);
+  auto conn = workers_.find(worker);
+  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", worker, "' holds no rank of job '", job.id, "'"));
+  }
+  return static_cast<int>(w - job.workers.begin());
+}
+
 absl::StatusOr<std::pair<std::string, std::map<std::string, model::CheckpointShard>>>
 CoordinatorService::AcceptUpload(const v1::PutStateRequest& first) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(first.job());
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", first.job(), "'"));
-  }
-  const Job& job = *it->second;
-  if (IsTerminal(job.state)) return EndedError(job);
-  if (first.epoch() != job.epoch) {
-    return absl::AbortedError(
-        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", first.epoch()));
-  }
-  auto w = std::find(job.workers.begin(), job.workers.end(), first.worker());
-  auto conn = workers_.find(first.worker());
-  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("worker '", first.worker(), "' holds no rank of job '", job.id, "'"));
-  }
+  PT_ASSIGN_OR_RETURN(const Job* found, LiveJobAt(first.job(), first.epoch()));
+  const Job& job = *found;
+  PT_ASSIGN_OR_RETURN(const int rank, RankOf(job, first.worker()));
   if (job.checkpoint_staging.empty() || first.step() != job.op_step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job.id, "' has no checkpoint of step ", first.step(), " in progress"));
   }
-  const int rank = static_cast<int>(w - job.workers.begin());
   std::map<std::string, model::CheckpointShard> files;
   for (const v1::ChunkSpec& c : job.chunks) {
     if (c.worker() != rank) continue;
@@ -347,27 +356,13 @@ CoordinatorService::AcceptUpload(const v1::PutStateRequest& first) {
 
 absl::Status CoordinatorService::StateFilesFor(const v1::FetchStateRequest& request,
                                                std::vector<StateFile>* files) {
-  auto it = jobs_.find(request.job());
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown job '", request.job(), "'"));
-  }
-  const Job& job = *it->second;
-  if (IsTerminal(job.state)) return EndedError(job);
-  if (request.epoch() != job.epoch) {
-    return absl::AbortedError(
-        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", request.epoch()));
-  }
+  PT_ASSIGN_OR_RETURN(const Job* found, LiveJobAt(request.job(), request.epoch()));
+  const Job& job = *found;
   if (!job.restore.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", job.id, "' restarts from no checkpoint"));
   }
-  auto w = std::find(job.workers.begin(), job.workers.end(), request.worker());
-  auto conn = workers_.find(request.worker());
-  if (w == job.workers.end() || conn == workers_.end() || conn->second.job != job.id) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("worker '", request.worker(), "' holds no rank of job '", job.id, "'"));
-  }
-  const int rank = static_cast<int>(w - job.workers.begin());
+  PT_ASSIGN_OR_RETURN(const int rank, RankOf(job, request.worker()));
   for (const model::CheckpointShard& shard : job.restore->shards) {
     for (const v1::ChunkSpec& c : job.chunks) {
       if (c.worker() == rank && shard.first_layer >= c.first_layer() &&

@@ -257,6 +257,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // The last task on an ended job's OpThread: closes its data links.
   void CloseJobLinks(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Job `id` if it exists, has not ended (FAILED_PRECONDITION) and is at `epoch` (ABORTED).
+  absl::StatusOr<const Job*> LiveJobAt(const std::string& id, int64_t epoch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank `worker` holds in `job`: PERMISSION_DENIED unless it is a live worker of the job.
+  absl::StatusOr<int> RankOf(const Job& job, const std::string& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The files of `request`'s rank of its job (FetchState), or why it gets none.
   absl::Status StateFilesFor(const v1::FetchStateRequest& request, std::vector<StateFile>* files)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
