@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Paths relative to the checkout, so clones and worktrees share one compiler cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
   -DPIPETRAIN_WERROR=ON >/dev/null
