@@ -21,6 +21,7 @@ namespace {
 void ToDense(const math::Matrix& m, v1::DenseTensor* out) {
   out->add_shape(m.rows());
   out->add_shape(m.cols());
+  out->set_dtype(v1::DTYPE_F32);
   out->set_data(reinterpret_cast<const char*>(m.data()),
                 static_cast<size_t>(m.size()) * sizeof(float));
 }

@@ -79,7 +79,7 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
   OptimizerConfig config;
   if (kind_and_args.first == "sgd") {
     config.kind = OptimizerKind::kSgd;
-    config.lr = 0.1f;
+    config.lr = kDefaultSgdLr;
   } else if (kind_and_args.first == "adamw") {
     config.kind = OptimizerKind::kAdamW;
   } else {

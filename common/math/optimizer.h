@@ -19,6 +19,9 @@ namespace pipetrain::math {
 
 enum class OptimizerKind { kSgd, kAdamW };
 
+// The learning rate of SGD when none is given (AdamW's is OptimizerConfig::lr's default).
+inline constexpr float kDefaultSgdLr = 0.1f;
+
 // Hyper-parameters of one optimizer. Fields that do not apply to `kind` are ignored.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;

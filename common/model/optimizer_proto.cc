@@ -8,7 +8,7 @@ absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec
     case v1::OptimizerSpec::kSgd: {
       const v1::SgdSpec& sgd = spec.sgd();
       config.kind = math::OptimizerKind::kSgd;
-      config.lr = sgd.lr();
+      config.lr = sgd.has_lr() ? sgd.lr() : math::kDefaultSgdLr;
       config.momentum = sgd.momentum();
       config.weight_decay = sgd.weight_decay();
       config.nesterov = sgd.nesterov();
@@ -17,10 +17,12 @@ absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec
     case v1::OptimizerSpec::kAdamw: {
       const v1::AdamWSpec& adamw = spec.adamw();
       config.kind = math::OptimizerKind::kAdamW;
-      config.lr = adamw.lr();
-      config.beta1 = adamw.beta1() == 0.0f ? 0.9f : adamw.beta1();
-      config.beta2 = adamw.beta2() == 0.0f ? 0.999f : adamw.beta2();
-      config.eps = adamw.eps() == 0.0f ? 1e-8f : adamw.eps();
+      // Unset fields keep OptimizerConfig's AdamW defaults (lr 1e-3, beta1 0.9, beta2 0.999,
+      // eps 1e-8); a set field is taken as is, 0 included.
+      if (adamw.has_lr()) config.lr = adamw.lr();
+      if (adamw.has_beta1()) config.beta1 = adamw.beta1();
+      if (adamw.has_beta2()) config.beta2 = adamw.beta2();
+      if (adamw.has_eps()) config.eps = adamw.eps();
       config.weight_decay = adamw.weight_decay();
       break;
     }

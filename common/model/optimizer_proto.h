@@ -10,14 +10,15 @@
 
 namespace pipetrain::model {
 
-// The config `spec` describes, with the proto's documented defaults for fields left 0 (AdamW
-// beta1 0.9, beta2 0.999, eps 1e-8), then checked with math::ValidateOptimizerConfig.
+// The config `spec` describes, with the proto's documented defaults for unset optional fields
+// (SGD lr 0.1; AdamW lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8; a field set to 0 is 0), then
+// checked with math::ValidateOptimizerConfig.
 // INVALID_ARGUMENT if no optimizer kind is set or a hyper-parameter is out of range (the message
 // names it). Pure, thread-safe.
 absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec& spec);
 
-// The spec of `config` (fields that do not apply to its kind are dropped). OptimizerFromProto of
-// the result equals `config` for any valid config whose AdamW betas and eps are non-zero.
+// The spec of `config` with every field set (fields that do not apply to its kind are dropped).
+// OptimizerFromProto of the result equals `config` for any valid config.
 // Pure, thread-safe.
 v1::OptimizerSpec OptimizerToProto(const math::OptimizerConfig& config);
 

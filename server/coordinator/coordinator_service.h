@@ -362,8 +362,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 // the builder).
 void AllowClientKeepalive(grpc::ServerBuilder& builder);
 
-// Converts a client DenseTensor to a matrix: INVALID_ARGUMENT (naming `what`) unless it is rank 2
-// with positive dims and exactly rows * cols * 4 bytes.
+// Converts a client DenseTensor to a matrix: INVALID_ARGUMENT (naming `what`) unless its dtype is
+// DTYPE_F32 (or unset, meaning it) and it is rank 2 with positive dims and exactly rows * cols * 4
+// bytes.
 absl::StatusOr<math::Matrix> DenseTensorToMatrix(const v1::DenseTensor& tensor,
                                                  const std::string& what);
 

@@ -46,8 +46,28 @@ absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
   params.virtual_stages = spec->virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> built, model::Model::Build(spec->model()));
-  *net = std::move(built);
+  // The model as its author wrote it: sizes left 0 come from the client's data shape.
+  const v1::DataShape& data = spec->data_shape();
+  PT_ASSIGN_OR_RETURN(
+      *spec->mutable_model(),
+      model::ResolveModelSpec(spec->model(),
+                              model::DataShape{data.input_features(), data.target_features(),
+                                               data.num_classes(), data.tokens_per_sample()}));
+  absl::StatusOr<std::unique_ptr<model::Model>> built = model::Model::Build(spec->model());
+  if (!built.ok()) {
+    if (!spec->has_data_shape()) {
+      return wire::Annotate(built.status(),
+                            "model (sizes left 0 are filled from JobSpec.data_shape, which is "
+                            "not set)");
+    }
+    return built.status();
+  }
+  if (data.target_features() > 0 && (*built)->target_features() != data.target_features()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's loss needs ", (*built)->target_features(),
+                     " target features per row, the data shape has ", data.target_features()));
+  }
+  *net = *std::move(built);
   const int C = spec->stages() * spec->virtual_stages();
   if ((*net)->num_layers() < C) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -754,6 +774,11 @@ absl::Duration CoordinatorService::StepDeadline(const Job& job, int64_t mb_rows)
 
 absl::StatusOr<math::Matrix> DenseTensorToMatrix(const v1::DenseTensor& tensor,
                                                  const std::string& what) {
+  if (tensor.dtype() != v1::DTYPE_F32 && tensor.dtype() != v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", static_cast<int>(tensor.dtype()),
+                     " is not supported (only DTYPE_F32 = 1, little-endian float32)"));
+  }
   if (tensor.shape_size() != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": expected a rank-2 tensor, got rank ", tensor.shape_size()));

@@ -455,6 +455,45 @@ TEST_F(CoordinatorServiceTest, BadModelIsInvalidArgument) {
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorServiceTest, ModelSizesLeftZeroAreFilledFromTheDataShape) {
+  AddWorkers(2);
+  v1::JobSpec spec = MakeSpec(2, 2);
+  spec.mutable_model()->set_input_features(0);
+  spec.mutable_model()->mutable_layers(2)->mutable_linear()->set_out_features(0);
+  spec.set_threads(0);  // documented: 1.
+  // Without the data shape the sizes stay unknown: the error says where they would come from.
+  absl::StatusOr<v1::JobStatus> unresolved = client_->CreateJob(spec);
+  ASSERT_EQ(unresolved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unresolved.status().message(), HasSubstr("JobSpec.data_shape"));
+  // A data shape that contradicts a size the spec sets.
+  v1::JobSpec contradicting = MakeSpec(2, 2);
+  contradicting.mutable_data_shape()->set_input_features(5);
+  absl::StatusOr<v1::JobStatus> bad = client_->CreateJob(contradicting);
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("model input_features 4 != data set's 5"));
+  // The data shape fills them; the job runs the resolved spec, equal to the written-out one.
+  spec.mutable_data_shape()->set_input_features(4);
+  spec.mutable_data_shape()->set_target_features(1);
+  spec.mutable_data_shape()->set_num_classes(3);
+  spec.mutable_data_shape()->set_tokens_per_sample(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().model().SerializeAsString(), MakeSpec(2, 2).model().SerializeAsString());
+  EXPECT_EQ(job->spec().threads(), 1);
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+}
+
+TEST_F(CoordinatorServiceTest, DataShapeWithOtherTargetFeaturesIsInvalidArgument) {
+  AddWorkers(1);
+  v1::JobSpec spec = MakeSpec(1, 1);
+  spec.mutable_data_shape()->set_target_features(3);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(spec);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("the model's loss needs 1 target features per row, the data shape has 3"));
+}
+
 TEST_F(CoordinatorServiceTest, DuplicateWorkerNameIsRefused) {
   AddWorkers(1);
   FakeWorker twin(address_, "w0");
@@ -549,6 +588,18 @@ TEST_F(CoordinatorServiceTest, BadBatchesLeaveTheJobUsable) {
   overcount.samples = int64_t{1} << 62;
   EXPECT_EQ(client_->TrainStep(id, overcount.view()).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A dtype other than float32.
+  {
+    TestBatch b = MakeBatch(4);
+    v1::TrainRequest request = client::MakeTrainRequest(id, b.view());
+    EXPECT_EQ(request.inputs().dtype(), v1::DTYPE_F32);
+    request.mutable_targets()->set_dtype(static_cast<v1::DType>(7));
+    absl::StatusOr<std::unique_ptr<client::TrainSession>> session = client_->StartTraining(id);
+    ASSERT_TRUE(session.ok()) << session.status();
+    absl::Status d = (*session)->Step(request).status();
+    EXPECT_EQ(d.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(d.message(), HasSubstr("targets: dtype 7 is not supported"));
+  }
   // Unknown job.
   EXPECT_EQ(client_->TrainStep("job-404", MakeBatch(4).view()).status().code(),
             absl::StatusCode::kNotFound);
