@@ -9,6 +9,9 @@ packages=(
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libssl-dev
   nlohmann-json3-dev zlib1g-dev python3 iproute2
+  # The Python client (client/python), its tests and example.
+  python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip python3-setuptools
+  python3-wheel python3-pytest python3-tqdm python3-matplotlib
 )
 
 missing=()

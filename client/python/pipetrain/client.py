@@ -1,0 +1,446 @@
+"""The coordinator's client API in Python, in the style of the C++ SDK (client/sdk/client.h).
+
+    with pipetrain.Client("127.0.0.1:7070") as client:
+        with client.create_job(model="examples/mlp_digits.textproto", schedule="1f1b", stages=2,
+                               microbatches=4, optimizer="adamw:lr=1e-2", seed=1) as job:
+            for result in job.train(batches):   # (inputs, targets) pairs: numpy or torch
+                print(result.step, result.loss)
+        # leaving the block finishes the job (FinishJob), or cancels it on an exception
+
+Errors are PipetrainError (pipetrain.errors) carrying the gRPC status code and message. Not
+thread-safe: one thread drives a Job; a Client may be shared by several Jobs of one thread.
+"""
+
+import dataclasses
+import itertools
+import os
+import queue
+import sys
+
+import grpc
+import numpy as np
+from google.protobuf import text_format
+
+from pipetrain.errors import PipetrainError, StatusCode
+from pipetrain.v1 import coordinator_pb2 as pb
+from pipetrain.v1 import coordinator_pb2_grpc
+from pipetrain.v1 import model_pb2
+from pipetrain.v1 import tensor_pb2
+
+# The environment variable a token is taken from when Client(token=None).
+TOKEN_ENV = "PIPETRAIN_TOKEN"
+# The metadata key the coordinator reads the token from ("Bearer <token>").
+TOKEN_METADATA_KEY = "authorization"
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One applied training step (coordinator.proto StepResult).
+
+    step: 1-based number of the step applied. loss: the batch's mean loss (a float32 value, held
+    exactly by the Python float). microbatch_losses: by micro-batch. step_ms: wall time at the
+    coordinator. bubble_fraction: measured idle fraction of the pipeline; predicted_bubble_fraction:
+    the simulator's for the measured action costs. workers: per-rank WorkerTimeline messages
+    (busy_ms, bubble_fraction, action timings). proto: the message itself."""
+
+    step: int
+    loss: float
+    microbatch_losses: list
+    step_ms: float
+    bubble_fraction: float
+    predicted_bubble_fraction: float
+    workers: list
+    proto: pb.StepResult
+
+    @classmethod
+    def from_proto(cls, r):
+        return cls(r.step, r.loss, list(r.microbatch_losses), r.step_ms, r.bubble_fraction,
+                   r.predicted_bubble_fraction, list(r.workers), r)
+
+
+def _invalid(message):
+    return PipetrainError(StatusCode.INVALID_ARGUMENT, message)
+
+
+def model_spec(model):
+    """A ModelSpec from a ModelSpec message, a path to a protobuf text file (examples/*.textproto)
+    or the text itself. INVALID_ARGUMENT naming the source on a syntax error."""
+    if isinstance(model, model_pb2.ModelSpec):
+        return model
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and os.path.isfile(model)):
+        with open(model, "r", encoding="utf-8") as f:
+            text, source = f.read(), os.fspath(model)
+    elif isinstance(model, str):
+        text, source = model, "model text"
+    else:
+        raise _invalid("model must be a ModelSpec, a file path or its text, got %s"
+                       % type(model).__name__)
+    try:
+        return text_format.Parse(text, model_pb2.ModelSpec())
+    except text_format.ParseError as e:
+        raise _invalid("invalid model spec: %s:%s" % (source, e)) from None
+
+
+_SGD_KEYS = {"lr", "momentum", "weight_decay", "nesterov"}
+_ADAMW_KEYS = {"lr", "beta1", "beta2", "eps", "weight_decay"}
+
+
+def optimizer_spec(optimizer):
+    """An OptimizerSpec from a message, the CLI's text ("adamw:lr=1e-2,beta1=0", "sgd:lr=0.1,
+    momentum=0.9", keys as `pipetrain --optimizer`) or a dict {"kind": "adamw", "lr": 1e-2, ...}.
+    Keys left out take the coordinator's defaults (model.proto). INVALID_ARGUMENT for an unknown
+    kind or key."""
+    if isinstance(optimizer, model_pb2.OptimizerSpec):
+        return optimizer
+    if isinstance(optimizer, str):
+        kind, _, args = optimizer.partition(":")
+        values = {}
+        for item in filter(None, args.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise _invalid("optimizer %r: %r is not key=value" % (optimizer, item))
+            values[key.strip()] = value.strip()
+    elif isinstance(optimizer, dict):
+        values = dict(optimizer)
+        kind = values.pop("kind", None)
+    else:
+        raise _invalid("optimizer must be an OptimizerSpec, text or a dict, got %s"
+                       % type(optimizer).__name__)
+    spec = model_pb2.OptimizerSpec()
+    if kind == "sgd":
+        target, keys = spec.sgd, _SGD_KEYS
+        spec.sgd.SetInParent()
+    elif kind == "adamw":
+        target, keys = spec.adamw, _ADAMW_KEYS
+        spec.adamw.SetInParent()
+    else:
+        raise _invalid("optimizer: unknown kind %r (expected sgd or adamw)" % (kind,))
+    for key, value in values.items():
+        if key == "clip_norm":
+            spec.clip_norm = float(value)
+        elif key not in keys:
+            raise _invalid("optimizer %s: unknown key %r (expected %s or clip_norm)"
+                           % (kind, key, ", ".join(sorted(keys))))
+        elif key == "nesterov":
+            target.nesterov = value in (True, 1, "1", "true")
+        else:
+            try:
+                setattr(target, key, float(value))
+            except ValueError:
+                raise _invalid("optimizer %s: %s=%r is not a number" % (kind, key, value)) from None
+    return spec
+
+
+def _as_float32(x, what):
+    """x (numpy array, torch tensor, nested list) as a C-contiguous little-endian float32 array."""
+    if type(x).__module__.split(".")[0] == "torch":  # without importing torch
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiub":
+        raise _invalid("%s: dtype %s is not numeric" % (what, a.dtype))
+    return np.ascontiguousarray(a, dtype="<f4")
+
+
+def _rows(a, tokens_per_sample, what):
+    """`a` as the wire's rank-2 rows: a vector is one value per row; [samples, context] token ids
+    of a token model become one id per row."""
+    if a.ndim == 1:
+        return a.reshape(-1, 1)
+    if a.ndim != 2:
+        raise _invalid("%s: expected a rank-1 or rank-2 array, got shape %s" % (what, a.shape))
+    if tokens_per_sample > 1 and a.shape[1] == tokens_per_sample:
+        return a.reshape(-1, 1)
+    return a
+
+
+def _dense(a):
+    return pb.DenseTensor(shape=list(a.shape), data=a.tobytes(), dtype=tensor_pb2.DTYPE_F32)
+
+
+class _TrainStream:
+    """One open Train stream: requests go through a queue the gRPC thread reads; answers are read
+    in turn. Broken after its first error (the coordinator ended it)."""
+
+    def __init__(self, stub, metadata, target):
+        self._target = target
+        self._requests = queue.Queue()
+        self._responses = stub.Train(iter(self._requests.get, None), metadata=metadata)
+        self.broken = False
+
+    def step(self, request):
+        self._requests.put(request)
+        try:
+            return next(self._responses)
+        except grpc.RpcError as e:
+            self._end()
+            raise PipetrainError.from_rpc_error(e, "Train", self._target) from None
+        except StopIteration:
+            self._end()
+            raise PipetrainError(StatusCode.INTERNAL, "the Train stream ended without an answer",
+                                 "Train") from None
+
+    def _end(self):
+        """Marks the stream broken and ends its request iterator (gRPC's thread reading it)."""
+        self.broken = True
+        self._requests.put(None)
+
+    def close(self):
+        """Half-closes the stream and waits for its end; errors are not reported (the step that
+        met them already was)."""
+        self._requests.put(None)
+        try:
+            for _ in self._responses:
+                pass
+        except grpc.RpcError:
+            pass
+
+    def cancel(self):
+        self._requests.put(None)
+        self._responses.cancel()
+
+
+class Job:
+    """A job on the coordinator (made by Client.create_job or Client.job). As a context manager
+    it ends the job on leaving: FinishJob (DONE) normally, CancelJob when an exception leaves the
+    block, so its workers are freed at once either way."""
+
+    def __init__(self, client, status):
+        self._client = client
+        self.id = status.job
+        self.spec = status.spec  # as the coordinator runs it: model sizes, V, threads filled in.
+        self._tokens_per_sample = 1
+        for layer in status.spec.model.layers:
+            if layer.HasField("embedding"):
+                self._tokens_per_sample = layer.embedding.context
+        self._stream = None
+        self._ended = False
+
+    def __repr__(self):
+        return "Job(%r)" % self.id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._ended:
+            return False
+        if exc_type is None:
+            self.finish()
+        else:
+            try:
+                self.cancel("the Python client stopped: %s: %s" % (exc_type.__name__, exc))
+            except PipetrainError:
+                pass  # best effort: the coordinator's client lease ends the job otherwise.
+        return False
+
+    def status(self):
+        """The job's JobStatus message (state, steps_done, stages, spec, reason, ...)."""
+        return self._client._call("GetJob", pb.GetJobRequest(job=self.id))
+
+    def request(self, inputs, targets, samples=None):
+        """The TrainRequest of a batch: `inputs` [rows, input_features] (token models: [samples,
+        context] ids), `targets` [rows, target_features] or [rows] labels; numpy arrays, torch
+        tensors or lists, converted to float32. samples: rows / tokens_per_sample unless given."""
+        x = _rows(_as_float32(inputs, "inputs"), self._tokens_per_sample, "inputs")
+        y = _rows(_as_float32(targets, "targets"), self._tokens_per_sample, "targets")
+        if samples is None:
+            if x.shape[0] % self._tokens_per_sample:
+                raise _invalid("inputs: %d rows are not a whole number of samples of %d tokens"
+                               % (x.shape[0], self._tokens_per_sample))
+            samples = x.shape[0] // self._tokens_per_sample
+        return pb.TrainRequest(job=self.id, samples=samples, inputs=_dense(x), targets=_dense(y))
+
+    def step(self, inputs, targets, samples=None):
+        """Trains one step on one batch (see request()) and returns its StepResult. On the job's
+        open Train stream (opened at the first step); after an error the next step opens a new one
+        (the job stays at the same step: a failed step is applied nowhere)."""
+        if self._stream is None or self._stream.broken:
+            self._stream = _TrainStream(self._client._stub, self._client._metadata,
+                                        self._client.address)
+        return StepResult.from_proto(self._stream.step(self.request(inputs, targets, samples)))
+
+    def train(self, batches, steps=None, progress=None):
+        """Trains on `batches`, an iterable of (inputs, targets) pairs (e.g. pipetrain.data.batches
+        or a torch DataLoader), at most `steps` of them; yields each step's StepResult. progress:
+        a tqdm progress bar (python3-tqdm, if installed) when True, or when None and stderr is a
+        terminal."""
+        if steps is not None:
+            total = steps
+            batches = itertools.islice(batches, steps)
+        else:
+            total = len(batches) if hasattr(batches, "__len__") else None
+        bar = None
+        if progress or (progress is None and sys.stderr.isatty()):
+            try:
+                from tqdm import tqdm
+                bar = tqdm(total=total, unit="step", desc=self.id)
+            except ImportError:
+                bar = None
+        try:
+            for batch in batches:
+                inputs, targets = batch[0], batch[1]
+                result = self.step(inputs, targets)
+                if bar is not None:
+                    bar.set_postfix(loss="%.4f" % result.loss,
+                                    bubble="%.2f" % result.bubble_fraction, refresh=False)
+                    bar.update(1)
+                yield result
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def checkpoint(self, directory):
+        """Writes a checkpoint of the job's state to `directory` on the coordinator's host (under
+        its --checkpoint-root; a relative path is made absolute here, as the CLI does). Returns the
+        CheckpointResponse (step, directory). Allowed between steps of an open stream."""
+        if not os.path.isabs(directory):
+            directory = os.path.abspath(directory)
+        return self._client._call("Checkpoint", pb.CheckpointRequest(job=self.id,
+                                                                     directory=directory),
+                                  long=True)
+
+    def finish(self):
+        """Closes the Train stream and ends the job as DONE (FinishJob), freeing its workers.
+        Returns the final JobStatus."""
+        self._close_stream()
+        status = self._client._call("FinishJob", pb.FinishJobRequest(job=self.id))
+        self._ended = True
+        return status
+
+    def cancel(self, reason=""):
+        """Ends the job at once (CancelJob: a step in flight is aborted), freeing its workers.
+        OK for a job that already ended. Returns the final JobStatus."""
+        status = self._client._call("CancelJob", pb.CancelJobRequest(job=self.id, reason=reason))
+        self._ended = True
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        return status
+
+    def _close_stream(self):
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def _read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel_credentials(tls):
+    """grpc.ChannelCredentials of `tls`: True (the system's CA roots), a CA file path, or a dict
+    {"ca": path, "cert": path, "key": path} (any may be left out; cert and key for mutual TLS)."""
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, (str, os.PathLike)):
+        tls = {"ca": tls}
+    if not isinstance(tls, dict) or not set(tls) <= {"ca", "cert", "key"}:
+        raise _invalid("tls must be True, a CA file path or a dict with keys ca, cert, key")
+    if ("cert" in tls) != ("key" in tls):
+        raise _invalid("tls: cert and key go together")
+    try:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_file(tls["ca"]) if "ca" in tls else None,
+            private_key=_read_file(tls["key"]) if "key" in tls else None,
+            certificate_chain=_read_file(tls["cert"]) if "cert" in tls else None)
+    except OSError as e:
+        raise _invalid("tls: %s" % e) from None
+
+
+class Client:
+    """A connection to a coordinator at `address` ("host:port").
+
+    token: sent as `authorization: Bearer <token>` metadata on every call; default: the
+    environment variable PIPETRAIN_TOKEN, if set. tls: None (plaintext), True, a CA file path or
+    {"ca", "cert", "key"} paths. Liveness as the C++ SDK's ClientOptions: a keepalive ping after
+    `keepalive` s of silence, the connection dropped after `keepalive` s more without a reply;
+    unary calls have `timeout` s (CreateJob and Checkpoint `long_timeout`). Waits up to
+    `connect_timeout` s for the channel (UNAVAILABLE otherwise)."""
+
+    def __init__(self, address, token=None, tls=None, *, connect_timeout=10.0, timeout=30.0,
+                 long_timeout=600.0, keepalive=5.0):
+        self.address = address
+        self._timeout = timeout
+        self._long_timeout = long_timeout
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._metadata = ((TOKEN_METADATA_KEY, "Bearer " + token),) if token else ()
+        options = [
+            ("grpc.keepalive_time_ms", int(keepalive * 1000)),
+            ("grpc.keepalive_timeout_ms", int(keepalive * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+        ]
+        if tls:
+            self._channel = grpc.secure_channel(address, _channel_credentials(tls), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise PipetrainError(StatusCode.UNAVAILABLE,
+                                 "cannot reach the coordinator at %s within %gs"
+                                 % (address, connect_timeout)) from None
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def close(self):
+        """Closes the connection (open Train streams end)."""
+        self._channel.close()
+
+    def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
+                   seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
+                   recover=False):
+        """Creates a job and returns it once every worker is ready (a Job, also a context manager).
+
+        model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
+        schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v. stages: S.
+        microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
+        weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
+        data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint
+        directory on the coordinator's host. recover: survive a lost worker (the client must then
+        replay batches; the Python client does not yet, so leave it off)."""
+        spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
+                          virtual_stages=virtual_stages, seed=seed, threads=threads,
+                          recover=recover)
+        spec.model.CopyFrom(model_spec(model))
+        spec.optimizer.CopyFrom(optimizer_spec(optimizer))
+        if data is not None:
+            shape = data.shape if hasattr(data, "shape") and isinstance(data.shape, dict) else data
+            try:
+                spec.data_shape.CopyFrom(pb.DataShape(**shape))
+            except (TypeError, ValueError) as e:
+                raise _invalid("data: %s" % e) from None
+        if resume_from:
+            spec.resume_from = os.path.abspath(resume_from)
+        status = self._call("CreateJob", pb.CreateJobRequest(spec=spec), long=True)
+        return Job(self, status)
+
+    def job(self, job_id):
+        """The Job of an existing id (to train more, check or end it). NOT_FOUND if unknown."""
+        return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)))
+
+    def jobs(self):
+        """Every JobStatus the coordinator knows (ended ones for its retention period)."""
+        return list(self._call("ListJobs", pb.ListJobsRequest()).jobs)
+
+    def workers(self):
+        """Every live worker (WorkerInfo messages: name, address, job, rank, ...)."""
+        return list(self._call("ListWorkers", pb.ListWorkersRequest()).workers)
+
+    def _call(self, method, request, long=False):
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self._long_timeout if long else self._timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise PipetrainError.from_rpc_error(e, method, self.address) from None

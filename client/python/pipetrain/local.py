@@ -1,0 +1,138 @@
+"""A coordinator and stage workers on this machine, for notebooks, examples and tests: the
+Python counterpart of `pipetrain local`'s daemons (127.0.0.1 only).
+
+    with pipetrain.local.LocalCluster(workers=2, build_dir="build") as cluster:
+        with pipetrain.Client(cluster.address) as client: ...
+"""
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from pipetrain.errors import PipetrainError, StatusCode
+
+
+def _find_binary(name, explicit, env, build_dir, subdir):
+    """The daemon binary: `explicit`, else $env, else build_dir/subdir/name, else `name` on PATH."""
+    candidates = [explicit, os.environ.get(env)]
+    if build_dir:
+        candidates.append(os.path.join(build_dir, subdir, name))
+    candidates.append(shutil.which(name))
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise PipetrainError(StatusCode.NOT_FOUND,
+                         "cannot find the %s binary: pass it, set %s or build_dir (the CMake build "
+                         "directory)" % (name, env))
+
+
+def _read_line(stream, timeout_s):
+    """The first line on `stream` within timeout_s, or what came before the time ran out."""
+    selector = selectors.DefaultSelector()
+    selector.register(stream, selectors.EVENT_READ)
+    line = b""
+    deadline = time.monotonic() + timeout_s
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not selector.select(left):
+            break
+        chunk = os.read(stream.fileno(), 1)
+        if not chunk:
+            break
+        line += chunk
+    selector.close()
+    return line.decode(errors="replace").strip()
+
+
+class LocalCluster:
+    """Starts a coordinator (--listen 127.0.0.1:0, checkpoints under `checkpoint_root`, default a
+    directory in `log_dir`) and `workers` stage workers named w0, w1, ... and waits (at most
+    `start_timeout` s) until all registered. Logs go to `log_dir` (default: a new temporary
+    directory, removed by stop() unless a daemon failed). Binaries: see _find_binary (arguments,
+    PIPETRAIN_COORDINATOR / PIPETRAIN_WORKER, `build_dir`, PATH). stop() (or leaving the `with`
+    block) sends SIGTERM to each daemon by PID and waits for it. Raises PipetrainError:
+    NOT_FOUND for a missing binary, UNAVAILABLE for a daemon that did not start, naming its log."""
+
+    def __init__(self, workers=2, coordinator_binary=None, worker_binary=None, build_dir=None,
+                 log_dir=None, checkpoint_root=None, start_timeout=30.0):
+        coordinator = _find_binary("coordinator", coordinator_binary, "PIPETRAIN_COORDINATOR",
+                                   build_dir, "server/coordinator")
+        worker = _find_binary("stage_worker", worker_binary, "PIPETRAIN_WORKER", build_dir,
+                              "server/worker")
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="pipetrain-local-")
+        self.checkpoint_root = checkpoint_root or os.path.join(self.log_dir, "checkpoints")
+        os.makedirs(self.checkpoint_root, exist_ok=True)
+        self._processes = []
+        self._logs = []
+        self.address = None
+        try:
+            self._start(coordinator, worker, workers, start_timeout)
+        except BaseException:
+            self.stop(keep_logs=True)
+            raise
+
+    def _log(self, name):
+        f = open(os.path.join(self.log_dir, name), "wb")
+        self._logs.append(f)
+        return f
+
+    def _start(self, coordinator, worker, workers, start_timeout):
+        process = subprocess.Popen(
+            [coordinator, "--listen", "127.0.0.1:0", "--checkpoint-root", self.checkpoint_root],
+            stdout=subprocess.PIPE, stderr=self._log("coordinator.log"))
+        self._processes.append(process)
+        # It prints "coordinator listening on HOST:PORT" once it serves.
+        line = _read_line(process.stdout, start_timeout)
+        prefix = "coordinator listening on "
+        if not line.startswith(prefix):
+            raise PipetrainError(StatusCode.UNAVAILABLE,
+                                 "the coordinator did not start (%r); see %s/coordinator.log"
+                                 % (line, self.log_dir))
+        self.address = line[len(prefix):]
+        for w in range(workers):
+            log = self._log("worker-%d.log" % w)
+            self._processes.append(subprocess.Popen(
+                [worker, "--coordinator", self.address, "--listen", "127.0.0.1:0", "--name",
+                 "w%d" % w], stdout=log, stderr=log))
+        from pipetrain.client import Client
+        with Client(self.address, connect_timeout=start_timeout) as client:
+            deadline = time.monotonic() + start_timeout
+            while len(client.workers()) < workers:  # each measures its GFLOP/s first
+                if time.monotonic() > deadline:
+                    raise PipetrainError(StatusCode.UNAVAILABLE,
+                                         "the workers did not register within %gs; see %s"
+                                         % (start_timeout, self.log_dir))
+                time.sleep(0.01)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.stop(keep_logs=exc_type is not None)
+        return False
+
+    def stop(self, keep_logs=False):
+        """Stops every daemon (SIGTERM by PID, SIGKILL after 20 s) and removes the temporary log
+        directory unless keep_logs. Idempotent."""
+        for p in self._processes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self._processes:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            if p.stdout is not None:
+                p.stdout.close()
+        self._processes = []
+        for f in self._logs:
+            f.close()
+        self._logs = []
+        if self._own_log_dir and not keep_logs and os.path.isdir(self.log_dir):
+            shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -1,0 +1,219 @@
+"""The Python client against a real coordinator and two stage workers on 127.0.0.1."""
+
+import json
+import os
+import subprocess
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+import pipetrain
+from pipetrain import StatusCode, data
+from pipetrain.v1 import coordinator_pb2 as pb
+from pipetrain.v1 import coordinator_pb2_grpc
+
+STEPS = 12
+BATCH = 64
+SEED = 1
+OPTIMIZER = "adamw:lr=1e-2"
+
+# examples/mlp_digits.textproto with every size left to the data set.
+UNRESOLVED_MLP = """
+  name: "mlp_digits"
+  layers { linear { out_features: 128 } }
+  layers { relu {} }
+  layers { linear { out_features: 128 } }
+  layers { relu {} }
+  layers { linear { out_features: 0 } }
+  loss { softmax_cross_entropy {} }
+"""
+
+
+def bits(values):
+    return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
+
+
+def cli_losses(daemons, model, schedule, microbatches):
+    """Per-step losses of `pipetrain train` against the daemons (its --json lines)."""
+    run = subprocess.run(
+        [os.environ["PIPETRAIN_BINARY"], "train", "--coordinator", daemons.address, "--stages",
+         "2", "--schedule", schedule, "--model", model, "--data", "digits", "--steps", str(STEPS),
+         "--batch", str(BATCH), "--microbatches", str(microbatches), "--seed", str(SEED),
+         "--optimizer", OPTIMIZER, "--json"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    steps = [line for line in lines if "step" in line]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    return [s["loss"] for s in steps]
+
+
+@pytest.mark.parametrize("schedule,microbatches", [("1f1b", 4), ("zb-v", 8)])
+def test_losses_equal_pipetrain_train_bit_for_bit(daemons, example, schedule, microbatches):
+    model = example("mlp_digits.textproto")
+    expected = cli_losses(daemons, model, schedule, microbatches)
+    digits = data.load("digits")
+    # The spec as written in the example, and the same model with its sizes left to the
+    # coordinator (resolved from the data shape): both train the CLI's losses.
+    for spec in (model, UNRESOLVED_MLP):
+        with daemons.client.create_job(model=spec, schedule=schedule, stages=2,
+                                       microbatches=microbatches, optimizer=OPTIMIZER, seed=SEED,
+                                       data=digits) as job:
+            results = list(job.train(data.batches(digits, BATCH, seed=SEED), steps=STEPS,
+                                     progress=False))
+        assert [r.step for r in results] == list(range(1, STEPS + 1))
+        assert bits([r.loss for r in results]) == bits(expected)
+        for r in results:
+            assert len(r.microbatch_losses) == microbatches
+            total = np.float32(0)
+            for x in r.microbatch_losses:  # float sum in increasing micro-batch order
+                total = np.float32(total + np.float32(x))
+            assert bits([total]) == bits([r.loss])
+            assert 0.0 <= r.bubble_fraction <= 1.0 and r.step_ms > 0
+            assert [w.rank for w in r.workers] == [0, 1]
+        assert job.status().state == pb.JOB_STATE_DONE
+    assert expected[-1] < expected[0]  # it learns
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+def test_bad_spec_raises_invalid_argument_with_the_coordinators_message(daemons, example):
+    model = example("mlp_digits.textproto")
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=model, schedule="pipedream", stages=2)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert "pipedream" in e.value.message and e.value.method == "CreateJob"
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=model, stages=2, optimizer={"kind": "adamw", "lr": 0})
+    assert e.value.code == StatusCode.INVALID_ARGUMENT and "lr" in e.value.message
+    # Sizes left 0 without a data shape: the message says where they come from.
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=UNRESOLVED_MLP, stages=2)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert "JobSpec.data_shape" in e.value.message
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model="layers { linear { out_features: } }")
+    assert e.value.code == StatusCode.INVALID_ARGUMENT and "model text" in e.value.message
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+def test_bad_batch_ends_the_step_and_the_job_trains_on(daemons, example):
+    digits = data.load("digits")
+    inputs, targets = next(data.BatchSampler(digits, BATCH, seed=SEED))
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=4, optimizer=OPTIMIZER, seed=SEED) as job:
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            job.step(inputs[:63], targets[:63])
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and e.value.method == "Train"
+        assert "not divisible by the job's 4 micro-batches" in e.value.message
+        bad = targets.copy()
+        bad[5] = 10  # class 10 of 10
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            job.step(inputs, bad)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+        # Integer labels as a vector, PyTorch style: converted to float32 rows.
+        r = job.step(inputs.astype(np.float64), targets.ravel().astype(np.int64))
+        assert r.step == 1
+        assert job.status().steps_done == 1
+
+
+def test_cancel_ends_the_job_and_frees_its_workers(daemons, example):
+    job = daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                    microbatches=2, seed=SEED)
+    assert daemons.idle_workers() == []
+    digits = data.load("digits")
+    inputs, targets = next(data.BatchSampler(digits, 16, seed=SEED))
+    job.step(inputs, targets)
+    status = job.cancel("test says stop")
+    assert status.state == pb.JOB_STATE_CANCELLED and status.reason == "test says stop"
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        job.step(inputs, targets)
+    assert e.value.code == StatusCode.FAILED_PRECONDITION
+    # Cancelling again is OK and changes nothing.
+    assert job.cancel().state == pb.JOB_STATE_CANCELLED
+
+
+def test_context_manager_cancels_on_an_exception_and_frees_the_workers(daemons, example):
+    digits = data.load("digits")
+    with pytest.raises(RuntimeError):
+        with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                       microbatches=2, seed=SEED) as job:
+            inputs, targets = next(data.BatchSampler(digits, 16, seed=SEED))
+            job.step(inputs, targets)
+            raise RuntimeError("user code failed")
+    status = daemons.client.job(job.id).status()
+    assert status.state == pb.JOB_STATE_CANCELLED
+    assert "RuntimeError: user code failed" in status.reason
+    assert status.steps_done == 1
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+def test_checkpoint_writes_the_state_on_the_coordinators_host(daemons, example):
+    digits = data.load("digits")
+    directory = os.path.join(daemons.checkpoint_root, "python-ckpt")
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=2, seed=SEED) as job:
+        for _ in job.train(data.batches(digits, 16, seed=SEED), steps=3, progress=False):
+            pass
+        response = job.checkpoint(directory)
+    assert response.step == 3 and response.directory == directory
+    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+        assert json.load(f)["step"] == 3
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.job(job.id).checkpoint("/")  # outside the checkpoint root, and job ended
+    assert e.value.code in (StatusCode.PERMISSION_DENIED, StatusCode.FAILED_PRECONDITION)
+
+
+def test_torch_tensors_are_accepted(daemons, example):
+    torch = pytest.importorskip("torch")
+    digits = data.load("digits")
+    inputs, targets = next(data.BatchSampler(digits, 16, seed=SEED))
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=2, seed=SEED) as job:
+        r = job.step(torch.from_numpy(inputs), torch.from_numpy(targets.ravel()).long())
+    assert r.step == 1
+
+
+class _RecordingCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self):
+        self.metadata = []
+
+    def ListJobs(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        return pb.ListJobsResponse()
+
+
+def test_token_travels_as_bearer_metadata_from_the_argument_or_the_environment(monkeypatch):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = _RecordingCoordinator()
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        address = "127.0.0.1:%d" % port
+        monkeypatch.delenv("PIPETRAIN_TOKEN", raising=False)
+        with pipetrain.Client(address) as client:
+            client.jobs()
+        with pipetrain.Client(address, token="s3cret") as client:
+            client.jobs()
+        monkeypatch.setenv("PIPETRAIN_TOKEN", "from-env")
+        with pipetrain.Client(address) as client:
+            client.jobs()
+    finally:
+        server.stop(None)
+    assert "authorization" not in servicer.metadata[0]
+    assert servicer.metadata[1]["authorization"] == "Bearer s3cret"
+    assert servicer.metadata[2]["authorization"] == "Bearer from-env"
+
+
+def test_unreachable_coordinator_is_unavailable():
+    # A port nobody listens on: bind one, close it.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        pipetrain.Client("127.0.0.1:%d" % port, connect_timeout=1)
+    assert e.value.code == StatusCode.UNAVAILABLE and "cannot reach" in e.value.message
