@@ -71,7 +71,8 @@ ABSL_FLAG(int64_t, checkpoint_every, 0,
           "with --save: also checkpoint after every step whose number is a multiple of N "
           "(0: only at the end)");
 ABSL_FLAG(int32_t, keep_checkpoints, 2,
-          "checkpoints to keep (>= 1); a single --save directory holds only the newest for now");
+          "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
+          "DIR.step-<12 digits>");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
 ABSL_FLAG(std::string, schedule, "1f1b",

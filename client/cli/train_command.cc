@@ -125,7 +125,8 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::s
                                             const TrainingSetup& setup,
                                             const math::OptimizerConfig& optimizer,
                                             const io::DataCursor& cursor, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, client.Checkpoint(job, dir));
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      client.Checkpoint(job, dir, o.keep_checkpoints));
   const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
   if (visible) {
     // The shards are the coordinator's: the files its workers wrote.

@@ -385,10 +385,11 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
 }
 
 absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job,
-                                                          const std::string& directory) {
+                                                          const std::string& directory, int keep) {
   v1::CheckpointRequest request;
   request.set_job(job);
   request.set_directory(directory);
+  request.set_keep(keep);
   return Unary(&v1::Coordinator::Stub::Checkpoint, request, "Checkpoint",
                options_.long_call_timeout);
 }

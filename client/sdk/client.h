@@ -208,8 +208,10 @@ class Client {
   // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
   // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
   // long_call_timeout.
+  // `keep` (>= 1): checkpoints of `directory` kept, the newest in it and earlier ones beside it
+  // (CheckpointRequest.keep).
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
-                                                    const std::string& directory);
+                                                    const std::string& directory, int keep = 1);
 
  private:
   friend class TrainSession;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/confined_path.h"
+#include "common/io/file_util.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
@@ -773,6 +774,17 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   }
   PT_ASSIGN_OR_RETURN(const std::string directory,
                       CheckpointPath(request.directory(), "Checkpoint directory"));
+  if (request.keep() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keep must be >= 0, got ", request.keep()));
+  }
+  if (request.keep() > 1 && !CheckpointPath(io::DirName(directory), "").ok()) {
+    // The earlier checkpoints go beside the directory: that must be under the root too.
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keeping ", request.keep(), " checkpoints of ", directory,
+                     " needs its parent under the checkpoint root (earlier ones are kept beside "
+                     "it); name a subdirectory"));
+  }
   Job* job = nullptr;
   int64_t step = 0;
   std::shared_ptr<const model::Model> net;
@@ -835,7 +847,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     return shards.status();
   }
   manifest.shards = *std::move(shards);
-  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, directory, manifest));
+  PT_RETURN_IF_ERROR(
+      model::PublishCheckpoint(staging, directory, manifest, std::max(1, request.keep())));
   {
     // The newest state a recovery restarts from.
     absl::MutexLock lock(&mu_);

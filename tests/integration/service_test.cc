@@ -367,6 +367,9 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
     ++layers;
   }
   EXPECT_EQ(layers, 3);
+  // --keep-checkpoints 2 (the default): the final checkpoint and the one before it, beside it.
+  EXPECT_THAT(ReadFile(dir_ + "/pipe.step-000000000140/manifest.json"), HasSubstr("\"step\": 140"));
+  EXPECT_EQ(ReadFile(dir_ + "/pipe.step-000000000120/manifest.json"), "");
   absl::StatusOr<v1::JobStatus> job = client_->GetJob(job_id);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_DONE);
