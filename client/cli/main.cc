@@ -71,12 +71,21 @@ ABSL_FLAG(int64_t, checkpoint_every, 0,
           "with --save: also checkpoint after every step whose number is a multiple of N "
           "(0: only at the end)");
 ABSL_FLAG(int32_t, keep_checkpoints, 2,
-          "checkpoints to keep (>= 1); a single --save directory holds only the newest for now");
+          "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
+          "DIR.step-<12 digits>");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
+ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),
+          "train/local: how long a job that lost a worker waits for an idle one to take its place");
+ABSL_FLAG(int32_t, min_stages, 0,
+          "train/local: with no replacement in time, re-partition onto the surviving workers with "
+          "fewer stages, down to this many (0: never; the job fails)");
+ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
+          "train: how long to wait for a coordinator that went away (restarting with --state-dir) "
+          "to answer again before giving up");
 // jobs / status / cancel
 ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
@@ -121,9 +130,9 @@ const std::set<std::string> kTrainingFlags = {
 // clang-format on
 
 // Every training and pipeline flag defined above; the per-command allow-lists are subsets.
-const std::set<std::string> kCommandFlags =
-    With(kTrainingFlags, {"checkpoint", "format", "stages", "resume", "coordinator", "schedule",
-                          "trace", "virtual", "reason"});
+const std::set<std::string> kCommandFlags = With(
+    kTrainingFlags, {"checkpoint", "format", "stages", "resume", "coordinator", "schedule", "trace",
+                     "virtual", "reason", "replace_timeout", "min_stages", "reconnect_timeout"});
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -183,11 +192,15 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--virtual must be an integer, got '", v, "'"));
   }
   o.trace_path = absl::GetFlag(FLAGS_trace);
+  o.replace_timeout = absl::GetFlag(FLAGS_replace_timeout);
+  o.min_stages = absl::GetFlag(FLAGS_min_stages);
+  o.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
   return o;
 }
 
 const std::set<std::string> kLocalFlags =
-    With(kTrainingFlags, {"stages", "schedule", "virtual", "trace", "resume"});
+    With(kTrainingFlags,
+         {"stages", "schedule", "virtual", "trace", "resume", "replace_timeout", "min_stages"});
 
 absl::Status RunEvaluate() {
   PT_RETURN_IF_ERROR(
@@ -204,7 +217,8 @@ absl::Status RunEvaluate() {
 }
 
 absl::Status RunTrain() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", With(kLocalFlags, {"coordinator"})));
+  PT_RETURN_IF_ERROR(
+      CheckOnlyFlags("train", With(kLocalFlags, {"coordinator", "reconnect_timeout"})));
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
   InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });

@@ -97,7 +97,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
     if (CheckpointDue(o, r.step, i + 1 == o.steps)) {
       PT_RETURN_IF_ERROR(model::SaveCheckpoint(
           o.save_dir, CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor()),
-          trainer->ExportState()));
+          trainer->ExportState(), o.keep_checkpoints));
       if (!o.json) out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
     }
   }

@@ -43,6 +43,16 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--virtual must be >= 0 (0: the schedule's default), got ", o.virtual_stages));
   }
+  if (o.min_stages < 0 || o.min_stages > o.stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-stages must be in [0, --stages = ", o.stages, "], got ", o.min_stages));
+  }
+  if (o.replace_timeout <= absl::ZeroDuration() || o.reconnect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replace-timeout and --reconnect-timeout must be > 0, got ",
+                     absl::FormatDuration(o.replace_timeout), " and ",
+                     absl::FormatDuration(o.reconnect_timeout)));
+  }
   return schedule::ParseScheduleKind(o.schedule).status();
 }
 
@@ -115,7 +125,8 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::s
                                             const TrainingSetup& setup,
                                             const math::OptimizerConfig& optimizer,
                                             const io::DataCursor& cursor, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, client.Checkpoint(job, dir));
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      client.Checkpoint(job, dir, o.keep_checkpoints));
   const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
   if (visible) {
     // The shards are the coordinator's: the files its workers wrote.
@@ -172,6 +183,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_seed(t.seed);
   job_spec.set_threads(t.threads);
   job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
+  job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
+  job_spec.set_min_stages(o.min_stages);
   if (!t.resume_dir.empty()) {
     // Like --save, a directory on the coordinator's host, which verifies and loads it.
     std::error_code ec;
@@ -216,22 +229,43 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
 
   // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
   // the batches since, and each recovery is reported here.
+  v1::StepResult last;  // the last step's result.
   client::TrainOptions train_options;
   train_options.replay = true;
   train_options.first_step = job.steps_done();
-  train_options.on_recovery = [&out, &t](const v1::RecoveryEvent& r) {
+  train_options.reconnect_timeout = o.reconnect_timeout;
+  // The step the session was at when a recovery began (the coordinator does not know it after a
+  // restart).
+  int64_t failed_at = 0;
+  train_options.on_wait = [&out, &t, &failed_at, &last, &job](const absl::Status& why) {
+    failed_at = last.step();
+    if (t.json) {
+      out << absl::StrFormat("{\"waiting\": {\"after_step\": %d, \"code\": \"%s\"}}\n", last.step(),
+                             absl::StatusCodeToString(why.code()));
+    } else {
+      out << absl::StrFormat("after step %d: %s; waiting for job %s to recover\n", last.step(),
+                             why.message(), job.job());
+    }
+    out.flush();
+  };
+  train_options.on_recovery = [&out, &t, &failed_at](const v1::RecoveryEvent& r) {
+    const std::string lost =
+        r.lost_worker().empty()
+            ? r.cause()
+            : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(), r.rank(), r.cause());
     if (t.json) {
       out << absl::StrFormat(
-          "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"failed_step\": %d, "
-          "\"restored_step\": %d, \"epoch\": %d, \"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
-          r.lost_worker(), r.rank(), r.failed_step(), r.restored_step(), r.epoch(),
+          "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
+          "\"failed_step\": %d, \"restored_step\": %d, \"epoch\": %d, \"stages\": %d, "
+          "\"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
+          r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.epoch(), r.stages(),
           absl::StrJoin(r.workers(), "\", \""), r.seconds());
     } else {
       out << absl::StrFormat(
-          "recovered: lost %s (rank %d) after step %d; restarted from step %d on %s in %.2f s; "
+          "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
           "replayed %d steps\n",
-          r.lost_worker(), r.rank(), r.failed_step(), r.restored_step(),
-          absl::StrJoin(r.workers(), ", "), r.seconds(), r.failed_step() - r.restored_step());
+          lost, failed_at, r.restored_step(), r.stages(), absl::StrJoin(r.workers(), ", "),
+          r.seconds(), failed_at - r.restored_step());
     }
     out.flush();
   };
@@ -240,7 +274,6 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   using Clock = std::chrono::steady_clock;
   auto window_start = Clock::now();
   int64_t window_samples = 0;
-  v1::StepResult last;
   bool checkpoint_visible = false;  // the last checkpoint's manifest is on this file system.
   for (int64_t i = 0; i < t.steps; ++i) {
     if (interrupted && interrupted()) {
@@ -273,9 +306,15 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     }
     // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
     if (CheckpointDue(t, last.step(), i + 1 == t.steps)) {
-      PT_ASSIGN_OR_RETURN(checkpoint_visible,
-                          SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
-                                                 sampler.cursor(), out));
+      absl::StatusOr<bool> saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup,
+                                                          optimizer, sampler.cursor(), out);
+      // A recovery (or a coordinator restart) during the checkpoint: back to this step, again.
+      for (int round = 0; !saved.ok() && round < 3; ++round) {
+        PT_RETURN_IF_ERROR(session->AwaitRecovery(saved.status()));
+        saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
+                                       sampler.cursor(), out);
+      }
+      PT_ASSIGN_OR_RETURN(checkpoint_visible, saved);
       session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
     }
   }

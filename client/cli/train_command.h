@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "client/cli/training_options.h"
 #include "client/sdk/client.h"
 
@@ -23,6 +24,15 @@ struct TrainCommandOptions {
   std::string schedule = "1f1b";  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v.
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
   std::string trace_path;  // --trace FILE: Chrome trace of the last step; empty: none.
+  // --replace-timeout: how long a job that lost a worker waits for an idle one to take the lost
+  // rank (JobSpec.replace_timeout_ms), > 0. Default 30 s.
+  absl::Duration replace_timeout = absl::Seconds(30);
+  // --min-stages N: with no replacement in time, shrink to the surviving workers, down to N
+  // stages (JobSpec.min_stages), 0 <= N <= stages. Default 0: never shrink.
+  int min_stages = 0;
+  // --reconnect-timeout: how long the run waits for a coordinator that went away to answer again
+  // (client::TrainOptions::reconnect_timeout), > 0. Default 1 min.
+  absl::Duration reconnect_timeout = absl::Minutes(1);
   // Keepalive and deadlines of the connection to the coordinator: the SDK's defaults, so a
   // coordinator that stops answering ends the run within about 15 s (10 s to notice it, 5 s for
   // the best-effort CancelJob of the job).

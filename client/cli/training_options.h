@@ -40,8 +40,8 @@ struct TrainingOptions {
   // step; each checkpoint overwrites the previous one. Empty: no checkpoint.
   std::string save_dir;
   // --resume DIR: continue from this checkpoint (same model, data, seed and batch). Empty: a
-  // fresh start. `reference` only for now: train/local refuse it (UNIMPLEMENTED), the service
-  // cannot load weights into its workers yet.
+  // fresh start. For train/local a directory on the coordinator's host (under its
+  // --checkpoint-root), which the workers load through the coordinator.
   std::string resume_dir;
   // --eval-samples N: held-out samples evaluated at the end, >= 0 (0: all). Unset: `reference`
   // evaluates kDefaultEvalSamples; train/local do not evaluate. train/local evaluate the final
@@ -52,8 +52,8 @@ struct TrainingOptions {
   // --checkpoint-every N: >= 0. 0: one checkpoint at the end (with --save). N > 0: a checkpoint
   // after every step whose number is a multiple of N, and at the end; needs --save.
   int64_t checkpoint_every = 0;
-  // --keep-checkpoints K: >= 1, checkpoints to keep. Validated only for now: a single --save
-  // directory holds only the newest (for the service's checkpoint store, to come).
+  // --keep-checkpoints K: >= 1, checkpoints to keep: the newest in --save DIR, up to K - 1
+  // earlier ones beside it as DIR.step-<12 digits> (model::PublishCheckpoint). Default 2.
   int keep_checkpoints = 2;
 };
 

@@ -51,6 +51,13 @@ std::string StoppedAnsweringReason(const grpc::Status& status, absl::Duration ti
   return "";
 }
 
+// Errors after which a replaying session waits for its job: ABORTED (the job is recovering) and
+// UNAVAILABLE (the coordinator or the connection went away; a coordinator restarted with its
+// journal continues the job).
+bool Recoverable(const absl::Status& status) {
+  return absl::IsAborted(status) || absl::IsUnavailable(status);
+}
+
 }  // namespace
 
 absl::Status ClientOptions::Check() const {
@@ -127,8 +134,9 @@ absl::StatusOr<v1::StepResult> TrainSession::StepOnce(const v1::TrainRequest& re
 absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
   absl::StatusOr<v1::StepResult> result = StepOnce(request);
   // A recovery may itself be interrupted by another loss: a few rounds, each bounded.
-  for (int round = 0; options_.replay && round < 3 && absl::IsAborted(result.status()); ++round) {
-    result = Recover(request);
+  for (int round = 0; options_.replay && round < 3 && Recoverable(result.status()); ++round) {
+    PT_RETURN_IF_ERROR(Resync(result.status()));
+    result = StepOnce(request);
   }
   if (!result.ok()) return result;
   next_step_ = result->step();
@@ -143,23 +151,62 @@ void TrainSession::CheckpointDone(int64_t steps_done) {
   while (!kept_.empty() && kept_.front().step < steps_done) kept_.pop_front();
 }
 
-absl::StatusOr<v1::StepResult> TrainSession::Recover(const v1::TrainRequest& request) {
-  // Wait (bounded) until the coordinator has re-assigned the job.
+absl::Status TrainSession::AwaitRecovery(const absl::Status& why) {
+  if (!options_.replay || !Recoverable(why)) return why;
+  absl::Status status = Resync(why);
+  for (int round = 1; round < 3 && Recoverable(status); ++round) status = Resync(status);
+  return status;
+}
+
+absl::Status TrainSession::Resync(const absl::Status& why) {
+  if (options_.on_wait != nullptr) options_.on_wait(why);
+  // Wait (bounded) until the coordinator has re-assigned the job; while it is unreachable
+  // (restarting), keep asking.
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
   absl::Duration delay = absl::Milliseconds(20);
+  // Since when the coordinator has been unreachable (the UNAVAILABLE that began the wait counts).
+  absl::Time unreachable_since = absl::IsUnavailable(why) ? absl::Now() : absl::InfiniteFuture();
+  // Each poll is short, so that an unreachable coordinator is given up on in time.
+  const absl::Duration poll_timeout =
+      std::min({std::max(options_.reconnect_timeout, absl::Seconds(1)),
+                client_->options().call_timeout, absl::Seconds(5)});
+  v1::GetJobRequest get;
+  get.set_job(job_);
   v1::JobStatus job;
   for (;;) {
-    PT_ASSIGN_OR_RETURN(job, client_->GetJob(job_));
-    if (job.state() == v1::JOB_STATE_READY) break;
-    if (job.state() != v1::JOB_STATE_RECOVERING && job.state() != v1::JOB_STATE_TRAINING) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", job_, " did not recover: ", v1::JobState_Name(job.state()),
-                       job.reason().empty() ? "" : ": ", job.reason()));
+    absl::StatusOr<v1::JobStatus> got =
+        client_->Unary(&v1::Coordinator::Stub::GetJob, get, "GetJob", poll_timeout);
+    if (got.ok()) unreachable_since = absl::InfiniteFuture();
+    if (got.ok()) {
+      job = *std::move(got);
+      if (job.state() == v1::JOB_STATE_READY) break;
+      if (job.state() != v1::JOB_STATE_RECOVERING && job.state() != v1::JOB_STATE_TRAINING) {
+        // The job ended: a lost connection's own error says more than "did not recover".
+        if (absl::IsUnavailable(why)) return why;
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job_, " did not recover: ", v1::JobState_Name(job.state()),
+                         job.reason().empty() ? "" : ": ", job.reason()));
+      }
+    } else if (absl::IsNotFound(got.status())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_, " is unknown to the coordinator at ", client_->target(), " after: ",
+          why.ToString(), " (a coordinator restarted without --state-dir forgets its jobs)"));
+    } else if (!absl::IsUnavailable(got.status()) && !absl::IsDeadlineExceeded(got.status())) {
+      return got.status();
+    } else {
+      unreachable_since = std::min(unreachable_since, absl::Now());
+      if (absl::Now() - unreachable_since >= options_.reconnect_timeout) {
+        return absl::UnavailableError(
+            absl::StrCat(absl::IsUnavailable(why) ? why.message() : got.status().message(),
+                         "; the coordinator was not reachable again within ",
+                         absl::FormatDuration(options_.reconnect_timeout)));
+      }
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("job ", job_, " did not recover within ",
-                       absl::FormatDuration(options_.recovery_timeout)));
+                       absl::FormatDuration(options_.recovery_timeout), " after: ", why.ToString(),
+                       got.ok() ? "" : absl::StrCat("; last attempt: ", got.status().ToString())));
     }
     absl::SleepFor(delay);  // polling interval of a bounded wait.
     delay = std::min(delay * 2, absl::Seconds(1));
@@ -196,7 +243,7 @@ absl::StatusOr<v1::StepResult> TrainSession::Recover(const v1::TrainRequest& req
   if (options_.on_recovery != nullptr && job.recoveries_size() > 0) {
     options_.on_recovery(job.recoveries(job.recoveries_size() - 1));
   }
-  return StepOnce(request);
+  return absl::OkStatus();
 }
 
 absl::Status TrainSession::Finish() {
@@ -223,6 +270,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A coordinator that restarts is reconnected within a few seconds (gRPC's default backoff grows
+  // to 120 s).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  // Calls that change nothing (and CancelJob, which is idempotent) are retried by gRPC when
+  // the connection under them broke (UNAVAILABLE), e.g. the first call after a coordinator
+  // restart; the call's deadline bounds the attempts.
+  args.SetServiceConfigJSON(R"json({"methodConfig": [{
+      "name": [{"service": "pipetrain.v1.Coordinator", "method": "GetJob"},
+               {"service": "pipetrain.v1.Coordinator", "method": "ListJobs"},
+               {"service": "pipetrain.v1.Coordinator", "method": "ListWorkers"},
+               {"service": "pipetrain.v1.Coordinator", "method": "CancelJob"}],
+      "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})json");
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
@@ -326,10 +386,11 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
 }
 
 absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job,
-                                                          const std::string& directory) {
+                                                          const std::string& directory, int keep) {
   v1::CheckpointRequest request;
   request.set_job(job);
   request.set_directory(directory);
+  request.set_keep(keep);
   return Unary(&v1::Coordinator::Stub::Checkpoint, request, "Checkpoint",
                options_.long_call_timeout);
 }

@@ -83,12 +83,15 @@ v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch
 
 class Client;
 
-// How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover).
+// How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover) or a
+// coordinator restart (a coordinator with --state-dir).
 struct TrainOptions {
   // Replay: keep every batch sent since the last checkpoint (CheckpointDone trims them), and
-  // when a step fails because the job is recovering (ABORTED), wait until it is READY again,
-  // resend the kept batches from the step it restarted at (checking each replayed loss is bit
-  // for bit the first run's) and then the failed one. Memory: the kept batches' tensors.
+  // when a step fails because the job is recovering (ABORTED) or the coordinator went away
+  // (UNAVAILABLE: crashed, restarting), wait until the job is READY again (polling GetJob while
+  // the coordinator is unreachable), resend the kept batches from the step it restarted at
+  // (checking each replayed loss is bit for bit the first run's) and then the failed one.
+  // Memory: the kept batches' tensors.
   bool replay = false;
   // The job's steps done when the session starts (the step of its first batch).
   int64_t first_step = 0;
@@ -97,8 +100,13 @@ struct TrainOptions {
   int64_t max_kept_batches = 10000;
   // Longest wait for the job to be READY again.
   absl::Duration recovery_timeout = absl::Minutes(5);
+  // Longest time the coordinator may stay unreachable during that wait (a restart); past it the
+  // session gives up with the UNAVAILABLE error that began the wait, saying so. Default 1 min.
+  absl::Duration reconnect_timeout = absl::Minutes(1);
   // Called after each recovery the session replayed through (the coordinator's record).
   std::function<void(const v1::RecoveryEvent&)> on_recovery;
+  // Called when the session starts waiting for a recovery, with the error that began it.
+  std::function<void(const absl::Status&)> on_wait;
 };
 
 // A Train stream: one step per Step() call, in order. A failed step ends the stream (its status is
@@ -120,6 +128,13 @@ class TrainSession {
   absl::Status Finish();
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
+  // After another call on the job (e.g. Checkpoint) failed with `why`: if replay is on and `why`
+  // is ABORTED or UNAVAILABLE, waits for the job to be READY again and replays the kept batches,
+  // so that the job is back at this session's step; OK then. Returns `why` itself when it is not
+  // such an error or replay is off; otherwise the errors of Step's recovery (the job ended,
+  // DEADLINE_EXCEEDED after recovery_timeout, FAILED_PRECONDITION if the kept batches do not
+  // reach back to its restored step, DATA_LOSS if a replayed loss differs).
+  absl::Status AwaitRecovery(const absl::Status& why);
   // Batches kept for a replay.
   int64_t kept_batches() const { return static_cast<int64_t>(kept_.size()); }
 
@@ -131,8 +146,9 @@ class TrainSession {
   absl::Status Fail();
   // One request on the current stream.
   absl::StatusOr<v1::StepResult> StepOnce(const v1::TrainRequest& request);
-  // After an ABORTED step: waits for the job, reopens the stream, replays, resends `request`.
-  absl::StatusOr<v1::StepResult> Recover(const v1::TrainRequest& request);
+  // After a step or call failed with `why` (ABORTED or UNAVAILABLE): waits for the job, reopens
+  // the stream and replays the kept batches.
+  absl::Status Resync(const absl::Status& why);
 
   // A batch kept for replay: its step (0-based), the request and the loss it gave.
   struct Kept {
@@ -192,8 +208,10 @@ class Client {
   // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
   // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
   // long_call_timeout.
+  // `keep` (>= 1): checkpoints of `directory` kept, the newest in it and earlier ones beside it
+  // (CheckpointRequest.keep).
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
-                                                    const std::string& directory);
+                                                    const std::string& directory, int keep = 1);
 
  private:
   friend class TrainSession;

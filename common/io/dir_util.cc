@@ -141,7 +141,8 @@ std::string StagingTarget(absl::string_view name) {
   return std::string(name.substr(0, infix));
 }
 
-absl::Status PublishDirectory(const std::string& staging, const std::string& dir_in) {
+absl::Status PublishDirectory(const std::string& staging, const std::string& dir_in,
+                              const std::string& keep_old_as) {
   const std::string dir = StripTrailingSlashes(dir_in);
   PT_RETURN_IF_ERROR(CheckStageable(dir));
   PT_RETURN_IF_ERROR(SyncDirectory(staging));
@@ -167,7 +168,15 @@ absl::Status PublishDirectory(const std::string& staging, const std::string& dir
     exchanged = true;
   }
   PT_RETURN_IF_ERROR(SyncDirectory(DirName(dir)));
-  // The old contents, now at `staging`: a leftover is a stale staging directory (documented).
+  // The old contents, now at `staging`: kept if asked, else removed (a leftover is a stale
+  // staging directory, documented).
+  if (exchanged && !keep_old_as.empty()) {
+    const std::string keep = StripTrailingSlashes(keep_old_as);
+    if (RemoveDirectoryAtomically(keep).ok() && RenameNoReplace(staging, keep) == 0 &&
+        SyncDirectory(DirName(keep)).ok()) {
+      return absl::OkStatus();
+    }
+  }
   if (exchanged) RemoveTree(staging).IgnoreError();
   return absl::OkStatus();
 }

@@ -58,8 +58,11 @@ std::string StagingTarget(absl::string_view name);
 // errors by errno. After the rename only the parent's fsync can fail (an I/O error: `dir` then
 // holds the new contents, not yet durable). Once the rename succeeded the result is OK even if
 // removing the old contents fails: they then stay in `staging`, which callers treat like any
-// stale staging directory.
-absl::Status PublishDirectory(const std::string& staging, const std::string& dir);
+// stale staging directory. With `keep_old_as` (a path beside `dir`, not existing or a directory
+// it may replace), the old contents are moved there instead of removed (best effort: if that
+// fails they are removed, and the publish is still OK).
+absl::Status PublishDirectory(const std::string& staging, const std::string& dir,
+                              const std::string& keep_old_as = "");
 
 // Removes directory `path` so that a crash never leaves it half removed: renames it to a fresh
 // staging name beside it (StagingTarget gives back its name), fsyncs the parent, then removes

@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -404,15 +406,62 @@ absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointMan
   return io::WriteFileAtomically(path, j.dump(2) + "\n");
 }
 
+std::string CheckpointHistoryPath(const std::string& dir, int64_t step) {
+  std::string base = dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return absl::StrFormat("%s.step-%012d", base, step);
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointHistory(
+    const std::string& dir) {
+  std::string base = dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string parent = io::DirName(base);
+  const std::string prefix = absl::StrCat(base.substr(base.rfind('/') + 1), ".step-");
+  PT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDirectory(parent));
+  std::vector<std::pair<int64_t, std::string>> history;
+  for (const std::string& name : names) {
+    absl::string_view digits = name;
+    if (!absl::ConsumePrefix(&digits, prefix) || digits.size() < 12 || digits.size() > 18) {
+      continue;
+    }
+    int64_t step = 0;
+    if (!std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(digits, &step)) {
+      continue;
+    }
+    history.emplace_back(step, io::JoinPath(parent, name));
+  }
+  std::sort(history.begin(), history.end(), std::greater<>());
+  return history;
+}
+
 absl::Status PublishCheckpoint(const std::string& staging, const std::string& dir,
-                               const CheckpointManifest& manifest) {
-  absl::Status status = WriteCheckpointManifest(staging, manifest);
+                               const CheckpointManifest& manifest, int keep) {
+  absl::Status status = keep >= 1 ? absl::OkStatus()
+                                  : absl::InvalidArgumentError(absl::StrCat(
+                                        "checkpoints to keep must be >= 1, got ", keep));
+  if (status.ok()) status = WriteCheckpointManifest(staging, manifest);
   if (status.ok()) status = VerifyCheckpoint(staging).status();
   if (status.ok()) status = CheckReplaceable(dir);
-  if (status.ok()) status = io::PublishDirectory(staging, dir);
+  std::string keep_old_as;
+  if (status.ok() && keep > 1) {
+    absl::StatusOr<CheckpointManifest> old = ReadCheckpointManifest(dir);
+    if (old.ok() && old->step != manifest.step) keep_old_as = CheckpointHistoryPath(dir, old->step);
+  }
+  if (status.ok()) status = io::PublishDirectory(staging, dir, keep_old_as);
   // After a successful publish `staging` holds nothing (or the old contents PublishDirectory
   // could not remove); after a failed one, the abandoned new checkpoint.
   DiscardCheckpointStaging(staging).IgnoreError();
+  if (status.ok()) {
+    // Retention: the newest keep - 1 earlier checkpoints stay.
+    absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> history = CheckpointHistory(dir);
+    if (history.ok()) {
+      for (size_t i = static_cast<size_t>(keep - 1); i < history->size(); ++i) {
+        io::RemoveDirectoryAtomically((*history)[i].second).IgnoreError();
+      }
+    }
+  }
   return status;
 }
 
@@ -421,7 +470,7 @@ absl::Status DiscardCheckpointStaging(const std::string& staging) {
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::map<std::string, math::Tensor>& tensors) {
+                            const std::map<std::string, math::Tensor>& tensors, int keep) {
   PT_ASSIGN_OR_RETURN(const std::string staging, BeginCheckpointStaging(dir));
   absl::StatusOr<std::vector<CheckpointShard>> shards =
       WriteCheckpointShards(staging, manifest.shards, tensors, manifest.step);
@@ -431,7 +480,7 @@ absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& ma
   }
   CheckpointManifest m = manifest;
   m.shards = *std::move(shards);
-  return PublishCheckpoint(staging, dir, m);
+  return PublishCheckpoint(staging, dir, m, keep);
 }
 
 absl::Status CheckCheckpointDestination(const std::string& dir) {

@@ -138,8 +138,25 @@ absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointMan
 // its file system cannot exchange directories, I/O errors naming the path. On every error `dir`
 // is unchanged (but for a failed fsync after the rename, see io::PublishDirectory) and `staging`
 // has been removed.
+//
+// `keep` (>= 1) is how many checkpoints of this directory to keep: `dir` itself (the newest) and
+// up to keep - 1 earlier ones beside it as "DIR.step-<step, 12 digits>" (CheckpointHistoryPath),
+// each an ordinary checkpoint directory. The checkpoint `dir` held before moves there (unless it
+// is of the same step); then the oldest are removed beyond keep - 1 (each atomically), so the
+// newest complete checkpoint is never removed before the next one is complete. Removal failures
+// do not fail the publish.
 absl::Status PublishCheckpoint(const std::string& staging, const std::string& dir,
-                               const CheckpointManifest& manifest);
+                               const CheckpointManifest& manifest, int keep = 1);
+
+// Where PublishCheckpoint keeps the checkpoint of `step` that `dir` held before:
+// "<dir without trailing slashes>.step-%012d".
+std::string CheckpointHistoryPath(const std::string& dir, int64_t step);
+
+// The earlier checkpoints kept beside `dir` (CheckpointHistoryPath), as (step, path), highest step
+// first. Entries whose name does not have that form exactly are not listed. Errors:
+// io::ListDirectory's for the parent of `dir`.
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointHistory(
+    const std::string& dir);
 
 // Removes a staging directory that will not be published (e.g. a shard writer failed). OK if it
 // does not exist.
@@ -149,7 +166,7 @@ absl::Status DiscardCheckpointStaging(const std::string& staging);
 // ignored and filled in), then PublishCheckpoint. Errors as for those; on error `dir` is unchanged
 // and nothing is left behind.
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::map<std::string, math::Tensor>& tensors);
+                            const std::map<std::string, math::Tensor>& tensors, int keep = 1);
 
 // Checks before training that a save into `dir` can succeed later: the parent of `dir` is
 // created if missing and must be writable (the staging directory goes there, see

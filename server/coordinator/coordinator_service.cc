@@ -513,7 +513,7 @@ void CoordinatorService::OnWorkerGone(JoinReactor* reactor, const std::string& n
     auto jit = jobs_.find(job_id);
     if (jit != jobs_.end() && !IsTerminal(jit->second->state)) {
       if (jit->second->spec.recover()) {
-        BeginRecovery(*jit->second, name, rank);
+        BeginRecovery(*jit->second, name, rank, "lost");
       } else {
         FailJob(*jit->second,
                 absl::StrCat(WorkerLabel(name, rank), " was lost: its Join stream ended"));
@@ -523,8 +523,43 @@ void CoordinatorService::OnWorkerGone(JoinReactor* reactor, const std::string& n
   event_cv_.SignalAll();
 }
 
-void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int rank) {
-  Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was lost at step ",
+void CoordinatorService::EvictWorker(const std::string& name, const std::string& cause,
+                                     const std::string& why) {
+  auto it = workers_.find(name);
+  if (it == workers_.end()) return;
+  Log(absl::StrCat("evicting worker '", name, "': ", why));
+  const std::string job_id = it->second.job;
+  const int rank = it->second.rank;
+  JoinReactor* reactor = it->second.reactor;
+  workers_.erase(it);  // OnWorkerGone then finds nothing to do.
+  if (reactor != nullptr) {
+    reactor->Close(grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("evicted: ", why)));
+  }
+  auto jit = jobs_.find(job_id);
+  if (!job_id.empty() && jit != jobs_.end() && !IsTerminal(jit->second->state)) {
+    if (jit->second->spec.recover()) {
+      BeginRecovery(*jit->second, name, rank, cause);
+    } else {
+      FailJob(*jit->second, absl::StrCat(WorkerLabel(name, rank), " was evicted: ", why));
+    }
+  }
+  event_cv_.SignalAll();
+}
+
+std::vector<CoordinatorService::WorkerConn*> CoordinatorService::IdleWorkers() {
+  std::vector<WorkerConn*> idle;
+  for (auto& [name, conn] : workers_) {
+    if (conn.reactor != nullptr && conn.job.empty()) idle.push_back(&conn);
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const WorkerConn* a, const WorkerConn* b) { return a->order < b->order; });
+  return idle;
+}
+
+void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int rank,
+                                       const std::string& cause) {
+  Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was ",
+                   cause == "deadline" ? "evicted (step deadline)" : "lost", " at step ",
                    job.steps_done, "; recovering"));
   if (job.state == JobState::kRecovering) return;  // the recovery in progress replaces it too.
   job.state = JobState::kRecovering;
@@ -532,6 +567,7 @@ void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int ra
   job.recovering = v1::RecoveryEvent();
   job.recovering.set_lost_worker(name);
   job.recovering.set_rank(rank);
+  job.recovering.set_cause(cause);
   job.recovering.set_failed_step(job.steps_done);
   if (job.op_error.ok()) {
     job.op_error = absl::AbortedError(
@@ -547,9 +583,12 @@ void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int ra
 absl::Status CoordinatorService::CheckReady(const Job& job) {
   if (job.state == JobState::kReady) return absl::OkStatus();
   if (job.state == JobState::kRecovering) {
-    return absl::AbortedError(absl::StrCat("job '", job.id, "' is recovering from the loss of ",
-                                           job.recovering.lost_worker(),
-                                           "; retry once it is ready"));
+    const v1::RecoveryEvent& r = job.recovering;
+    return absl::AbortedError(absl::StrCat(
+        "job '", job.id, "' is recovering (",
+        r.lost_worker().empty() ? r.cause()
+                                : absl::StrCat("worker '", r.lost_worker(), "' ", r.cause()),
+        "); retry once it is ready"));
   }
   if (IsTerminal(job.state)) return EndedError(job);
   return absl::FailedPreconditionError(
@@ -656,6 +695,13 @@ void CoordinatorService::EndJob(Job& job, JobState state, const std::string& rea
     if (conn.job == job.id) {
       conn.job.clear();
       conn.rank = -1;
+    }
+  }
+  if (journal_ != nullptr) {
+    // Under mu_ (an unlink and a directory fsync): an ended job must not come back after a
+    // restart.
+    if (const absl::Status removed = journal_->Remove(job.id); !removed.ok()) {
+      Log(absl::StrCat("job ", job.id, ": cannot remove its journal record: ", removed.ToString()));
     }
   }
   job.state = state;

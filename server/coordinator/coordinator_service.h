@@ -20,7 +20,10 @@
 // Error policy of Train: a bad batch (shape, values, samples % M) ends that Train stream with
 // INVALID_ARGUMENT, and a step a worker failed ends it with the worker's status after Abort was
 // sent to every worker; in both cases the job stays READY and a new Train stream may continue
-// where the last applied step left off. A lost worker fails the job (recovery is future work).
+// where the last applied step left off. A lost worker fails the job unless it recovers
+// (JobSpec.recover: RECOVERING, then READY at its last checkpoint; docs/recovery.md).
+// Durability (OpenJournal): with a state directory, every job that has not ended is recorded
+// there, and a restarted coordinator restores them (RECOVERING until workers register again).
 #ifndef PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -47,6 +50,7 @@
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "server/coordinator/job_journal.h"
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
 #include "server/link/peer_link.h"
@@ -80,7 +84,9 @@ struct CoordinatorOptions {
   // coordinator reads and writes no checkpoints (FAILED_PRECONDITION saying so).
   std::string checkpoint_root;
   // How long a recoverable job's step that failed on a transport error waits for a worker's loss
-  // to be noticed (its Join stream ending) before the error goes to the client. Default 3 s.
+  // to be noticed (its Join stream ending) before the error goes to the client; also how long
+  // ranks have to answer the Abort of a step that missed its deadline before the silent ones are
+  // evicted as stuck. Default 3 s.
   absl::Duration loss_grace = absl::Seconds(3);
   // Where log lines go ("<time> coordinator <message>"); null: stderr.
   std::function<void(const std::string&)> log;
@@ -118,8 +124,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CoordinatorService& operator=(const CoordinatorService&) = delete;
 
   // Fails every waiting operation with CANCELLED, ends every Join stream (CANCELLED) and stops
-  // accepting work; operations queued afterwards fail with CANCELLED. Idempotent.
+  // accepting work; operations queued afterwards fail with CANCELLED. Idempotent. Jobs stay in
+  // the journal (a restart continues them).
   void Shutdown();
+
+  // Opens the durable journal in `state_dir` (JobJournal) and restores every job recorded there:
+  // each is RECOVERING, in a new epoch, until enough workers have registered (within its
+  // replace timeout; fewer stages down to its min_stages), then READY at its last checkpoint (or
+  // step 0), for its client to reconnect and replay; its client lease starts now. A record that
+  // cannot be restored (its spec or checkpoint no longer valid) becomes a FAILED job saying why.
+  // Call once, before the server starts serving. Errors: the journal cannot be opened or listed
+  // (naming the path); FAILED_PRECONDITION if a journal is already open.
+  absl::Status OpenJournal(const std::string& state_dir) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- gRPC handlers (callback API).
   grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* Join(
@@ -247,13 +263,28 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request);
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
   // Replaces the lost ranks of a RECOVERING job with idle workers (waiting for them up to the
-  // job's replace timeout), bumps the epoch and assigns every rank with the restore state; READY
-  // on success, FAILED otherwise. On the job's OpThread.
+  // job's replace timeout) or, past it, re-partitions it onto fewer stages (down to its
+  // min_stages); a job restored from the journal is laid out anew. Bumps the epoch and assigns
+  // every rank with the restore state: READY on success (and journaled), FAILED otherwise. On the
+  // job's OpThread.
   void DoRecover(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // Starts recovering `job` from the loss of `name` (rank `rank`): RECOVERING, the operation in
-  // flight aborted (ABORTED), DoRecover queued. `mu_` held.
-  void BeginRecovery(Job& job, const std::string& name, int rank)
+  // DoRecover's work under mu_; true if the job is READY again.
+  bool Reassign(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts recovering `job` from the loss of `name` (rank `rank`) for `cause` ("lost",
+  // "deadline"): RECOVERING, the operation in flight aborted (ABORTED), DoRecover queued.
+  void BeginRecovery(Job& job, const std::string& name, int rank, const std::string& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends worker `name`'s registration now, as if its Join stream had broken (its job recovers or
+  // fails), and closes that stream with `why`.
+  void EvictWorker(const std::string& name, const std::string& cause, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers registered and idle, in registration order.
+  std::vector<WorkerConn*> IdleWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores one journal record as a RECOVERING job (or a FAILED one saying why it cannot).
+  void RestoreJob(v1::JobRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes job `id`'s journal record (if a journal is open and the job has not ended); a failed
+  // write is logged. Takes mu_ to read the job, writes outside it.
+  void JournalJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // The last task on an ended job's OpThread: closes its data links.
   void CloseJobLinks(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -345,6 +376,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // Signalled (under mu_) whenever a worker event, a lost worker, a link failure, an ended job or
   // Shutdown changes what a waiting operation looks at.
   absl::CondVar event_cv_;
+
+  // The durable journal (OpenJournal); null without a state directory. Set once, before serving.
+  std::unique_ptr<JobJournal> journal_ ABSL_GUARDED_BY(mu_);
 
   // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
   std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/confined_path.h"
+#include "common/io/file_util.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
@@ -23,12 +24,36 @@
 #include "common/wire/tensor_key.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/reactors.h"
 
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
 // steps and checkpoints (each on the job's OpThread).
 namespace pipetrain::coordinator {
 namespace {
 
+// The plan of `spec`'s schedule at its stage count: the schedule's parameters checked
+// (INVALID_ARGUMENT) and enough layers in `net` for its chunks.
+absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net) {
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
+  schedule::ScheduleParams params;
+  params.kind = kind;
+  params.stages = spec.stages();
+  params.microbatches = spec.microbatches();
+  params.virtual_stages = spec.virtual_stages();
+  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  const int C = spec.stages() * spec.virtual_stages();
+  if (net.num_layers() < C) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", net.num_layers(), " layers, fewer than the ", C, " chunks of ",
+        spec.stages(), " stages x ", spec.virtual_stages(), " virtual stages"));
+  }
+  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
+  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
+  return plan;
+}
+
+// Validates `spec` (filling in the defaults of virtual stages and threads), builds its model into
+// *net and returns its plan.
 absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
                                             std::shared_ptr<const model::Model>* net) {
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
@@ -39,12 +64,14 @@ absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
   if (spec->threads() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
   }
-  schedule::ScheduleParams params;
-  params.kind = kind;
-  params.stages = spec->stages();
-  params.microbatches = spec->microbatches();
-  params.virtual_stages = spec->virtual_stages();
-  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  if (spec->min_stages() < 0 || spec->min_stages() > spec->stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_stages must be in [0, stages = ", spec->stages(), "], got ", spec->min_stages()));
+  }
+  if (spec->replace_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
+  }
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
   // The model as its author wrote it: sizes left 0 come from the client's data shape.
   const v1::DataShape& data = spec->data_shape();
@@ -68,15 +95,31 @@ absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
                      " target features per row, the data shape has ", data.target_features()));
   }
   *net = *std::move(built);
-  const int C = spec->stages() * spec->virtual_stages();
-  if ((*net)->num_layers() < C) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", (*net)->num_layers(), " layers, fewer than the ", C, " chunks of ",
-        spec->stages(), " stages x ", spec->virtual_stages(), " virtual stages"));
+  return PlanFor(*spec, **net);
+}
+
+// The chunks of `plan` over `net`'s layers, partitioned by FLOPs for workers of `speeds` (by
+// rank), and the partition's imbalance.
+absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
+    const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
+    const std::vector<double>& speeds) {
+  partition::PartitionOptions popts;
+  popts.stages = static_cast<int>(speeds.size());
+  popts.placement = plan.placement.kind;
+  popts.virtual_stages = spec.virtual_stages();
+  popts.speeds = speeds;
+  PT_ASSIGN_OR_RETURN(partition::Partition cut,
+                      partition::PartitionLayers(net.LayerFlops(1), popts));
+  std::vector<v1::ChunkSpec> chunks;
+  for (int c = 0; c < plan.num_chunks(); ++c) {
+    v1::ChunkSpec chunk;
+    chunk.set_chunk(c);
+    chunk.set_worker(plan.placement.OwnerOf(c));
+    chunk.set_first_layer(cut.boundaries[c]);
+    chunk.set_last_layer(cut.boundaries[c + 1]);
+    chunks.push_back(chunk);
   }
-  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
-  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
-  return plan;
+  return std::make_pair(std::move(chunks), cut.imbalance);
 }
 
 }  // namespace
@@ -138,15 +181,10 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
       done(absl::CancelledError("coordinator shutting down"));
       return;
     }
-    std::vector<WorkerConn*> idle;
+    std::vector<WorkerConn*> idle = IdleWorkers();
     int busy = 0;
     for (auto& [name, conn] : workers_) {
-      if (conn.reactor == nullptr) continue;
-      if (conn.job.empty()) {
-        idle.push_back(&conn);
-      } else {
-        ++busy;
-      }
+      if (conn.reactor != nullptr && !conn.job.empty()) ++busy;
     }
     const int live = static_cast<int>(idle.size());
     if (live < S) {
@@ -155,8 +193,6 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
           busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : "")));
       return;
     }
-    std::sort(idle.begin(), idle.end(),
-              [](const WorkerConn* a, const WorkerConn* b) { return a->order < b->order; });
     auto job = std::make_unique<Job>();
     id = absl::StrCat(id_prefix_, next_job_++);
     job->id = id;
@@ -183,15 +219,12 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     job->lease_expiry = job->created + options_.client_lease;
     job->ops = std::make_unique<OpThread>();
     jobs_[id] = std::move(job);
+    if (journal_ != nullptr) journal_->Track(id);
   }
 
   // Partition (no lock: pure compute on this thread's own data).
-  partition::PartitionOptions popts;
-  popts.stages = S;
-  popts.placement = plan->placement.kind;
-  popts.virtual_stages = spec.virtual_stages();
-  popts.speeds = speeds;
-  absl::StatusOr<partition::Partition> cut = partition::PartitionLayers(net->LayerFlops(1), popts);
+  absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
+      PartitionChunks(spec, *net, *plan, speeds);
 
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);  // by id: the job may have been cancelled and pruned meanwhile.
@@ -205,17 +238,14 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     done(cut.ok() ? EndedError(job) : cut.status());
     return;
   }
-  job.imbalance = cut->imbalance;
-  for (int c = 0; c < plan->num_chunks(); ++c) {
-    v1::ChunkSpec chunk;
-    chunk.set_chunk(c);
-    chunk.set_worker(plan->placement.OwnerOf(c));
-    chunk.set_first_layer(cut->boundaries[c]);
-    chunk.set_last_layer(cut->boundaries[c + 1]);
-    job.chunks.push_back(chunk);
-  }
+  job.chunks = std::move(cut->first);
+  job.imbalance = cut->second;
   Job* raw = &job;  // lives while its OpThread runs this task.
-  if (!job.ops->Post([this, raw, done] { done(DoAssign(raw)); })) {
+  if (!job.ops->Post([this, raw, id, done] {
+        absl::StatusOr<v1::JobStatus> ready = DoAssign(raw);
+        if (ready.ok()) JournalJob(id);
+        done(std::move(ready));
+      })) {
     done(EndedError(job));
   }
 }
@@ -271,17 +301,29 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
 }
 
 void CoordinatorService::DoRecover(Job* job) {
-  absl::MutexLock lock(&mu_);
-  if (job->state != JobState::kRecovering) return;
+  bool ready = false;
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = job->id;
+    ready = Reassign(job);
+  }
+  if (ready) JournalJob(id);
+}
+
+bool CoordinatorService::Reassign(Job* job) {
+  if (job->state != JobState::kRecovering) return false;
   const absl::Duration wait = job->spec.replace_timeout_ms() > 0
                                   ? absl::Milliseconds(job->spec.replace_timeout_ms())
                                   : absl::Seconds(30);
   const absl::Time deadline = absl::Now() + wait;
   const int S = static_cast<int>(job->workers.size());
+  const int min_stages = job->spec.min_stages();
   std::vector<int> lost;
   std::vector<WorkerConn*> idle;
+  bool shrink = false;
   for (;;) {
-    if (shutting_down_ || IsTerminal(job->state)) return;
+    if (shutting_down_ || IsTerminal(job->state)) return false;
     lost.clear();
     for (int rank = 0; rank < S; ++rank) {
       auto it = workers_.find(job->workers[rank]);
@@ -289,54 +331,128 @@ void CoordinatorService::DoRecover(Job* job) {
         lost.push_back(rank);
       }
     }
-    idle.clear();
-    for (auto& [name, conn] : workers_) {
-      if (conn.reactor != nullptr && conn.job.empty()) idle.push_back(&conn);
-    }
+    idle = IdleWorkers();
     if (idle.size() >= lost.size()) break;
+    const int reachable = S - static_cast<int>(lost.size()) + static_cast<int>(idle.size());
     if (absl::Now() >= deadline) {
-      FailJob(*job, absl::StrCat("lost ", lost.size(), " of its ", S, " workers (",
-                                 job->recovering.lost_worker(), " at step ",
-                                 job->recovering.failed_step(), ") and no idle worker replaced ",
-                                 lost.size() == 1 ? "it" : "them", " within ",
-                                 absl::FormatDuration(wait)));
-      return;
+      if (min_stages > 0 && reachable >= min_stages) {
+        shrink = true;
+        break;
+      }
+      FailJob(
+          *job,
+          absl::StrCat(
+              "lost ", lost.size(), " of its ", S, " workers (", job->recovering.cause(),
+              job->recovering.lost_worker().empty() ? "" : " of " + job->recovering.lost_worker(),
+              " at step ", job->recovering.failed_step(), ") and no idle worker", " replaced ",
+              lost.size() == 1 ? "it" : "them", " within ", absl::FormatDuration(wait),
+              min_stages > 0 ? absl::StrCat("; ", reachable,
+                                            " workers are fewer than its "
+                                            "min_stages ",
+                                            min_stages)
+                             : ""));
+      return false;
     }
     event_cv_.WaitWithDeadline(&mu_, deadline);
   }
-  std::sort(idle.begin(), idle.end(),
-            [](const WorkerConn* a, const WorkerConn* b) { return a->order < b->order; });
-  for (size_t i = 0; i < lost.size(); ++i) {
-    job->workers[lost[i]] = idle[i]->info.name();
-    idle[i]->job = job->id;
-    idle[i]->rank = lost[i];
+  // The workers of the new epoch, by rank: a shrinking job keeps its survivors (in rank order)
+  // and takes every idle worker; otherwise idle workers take the lost ranks.
+  std::vector<std::string> names;
+  if (shrink) {
+    for (int rank = 0; rank < S; ++rank) {
+      if (std::find(lost.begin(), lost.end(), rank) == lost.end()) {
+        names.push_back(job->workers[rank]);
+      }
+    }
+    for (const WorkerConn* conn : idle) names.push_back(conn->info.name());
+  } else {
+    names = job->workers;
+    for (size_t i = 0; i < lost.size(); ++i) names[lost[i]] = idle[i]->info.name();
+  }
+  if (shrink || job->chunks.empty()) {
+    // Fewer stages, or a job restored from the journal: plan and partition anew, with the most
+    // stages (at most names.size(), at least min_stages) the schedule accepts.
+    const int fewest = shrink ? min_stages : static_cast<int>(names.size());
+    absl::Status laid = absl::InternalError("no stage count to try");
+    for (int n = static_cast<int>(names.size()); n >= std::max(fewest, 1); --n) {
+      v1::JobSpec spec = job->spec;
+      spec.set_stages(n);
+      absl::StatusOr<schedule::Plan> plan = PlanFor(spec, *job->model);
+      if (!plan.ok()) {
+        laid = plan.status();
+        continue;
+      }
+      std::vector<double> speeds;
+      for (int r = 0; r < n; ++r) speeds.push_back(workers_[names[r]].info.gflops());
+      absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
+          PartitionChunks(spec, *job->model, *plan, speeds);
+      if (!cut.ok()) {
+        laid = cut.status();
+        continue;
+      }
+      job->spec = std::move(spec);
+      job->plan = *std::move(plan);
+      job->chunks = std::move(cut->first);
+      job->imbalance = cut->second;
+      names.resize(n);
+      laid = absl::OkStatus();
+      break;
+    }
+    if (!laid.ok()) {
+      FailJob(*job, absl::StrCat("cannot re-partition onto ", names.size(),
+                                 " workers: ", laid.ToString()));
+      return false;
+    }
+  }
+  // Survivors left without a rank (a schedule that needs fewer stages) are released.
+  v1::WorkerCommand release;
+  release.mutable_release()->set_job(job->id);
+  release.mutable_release()->set_epoch(job->epoch);
+  release.mutable_release()->set_reason("the job shrank to fewer stages");
+  for (auto& [name, conn] : workers_) {
+    if (conn.job == job->id && std::find(names.begin(), names.end(), name) == names.end()) {
+      if (conn.reactor != nullptr) conn.reactor->Send(release);
+      conn.job.clear();
+      conn.rank = -1;
+    }
+  }
+  const int n = static_cast<int>(names.size());
+  job->workers = names;
+  for (int rank = 0; rank < n; ++rank) {
+    WorkerConn& conn = workers_[names[rank]];
+    conn.job = job->id;
+    conn.rank = rank;
   }
   // A new epoch: every rank rebuilds its stages from the restore state; frames and answers of
   // the old epoch are rejected.
   ++job->epoch;
   job->steps_done = job->restore.has_value() ? job->restore->step : 0;
-  job->assigned.assign(S, false);
-  job->runs_sent.assign(S, 0);
-  job->runs_answered.assign(S, 0);
-  job->reports.assign(S, std::nullopt);
-  job->committed.assign(S, false);
-  job->saved.assign(S, false);
+  job->assigned.assign(n, false);
+  job->runs_sent.assign(n, 0);
+  job->runs_answered.assign(n, 0);
+  job->reports.assign(n, std::nullopt);
+  job->committed.assign(n, false);
+  job->saved.assign(n, false);
   job->op_step = -1;
   job->op_error = absl::OkStatus();
   job->recovering.set_restored_step(job->steps_done);
   job->recovering.set_epoch(job->epoch);
+  job->recovering.set_stages(n);
   job->recovering.clear_workers();
   for (const std::string& name : job->workers) job->recovering.add_workers(name);
   mu_.Unlock();
   const absl::StatusOr<v1::JobStatus> assigned = DoAssign(job);
   mu_.Lock();
-  if (!assigned.ok()) return;  // DoAssign failed the job.
+  if (!assigned.ok()) return false;  // DoAssign failed the job.
   job->recovering.set_seconds(absl::ToDoubleSeconds(absl::Now() - job->recovery_start));
   job->recoveries.push_back(job->recovering);
-  Log(absl::StrCat("job ", job->id, ": recovered from the loss of ", job->recovering.lost_worker(),
-                   " at step ", job->recovering.failed_step(), " in ", job->recovering.seconds(),
-                   " s; restarted from step ", job->steps_done, " in epoch ", job->epoch, " on ",
+  Log(absl::StrCat("job ", job->id, ": recovered (", job->recovering.cause(),
+                   job->recovering.lost_worker().empty() ? "" : " " + job->recovering.lost_worker(),
+                   " at step ", job->recovering.failed_step(), ") in ", job->recovering.seconds(),
+                   " s; restarted from step ", job->steps_done, " in epoch ", job->epoch, " on ", n,
+                   n < S ? absl::StrCat(" stages (was ", S, "): ") : " stages: ",
                    absl::StrJoin(job->workers, ", ")));
+  return true;
 }
 
 absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
@@ -527,6 +643,32 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
                      " (stopped or stuck; the deadline is max(--step-deadline-floor, "
                      "--step-deadline-factor x the plan's predicted step time))"));
     Log(std::string(waited.message()));
+    if (job->spec.recover() && job->state == JobState::kTraining) {
+      // A recoverable job evicts the ranks that are stuck, not those waiting on them: the step is
+      // aborted, a rank waiting for data answers that at once (its wait is cancelled), a stuck or
+      // stopped one does not within loss_grace. The job recovers without the evicted ranks, and
+      // what they send later is fenced by the new epoch.
+      AbortStep(*job, step, "the step missed its deadline");
+      auto unanswered = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
+        std::vector<std::string> names;
+        for (int rank = 0; rank < S; ++rank) {
+          if (job->runs_answered[rank] < job->runs_sent[rank]) names.push_back(job->workers[rank]);
+        }
+        return names;
+      };
+      const absl::Time until = absl::Now() + options_.loss_grace;
+      while (!shutting_down_ && job->state == JobState::kTraining && !unanswered().empty() &&
+             absl::Now() < until) {
+        event_cv_.WaitWithDeadline(&mu_, until);
+      }
+      const std::vector<std::string> late =
+          job->state == JobState::kTraining ? unanswered() : std::vector<std::string>();
+      for (const std::string& name : late) {
+        EvictWorker(name, "deadline",
+                    absl::StrCat("missed the deadline of step ", step, " of job ", job_id, " (",
+                                 absl::FormatDuration(deadline), ")"));
+      }
+    }
   }
   if (!waited.ok()) return fail_step(waited);
 
@@ -652,6 +794,17 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   }
   PT_ASSIGN_OR_RETURN(const std::string directory,
                       CheckpointPath(request.directory(), "Checkpoint directory"));
+  if (request.keep() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keep must be >= 0, got ", request.keep()));
+  }
+  if (request.keep() > 1 && !CheckpointPath(io::DirName(directory), "").ok()) {
+    // The earlier checkpoints go beside the directory: that must be under the root too.
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keeping ", request.keep(), " checkpoints of ", directory,
+                     " needs its parent under the checkpoint root (earlier ones are kept beside "
+                     "it); name a subdirectory"));
+  }
   Job* job = nullptr;
   int64_t step = 0;
   std::shared_ptr<const model::Model> net;
@@ -714,17 +867,118 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     return shards.status();
   }
   manifest.shards = *std::move(shards);
-  PT_RETURN_IF_ERROR(model::PublishCheckpoint(staging, directory, manifest));
+  PT_RETURN_IF_ERROR(
+      model::PublishCheckpoint(staging, directory, manifest, std::max(1, request.keep())));
   {
     // The newest state a recovery restarts from.
     absl::MutexLock lock(&mu_);
     job->restore_dir = directory;
     job->restore = manifest;
   }
+  JournalJob(request.job());
   v1::CheckpointResponse response;
   response.set_step(step);
   response.set_directory(directory);
   return response;
+}
+
+absl::Status CoordinatorService::OpenJournal(const std::string& state_dir) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<JobJournal> journal, JobJournal::Open(state_dir));
+  PT_ASSIGN_OR_RETURN(JobJournal::Contents contents, journal->Load());
+  for (const auto& [path, why] : contents.problems) {
+    Log(absl::StrCat("journal: ignoring ", path, ": ", why.ToString()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
+  journal_ = std::move(journal);
+  for (v1::JobRecord& record : contents.records) RestoreJob(std::move(record));
+  Log(absl::StrCat("journal ", journal_->directory(), ": ", contents.records.size(),
+                   " job(s) to continue"));
+  return absl::OkStatus();
+}
+
+void CoordinatorService::RestoreJob(v1::JobRecord record) {
+  if (jobs_.count(record.job()) != 0) return;
+  auto job = std::make_unique<Job>();
+  Job& j = *job;
+  j.id = record.job();
+  j.spec = record.spec();
+  j.epoch = record.epoch();
+  j.created = absl::FromUnixMillis(record.created_unix_ms());
+  j.recoveries.assign(record.recoveries().begin(), record.recoveries().end());
+  j.state = JobState::kRecovering;
+  j.recovery_start = absl::Now();
+  j.recovering.set_cause("coordinator restart");
+  j.recovering.set_rank(-1);
+  j.recovering.set_failed_step(record.restore_step());
+  j.lease_expiry = absl::Now() + options_.client_lease;
+  j.ops = std::make_unique<OpThread>();
+  jobs_[j.id] = std::move(job);
+  // What the record promises is checked again: the spec (and so the plan), the checkpoint.
+  std::shared_ptr<const model::Model> net;
+  absl::Status usable = CheckJobSpec(&j.spec, &net).status();
+  if (usable.ok() && !record.restore_dir().empty()) {
+    absl::StatusOr<model::CheckpointManifest> manifest =
+        model::VerifyCheckpoint(record.restore_dir());
+    if (manifest.ok() && manifest->step != record.restore_step()) {
+      manifest = absl::DataLossError(
+          absl::StrCat("its step is ", manifest->step, ", the journal's ", record.restore_step()));
+    }
+    if (manifest.ok()) {
+      j.restore_dir = record.restore_dir();
+      j.restore = *std::move(manifest);
+    } else {
+      usable = wire::Annotate(manifest.status(),
+                              absl::StrCat("its last checkpoint ", record.restore_dir()));
+    }
+  }
+  if (!usable.ok()) {
+    FailJob(j,
+            absl::StrCat("cannot continue after the coordinator restarted: ", usable.ToString()));
+    return;
+  }
+  j.model = std::move(net);
+  j.steps_done = j.restore.has_value() ? j.restore->step : 0;
+  if (!record.resume_dir().empty()) {
+    j.resume_dir = record.resume_dir();
+    absl::StatusOr<model::CheckpointManifest> resumed =
+        model::ReadCheckpointManifest(record.resume_dir());
+    if (resumed.ok()) j.resume = *std::move(resumed);
+  }
+  // No layout yet (Reassign partitions for the workers that register): every rank is lost.
+  j.workers.assign(j.spec.stages(), "");
+  if (journal_ != nullptr) journal_->Track(j.id);
+  Log(absl::StrCat("job ", j.id, ": restored from the journal at step ", j.steps_done,
+                   "; waiting for ", j.spec.stages(), " workers"));
+  Job* raw = &j;  // lives while its OpThread runs tasks.
+  if (!j.ops->Post([this, raw] { DoRecover(raw); })) FailJob(j, "shutting down");
+}
+
+void CoordinatorService::JournalJob(const std::string& id) {
+  JobJournal* journal = nullptr;
+  v1::JobRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (journal_ == nullptr || it == jobs_.end() || IsTerminal(it->second->state)) return;
+    const Job& job = *it->second;
+    journal = journal_.get();  // lives as long as the service.
+    record.set_job(job.id);
+    *record.mutable_spec() = job.spec;
+    record.set_epoch(job.epoch);
+    if (job.restore.has_value()) {
+      record.set_restore_dir(job.restore_dir);
+      record.set_restore_step(job.restore->step);
+    }
+    record.set_resume_dir(job.resume_dir);
+    record.set_created_unix_ms(absl::ToUnixMillis(job.created));
+    for (const v1::RecoveryEvent& r : job.recoveries) *record.add_recoveries() = r;
+  }
+  // Outside mu_ (a file write and two fsyncs); a job that ended meanwhile is no longer tracked,
+  // so its record is not written back.
+  if (const absl::Status written = journal->Write(record); !written.ok()) {
+    Log(absl::StrCat("job ", id, ": cannot write its journal record: ", written.ToString()));
+  }
 }
 
 absl::StatusOr<std::string> CoordinatorService::CheckpointPath(const std::string& path,

@@ -12,7 +12,7 @@ enum class JobState {
   kAssigning,   // workers are building their stages.
   kReady,       // idle between steps.
   kTraining,    // a step or checkpoint is in flight.
-  kRecovering,  // replacing a lost worker (reserved; not entered yet).
+  kRecovering,  // re-assigning after a lost worker or a coordinator restart.
   kDone,        // finished by its client.
   kFailed,      // a fault it could not survive; see the job's reason.
   kCancelled,   // cancelled by a client or because its client went away.

@@ -4,7 +4,7 @@
 //   coordinator --listen 127.0.0.1:7070 [--client-listen ADDR] [--port-file PATH]
 //               [--client-lease 5m] [--job-retention 1h] [--max-ended-jobs 1000]
 //               [--step-deadline-floor 60s] [--step-deadline-factor 50]
-//               [--checkpoint-root DIR]
+//               [--checkpoint-root DIR] [--state-dir DIR]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -52,6 +52,10 @@ ABSL_FLAG(absl::Duration, peer_keepalive, absl::Seconds(5),
 ABSL_FLAG(std::string, checkpoint_root, "",
           "checkpoint and resume directories that clients name must lie under this directory; "
           "empty: this coordinator keeps no checkpoints");
+ABSL_FLAG(std::string, state_dir, "",
+          "keep a durable journal of the unfinished jobs here; a coordinator restarted on the "
+          "same directory continues them from their last checkpoint (docs/recovery.md); empty: "
+          "jobs do not survive a restart");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
 
@@ -110,6 +114,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>(options);
+  if (const std::string state_dir = absl::GetFlag(FLAGS_state_dir); !state_dir.empty()) {
+    if (const absl::Status s = service->OpenJournal(state_dir); !s.ok()) {
+      std::cerr << "coordinator: --state-dir " << state_dir << ": " << s << "\n";
+      return 1;
+    }
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);

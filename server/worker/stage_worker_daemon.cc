@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -128,6 +129,11 @@ absl::Status StageWorkerDaemon::StartServer() {
   // default), so a frozen coordinator is noticed between jobs too.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(wire::kMaxFrameMessageBytes));
+  // gRPC's own reconnect backoff (up to 120 s by default) must not outlast ours: a restarted
+  // coordinator is found within redial_max.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options_.redial_max),
+                                                 int64_t{1} << 30)));
   coordinator_channel_ =
       grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   coordinator_stub_ = v1::Coordinator::NewStub(coordinator_channel_);
@@ -136,6 +142,7 @@ absl::Status StageWorkerDaemon::StartServer() {
 
 void StageWorkerDaemon::SessionLoop() {
   absl::Duration backoff = options_.redial_initial;
+  std::minstd_rand jitter(std::random_device{}());
   for (;;) {
     auto stream = std::make_shared<ControlStream>([this](v1::WorkerCommand command) {
       Task task;
@@ -174,11 +181,13 @@ void StageWorkerDaemon::SessionLoop() {
     lost.status = status;
     Enqueue(std::move(lost));
     if (accepted) backoff = options_.redial_initial;
+    // Jitter: a restarted coordinator is not redialled by every worker at the same instant.
+    const absl::Duration pause = backoff * std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     Log(absl::StrCat("control stream to ", options_.coordinator, " ended (", status.ToString(),
-                     "); redialling in ", absl::FormatDuration(backoff)));
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff);
+                     "); redialling in ", absl::FormatDuration(pause)));
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), pause);
     if (stopping_) return;
     backoff = std::min(backoff * 2, options_.redial_max);
   }

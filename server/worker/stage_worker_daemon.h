@@ -64,7 +64,9 @@ struct StageWorkerOptions {
   // emulated rate with emulate_gflops > 0 (what actions will take), else the probe.
   double gflops = 0;
   // Backoff between control-stream attempts: starts at redial_initial, doubles up to
-  // redial_max, and restarts from redial_initial once a stream got its first command.
+  // redial_max, and restarts from redial_initial once a stream got its first command; each pause
+  // is a random 50-100 % of the backoff (jitter), so a restarted coordinator is found within
+  // redial_max.
   absl::Duration redial_initial = absl::Milliseconds(100);
   absl::Duration redial_max = absl::Seconds(5);
   // The control stream pings the coordinator after this long without traffic, with or without

@@ -42,14 +42,18 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log)
 }
 
 // A coordinator and its workers, stopped when destroyed. Not thread-safe.
-// `pipetrain train` of the example digits MLP over 2 stages for a million steps (--json) against
-// the coordinator at `address`, stdout piped, stderr into `stderr_path`: a run that only ends
-// when something stops it.
-inline PipedChild SpawnEndlessTrain(const std::string& address, const std::string& stderr_path) {
-  return SpawnPiped({PIPETRAIN_BINARY, "train", "--coordinator", address, "--stages", "2",
-                     "--model", Example("mlp_digits.textproto"), "--batch", "16", "--microbatches",
-                     "2", "--steps", "1000000", "--json"},
-                    stderr_path);
+// `pipetrain train` of the example digits MLP over 2 stages for a million steps (--json, and
+// `extra` flags) against the coordinator at `address`, stdout piped, stderr into `stderr_path`: a
+// run that only ends when something stops it.
+inline PipedChild SpawnEndlessTrain(const std::string& address, const std::string& stderr_path,
+                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {
+      PIPETRAIN_BINARY, "train",   "--coordinator",  address,
+      "--stages",       "2",       "--model",        Example("mlp_digits.textproto"),
+      "--batch",        "16",      "--microbatches", "2",
+      "--steps",        "1000000", "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return SpawnPiped(argv, stderr_path);
 }
 
 class Daemons {
@@ -67,22 +71,9 @@ class Daemons {
   std::string Start(const std::string& dir, int workers,
                     const std::vector<std::string>& coordinator_flags = {},
                     const std::vector<std::string>& worker_flags = {}) {
-    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0"};
-    argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
-    const std::string coordinator_log = dir + "/coordinator.log";
-    PipedChild coordinator = SpawnPiped(argv, coordinator_log);
-    if (coordinator.pid <= 0) return "cannot start the coordinator";
-    coordinator_ = coordinator.pid;
-    // It prints "coordinator listening on HOST:PORT" once it serves, and nothing else.
-    std::string line;
-    const bool listening = ReadUntil(coordinator, "\n", &line, 30000);
-    close(coordinator.out);
-    absl::string_view rest = absl::StripAsciiWhitespace(line);
-    if (!listening || !absl::ConsumePrefix(&rest, "coordinator listening on ")) {
-      return absl::StrCat("the coordinator did not start: '", line, "' ",
-                          ReadFile(coordinator_log));
-    }
-    address_ = std::string(rest);
+    dir_ = dir;
+    coordinator_flags_ = coordinator_flags;
+    if (std::string error = StartCoordinator("127.0.0.1:0"); !error.empty()) return error;
     for (int w = 0; w < workers; ++w) {
       std::vector<std::string> worker = {PIPETRAIN_WORKER,    "--coordinator", address_,
                                          "--listen",          "127.0.0.1:0",   "--name",
@@ -124,6 +115,18 @@ class Daemons {
     coordinator_ = -1;
   }
 
+  // SIGKILLs the coordinator and waits for it.
+  void KillCoordinator() {
+    if (coordinator_ <= 0) return;
+    kill(coordinator_, SIGKILL);
+    waitpid(coordinator_, nullptr, 0);
+    coordinator_ = -1;
+  }
+
+  // Starts the coordinator again with Start's flags on the port it had (its log appended to);
+  // "" on success, else why it did not start. The client reconnects by itself.
+  std::string RestartCoordinator() { return StartCoordinator(address_); }
+
   // Waits for worker `w` (killed by the caller) and forgets it, so Stop signals no stale PID.
   void Reap(size_t w) {
     if (w >= workers_.size() || workers_[w] <= 0) return;
@@ -139,6 +142,29 @@ class Daemons {
   client::Client& client() { return *client_; }
 
  private:
+  // Starts the coordinator on `listen` and learns its address; "" or what failed.
+  std::string StartCoordinator(const std::string& listen) {
+    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", listen};
+    argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
+    const std::string coordinator_log = dir_ + "/coordinator.log";
+    PipedChild coordinator = SpawnPiped(argv, coordinator_log);
+    if (coordinator.pid <= 0) return "cannot start the coordinator";
+    coordinator_ = coordinator.pid;
+    // It prints "coordinator listening on HOST:PORT" once it serves, and nothing else.
+    std::string line;
+    const bool listening = ReadUntil(coordinator, "\n", &line, 30000);
+    close(coordinator.out);
+    absl::string_view rest = absl::StripAsciiWhitespace(line);
+    if (!listening || !absl::ConsumePrefix(&rest, "coordinator listening on ")) {
+      return absl::StrCat("the coordinator did not start: '", line, "' ",
+                          ReadFile(coordinator_log));
+    }
+    address_ = std::string(rest);
+    return "";
+  }
+
+  std::string dir_;
+  std::vector<std::string> coordinator_flags_;
   std::string address_;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;

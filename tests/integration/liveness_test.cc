@@ -109,11 +109,13 @@ struct Batch {
   int64_t samples;
 };
 
-// The CLI: a run of a million steps exits 1 with the message, well within 30 s of the freeze
-// (about 10 s to notice, 5 s for the best-effort CancelJob of its job).
+// The CLI: a run of a million steps says at once that the coordinator stopped answering, waits
+// --reconnect-timeout for it to come back, then exits 1 with the message, well within 30 s of the
+// freeze (about 10 s to notice, 1-2 s of waiting, 5 s for the best-effort CancelJob of its job).
 TEST_F(LivenessTest, TrainExitsWhenTheCoordinatorFreezes) {
   const std::string err = dir_ + "/train.err";
-  testing::PipedChild train = testing::SpawnEndlessTrain(daemons_.address(), err);
+  testing::PipedChild train =
+      testing::SpawnEndlessTrain(daemons_.address(), err, {"--reconnect-timeout", "1s"});
   ASSERT_GT(train.pid, 0);
   std::string out;
   ASSERT_TRUE(testing::ReadUntil(train, "{\"step\"", &out, 60000)) << out << ReadFile(err);
@@ -123,7 +125,9 @@ TEST_F(LivenessTest, TrainExitsWhenTheCoordinatorFreezes) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_THAT(ReadFile(err), HasSubstr(StoppedAnswering()));
-  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_THAT(ReadFile(err), HasSubstr("not reachable again within 1s"));
+  EXPECT_THAT(out, HasSubstr("{\"waiting\": {\"after_step\": "));
+  EXPECT_LT(took, absl::Seconds(25));
 }
 
 // The SDK: a Step blocked on a frozen coordinator ends UNAVAILABLE within keepalive interval +

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -240,16 +241,28 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   EXPECT_THAT(run.out, HasSubstr("--steps not used by `pipetrain jobs`"));
 }
 
-// Three stages and a spare; a signal (SIGKILL or SIGSTOP) hits the worker holding rank 1 mid-run.
-// The coordinator replaces it with the spare, restarts every rank from the last checkpoint,
-// `pipetrain train` replays the batches since and reports the recovery, and every loss and the
-// final checkpoint are bit for bit those of `pipetrain reference`.
+// What hits a training run, and what the run must then show.
+struct Fault {
+  int signal = SIGKILL;
+  // Hit the coordinator (then restarted on the same port and --state-dir) instead of the worker
+  // holding rank 1.
+  bool coordinator = false;
+  std::string cause = "lost";  // RecoveryEvent.cause
+  int stages_after = 3;        // the job's stages after the recovery
+  std::string train_flags;     // extra `pipetrain train` flags
+};
+
+// Three stages (and a spare unless a test says otherwise); a fault hits the run at a random step
+// after its first checkpoint. The job recovers, `pipetrain train` replays the batches since the
+// last checkpoint and reports the recovery, and every loss and the final checkpoint's files are
+// bit for bit those of `pipetrain reference`.
 class RecoveryTest : public ServiceTest {
  protected:
   int Workers() const override { return 4; }
-  void ExpectBitwiseRecoveryFrom(int signal);
+  void ExpectBitwiseRecoveryFrom(const Fault& fault);
 };
 
+// A stopped worker is noticed by the coordinator's keepalive.
 class HungRecoveryTest : public RecoveryTest {
  protected:
   std::vector<std::string> CoordinatorFlags() const override {
@@ -257,7 +270,34 @@ class HungRecoveryTest : public RecoveryTest {
   }
 };
 
-void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
+// A stuck worker whose connection stays up (keepalive off in effect) misses the step deadline.
+class DeadlineRecoveryTest : public RecoveryTest {
+ protected:
+  std::vector<std::string> CoordinatorFlags() const override {
+    return {"--peer-keepalive", "1h", "--step-deadline-floor", "3s"};
+  }
+};
+
+// No spare: the job shrinks onto the two survivors.
+class ShrinkRecoveryTest : public RecoveryTest {
+ protected:
+  int Workers() const override { return 3; }
+};
+
+// The coordinator keeps a journal, so it can be killed and restarted.
+class CoordinatorRestartTest : public RecoveryTest {
+ protected:
+  int Workers() const override { return 3; }
+  std::vector<std::string> CoordinatorFlags() const override {
+    return {"--state-dir", dir_ + "/state"};
+  }
+};
+
+void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
+  // A random step after the first checkpoint (20) and before the last step (150).
+  std::random_device rd;
+  const int fault_step = 21 + static_cast<int>(rd() % 120);
+  SCOPED_TRACE(absl::StrCat("fault after step ", fault_step));
   const std::string flags = absl::StrCat(
       " --model ", Example("mlp_digits.textproto"),
       " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
@@ -271,30 +311,43 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
       PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
       "--stages",           "3",     "--schedule",    "1f1b",
       "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
-  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) {
+  for (absl::string_view f :
+       absl::StrSplit(absl::StrCat(flags, " ", fault.train_flags), ' ', absl::SkipEmpty())) {
     argv.emplace_back(f);
   }
   testing::PipedChild train = testing::SpawnPiped(argv, err);
   ASSERT_GT(train.pid, 0);
   std::string out;
-  ASSERT_TRUE(testing::ReadUntil(train, "{\"step\": 30,", &out)) << out << ReadFile(err);
-  // The worker holding rank 1 dies.
+  ASSERT_TRUE(testing::ReadUntil(train, absl::StrCat("{\"step\": ", fault_step, ","), &out))
+      << out << ReadFile(err);
   absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   ASSERT_EQ(jobs->size(), 1u);
-  const std::string victim = (*jobs)[0].stages(1).worker();
-  const int index = victim.back() - '0';
-  ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
-  const pid_t victim_pid = daemons_.workers()[index];
-  ASSERT_EQ(kill(victim_pid, signal), 0);
+  const std::string job_id = (*jobs)[0].job();
+  std::string victim;
+  pid_t victim_pid = -1;
+  int index = -1;
+  if (fault.coordinator) {
+    daemons_.KillCoordinator();
+    ASSERT_EQ(daemons_.RestartCoordinator(), "");
+  } else {
+    // The worker holding rank 1.
+    victim = (*jobs)[0].stages(1).worker();
+    index = victim.back() - '0';
+    ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
+    victim_pid = daemons_.workers()[index];
+    ASSERT_EQ(kill(victim_pid, fault.signal), 0);
+  }
   const int status = testing::DrainAndWait(train, &out);
-  if (signal == SIGKILL) daemons_.Reap(index);
+  if (fault.signal == SIGKILL && !fault.coordinator) daemons_.Reap(index);
   ASSERT_TRUE(WIFEXITED(status)) << out;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err) << ReadFile(dir_ + "/coordinator.log");
 
   // One recovery, reported; the run's losses are the reference's, step for step.
   EXPECT_THAT(out, HasSubstr(absl::StrCat("{\"recovery\": {\"lost_worker\": \"", victim,
-                                          "\", \"rank\": 1,")));
+                                          "\", \"rank\": ", fault.coordinator ? -1 : 1,
+                                          ", \"cause\": \"", fault.cause, "\"")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("\"stages\": ", fault.stages_after, ",")));
   std::vector<std::string> got, want;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (absl::StartsWith(line, "{\"step\""))
@@ -305,19 +358,30 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
   }
   ASSERT_EQ(want.size(), 150u);
   EXPECT_EQ(got, want);
-  for (int l : {0, 2, 4}) {
+  int layers = 0;  // the model's layers with weights.
+  for (int l = 0; l < 16; ++l) {
     const std::string f = absl::StrFormat("layer-%05d.safetensors", l);
-    EXPECT_TRUE(ReadFile(dir_ + "/pipe/" + f) == ReadFile(dir_ + "/ref/" + f)) << f;
+    const std::string want_file = ReadFile(dir_ + "/ref/" + f);
+    if (want_file.empty()) continue;
+    EXPECT_TRUE(ReadFile(dir_ + "/pipe/" + f) == want_file) << f;
+    ++layers;
   }
-  absl::StatusOr<v1::JobStatus> job = client_->GetJob((*jobs)[0].job());
+  EXPECT_EQ(layers, 3);
+  // --keep-checkpoints 2 (the default): the final checkpoint and the one before it, beside it.
+  EXPECT_THAT(ReadFile(dir_ + "/pipe.step-000000000140/manifest.json"), HasSubstr("\"step\": 140"));
+  EXPECT_EQ(ReadFile(dir_ + "/pipe.step-000000000120/manifest.json"), "");
+  absl::StatusOr<v1::JobStatus> job = client_->GetJob(job_id);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_DONE);
   ASSERT_EQ(job->recoveries_size(), 1);
   EXPECT_EQ(job->recoveries(0).lost_worker(), victim);
+  EXPECT_EQ(job->recoveries(0).cause(), fault.cause);
+  EXPECT_EQ(job->recoveries(0).stages(), fault.stages_after);
   EXPECT_EQ(job->recoveries(0).restored_step() % 20, 0);
-  EXPECT_GE(job->recoveries(0).failed_step(), job->recoveries(0).restored_step());
+  EXPECT_GE(job->recoveries(0).restored_step(), 20);
+  EXPECT_LE(job->recoveries(0).restored_step(), fault_step);
   EXPECT_EQ(job->epoch(), 2);
-  if (signal == SIGSTOP) {
+  if (fault.signal == SIGSTOP) {
     // The stopped worker was evicted; continued, it finds its job gone (fenced by the new
     // epoch) and registers again as an idle worker.
     ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
@@ -334,13 +398,41 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(int signal) {
 }
 
 TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
-  ExpectBitwiseRecoveryFrom(SIGKILL);
+  ExpectBitwiseRecoveryFrom(Fault{});
 }
 
 // A stopped worker stops answering the coordinator's keepalive pings: its connection is closed,
 // it is replaced like a dead one; continued, it finds its job gone and registers again.
 TEST_F(HungRecoveryTest, StoppedWorkerIsEvictedReplacedAndFenced) {
-  ExpectBitwiseRecoveryFrom(SIGSTOP);
+  Fault fault;
+  fault.signal = SIGSTOP;
+  ExpectBitwiseRecoveryFrom(fault);
+}
+
+// A worker that is stuck (here: stopped, while its connection is not checked) misses the step
+// deadline: it is evicted, replaced, and fenced once it runs again.
+TEST_F(DeadlineRecoveryTest, StuckWorkerMissesTheDeadlineIsEvictedAndFenced) {
+  Fault fault;
+  fault.signal = SIGSTOP;
+  fault.cause = "deadline";
+  ExpectBitwiseRecoveryFrom(fault);
+}
+
+// With no idle worker to take the lost rank, the job continues on the two survivors.
+TEST_F(ShrinkRecoveryTest, NoSpareShrinksToTwoStagesBitwiseTheSame) {
+  Fault fault;
+  fault.stages_after = 2;
+  fault.train_flags = "--min-stages 2 --replace-timeout 1s";
+  ExpectBitwiseRecoveryFrom(fault);
+}
+
+// The coordinator dies mid-run and is restarted on its --state-dir: the workers register again,
+// the client reconnects, the job continues from its last checkpoint.
+TEST_F(CoordinatorRestartTest, KilledCoordinatorRestartsAndTheJobContinuesBitwise) {
+  Fault fault;
+  fault.coordinator = true;
+  fault.cause = "coordinator restart";
+  ExpectBitwiseRecoveryFrom(fault);
 }
 
 }  // namespace

@@ -456,6 +456,52 @@ TEST_F(CheckpointTest, SavingOverACheckpointReplacesTheWholeSet) {
 
 // A crash between writing the new files and publishing them: the directory still holds the old
 // checkpoint, the abandoned staging directory is ignored, and the next save succeeds.
+// keep = 3: the directory holds the newest checkpoint, the two before it are kept beside it under
+// their steps' names, older ones go; each kept one loads with its own step's weights.
+TEST_F(CheckpointTest, KeepHoldsTheNewestAndTheLatestEarlierOnes) {
+  auto model = testing::BuildOrDie(testing::kGptSpec);
+  auto trainer = ReferenceTrainer::Create(model.get(), Opts());
+  ASSERT_TRUE(trainer.ok());
+  std::map<int64_t, std::string> first_file;  // step -> bytes of its first layer file
+  const std::string first = LayerShards(*model, 0, model->num_layers())[0].file;
+  for (int64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE((*trainer)->Step(testing::MakeBatch(*model, 4, static_cast<int>(step))).ok());
+    ASSERT_TRUE(
+        SaveCheckpoint(Dir("run"), ManifestFor(*model, step), (*trainer)->ExportState(), 3).ok());
+    first_file[step] = ReadAll(Dir("run") + "/" + first);
+  }
+  // The same step saved again is not kept twice.
+  ASSERT_TRUE(
+      SaveCheckpoint(Dir("run"), ManifestFor(*model, 4), (*trainer)->ExportState(), 3).ok());
+  auto history = CheckpointHistory(Dir("run/"));
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 2u);
+  EXPECT_EQ((*history)[0].first, 3);
+  EXPECT_EQ((*history)[0].second, Dir("run.step-000000000003"));
+  EXPECT_EQ((*history)[1].first, 2);
+  EXPECT_FALSE(fs::exists(Dir("run.step-000000000001")));
+  EXPECT_EQ(CheckpointHistoryPath(Dir("run/"), 2), Dir("run.step-000000000002"));
+  for (int64_t step : {2, 3}) {
+    auto loaded = LoadCheckpoint(CheckpointHistoryPath(Dir("run"), step));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->manifest.step, step);
+    EXPECT_EQ(ReadAll(CheckpointHistoryPath(Dir("run"), step) + "/" + first), first_file[step]);
+  }
+  auto newest = LoadCheckpoint(Dir("run"));
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->manifest.step, 4);
+  // keep = 1 prunes every earlier one; a name that only looks similar stays.
+  fs::create_directories(Dir("run.step-12"));
+  ASSERT_TRUE(
+      SaveCheckpoint(Dir("run"), ManifestFor(*model, 5), (*trainer)->ExportState(), 1).ok());
+  history = CheckpointHistory(Dir("run"));
+  ASSERT_TRUE(history.ok());
+  EXPECT_TRUE(history->empty());
+  EXPECT_TRUE(fs::exists(Dir("run.step-12")));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      SaveCheckpoint(Dir("run"), ManifestFor(*model, 6), (*trainer)->ExportState(), 0)));
+}
+
 TEST_F(CheckpointTest, CrashBeforePublishLeavesTheOldCheckpoint) {
   auto model = testing::BuildOrDie(testing::kMlpSpec);
   const auto old_state = TrainedState(*model, 1);
