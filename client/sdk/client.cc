@@ -209,7 +209,8 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
                        got.ok() ? "" : absl::StrCat("; last attempt: ", got.status().ToString())));
     }
     absl::SleepFor(delay);  // polling interval of a bounded wait.
-    delay = std::min(delay * 2, absl::Seconds(1));
+    // Short pauses: READY is noticed at most 0.2 s late (a restore takes about a second).
+    delay = std::min(delay * 2, absl::Milliseconds(200));
   }
   const int64_t restored = job.steps_done();
   const int64_t first_kept = kept_.empty() ? next_step_ : kept_.front().step;
