@@ -9,6 +9,11 @@ packages=(
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libssl-dev
   nlohmann-json3-dev zlib1g-dev python3 iproute2
+  # Metrics (prometheus-cpp) and logs (spdlog) of the daemons.
+  prometheus-cpp-dev libspdlog-dev
+  # Tests: a real Prometheus scraping the daemons (+ promtool), and containers built and run
+  # from local files (podman with runc); the .deb is checked with dpkg-deb.
+  prometheus curl podman runc dpkg-dev
 )
 
 missing=()

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/io/confined_path.h"
 #include "common/math/optimizer.h"
@@ -23,6 +24,7 @@
 #include "common/wire/tensor_key.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/metrics/coordinator_metrics.h"
 
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
 // steps and checkpoints (each on the job's OpThread).
@@ -247,6 +249,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
     return waited;
   }
   job->state = JobState::kReady;
+  Log(absl::StrCat("job ", job->id, " ready in epoch ", job->epoch, ": ", job->workers.size(),
+                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", ")));
   return StatusOf(*job);
 }
 
@@ -316,7 +320,9 @@ void CoordinatorService::DoRecover(Job* job) {
   Log(absl::StrCat("job ", job->id, ": recovered from the loss of ", job->recovering.lost_worker(),
                    " at step ", job->recovering.failed_step(), " in ", job->recovering.seconds(),
                    " s; restarted from step ", job->steps_done, " in epoch ", job->epoch, " on ",
-                   absl::StrJoin(job->workers, ", ")));
+                   absl::StrJoin(job->workers, ", ")),
+      logging::LogLevel::kWarning);
+  if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job->id);
 }
 
 absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
@@ -499,14 +505,15 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
       [&](absl::Duration waited_so_far) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         Log(absl::StrCat("job ", job_id, " step ", step, ": waiting for ", missing(), " for ",
                          absl::ToInt64Seconds(waited_so_far), " s (deadline ",
-                         absl::FormatDuration(deadline), ")"));
+                         absl::FormatDuration(deadline), ")"),
+            logging::LogLevel::kWarning);
       });
   if (absl::IsDeadlineExceeded(waited)) {
     waited = absl::DeadlineExceededError(
         absl::StrCat(waited.message(), " from ", missing(),
                      " (stopped or stuck; the deadline is max(--step-deadline-floor, "
                      "--step-deadline-factor x the plan's predicted step time))"));
-    Log(std::string(waited.message()));
+    Log(std::string(waited.message()), logging::LogLevel::kWarning);
   }
   if (!waited.ok()) return fail_step(waited);
 
@@ -622,6 +629,10 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     absl::StatusOr<schedule::SimulationResult> sim = schedule::Simulate(job->plan, costs);
     if (sim.ok()) result.set_predicted_bubble_fraction(sim->stats.bubble_fraction);
   }
+  RecordStepMetrics(*job, request.samples(), result);
+  Log(absl::StrFormat("job %s step %d applied: loss %.9g, %.3f ms, bubble %.3f (predicted %.3f)",
+                      job->id, result.step(), result.loss(), result.step_ms(),
+                      result.bubble_fraction(), result.predicted_bubble_fraction()));
   return result;
 }
 
