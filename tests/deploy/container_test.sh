@@ -45,13 +45,15 @@ timeout 300 podman build -q -t "$image" -f "$tmp/Containerfile" "$tmp" >"$tmp/bu
 run_opts=()
 for opts in "" "--runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"; do
   read -r -a try <<<"$opts"
-  if timeout 60 podman run --rm "${try[@]}" "$image" /usr/bin/stage_worker --help 2>&1 |
-    grep -q "stage_worker"; then
+  # --help ends with status 1; what matters is that the binary ran in the container.
+  out=$(timeout 60 podman run --rm "${try[@]}" "$image" /usr/bin/stage_worker --help 2>&1 || true)
+  echo "$out" >>"$tmp/probe.log"
+  if grep -q -- "--helpfull" <<<"$out"; then
     run_opts=("${try[@]}" --network host)
     break
   fi
 done
-((${#run_opts[@]} > 0)) || skip "podman cannot run containers here: $(podman run --rm "$image" /usr/bin/pipetrain 2>&1 | tail -1)"
+((${#run_opts[@]} > 0)) || skip "podman cannot run containers here: $(tail -3 "$tmp/probe.log")"
 
 ckpt=$tmp/ckpt
 mkdir -p "$ckpt" && chmod 777 "$ckpt"
@@ -78,7 +80,13 @@ done
 train=(--model /usr/share/pipetrain/examples/mlp_digits.textproto --data digits --steps 8
   --batch 32 --microbatches 4 --seed 5 --optimizer adamw:lr=1e-2 --json)
 names+=("pt-client-$$")
-# `pipetrain train` waits for the workers to register.
+# Both workers registered (each measures its GFLOP/s first): the coordinator logs each.
+for _ in $(seq 600); do
+  [[ $(grep -c "registered from" "$tmp/$cname.log") -ge 2 ]] && break
+  sleep 0.1
+done
+[[ $(grep -c "registered from" "$tmp/$cname.log") -ge 2 ]] ||
+  { cat "$tmp"/pt-*.log; fail "the workers did not register within 60 s"; }
 timeout 180 podman run --rm --name "pt-client-$$" "${run_opts[@]}" -v "$ckpt:$ckpt" "$image" \
   /usr/bin/pipetrain train --coordinator "$address" --stages 2 --schedule 1f1b "${train[@]}" \
   --save "$ckpt/run" --eval-samples 0 >"$tmp/train.json" 2>"$tmp/train.err" ||
