@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "client/cli/interrupt.h"
 #include "client/sdk/client.h"
+#include "common/io/data_dir.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
@@ -33,15 +34,6 @@ bool IsExecutable(const std::string& path) {
          access(path.c_str(), X_OK) == 0;
 }
 
-std::string SelfDirectory() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  std::string path(buf, static_cast<size_t>(n));
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "" : path.substr(0, slash);
-}
-
 // The daemon `name`: `given` if set, else next to this binary, else in the build tree, else the
 // build-time path.
 absl::StatusOr<std::string> FindBinary(const std::string& given, const std::string& name,
@@ -51,7 +43,7 @@ absl::StatusOr<std::string> FindBinary(const std::string& given, const std::stri
     if (IsExecutable(given)) return given;
     return absl::FailedPreconditionError(absl::StrCat(name, " binary ", given, " not found"));
   }
-  const std::string self = SelfDirectory();
+  const std::string self = io::ExecutableDirectory();
   std::vector<std::string> candidates = {self + "/" + name,
                                          self + "/../" + build_subdir + "/" + name, configured};
   for (const std::string& c : candidates) {

@@ -48,7 +48,8 @@ ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S)");
 ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
 ABSL_FLAG(std::string, data_dir, "",
-          "directory of the bundled data (default: the source tree's data/)");
+          "directory of the bundled data (default: $PIPETRAIN_DATA_DIR, else "
+          "../share/pipetrain/data from this binary)");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(int32_t, threads, 1, "compute threads");

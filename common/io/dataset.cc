@@ -114,6 +114,19 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path, const DatasetO
   return ReadInputFile("data file", path, options.max_file_bytes, InputCompression::kGzipDetected);
 }
 
+// ReadDataFile for a file of the bundled data directory; a NOT_FOUND says how to point at it.
+absl::StatusOr<std::string> ReadBundledFile(const std::string& path,
+                                            const DatasetOptions& options) {
+  absl::StatusOr<std::string> content = ReadDataFile(path, options);
+  if (content.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(content.status().message(),
+                                            " (the bundled data directory; pass --data-dir DIR or "
+                                            "set $",
+                                            kDataDirEnv, ")"));
+  }
+  return content;
+}
+
 // RESOURCE_EXHAUSTED "<what>: more than the limit of <limit> samples
 // (DatasetOptions::max_samples)".
 absl::Status TooManySamples(absl::string_view what, int64_t limit) {
@@ -353,7 +366,7 @@ class SyntheticDataset : public Dataset {
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDigits(const DatasetOptions& options) {
   const std::string path = JoinPath(options.data_dir, kDigitsFile);
-  PT_ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, options));
+  PT_ASSIGN_OR_RETURN(std::string content, ReadBundledFile(path, options));
   absl::StatusOr<Table> table = ParseCsv(content, path, options.max_samples);
   if (!table.ok()) {
     return absl::DataLossError(
@@ -389,7 +402,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
   }
-  PT_ASSIGN_OR_RETURN(std::string text, ReadDataFile(path, options));
+  // The bundled text ("text" without a path) lives in the data directory.
+  PT_ASSIGN_OR_RETURN(std::string text, name == "text" ? ReadBundledFile(path, options)
+                                                       : ReadDataFile(path, options));
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": text is empty"));
   auto dataset = std::make_unique<TextDataset>(name, text, options.context);
   const int64_t samples = dataset->size(Split::kTrain) + dataset->size(Split::kEval);

@@ -16,12 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/io/data_dir.h"
 #include "common/math/tensor.h"
-
-#ifndef PIPETRAIN_DEFAULT_DATA_DIR
-// Normally set by the pipetrain_io CMake target to the repository's data/ directory.
-#define PIPETRAIN_DEFAULT_DATA_DIR "data"
-#endif
 
 namespace pipetrain::io {
 
@@ -57,8 +53,9 @@ class Dataset {
 
 // How OpenDataset builds a dataset. The model supplies the shape-dependent fields.
 struct DatasetOptions {
-  // Directory holding the bundled files (digits.csv.gz, gpl-3.txt).
-  std::string data_dir = PIPETRAIN_DEFAULT_DATA_DIR;
+  // Directory holding the bundled files (digits.csv.gz, gpl-3.txt). Default: $PIPETRAIN_DATA_DIR,
+  // else share/pipetrain/data beside the executable's bin/ directory (DefaultDataDir()).
+  std::string data_dir = DefaultDataDir();
   // Text datasets: tokens per sample (the model's context length). Must be > 0 for text.
   int64_t context = 0;
   // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).

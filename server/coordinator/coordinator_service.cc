@@ -14,6 +14,7 @@
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/reactors.h"
+#include "server/logging/daemon_log.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -127,6 +128,7 @@ void CoordinatorService::HousekeepingLoop() {
     {
       absl::MutexLock lock(&mu_);
       finished = Housekeep(absl::Now());
+      RecordStateMetrics();
     }
     finished.clear();  // joins the pruned jobs' threads, outside mu_.
   }
@@ -410,7 +412,7 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
       // without a reset): the newer incarnation takes over.
       const std::string why =
           absl::StrCat("worker '", r.name(), "' was replaced by a newer incarnation (restarted)");
-      Log(why);
+      Log(why, logging::LogLevel::kWarning);
       if (!old->second.job.empty()) {
         auto jit = jobs_.find(old->second.job);
         if (jit != jobs_.end() && !IsTerminal(jit->second->state)) {
@@ -428,6 +430,8 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     conn.order = next_worker_order_++;
     conn.reactor = reactor;
     *name = r.name();
+    Log(absl::StrFormat("worker '%s' registered from %s: %d cores, %.2f GFLOP/s", r.name(),
+                        r.address(), r.cores(), r.gflops()));
     event_cv_.SignalAll();  // a recovery may be waiting for an idle worker.
     return absl::OkStatus();
   }
@@ -488,6 +492,11 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
         ++job.runs_answered[rank];
         this_op = this_op && job.runs_answered[rank] == job.runs_sent[rank];
       }
+      Log(absl::StrCat("job ", job.id, " step ", e.step(), ": ", WorkerLabel(*name, rank), " at ",
+                       wit->second.info.address(), " reported ",
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(e.code())), ": ",
+                       e.message()),
+          logging::LogLevel::kWarning);
       if (this_op && job.op_error.ok()) {
         job.op_error = control::StatusFromWorkerError(
             e, absl::StrCat(WorkerLabel(*name, rank), ", step ", e.step()));
@@ -508,6 +517,9 @@ void CoordinatorService::OnWorkerGone(JoinReactor* reactor, const std::string& n
   if (it == workers_.end() || it->second.reactor != reactor) return;
   const std::string job_id = it->second.job;
   const int rank = it->second.rank;
+  Log(absl::StrCat("worker '", name, "' at ", it->second.info.address(), " is gone",
+                   job_id.empty() ? "" : absl::StrCat(" (job ", job_id, ", rank ", rank, ")")),
+      logging::LogLevel::kWarning);
   workers_.erase(it);
   if (!job_id.empty()) {
     auto jit = jobs_.find(job_id);
@@ -527,7 +539,7 @@ void CoordinatorService::EvictWorker(const std::string& name, const std::string&
                                      const std::string& why) {
   auto it = workers_.find(name);
   if (it == workers_.end()) return;
-  Log(absl::StrCat("evicting worker '", name, "': ", why));
+  Log(absl::StrCat("evicting worker '", name, "': ", why), logging::LogLevel::kWarning);
   const std::string job_id = it->second.job;
   const int rank = it->second.rank;
   JoinReactor* reactor = it->second.reactor;
@@ -560,7 +572,8 @@ void CoordinatorService::BeginRecovery(Job& job, const std::string& name, int ra
                                        const std::string& cause) {
   Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was ",
                    cause == "deadline" ? "evicted (step deadline)" : "lost", " at step ",
-                   job.steps_done, "; recovering"));
+                   job.steps_done, "; recovering"),
+      logging::LogLevel::kWarning);
   if (job.state == JobState::kRecovering) return;  // the recovery in progress replaces it too.
   job.state = JobState::kRecovering;
   job.recovery_start = absl::Now();
@@ -681,6 +694,9 @@ void CoordinatorService::AbortStep(Job& job, int64_t step, const std::string& re
 
 void CoordinatorService::EndJob(Job& job, JobState state, const std::string& reason) {
   if (IsTerminal(job.state)) return;
+  Log(absl::StrCat("job ", job.id, " ", JobStateName(state), " after ", job.steps_done, " steps",
+                   reason.empty() ? "" : ": ", reason),
+      state == JobState::kFailed ? logging::LogLevel::kError : logging::LogLevel::kInfo);
   if (job.state == JobState::kTraining && job.op_step >= 0) AbortStep(job, job.op_step, reason);
   v1::WorkerCommand command;
   v1::Release* release = command.mutable_release();
@@ -788,14 +804,12 @@ absl::Status CoordinatorService::AwaitOp(Job& job, const std::function<bool()>& 
   }
 }
 
-void CoordinatorService::Log(const std::string& message) const {
+void CoordinatorService::Log(const std::string& message, logging::LogLevel level) const {
   if (options_.log != nullptr) {
-    options_.log(message);
+    options_.log(level, message);
     return;
   }
-  absl::FPrintF(stderr, "%s coordinator %s\n",
-                absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-                message);
+  logging::Log("coordinator", level, message);
 }
 
 }  // namespace pipetrain::coordinator

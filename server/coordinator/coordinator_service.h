@@ -54,10 +54,15 @@
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
 #include "server/link/peer_link.h"
+#include "server/logging/log_level.h"
 
 namespace grpc {
 class ServerBuilder;
 }  // namespace grpc
+
+namespace pipetrain::metrics {
+class CoordinatorMetrics;
+}  // namespace pipetrain::metrics
 
 namespace pipetrain::coordinator {
 
@@ -88,8 +93,11 @@ struct CoordinatorOptions {
   // ranks have to answer the Abort of a step that missed its deadline before the silent ones are
   // evicted as stuck. Default 3 s.
   absl::Duration loss_grace = absl::Seconds(3);
-  // Where log lines go ("<time> coordinator <message>"); null: stderr.
-  std::function<void(const std::string&)> log;
+  // Prometheus metrics to record (steps, recoveries, jobs and workers by state); null: none.
+  std::shared_ptr<metrics::CoordinatorMetrics> metrics;
+  // Where log lines go, with their level; null: logging::Log("coordinator", ...) (spdlog, as
+  // configured in main by --log-format / --log-level).
+  std::function<void(logging::LogLevel, const std::string&)> log;
   // A job with no Train stream and no client call naming it for this long is cancelled
   // ("client gone"). Default 5 minutes.
   absl::Duration client_lease = absl::Minutes(5);
@@ -353,8 +361,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // StepDone's deadline for micro-batches of `mb_rows` rows (see CoordinatorOptions).
   absl::Duration StepDeadline(const Job& job, int64_t mb_rows) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes one log line (thread-safe; never under a lock that a log sink could need).
-  void Log(const std::string& message) const;
+  // Metrics hooks (server/coordinator/service_metrics.cc); no-ops without options_.metrics.
+  // An applied step of `job` over `samples` samples.
+  void RecordStepMetrics(const Job& job, int64_t samples, const v1::StepResult& result) const;
+  // Jobs and workers by state; drops the series of jobs no longer listed.
+  void RecordStateMetrics() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes one log line at `level` (thread-safe; never under a lock that a log sink could need).
+  void Log(const std::string& message, logging::LogLevel level = logging::LogLevel::kInfo) const;
   // Cancels jobs whose lease expired and prunes ended jobs (retention); returns the OpThreads of
   // pruned jobs, to be destroyed (joined) outside mu_.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/io/confined_path.h"
 #include "common/io/file_util.h"
@@ -25,6 +26,7 @@
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/reactors.h"
+#include "server/metrics/coordinator_metrics.h"
 
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
 // steps and checkpoints (each on the job's OpThread).
@@ -297,6 +299,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
     return waited;
   }
   job->state = JobState::kReady;
+  Log(absl::StrCat("job ", job->id, " ready in epoch ", job->epoch, ": ", job->workers.size(),
+                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", ")));
   return StatusOf(*job);
 }
 
@@ -451,7 +455,9 @@ bool CoordinatorService::Reassign(Job* job) {
                    " at step ", job->recovering.failed_step(), ") in ", job->recovering.seconds(),
                    " s; restarted from step ", job->steps_done, " in epoch ", job->epoch, " on ", n,
                    n < S ? absl::StrCat(" stages (was ", S, "): ") : " stages: ",
-                   absl::StrJoin(job->workers, ", ")));
+                   absl::StrJoin(job->workers, ", ")),
+      logging::LogLevel::kWarning);
+  if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job->id);
   return true;
 }
 
@@ -635,14 +641,15 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
       [&](absl::Duration waited_so_far) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         Log(absl::StrCat("job ", job_id, " step ", step, ": waiting for ", missing(), " for ",
                          absl::ToInt64Seconds(waited_so_far), " s (deadline ",
-                         absl::FormatDuration(deadline), ")"));
+                         absl::FormatDuration(deadline), ")"),
+            logging::LogLevel::kWarning);
       });
   if (absl::IsDeadlineExceeded(waited)) {
     waited = absl::DeadlineExceededError(
         absl::StrCat(waited.message(), " from ", missing(),
                      " (stopped or stuck; the deadline is max(--step-deadline-floor, "
                      "--step-deadline-factor x the plan's predicted step time))"));
-    Log(std::string(waited.message()));
+    Log(std::string(waited.message()), logging::LogLevel::kWarning);
     if (job->spec.recover() && job->state == JobState::kTraining) {
       // A recoverable job evicts the ranks that are stuck, not those waiting on them: the step is
       // aborted, a rank waiting for data answers that at once (its wait is cancelled), a stuck or
@@ -784,6 +791,10 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     absl::StatusOr<schedule::SimulationResult> sim = schedule::Simulate(job->plan, costs);
     if (sim.ok()) result.set_predicted_bubble_fraction(sim->stats.bubble_fraction);
   }
+  RecordStepMetrics(*job, request.samples(), result);
+  Log(absl::StrFormat("job %s step %d applied: loss %.9g, %.3f ms, bubble %.3f (predicted %.3f)",
+                      job->id, result.step(), result.loss(), result.step_ms(),
+                      result.bubble_fraction(), result.predicted_bubble_fraction()));
   return result;
 }
 

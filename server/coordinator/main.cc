@@ -4,7 +4,7 @@
 //   coordinator --listen 127.0.0.1:7070 [--client-listen ADDR] [--port-file PATH]
 //               [--client-lease 5m] [--job-retention 1h] [--max-ended-jobs 1000]
 //               [--step-deadline-floor 60s] [--step-deadline-factor 50]
-//               [--checkpoint-root DIR] [--state-dir DIR]
+//               [--checkpoint-root DIR] [--state-dir DIR] [--metrics-listen HOST:PORT]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -31,6 +31,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/flag_names.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/logging/daemon_log.h"
+#include "server/metrics/coordinator_metrics.h"
+#include "server/metrics/metrics_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port for the worker control plane (and the client API); port 0 picks one");
@@ -56,6 +59,12 @@ ABSL_FLAG(std::string, state_dir, "",
           "keep a durable journal of the unfinished jobs here; a coordinator restarted on the "
           "same directory continues them from their last checkpoint (docs/recovery.md); empty: "
           "jobs do not survive a restart");
+ABSL_FLAG(std::string, log_format, "text",
+          "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
+ABSL_FLAG(std::string, log_level, "info",
+          "least severe log lines written: debug|info|warning|error");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
 
@@ -89,6 +98,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
   std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
+          absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    std::cerr << "coordinator: " << s.message() << "\n";
+    return 2;
+  }
 
   // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
   sigset_t signals;
@@ -111,6 +126,19 @@ int main(int argc, char** argv) {
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (const absl::Status s = options.Check(); !s.ok()) {
     std::cerr << "coordinator: " << s.message() << "\n";
+    return 2;
+  }
+  // Metrics first, so a bad --metrics-listen fails before the service starts.
+  pipetrain::metrics::MetricsRegistry metrics_registry("coordinator");
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    options.metrics = std::make_shared<pipetrain::metrics::CoordinatorMetrics>(metrics_registry);
+  }
+  absl::StatusOr<std::unique_ptr<pipetrain::metrics::MetricsServer>> metrics_server =
+      pipetrain::metrics::MetricsServer::ServeIfRequested(metrics_listen, metrics_registry,
+                                                          "coordinator");
+  if (!metrics_server.ok()) {
+    std::cerr << "coordinator: " << metrics_server.status().message() << "\n";
     return 2;
   }
   auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>(options);
@@ -161,12 +189,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "coordinator listening on " << bound << std::endl;
-  std::cerr << "coordinator: serving on " << bound
-            << (client_listen.empty() ? "" : absl::StrCat(" and port ", client_port)) << "\n";
+  pipetrain::logging::Log(
+      "coordinator", pipetrain::logging::LogLevel::kInfo,
+      absl::StrCat("serving on ", bound,
+                   client_listen.empty() ? "" : absl::StrCat(" and port ", client_port)));
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cerr << "coordinator: signal " << sig << ", shutting down\n";
+  pipetrain::logging::Log("coordinator", pipetrain::logging::LogLevel::kInfo,
+                          absl::StrCat("signal ", sig, ", shutting down"));
   service->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();

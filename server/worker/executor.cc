@@ -295,6 +295,7 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
         a, absl::FromChrono(start - t0), absl::FromChrono(ready - t0), absl::FromChrono(end - t0)});
     report->peak_in_flight =
         std::max(report->peak_in_flight, static_cast<int64_t>(in_flight_.size()));
+    report->peak_stashed_bytes = std::max(report->peak_stashed_bytes, InFlightBytes());
   }
   if (!in_flight_.empty()) {
     // CheckActions makes this unreachable; kept so a bug cannot leak state into the next step.
@@ -316,6 +317,17 @@ absl::StatusOr<math::Matrix> StepExecutor::TakeChecked(const TensorKey& key, int
                                                    "]"));
   }
   return x;
+}
+
+int64_t StepExecutor::InFlightBytes() const {
+  int64_t floats = 0;
+  for (const auto& [key, f] : in_flight_) {
+    for (const math::Matrix& m : f->state.inputs) floats += m.size();
+    for (const math::Stash& st : f->state.stashes) floats += static_cast<int64_t>(st.data.size());
+    for (const math::Matrix& m : f->state.grads) floats += m.size();
+    floats += f->dpred.size();
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 StepExecutor::InFlight* StepExecutor::FindInFlight(int mb, int local) {

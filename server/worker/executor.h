@@ -90,10 +90,11 @@ struct StepReport {
   std::vector<LayerNormSq> layer_grad_norm_sq;
   // One entry per action, in execution order.
   std::vector<ActionTiming> timings;
-  absl::Duration wait_time;     // sum of the actions' wait().
-  absl::Duration compute_time;  // sum of the actions' compute().
-  absl::Duration wall_time;     // RunStep entry to return.
-  int64_t peak_in_flight = 0;   // most (micro-batch, chunk) states held at once.
+  absl::Duration wait_time;        // sum of the actions' wait().
+  absl::Duration compute_time;     // sum of the actions' compute().
+  absl::Duration wall_time;        // RunStep entry to return.
+  int64_t peak_in_flight = 0;      // most (micro-batch, chunk) states held at once.
+  int64_t peak_stashed_bytes = 0;  // most bytes those states held at once (activations, caches).
 };
 
 // The global squared gradient norm from every worker's report: the per-layer values placed by
@@ -192,6 +193,8 @@ class StepExecutor {
   absl::Status WeightGrad(const schedule::Action& a, int local);
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
+  // Bytes held by the in-flight states (inputs, stashes, gradients, dpred).
+  int64_t InFlightBytes() const;
   InFlight* FindInFlight(int mb, int local);
   // A fresh or pooled state registered for (mb, local).
   InFlight* AcquireInFlight(int mb, int local);

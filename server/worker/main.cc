@@ -13,8 +13,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/flag_names.h"
+#include "server/logging/daemon_log.h"
+#include "server/metrics/metrics_server.h"
+#include "server/metrics/worker_metrics.h"
 #include "server/worker/stage_worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
@@ -26,6 +30,12 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
 ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for (0: all cores).");
+ABSL_FLAG(std::string, log_format, "text",
+          "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
+ABSL_FLAG(std::string, log_level, "info",
+          "least severe log lines written: debug|info|warning|error");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
 ABSL_FLAG(absl::Duration, keepalive, absl::Seconds(10),
           "ping the coordinator after this long without traffic; no answer within max(this, 10s) "
           "ends the control stream (the job is dropped and the worker redials)");
@@ -38,11 +48,17 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   absl::SetProgramUsageMessage(
       "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
-      "[--emulate-gflops X] [--threads-max T]");
+      "[--emulate-gflops X] [--threads-max T] [--metrics-listen HOST:PORT]");
   // --emulate-gflops and --emulate_gflops alike.
   std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
   std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
+          absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !s.ok()) {
+    absl::FPrintF(stderr, "stage_worker: %s\n", s.message());
+    return 2;
+  }
 
   pipetrain::worker::StageWorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -61,6 +77,18 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  pipetrain::metrics::MetricsRegistry metrics_registry("stage_worker");
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    options.metrics = std::make_shared<pipetrain::metrics::WorkerMetrics>(metrics_registry);
+  }
+  absl::StatusOr<std::unique_ptr<pipetrain::metrics::MetricsServer>> metrics_server =
+      pipetrain::metrics::MetricsServer::ServeIfRequested(metrics_listen, metrics_registry,
+                                                          "stage_worker");
+  if (!metrics_server.ok()) {
+    absl::FPrintF(stderr, "stage_worker: %s\n", metrics_server.status().message());
+    return 2;
+  }
   auto daemon = pipetrain::worker::StageWorkerDaemon::Start(options);
   if (!daemon.ok()) {
     absl::FPrintF(stderr, "stage_worker: %s\n", daemon.status().ToString());
@@ -68,7 +96,8 @@ int main(int argc, char** argv) {
   }
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  absl::FPrintF(stderr, "stage_worker: signal %d, shutting down\n", signal);
+  pipetrain::logging::Log("stage_worker", pipetrain::logging::LogLevel::kInfo,
+                          absl::StrCat("signal ", signal, ", shutting down"));
   (*daemon)->Shutdown();
   return 0;
 }

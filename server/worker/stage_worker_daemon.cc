@@ -18,6 +18,7 @@
 #include "common/math/det_math.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
+#include "server/logging/daemon_log.h"
 
 #ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -237,11 +238,10 @@ void StageWorkerDaemon::LinkFailed(const std::string& job, int64_t epoch,
   Enqueue(std::move(task));
 }
 
-void StageWorkerDaemon::Log(absl::string_view message) const {
+void StageWorkerDaemon::Log(absl::string_view message, logging::LogLevel level) const {
   if (!options_.log) return;
-  absl::FPrintF(stderr, "%s stage_worker[%s] %s\n",
-                absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-                name_.empty() ? options_.listen : name_, message);
+  logging::Log(absl::StrCat("stage_worker[", name_.empty() ? options_.listen : name_, "]"), level,
+               message);
 }
 
 absl::StatusOr<link::LinkSettings> StageWorkerDaemon::Accept(const link::PeerHello& hello,
@@ -361,6 +361,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
           ? options_.threads_max
           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   job_options.link = options_.link;
+  job_options.metrics = options_.metrics;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
     EmitError(assign.job(), assign.epoch(), 0, job.status());

@@ -39,6 +39,10 @@ namespace grpc {
 class Server;
 }  // namespace grpc
 
+namespace pipetrain::metrics {
+class WorkerMetrics;
+}  // namespace pipetrain::metrics
+
 namespace pipetrain::worker {
 
 // How a StageWorkerDaemon runs. Checked once by StageWorkerDaemon::Start.
@@ -75,6 +79,8 @@ struct StageWorkerOptions {
   absl::Duration keepalive = absl::Seconds(10);
   // Data-plane link options (fragment size and credit window) for every Exchange stream.
   link::LinkOptions link;
+  // Prometheus metrics every job records (busy time, links, mailbox, stash); null: none.
+  std::shared_ptr<metrics::WorkerMetrics> metrics;
   // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.
   bool log = true;
 
@@ -142,10 +148,12 @@ class StageWorkerDaemon final : private JobHost {
   void Enqueue(Task task);
   // JobHost. Emit queues `event` on the current control stream (dropped if there is none).
   void Emit(v1::WorkerEvent event) override;
-  void Log(absl::string_view message) const override;
+  void Log(absl::string_view message,
+           logging::LogLevel level = logging::LogLevel::kInfo) const override;
   void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
                   bool coordinator_link) override;
   v1::Coordinator::Stub* coordinator() override { return coordinator_stub_.get(); }
+  std::string coordinator_address() const override { return options_.coordinator; }
   // Accept callback of the ExchangeService (gRPC threads).
   absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
                                             std::unique_ptr<link::PeerLink> link);

@@ -28,7 +28,8 @@ using wire::TensorKind;
 void JobHost::EmitError(const std::string& job, int64_t epoch, int64_t step,
                         const absl::Status& status) {
   Log(absl::StrCat("error (job ", job, ", epoch ", epoch, ", step ", step,
-                   "): ", status.ToString()));
+                   "): ", status.ToString()),
+      logging::LogLevel::kWarning);
   Emit(control::ErrorEvent(job, epoch, step, status));
 }
 
@@ -61,6 +62,7 @@ void WorkerJob::Stop(absl::string_view why) {
   std::vector<std::unique_ptr<PeerLink>> links;
   {
     absl::MutexLock lock(&links_mu_);
+    RecordLinkMetrics(/*forget=*/true);
     closed_ = true;
     for (auto& [rank, slot] : peers_) {
       if (slot.link != nullptr) links.push_back(std::move(slot.link));
@@ -296,8 +298,22 @@ void WorkerJob::LinkFailed(const std::string& peer, const absl::Status& status) 
     if (closed_) return;
     if (!coordinator && broken_.ok()) broken_ = annotated;
   }
+  host_->Log(absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer, " at ",
+                          PeerAddress(peer), " failed: ", status.ToString()),
+             logging::LogLevel::kWarning);
   if (!coordinator) mailbox_.Abort(annotated);
   host_->LinkFailed(job_, epoch_, annotated, coordinator);
+}
+
+std::string WorkerJob::PeerAddress(const std::string& peer) const {
+  if (peer == kCoordinatorPeer) return host_->coordinator_address();
+  int rank = -1;
+  absl::string_view rest = peer;
+  if (absl::ConsumePrefix(&rest, kStagePeerPrefix) && absl::SimpleAtoi(rest, &rank) && rank >= 0 &&
+      rank < assign_.worker_addresses_size()) {
+    return assign_.worker_addresses(rank);
+  }
+  return "an unknown address";
 }
 
 absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
@@ -452,6 +468,7 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
       EmitError(step, report.status());
       return;
     }
+    RecordStepMetrics(*report);
     v1::WorkerEvent event;
     *event.mutable_step_done() = StepDoneFromReport(job_, epoch_, *report);
     Emit(std::move(event));

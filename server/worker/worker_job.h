@@ -31,9 +31,14 @@
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/link/peer_link.h"
+#include "server/logging/log_level.h"
 #include "server/worker/compute_pacer.h"
 #include "server/worker/executor.h"
 #include "server/worker/mailbox.h"
+
+namespace pipetrain::metrics {
+class WorkerMetrics;
+}  // namespace pipetrain::metrics
 
 namespace pipetrain::worker {
 
@@ -44,8 +49,9 @@ class JobHost {
   virtual ~JobHost() = default;
   // Queues `event` on the current control stream (dropped when there is none).
   virtual void Emit(v1::WorkerEvent event) = 0;
-  // Writes one log line.
-  virtual void Log(absl::string_view message) const = 0;
+  // Writes one log line at `level`.
+  virtual void Log(absl::string_view message,
+                   logging::LogLevel level = logging::LogLevel::kInfo) const = 0;
   // A data link of (job, epoch) failed; called on any thread. The daemon answers by calling
   // WorkerJob::OnLinkFailed on its command thread if the job is still current.
   virtual void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
@@ -53,6 +59,8 @@ class JobHost {
   // The coordinator's stub (for FetchState) and this worker's registered name.
   virtual v1::Coordinator::Stub* coordinator() = 0;
   virtual const std::string& name() const = 0;
+  // The coordinator's "host:port", for messages.
+  virtual std::string coordinator_address() const { return "the coordinator"; }
 
   // Logs `status` and emits it as a WorkerError of (job, epoch, step).
   void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
@@ -66,6 +74,8 @@ struct WorkerJobOptions {
   int threads_max = 1;
   // Options of every Exchange stream.
   link::LinkOptions link;
+  // Prometheus metrics to record after every step (busy time, links, mailbox, stash); null: none.
+  std::shared_ptr<metrics::WorkerMetrics> metrics;
 };
 
 class WorkerJob final : public Sender {
@@ -115,6 +125,14 @@ class WorkerJob final : public Sender {
 
   WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, JobHost* host);
 
+  // Metrics hooks (server/worker/worker_job_metrics.cc); no-ops without options_.metrics.
+  // After a successful step: busy time per action kind, links, mailbox, stashed bytes.
+  void RecordStepMetrics(const StepReport& report) ABSL_LOCKS_EXCLUDED(links_mu_);
+  // Adds every link's traffic since the last call; with `forget`, for the last time.
+  void RecordLinkMetrics(bool forget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
+
+  // The address of link peer `peer` ("coordinator" or "stage/R"), for messages.
+  std::string PeerAddress(const std::string& peer) const;
   // Runs `task` on the compute thread after the tasks posted before it.
   void Post(std::function<void()> task);
   void ComputeLoop();

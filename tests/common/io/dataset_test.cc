@@ -136,10 +136,25 @@ TEST(DigitsTest, MissingDataDirIsNotFound) {
   EXPECT_THAT(d.status().message(), HasSubstr("/nonexistent/pipetrain/digits.csv.gz"));
 }
 
-TEST(DigitsTest, DefaultDataDirIsTheRepository) {
+TEST(DigitsTest, MissingBundledFileSaysHowToPointAtTheData) {
+  DatasetOptions o;
+  o.data_dir = "/nonexistent/pipetrain";
+  EXPECT_THAT(OpenDataset("digits", o).status().message(), HasSubstr("PIPETRAIN_DATA_DIR"));
+  o.context = 8;
+  EXPECT_THAT(OpenDataset("text", o).status().message(), HasSubstr("--data-dir"));
+}
+
+TEST(DigitsTest, DefaultDataDirFollowsTheEnvironment) {
+  const std::string dir = SourceDir() + "/data";
+  ASSERT_EQ(setenv("PIPETRAIN_DATA_DIR", dir.c_str(), 1), 0);
+  EXPECT_EQ(DatasetOptions().data_dir, dir);
   absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("digits", DatasetOptions());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->size(Split::kTrain), 1438);
+  // Unset: relative to this test binary, where no data is (NOT_FOUND, not a crash).
+  ASSERT_EQ(unsetenv("PIPETRAIN_DATA_DIR"), 0);
+  EXPECT_THAT(DatasetOptions().data_dir, testing::EndsWith("/../share/pipetrain/data"));
+  EXPECT_EQ(OpenDataset("digits", DatasetOptions()).status().code(), absl::StatusCode::kNotFound);
 }
 
 // ----- text --------------------------------------------------------------------------------

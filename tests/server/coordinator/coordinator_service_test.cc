@@ -926,7 +926,7 @@ class CoordinatorDeadlineTest : public CoordinatorServiceTest {
     // The test model's step is predicted in microseconds: the floor decides.
     options.step_deadline_floor = absl::Milliseconds(400);
     options.wait_report_interval = absl::Milliseconds(100);
-    options.log = [this](const std::string& line) {
+    options.log = [this](logging::LogLevel, const std::string& line) {
       absl::MutexLock lock(&log_mu_);
       log_.push_back(line);
     };

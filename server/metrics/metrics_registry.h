@@ -1,0 +1,48 @@
+// MetricsRegistry: the Prometheus metrics of one daemon (docs/observability.md), kept apart from
+// the HTTP endpoint (MetricsServer) so that the services and their tests record and read metrics
+// without a network.
+//
+// Every registry carries pipetrain_build_info{daemon, version} = 1. Thread-safe: prometheus-cpp's
+// families and metrics may be used from any thread.
+#ifndef PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
+#define PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
+
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace pipetrain::metrics {
+
+// The version the daemons report in pipetrain_build_info (the CMake project version).
+const char* BuildVersion();
+
+class MetricsRegistry {
+ public:
+  // A registry for the daemon named `daemon` ("coordinator", "stage_worker").
+  explicit MetricsRegistry(const std::string& daemon);
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // The prometheus-cpp registry to add families to; lives as long as this object.
+  prometheus::Registry& registry() { return *registry_; }
+  // The same registry, shared with a MetricsServer that exposes it.
+  std::shared_ptr<prometheus::Registry> shared() const { return registry_; }
+
+  // Every metric now in the Prometheus text exposition format (what /metrics serves).
+  std::string TextExposition() const;
+
+ private:
+  const std::shared_ptr<prometheus::Registry> registry_;
+};
+
+// The value of the sample `name{labels}` (labels exactly, in any order) in a text exposition, or
+// nothing if it has no such sample. For tests and tools; `labels` values must not contain quotes.
+std::optional<double> SampleValue(const std::string& exposition, const std::string& name,
+                                  const std::map<std::string, std::string>& labels = {});
+
+}  // namespace pipetrain::metrics
+
+#endif  // PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
