@@ -23,44 +23,11 @@
 #include "common/wire/tensor_key.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/job_spec.h"
 
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
 // steps and checkpoints (each on the job's OpThread).
 namespace pipetrain::coordinator {
-namespace {
-
-absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
-                                            std::shared_ptr<const model::Model>* net) {
-  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
-  if (spec->virtual_stages() == 0) {
-    spec->set_virtual_stages(schedule::DefaultVirtualStages(kind));
-  }
-  if (spec->threads() == 0) spec->set_threads(1);
-  if (spec->threads() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
-  }
-  schedule::ScheduleParams params;
-  params.kind = kind;
-  params.stages = spec->stages();
-  params.microbatches = spec->microbatches();
-  params.virtual_stages = spec->virtual_stages();
-  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
-  PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> built, model::Model::Build(spec->model()));
-  *net = std::move(built);
-  const int C = spec->stages() * spec->virtual_stages();
-  if ((*net)->num_layers() < C) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", (*net)->num_layers(), " layers, fewer than the ", C, " chunks of ",
-        spec->stages(), " stages x ", spec->virtual_stages(), " virtual stages"));
-  }
-  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
-  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
-  return plan;
-}
-
-}  // namespace
-
 void CoordinatorService::CloseJobLinks(const std::string& id) {
   std::vector<std::shared_ptr<link::PeerLink>> dead;
   {
@@ -77,12 +44,13 @@ void CoordinatorService::CloseJobLinks(const std::string& id) {
 void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
                                      std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
   v1::JobSpec spec = request;
-  std::shared_ptr<const model::Model> net;
-  absl::StatusOr<schedule::Plan> plan = CheckJobSpec(&spec, &net);
-  if (!plan.ok()) {
-    done(plan.status());
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
+  if (!checked.ok()) {
+    done(checked.status());
     return;
   }
+  const std::shared_ptr<const model::Model> net = checked->model;
+  const schedule::Plan* const plan = &checked->plan;
   // A checkpoint to start from is verified (every file's checksum) before any worker is taken.
   std::optional<model::CheckpointManifest> resume;
   if (!spec.resume_from().empty()) {
