@@ -9,6 +9,8 @@ packages=(
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libssl-dev
   nlohmann-json3-dev zlib1g-dev python3 iproute2
+  # scripts/fuzz.sh and scripts/sanitize.sh: clang with libFuzzer and the sanitizer runtimes.
+  clang libclang-rt-dev libomp-dev
 )
 
 missing=()
