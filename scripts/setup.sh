@@ -17,6 +17,8 @@ packages=(
   # Tests: a real Prometheus scraping the daemons (+ promtool), and containers built and run
   # from local files (podman with runc); the .deb is checked with dpkg-deb.
   prometheus curl podman runc dpkg-dev
+  # scripts/fuzz.sh and scripts/sanitize.sh: clang with libFuzzer and the sanitizer runtimes.
+  clang libclang-rt-dev libomp-dev
 )
 
 missing=()

@@ -78,6 +78,10 @@ absl::Status ClientOptions::Check() const {
         absl::FormatDuration(keepalive_interval), " and ",
         absl::FormatDuration(keepalive_timeout)));
   }
+  if (max_message_bytes < (int64_t{1} << 20) || max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.max_message_bytes must be in [1 MiB, 2 GiB), got ", max_message_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -262,8 +266,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
                                                         const ClientOptions& options) {
   PT_RETURN_IF_ERROR(options.Check());
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(512 << 20);
-  args.SetMaxSendMessageSize(512 << 20);
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // Pings also while no call is in flight and however long no data moves (a long Train step):
   // an unanswered one closes the connection and fails its calls (the coordinator accepts this
   // rate: coordinator::AllowClientKeepalive).

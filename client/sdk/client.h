@@ -64,9 +64,12 @@ struct ClientOptions {
   // because the coordinator itself may be why the client stops; best effort (the coordinator's
   // client lease ends the job otherwise). Default 5 s.
   absl::Duration cleanup_timeout = absl::Seconds(5);
+  // Largest gRPC message the client sends or receives (a Train batch, a step's results). Match the
+  // coordinator's --max-message-size. Default 512 MiB; in [1 MiB, 2 GiB).
+  int64_t max_message_bytes = int64_t{512} << 20;
 
   // OK if usable; INVALID_ARGUMENT naming the field otherwise (every duration must be positive,
-  // the keepalive ones at least 1 s).
+  // the keepalive ones at least 1 s, max_message_bytes in range).
   absl::Status Check() const;
 };
 

@@ -494,7 +494,10 @@ absl::StatusOr<DecodedFrame> FrameDecoder::Decode(const grpc::ByteBuffer& buffer
   std::vector<grpc::Slice> slices;
   if (buffer.Valid() && !buffer.Dump(&slices).ok()) slices.clear();
   SliceReader reader(slices);
-  if (reader.size() == 0) return absl::InvalidArgumentError("Frame: empty message");
+  if (reader.size() == 0) {
+    assembly_.reset();
+    return absl::InvalidArgumentError("Frame: empty message");
+  }
 
   FieldSpan header_span, credit_span, payload_span;
   absl::Status scanned = ScanFrame(reader, &header_span, &credit_span, &payload_span);

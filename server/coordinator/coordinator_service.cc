@@ -56,6 +56,11 @@ absl::Status CoordinatorOptions::Check() const {
   if (housekeeping_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("housekeeping_interval must be > 0");
   }
+  if (job_limits.max_layers < 1 || job_limits.max_microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-layers and --max-microbatches must be >= 1, got ",
+                     job_limits.max_layers, " and ", job_limits.max_microbatches));
+  }
   return link.Check();
 }
 

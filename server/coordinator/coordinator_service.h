@@ -51,6 +51,7 @@
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/coordinator/job_journal.h"
+#include "server/coordinator/job_spec.h"
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
 #include "server/link/peer_link.h"
@@ -107,6 +108,8 @@ struct CoordinatorOptions {
   int max_ended_jobs = 1000;
   // How often the housekeeping thread looks at leases and retention. Default 1 s.
   absl::Duration housekeeping_interval = absl::Seconds(1);
+  // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
+  JobLimits job_limits;
 
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;

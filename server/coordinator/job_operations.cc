@@ -25,6 +25,7 @@
 #include "common/wire/tensor_key.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/job_spec.h"
 #include "server/coordinator/reactors.h"
 #include "server/metrics/coordinator_metrics.h"
 
@@ -32,73 +33,6 @@
 // steps and checkpoints (each on the job's OpThread).
 namespace pipetrain::coordinator {
 namespace {
-
-// The plan of `spec`'s schedule at its stage count: the schedule's parameters checked
-// (INVALID_ARGUMENT) and enough layers in `net` for its chunks.
-absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net) {
-  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
-  schedule::ScheduleParams params;
-  params.kind = kind;
-  params.stages = spec.stages();
-  params.microbatches = spec.microbatches();
-  params.virtual_stages = spec.virtual_stages();
-  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
-  const int C = spec.stages() * spec.virtual_stages();
-  if (net.num_layers() < C) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", net.num_layers(), " layers, fewer than the ", C, " chunks of ",
-        spec.stages(), " stages x ", spec.virtual_stages(), " virtual stages"));
-  }
-  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
-  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
-  return plan;
-}
-
-// Validates `spec` (filling in the defaults of virtual stages and threads), builds its model into
-// *net and returns its plan.
-absl::StatusOr<schedule::Plan> CheckJobSpec(v1::JobSpec* spec,
-                                            std::shared_ptr<const model::Model>* net) {
-  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
-  if (spec->virtual_stages() == 0) {
-    spec->set_virtual_stages(schedule::DefaultVirtualStages(kind));
-  }
-  if (spec->threads() == 0) spec->set_threads(1);
-  if (spec->threads() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
-  }
-  if (spec->min_stages() < 0 || spec->min_stages() > spec->stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "min_stages must be in [0, stages = ", spec->stages(), "], got ", spec->min_stages()));
-  }
-  if (spec->replace_timeout_ms() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
-  }
-  PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
-  // The model as its author wrote it: sizes left 0 come from the client's data shape.
-  const v1::DataShape& data = spec->data_shape();
-  PT_ASSIGN_OR_RETURN(
-      *spec->mutable_model(),
-      model::ResolveModelSpec(spec->model(),
-                              model::DataShape{data.input_features(), data.target_features(),
-                                               data.num_classes(), data.tokens_per_sample()}));
-  absl::StatusOr<std::unique_ptr<model::Model>> built = model::Model::Build(spec->model());
-  if (!built.ok()) {
-    if (!spec->has_data_shape()) {
-      return wire::Annotate(built.status(),
-                            "model (sizes left 0 are filled from JobSpec.data_shape, which is "
-                            "not set)");
-    }
-    return built.status();
-  }
-  if (data.target_features() > 0 && (*built)->target_features() != data.target_features()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model's loss needs ", (*built)->target_features(),
-                     " target features per row, the data shape has ", data.target_features()));
-  }
-  *net = *std::move(built);
-  return PlanFor(*spec, **net);
-}
 
 // The chunks of `plan` over `net`'s layers, partitioned by FLOPs for workers of `speeds` (by
 // rank), and the partition's imbalance.
@@ -142,12 +76,13 @@ void CoordinatorService::CloseJobLinks(const std::string& id) {
 void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
                                      std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
   v1::JobSpec spec = request;
-  std::shared_ptr<const model::Model> net;
-  absl::StatusOr<schedule::Plan> plan = CheckJobSpec(&spec, &net);
-  if (!plan.ok()) {
-    done(plan.status());
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
+  if (!checked.ok()) {
+    done(checked.status());
     return;
   }
+  const std::shared_ptr<const model::Model> net = checked->model;
+  const schedule::Plan* const plan = &checked->plan;
   // A checkpoint to start from is verified (every file's checksum) before any worker is taken.
   std::optional<model::CheckpointManifest> resume;
   if (!spec.resume_from().empty()) {
@@ -927,7 +862,9 @@ void CoordinatorService::RestoreJob(v1::JobRecord record) {
   jobs_[j.id] = std::move(job);
   // What the record promises is checked again: the spec (and so the plan), the checkpoint.
   std::shared_ptr<const model::Model> net;
-  absl::Status usable = CheckJobSpec(&j.spec, &net).status();
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &j.spec);
+  absl::Status usable = checked.status();
+  if (checked.ok()) net = checked->model;
   if (usable.ok() && !record.restore_dir().empty()) {
     absl::StatusOr<model::CheckpointManifest> manifest =
         model::VerifyCheckpoint(record.restore_dir());

@@ -5,6 +5,8 @@
 //               [--client-lease 5m] [--job-retention 1h] [--max-ended-jobs 1000]
 //               [--step-deadline-floor 60s] [--step-deadline-factor 50]
 //               [--checkpoint-root DIR] [--state-dir DIR] [--metrics-listen HOST:PORT]
+//               [--max-message-size BYTES] [--max-concurrent-streams N]
+//               [--max-layers N] [--max-microbatches N]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -15,6 +17,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -67,6 +70,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
+
+ABSL_FLAG(int64_t, max_message_size, int64_t{512} << 20,
+          "largest gRPC message (bytes) received, e.g. a Train batch");
+ABSL_FLAG(int32_t, max_concurrent_streams, 100,
+          "most concurrent gRPC streams one connection (a client, a worker) may open");
+ABSL_FLAG(int32_t, max_layers, 4096, "most layers a job's model may have");
+ABSL_FLAG(int32_t, max_microbatches, 1024, "most micro-batches a job's step may have");
 
 namespace {
 
@@ -124,6 +134,16 @@ int main(int argc, char** argv) {
   options.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   options.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.job_limits.max_layers = absl::GetFlag(FLAGS_max_layers);
+  options.job_limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_size);
+  const int32_t max_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (max_message < (int64_t{1} << 20) || max_message > INT32_MAX || max_streams < 4) {
+    std::cerr << "coordinator: --max-message-size must be in [1 MiB, 2 GiB) and "
+                 "--max-concurrent-streams >= 4, got "
+              << max_message << " and " << max_streams << "\n";
+    return 2;
+  }
   if (const absl::Status s = options.Check(); !s.ok()) {
     std::cerr << "coordinator: " << s.message() << "\n";
     return 2;
@@ -171,8 +191,11 @@ int main(int argc, char** argv) {
   // poller (every 5 s), and must not be cut off for that.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  builder.SetMaxReceiveMessageSize(512 << 20);
-  builder.SetMaxSendMessageSize(512 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  // What the coordinator sends is bounded by construction (a model spec of at most 1 MiB in an
+  // Assign, 1 MiB FetchState chunks); each receiver enforces its own limit.
+  builder.SetMaxSendMessageSize(-1);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
   pipetrain::coordinator::AllowClientKeepalive(builder);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -40,6 +41,13 @@ ABSL_FLAG(absl::Duration, keepalive, absl::Seconds(10),
           "ping the coordinator after this long without traffic; no answer within max(this, 10s) "
           "ends the control stream (the job is dropped and the worker redials)");
 
+ABSL_FLAG(int64_t, max_message_size, int64_t{16} << 20,
+          "largest message (bytes) accepted from the coordinator on the control channel");
+ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{512} << 20,
+          "largest tensor (bytes) a peer may send on an Exchange stream");
+ABSL_FLAG(int32_t, max_concurrent_streams, 16,
+          "most concurrent gRPC streams one connection may open to this worker");
+
 int main(int argc, char** argv) {
   // gRPC allocates multi-MiB receive slices per read; above glibc's default mmap threshold each
   // is a fresh mmap whose page faults dominate the receive path. Keep them on the heap
@@ -48,7 +56,8 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   absl::SetProgramUsageMessage(
       "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
-      "[--emulate-gflops X] [--threads-max T] [--metrics-listen HOST:PORT]");
+      "[--emulate-gflops X] [--threads-max T] [--metrics-listen HOST:PORT] "
+      "[--max-message-size B] [--max-tensor-bytes B] [--max-concurrent-streams N]");
   // --emulate-gflops and --emulate_gflops alike.
   std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
   std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
@@ -68,6 +77,9 @@ int main(int argc, char** argv) {
   options.emulate_gflops = absl::GetFlag(FLAGS_emulate_gflops);
   options.threads_max = absl::GetFlag(FLAGS_threads_max);
   options.keepalive = absl::GetFlag(FLAGS_keepalive);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_size);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -56,6 +57,18 @@ absl::Status StageWorkerOptions::Check() const {
     return absl::InvalidArgumentError(
         absl::StrCat("keepalive must be >= 1s, got ", absl::FormatDuration(keepalive)));
   }
+  if (max_message_bytes < (int64_t{2} << 20) || max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-message-size must be in [2 MiB, 2 GiB), got ", max_message_bytes, " bytes"));
+  }
+  if (max_tensor_bytes < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tensor-bytes must be >= 4, got ", max_tensor_bytes));
+  }
+  if (max_concurrent_streams < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-concurrent-streams must be >= 4, got ", max_concurrent_streams));
+  }
   return link.Check();
 }
 
@@ -104,6 +117,7 @@ absl::Status StageWorkerDaemon::StartServer() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
   exchange_->RegisterOn(&builder);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
@@ -129,7 +143,7 @@ absl::Status StageWorkerDaemon::StartServer() {
   // Keep pinging while the control stream is idle (gRPC stops after 2 pings without data by
   // default), so a frozen coordinator is noticed between jobs too.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(wire::kMaxFrameMessageBytes));
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(options_.max_message_bytes));
   // gRPC's own reconnect backoff (up to 120 s by default) must not outlast ours: a restarted
   // coordinator is found within redial_max.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
@@ -362,6 +376,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   job_options.link = options_.link;
   job_options.metrics = options_.metrics;
+  job_options.max_tensor_bytes = options_.max_tensor_bytes;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
     EmitError(assign.job(), assign.epoch(), 0, job.status());

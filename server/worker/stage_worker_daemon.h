@@ -81,6 +81,18 @@ struct StageWorkerOptions {
   link::LinkOptions link;
   // Prometheus metrics every job records (busy time, links, mailbox, stash); null: none.
   std::shared_ptr<metrics::WorkerMetrics> metrics;
+  // Largest message accepted from the coordinator on the control channel (Assign, FetchState
+  // chunks of 1 MiB): --max-message-size. Default 16 MiB; at least 2 MiB. The Exchange streams'
+  // limit is the frame cap, wire::kMaxFrameMessageBytes.
+  int64_t max_message_bytes = int64_t{16} << 20;
+  // Most concurrent streams one connection may open to this worker's server
+  // (GRPC_ARG_MAX_CONCURRENT_STREAMS): --max-concurrent-streams. A job needs at most two per peer.
+  // Default 16; at least 4.
+  int max_concurrent_streams = 16;
+  // Largest tensor a peer may send on an Exchange stream: a frame header promising more is
+  // refused (RESOURCE_EXHAUSTED) before anything is allocated: --max-tensor-bytes. Default 512 MiB;
+  // at least 4 bytes.
+  int64_t max_tensor_bytes = int64_t{512} << 20;
   // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.
   bool log = true;
 

@@ -251,6 +251,7 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   settings.validation.num_microbatches = microbatches_;
   settings.validation.num_chunks = num_chunks_;
   settings.validation.allowed_kinds = kinds;
+  settings.validation.max_tensor_bytes = options_.max_tensor_bytes;
   const std::string peer =
       peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank);
   settings.callbacks.on_tensor = [this, peer_rank](const TensorKey& key, math::Matrix tensor) {
@@ -338,9 +339,31 @@ absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
           "rank ", rank_, " holds neither the first nor the last chunk: no coordinator stream"));
     }
     LinkSettings settings = SettingsFor(kinds, -1);
-    absl::MutexLock lock(&links_mu_);
-    if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
-    coordinator_links_.push_back(std::move(link));
+    std::vector<std::unique_ptr<PeerLink>> ended;
+    {
+      absl::MutexLock lock(&links_mu_);
+      if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
+      // The coordinator keeps one stream per rank and epoch, and opens a new one only after the
+      // old one failed: streams that ended are dropped, and beyond kMaxCoordinatorLinks live
+      // ones a new stream is refused, so that no client can pile up streams here.
+      for (auto it = coordinator_links_.begin(); it != coordinator_links_.end();) {
+        if ((*it)->status().ok()) {
+          ++it;
+        } else {
+          ended.push_back(std::move(*it));
+          it = coordinator_links_.erase(it);
+        }
+      }
+      if (coordinator_links_.size() >= kMaxCoordinatorLinks) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("rank ", rank_, " of job ", job_, " epoch ", epoch_, " already has ",
+                         coordinator_links_.size(), " live coordinator streams (at most ",
+                         kMaxCoordinatorLinks, ")"));
+      }
+      coordinator_links_.push_back(std::move(link));
+    }
+    // Outside links_mu_: Shutdown may wait for a link callback that takes it.
+    for (auto& old : ended) old->Shutdown();
     return settings;
   }
   int peer_rank = -1;

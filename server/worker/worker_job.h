@@ -76,6 +76,8 @@ struct WorkerJobOptions {
   link::LinkOptions link;
   // Prometheus metrics to record after every step (busy time, links, mailbox, stash); null: none.
   std::shared_ptr<metrics::WorkerMetrics> metrics;
+  // Largest tensor accepted on an Exchange stream (FrameValidation::max_tensor_bytes).
+  int64_t max_tensor_bytes = int64_t{512} << 20;
 };
 
 class WorkerJob final : public Sender {
@@ -187,6 +189,9 @@ class WorkerJob final : public Sender {
   absl::Mutex links_mu_;
   std::map<int, PeerSlot> peers_ ABSL_GUARDED_BY(links_mu_);
   std::vector<std::unique_ptr<link::PeerLink>> coordinator_links_ ABSL_GUARDED_BY(links_mu_);
+  // Most live coordinator streams a job accepts (one, and its replacement while the old one's
+  // failure is still being noticed here).
+  static constexpr size_t kMaxCoordinatorLinks = 2;
   absl::Status broken_ ABSL_GUARDED_BY(links_mu_);  // first link failure of this epoch.
   bool closed_ ABSL_GUARDED_BY(links_mu_) = false;
 

@@ -381,6 +381,29 @@ TEST(FrameCodecTest, PayloadLengthErrors) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("fragment limit of 16"));
 }
 
+// The tensor and dimension caps (FrameValidation::max_tensor_bytes, the worker's
+// --max-tensor-bytes, and max_dim): a header promising one element over is RESOURCE_EXHAUSTED
+// before anything is allocated; a tensor exactly at the cap decodes.
+TEST(FrameCodecTest, TensorCapAtTheLimitDecodesOneOverIsResourceExhausted) {
+  FrameValidation v = Validation();
+  v.max_tensor_bytes = 2 * 3 * 4;
+  EXPECT_TRUE(DecodeOne(FrameBytes(Header(kKey, 2, 3), std::string(24, 'x')), v).ok());
+  v.max_tensor_bytes = 2 * 3 * 4 - 1;
+  absl::Status status = DecodeOne(FrameBytes(Header(kKey, 2, 3), std::string(24, 'x')), v);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("tensor [2, 3] exceeds the limit of 23"));
+  // A header promising 2^24 x 2^24 floats with a 24-byte payload.
+  status = DecodeOne(FrameBytes(Header(kKey, 1 << 24, 1 << 24), std::string(24, 'x')));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  v = Validation();
+  v.max_dim = 3;
+  EXPECT_TRUE(DecodeOne(FrameBytes(Header(kKey, 2, 3), std::string(24, 'x')), v).ok());
+  v.max_dim = 2;
+  status = DecodeOne(FrameBytes(Header(kKey, 2, 3), std::string(24, 'x')), v);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("shape dimension 1 is 3, limit 2"));
+}
+
 TEST(FrameCodecTest, StructuralErrors) {
   EXPECT_EQ(DecodeOne("").code(), absl::StatusCode::kInvalidArgument);
   pb::Frame only_payload;
@@ -452,6 +475,14 @@ TEST(FrameCodecTest, FragmentSequenceMustBeContiguous) {
     absl::Status s = decoder.Decode((*frames)[2]).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(s.message()), HasSubstr("fragment at byte 64, expected byte 32"));
+    EXPECT_TRUE(decoder.idle());
+  }
+  {  // An empty message mid-tensor (found by the frame_decoder fuzzer: the partial tensor was
+     // kept after this error).
+    FrameDecoder decoder(Validation());
+    ASSERT_TRUE(decoder.Decode((*frames)[0]).ok());
+    ASSERT_FALSE(decoder.idle());
+    EXPECT_EQ(decoder.Decode(MakeBuffer("")).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(decoder.idle());
   }
   {  // Repeats a fragment.

@@ -1,0 +1,101 @@
+#include "server/coordinator/job_spec.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/optimizer_proto.h"
+#include "common/schedule/generator.h"
+#include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
+#include "common/wire/grpc_status.h"
+
+namespace pipetrain::coordinator {
+
+absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
+  // The caps first: counting is cheap, building a model of a million layers is not.
+  if (spec->model().layers_size() > limits.max_layers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model has ", spec->model().layers_size(), " layers, more than the limit of ",
+        limits.max_layers, " (coordinator flag --max-layers)"));
+  }
+  if (const size_t bytes = spec->model().ByteSizeLong();
+      bytes > static_cast<size_t>(kMaxModelSpecBytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model spec has ", bytes, " bytes, more than the limit of ", kMaxModelSpecBytes));
+  }
+  if (spec->microbatches() > limits.max_microbatches) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("microbatches ", spec->microbatches(), " is more than the limit of ",
+                     limits.max_microbatches, " (coordinator flag --max-microbatches)"));
+  }
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
+  if (spec->virtual_stages() == 0) {
+    spec->set_virtual_stages(schedule::DefaultVirtualStages(kind));
+  }
+  if (spec->threads() == 0) spec->set_threads(1);
+  if (spec->threads() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
+  }
+  if (spec->min_stages() < 0 || spec->min_stages() > spec->stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_stages must be in [0, stages = ", spec->stages(), "], got ", spec->min_stages()));
+  }
+  if (spec->replace_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
+  }
+  schedule::ScheduleParams params;
+  params.kind = kind;
+  params.stages = spec->stages();
+  params.microbatches = spec->microbatches();
+  params.virtual_stages = spec->virtual_stages();
+  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
+  // The model as its author wrote it: sizes left 0 come from the client's data shape.
+  const v1::DataShape& data = spec->data_shape();
+  PT_ASSIGN_OR_RETURN(
+      *spec->mutable_model(),
+      model::ResolveModelSpec(spec->model(),
+                              model::DataShape{data.input_features(), data.target_features(),
+                                               data.num_classes(), data.tokens_per_sample()}));
+  absl::StatusOr<std::unique_ptr<model::Model>> built =
+      model::Model::Build(spec->model(), limits.model);
+  if (!built.ok()) {
+    if (!spec->has_data_shape()) {
+      return wire::Annotate(built.status(),
+                            "model (sizes left 0 are filled from JobSpec.data_shape, which is "
+                            "not set)");
+    }
+    return built.status();
+  }
+  if (data.target_features() > 0 && (*built)->target_features() != data.target_features()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's loss needs ", (*built)->target_features(),
+                     " target features per row, the data shape has ", data.target_features()));
+  }
+  CheckedJobSpec checked;
+  checked.model = *std::move(built);
+  PT_ASSIGN_OR_RETURN(checked.plan, PlanFor(*spec, *checked.model));
+  return checked;
+}
+
+absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net) {
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
+  schedule::ScheduleParams params;
+  params.kind = kind;
+  params.stages = spec.stages();
+  params.microbatches = spec.microbatches();
+  params.virtual_stages = spec.virtual_stages();
+  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  const int64_t chunks = int64_t{spec.stages()} * spec.virtual_stages();
+  if (net.num_layers() < chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", net.num_layers(), " layers, fewer than the ", chunks, " chunks of ",
+        spec.stages(), " stages x ", spec.virtual_stages(), " virtual stages"));
+  }
+  PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
+  PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
+  return plan;
+}
+
+}  // namespace pipetrain::coordinator

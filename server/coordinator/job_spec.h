@@ -1,0 +1,55 @@
+// Validation of a client's JobSpec (CreateJob): the proto -> domain conversion of the schedule,
+// optimizer and model, and the coordinator's caps on them, before anything is allocated.
+#ifndef PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_
+#define PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/model/model.h"
+#include "common/schedule/ir.h"
+#include "pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain::coordinator {
+
+// Largest serialized ModelSpec a job may have (a real one is a few hundred bytes; 4096 layers take
+// under 100 kB). It travels in every worker's Assign, whose receive limit is the worker's
+// --max-message-size (at least 2 MiB).
+inline constexpr int64_t kMaxModelSpecBytes = int64_t{1} << 20;
+
+// Caps on what one job may ask for (docs/limits.md). Each is a coordinator flag.
+struct JobLimits {
+  // Most layers in the job's model (--max-layers). Default 4096.
+  int32_t max_layers = 4096;
+  // Most micro-batches per step (--max-microbatches). Default 1024.
+  int32_t max_microbatches = 1024;
+  // Memory limits of Model::Build (parameters, one sample's activations).
+  model::ModelLimits model;
+};
+
+// A checked JobSpec: the plan its schedule makes and the model it builds.
+struct CheckedJobSpec {
+  schedule::Plan plan;
+  std::shared_ptr<const model::Model> model;
+};
+
+// The plan of `spec`'s schedule at its stage count (spec->virtual_stages filled in): the schedule's
+// parameters checked (INVALID_ARGUMENT) and at least as many layers in `net` as chunks. Used at
+// creation and when a recovery re-plans a job onto fewer stages. Thread-safe (pure).
+absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net);
+
+// Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
+// the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
+// name and parameters, min_stages in [0, stages], replace_timeout_ms >= 0, optimizer, model (and
+// its target features against the data shape), and that there are at least as many layers as
+// chunks. Errors: INVALID_ARGUMENT naming the field and value; RESOURCE_EXHAUSTED naming
+// the cap and its flag when the model has more than limits.max_layers layers or the step more than
+// limits.max_microbatches micro-batches (counted before the model is built), when the model's
+// serialization exceeds kMaxModelSpecBytes, or when the model exceeds limits.model. Allocates no
+// parameters. Thread-safe (pure).
+absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
+
+}  // namespace pipetrain::coordinator
+
+#endif  // PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_

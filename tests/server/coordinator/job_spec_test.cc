@@ -1,0 +1,117 @@
+#include "server/coordinator/job_spec.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+// An MLP of `hidden` linear+relu pairs and an output layer: 2 * hidden + 1 layers.
+v1::JobSpec MlpSpec(int hidden, int stages, int microbatches) {
+  v1::JobSpec spec;
+  v1::ModelSpec* model = spec.mutable_model();
+  model->set_input_features(4);
+  for (int i = 0; i < hidden; ++i) {
+    model->add_layers()->mutable_linear()->set_out_features(8);
+    model->add_layers()->mutable_relu();
+  }
+  model->add_layers()->mutable_linear()->set_out_features(3);
+  model->mutable_loss()->mutable_softmax_cross_entropy();
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+  spec.set_schedule("1f1b");
+  spec.set_stages(stages);
+  spec.set_microbatches(microbatches);
+  return spec;
+}
+
+TEST(JobSpecTest, FillsDefaultsAndReturnsThePlanAndModel) {
+  v1::JobSpec spec = MlpSpec(2, 2, 4);
+  spec.set_schedule("interleaved");
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(JobLimits(), &spec);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(spec.threads(), 1);
+  EXPECT_EQ(spec.virtual_stages(), 2);  // interleaved's default
+  EXPECT_EQ(checked->model->num_layers(), 5);
+  EXPECT_EQ(checked->plan.num_chunks(), 4);
+}
+
+TEST(JobSpecTest, LayerCapAtTheLimitPassesOneOverIsResourceExhausted) {
+  JobLimits limits;
+  limits.max_layers = 5;
+  v1::JobSpec at = MlpSpec(2, 2, 2);  // 5 layers
+  ASSERT_TRUE(CheckJobSpec(limits, &at).ok());
+  v1::JobSpec over = MlpSpec(3, 2, 2);  // 7 layers
+  const absl::Status s = CheckJobSpec(limits, &over).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the model has 7 layers, more than the limit of 5"));
+  EXPECT_THAT(s.message(), HasSubstr("--max-layers"));
+}
+
+TEST(JobSpecTest, LayerCapIsCheckedBeforeTheModelIsBuilt) {
+  // 100000 layers: refused for the count alone, before any is looked at.
+  v1::JobSpec spec = MlpSpec(0, 1, 1);
+  for (int i = 0; i < 100000; ++i) spec.mutable_model()->add_layers()->mutable_relu();
+  const absl::Status s = CheckJobSpec(JobLimits(), &spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("100001 layers, more than the limit of 4096"));
+}
+
+TEST(JobSpecTest, ModelSpecSizeCapAtTheLimitPassesOneOverIsResourceExhausted) {
+  v1::JobSpec spec = MlpSpec(1, 2, 2);
+  // Pad the model's name to exactly kMaxModelSpecBytes (its length prefix grows with it).
+  int64_t length = 0;
+  for (int i = 0; i < 8 && static_cast<int64_t>(spec.model().ByteSizeLong()) != kMaxModelSpecBytes;
+       ++i) {
+    length += kMaxModelSpecBytes - static_cast<int64_t>(spec.model().ByteSizeLong());
+    spec.mutable_model()->set_name(std::string(static_cast<size_t>(length), 'n'));
+  }
+  ASSERT_EQ(static_cast<int64_t>(spec.model().ByteSizeLong()), kMaxModelSpecBytes);
+  v1::JobSpec at = spec;
+  EXPECT_TRUE(CheckJobSpec(JobLimits(), &at).ok());
+  spec.mutable_model()->mutable_name()->push_back('n');
+  const absl::Status s = CheckJobSpec(JobLimits(), &spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the model spec has 1048577 bytes, more than the limit of "
+                                     "1048576"));
+}
+
+TEST(JobSpecTest, MicrobatchCapAtTheLimitPassesOneOverIsResourceExhausted) {
+  JobLimits limits;
+  limits.max_microbatches = 16;
+  v1::JobSpec at = MlpSpec(1, 2, 16);
+  ASSERT_TRUE(CheckJobSpec(limits, &at).ok());
+  v1::JobSpec over = MlpSpec(1, 2, 17);
+  const absl::Status s = CheckJobSpec(limits, &over).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("microbatches 17 is more than the limit of 16"));
+  EXPECT_THAT(s.message(), HasSubstr("--max-microbatches"));
+  // The default cap.
+  v1::JobSpec big = MlpSpec(1, 2, 1025);
+  EXPECT_EQ(CheckJobSpec(JobLimits(), &big).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(JobSpecTest, InvalidFieldsAreInvalidArgument) {
+  v1::JobSpec bad_threads = MlpSpec(1, 2, 2);
+  bad_threads.set_threads(-1);
+  EXPECT_EQ(CheckJobSpec(JobLimits(), &bad_threads).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobSpec too_few_layers = MlpSpec(0, 2, 2);  // 1 layer, 2 chunks
+  const absl::Status s = CheckJobSpec(JobLimits(), &too_few_layers).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("fewer than the 2 chunks"));
+  v1::JobSpec no_schedule = MlpSpec(1, 2, 2);
+  no_schedule.set_schedule("pipedream");
+  EXPECT_EQ(CheckJobSpec(JobLimits(), &no_schedule).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobSpec zero_microbatches = MlpSpec(1, 2, 0);
+  EXPECT_EQ(CheckJobSpec(JobLimits(), &zero_microbatches).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
