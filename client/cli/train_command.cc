@@ -139,7 +139,10 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::s
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              const InterruptFn& interrupted) {
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
-  if (o.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
+  if (o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator is required (or the environment variable PIPETRAIN_COORDINATOR)");
+  }
   const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(t.optimizer));

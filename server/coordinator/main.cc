@@ -10,7 +10,6 @@
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
 // --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
 #include <signal.h>
 
@@ -19,18 +18,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#endif
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/introspection/introspection.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port for the worker control plane (and the client API); port 0 picks one");
@@ -80,11 +76,18 @@ int main(int argc, char** argv) {
   // mmap each (docs/wire.md §5).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  absl::SetProgramUsageMessage("pipetrain coordinator daemon: coordinator --listen HOST:PORT");
-  // --port-file and --port_file alike.
-  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
+  const pipetrain::ProgramSpec program{
+      "coordinator",
+      "the pipetrain coordinator daemon: registers stage workers, plans jobs and drives their "
+      "steps; serves pipetrain.v1.Coordinator, health and reflection",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
 
   // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
   sigset_t signals;
@@ -94,10 +97,6 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  grpc::EnableDefaultHealthCheckService(true);
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-#endif
   pipetrain::coordinator::CoordinatorOptions options;
   options.client_lease = absl::GetFlag(FLAGS_client_lease);
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
@@ -111,6 +110,7 @@ int main(int argc, char** argv) {
   }
   auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>(options);
   grpc::ServerBuilder builder;
+  pipetrain::introspection::AddHealthAndReflection(&builder);
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
               << (client_listen.empty() ? "" : " / " + client_listen) << "\n";
     return 1;
   }
+  pipetrain::introspection::SetServing(server.get(),
+                                       {pipetrain::v1::Coordinator::service_full_name()});
   const std::string bound = absl::StrCat(HostOf(listen), ":", port);
   if (!absl::GetFlag(FLAGS_port_file).empty() &&
       !WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   std::cerr << "coordinator: signal " << sig << ", shutting down\n";
+  pipetrain::introspection::SetNotServing(server.get());
   service->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();

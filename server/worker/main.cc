@@ -6,15 +6,15 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "server/worker/stage_worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
@@ -36,13 +36,18 @@ int main(int argc, char** argv) {
   // (docs/wire.md §5: about 2x stream throughput).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  absl::SetProgramUsageMessage(
-      "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
-      "[--emulate-gflops X] [--threads-max T]");
-  // --emulate-gflops and --emulate_gflops alike.
-  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
+  const pipetrain::ProgramSpec program{
+      "stage_worker",
+      "the pipetrain stage worker daemon: joins a coordinator and runs its pipeline stages; serves "
+      "pipetrain.v1.StageWorker, health and reflection",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
 
   pipetrain::worker::StageWorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
