@@ -51,6 +51,14 @@ ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
           "beta1, beta2, eps, clip_norm");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "learning-rate schedule: constant | warmup-cosine | warmup-linear (linear warm-up over "
+          "--warmup-steps updates, then constant or a decay to --lr-min at --lr-decay-steps)");
+ABSL_FLAG(int64_t, warmup_steps, 0, "updates of linear learning-rate warm-up (0: none)");
+ABSL_FLAG(int64_t, lr_decay_steps, 0,
+          "warmup-cosine/-linear: the update at which the rate reaches --lr-min; 0: --steps (give "
+          "it to stop and resume mid-schedule)");
+ABSL_FLAG(double, lr_min, 0, "warmup-cosine/-linear: the final learning rate, in [0, lr]");
 ABSL_FLAG(std::string, save, "",
           "checkpoint directory (created if missing, checked writable before the first step): a "
           "checkpoint at the end, and every --checkpoint-every steps");
@@ -62,6 +70,9 @@ ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
           "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
           "evaluate, none for train/local (which evaluate the final --save checkpoint)");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "held-out evaluation (of --eval-samples samples) after every N-th step; 0: none "
+          "(train/local: of the checkpoint then written to --save)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "with --save: also checkpoint after every step whose number is a multiple of N "
@@ -95,7 +106,8 @@ namespace {
 const std::vector<std::string> kTrainingFlags = {
     "model", "data", "data_dir",                                      // what to train on
     "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
-    "json", "eval_samples", "log_every",                              // output
+    "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min",        // learning rate
+    "json", "eval_samples", "eval_every", "log_every",                // output
     "save", "checkpoint_every", "keep_checkpoints", "resume"};        // checkpoints
 const std::vector<std::string> kPipelineFlags = {"stages", "schedule", "virtual", "trace"};
 const std::vector<std::string> kJobFlags = {"coordinator", "json"};
@@ -163,8 +175,16 @@ TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
   o.resume_dir = absl::GetFlag(FLAGS_resume);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
   o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  // The schedule flags override --optimizer's keys only when given.
+  if (line.Given("lr_schedule")) o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (line.Given("warmup_steps")) o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  if (line.Given("lr_decay_steps") && absl::GetFlag(FLAGS_lr_decay_steps) != 0) {
+    o.lr_decay_steps = absl::GetFlag(FLAGS_lr_decay_steps);
+  }
+  if (line.Given("lr_min")) o.lr_min = static_cast<float>(absl::GetFlag(FLAGS_lr_min));
   return o;
 }
 
@@ -331,11 +351,9 @@ int Main(int argc, char** argv) {
   const std::string& command = line.command->name;
   // `status` and `cancel` take the job as their one argument; every other command takes none.
   const size_t arity = line.command->args.empty() ? 0 : 1;
-  if (line.args.size() != arity) {
-    std::cerr << (line.args.size() < arity
-                      ? absl::StrCat("pipetrain ", command, ": missing ", line.command->args, "\n")
-                      : absl::StrCat("pipetrain ", command, ": unexpected argument '",
-                                     line.args[arity], "'\n"))
+  // A missing JOB is the command's error (it names its usage); an extra argument is ours.
+  if (line.args.size() > arity) {
+    std::cerr << "pipetrain " << command << ": unexpected argument '" << line.args[arity] << "'\n"
               << CommandHelp(program, *line.command);
     return 2;
   }
@@ -353,7 +371,7 @@ int Main(int argc, char** argv) {
   } else if (command == "local") {
     status = RunLocal(line);
   } else {  // jobs, status, cancel
-    status = RunJobCommand(line, arity == 1 ? line.args[0] : "");
+    status = RunJobCommand(line, line.args.empty() ? "" : line.args[0]);
   }
   std::cout.flush();
   if (!status.ok()) {

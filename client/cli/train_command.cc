@@ -36,6 +36,11 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
         "--eval-samples needs --save DIR for train and local: the final checkpoint is what is "
         "evaluated");
   }
+  if (t.eval_every > 0 && t.save_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--eval-every needs --save DIR for train and local: each evaluation reads the checkpoint "
+        "written at that step");
+  }
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
   }
@@ -145,7 +150,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   }
   const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(t.optimizer));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(t));
   // --save is a directory on the coordinator's host: checkable here only when that is this host.
   std::string save_dir;
   if (!t.save_dir.empty()) {
@@ -275,11 +280,27 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       window_samples = 0;
     }
     // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
-    if (CheckpointDue(t, last.step(), i + 1 == t.steps)) {
+    const bool evaluate = t.eval_every > 0 && last.step() % t.eval_every == 0;
+    if (CheckpointDue(t, last.step(), i + 1 == t.steps) || evaluate) {
       PT_ASSIGN_OR_RETURN(checkpoint_visible,
                           SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
                                                  sampler.cursor(), out));
       session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
+    }
+    if (evaluate) {
+      // The weights of this step, evaluated as `reference --eval-every` does.
+      if (!checkpoint_visible) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--eval-every: checkpoint ", save_dir, " is on the coordinator's host, not here"));
+      }
+      EvaluateCommandOptions eval;
+      eval.checkpoint_dir = save_dir;
+      eval.data = t.data;
+      eval.data_dir = t.data_dir;
+      eval.eval_samples = t.eval_samples.value_or(kDefaultEvalSamples);
+      eval.json = t.json;
+      eval.step = last.step();
+      PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
     }
   }
   PT_RETURN_IF_ERROR(session->Finish());

@@ -45,22 +45,13 @@ std::string WriteFlagfile(const std::string& text) {
 // Every command's flags, as docs/cli.md lists them.
 const std::map<std::string, std::vector<std::string>>& CommandFlags() {
   static const auto* const flags = [] {
-    const std::vector<std::string> training = {"--model",
-                                               "--data",
-                                               "--data-dir",
-                                               "--steps",
-                                               "--batch",
-                                               "--microbatches",
-                                               "--seed",
-                                               "--threads",
-                                               "--optimizer",
-                                               "--json",
-                                               "--eval-samples",
-                                               "--log-every",
-                                               "--save",
-                                               "--checkpoint-every",
-                                               "--keep-checkpoints",
-                                               "--resume"};
+    // clang-format off
+    const std::vector<std::string> training = {
+        "--model", "--data", "--data-dir", "--steps", "--batch", "--microbatches", "--seed",
+        "--threads", "--optimizer", "--lr-schedule", "--warmup-steps", "--lr-decay-steps",
+        "--lr-min", "--json", "--eval-samples", "--eval-every", "--log-every", "--save",
+        "--checkpoint-every", "--keep-checkpoints", "--resume"};
+    // clang-format on
     auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
       a.insert(a.end(), b.begin(), b.end());
       return a;
