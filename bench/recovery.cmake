@@ -2,7 +2,7 @@
 # real binaries with the integration tests' process helpers (tests/integration/daemons.h).
 if(TARGET coordinator AND TARGET stage_worker AND TARGET pipetrain_client AND TARGET pipetrain)
   add_executable(recovery_bench ${CMAKE_CURRENT_LIST_DIR}/recovery_bench.cc)
-  target_link_libraries(recovery_bench PRIVATE pipetrain_client pipetrain_util absl::flags
+  target_link_libraries(recovery_bench PRIVATE pipetrain_client pipetrain_util pipetrain_command_line absl::flags
     absl::flags_parse absl::flags_usage absl::strings absl::time nlohmann_json::nlohmann_json
     pipetrain_warnings)
   target_compile_definitions(recovery_bench PRIVATE

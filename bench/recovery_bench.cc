@@ -53,7 +53,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/daemons.h"
@@ -714,13 +714,18 @@ int Run(const BenchOptions& o) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const pipetrain::ProgramSpec program{
+      "recovery_bench",
       "recovery time of a pipetrain job after a SIGKILLed worker vs a full restart: "
       "recovery_bench [--steps 60] [--checkpoint-every 20] [--kill-after 30] [--kill-rank 1] "
-      "[--rounds 3] [--run-timeout 300s] [--keep-dir]");
-  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+      "[--rounds 3] [--run-timeout 300s] [--keep-dir]",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
   pipetrain::BenchOptions options;
   options.steps = absl::GetFlag(FLAGS_steps);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);

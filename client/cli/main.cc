@@ -5,24 +5,19 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
-#include <algorithm>
 #include <cstdint>
-#include <initializer_list>
+#include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
@@ -33,7 +28,7 @@
 #include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
 #include "common/model/model.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "common/util/status_macros.h"
 
 // Shared by several commands.
@@ -43,19 +38,28 @@ ABSL_FLAG(int64_t, batch, 64, "samples per training step (B)");
 ABSL_FLAG(std::string, format, "",
           "output format (schedule: ascii|json|chrome|svg; "
           "partition: text|json)");
-ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S)");
+ABSL_FLAG(int64_t, stages, 0,
+          "pipeline stages (S), >= 1; train/local: 1 if not given; schedule/partition: required");
 // reference
 ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
 ABSL_FLAG(std::string, data_dir, "",
           "directory of the bundled data (default: $PIPETRAIN_DATA_DIR, else "
           "../share/pipetrain/data from this binary)");
-ABSL_FLAG(int64_t, steps, 100, "optimizer steps");
+ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
-ABSL_FLAG(int32_t, threads, 1, "compute threads");
+ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
           "beta1, beta2, eps, clip_norm");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "learning-rate schedule: constant | warmup-cosine | warmup-linear (linear warm-up over "
+          "--warmup-steps updates, then constant or a decay to --lr-min at --lr-decay-steps)");
+ABSL_FLAG(int64_t, warmup_steps, 0, "updates of linear learning-rate warm-up (0: none)");
+ABSL_FLAG(int64_t, lr_decay_steps, 0,
+          "warmup-cosine/-linear: the update at which the rate reaches --lr-min; 0: --steps (give "
+          "it to stop and resume mid-schedule)");
+ABSL_FLAG(double, lr_min, 0, "warmup-cosine/-linear: the final learning rate, in [0, lr]");
 ABSL_FLAG(std::string, save, "",
           "checkpoint directory (created if missing, checked writable before the first step): a "
           "checkpoint at the end, and every --checkpoint-every steps");
@@ -67,6 +71,9 @@ ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
           "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
           "evaluate, none for train/local (which evaluate the final --save checkpoint)");
+ABSL_FLAG(int64_t, eval_every, 0,
+          "held-out evaluation (of --eval-samples samples) after every N-th step; 0: none "
+          "(train/local: of the checkpoint then written to --save)");
 ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "with --save: also checkpoint after every step whose number is a multiple of N "
@@ -75,7 +82,8 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
 // train / local
-ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
+ABSL_FLAG(std::string, coordinator, "",
+          "the coordinator's HOST:PORT; if not given, $PIPETRAIN_COORDINATOR");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
@@ -101,60 +109,68 @@ ABSL_FLAG(std::string, memory_cap, "",
 namespace pipetrain::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "pipetrain COMMAND [flags]\n"
-    "commands:\n"
-    "  reference   train in one process with the reference trainer\n"
-    "  schedule    generate, validate, simulate and draw a pipeline schedule\n"
-    "  partition   split a model's layers across stages (exact min-max)\n"
-    "  train       train on a running coordinator and its stage workers\n"
-    "  local       start a coordinator and --stages workers here, then train on them\n"
-    "  evaluate    held-out loss and accuracy of a checkpoint\n"
-    "  jobs        list a coordinator's jobs\n"
-    "  status JOB  one job's state, steps and stages\n"
-    "  cancel JOB  cancel a job and free its workers\n"
-    "run `pipetrain COMMAND --help` for the flags.";
+// Each command's flags, in the order `pipetrain COMMAND --help` lists them. A new flag is an
+// ABSL_FLAG above plus its name in the lists of the commands that use it; every other command
+// refuses it (tests/integration/cli_flags_test.cc checks that each flag has a command).
+// clang-format off
+const std::vector<std::string> kTrainingFlags = {
+    "model", "data", "data_dir",                                      // what to train on
+    "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
+    "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min",        // learning rate
+    "json", "eval_samples", "eval_every", "log_every",                // output
+    "save", "checkpoint_every", "keep_checkpoints", "resume"};        // checkpoints
+const std::vector<std::string> kPipelineFlags = {"stages",          "schedule",  "virtual",
+                                                 "trace",           "min_stages", "replace_timeout"};
+const std::vector<std::string> kJobFlags = {"coordinator", "json"};
+// clang-format on
 
-// `base` and `more`.
-std::set<std::string> With(std::set<std::string> base, std::initializer_list<const char*> more) {
-  base.insert(more.begin(), more.end());
+// `base` followed by `more`.
+std::vector<std::string> Concat(std::vector<std::string> base,
+                                const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
   return base;
 }
 
-// The TrainingOptions flags that `reference`, `train` and `local` all take.
-// clang-format off
-const std::set<std::string> kTrainingFlags = {
-    "model", "data", "data_dir",                                      // what to train on
-    "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
-    "json", "eval_samples", "log_every",                              // output
-    "save", "checkpoint_every", "keep_checkpoints"};                  // checkpoints
-// clang-format on
-
-// Every training and pipeline flag defined above; the per-command allow-lists are subsets.
-const std::set<std::string> kCommandFlags = With(
-    kTrainingFlags, {"checkpoint", "format", "stages", "resume", "coordinator", "schedule", "trace",
-                     "virtual", "reason", "replace_timeout", "min_stages", "reconnect_timeout"});
-
-// Flags of this file that `command` does not use but whose value was changed: an error, so that
-// a misspelt or misplaced option never silently does nothing.
-absl::Status CheckOnlyFlags(absl::string_view command, const std::set<std::string>& allowed) {
-  std::vector<std::string> foreign;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (kCommandFlags.count(std::string(name)) == 0) continue;  // absl's own (--help, ...)
-    if (allowed.count(std::string(name)) != 0) continue;
-    if (flag->CurrentValue() != flag->DefaultValue()) {
-      // Spelt as on the command line: --data-dir, not --data_dir.
-      foreign.push_back(absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}})));
-    }
-  }
-  if (foreign.empty()) return absl::OkStatus();
-  std::sort(foreign.begin(), foreign.end());
-  return absl::InvalidArgumentError(
-      absl::StrCat(absl::StrJoin(foreign, ", "), " not used by `pipetrain ", command, "`"));
+// The commands, their arguments, summaries and flags.
+const ProgramSpec& Program() {
+  static const ProgramSpec* const program = new ProgramSpec{
+      "pipetrain",
+      "pipeline-parallel training: the reference trainer, schedules and partitions, and the "
+      "client of a coordinator and its stage workers",
+      {
+          {"reference", "", "train in one process with the reference trainer (the oracle)",
+           kTrainingFlags},
+          {"schedule",
+           "",
+           "generate, validate, simulate and draw a pipeline schedule",
+           {"kind", "stages", "microbatches", "virtual", "costs", "format"}},
+          {"partition",
+           "",
+           "split a model's layers across stages (exact min-max)",
+           {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
+            "memory_cap", "kind", "virtual", "format"}},
+          {"train", "", "train on a running coordinator and its stage workers",
+           Concat(Concat({"coordinator", "reconnect_timeout"}, kTrainingFlags), kPipelineFlags)},
+          {"local", "", "start a coordinator and --stages workers here, then train on them",
+           Concat(kTrainingFlags, kPipelineFlags)},
+          {"evaluate",
+           "",
+           "held-out loss and accuracy of a checkpoint",
+           {"checkpoint", "data", "data_dir", "eval_samples", "json"}},
+          {"jobs", "", "list a coordinator's jobs", kJobFlags},
+          {"status", "JOB", "one job's state, steps and stages", kJobFlags},
+          {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
+      },
+      {},
+      "environment:\n"
+      "  PIPETRAIN_COORDINATOR  HOST:PORT used when --coordinator is not given\n"
+      "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
+      "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n"};
+  return *program;
 }
 
 // The options of every training command, from the flags: one place for reference, train, local.
-TrainingOptions TrainingOptionsFromFlags() {
+TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
   TrainingOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
@@ -170,23 +186,43 @@ TrainingOptions TrainingOptionsFromFlags() {
   o.resume_dir = absl::GetFlag(FLAGS_resume);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples);
   o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  // The schedule flags override --optimizer's keys only when given.
+  if (line.Given("lr_schedule")) o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (line.Given("warmup_steps")) o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  if (line.Given("lr_decay_steps") && absl::GetFlag(FLAGS_lr_decay_steps) != 0) {
+    o.lr_decay_steps = absl::GetFlag(FLAGS_lr_decay_steps);
+  }
+  if (line.Given("lr_min")) o.lr_min = static_cast<float>(absl::GetFlag(FLAGS_lr_min));
   return o;
 }
 
-absl::Status RunReference() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("reference", With(kTrainingFlags, {"resume"})));
-  return RunReferenceCommand(TrainingOptionsFromFlags(), std::cout);
+absl::Status RunReference(const CommandLine& line) {
+  return RunReferenceCommand(TrainingOptionsFromFlags(line), std::cout);
+}
+
+// --coordinator if given, else $PIPETRAIN_COORDINATOR, else "".
+std::string CoordinatorAddress(const CommandLine& line) {
+  if (line.Given("coordinator")) return absl::GetFlag(FLAGS_coordinator);
+  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
+  return env == nullptr ? "" : env;
 }
 
 // The options of `train` and `local`.
-absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
+absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& line) {
   TrainCommandOptions o;
-  o.training = TrainingOptionsFromFlags();
-  o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  const int64_t stages = absl::GetFlag(FLAGS_stages);
-  o.stages = stages == 0 ? 1 : static_cast<int>(stages);
+  o.training = TrainingOptionsFromFlags(line);
+  o.coordinator = CoordinatorAddress(line);
+  // Not given: one stage; given, it must be >= 1 (CheckTrainCommandOptions).
+  if (line.Given("stages")) {
+    const int64_t stages = absl::GetFlag(FLAGS_stages);
+    if (stages < 0 || stages > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", stages));
+    }
+    o.stages = static_cast<int>(stages);
+  }
   o.schedule = absl::GetFlag(FLAGS_schedule);
   const std::string v = absl::GetFlag(FLAGS_virtual);
   if (!v.empty() && !absl::SimpleAtoi(v, &o.virtual_stages)) {
@@ -199,39 +235,28 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags() {
   return o;
 }
 
-const std::set<std::string> kLocalFlags =
-    With(kTrainingFlags,
-         {"stages", "schedule", "virtual", "trace", "resume", "replace_timeout", "min_stages"});
-
-absl::Status RunEvaluate() {
-  PT_RETURN_IF_ERROR(
-      CheckOnlyFlags("evaluate", {"checkpoint", "data", "data_dir", "eval_samples", "json"}));
+absl::Status RunEvaluate(const CommandLine& line) {
   EvaluateCommandOptions o;
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
   // --data only when given: by default the data set the checkpoint was trained on.
-  const absl::CommandLineFlag& data = absl::GetFlagReflectionHandle(FLAGS_data);
-  if (data.CurrentValue() != data.DefaultValue()) o.data = absl::GetFlag(FLAGS_data);
+  if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples).value_or(kDefaultEvalSamples);
   o.json = absl::GetFlag(FLAGS_json);
   return RunEvaluateCommand(o, std::cout);
 }
 
-absl::Status RunTrain() {
-  PT_RETURN_IF_ERROR(
-      CheckOnlyFlags("train", With(kLocalFlags, {"coordinator", "reconnect_timeout"})));
-  PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
+absl::Status RunTrain(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags(line));
   InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
 
 // `jobs`, `status JOB`, `cancel JOB`: `job` is the JOB argument ("" for jobs).
-absl::Status RunJobCommand(const std::string& command, const std::string& job) {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags(
-      command, command == "cancel" ? std::set<std::string>{"coordinator", "json", "reason"}
-                                   : std::set<std::string>{"coordinator", "json"}));
+absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
+  const std::string& command = line.command->name;
   JobCommandOptions o;
-  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.coordinator = CoordinatorAddress(line);
   o.job = job;
   o.reason = absl::GetFlag(FLAGS_reason);
   o.json = absl::GetFlag(FLAGS_json);
@@ -240,28 +265,24 @@ absl::Status RunJobCommand(const std::string& command, const std::string& job) {
   return RunCancelCommand(o, std::cout);
 }
 
-absl::Status RunLocal() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("local", kLocalFlags));
+absl::Status RunLocal(const CommandLine& line) {
   LocalCommandOptions o;
-  PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags());
+  PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags(line));
   return RunLocalCommand(o, std::cout);
 }
 
-// "" for a flag left at 0 (not given), else its decimal value.
-std::string GivenInt(int64_t v) { return v == 0 ? std::string() : absl::StrCat(v); }
+// The flag's decimal value if it was given, else "".
+std::string GivenInt(const CommandLine& line, const char* name, int64_t v) {
+  return line.Given(name) ? absl::StrCat(v) : std::string();
+}
 
-absl::Status RunSchedule() {
-  if (auto s = CheckOnlyFlags("schedule",
-                              {"kind", "stages", "microbatches", "virtual", "costs", "format"});
-      !s.ok()) {
-    return s;
-  }
+absl::Status RunSchedule(const CommandLine& line) {
   PT_ASSIGN_OR_RETURN(
       ScheduleCommandOptions o,
-      ParseScheduleCommandOptions(absl::GetFlag(FLAGS_kind), GivenInt(absl::GetFlag(FLAGS_stages)),
-                                  absl::StrCat(absl::GetFlag(FLAGS_microbatches)),
-                                  absl::GetFlag(FLAGS_virtual), absl::GetFlag(FLAGS_costs),
-                                  absl::GetFlag(FLAGS_format)));
+      ParseScheduleCommandOptions(
+          absl::GetFlag(FLAGS_kind), GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)),
+          absl::StrCat(absl::GetFlag(FLAGS_microbatches)), absl::GetFlag(FLAGS_virtual),
+          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_format)));
   PT_ASSIGN_OR_RETURN(std::string text, RunScheduleCommand(o));
   std::cout << text;
   return absl::OkStatus();
@@ -302,63 +323,69 @@ absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
   return layers;
 }
 
-absl::Status RunPartition() {
-  if (auto s = CheckOnlyFlags(
-          "partition", {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages",
-                        "speeds", "memory_cap", "kind", "virtual", "format"});
-      !s.ok()) {
-    return s;
-  }
+absl::Status RunPartition(const CommandLine& line) {
   const std::string model_path = absl::GetFlag(FLAGS_model);
   ModelLayers layers;
   if (!model_path.empty()) {
     PT_ASSIGN_OR_RETURN(layers, ModelLayersFromFile(model_path));
   }
-  PT_ASSIGN_OR_RETURN(PartitionCommandOptions o,
-                      ParsePartitionCommandOptions(
-                          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_speeds),
-                          absl::GetFlag(FLAGS_memory_cap), GivenInt(absl::GetFlag(FLAGS_stages)),
-                          absl::GetFlag(FLAGS_format), model_path.empty() ? nullptr : &layers,
-                          absl::GetFlag(FLAGS_kind), absl::GetFlag(FLAGS_virtual)));
+  PT_ASSIGN_OR_RETURN(
+      PartitionCommandOptions o,
+      ParsePartitionCommandOptions(
+          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_speeds), absl::GetFlag(FLAGS_memory_cap),
+          GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)), absl::GetFlag(FLAGS_format),
+          model_path.empty() ? nullptr : &layers, absl::GetFlag(FLAGS_kind),
+          absl::GetFlag(FLAGS_virtual)));
   PT_ASSIGN_OR_RETURN(std::string text, RunPartitionCommand(o));
   std::cout << text;
   return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> normalised = NormaliseFlagNames(argc, argv);
-  std::vector<char*> normalised_argv = ArgvOf(normalised);
-  std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(normalised_argv.size()), normalised_argv.data());
-  const std::string command = args.size() >= 2 ? args[1] : "";
+  const ProgramSpec& program = Program();
+  absl::SetProgramUsageMessage(ProgramHelp(program, /*full=*/false));
+  absl::StatusOr<CommandLine> parsed = ParseCommandLine(program, argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "pipetrain: " << parsed.status().message() << " ["
+              << absl::StatusCodeToString(parsed.status().code()) << "]\n";
+    return 1;
+  }
+  const CommandLine& line = *parsed;
+  if (!line.help.empty()) {
+    std::cout << line.help;
+    return 0;
+  }
+  if (line.command == nullptr) {
+    std::cerr << (line.command_name.empty()
+                      ? std::string("pipetrain: missing command\n")
+                      : absl::StrCat("pipetrain: unknown command '", line.command_name, "'\n"))
+              << ProgramHelp(program, /*full=*/false);
+    return 2;
+  }
+  const std::string& command = line.command->name;
   // `status` and `cancel` take the job as their one argument; every other command takes none.
-  const size_t arity = command == "status" || command == "cancel" ? 3 : 2;
-  if (args.size() > arity || (args.size() < 2)) {
-    std::cerr << (args.size() < 2
-                      ? "pipetrain: missing command\n"
-                      : absl::StrCat("pipetrain: unexpected argument '", args[arity], "'\n"))
-              << kUsage << "\n";
+  const size_t arity = line.command->args.empty() ? 0 : 1;
+  // A missing JOB is the command's error (it names its usage); an extra argument is ours.
+  if (line.args.size() > arity) {
+    std::cerr << "pipetrain " << command << ": unexpected argument '" << line.args[arity] << "'\n"
+              << CommandHelp(program, *line.command);
     return 2;
   }
   absl::Status status;
   if (command == "reference") {
-    status = RunReference();
+    status = RunReference(line);
   } else if (command == "schedule") {
-    status = RunSchedule();
+    status = RunSchedule(line);
   } else if (command == "partition") {
-    status = RunPartition();
+    status = RunPartition(line);
   } else if (command == "evaluate") {
-    status = RunEvaluate();
+    status = RunEvaluate(line);
   } else if (command == "train") {
-    status = RunTrain();
+    status = RunTrain(line);
   } else if (command == "local") {
-    status = RunLocal();
-  } else if (command == "jobs" || command == "status" || command == "cancel") {
-    status = RunJobCommand(command, args.size() == 3 ? args[2] : "");
-  } else {
-    std::cerr << "pipetrain: unknown command '" << command << "'\n" << kUsage << "\n";
-    return 2;
+    status = RunLocal(line);
+  } else {  // jobs, status, cancel
+    status = RunJobCommand(line, line.args.empty() ? "" : line.args[0]);
   }
   std::cout.flush();
   if (!status.ok()) {

@@ -16,18 +16,22 @@
 namespace pipetrain::cli {
 namespace {
 
-// Prints a held-out evaluation: JSON {"eval_loss", "eval_accuracy"} or a text line.
-void PrintEvaluation(const model::EvalResult& eval, bool classification, bool json,
+// Prints a held-out evaluation: JSON {"eval_loss", "eval_accuracy"} or a text line. `step` > 0
+// labels an evaluation during training (--eval-every): JSON gains "eval_step" first, text starts
+// with "step N".
+void PrintEvaluation(const model::EvalResult& eval, bool classification, bool json, int64_t step,
                      std::ostream& out) {
   if (json) {
+    const std::string label = step > 0 ? absl::StrFormat("\"eval_step\": %d, ", step) : "";
     if (classification) {
-      out << absl::StrFormat("{\"eval_loss\": %.9g, \"eval_accuracy\": %.9g}\n", eval.loss,
+      out << absl::StrFormat("{%s\"eval_loss\": %.9g, \"eval_accuracy\": %.9g}\n", label, eval.loss,
                              eval.accuracy());
     } else {
-      out << absl::StrFormat("{\"eval_loss\": %.9g}\n", eval.loss);
+      out << absl::StrFormat("{%s\"eval_loss\": %.9g}\n", label, eval.loss);
     }
     return;
   }
+  if (step > 0) out << absl::StrFormat("step %6d  ", step);
   out << absl::StrFormat("held-out: %d samples, loss %.6f", eval.samples, eval.loss);
   if (classification) out << absl::StrFormat(", accuracy %.4f", eval.accuracy());
   out << "\n";
@@ -37,7 +41,7 @@ void PrintEvaluation(const model::EvalResult& eval, bool classification, bool js
 
 absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckTrainingOptions(o));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(o.optimizer));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(o));
   PT_RETURN_IF_ERROR(CheckSaveDirectory(o));
   PT_ASSIGN_OR_RETURN(TrainingSetup setup,
                       SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
@@ -65,6 +69,15 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       return absl::FailedPreconditionError(
           absl::StrCat(o.resume_dir, ": checkpoint was written with --data ", m.data, " --seed ",
                        m.seed, " --batch ", m.batch_size, "; resume with the same values"));
+    }
+    // Mid-schedule, the rate of every later update must be the one the first run would have used.
+    PT_ASSIGN_OR_RETURN(math::OptimizerConfig saved, math::ParseOptimizerConfig(m.optimizer));
+    if (saved.schedule != optimizer.schedule) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          o.resume_dir, ": checkpoint was trained with learning-rate schedule ",
+          math::DescribeLrSchedule(saved.schedule), ", this run asks for ",
+          math::DescribeLrSchedule(optimizer.schedule),
+          "; resume with the same --lr-schedule, --warmup-steps, --lr-decay-steps and --lr-min"));
     }
     PT_RETURN_IF_ERROR(trainer->ImportState(ckpt.tensors, m.step));
     cursor = m.data_cursor;
@@ -94,6 +107,11 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       window_start = Clock::now();
       window_samples = 0;
     }
+    if (o.eval_every > 0 && r.step % o.eval_every == 0) {
+      PT_ASSIGN_OR_RETURN(model::EvalResult eval,
+                          trainer->Evaluate(*data, o.eval_samples.value_or(kDefaultEvalSamples)));
+      PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, r.step, out);
+    }
     if (CheckpointDue(o, r.step, i + 1 == o.steps)) {
       PT_RETURN_IF_ERROR(model::SaveCheckpoint(
           o.save_dir, CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor()),
@@ -103,7 +121,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
   }
   PT_ASSIGN_OR_RETURN(model::EvalResult eval,
                       trainer->Evaluate(*data, o.eval_samples.value_or(kDefaultEvalSamples)));
-  PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, out);
+  PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, /*step=*/0, out);
   return absl::OkStatus();
 }
 
@@ -123,11 +141,11 @@ absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& o
                       model::ReferenceTrainer::Create(setup.model.get(), topts));
   PT_RETURN_IF_ERROR(trainer->ImportState(ckpt.tensors, m.step));
   PT_ASSIGN_OR_RETURN(model::EvalResult eval, trainer->Evaluate(*setup.data, o.eval_samples));
-  if (!o.json) {
+  if (!o.json && o.step == 0) {
     out << absl::StrFormat("checkpoint %s: step %d, model %s, data %s\n", o.checkpoint_dir, m.step,
                            setup.spec.name(), setup.data->info().name);
   }
-  PrintEvaluation(eval, setup.spec.loss().has_softmax_cross_entropy(), o.json, out);
+  PrintEvaluation(eval, setup.spec.loss().has_softmax_cross_entropy(), o.json, o.step, out);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@
 namespace pipetrain::cli {
 
 // Trains as `options` says with the reference trainer, writing progress to `out`: checkpoints
-// into --save (every --checkpoint-every steps and at the end), then the held-out evaluation
+// into --save (every --checkpoint-every steps and at the end), a held-out evaluation every
+// --eval-every steps, then the held-out evaluation
 // (--eval-samples, default kDefaultEvalSamples). Returns the first error (bad options:
 // INVALID_ARGUMENT; an unwritable --save: FAILED_PRECONDITION, before the first step; data, model,
 // resume mismatch, I/O); nothing is printed for the failing step. Thread-compatible.
@@ -24,6 +25,9 @@ struct EvaluateCommandOptions {
   std::string data_dir;        // --data-dir: bundled data directory; empty: the built-in one.
   int64_t eval_samples = kDefaultEvalSamples;  // --eval-samples: held-out samples (0: all).
   bool json = false;  // --json: one JSON object {"eval_loss", "eval_accuracy"}.
+  // > 0: an evaluation during training at this step (--eval-every): printed as one labelled line
+  // ("eval_step" in JSON), without the checkpoint header.
+  int64_t step = 0;
 };
 
 // `pipetrain evaluate`: loads a checkpoint written by `reference --save` or `train/local --save`

@@ -36,6 +36,11 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
         "--eval-samples needs --save DIR for train and local: the final checkpoint is what is "
         "evaluated");
   }
+  if (t.eval_every > 0 && t.save_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--eval-every needs --save DIR for train and local: each evaluation reads the checkpoint "
+        "written at that step");
+  }
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
   }
@@ -150,10 +155,13 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::s
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              const InterruptFn& interrupted) {
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
-  if (o.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
+  if (o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator is required (or the environment variable PIPETRAIN_COORDINATOR)");
+  }
   const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(t.optimizer));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(t));
   // --save is a directory on the coordinator's host: checkable here only when that is this host.
   std::string save_dir;
   if (!t.save_dir.empty()) {
@@ -305,7 +313,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       window_samples = 0;
     }
     // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
-    if (CheckpointDue(t, last.step(), i + 1 == t.steps)) {
+    const bool evaluate = t.eval_every > 0 && last.step() % t.eval_every == 0;
+    if (CheckpointDue(t, last.step(), i + 1 == t.steps) || evaluate) {
       absl::StatusOr<bool> saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup,
                                                           optimizer, sampler.cursor(), out);
       // A recovery (or a coordinator restart) during the checkpoint: back to this step, again.
@@ -316,6 +325,21 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       }
       PT_ASSIGN_OR_RETURN(checkpoint_visible, saved);
       session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
+    }
+    if (evaluate) {
+      // The weights of this step, evaluated as `reference --eval-every` does.
+      if (!checkpoint_visible) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--eval-every: checkpoint ", save_dir, " is on the coordinator's host, not here"));
+      }
+      EvaluateCommandOptions eval;
+      eval.checkpoint_dir = save_dir;
+      eval.data = t.data;
+      eval.data_dir = t.data_dir;
+      eval.eval_samples = t.eval_samples.value_or(kDefaultEvalSamples);
+      eval.json = t.json;
+      eval.step = last.step();
+      PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
     }
   }
   PT_RETURN_IF_ERROR(session->Finish());

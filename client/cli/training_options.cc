@@ -39,6 +39,42 @@ absl::Status CheckWritableDirectory(const std::string& flag, const std::string& 
 
 }  // namespace
 
+absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& o) {
+  absl::StatusOr<math::OptimizerConfig> config = math::ParseOptimizerConfig(o.optimizer);
+  if (!config.ok()) return config.status();
+  math::LrSchedule& s = config->schedule;
+  if (o.lr_schedule.has_value()) {
+    absl::StatusOr<math::LrScheduleKind> kind = math::ParseLrScheduleKind(*o.lr_schedule);
+    if (!kind.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--lr-schedule: ", kind.status().message()));
+    s.kind = *kind;
+  }
+  if (o.warmup_steps.has_value()) s.warmup_steps = *o.warmup_steps;
+  if (o.lr_min.has_value()) s.min_lr = *o.lr_min;
+  if (o.lr_decay_steps.has_value()) {
+    s.decay_steps = *o.lr_decay_steps;
+  } else if (s.kind != math::LrScheduleKind::kConstant && s.decay_steps == 0) {
+    s.decay_steps = o.steps;
+  }
+  if (s.warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup-steps must be >= 0, got ", s.warmup_steps));
+  }
+  if (s.kind != math::LrScheduleKind::kConstant) {
+    if (s.decay_steps <= s.warmup_steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lr-decay-steps (", s.decay_steps, o.lr_decay_steps ? "" : ", from --steps",
+          ") must be greater than --warmup-steps (", s.warmup_steps, ")"));
+    }
+    if (!(s.min_lr >= 0 && s.min_lr <= config->lr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lr-min must be in [0, lr = ", config->lr, "], got ", s.min_lr));
+    }
+  }
+  if (absl::Status valid = math::ValidateOptimizerConfig(*config); !valid.ok()) return valid;
+  return config;
+}
+
 absl::Status CheckTrainingOptions(const TrainingOptions& o) {
   if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
   if (o.steps < 1) {
@@ -54,6 +90,10 @@ absl::Status CheckTrainingOptions(const TrainingOptions& o) {
   if (o.batch % o.microbatches != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch ", o.batch, " is not divisible by --microbatches ", o.microbatches));
+  }
+  if (o.eval_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval-every must be >= 0, got ", o.eval_every));
   }
   if (o.threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", o.threads));

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/math/optimizer.h"
 
 namespace pipetrain::cli {
 
@@ -47,11 +49,27 @@ struct TrainingOptions {
   // evaluates kDefaultEvalSamples; train/local do not evaluate. train/local evaluate the final
   // checkpoint, so they need --save.
   std::optional<int64_t> eval_samples;
+  // --eval-every N: >= 0. N > 0: a held-out evaluation (--eval-samples of them, default
+  // kDefaultEvalSamples) after every step whose number is a multiple of N. train/local evaluate
+  // the checkpoint written at that step, so they need --save on a file system shared with the
+  // coordinator.
+  int64_t eval_every = 0;
   // --log-every N: steps between progress lines without --json, >= 1.
   int64_t log_every = 10;
   // --checkpoint-every N: >= 0. 0: one checkpoint at the end (with --save). N > 0: a checkpoint
   // after every step whose number is a multiple of N, and at the end; needs --save.
   int64_t checkpoint_every = 0;
+  // The learning-rate schedule (common/math/lr_schedule.h); each unset field keeps what
+  // --optimizer says (by default: constant, no warm-up).
+  // --lr-schedule constant|warmup-cosine|warmup-linear.
+  std::optional<std::string> lr_schedule;
+  // --warmup-steps N: >= 0 updates of linear warm-up.
+  std::optional<int64_t> warmup_steps;
+  // --lr-decay-steps N: decaying schedules reach --lr-min at update N (> --warmup-steps). Unset:
+  // --steps (for a run resumed mid-schedule, give the first run's value).
+  std::optional<int64_t> lr_decay_steps;
+  // --lr-min X: the final rate of a decaying schedule, in [0, lr].
+  std::optional<float> lr_min;
   // --keep-checkpoints K: >= 1, checkpoints to keep: the newest in --save DIR, up to K - 1
   // earlier ones beside it as DIR.step-<12 digits> (model::PublishCheckpoint). Default 2.
   int keep_checkpoints = 2;
@@ -60,6 +78,11 @@ struct TrainingOptions {
 // OK if `options` are usable; INVALID_ARGUMENT naming the flag otherwise. Checks values only (no
 // I/O: see CheckSaveDirectory); the optimizer text is parsed by the commands.
 absl::Status CheckTrainingOptions(const TrainingOptions& options);
+
+// The optimizer of a run: --optimizer's text with the --lr-schedule, --warmup-steps,
+// --lr-decay-steps and --lr-min that were given applied to it. INVALID_ARGUMENT naming the flag.
+// Pure.
+absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& options);
 
 // With --save: creates `options.save_dir` if missing and proves it writable (creates and removes a
 // probe file), so that a bad directory fails before the first step. FAILED_PRECONDITION naming

@@ -14,7 +14,40 @@ namespace {
 
 bool InUnitInterval(float v) { return v >= 0.0f && v < 1.0f; }
 
+// Sets a schedule key of `c`; false if `key` is not one.
+absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
+                                      absl::string_view value) {
+  LrSchedule& s = c->schedule;
+  if (key == "lr_schedule") {
+    absl::StatusOr<LrScheduleKind> kind = ParseLrScheduleKind(value);
+    if (!kind.ok()) return kind.status();
+    s.kind = *kind;
+    return true;
+  }
+  int64_t* steps = key == "warmup_steps"  ? &s.warmup_steps
+                   : key == "decay_steps" ? &s.decay_steps
+                                          : nullptr;
+  if (steps != nullptr) {
+    if (!absl::SimpleAtoi(value, steps)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: ", key, " must be an integer, got '", value, "'"));
+    }
+    return true;
+  }
+  if (key == "lr_min") {
+    if (!absl::SimpleAtof(value, &s.min_lr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: lr_min must be a number, got '", value, "'"));
+    }
+    return true;
+  }
+  return false;
+}
+
 absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_view value) {
+  absl::StatusOr<bool> schedule = SetScheduleField(c, key, value);
+  if (!schedule.ok()) return schedule.status();
+  if (*schedule) return absl::OkStatus();
   if (key == "nesterov") {
     if (value == "1" || value == "true") {
       c->nesterov = true;
@@ -37,7 +70,8 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
   if (field == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer: unknown key '", key,
-        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm)"));
+        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm, "
+        "lr_schedule, warmup_steps, decay_steps, lr_min)"));
   }
   if (!absl::SimpleAtof(value, field)) {
     return absl::InvalidArgumentError(
@@ -70,7 +104,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
     if (!InUnitInterval(c.beta2)) return bad("beta2", c.beta2, "must be in [0, 1)");
     if (!std::isfinite(c.eps) || c.eps <= 0) return bad("eps", c.eps, "must be finite and > 0");
   }
-  return absl::OkStatus();
+  return ValidateLrSchedule(c.schedule, c.lr);
 }
 
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
@@ -103,14 +137,21 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
 std::string FormatOptimizerConfig(const OptimizerConfig& c) {
   // %.9g round-trips every float exactly.
   auto f = [](float v) { return absl::StrFormat("%.9g", v); };
+  std::string schedule;
+  if (c.schedule != LrSchedule()) {
+    const LrSchedule& s = c.schedule;
+    schedule =
+        absl::StrCat(",lr_schedule=", LrScheduleKindName(s.kind), ",warmup_steps=", s.warmup_steps,
+                     ",decay_steps=", s.decay_steps, ",lr_min=", f(s.min_lr));
+  }
   if (c.kind == OptimizerKind::kSgd) {
     return absl::StrCat("sgd:lr=", f(c.lr), ",weight_decay=", f(c.weight_decay),
                         ",momentum=", f(c.momentum), ",nesterov=", c.nesterov ? 1 : 0,
-                        ",clip_norm=", f(c.clip_norm));
+                        ",clip_norm=", f(c.clip_norm), schedule);
   }
   return absl::StrCat("adamw:lr=", f(c.lr), ",weight_decay=", f(c.weight_decay),
                       ",beta1=", f(c.beta1), ",beta2=", f(c.beta2), ",eps=", f(c.eps),
-                      ",clip_norm=", f(c.clip_norm));
+                      ",clip_norm=", f(c.clip_norm), schedule);
 }
 
 std::vector<std::string> OptimizerStateNames(const OptimizerConfig& config) {
@@ -123,6 +164,7 @@ void OptimizerStep(const OptimizerConfig& c, int64_t step, float grad_scale,
                    absl::Span<const float> grad, absl::Span<float> param,
                    absl::Span<std::vector<float>> state) {
   const size_t n = param.size();
+  const float lr = LearningRateAt(c.schedule, c.lr, step);
   if (c.kind == OptimizerKind::kSgd) {
     float* buf = state.empty() ? nullptr : state[0].data();
     for (size_t i = 0; i < n; ++i) {
@@ -133,7 +175,7 @@ void OptimizerStep(const OptimizerConfig& c, int64_t step, float grad_scale,
         buf[i] = c.momentum * buf[i] + g;
         g = c.nesterov ? g + c.momentum * buf[i] : buf[i];
       }
-      param[i] -= c.lr * g;
+      param[i] -= lr * g;
     }
     return;
   }
@@ -141,9 +183,9 @@ void OptimizerStep(const OptimizerConfig& c, int64_t step, float grad_scale,
   float* v = state[1].data();
   const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step));
   const float bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step));
-  const float step_size = c.lr / bias1;
+  const float step_size = lr / bias1;
   const float bias2_sqrt = std::sqrt(bias2);
-  const float decay = 1.0f - c.lr * c.weight_decay;
+  const float decay = 1.0f - lr * c.weight_decay;
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i] * grad_scale;
     param[i] *= decay;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/math/lr_schedule.h"
 
 namespace pipetrain::math {
 
@@ -33,24 +34,31 @@ struct OptimizerConfig {
   float beta2 = 0.999f;       // AdamW only, in [0, 1).
   float eps = 1e-8f;          // AdamW only, > 0.
   float clip_norm = 0.0f;     // > 0: clip the global gradient L2 norm to this. 0: off.
+  // How the rate of each update derives from `lr` (lr_schedule.h); default: `lr` throughout.
+  LrSchedule schedule;
 };
 
 // INVALID_ARGUMENT naming the first out-of-range hyper-parameter.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 // Parses "sgd" or "adamw", optionally followed by ":key=value,key=value" with keys lr,
-// weight_decay, momentum, nesterov (0/1/true/false), beta1, beta2, eps, clip_norm. Unset keys keep
-// the defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT on unknown kinds/keys/values.
+// weight_decay, momentum, nesterov (0/1/true/false), beta1, beta2, eps, clip_norm, and the
+// schedule's lr_schedule (constant|warmup-cosine|warmup-linear), warmup_steps, decay_steps,
+// lr_min. Unset keys keep the defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT on
+// unknown kinds/keys/values.
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text);
 
-// Canonical text of `config` that ParseOptimizerConfig reads back to an equal config.
+// Canonical text of `config` that ParseOptimizerConfig reads back to an equal config. The
+// schedule's keys appear only when it is not the default (constant, no warm-up), so the text of
+// an unscheduled optimizer is what it was before schedules existed.
 std::string FormatOptimizerConfig(const OptimizerConfig& config);
 
 // Names of the state tensors kept per parameter, in order: SGD with momentum {"momentum_buffer"},
 // SGD without {}, AdamW {"exp_avg", "exp_avg_sq"}. Each has the parameter's shape.
 std::vector<std::string> OptimizerStateNames(const OptimizerConfig& config);
 
-// Applies update number `step` (1-based; AdamW's bias correction uses it) to `param`, using
+// Applies update number `step` (1-based; AdamW's bias correction and the learning-rate schedule
+// use it) to `param`, using
 // `grad` multiplied by `grad_scale` (the clip scale; 1 for none). `state` holds the tensors named
 // by OptimizerStateNames, each param.size() long, zero before the first step. All spans have the
 // same length. Thread-compatible: distinct parameters may be updated concurrently.

@@ -1,5 +1,7 @@
 #include "common/model/optimizer_proto.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace pipetrain::model {
 
 absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec& spec) {
@@ -30,6 +32,25 @@ absl::StatusOr<math::OptimizerConfig> OptimizerFromProto(const v1::OptimizerSpec
       return absl::InvalidArgumentError("optimizer spec sets neither sgd nor adamw");
   }
   config.clip_norm = spec.clip_norm();
+  if (spec.has_lr_schedule()) {
+    const v1::LrScheduleSpec& l = spec.lr_schedule();
+    switch (l.kind()) {
+      case v1::LrScheduleSpec::WARMUP_COSINE:
+        config.schedule.kind = math::LrScheduleKind::kWarmupCosine;
+        break;
+      case v1::LrScheduleSpec::WARMUP_LINEAR:
+        config.schedule.kind = math::LrScheduleKind::kWarmupLinear;
+        break;
+      case v1::LrScheduleSpec::CONSTANT:
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer spec: unknown lr_schedule kind ", l.kind()));
+    }
+    config.schedule.warmup_steps = l.warmup_steps();
+    config.schedule.decay_steps = l.decay_steps();
+    config.schedule.min_lr = l.min_lr();
+  }
   if (absl::Status s = math::ValidateOptimizerConfig(config); !s.ok()) return s;
   return config;
 }
@@ -56,6 +77,24 @@ v1::OptimizerSpec OptimizerToProto(const math::OptimizerConfig& config) {
     }
   }
   spec.set_clip_norm(config.clip_norm);
+  const math::LrSchedule& schedule = config.schedule;
+  if (schedule != math::LrSchedule()) {
+    v1::LrScheduleSpec* l = spec.mutable_lr_schedule();
+    switch (schedule.kind) {
+      case math::LrScheduleKind::kConstant:
+        l->set_kind(v1::LrScheduleSpec::CONSTANT);
+        break;
+      case math::LrScheduleKind::kWarmupCosine:
+        l->set_kind(v1::LrScheduleSpec::WARMUP_COSINE);
+        break;
+      case math::LrScheduleKind::kWarmupLinear:
+        l->set_kind(v1::LrScheduleSpec::WARMUP_LINEAR);
+        break;
+    }
+    l->set_warmup_steps(schedule.warmup_steps);
+    l->set_decay_steps(schedule.decay_steps);
+    l->set_min_lr(schedule.min_lr);
+  }
   return spec;
 }
 

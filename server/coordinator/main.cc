@@ -12,7 +12,6 @@
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
 // --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
 #include <signal.h>
 
@@ -22,18 +21,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#endif
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/coordinator_metrics.h"
 #include "server/metrics/metrics_server.h"
@@ -103,11 +99,18 @@ int main(int argc, char** argv) {
   // mmap each (docs/wire.md §5).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  absl::SetProgramUsageMessage("pipetrain coordinator daemon: coordinator --listen HOST:PORT");
-  // --port-file and --port_file alike.
-  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
+  const pipetrain::ProgramSpec program{
+      "coordinator",
+      "the pipetrain coordinator daemon: registers stage workers, plans jobs and drives their "
+      "steps; serves pipetrain.v1.Coordinator, health and reflection",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
   if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
           absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
       !s.ok()) {
@@ -123,10 +126,6 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  grpc::EnableDefaultHealthCheckService(true);
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-#endif
   pipetrain::coordinator::CoordinatorOptions options;
   options.client_lease = absl::GetFlag(FLAGS_client_lease);
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
@@ -169,6 +168,7 @@ int main(int argc, char** argv) {
     }
   }
   grpc::ServerBuilder builder;
+  pipetrain::introspection::AddHealthAndReflection(&builder);
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
               << (client_listen.empty() ? "" : " / " + client_listen) << "\n";
     return 1;
   }
+  pipetrain::introspection::SetServing(server.get(),
+                                       {pipetrain::v1::Coordinator::service_full_name()});
   const std::string bound = absl::StrCat(HostOf(listen), ":", port);
   if (!absl::GetFlag(FLAGS_port_file).empty() &&
       !WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &sig);
   pipetrain::logging::Log("coordinator", pipetrain::logging::LogLevel::kInfo,
                           absl::StrCat("signal ", sig, ", shutting down"));
+  pipetrain::introspection::SetNotServing(server.get());
   service->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();

@@ -1,5 +1,6 @@
-// ExchangeService: the server side of StageWorker.Exchange, registered as the server's callback
-// generic service (the stream carries grpc::ByteBuffers, encoded by common/wire/frame_codec).
+// ExchangeService: the server side of StageWorker.Exchange, registered as the
+// pipetrain.v1.StageWorker service with Exchange as a raw callback method (the stream carries
+// grpc::ByteBuffers, encoded by common/wire/frame_codec).
 //
 // Each incoming stream is offered to the AcceptFn with the dialler's PeerHello and the server-side
 // PeerLink; accepted streams then run exactly like a dialled PeerLink (see peer_link.h).
@@ -27,18 +28,18 @@ class ExchangeService {
   ExchangeService(const ExchangeService&) = delete;
   ExchangeService& operator=(const ExchangeService&) = delete;
 
-  // Registers the Exchange handler on `builder` as its callback generic service (a server has at
-  // most one; methods other than Exchange that reach it are UNIMPLEMENTED) and sets what Exchange
-  // needs server-wide: receive limit wire::kMaxFrameMessageBytes, keep-alive pings every 30 s,
-  // and client pings accepted every 10 s. The service must outlive the server built from
+  // Registers the pipetrain.v1.StageWorker service on `builder` (other methods are UNIMPLEMENTED,
+  // as for any unregistered method; a server may also have a generic service) and sets what
+  // Exchange needs server-wide: receive limit wire::kMaxFrameMessageBytes, keep-alive pings every
+  // 30 s, and client pings accepted every 10 s. The service must outlive the server built from
   // `builder`. Not thread-safe with respect to `builder`.
   void RegisterOn(grpc::ServerBuilder* builder);
 
  private:
-  class GenericService;
-  explicit ExchangeService(std::unique_ptr<GenericService> service);
+  class StageWorkerService;
+  explicit ExchangeService(std::unique_ptr<StageWorkerService> service);
 
-  const std::unique_ptr<GenericService> service_;
+  const std::unique_ptr<StageWorkerService> service_;
 };
 
 }  // namespace pipetrain::link

@@ -627,14 +627,9 @@ class ClientLinkReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer,
 class ServerLinkReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                                 public StreamOps {
  public:
-  explicit ServerLinkReactor(grpc::GenericCallbackServerContext* context) : context_(context) {}
+  explicit ServerLinkReactor(grpc::CallbackServerContext* context) : context_(context) {}
 
   void Begin(const LinkOptions& options, const AcceptFn& accept) {
-    if (context_->method() != kExchangeMethod) {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          absl::StrCat("unknown method ", context_->method())));
-      return;
-    }
     absl::StatusOr<PeerHello> hello = ParseHello();
     if (!hello.ok()) {
       Finish(wire::ToGrpcStatus(hello.status()));
@@ -705,14 +700,14 @@ class ServerLinkReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     return hello;
   }
 
-  grpc::GenericCallbackServerContext* const context_;
+  grpc::CallbackServerContext* const context_;
   std::shared_ptr<LinkCore> core_;  // null if the stream was rejected.
 };
 
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerLinkReactor(
-    grpc::GenericCallbackServerContext* context, const LinkOptions& options,
+    grpc::CallbackServerContext* context, const LinkOptions& options,
     const AcceptFn& accept) {
   auto* reactor = new ServerLinkReactor(context);
   reactor->Begin(options, accept);

@@ -33,7 +33,7 @@ namespace grpc {
 class Channel;
 class ChannelCredentials;
 class ChannelArguments;
-class GenericCallbackServerContext;
+class CallbackServerContext;
 template <class Request, class Response>
 class ServerBidiReactor;
 }  // namespace grpc
@@ -177,8 +177,7 @@ namespace internal {
 // Creates the server-side reactor of one Exchange stream (used by ExchangeService). The reactor
 // deletes itself when the stream is done.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerLinkReactor(
-    grpc::GenericCallbackServerContext* context, const LinkOptions& options,
-    const AcceptFn& accept);
+    grpc::CallbackServerContext* context, const LinkOptions& options, const AcceptFn& accept);
 }  // namespace internal
 
 }  // namespace pipetrain::link

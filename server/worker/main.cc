@@ -7,16 +7,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/util/flag_names.h"
+#include "common/util/command_line.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/metrics_server.h"
 #include "server/metrics/worker_metrics.h"
@@ -54,14 +54,18 @@ int main(int argc, char** argv) {
   // (docs/wire.md §5: about 2x stream throughput).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  absl::SetProgramUsageMessage(
-      "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
-      "[--emulate-gflops X] [--threads-max T] [--metrics-listen HOST:PORT] "
-      "[--max-message-size B] [--max-tensor-bytes B] [--max-concurrent-streams N]");
-  // --emulate-gflops and --emulate_gflops alike.
-  std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
+  const pipetrain::ProgramSpec program{
+      "stage_worker",
+      "the pipetrain stage worker daemon: joins a coordinator and runs its pipeline stages; serves "
+      "pipetrain.v1.StageWorker, health and reflection",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
   if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
           absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
       !s.ok()) {

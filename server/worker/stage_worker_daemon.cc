@@ -1,7 +1,6 @@
 #include "server/worker/stage_worker_daemon.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,12 +17,10 @@
 #include "absl/time/clock.h"
 #include "common/math/det_math.h"
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker.grpc.pb.h"
 #include "server/control/control_proto.h"
+#include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
-
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#endif
 
 namespace pipetrain::worker {
 
@@ -110,11 +107,8 @@ absl::Status StageWorkerDaemon::StartServer() {
       });
   if (!exchange.ok()) return exchange.status();
   exchange_ = *std::move(exchange);
-  grpc::EnableDefaultHealthCheckService(true);
-#ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-#endif
   grpc::ServerBuilder builder;
+  introspection::AddHealthAndReflection(&builder);
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
   exchange_->RegisterOn(&builder);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
@@ -122,9 +116,7 @@ absl::Status StageWorkerDaemon::StartServer() {
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
   }
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-  }
+  introspection::SetServing(server_.get(), {v1::StageWorker::service_full_name()});
   if (!options_.advertise.empty()) {
     address_ = options_.advertise;
   } else {
@@ -410,6 +402,7 @@ void StageWorkerDaemon::Shutdown() {
   if (command_thread_.joinable()) command_thread_.join();  // drops the job on its way out.
   DropJob("the worker is shutting down");
   if (server_ != nullptr) {
+    introspection::SetNotServing(server_.get());
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
   absl::MutexLock lock(&mu_);

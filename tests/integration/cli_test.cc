@@ -346,6 +346,97 @@ TEST(LocalCliTest, CheckpointEveryAndEvalSamplesMatchTheReference) {
   }
 }
 
+// Learning-rate schedules: a run stopped and resumed mid-schedule is bitwise the run that never
+// stopped (the schedule is in the checkpoint's optimizer text, a different one is refused), and
+// `local` (the schedule travels in the JobSpec to the workers) equals `reference` bit for bit.
+TEST(LrScheduleCliTest, ResumedMidScheduleEqualsAStraightRunBitwise) {
+  const std::string dir = ::testing::TempDir() + "/cli_lr_resume";
+  const std::string common = "reference --model " + Example("mlp_digits.textproto") +
+                             " --batch 16 --microbatches 2 --seed 7 --json --eval-samples 8"
+                             " --optimizer adamw:lr=2e-2 ";
+  const std::string schedule =
+      "--lr-schedule warmup-cosine --warmup-steps 2 --lr-decay-steps 6 --lr-min 1e-3 ";
+  const CliRun straight = Pipetrain(common + schedule + "--steps 6 --save " + dir + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const CliRun first = Pipetrain(common + schedule + "--steps 3 --save " + dir + "/half");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const CliRun second = Pipetrain(common + schedule + "--steps 3 --resume " + dir +
+                                  "/half --save " + dir + "/resumed");
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  const Parsed a = ParseJsonLines(straight.out), b = ParseJsonLines(first.out),
+               c = ParseJsonLines(second.out, /*first_step=*/4);
+  ASSERT_EQ(a.losses.size(), 6u);
+  ASSERT_EQ(c.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]);
+    EXPECT_EQ(a.losses[3 + i], c.losses[i]);
+  }
+  EXPECT_EQ(a.eval, c.eval);
+  for (const char* f : {"layer-00000.safetensors", "layer-00004.safetensors", "manifest.json"}) {
+    const std::string x = ReadAll(dir + "/straight/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == ReadAll(dir + "/resumed/" + f)) << f << " differs";
+  }
+  EXPECT_THAT(ReadAll(dir + "/straight/manifest.json"),
+              HasSubstr("lr_schedule=warmup-cosine,warmup_steps=2,decay_steps=6"));
+  // The schedule changes the run: without it, step 2 onwards differ.
+  const Parsed plain = ParseJsonLines(Pipetrain(common + "--steps 3").out);
+  ASSERT_EQ(plain.losses.size(), 3u);
+  EXPECT_EQ(plain.losses[0], a.losses[0]);  // the same initial weights
+  EXPECT_NE(plain.losses[1], a.losses[1]);
+  // Resuming with another schedule would not continue this run: refused.
+  ExpectRefused(common +
+                    "--lr-schedule warmup-linear --warmup-steps 2 --lr-decay-steps 6 "
+                    "--lr-min 1e-3 --steps 1 --resume " +
+                    dir + "/half",
+                "resume with the same --lr-schedule");
+  ExpectRefused(common + "--lr-schedule warmup-cosine --warmup-steps 6 --steps 3",
+                "--lr-decay-steps (3, from --steps) must be greater than --warmup-steps (6)");
+}
+
+// The {"eval_step": N, ...} lines of --json output.
+std::vector<nlohmann::json> EvalEveryLines(const std::string& out) {
+  std::vector<nlohmann::json> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("eval_step")) lines.push_back(j);
+  }
+  return lines;
+}
+
+// With --eval-every: also the held-out evaluation every 2 steps, equal in both.
+TEST(LrScheduleCliTest, LocalEqualsTheReferenceWithASchedule) {
+  const std::string dir = ::testing::TempDir() + "/cli_lr_local";
+  const std::string common = " --model " + Example("mlp_digits.textproto") +
+                             " --batch 16 --microbatches 4 --seed 5 --steps 5 --json"
+                             " --eval-samples 64 --optimizer sgd:lr=0.2,momentum=0.9"
+                             " --lr-schedule warmup-linear --warmup-steps 2 --lr-min 0.01"
+                             " --eval-every 2 --save ";
+  const CliRun ref = Pipetrain("reference" + common + dir + "/ref");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const CliRun local = Pipetrain("local --stages 2 --schedule zb-h1" + common + dir + "/local");
+  if (local.out.find("cannot find the coordinator binary") != std::string::npos) {
+    GTEST_SKIP() << "the daemons are not built";
+  }
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const Parsed a = ParseJsonLines(ref.out), b = ParseJsonLines(local.out);
+  ASSERT_EQ(a.losses.size(), 5u);
+  EXPECT_EQ(a.losses, b.losses);
+  // --eval-every 2: held-out evaluations after steps 2 and 4, the same numbers both ways (local
+  // evaluates the checkpoint of that step), and the final one.
+  EXPECT_EQ(EvalEveryLines(ref.out), EvalEveryLines(local.out));
+  EXPECT_EQ(a.eval, b.eval);
+  ASSERT_EQ(EvalEveryLines(ref.out).size(), 2u) << ref.out;
+  EXPECT_EQ(EvalEveryLines(ref.out)[0]["eval_step"], 2);
+  EXPECT_EQ(EvalEveryLines(ref.out)[1]["eval_step"], 4);
+  EXPECT_NE(EvalEveryLines(ref.out)[0]["eval_loss"], EvalEveryLines(ref.out)[1]["eval_loss"]);
+  for (const char* f : {"layer-00000.safetensors", "layer-00004.safetensors", "manifest.json"}) {
+    const std::string x = ReadAll(dir + "/ref/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == ReadAll(dir + "/local/" + f)) << f << " differs";
+  }
+}
+
 TEST(ScheduleCliTest, JsonCarriesThePlanAndTheSimulation) {
   const CliRun r = Pipetrain("schedule --kind zb-h1 --stages 4 --microbatches 8 --format json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
