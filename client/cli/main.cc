@@ -7,6 +7,7 @@
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <iostream>
 #include <optional>
@@ -33,6 +34,7 @@
 #include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
 #include "common/model/model.h"
+#include "common/net/token_auth.h"
 #include "common/util/flag_names.h"
 #include "common/util/status_macros.h"
 
@@ -74,6 +76,14 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1); a single --save directory holds only the newest for now");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "train: the coordinator's HOST:PORT");
+ABSL_FLAG(std::string, tls_cert, "",
+          "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
+ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
+ABSL_FLAG(std::string, token_file, "",
+          "train/jobs/status/cancel: send the first token of this file to the coordinator "
+          "(default: $PIPETRAIN_TOKEN, with TLS)");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
@@ -120,10 +130,30 @@ const std::set<std::string> kTrainingFlags = {
     "save", "checkpoint_every", "keep_checkpoints"};                  // checkpoints
 // clang-format on
 
+// How a command reaches a coordinator: its address, TLS and token.
+const std::set<std::string> kCoordinatorFlags = {"coordinator", "tls_cert", "tls_key", "tls_ca",
+                                                 "token_file"};
+
 // Every training and pipeline flag defined above; the per-command allow-lists are subsets.
-const std::set<std::string> kCommandFlags =
-    With(kTrainingFlags, {"checkpoint", "format", "stages", "resume", "coordinator", "schedule",
-                          "trace", "virtual", "reason"});
+const std::set<std::string> kCommandFlags = [] {
+  std::set<std::string> all = With(kTrainingFlags, {"checkpoint", "format", "stages", "resume",
+                                                    "schedule", "trace", "virtual", "reason"});
+  all.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
+  return all;
+}();
+
+// The TLS files and token of a command that talks to a coordinator (docs/security.md). The token
+// is --token-file's, else $PIPETRAIN_TOKEN's when TLS is on (never sent in clear).
+absl::Status ClientSecurityFromFlags(client::ClientOptions* o) {
+  o->tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o->tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o->tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  const char* env = std::getenv(net::kTokenEnvironmentVariable);
+  PT_ASSIGN_OR_RETURN(o->token,
+                      net::ResolveClientToken(absl::GetFlag(FLAGS_token_file),
+                                              env != nullptr && o->tls.enabled() ? env : ""));
+  return absl::OkStatus();
+}
 
 // Flags of this file that `command` does not use but whose value was changed: an error, so that
 // a misspelt or misplaced option never silently does nothing.
@@ -204,18 +234,23 @@ absl::Status RunEvaluate() {
 }
 
 absl::Status RunTrain() {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", With(kLocalFlags, {"coordinator"})));
+  std::set<std::string> allowed = kLocalFlags;
+  allowed.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
+  PT_RETURN_IF_ERROR(CheckOnlyFlags("train", allowed));
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags());
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
   InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
 
 // `jobs`, `status JOB`, `cancel JOB`: `job` is the JOB argument ("" for jobs).
 absl::Status RunJobCommand(const std::string& command, const std::string& job) {
-  PT_RETURN_IF_ERROR(CheckOnlyFlags(
-      command, command == "cancel" ? std::set<std::string>{"coordinator", "json", "reason"}
-                                   : std::set<std::string>{"coordinator", "json"}));
+  std::set<std::string> allowed = kCoordinatorFlags;
+  allowed.insert("json");
+  if (command == "cancel") allowed.insert("reason");
+  PT_RETURN_IF_ERROR(CheckOnlyFlags(command, allowed));
   JobCommandOptions o;
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.job = job;
   o.reason = absl::GetFlag(FLAGS_reason);

@@ -70,6 +70,11 @@ absl::Status ClientOptions::Check() const {
         absl::FormatDuration(keepalive_interval), " and ",
         absl::FormatDuration(keepalive_timeout)));
   }
+  PT_RETURN_IF_ERROR(tls.Check(/*need_identity=*/false));
+  if (!token.empty() && !tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "a token is sent only over TLS: give --tls-ca (the CA of the coordinator's certificate)");
+  }
   return absl::OkStatus();
 }
 
@@ -222,12 +227,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      net::MakeChannelCredentials(options.tls, options.token));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", target,
-                                               " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the coordinator at ", target, " within ",
+        absl::FormatDuration(options.connect_timeout),
+        options.tls.enabled()
+            ? " over TLS (is it running with TLS, is its certificate signed by --tls-ca and does "
+              "it name that host? docs/security.md)"
+            : ""));
   }
   return std::unique_ptr<Client>(new Client(target, options, v1::Coordinator::NewStub(channel)));
 }

@@ -1,6 +1,7 @@
 #include "common/net/token_auth.h"
 
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include <utility>
 
@@ -65,6 +66,24 @@ absl::StatusOr<std::string> ResolveClientToken(const std::string& token_file,
   return std::string(absl::StripAsciiWhitespace(environment));
 }
 
+absl::StatusOr<std::string> NewSecret() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    return absl::InternalError("OpenSSL's random generator failed");
+  }
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string secret;
+  for (const unsigned char b : bytes) {
+    secret.push_back(kHex[b >> 4]);
+    secret.push_back(kHex[b & 15]);
+  }
+  return secret;
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 TokenAuthProcessor::TokenAuthProcessor(TokenAuthOptions options) : options_(std::move(options)) {
   for (const std::string& token : options_.tokens) token_digests_.push_back(DigestOf(token));
 }
@@ -74,8 +93,7 @@ bool TokenAuthProcessor::Accepts(absl::string_view token) const {
   const std::string digest = DigestOf(token);
   bool match = false;
   for (const std::string& accepted : token_digests_) {
-    const bool same = !digest.empty() && accepted.size() == digest.size() &&
-                      CRYPTO_memcmp(accepted.data(), digest.data(), digest.size()) == 0;
+    const bool same = !digest.empty() && ConstantTimeEquals(accepted, digest);
     match = match || same;
   }
   return match;

@@ -18,14 +18,21 @@
 #include "server/worker/stage_worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
-ABSL_FLAG(std::string, listen, "0.0.0.0:0",
-          "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
+          "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
 ABSL_FLAG(std::string, name, "", "Stable worker name (default: the advertised address).");
 ABSL_FLAG(std::string, advertise, "",
           "host:port peers use to reach this worker (default: derived from --listen).");
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
 ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for (0: all cores).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker (mTLS on every hop; it must name the --advertise host)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate that signs the coordinator and the workers");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext gRPC on a non-loopback --listen (anyone who reaches it can join)");
 ABSL_FLAG(absl::Duration, keepalive, absl::Seconds(10),
           "ping the coordinator after this long without traffic; no answer within max(this, 10s) "
           "ends the control stream (the job is dropped and the worker redials)");
@@ -38,7 +45,8 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   absl::SetProgramUsageMessage(
       "stage_worker --coordinator HOST:PORT --listen ADDR [--name NAME] [--advertise HOST:PORT] "
-      "[--emulate-gflops X] [--threads-max T]");
+      "[--emulate-gflops X] [--threads-max T] [--tls-cert FILE --tls-key FILE --tls-ca FILE | "
+      "--insecure]");
   // --emulate-gflops and --emulate_gflops alike.
   std::vector<std::string> args = pipetrain::NormaliseFlagNames(argc, argv);
   std::vector<char*> arg_ptrs = pipetrain::ArgvOf(args);
@@ -52,6 +60,10 @@ int main(int argc, char** argv) {
   options.emulate_gflops = absl::GetFlag(FLAGS_emulate_gflops);
   options.threads_max = absl::GetFlag(FLAGS_threads_max);
   options.keepalive = absl::GetFlag(FLAGS_keepalive);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

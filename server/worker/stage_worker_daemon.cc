@@ -54,6 +54,11 @@ absl::Status StageWorkerOptions::Check() const {
     return absl::InvalidArgumentError(
         absl::StrCat("keepalive must be >= 1s, got ", absl::FormatDuration(keepalive)));
   }
+  if (absl::Status s = tls.Check(/*need_identity=*/true); !s.ok()) return s;
+  if (absl::Status s = net::CheckListenSecurity("--listen", listen, tls.enabled(), insecure);
+      !s.ok()) {
+    return s;
+  }
   return link.Check();
 }
 
@@ -74,6 +79,13 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
   daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",
                               daemon->address_, options.listen, gflops, options.coordinator));
+  if (options.tls.enabled()) {
+    // Checked by StartServer; the line names the certificate and its expiry.
+    absl::StatusOr<std::string> tls = net::CheckTlsFiles(options.tls);
+    daemon->Log(tls.ok() ? *tls : tls.status().ToString());
+  } else if (!net::IsLoopbackAddress(options.listen)) {
+    daemon->Log("--insecure: plaintext gRPC, anyone who reaches this port can open data streams");
+  }
   if (options.emulate_gflops > 0) {
     daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
                                 options.emulate_gflops));
@@ -99,8 +111,15 @@ absl::Status StageWorkerDaemon::StartServer() {
 #ifdef PIPETRAIN_HAVE_GRPC_REFLECTION
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 #endif
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      net::MakeServerCredentials(options_.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials =
+      net::MakeChannelCredentials(options_.tls);
+  if (!channel_credentials.ok()) return channel_credentials.status();
+  channel_credentials_ = *std::move(channel_credentials);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.listen, *server_credentials, &port_);
   exchange_->RegisterOn(&builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
@@ -129,7 +148,7 @@ absl::Status StageWorkerDaemon::StartServer() {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, static_cast<int>(wire::kMaxFrameMessageBytes));
   coordinator_channel_ =
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options_.coordinator, channel_credentials_, args);
   coordinator_stub_ = v1::Coordinator::NewStub(coordinator_channel_);
   return absl::OkStatus();
 }
@@ -352,6 +371,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
           ? options_.threads_max
           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   job_options.link = options_.link;
+  job_options.link_credentials = channel_credentials_;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
     EmitError(assign.job(), assign.epoch(), 0, job.status());

@@ -66,6 +66,9 @@ struct WorkerJobOptions {
   int threads_max = 1;
   // Options of every Exchange stream.
   link::LinkOptions link;
+  // Credentials of the Exchange channels this job dials (its higher-rank neighbours): TLS with
+  // this worker's certificate under mTLS. Null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> link_credentials;
 };
 
 class WorkerJob final : public Sender {
