@@ -12,6 +12,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -284,6 +285,53 @@ absl::Status CheckCertificateNamesHost(const std::vector<std::string>& names,
       "the peer's certificate names ", names.empty() ? "no host" : absl::StrJoin(names, ", "),
       ", not '", host, "' (the host it advertises in ", address,
       "): a worker's certificate must name its advertised host (docs/security.md)"));
+}
+
+namespace {
+
+// The modification times of the files of `options`, as text ("" for a file that is missing).
+std::string FilesVersion(const TlsOptions& options) {
+  std::string version;
+  for (const std::string* path : {&options.cert_file, &options.key_file, &options.ca_file}) {
+    struct stat st {};
+    if (!path->empty() && stat(path->c_str(), &st) == 0) {
+      absl::StrAppend(&version, st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size);
+    }
+    version.push_back(';');
+  }
+  return version;
+}
+
+}  // namespace
+
+CertificateWatcher::CertificateWatcher(TlsOptions options, absl::Duration interval,
+                                       std::function<void(const std::string&)> log)
+    : options_(std::move(options)), interval_(interval), log_(std::move(log)) {
+  // The version seen at construction, so that a change right after it is not missed.
+  thread_ = std::thread([this, seen = FilesVersion(options_)] { Run(seen); });
+}
+
+CertificateWatcher::~CertificateWatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void CertificateWatcher::Run(std::string seen) {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), interval_)) {
+    const std::string now = FilesVersion(options_);
+    if (now == seen) continue;
+    seen = now;
+    absl::StatusOr<std::string> line = CheckTlsFiles(options_);
+    log_(line.ok()
+             ? absl::StrCat("TLS files changed (reloaded within the refresh interval): ", *line)
+             : absl::StrCat("TLS files changed and are not usable (the previous ones stay "
+                            "in use): ",
+                            line.status().message()));
+  }
 }
 
 }  // namespace pipetrain::net

@@ -14,13 +14,17 @@
 #ifndef PIPETRAIN_COMMON_NET_TRANSPORT_SECURITY_H_
 #define PIPETRAIN_COMMON_NET_TRANSPORT_SECURITY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace grpc {
@@ -110,6 +114,31 @@ bool PeerHasCertificate(const grpc::AuthContext& context);
 // certificate must name the host it advertises (docs/security.md).
 absl::Status CheckCertificateNamesHost(const std::vector<std::string>& names,
                                        absl::string_view address);
+
+// Logs a daemon's certificate again when its files change on disk (gRPC's
+// FileWatcherCertificateProvider then reloads them): a thread compares the modification times of
+// options' three files every `interval` and, on a change, logs "TLS files changed (reloaded
+// within the refresh interval): " + CheckTlsFiles's line (the new expiry), or the error that
+// makes them unusable. Thread-safe; the destructor stops and joins the thread.
+class CertificateWatcher {
+ public:
+  CertificateWatcher(TlsOptions options, absl::Duration interval,
+                     std::function<void(const std::string&)> log);
+  ~CertificateWatcher();
+  CertificateWatcher(const CertificateWatcher&) = delete;
+  CertificateWatcher& operator=(const CertificateWatcher&) = delete;
+
+ private:
+  // Polls until stopped; `seen` is the files' version at construction.
+  void Run(std::string seen);
+
+  const TlsOptions options_;
+  const absl::Duration interval_;
+  const std::function<void(const std::string&)> log_;
+  absl::Mutex mu_;  // protects stop_.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 }  // namespace pipetrain::net
 

@@ -180,6 +180,13 @@ int main(int argc, char** argv) {
                       ? std::string("clients need a certificate")
                       : absl::StrCat(tokens.size(), " client token(s) from ", token_file))
               << "\n";
+  }
+  // Logs the certificate's new expiry when its files change (gRPC reloads them).
+  std::unique_ptr<pipetrain::net::CertificateWatcher> certificate_watcher;
+  if (tls.enabled()) {
+    certificate_watcher = std::make_unique<pipetrain::net::CertificateWatcher>(
+        tls, tls.refresh_interval,
+        [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; });
   } else if (absl::GetFlag(FLAGS_insecure)) {
     std::cerr << "coordinator: --insecure: plaintext gRPC, anyone who reaches "
               << (client_listen.empty() ? listen : listen + " / " + client_listen)

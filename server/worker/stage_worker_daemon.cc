@@ -83,6 +83,9 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
     // Checked by StartServer; the line names the certificate and its expiry.
     absl::StatusOr<std::string> tls = net::CheckTlsFiles(options.tls);
     daemon->Log(tls.ok() ? *tls : tls.status().ToString());
+    daemon->certificate_watcher_ = std::make_unique<net::CertificateWatcher>(
+        options.tls, options.tls.refresh_interval,
+        [raw = daemon.get()](const std::string& line) { raw->Log(line); });
   } else if (!net::IsLoopbackAddress(options.listen)) {
     daemon->Log("--insecure: plaintext gRPC, anyone who reaches this port can open data streams");
   }
@@ -407,6 +410,7 @@ void StageWorkerDaemon::Shutdown() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
+  certificate_watcher_.reset();
   absl::MutexLock lock(&mu_);
   stopped_ = true;
 }

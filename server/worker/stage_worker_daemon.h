@@ -173,6 +173,8 @@ class StageWorkerDaemon final : private JobHost {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   // Credentials of every channel this worker dials (set in StartServer).
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
+  // With TLS: logs the certificate again when its files change (set in Start).
+  std::unique_ptr<net::CertificateWatcher> certificate_watcher_;
 
   // Protects the shutdown flag, the current control stream and the task queue. `stop_` is also
   // what the session thread's backoff waits on.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -100,6 +101,43 @@ TEST_F(TransportSecurityTest, CertificateNames) {
   EXPECT_THAT(other.message(), HasSubstr("names 127.0.0.1, localhost, not '10.0.0.9'"));
   EXPECT_EQ(CheckCertificateNamesHost(client->names, "127.0.0.1:1").code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(TransportSecurityTest, WatcherLogsTheNewCertificateWhenItsFilesChange) {
+  const std::string dir = ::testing::TempDir() + "/watched";
+  ASSERT_EQ(
+      std::system(absl::StrCat("mkdir -p '", dir, "' && cp '", Path("worker-0.pem"), "' '", dir,
+                               "/cert.pem' && cp '", Path("worker-0.key"), "' '", dir, "/cert.key'")
+                      .c_str()),
+      0);
+  TlsOptions watched;
+  watched.cert_file = dir + "/cert.pem";
+  watched.key_file = dir + "/cert.key";
+  watched.ca_file = Path("ca.pem");
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+  {
+    CertificateWatcher watcher(watched, absl::Milliseconds(20), [&](const std::string& line) {
+      absl::MutexLock lock(&mu);
+      lines.push_back(line);
+    });
+    // Replaced by worker-1's certificate and key, renamed into place (a new inode and mtime).
+    ASSERT_EQ(
+        std::system(absl::StrCat("cp '", Path("worker-1.key"), "' '", dir, "/k' && cp '",
+                                 Path("worker-1.pem"), "' '", dir, "/c' && touch -d '+1 min' '",
+                                 dir, "/k' '", dir, "/c' && mv '", dir, "/k' '", dir,
+                                 "/cert.key' && mv '", dir, "/c' '", dir, "/cert.pem'")
+                        .c_str()),
+        0);
+    absl::MutexLock lock(&mu);
+    auto logged = [&lines]() {
+      return !lines.empty() && absl::StrContains(lines.back(), "CN = worker-1");
+    };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&logged), absl::Seconds(10)));
+  }
+  ASSERT_FALSE(lines.empty());
+  EXPECT_THAT(lines.back(), HasSubstr("TLS files changed (reloaded within the refresh interval)"));
+  EXPECT_THAT(lines.back(), HasSubstr("days left"));
 }
 
 TEST(ListenSecurityTest, NonLoopbackNeedsTlsOrInsecure) {
