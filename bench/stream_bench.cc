@@ -6,8 +6,12 @@
 //   bare gRPC  one callback bidi stream, one message per tensor whose slice aliases the tensor,
 //              received bytes left in gRPC's slices (what gRPC 1.51 itself costs, with no codec,
 //              no credit and no copy out).
-// Prints MB/s (1 MB = 10^6 bytes), the ratios Exchange / TCP (goal >= 0.8) and Exchange / bare
-// gRPC, and the CPU time both processes spent per GB moved for each transport.
+//   Exchange over mTLS  the same Exchange path with both ends on TLS credentials
+//              (net::MakeServerCredentials / MakeChannelCredentials, a test CA made by
+//              scripts/make_test_certs.sh unless --tls-dir names one): what encryption costs.
+// Prints MB/s (1 MB = 10^6 bytes), the ratios Exchange / TCP (goal >= 0.8), Exchange / bare
+// gRPC and Exchange+TLS / Exchange, and the CPU time both processes spent per GB moved for each
+// transport.
 //
 // Layout: this process is the receiver; for each case it spawns itself with --role=sender, which
 // connects to 127.0.0.1, streams warm-up + measured tensors, waits for an acknowledgement and
@@ -33,6 +37,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -48,13 +53,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
+#include "common/net/transport_security.h"
 #include "common/util/status_macros.h"
 #include "common/wire/frame_codec.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
 
 ABSL_FLAG(std::string, role, "", "internal: 'sender' for the spawned child; empty for the driver");
-ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc', 'bare' or 'tcp'");
+ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc', 'tls', 'bare' or 'tcp'");
+ABSL_FLAG(std::string, tls_dir, "",
+          "directory of scripts/make_test_certs.sh's files for the TLS case (default: made in a "
+          "temporary directory with that script)");
 ABSL_FLAG(int, port, 0, "internal (sender): the receiver's port on 127.0.0.1");
 ABSL_FLAG(int64_t, bytes, 0, "internal (sender): bytes per tensor");
 ABSL_FLAG(int64_t, count, 0, "internal (sender): tensors to send, warm-up included");
@@ -86,7 +95,17 @@ struct Options {
   int repeats = 1;
   bool tune_malloc = true;
   link::LinkOptions link;
+  std::string tls_dir;  // certificates for the TLS case.
 };
+
+// mTLS options of certificate `name` (worker-0: the receiver, worker-1: the sender).
+net::TlsOptions TlsOf(const Options& options, const std::string& name) {
+  net::TlsOptions tls;
+  tls.cert_file = absl::StrCat(options.tls_dir, "/", name, ".pem");
+  tls.key_file = absl::StrCat(options.tls_dir, "/", name, ".key");
+  tls.ca_file = absl::StrCat(options.tls_dir, "/ca.pem");
+  return tls;
+}
 
 wire::FrameValidation Validation() {
   wire::FrameValidation v;
@@ -200,9 +219,15 @@ absl::Status GrpcSend(const Options& options) {
     return absl::OkStatus();
   };
   callbacks.on_error = [notify](const absl::Status&) { notify(); };
-  auto link = link::PeerLink::Connect(link::CreateExchangeChannel(address), address,
-                                      link::PeerHello{"bench-sender", {kJob, 1}}, options.link,
-                                      {Validation(), callbacks});
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.mode == "tls") {
+    PT_ASSIGN_OR_RETURN(credentials, net::MakeChannelCredentials(TlsOf(options, "worker-1")));
+  }
+  link::PeerHello hello;
+  hello.peer = "bench-sender";
+  hello.identity = wire::StreamIdentity{kJob, 1};
+  auto link = link::PeerLink::Connect(link::CreateExchangeChannel(address, credentials), address,
+                                      hello, options.link, {Validation(), callbacks});
   PT_RETURN_IF_ERROR(link.status());
   auto tensor = MakeTensor(options.bytes);
   for (int64_t i = 0; i < options.count; ++i) {
@@ -437,6 +462,7 @@ absl::StatusOr<pid_t> SpawnSender(const Options& options, const std::string& mod
       absl::StrCat("--fragment_mib=", options.link.fragment_bytes >> 20),
       absl::StrCat("--window_mib=", options.link.window_bytes >> 20),
       absl::StrCat("--tune_malloc=", options.tune_malloc ? "true" : "false"),
+      absl::StrCat("--tls_dir=", options.tls_dir),
   };
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -537,22 +563,26 @@ absl::StatusOr<CaseResult> RunBareCase(const Options& options, int64_t bytes, in
   return result;
 }
 
+// The Exchange case, plaintext or (`tls`) over mTLS.
 absl::StatusOr<CaseResult> RunGrpcCase(const Options& options, int64_t bytes, int64_t warmup,
-                                       int64_t count) {
+                                       int64_t count, bool tls = false) {
   GrpcReceiver receiver(warmup, count);
   auto service = link::ExchangeService::Create(
       options.link, [&receiver](const link::PeerHello&, std::unique_ptr<link::PeerLink> link) {
         return receiver.Accept(std::move(link));
       });
   PT_RETURN_IF_ERROR(service.status());
+  PT_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ServerCredentials> credentials,
+      net::MakeServerCredentials(tls ? TlsOf(options, "worker-0") : net::TlsOptions()));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", credentials, &port);
   (*service)->RegisterOn(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return absl::InternalError("cannot start the server");
   absl::StatusOr<CaseResult> result =
-      RunCase(options, "grpc", port, bytes, count, [&] { return receiver.Wait(); });
+      RunCase(options, tls ? "tls" : "grpc", port, bytes, count, [&] { return receiver.Wait(); });
   receiver.Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return result;
@@ -579,31 +609,35 @@ int Drive(const Options& options) {
       static_cast<long long>(options.link.fragment_bytes >> 20),
       static_cast<long long>(options.link.window_bytes >> 20),
       static_cast<long long>(options.budget_bytes >> 20), options.repeats);
-  std::printf("%-8s %8s | %9s %9s %9s | %8s %8s | %22s\n", "", "", "MB/s", "", "", "Exchange /", "",
-              "CPU s per GB (2 procs)");
-  std::printf("%-8s %8s | %9s %9s %9s | %8s %8s | %6s %6s %8s\n", "size", "tensors", "raw TCP",
-              "bare gRPC", "Exchange", "TCP", "bare", "TCP", "bare", "Exchange");
+  std::printf("%-8s %8s | %9s %9s %9s %9s | %8s %8s %8s | %31s\n", "", "", "MB/s", "", "", "",
+              "Exchange /", "", "TLS /", "CPU s per GB (2 procs)");
+  std::printf("%-8s %8s | %9s %9s %9s %9s | %8s %8s %8s | %6s %6s %8s %8s\n", "size", "tensors",
+              "raw TCP", "bare gRPC", "Exchange", "Exch+TLS", "TCP", "bare", "Exchange", "TCP",
+              "bare", "Exchange", "Exch+TLS");
   bool all_ok = true;
   double worst = 1e9;
+  double worst_tls = 1e9;
   for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
     const int64_t measured = std::max<int64_t>(8, options.budget_bytes / bytes);
     const int64_t warmup = std::max<int64_t>(2, measured / 8);
     const int64_t count = warmup + measured;
     // Best of `repeats` alternating runs: the machine is shared, and the best run is the one
     // least disturbed by other load.
-    Best tcp, bare, exchange;
+    Best tcp, bare, exchange, tls;
     absl::Status failure;
     for (int r = 0; r < options.repeats && failure.ok(); ++r) {
       absl::StatusOr<CaseResult> t = RunTcpCase(options, bytes, warmup, count);
       absl::StatusOr<CaseResult> b = RunBareCase(options, bytes, warmup, count);
       absl::StatusOr<CaseResult> e = RunGrpcCase(options, bytes, warmup, count);
-      for (const auto* run : {&t, &b, &e}) {
+      absl::StatusOr<CaseResult> s = RunGrpcCase(options, bytes, warmup, count, /*tls=*/true);
+      for (const auto* run : {&t, &b, &e, &s}) {
         if (!run->ok() && failure.ok()) failure = run->status();
       }
       if (failure.ok()) {
         tcp.Add(*t);
         bare.Add(*b);
         exchange.Add(*e);
+        tls.Add(*s);
       }
     }
     if (!failure.ok()) {
@@ -618,15 +652,21 @@ int Drive(const Options& options) {
     const double tcp_mbs = moved / tcp.seconds / 1e6;
     const double bare_mbs = moved / bare.seconds / 1e6;
     const double exchange_mbs = moved / exchange.seconds / 1e6;
+    const double tls_mbs = moved / tls.seconds / 1e6;
     worst = std::min(worst, exchange_mbs / tcp_mbs);
-    std::printf("%-8s %8lld | %9.0f %9.0f %9.0f | %8.2f %8.2f | %6.2f %6.2f %8.2f\n",
-                SizeName(bytes).c_str(), static_cast<long long>(measured), tcp_mbs, bare_mbs,
-                exchange_mbs, exchange_mbs / tcp_mbs, exchange_mbs / bare_mbs,
-                tcp.cpu_seconds / gb_total, bare.cpu_seconds / gb_total,
-                exchange.cpu_seconds / gb_total);
+    worst_tls = std::min(worst_tls, tls_mbs / exchange_mbs);
+    std::printf(
+        "%-8s %8lld | %9.0f %9.0f %9.0f %9.0f | %8.2f %8.2f %8.2f | %6.2f %6.2f %8.2f %8.2f\n",
+        SizeName(bytes).c_str(), static_cast<long long>(measured), tcp_mbs, bare_mbs, exchange_mbs,
+        tls_mbs, exchange_mbs / tcp_mbs, exchange_mbs / bare_mbs, tls_mbs / exchange_mbs,
+        tcp.cpu_seconds / gb_total, bare.cpu_seconds / gb_total, exchange.cpu_seconds / gb_total,
+        tls.cpu_seconds / gb_total);
     std::fflush(stdout);
   }
-  if (all_ok) std::printf("worst Exchange / TCP ratio %.2f (goal >= 0.80)\n", worst);
+  if (all_ok) {
+    std::printf("worst Exchange / TCP ratio %.2f (goal >= 0.80)\n", worst);
+    std::printf("worst Exchange over mTLS / plaintext Exchange ratio %.2f\n", worst_tls);
+  }
   return all_ok ? 0 : 1;
 }
 
@@ -653,6 +693,24 @@ int main(int argc, char** argv) {
   options.tune_malloc = absl::GetFlag(FLAGS_tune_malloc);
   options.link.fragment_bytes = absl::GetFlag(FLAGS_fragment_mib) << 20;
   options.link.window_bytes = absl::GetFlag(FLAGS_window_mib) << 20;
+  options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  if (options.role.empty() && options.tls_dir.empty()) {
+    // A throw-away CA and certificates for the TLS case.
+    char dir[] = "/tmp/stream_bench_certs_XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+      std::fprintf(stderr, "stream_bench: cannot make a temporary directory\n");
+      return 1;
+    }
+    options.tls_dir = dir;
+    const std::string command =
+        absl::StrCat("WORKERS=2 bash '", PIPETRAIN_SOURCE_DIR, "/scripts/make_test_certs.sh' '",
+                     dir, "' 2>/dev/null");
+    if (std::system(command.c_str()) != 0) {
+      std::fprintf(stderr, "stream_bench: %s failed (needs openssl); or give --tls-dir\n",
+                   command.c_str());
+      return 1;
+    }
+  }
   if (absl::Status checked = options.link.Check(); !checked.ok()) {
     std::fprintf(stderr, "stream_bench: %s\n", checked.ToString().c_str());
     return 2;
@@ -671,7 +729,7 @@ int main(int argc, char** argv) {
     status = pipetrain::bench::TcpSend(options);
   } else if (options.mode == "bare") {
     status = pipetrain::bench::BareSend(options);
-  } else if (options.mode == "grpc") {
+  } else if (options.mode == "grpc" || options.mode == "tls") {
     status = pipetrain::bench::GrpcSend(options);
   } else {
     std::fprintf(stderr, "stream_bench: unknown --mode '%s'\n", options.mode.c_str());

@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build ccache g++ pkg-config
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libssl-dev
+  libopenblas-dev libssl-dev openssl
   nlohmann-json3-dev zlib1g-dev python3 iproute2
   # The Python client (client/python), its tests and example.
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip python3-setuptools

@@ -7,6 +7,7 @@
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
 #include "common/model/model.h"
+#include "common/net/token_auth.h"
 #include "common/util/command_line.h"
 #include "common/util/status_macros.h"
 
@@ -84,6 +86,14 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
 // train / local
 ABSL_FLAG(std::string, coordinator, "",
           "the coordinator's HOST:PORT; if not given, $PIPETRAIN_COORDINATOR");
+ABSL_FLAG(std::string, tls_cert, "",
+          "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
+ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
+ABSL_FLAG(std::string, token_file, "",
+          "train/jobs/status/cancel: send the first token of this file to the coordinator "
+          "(default: $PIPETRAIN_TOKEN, with TLS)");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
 ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
@@ -121,7 +131,10 @@ const std::vector<std::string> kTrainingFlags = {
     "save", "checkpoint_every", "keep_checkpoints", "resume"};        // checkpoints
 const std::vector<std::string> kPipelineFlags = {"stages",          "schedule",  "virtual",
                                                  "trace",           "min_stages", "replace_timeout"};
-const std::vector<std::string> kJobFlags = {"coordinator", "json"};
+// How a command reaches a coordinator securely: TLS files and a token (docs/security.md).
+const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca", "token_file"};
+const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
+                                            "tls_key",     "tls_ca",  "token_file"};
 // clang-format on
 
 // `base` followed by `more`.
@@ -129,6 +142,19 @@ std::vector<std::string> Concat(std::vector<std::string> base,
                                 const std::vector<std::string>& more) {
   base.insert(base.end(), more.begin(), more.end());
   return base;
+}
+
+// The TLS files and token of a command that talks to a coordinator (docs/security.md). The token
+// is --token-file's, else $PIPETRAIN_TOKEN's when TLS is on (never sent in clear).
+absl::Status ClientSecurityFromFlags(client::ClientOptions* o) {
+  o->tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o->tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o->tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  const char* env = std::getenv(net::kTokenEnvironmentVariable);
+  PT_ASSIGN_OR_RETURN(o->token,
+                      net::ResolveClientToken(absl::GetFlag(FLAGS_token_file),
+                                              env != nullptr && o->tls.enabled() ? env : ""));
+  return absl::OkStatus();
 }
 
 // The commands, their arguments, summaries and flags.
@@ -150,7 +176,9 @@ const ProgramSpec& Program() {
            {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
             "memory_cap", "kind", "virtual", "format"}},
           {"train", "", "train on a running coordinator and its stage workers",
-           Concat(Concat({"coordinator", "reconnect_timeout"}, kTrainingFlags), kPipelineFlags)},
+           Concat(
+               Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
+               kPipelineFlags)},
           {"local", "", "start a coordinator and --stages workers here, then train on them",
            Concat(kTrainingFlags, kPipelineFlags)},
           {"evaluate",
@@ -164,6 +192,8 @@ const ProgramSpec& Program() {
       {},
       "environment:\n"
       "  PIPETRAIN_COORDINATOR  HOST:PORT used when --coordinator is not given\n"
+      "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
+      "given\n"
       "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
       "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n"};
   return *program;
@@ -248,6 +278,7 @@ absl::Status RunEvaluate(const CommandLine& line) {
 
 absl::Status RunTrain(const CommandLine& line) {
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags(line));
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
   InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
@@ -256,6 +287,7 @@ absl::Status RunTrain(const CommandLine& line) {
 absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   const std::string& command = line.command->name;
   JobCommandOptions o;
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
   o.coordinator = CoordinatorAddress(line);
   o.job = job;
   o.reason = absl::GetFlag(FLAGS_reason);

@@ -20,6 +20,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/model/optimizer_proto.h"
+#include "common/net/transport_security.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/ir.h"
 #include "common/schedule/timeline.h"
@@ -106,18 +107,6 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// True if `target` (HOST:PORT) is on this host's loopback interface: the coordinator and its
-// workers then share this process's file system.
-bool IsLoopbackTarget(absl::string_view target) {
-  absl::string_view host = target;
-  if (absl::ConsumePrefix(&host, "[")) {
-    host = host.substr(0, host.find(']'));
-  } else {
-    host = host.substr(0, host.rfind(':'));
-  }
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
 // Checkpoints `job` into `dir` (absolute, on the coordinator's file system) through the
 // coordinator: the workers write the layer files and the coordinator a manifest with what it
 // knows. Where `dir` is visible here, the client then rewrites that manifest with the fields only
@@ -165,7 +154,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   // --save is a directory on the coordinator's host: checkable here only when that is this host.
   std::string save_dir;
   if (!t.save_dir.empty()) {
-    if (IsLoopbackTarget(o.coordinator)) PT_RETURN_IF_ERROR(CheckSaveDirectory(t));
+    // On loopback, the coordinator and its workers share this process's file system.
+    if (net::IsLoopbackAddress(o.coordinator)) PT_RETURN_IF_ERROR(CheckSaveDirectory(t));
     std::error_code ec;
     save_dir = std::filesystem::absolute(t.save_dir, ec).string();
     if (ec) {

@@ -82,6 +82,11 @@ absl::Status ClientOptions::Check() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.max_message_bytes must be in [1 MiB, 2 GiB), got ", max_message_bytes));
   }
+  PT_RETURN_IF_ERROR(tls.Check(/*need_identity=*/false));
+  if (!token.empty() && !tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "a token is sent only over TLS: give --tls-ca (the CA of the coordinator's certificate)");
+  }
   return absl::OkStatus();
 }
 
@@ -288,12 +293,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
                {"service": "pipetrain.v1.Coordinator", "method": "CancelJob"}],
       "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
                       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})json");
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      net::MakeChannelCredentials(options.tls, options.token));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", target,
-                                               " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the coordinator at ", target, " within ",
+        absl::FormatDuration(options.connect_timeout),
+        options.tls.enabled()
+            ? " over TLS (is it running with TLS, is its certificate signed by --tls-ca and does "
+              "it name that host? docs/security.md)"
+            : ""));
   }
   return std::unique_ptr<Client>(new Client(target, options, v1::Coordinator::NewStub(channel)));
 }

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
+#include "common/net/transport_security.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
@@ -68,8 +69,18 @@ struct ClientOptions {
   // coordinator's --max-message-size. Default 512 MiB; in [1 MiB, 2 GiB).
   int64_t max_message_bytes = int64_t{512} << 20;
 
+  // TLS to the coordinator (docs/security.md): tls.ca_file verifies its certificate (which must
+  // name the host dialled); tls.cert_file/key_file, if given, are this client's certificate.
+  // Default: plaintext.
+  net::TlsOptions tls;
+  // Sent on every call as "authorization: Bearer <token>" when non-empty (needs `tls`): what a
+  // coordinator with --auth-token-file checks (net::ResolveClientToken reads --token-file or
+  // PIPETRAIN_TOKEN). Default: none.
+  std::string token;
+
   // OK if usable; INVALID_ARGUMENT naming the field otherwise (every duration must be positive,
-  // the keepalive ones at least 1 s, max_message_bytes in range).
+  // the keepalive ones at least 1 s, max_message_bytes in range; TLS files as
+  // net::TlsOptions::Check; a token needs TLS).
   absl::Status Check() const;
 };
 

@@ -3,6 +3,7 @@
 include_guard(GLOBAL)
 add_library(pipetrain_client ${CMAKE_CURRENT_LIST_DIR}/client.cc)
 target_link_libraries(pipetrain_client
-  PUBLIC pipetrain_proto pipetrain_wire pipetrain_eigen gRPC::grpc++ absl::status absl::statusor
+  PUBLIC pipetrain_proto pipetrain_wire pipetrain_net pipetrain_eigen gRPC::grpc++ absl::status
+         absl::statusor
          absl::strings absl::time
   PRIVATE pipetrain_warnings)

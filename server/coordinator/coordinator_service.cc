@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/io/file_util.h"
+#include "common/net/transport_security.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
@@ -171,8 +172,13 @@ std::vector<std::unique_ptr<OpThread>> CoordinatorService::Housekeep(absl::Time 
 // ---- handlers
 
 grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* CoordinatorService::Join(
-    grpc::CallbackServerContext* /*context*/) {
-  return new JoinReactor(this);
+    grpc::CallbackServerContext* context) {
+  std::optional<std::vector<std::string>> names;
+  if (options_.check_worker_certificates) {
+    const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+    names = auth == nullptr ? std::vector<std::string>() : net::PeerCertificateNames(*auth);
+  }
+  return new JoinReactor(this, std::move(names));
 }
 
 grpc::ServerBidiReactor<v1::TrainRequest, v1::StepResult>* CoordinatorService::Train(
@@ -405,6 +411,18 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     if (r.cores() < 0 || r.memory_bytes() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker '", r.name(), "': negative cores or memory"));
+    }
+    if (reactor->certificate_names().has_value()) {
+      // mTLS: the address peers will dial must be one the worker's certificate vouches for, so a
+      // cluster member cannot advertise (and receive another's traffic at) someone else's host.
+      if (absl::Status s =
+              net::CheckCertificateNamesHost(*reactor->certificate_names(), r.address());
+          !s.ok()) {
+        const absl::Status refused =
+            wire::Annotate(s, absl::StrCat("RegisterWorker '", r.name(), "'"));
+        Log(std::string(refused.message()));
+        return refused;
+      }
     }
     if (shutting_down_) return absl::UnavailableError("coordinator shutting down");
     if (auto old = workers_.find(r.name()); old != workers_.end()) {

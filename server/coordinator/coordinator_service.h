@@ -58,6 +58,7 @@
 #include "server/logging/log_level.h"
 
 namespace grpc {
+class ChannelCredentials;
 class ServerBuilder;
 }  // namespace grpc
 
@@ -70,6 +71,13 @@ namespace pipetrain::coordinator {
 struct CoordinatorOptions {
   // Options of the data links the coordinator opens to the first and last chunk owners.
   link::LinkOptions link;
+  // Credentials of those links (the workers' Exchange servers): TLS with the coordinator's
+  // certificate under mTLS (net::MakeChannelCredentials). Null (default): plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> link_credentials;
+  // RegisterWorker is refused (PERMISSION_DENIED) unless the Join stream's verified TLS client
+  // certificate names the host the worker advertises (net::CheckCertificateNamesHost). Set with
+  // mTLS. Default false.
+  bool check_worker_certificates = false;
   // Longest wait for every worker's Assigned after Assign. Default 2 minutes.
   absl::Duration assign_timeout = absl::Minutes(2);
   // Longest wait for every worker's Committed or ShardsSaved (a checkpoint's upload). A lost
@@ -208,6 +216,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     std::vector<std::string> workers;  // [rank] worker name (kept after the job ended).
     double imbalance = 1;
     int64_t epoch = 1;
+    // The secret of this epoch's data links (Assign.link_secret), new with every Assign.
+    std::string link_secret;
     JobState state = JobState::kAssigning;
     std::string reason;  // why it FAILED or was CANCELLED.
     int64_t steps_done = 0;

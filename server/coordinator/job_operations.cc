@@ -15,6 +15,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
 #include "common/model/reference_trainer.h"
+#include "common/net/token_auth.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/simulator.h"
@@ -188,9 +189,16 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
+  // A new secret for every epoch: streams of an earlier epoch's peers no longer get in.
+  absl::StatusOr<std::string> secret = net::NewSecret();
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::CancelledError("coordinator shutting down");
   if (IsTerminal(job->state)) return EndedError(*job);
+  if (!secret.ok()) {
+    FailJob(*job, absl::StrCat("cannot make the data links' secret: ", secret.status().message()));
+    return secret.status();
+  }
+  job->link_secret = *std::move(secret);
   const int S = static_cast<int>(job->workers.size());
   for (int rank = 0; rank < S; ++rank) {
     v1::WorkerCommand command;
@@ -217,6 +225,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
       a->set_restore(true);
       a->set_restore_step(job->restore->step);
     }
+    a->set_link_secret(job->link_secret);
     SendToRank(*job, rank, command);
   }
   job->op_error = absl::OkStatus();
@@ -443,10 +452,12 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   const int last_rank = job->plan.placement.OwnerOf(C - 1);
   int64_t step = 0;
   int64_t epoch = 0;
+  std::string secret;
   std::vector<std::string> addresses(S);
   {
     absl::MutexLock lock(&mu_);
     PT_RETURN_IF_ERROR(CheckReady(*job));
+    secret = job->link_secret;
     // Steps are numbered from 0 on the control and data planes: step n is the (n+1)-th
     // optimizer update (StepResult.step reports n + 1).
     step = job->steps_done;
@@ -495,6 +506,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     hello.peer = link::kCoordinatorPeer;
     hello.identity.job = job->id;
     hello.identity.epoch = epoch;
+    hello.secret = secret;
     link::LinkSettings settings;
     settings.validation.expected = hello.identity;
     settings.validation.num_microbatches = M;
@@ -515,9 +527,9 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
         event_cv_.SignalAll();
       }
     };
-    absl::StatusOr<std::unique_ptr<link::PeerLink>> link =
-        link::PeerLink::Connect(link::CreateExchangeChannel(addresses[rank]), addresses[rank],
-                                hello, options_.link, std::move(settings));
+    absl::StatusOr<std::unique_ptr<link::PeerLink>> link = link::PeerLink::Connect(
+        link::CreateExchangeChannel(addresses[rank], options_.link_credentials), addresses[rank],
+        hello, options_.link, std::move(settings));
     if (!link.ok()) {
       feed = link.status();
       break;

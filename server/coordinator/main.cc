@@ -7,6 +7,8 @@
 //               [--checkpoint-root DIR] [--state-dir DIR] [--metrics-listen HOST:PORT]
 //               [--max-message-size BYTES] [--max-concurrent-streams N]
 //               [--max-layers N] [--max-microbatches N]
+//               [--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE]]
+//               [--insecure]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
@@ -27,6 +29,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/net/token_auth.h"
+#include "common/net/transport_security.h"
 #include "common/util/command_line.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/introspection/introspection.h"
@@ -66,6 +70,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the coordinator (mTLS on every hop)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that signs the workers and clients this coordinator accepts");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "client tokens, one per line: every client call must send one (authorization: Bearer); "
+          "then --client-listen also takes clients without a certificate. Needs TLS");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext gRPC on a non-loopback --listen/--client-listen (anyone who reaches "
+          "it can register workers and submit jobs)");
 
 ABSL_FLAG(int64_t, max_message_size, int64_t{512} << 20,
           "largest gRPC message (bytes) received, e.g. a Train batch");
@@ -126,7 +140,90 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Transport security (docs/security.md): refuse plaintext on a reachable port, build the
+  // credentials of both ports and of the data links to the workers.
+  pipetrain::net::TlsOptions tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::string client_listen = absl::GetFlag(FLAGS_client_listen);
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  for (const auto& [flag, address] : {std::pair<const char*, std::string>{"--listen", listen},
+                                      {"--client-listen", client_listen}}) {
+    if (address.empty()) continue;
+    if (const absl::Status s = pipetrain::net::CheckListenSecurity(flag, address, tls.enabled(),
+                                                                   absl::GetFlag(FLAGS_insecure));
+        !s.ok()) {
+      std::cerr << "coordinator: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!token_file.empty() && !tls.enabled()) {
+    std::cerr << "coordinator: --auth-token-file needs TLS (--tls-cert, --tls-key, --tls-ca): "
+                 "tokens are never accepted in clear\n";
+    return 2;
+  }
+  std::vector<std::string> tokens;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> read = pipetrain::net::ReadTokenFile(token_file);
+    if (!read.ok()) {
+      std::cerr << "coordinator: --auth-token-file: " << read.status().message() << "\n";
+      return 2;
+    }
+    tokens = *std::move(read);
+  }
+  // --listen requires a client certificate (workers, and clients that have one); --client-listen
+  // does too, unless tokens are configured: then a client may come with a token alone.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      pipetrain::net::MakeServerCredentials(tls);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> client_credentials =
+      pipetrain::net::MakeServerCredentials(
+          tls, tokens.empty() ? pipetrain::net::ClientCertificate::kRequired
+                              : pipetrain::net::ClientCertificate::kOptional);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> link_credentials =
+      pipetrain::net::MakeChannelCredentials(tls);
+  for (const absl::Status& s :
+       {credentials.status(), client_credentials.status(), link_credentials.status()}) {
+    if (!s.ok()) {
+      std::cerr << "coordinator: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (tls.enabled()) {
+    pipetrain::net::TokenAuthOptions auth;
+    auth.tokens = tokens;
+    // Workers authenticate with their certificate alone (docs/security.md).
+    auth.certificate_methods = {"/pipetrain.v1.Coordinator/Join",
+                                "/pipetrain.v1.Coordinator/FetchState",
+                                "/pipetrain.v1.Coordinator/PutState"};
+    auth.open_methods = {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"};
+    auth.log = [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; };
+    auto processor = std::make_shared<pipetrain::net::TokenAuthProcessor>(std::move(auth));
+    (*credentials)->SetAuthMetadataProcessor(processor);
+    (*client_credentials)->SetAuthMetadataProcessor(processor);
+    absl::StatusOr<std::string> line = pipetrain::net::CheckTlsFiles(tls);
+    std::cerr << "coordinator: " << (line.ok() ? *line : line.status().ToString()) << "; "
+              << (tokens.empty()
+                      ? std::string("clients need a certificate")
+                      : absl::StrCat(tokens.size(), " client token(s) from ", token_file))
+              << "\n";
+  }
+  // Logs the certificate's new expiry when its files change (gRPC reloads them).
+  std::unique_ptr<pipetrain::net::CertificateWatcher> certificate_watcher;
+  if (tls.enabled()) {
+    certificate_watcher = std::make_unique<pipetrain::net::CertificateWatcher>(
+        tls, tls.refresh_interval,
+        [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; });
+  } else if (absl::GetFlag(FLAGS_insecure)) {
+    std::cerr << "coordinator: --insecure: plaintext gRPC, anyone who reaches "
+              << (client_listen.empty() ? listen : listen + " / " + client_listen)
+              << " can register workers and submit jobs\n";
+  }
+
   pipetrain::coordinator::CoordinatorOptions options;
+  options.link_credentials = *link_credentials;
+  options.check_worker_certificates = tls.enabled();
   options.client_lease = absl::GetFlag(FLAGS_client_lease);
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
@@ -170,12 +267,10 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   pipetrain::introspection::AddHealthAndReflection(&builder);
   int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   int client_port = 0;
-  const std::string client_listen = absl::GetFlag(FLAGS_client_listen);
   if (!client_listen.empty()) {
-    builder.AddListeningPort(client_listen, grpc::InsecureServerCredentials(), &client_port);
+    builder.AddListeningPort(client_listen, *client_credentials, &client_port);
   }
   // Keepalive: a peer that stops answering pings (a stopped process, a host cut off) has its
   // connection closed, which ends a worker's Join stream like a crash would.

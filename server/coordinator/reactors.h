@@ -36,7 +36,18 @@ namespace pipetrain::coordinator {
 // and written one at a time. Deletes itself in OnDone.
 class JoinReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand> {
  public:
-  explicit JoinReactor(CoordinatorService* service) : service_(service) { StartRead(&event_); }
+  // `certificate_names`: the DNS/IP names of the worker's verified TLS certificate, which must
+  // include the host it registers (nullopt: no such check, e.g. plaintext).
+  JoinReactor(CoordinatorService* service,
+              std::optional<std::vector<std::string>> certificate_names)
+      : service_(service), certificate_names_(std::move(certificate_names)) {
+    StartRead(&event_);
+  }
+
+  // See the constructor. Constant.
+  const std::optional<std::vector<std::string>>& certificate_names() const {
+    return certificate_names_;
+  }
 
   // Queues `command` for writing; dropped once the stream is closing. Thread-safe, non-blocking.
   void Send(const v1::WorkerCommand& command) {
@@ -104,6 +115,7 @@ class JoinReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::Wo
 
  private:
   CoordinatorService* const service_;
+  const std::optional<std::vector<std::string>> certificate_names_;
   v1::WorkerEvent event_;  // the read in flight; touched only by reactions (sequential).
   std::string name_;       // set by the RegisterWorker event; reactions only.
 

@@ -31,6 +31,7 @@ namespace {
 constexpr char kPeerKey[] = "pipetrain-peer-bin";
 constexpr char kJobKey[] = "pipetrain-job-bin";
 constexpr char kEpochKey[] = "pipetrain-epoch";
+constexpr char kSecretKey[] = "pipetrain-link-secret-bin";  // optional
 
 // Upper bound on the credit a peer may grant us in total outstanding (a sanity check against
 // overflow; real windows are a few MiB).
@@ -594,6 +595,7 @@ class ClientLinkReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer,
     context_.AddMetadata(kPeerKey, hello.peer);
     context_.AddMetadata(kJobKey, hello.identity.job);
     context_.AddMetadata(kEpochKey, absl::StrCat(hello.identity.epoch));
+    if (!hello.secret.empty()) context_.AddMetadata(kSecretKey, hello.secret);
     grpc::GenericStub stub(channel);
     stub.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
     AddHold();  // Writes are started from Send() outside reactions; removed by EndOp.
@@ -697,6 +699,7 @@ class ServerLinkReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     }
     hello.peer = *std::move(peer);
     hello.identity.job = *std::move(job);
+    hello.secret = value(kSecretKey).value_or("");
     return hello;
   }
 

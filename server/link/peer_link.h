@@ -87,6 +87,7 @@ struct LinkSettings {
 struct PeerHello {
   std::string peer;               // the dialler's name, e.g. "stage/1" or "coordinator".
   wire::StreamIdentity identity;  // the job and epoch the dialler will send frames for.
+  std::string secret;             // the (job, epoch)'s link secret (Assign.link_secret); may be "".
 };
 
 // Counters of one link; a consistent snapshot taken under the link's lock.

@@ -23,8 +23,9 @@
 #include "server/worker/stage_worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
-ABSL_FLAG(std::string, listen, "0.0.0.0:0",
-          "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
+          "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
 ABSL_FLAG(std::string, name, "", "Stable worker name (default: the advertised address).");
 ABSL_FLAG(std::string, advertise, "",
           "host:port peers use to reach this worker (default: derived from --listen).");
@@ -37,6 +38,12 @@ ABSL_FLAG(std::string, log_level, "info",
           "least severe log lines written: debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker (mTLS on every hop; it must name the --advertise host)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate that signs the coordinator and the workers");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext gRPC on a non-loopback --listen (anyone who reaches it can join)");
 ABSL_FLAG(absl::Duration, keepalive, absl::Seconds(10),
           "ping the coordinator after this long without traffic; no answer within max(this, 10s) "
           "ends the control stream (the job is dropped and the worker redials)");
@@ -84,6 +91,10 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_size);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

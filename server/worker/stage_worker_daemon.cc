@@ -66,6 +66,11 @@ absl::Status StageWorkerOptions::Check() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-concurrent-streams must be >= 4, got ", max_concurrent_streams));
   }
+  if (absl::Status s = tls.Check(/*need_identity=*/true); !s.ok()) return s;
+  if (absl::Status s = net::CheckListenSecurity("--listen", listen, tls.enabled(), insecure);
+      !s.ok()) {
+    return s;
+  }
   return link.Check();
 }
 
@@ -86,6 +91,16 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
   daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",
                               daemon->address_, options.listen, gflops, options.coordinator));
+  if (options.tls.enabled()) {
+    // Checked by StartServer; the line names the certificate and its expiry.
+    absl::StatusOr<std::string> tls = net::CheckTlsFiles(options.tls);
+    daemon->Log(tls.ok() ? *tls : tls.status().ToString());
+    daemon->certificate_watcher_ = std::make_unique<net::CertificateWatcher>(
+        options.tls, options.tls.refresh_interval,
+        [raw = daemon.get()](const std::string& line) { raw->Log(line); });
+  } else if (!net::IsLoopbackAddress(options.listen)) {
+    daemon->Log("--insecure: plaintext gRPC, anyone who reaches this port can open data streams");
+  }
   if (options.emulate_gflops > 0) {
     daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
                                 options.emulate_gflops));
@@ -107,9 +122,16 @@ absl::Status StageWorkerDaemon::StartServer() {
       });
   if (!exchange.ok()) return exchange.status();
   exchange_ = *std::move(exchange);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      net::MakeServerCredentials(options_.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials =
+      net::MakeChannelCredentials(options_.tls);
+  if (!channel_credentials.ok()) return channel_credentials.status();
+  channel_credentials_ = *std::move(channel_credentials);
   grpc::ServerBuilder builder;
   introspection::AddHealthAndReflection(&builder);
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.listen, *server_credentials, &port_);
   exchange_->RegisterOn(&builder);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
   server_ = builder.BuildAndStart();
@@ -142,7 +164,7 @@ absl::Status StageWorkerDaemon::StartServer() {
               static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options_.redial_max),
                                                  int64_t{1} << 30)));
   coordinator_channel_ =
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options_.coordinator, channel_credentials_, args);
   coordinator_stub_ = v1::Coordinator::NewStub(coordinator_channel_);
   return absl::OkStatus();
 }
@@ -369,6 +391,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
   job_options.link = options_.link;
   job_options.metrics = options_.metrics;
   job_options.max_tensor_bytes = options_.max_tensor_bytes;
+  job_options.link_credentials = channel_credentials_;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
     EmitError(assign.job(), assign.epoch(), 0, job.status());
@@ -405,6 +428,7 @@ void StageWorkerDaemon::Shutdown() {
     introspection::SetNotServing(server_.get());
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
+  certificate_watcher_.reset();
   absl::MutexLock lock(&mu_);
   stopped_ = true;
 }

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/net/transport_security.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/link/exchange_service.h"
@@ -50,8 +51,9 @@ struct StageWorkerOptions {
   // The coordinator's "host:port" (its Coordinator service). Required.
   std::string coordinator;
   // Where to serve StageWorker.Exchange, health and reflection, "host:port". Port 0: a free port
-  // is picked and advertised. Default "0.0.0.0:0".
-  std::string listen = "0.0.0.0:0";
+  // is picked and advertised. A non-loopback address needs `tls` or `insecure`
+  // (net::CheckListenSecurity). Default "127.0.0.1:0".
+  std::string listen = "127.0.0.1:0";
   // "host:port" peers and the coordinator use to reach this worker. Empty (default): the listen
   // host with the bound port, or this machine's host name when listening on a wildcard address.
   std::string advertise;
@@ -93,6 +95,13 @@ struct StageWorkerOptions {
   // refused (RESOURCE_EXHAUSTED) before anything is allocated: --max-tensor-bytes. Default 512 MiB;
   // at least 4 bytes.
   int64_t max_tensor_bytes = int64_t{512} << 20;
+  // mTLS (--tls-cert/--tls-key/--tls-ca): the Exchange server requires and verifies a client
+  // certificate signed by tls.ca_file, and every channel this worker dials (the coordinator, its
+  // neighbours) is TLS with this certificate, which must name the advertised host
+  // (docs/security.md). Default: plaintext.
+  net::TlsOptions tls;
+  // Allow plaintext on a non-loopback `listen` (--insecure). Default false.
+  bool insecure = false;
   // Log lines ("<time> stage_worker[<name>] <message>") go to stderr unless false.
   bool log = true;
 
@@ -104,8 +113,9 @@ class StageWorkerDaemon final : private JobHost {
  public:
   // Pins Eigen's GEMM blocking (process-wide, once per process), measures GFLOP/s unless given,
   // starts the gRPC server and the daemon's threads, and begins dialling the coordinator (an
-  // unreachable coordinator is retried, not an error). Errors: INVALID_ARGUMENT for bad options;
-  // UNAVAILABLE if the listen address cannot be bound.
+  // unreachable coordinator is retried, not an error). Errors: INVALID_ARGUMENT for bad options
+  // or TLS files (NOT_FOUND for a missing one); FAILED_PRECONDITION for a non-loopback listen
+  // address without TLS or `insecure`; UNAVAILABLE if the listen address cannot be bound.
   static absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> Start(
       const StageWorkerOptions& options);
 
@@ -183,6 +193,10 @@ class StageWorkerDaemon final : private JobHost {
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  // Credentials of every channel this worker dials (set in StartServer).
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
+  // With TLS: logs the certificate again when its files change (set in Start).
+  std::unique_ptr<net::CertificateWatcher> certificate_watcher_;
 
   // Protects the shutdown flag, the current control stream and the task queue. `stop_` is also
   // what the session thread's backoff waits on.

@@ -10,6 +10,7 @@
 #include "common/math/optimizer.h"
 #include "common/model/optimizer_proto.h"
 #include "common/model/stage.h"
+#include "common/net/token_auth.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
 #include "server/worker/proto_convert.h"
@@ -115,6 +116,9 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
   }
   if (a.rank() < 0 || a.rank() >= a.stages()) {
     return bad(absl::StrCat("rank ", a.rank(), " is outside [0, ", a.stages(), ")"));
+  }
+  if (a.link_secret().empty()) {
+    return bad("no link_secret: without it any process could feed this job's data streams");
   }
   const int threads_max = std::max(1, options.threads_max);
   if (a.threads() < 1 || a.threads() > threads_max) {
@@ -330,6 +334,15 @@ absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
                                            "; stream for epoch ", hello.identity.epoch, " from '",
                                            hello.peer, "' is stale"));
   }
+  // Only the peers this epoch's Assign names know its secret; checked before the stream can take
+  // a peer's slot, so an impostor never displaces (or pre-empts) the real neighbour.
+  if (!net::ConstantTimeEquals(hello.secret, assign_.link_secret())) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("rank ", rank_, " refuses the Exchange stream of '", hello.peer, "' for job ",
+                     job_, " epoch ", epoch_,
+                     ": it does not present the epoch's link secret (only the peers the "
+                     "coordinator's Assign names may send this job frames)"));
+  }
   if (hello.peer == kCoordinatorPeer) {
     uint32_t kinds = 0;
     if (owner_[0] == rank_) kinds |= wire::KindBit(TensorKind::kInput);
@@ -404,10 +417,12 @@ void WorkerJob::DialPeers() {
     const std::string& address = assign_.worker_addresses(p);
     LinkSettings settings = SettingsFor(
         wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), p);
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannel(address), absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
-        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, epoch_}},
-        options_.link, std::move(settings));
+    absl::StatusOr<std::unique_ptr<PeerLink>> link =
+        PeerLink::Connect(link::CreateExchangeChannel(address, options_.link_credentials),
+                          absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
+                          PeerHello{absl::StrCat(kStagePeerPrefix, rank_),
+                                    wire::StreamIdentity{job_, epoch_}, assign_.link_secret()},
+                          options_.link, std::move(settings));
     if (!link.ok()) {
       LinkFailed(absl::StrCat(kStagePeerPrefix, p), link.status());
       continue;

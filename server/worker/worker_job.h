@@ -78,6 +78,9 @@ struct WorkerJobOptions {
   std::shared_ptr<metrics::WorkerMetrics> metrics;
   // Largest tensor accepted on an Exchange stream (FrameValidation::max_tensor_bytes).
   int64_t max_tensor_bytes = int64_t{512} << 20;
+  // Credentials of the Exchange channels this job dials (its higher-rank neighbours): TLS with
+  // this worker's certificate under mTLS. Null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> link_credentials;
 };
 
 class WorkerJob final : public Sender {

@@ -66,11 +66,12 @@ class Daemons {
   // Starts the coordinator (--listen 127.0.0.1:0 and `coordinator_flags`) and `workers` workers
   // named w0, w1, … (--coordinator, --listen 127.0.0.1:0, --name and `worker_flags`) with their
   // logs in `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s)
-  // until every worker has registered. Returns "" on success, else what failed and the log that
-  // says why.
+  // until every worker has registered. `client_options` are the client()'s (e.g. its TLS and
+  // token). Returns "" on success, else what failed and the log that says why.
   std::string Start(const std::string& dir, int workers,
                     const std::vector<std::string>& coordinator_flags = {},
-                    const std::vector<std::string>& worker_flags = {}) {
+                    const std::vector<std::string>& worker_flags = {},
+                    const client::ClientOptions& client_options = {}) {
     dir_ = dir;
     coordinator_flags_ = coordinator_flags;
     if (std::string error = StartCoordinator("127.0.0.1:0"); !error.empty()) return error;
@@ -83,7 +84,8 @@ class Daemons {
       if (pid <= 0) return "cannot start a worker";
       workers_.push_back(pid);
     }
-    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(address_);
+    absl::StatusOr<std::unique_ptr<client::Client>> c =
+        client::Client::Connect(address_, client_options);
     if (!c.ok()) return c.status().ToString();
     client_ = *std::move(c);
     // Each worker measures its GFLOP/s before it registers.

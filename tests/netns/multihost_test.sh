@@ -5,7 +5,11 @@
 # loopback shortcut: every byte crosses a veth pair. Trains the digits MLP with `pipetrain train`
 # and checks every step's loss and every checkpoint file against `pipetrain reference`, bit for bit.
 #
-# Usage: multihost_test.sh BUILD_DIR SOURCE_DIR [STAGES] [SCHEDULE]
+# TRANSPORT "tls" (default): mTLS on every hop with a test CA (scripts/make_test_certs.sh), each
+# worker's certificate naming its address; "insecure": plaintext, the daemons started with
+# --insecure (they refuse a non-loopback address without TLS otherwise).
+#
+# Usage: multihost_test.sh BUILD_DIR SOURCE_DIR [STAGES] [SCHEDULE] [TRANSPORT]
 # Exits 77 (CTest: skipped) with a message where network namespaces are not permitted.
 set -euo pipefail
 
@@ -13,6 +17,7 @@ build=$1
 src=$2
 stages=${3:-3}
 schedule=${4:-1f1b}
+transport=${5:-tls}
 pipetrain=$build/client/pipetrain
 coordinator=$build/server/coordinator/coordinator
 worker=$build/server/worker/stage_worker
@@ -72,11 +77,31 @@ for n in "${namespaces[@]}"; do
   fi
 done
 
-ip netns exec "${tag}coord" "$coordinator" --listen 198.18.0.1:7070 --checkpoint-root "$work" >"$work/coordinator.log" 2>&1 &
+# tls_flags NAME: the --tls-* flags of certificate NAME, or --insecure for plaintext.
+client_tls=()
+tls_flags() {
+  if [[ $transport == tls ]]; then
+    echo "--tls-cert=$work/certs/$1.pem --tls-key=$work/certs/$1.key --tls-ca=$work/certs/ca.pem"
+  elif [[ $1 != client ]]; then
+    echo "--insecure"
+  fi
+}
+if [[ $transport == tls ]]; then
+  hosts=(198.18.0.1)
+  for ((i = 0; i < stages; i++)); do hosts+=("198.18.0.$((10 + i))"); done
+  WORKERS=$stages bash "$src/scripts/make_test_certs.sh" "$work/certs" "${hosts[@]}" 2>/dev/null
+fi
+read -r -a client_tls <<<"$(tls_flags client)"
+
+# shellcheck disable=SC2046  # tls_flags is a list of flags without spaces inside
+ip netns exec "${tag}coord" "$coordinator" --listen 198.18.0.1:7070 --checkpoint-root "$work" \
+  $(tls_flags coordinator) >"$work/coordinator.log" 2>&1 &
 pids+=($!)
 for ((i = 0; i < stages; i++)); do
+  # shellcheck disable=SC2046
   ip netns exec "${tag}w$i" "$worker" --coordinator 198.18.0.1:7070 \
-    --listen "198.18.0.$((10 + i)):7100" --name "w$i" >"$work/w$i.log" 2>&1 &
+    --listen "198.18.0.$((10 + i)):7100" --name "w$i" $(tls_flags "worker-$i") \
+    >"$work/w$i.log" 2>&1 &
   pids+=($!)
 done
 
@@ -90,7 +115,7 @@ args=(--model "$src/examples/mlp_digits.textproto" --data digits --data-dir "$sr
 ok=0
 for ((try = 0; try < 300; try++)); do
   if ip netns exec "${tag}client" "$pipetrain" train --coordinator 198.18.0.1:7070 \
-       --stages "$stages" --schedule "$schedule" "${args[@]}" --save "$work/pipeline" \
+       "${client_tls[@]}" --stages "$stages" --schedule "$schedule" "${args[@]}" --save "$work/pipeline" \
        >"$work/train.out" 2>"$work/train.err"; then
     ok=1
     break

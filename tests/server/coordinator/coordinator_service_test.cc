@@ -147,6 +147,12 @@ class FakeWorker {
     hold_step_ = step;
   }
 
+  // Answer SaveShards with ShardsSaved without uploading any file (a rogue or broken worker).
+  void SkipUploads() {
+    absl::MutexLock lock(&mu_);
+    skip_uploads_ = true;
+  }
+
   // Fail RunStep of `step` with `status` (once).
   void FailStep(int64_t step, absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -318,8 +324,15 @@ class FakeWorker {
         released_.push_back(command.release().job());
         continue;
       } else if (command.has_save_shards()) {
-        const absl::Status written = WriteShards(command.save_shards());
-        EXPECT_TRUE(written.ok()) << written;
+        bool skip = false;
+        {
+          absl::MutexLock lock(&mu_);
+          skip = skip_uploads_;
+        }
+        if (!skip) {
+          const absl::Status written = WriteShards(command.save_shards());
+          EXPECT_TRUE(written.ok()) << written;
+        }
         event.mutable_shards_saved()->set_job(command.save_shards().job());
         event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
         event.mutable_shards_saved()->set_step(command.save_shards().step());
@@ -353,6 +366,7 @@ class FakeWorker {
   int num_chunks_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool skip_uploads_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
@@ -715,6 +729,28 @@ TEST_F(CoordinatorServiceTest, CheckpointWaitsForShardsThenWritesTheManifest) {
   EXPECT_TRUE(model::LoadCheckpoint(tmpl).ok());
   std::system(absl::StrCat("rm -rf '", tmpl, "'").c_str());
   EXPECT_EQ(client_->Checkpoint("job-404", "/tmp/x").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Issue 14: a worker that answers ShardsSaved without uploading its files (PutState) is not
+// believed: the checkpoint fails naming a missing file, and no manifest is published.
+TEST_F(CoordinatorServiceTest, ShardsSavedWithoutTheUploadFailsTheCheckpoint) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  workers_[1]->SkipUploads();
+  char tmpl[] = "/tmp/coordinator_rogue_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = absl::StrCat(tmpl, "/ckpt");
+  const absl::Status saved = client_->Checkpoint(job->job(), dir).status();
+  EXPECT_EQ(saved.code(), absl::StatusCode::kNotFound) << saved;
+  EXPECT_THAT(saved.message(), HasSubstr("layer-00002.safetensors"));  // rank 1's linear layer
+  struct stat st;
+  EXPECT_NE(stat(dir.c_str(), &st), 0) << "a checkpoint was published";
+  EXPECT_NE(stat(absl::StrCat(dir, "/manifest.json").c_str(), &st), 0);
+  // The job is still usable: the next step trains.
+  EXPECT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  std::system(absl::StrCat("rm -rf '", tmpl, "'").c_str());
 }
 
 TEST_F(CoordinatorServiceTest, GetJobOfUnknownJobIsNotFound) {

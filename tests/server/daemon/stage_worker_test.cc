@@ -428,7 +428,42 @@ class StageWorkerTest : public ::testing::Test {
     for (auto& d : daemons_) a->add_worker_addresses(d->address());
     for (const schedule::Action& act : plan_.actions[rank])
       *a->add_actions() = control::ActionToProto(act);
+    a->set_link_secret(SecretOf(epoch));
     return c;
+  }
+
+  // The link secret the fake coordinator gives `epoch` (Assign.link_secret).
+  static std::string SecretOf(int64_t epoch) { return absl::StrCat("secret-of-epoch-", epoch); }
+
+  // Opens an Exchange stream to worker `w` as `peer` for (kJob, epoch) presenting `secret`, and
+  // returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
+  absl::Status StreamEnd(int w, const std::string& peer, int64_t epoch, const std::string& secret) {
+    absl::Mutex mu;
+    absl::Status ended;
+    bool done = false;
+    LinkSettings settings;
+    settings.validation.expected = wire::StreamIdentity{kJob, epoch};
+    settings.validation.num_microbatches = kMicrobatches;
+    settings.validation.num_chunks = plan_.num_chunks();
+    settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
+    settings.callbacks.on_error = [&](const absl::Status& status) {
+      absl::MutexLock lock(&mu);
+      ended = status;
+      done = true;
+    };
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
+        PeerHello{peer, wire::StreamIdentity{kJob, epoch}, secret}, LinkOptions{}, settings);
+    if (!link.ok()) return link.status();
+    {
+      absl::MutexLock lock(&mu);
+      if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
+        ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
+      }
+    }
+    (*link)->Shutdown();  // no callback runs after this: `mu` may go.
+    absl::MutexLock lock(&mu);
+    return ended;
   }
 
   // Assigns both workers at `epoch` and waits for both Assigned.
@@ -454,7 +489,8 @@ class StageWorkerTest : public ::testing::Test {
     };
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
         link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{"coordinator", wire::StreamIdentity{kJob, epoch}}, LinkOptions{}, settings);
+        PeerHello{"coordinator", wire::StreamIdentity{kJob, epoch}, SecretOf(epoch)}, LinkOptions{},
+        settings);
     EXPECT_TRUE(link.ok()) << link.status();
     if (!link.ok()) return nullptr;
     feeds_.push_back(*std::move(link));
@@ -763,6 +799,54 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
   }
 }
 
+// Issue 14: a process that is not one of the epoch's peers opens Exchange streams to rank 1
+// claiming to be rank 0 (and the coordinator) before the real rank 0 dials. Without the epoch's
+// link secret it is refused, takes no slot, and the step runs exactly as without it.
+TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer) {
+  constexpr int64_t kEpoch = 2;
+  AssignBoth(kEpoch);
+  for (const std::string& secret : {std::string(), SecretOf(kEpoch - 1), std::string("guess")}) {
+    SCOPED_TRACE(absl::StrCat("secret '", secret, "'"));
+    const absl::Status as_peer = StreamEnd(1, "stage/0", kEpoch, secret);
+    EXPECT_EQ(as_peer.code(), absl::StatusCode::kUnauthenticated) << as_peer;
+    EXPECT_THAT(as_peer.message(), HasSubstr("does not present the epoch's link secret"));
+    EXPECT_EQ(StreamEnd(1, "coordinator", kEpoch, secret).code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  PeerLink* in = Feed(0, kEpoch);
+  PeerLink* target = Feed(1, kEpoch);
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(target, nullptr);
+  model::TrainerOptions ro;
+  ro.microbatches = kMicrobatches;
+  ro.seed = kSeed;
+  ro.optimizer = Optimizer();
+  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
+  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, batch.inputs.rows())));
+  }
+  FeedBatch(in, target, 0, batch);
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
+    if (w == 1) {
+      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
+      for (int mb = 0; mb < kMicrobatches; ++mb) {
+        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
+      }
+    }
+  }
+  // Once rank 0's real stream is in, a second claimant with the secret is still refused: the
+  // legitimate stream is never displaced.
+  EXPECT_EQ(StreamEnd(1, "stage/0", kEpoch, SecretOf(kEpoch)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(StageWorkerTest, HealthServiceReportsServing) {
   // grpc.health.v1.Health/Check with an empty request (service ""), over the generic stub.
   grpc::GenericStub stub(
@@ -825,6 +909,15 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+
+  v1::WorkerCommand no_secret = AssignCommand(0, 3);
+  no_secret.mutable_assign()->clear_link_secret();
+  ASSERT_TRUE(coordinator_.Send(Name(0), no_secret));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e->error().message(), HasSubstr("no link_secret"));
 
   // A RunStep for a job the worker does not have is refused; a valid Assign then works.
   ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(3, 0, kSamples)));

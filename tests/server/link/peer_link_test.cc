@@ -38,6 +38,14 @@ constexpr int64_t kEpoch = 4;
 constexpr int kMicrobatches = 1000;
 constexpr int kChunks = 4;
 
+// The hello of a dialler named `peer` for (kJob, epoch), without a link secret.
+PeerHello Hello(const std::string& peer, int64_t epoch) {
+  PeerHello hello;
+  hello.peer = peer;
+  hello.identity = wire::StreamIdentity{kJob, epoch};
+  return hello;
+}
+
 wire::FrameValidation Validation(int64_t epoch = kEpoch) {
   wire::FrameValidation v;
   v.expected = wire::StreamIdentity{kJob, epoch};
@@ -150,9 +158,9 @@ class LinkTest : public ::testing::Test {
 
   std::unique_ptr<PeerLink> Connect(LinkOptions options = {}, int64_t epoch = kEpoch,
                                     wire::FrameValidation validation = Validation()) {
-    auto link = PeerLink::Connect(CreateExchangeChannel(Address()), Address(),
-                                  PeerHello{"stage/0", {kJob, epoch}}, options,
-                                  LinkSettings{validation, client_collector_.Callbacks()});
+    auto link =
+        PeerLink::Connect(CreateExchangeChannel(Address()), Address(), Hello("stage/0", epoch),
+                          options, LinkSettings{validation, client_collector_.Callbacks()});
     EXPECT_TRUE(link.ok()) << link.status();
     return link.ok() ? *std::move(link) : nullptr;
   }
@@ -438,9 +446,9 @@ TEST_F(LinkTest, ConnectingToNobodyIsUnavailable) {
   StartServer();
   const std::string address = Address();
   server_->Shutdown(std::chrono::system_clock::now());  // the port is now closed.
-  auto link = PeerLink::Connect(CreateExchangeChannel(address), address,
-                                PeerHello{"stage/0", {kJob, kEpoch}}, LinkOptions(),
-                                LinkSettings{Validation(), client_collector_.Callbacks()});
+  auto link =
+      PeerLink::Connect(CreateExchangeChannel(address), address, Hello("stage/0", kEpoch),
+                        LinkOptions(), LinkSettings{Validation(), client_collector_.Callbacks()});
   ASSERT_TRUE(link.ok());
   EXPECT_EQ(client_collector_.WaitForError().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(WaitClosed(link->get()));
@@ -467,11 +475,10 @@ TEST(PeerLinkOptionsTest, BadArgumentsAreRejected) {
   EXPECT_EQ(options.Check().code(), absl::StatusCode::kInvalidArgument);
   auto channel = CreateExchangeChannel("127.0.0.1:1");
   LinkSettings no_callback{Validation(), {}};
-  EXPECT_EQ(
-      PeerLink::Connect(channel, "x", PeerHello{"s", {kJob, kEpoch}}, LinkOptions(), no_callback)
-          .status()
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PeerLink::Connect(channel, "x", Hello("s", kEpoch), LinkOptions(), no_callback)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ExchangeService::Create(LinkOptions(), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
