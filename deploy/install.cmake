@@ -20,13 +20,15 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/examples/
 set(_pt_sdk_include ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain)
 target_include_directories(pipetrain_client INTERFACE $<INSTALL_INTERFACE:${_pt_sdk_include}>)
 install(TARGETS pipetrain_client pipetrain_proto pipetrain_wire pipetrain_eigen pipetrain_util
-  pipetrain_warnings
+  pipetrain_warnings pipetrain_net pipetrain_io
   EXPORT pipetrain-targets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT sdk)
 install(FILES ${CMAKE_SOURCE_DIR}/client/sdk/client.h DESTINATION ${_pt_sdk_include}/client/sdk
   COMPONENT sdk)
 install(FILES ${CMAKE_SOURCE_DIR}/common/math/tensor.h DESTINATION ${_pt_sdk_include}/common/math
   COMPONENT sdk)
+install(FILES ${CMAKE_SOURCE_DIR}/common/net/transport_security.h
+  DESTINATION ${_pt_sdk_include}/common/net COMPONENT sdk)
 install(DIRECTORY ${CMAKE_BINARY_DIR}/proto/pipetrain/ DESTINATION ${_pt_sdk_include}/pipetrain
   COMPONENT sdk FILES_MATCHING PATTERN "*.pb.h")
 install(EXPORT pipetrain-targets NAMESPACE pipetrain::
