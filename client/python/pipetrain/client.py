@@ -238,12 +238,15 @@ class Job:
     `recovery_timeout` s in all and `reconnect_timeout` s while the coordinator is unreachable),
     resends the kept batches from the step it restarted at, checking each replayed loss is bit
     for bit the first run's (DATA_LOSS otherwise), then the failed batch: at most 3 rounds per
-    step. Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
-    `recoveries` and attached to the StepResult it preceded."""
+    step. `on_wait(error)` (if given) is called when a wait begins, with the error that began it.
+    Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
+    `recoveries` and attached to the StepResult it preceded. A step the coordinator applied at
+    an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS."""
 
     def __init__(self, client, status, *, max_kept_batches=10000, recovery_timeout=300.0,
-                 reconnect_timeout=60.0, on_recovery=None):
-        self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery)
+                 reconnect_timeout=60.0, on_recovery=None, on_wait=None):
+        self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+                            on_wait)
         self._client = client
         self.id = status.job
         self.spec = status.spec  # as the coordinator runs it: model sizes, V, threads filled in.
@@ -259,20 +262,23 @@ class Job:
         self._recovery_timeout = recovery_timeout
         self._reconnect_timeout = reconnect_timeout
         self._on_recovery = on_recovery
+        self._on_wait = on_wait
         self._kept = collections.deque()
         self._next_step = status.steps_done  # steps done: the 0-based step of the next batch.
         self._pending_recoveries = []  # since the last StepResult returned.
         self.recoveries = []  # every RecoveryEvent this Job replayed through, in order.
 
     @staticmethod
-    def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery):
+    def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+                       on_wait):
         """INVALID_ARGUMENT unless the replay options are usable."""
         if max_kept_batches < 1 or recovery_timeout <= 0 or reconnect_timeout <= 0:
             raise _invalid("max_kept_batches must be >= 1 and recovery_timeout, reconnect_timeout "
                            "> 0 s, got %r, %r, %r"
                            % (max_kept_batches, recovery_timeout, reconnect_timeout))
-        if on_recovery is not None and not callable(on_recovery):
-            raise _invalid("on_recovery must be callable, got %s" % type(on_recovery).__name__)
+        for name, callback in (("on_recovery", on_recovery), ("on_wait", on_wait)):
+            if callback is not None and not callable(callback):
+                raise _invalid("%s must be callable, got %s" % (name, type(callback).__name__))
 
     def __repr__(self):
         return "Job(%r)" % self.id
@@ -325,6 +331,14 @@ class Job:
         differs."""
         request = self.request(inputs, targets, samples)
         result = self._through_recovery(lambda: self._step_once(request))
+        if self._replay and result.step != self._next_step + 1:
+            # The coordinator recovered the job while this stream was idle and applied the batch
+            # at its restored step: the state is no longer the first run's.
+            raise PipetrainError(
+                StatusCode.DATA_LOSS,
+                "job %s applied this batch as step %d, expected step %d: it restarted from an "
+                "earlier step between two steps without ending the Train stream, so the batches "
+                "since were not replayed" % (self.id, result.step, self._next_step + 1), "Train")
         self._next_step = result.step
         if self._replay:
             self._kept.append(_Kept(result.step - 1, request, result.loss))
@@ -345,6 +359,8 @@ class Job:
         for _ in range(3):
             if not (self._replay and _recoverable(error)):
                 break
+            if self._on_wait is not None:
+                self._on_wait(error)
             status = self._await_ready(error)
             try:
                 self._replay_kept(status)
@@ -609,7 +625,8 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, *, max_kept_batches=10000,
-                   recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None):
+                   recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None,
+                   on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
@@ -624,7 +641,7 @@ class Client:
         the batches since its last checkpoint. replace_timeout: seconds an idle worker is waited
         for to take a lost rank (JobSpec.replace_timeout_ms). min_stages: with recover, shrink
         onto the survivors down to this many stages when none comes (0: never shrink).
-        max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery: see Job."""
+        max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery, on_wait: see Job."""
         if replace_timeout < 0:
             raise _invalid("replace_timeout must be >= 0 s, got %r" % (replace_timeout,))
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
@@ -642,14 +659,16 @@ class Client:
         if resume_from:
             spec.resume_from = os.path.abspath(resume_from)
         job_options = dict(max_kept_batches=max_kept_batches, recovery_timeout=recovery_timeout,
-                           reconnect_timeout=reconnect_timeout, on_recovery=on_recovery)
+                           reconnect_timeout=reconnect_timeout, on_recovery=on_recovery,
+                           on_wait=on_wait)
         Job._check_options(**job_options)  # before the job takes its workers.
         status = self._call("CreateJob", pb.CreateJobRequest(spec=spec), long=True)
         return Job(self, status, **job_options)
 
     def job(self, job_id, **job_options):
         """The Job of an existing id (to train more, check or end it). NOT_FOUND if unknown.
-        job_options: Job's max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery (a
+        job_options: Job's max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+        on_wait (a
         replay reaches back only to the steps this Job object sent)."""
         return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)), **job_options)
 

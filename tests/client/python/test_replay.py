@@ -21,9 +21,12 @@ class _ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
     """A job whose step N has loss 1/N. At the step `fail_at` (once) the Train stream ends ABORTED
     and the job restarts at `restore_to` (READY at once). `replay_loss_offset` is added to the
     losses of steps answered after the failure that were answered before (a bad replay). Each
-    request carries its batch's number in `samples`; `sent` lists them in the order received."""
+    request carries its batch's number in `samples`. silent: at `fail_at` the job restarts
+    without ending the stream and applies the batch at the restored step (as the coordinator does
+    when it recovered a job between two steps); `sent` lists them in the order received."""
 
-    def __init__(self, fail_at, restore_to, replay_loss_offset=0.0):
+    def __init__(self, fail_at, restore_to, replay_loss_offset=0.0, silent=False):
+        self.silent = silent
         self.fail_at = fail_at
         self.restore_to = restore_to
         self.replay_loss_offset = replay_loss_offset
@@ -66,7 +69,11 @@ class _ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
             with self.lock:
                 self.sent.append(request.samples)
                 step = self.steps_done + 1
-                if step == self.fail_at and not self.failed:
+                if step == self.fail_at and not self.failed and self.silent:
+                    self.failed = True  # restarted between two steps; this batch is applied
+                    step = self.steps_done = self.restore_to + 1
+                    fail, loss = False, np.float32(1.0 / step)
+                elif step == self.fail_at and not self.failed:
                     self.failed = True
                     self.steps_done = self.restore_to
                     fail = True
@@ -159,3 +166,13 @@ def test_without_recover_the_aborted_step_raises_and_nothing_is_kept(scripted):
     assert e.value.code == StatusCode.ABORTED and e.value.method == "Train"
     assert job.kept_batches == 0 and job.recoveries == []
     assert servicer.sent == [1, 2, 3] and not servicer.recover
+
+
+def test_a_batch_applied_at_a_restored_step_without_an_error_is_data_loss(scripted):
+    servicer, client = scripted(fail_at=5, restore_to=2, silent=True)
+    job = client.create_job(model=MODEL)
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        train(job, 5, checkpoint_at=(2,))
+    assert e.value.code == StatusCode.DATA_LOSS
+    assert "applied this batch as step 3, expected step 5" in e.value.message
+    assert servicer.sent == [1, 2, 3, 4, 5]
