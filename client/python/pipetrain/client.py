@@ -11,11 +11,14 @@ Errors are PipetrainError (pipetrain.errors) carrying the gRPC status code and m
 thread-safe: one thread drives a Job; a Client may be shared by several Jobs of one thread.
 """
 
+import collections
 import dataclasses
 import itertools
+import json
 import os
 import queue
 import sys
+import time
 
 import grpc
 import numpy as np
@@ -41,7 +44,9 @@ class StepResult:
     exactly by the Python float). microbatch_losses: by micro-batch. step_ms: wall time at the
     coordinator. bubble_fraction: measured idle fraction of the pipeline; predicted_bubble_fraction:
     the simulator's for the measured action costs. workers: per-rank WorkerTimeline messages
-    (busy_ms, bubble_fraction, action timings). proto: the message itself."""
+    (busy_ms, bubble_fraction, action timings). proto: the message itself. recoveries: the
+    coordinator's RecoveryEvent messages of the recoveries this step waited and replayed through
+    before it was applied (usually empty; see Job.recoveries)."""
 
     step: int
     loss: float
@@ -51,11 +56,12 @@ class StepResult:
     predicted_bubble_fraction: float
     workers: list
     proto: pb.StepResult
+    recoveries: list = dataclasses.field(default_factory=list)
 
     @classmethod
-    def from_proto(cls, r):
+    def from_proto(cls, r, recoveries=()):
         return cls(r.step, r.loss, list(r.microbatch_losses), r.step_ms, r.bubble_fraction,
-                   r.predicted_bubble_fraction, list(r.workers), r)
+                   r.predicted_bubble_fraction, list(r.workers), r, list(recoveries))
 
 
 def _invalid(message):
@@ -157,6 +163,26 @@ def _dense(a):
     return pb.DenseTensor(shape=list(a.shape), data=a.tobytes(), dtype=tensor_pb2.DTYPE_F32)
 
 
+def _recoverable(error):
+    """Whether `error` may end once the job has recovered: ABORTED (the job is recovering from a
+    lost worker) or UNAVAILABLE (the coordinator went away, maybe restarting on its --state-dir)."""
+    return error.code in (StatusCode.ABORTED, StatusCode.UNAVAILABLE)
+
+
+def _float32_bits(x):
+    return np.float32(x).view(np.uint32)
+
+
+@dataclasses.dataclass
+class _Kept:
+    """A batch kept for replay: its step (0-based: the job's steps_done before it), the request
+    and the loss the first run gave."""
+
+    step: int
+    request: pb.TrainRequest
+    loss: float
+
+
 class _TrainStream:
     """One open Train stream: requests go through a queue the gRPC thread reads; answers are read
     in turn. Broken after its first error (the coordinator ended it)."""
@@ -202,9 +228,25 @@ class _TrainStream:
 class Job:
     """A job on the coordinator (made by Client.create_job or Client.job). As a context manager
     it ends the job on leaving: FinishJob (DONE) normally, CancelJob when an exception leaves the
-    block, so its workers are freed at once either way."""
+    block, so its workers are freed at once either way.
 
-    def __init__(self, client, status):
+    Recovery (a job created with recover=True, the default; docs/python.md "Recovery"): step()
+    and train() keep the requests sent since the last completed checkpoint() (at most
+    `max_kept_batches`; older ones are dropped). When a step fails with ABORTED (the job is
+    recovering from a lost worker) or UNAVAILABLE (the coordinator went away), the job waits until
+    the coordinator has it READY again (polling GetJob with growing pauses up to 1 s; at most
+    `recovery_timeout` s in all and `reconnect_timeout` s while the coordinator is unreachable),
+    resends the kept batches from the step it restarted at, checking each replayed loss is bit
+    for bit the first run's (DATA_LOSS otherwise), then the failed batch: at most 3 rounds per
+    step. `on_wait(error)` (if given) is called when a wait begins, with the error that began it.
+    Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
+    `recoveries` and attached to the StepResult it preceded. A step the coordinator applied at
+    an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS."""
+
+    def __init__(self, client, status, *, max_kept_batches=10000, recovery_timeout=300.0,
+                 reconnect_timeout=60.0, on_recovery=None, on_wait=None):
+        self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+                            on_wait)
         self._client = client
         self.id = status.job
         self.spec = status.spec  # as the coordinator runs it: model sizes, V, threads filled in.
@@ -214,6 +256,29 @@ class Job:
                 self._tokens_per_sample = layer.embedding.context
         self._stream = None
         self._ended = False
+        # Replay state: on when the coordinator recovers the job (JobSpec.recover).
+        self._replay = status.spec.recover
+        self._max_kept_batches = max_kept_batches
+        self._recovery_timeout = recovery_timeout
+        self._reconnect_timeout = reconnect_timeout
+        self._on_recovery = on_recovery
+        self._on_wait = on_wait
+        self._kept = collections.deque()
+        self._next_step = status.steps_done  # steps done: the 0-based step of the next batch.
+        self._pending_recoveries = []  # since the last StepResult returned.
+        self.recoveries = []  # every RecoveryEvent this Job replayed through, in order.
+
+    @staticmethod
+    def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+                       on_wait):
+        """INVALID_ARGUMENT unless the replay options are usable."""
+        if max_kept_batches < 1 or recovery_timeout <= 0 or reconnect_timeout <= 0:
+            raise _invalid("max_kept_batches must be >= 1 and recovery_timeout, reconnect_timeout "
+                           "> 0 s, got %r, %r, %r"
+                           % (max_kept_batches, recovery_timeout, reconnect_timeout))
+        for name, callback in (("on_recovery", on_recovery), ("on_wait", on_wait)):
+            if callback is not None and not callable(callback):
+                raise _invalid("%s must be callable, got %s" % (name, type(callback).__name__))
 
     def __repr__(self):
         return "Job(%r)" % self.id
@@ -250,14 +315,153 @@ class Job:
             samples = x.shape[0] // self._tokens_per_sample
         return pb.TrainRequest(job=self.id, samples=samples, inputs=_dense(x), targets=_dense(y))
 
+    @property
+    def kept_batches(self):
+        """How many batches are kept for a replay (those since the last checkpoint)."""
+        return len(self._kept)
+
     def step(self, inputs, targets, samples=None):
         """Trains one step on one batch (see request()) and returns its StepResult. On the job's
         open Train stream (opened at the first step); after an error the next step opens a new one
-        (the job stays at the same step: a failed step is applied nowhere)."""
+        (the job stays at the same step: a failed step is applied nowhere). With recovery on, an
+        ABORTED or UNAVAILABLE step is retried after the job recovered (see the class comment);
+        the errors then are those of the recovery: FAILED_PRECONDITION if the job ended or the
+        kept batches do not reach back to its restored step, DEADLINE_EXCEEDED after
+        recovery_timeout, UNAVAILABLE after reconnect_timeout, DATA_LOSS if a replayed loss
+        differs."""
+        request = self.request(inputs, targets, samples)
+        result = self._through_recovery(lambda: self._step_once(request))
+        if self._replay and result.step != self._next_step + 1:
+            # The coordinator recovered the job while this stream was idle and applied the batch
+            # at its restored step: the state is no longer the first run's.
+            raise PipetrainError(
+                StatusCode.DATA_LOSS,
+                "job %s applied this batch as step %d, expected step %d: it restarted from an "
+                "earlier step between two steps without ending the Train stream, so the batches "
+                "since were not replayed" % (self.id, result.step, self._next_step + 1), "Train")
+        self._next_step = result.step
+        if self._replay:
+            self._kept.append(_Kept(result.step - 1, request, result.loss))
+            while len(self._kept) > self._max_kept_batches:
+                self._kept.popleft()
+        recoveries, self._pending_recoveries = self._pending_recoveries, []
+        return StepResult.from_proto(result, recoveries)
+
+    def _through_recovery(self, attempt):
+        """attempt()'s value; when it raises a recoverable error and replay is on, waits for the
+        job to recover, replays the kept batches and calls attempt() again: at most 3 rounds (a
+        loss during the replay or the retried attempt starts the next). The waits' own errors
+        (the job ended, timeouts) and a DATA_LOSS end it at once."""
+        try:
+            return attempt()
+        except PipetrainError as e:
+            error = e
+        for _ in range(3):
+            if not (self._replay and _recoverable(error)):
+                break
+            if self._on_wait is not None:
+                self._on_wait(error)
+            status = self._await_ready(error)
+            try:
+                self._replay_kept(status)
+                return attempt()
+            except PipetrainError as e:
+                error = e
+        raise error
+
+    def _step_once(self, request):
+        """One step on the open Train stream (a new one if there is none or it broke)."""
         if self._stream is None or self._stream.broken:
             self._stream = _TrainStream(self._client._stub, self._client._metadata,
                                         self._client.address)
-        return StepResult.from_proto(self._stream.step(self.request(inputs, targets, samples)))
+        return self._stream.step(request)
+
+    def _await_ready(self, why):
+        """Polls GetJob until the job is READY again and returns its JobStatus; raises what the
+        class comment says when it does not get there."""
+        deadline = time.monotonic() + self._recovery_timeout
+        delay = 0.02
+        # Since when the coordinator has been unreachable (the UNAVAILABLE that began the wait
+        # counts); None while it answers.
+        unreachable_since = time.monotonic() if why.code == StatusCode.UNAVAILABLE else None
+        # Each poll is short, so that an unreachable coordinator is given up on in time.
+        poll_timeout = min(max(self._reconnect_timeout, 1.0), self._client._timeout, 5.0)
+        while True:
+            last = None
+            try:
+                status = self._client._call("GetJob", pb.GetJobRequest(job=self.id),
+                                            timeout=poll_timeout)
+            except PipetrainError as e:
+                last = e
+                if e.code == StatusCode.NOT_FOUND:
+                    raise PipetrainError(
+                        StatusCode.FAILED_PRECONDITION,
+                        "job %s is unknown to the coordinator at %s after: %s (a coordinator "
+                        "restarted without --state-dir forgets its jobs)"
+                        % (self.id, self._client.address, why)) from None
+                if e.code not in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                now = time.monotonic()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= self._reconnect_timeout:
+                    raise PipetrainError(
+                        StatusCode.UNAVAILABLE,
+                        "%s; the coordinator was not reachable again within %gs"
+                        % (why.message if why.code == StatusCode.UNAVAILABLE else e.message,
+                           self._reconnect_timeout), why.method) from None
+            else:
+                unreachable_since = None
+                if status.state == pb.JOB_STATE_READY:
+                    return status
+                if status.state not in (pb.JOB_STATE_RECOVERING, pb.JOB_STATE_TRAINING):
+                    if why.code == StatusCode.UNAVAILABLE:
+                        raise why  # the lost connection's own error says more.
+                    raise PipetrainError(
+                        StatusCode.FAILED_PRECONDITION,
+                        "job %s did not recover: %s%s" % (
+                            self.id, pb.JobState.Name(status.state),
+                            ": " + status.reason if status.reason else ""))
+            if time.monotonic() >= deadline:
+                raise PipetrainError(
+                    StatusCode.DEADLINE_EXCEEDED,
+                    "job %s did not recover within %gs after: %s%s"
+                    % (self.id, self._recovery_timeout, why,
+                       "; last attempt: %s" % last if last is not None else ""))
+            time.sleep(delay)  # polling interval of a bounded wait.
+            delay = min(delay * 2, 1.0)
+
+    def _replay_kept(self, status):
+        """With the job READY again (its JobStatus `status`), opens a new Train stream and replays
+        the kept batches from the restored step, checking each loss bit for bit; then reports the
+        recovery. Raises as step() says."""
+        restored = status.steps_done
+        first_kept = self._kept[0].step if self._kept else self._next_step
+        if restored > self._next_step or restored < first_kept:
+            raise PipetrainError(
+                StatusCode.FAILED_PRECONDITION,
+                "job %s restarted at step %d but this Job can replay only steps %d to %d "
+                "(checkpoint more often to keep fewer batches)"
+                % (self.id, restored, first_kept, self._next_step))
+        if self._stream is not None:  # a fresh stream for the new epoch.
+            self._stream.cancel()
+            self._stream = None
+        for kept in self._kept:
+            if kept.step < restored:
+                continue
+            replayed = self._step_once(kept.request)
+            if (replayed.step != kept.step + 1
+                    or _float32_bits(replayed.loss) != _float32_bits(kept.loss)):
+                raise PipetrainError(
+                    StatusCode.DATA_LOSS,
+                    "replaying step %d of job %s gave step %d loss %.9g, the first run loss %.9g: "
+                    "the recovery is not exact"
+                    % (kept.step + 1, self.id, replayed.step, replayed.loss, kept.loss))
+        if status.recoveries:
+            event = status.recoveries[-1]
+            self.recoveries.append(event)
+            self._pending_recoveries.append(event)
+            if self._on_recovery is not None:
+                self._on_recovery(event)
 
     def train(self, batches, steps=None, progress=None):
         """Trains on `batches`, an iterable of (inputs, targets) pairs (e.g. pipetrain.data.batches
@@ -292,12 +496,19 @@ class Job:
     def checkpoint(self, directory):
         """Writes a checkpoint of the job's state to `directory` on the coordinator's host (under
         its --checkpoint-root; a relative path is made absolute here, as the CLI does). Returns the
-        CheckpointResponse (step, directory). Allowed between steps of an open stream."""
+        CheckpointResponse (step, directory). Allowed between steps of an open stream. With
+        recovery on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE) is retried
+        after the replay (at most 3 rounds), and a completed one drops the kept batches before
+        its step."""
         if not os.path.isabs(directory):
             directory = os.path.abspath(directory)
-        return self._client._call("Checkpoint", pb.CheckpointRequest(job=self.id,
-                                                                     directory=directory),
-                                  long=True)
+        request = pb.CheckpointRequest(job=self.id, directory=directory)
+        response = self._through_recovery(
+            lambda: self._client._call("Checkpoint", request, long=True))
+        # A recovery restarts from this step at the earliest.
+        while self._kept and self._kept[0].step < response.step:
+            self._kept.popleft()
+        return response
 
     def finish(self):
         """Closes the Train stream and ends the job as DONE (FinishJob), freeing its workers.
@@ -348,6 +559,16 @@ def _channel_credentials(tls):
         raise _invalid("tls: %s" % e) from None
 
 
+# Calls that change nothing (and CancelJob, which is idempotent) are retried by gRPC when the
+# connection under them broke (UNAVAILABLE), e.g. the first call after a coordinator restart; the
+# call's deadline bounds the attempts. The C++ SDK's (client/sdk/client.cc).
+_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": "pipetrain.v1.Coordinator", "method": m}
+             for m in ("GetJob", "ListJobs", "ListWorkers", "CancelJob")],
+    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+
+
 class Client:
     """A connection to a coordinator at `address` ("host:port").
 
@@ -372,6 +593,10 @@ class Client:
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_receive_message_length", -1),
+            # A coordinator that restarts is reconnected within a few seconds (gRPC's default
+            # backoff grows to 120 s), as the C++ SDK.
+            ("grpc.max_reconnect_backoff_ms", 5000),
+            ("grpc.service_config", _SERVICE_CONFIG),
         ]
         if tls:
             self._channel = grpc.secure_channel(address, _channel_credentials(tls), options)
@@ -399,7 +624,9 @@ class Client:
 
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
-                   recover=False):
+                   recover=True, replace_timeout=30.0, min_stages=0, *, max_kept_batches=10000,
+                   recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None,
+                   on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
@@ -407,11 +634,20 @@ class Client:
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint
-        directory on the coordinator's host. recover: survive a lost worker (the client must then
-        replay batches; the Python client does not yet, so leave it off)."""
+        directory on the coordinator's host.
+
+        Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
+        lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
+        the batches since its last checkpoint. replace_timeout: seconds an idle worker is waited
+        for to take a lost rank (JobSpec.replace_timeout_ms). min_stages: with recover, shrink
+        onto the survivors down to this many stages when none comes (0: never shrink).
+        max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery, on_wait: see Job."""
+        if replace_timeout < 0:
+            raise _invalid("replace_timeout must be >= 0 s, got %r" % (replace_timeout,))
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
-                          recover=recover)
+                          recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
+                          min_stages=min_stages)
         spec.model.CopyFrom(model_spec(model))
         spec.optimizer.CopyFrom(optimizer_spec(optimizer))
         if data is not None:
@@ -422,12 +658,19 @@ class Client:
                 raise _invalid("data: %s" % e) from None
         if resume_from:
             spec.resume_from = os.path.abspath(resume_from)
+        job_options = dict(max_kept_batches=max_kept_batches, recovery_timeout=recovery_timeout,
+                           reconnect_timeout=reconnect_timeout, on_recovery=on_recovery,
+                           on_wait=on_wait)
+        Job._check_options(**job_options)  # before the job takes its workers.
         status = self._call("CreateJob", pb.CreateJobRequest(spec=spec), long=True)
-        return Job(self, status)
+        return Job(self, status, **job_options)
 
-    def job(self, job_id):
-        """The Job of an existing id (to train more, check or end it). NOT_FOUND if unknown."""
-        return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)))
+    def job(self, job_id, **job_options):
+        """The Job of an existing id (to train more, check or end it). NOT_FOUND if unknown.
+        job_options: Job's max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
+        on_wait (a
+        replay reaches back only to the steps this Job object sent)."""
+        return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)), **job_options)
 
     def jobs(self):
         """Every JobStatus the coordinator knows (ended ones for its retention period)."""
@@ -437,10 +680,11 @@ class Client:
         """Every live worker (WorkerInfo messages: name, address, job, rank, ...)."""
         return list(self._call("ListWorkers", pb.ListWorkersRequest()).workers)
 
-    def _call(self, method, request, long=False):
+    def _call(self, method, request, long=False, timeout=None):
+        """One unary call; its deadline `timeout` s, else long_timeout if `long`, else timeout."""
+        if timeout is None:
+            timeout = self._long_timeout if long else self._timeout
         try:
-            return getattr(self._stub, method)(
-                request, timeout=self._long_timeout if long else self._timeout,
-                metadata=self._metadata)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise PipetrainError.from_rpc_error(e, method, self.address) from None

@@ -68,6 +68,7 @@ class LocalCluster:
         self.checkpoint_root = checkpoint_root or os.path.join(self.log_dir, "checkpoints")
         os.makedirs(self.checkpoint_root, exist_ok=True)
         self._processes = []
+        self._workers = {}  # name -> Popen
         self._logs = []
         self.address = None
         try:
@@ -96,9 +97,11 @@ class LocalCluster:
         self.address = line[len(prefix):]
         for w in range(workers):
             log = self._log("worker-%d.log" % w)
-            self._processes.append(subprocess.Popen(
+            process = subprocess.Popen(
                 [worker, "--coordinator", self.address, "--listen", "127.0.0.1:0", "--name",
-                 "w%d" % w], stdout=log, stderr=log))
+                 "w%d" % w], stdout=log, stderr=log)
+            self._processes.append(process)
+            self._workers["w%d" % w] = process
         from pipetrain.client import Client
         with Client(self.address, connect_timeout=start_timeout) as client:
             deadline = time.monotonic() + start_timeout
@@ -108,6 +111,21 @@ class LocalCluster:
                                          "the workers did not register within %gs; see %s"
                                          % (start_timeout, self.log_dir))
                 time.sleep(0.01)
+
+    def worker_pid(self, name):
+        """The process id of the worker named `name` (w0, w1, ...), for tests that signal it.
+        NOT_FOUND for a name this cluster did not start."""
+        if name in self._workers:
+            return self._workers[name].pid
+        raise PipetrainError(StatusCode.NOT_FOUND, "no worker named %r in this cluster" % (name,))
+
+    def wait_worker(self, name, timeout=10.0):
+        """Waits (at most `timeout` s) for the worker named `name` to exit; returns its exit
+        status (negative: the signal that ended it) or None if it still runs."""
+        try:
+            return self._workers[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def __enter__(self):
         return self
@@ -131,6 +149,7 @@ class LocalCluster:
             if p.stdout is not None:
                 p.stdout.close()
         self._processes = []
+        self._workers = {}
         for f in self._logs:
             f.close()
         self._logs = []
