@@ -140,7 +140,11 @@ absl::StatusOr<v1::StepResult> TrainSession::StepOnce(const v1::TrainRequest& re
   return result;
 }
 
-absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
+absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request_in) {
+  v1::TrainRequest request = request_in;
+  // A replaying session names the step each batch is for: a job that a recovery restored between
+  // two steps refuses it (ABORTED) instead of applying it at the restored step.
+  if (options_.replay) request.set_expected_step(next_step_);
   absl::StatusOr<v1::StepResult> result = StepOnce(request);
   // A recovery may itself be interrupted by another loss: a few rounds, each bounded.
   for (int round = 0; options_.replay && round < 3 && Recoverable(result.status()); ++round) {
@@ -228,21 +232,23 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
         "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
         first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
   }
-  // A fresh stream for the new epoch.
-  if (!done_) {
-    context_->TryCancel();
-    (void)stream_->Finish();
+  // A stream that is still open (the error came from another call, e.g. a Checkpoint) serves the
+  // replay; an ended one is replaced. (Cancelling an open one would race with the coordinator's
+  // release of the job: the new stream's claim could still find the old one holding it.)
+  if (done_) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    auto stream = client_->stub_->Train(context.get());
+    if (stream == nullptr) return absl::UnavailableError("cannot reopen the Train stream");
+    context_ = std::move(context);
+    stream_ = std::move(stream);
+    done_ = false;
+    final_ = absl::OkStatus();
   }
-  auto context = std::make_unique<grpc::ClientContext>();
-  auto stream = client_->stub_->Train(context.get());
-  if (stream == nullptr) return absl::UnavailableError("cannot reopen the Train stream");
-  context_ = std::move(context);
-  stream_ = std::move(stream);
-  done_ = false;
-  final_ = absl::OkStatus();
   for (const Kept& k : kept_) {
     if (k.step < restored) continue;
-    PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(k.request));
+    v1::TrainRequest again = k.request;
+    again.set_expected_step(k.step);
+    PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(again));
     const float loss = replayed.loss();
     if (replayed.step() != k.step + 1 || std::memcmp(&loss, &k.loss, sizeof(float)) != 0) {
       return absl::DataLossError(absl::StrCat(

@@ -461,6 +461,19 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     // Steps are numbered from 0 on the control and data planes: step n is the (n+1)-th
     // optimizer update (StepResult.step reports n + 1).
     step = job->steps_done;
+    if (request.has_expected_step() && request.expected_step() != step) {
+      // The job is not where the client thinks: a recovery restored it between two steps (the
+      // client replays from `step`), or the batch was applied already.
+      const std::string where =
+          absl::StrCat("job '", job->id, "' has done ", step, " steps; this batch is for step ",
+                       request.expected_step() + 1);
+      if (request.expected_step() > step) {
+        return absl::AbortedError(
+            absl::StrCat(where, ": it was restored from its last checkpoint (",
+                         job->recoveries.size(), " recoveries); replay from step ", step + 1));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(where, ", which it has applied"));
+    }
     epoch = job->epoch;
     job->op_step = step;
     job->op_error = absl::OkStatus();

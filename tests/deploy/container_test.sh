@@ -45,10 +45,10 @@ timeout 300 podman build -q -t "$image" -f "$tmp/Containerfile" "$tmp" >"$tmp/bu
 run_opts=()
 for opts in "" "--runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"; do
   read -r -a try <<<"$opts"
-  # --help ends with status 1; what matters is that the binary ran in the container.
+  # What matters is that the binary ran in the container: its --help lists its flags.
   out=$(timeout 60 podman run --rm "${try[@]}" "$image" /usr/bin/stage_worker --help 2>&1 || true)
   echo "$out" >>"$tmp/probe.log"
-  if grep -q -- "--helpfull" <<<"$out"; then
+  if grep -q -- "--coordinator" <<<"$out"; then
     run_opts=("${try[@]}" --network host)
     break
   fi

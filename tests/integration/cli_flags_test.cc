@@ -56,19 +56,23 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
       a.insert(a.end(), b.begin(), b.end());
       return a;
     };
-    const std::vector<std::string> pipeline = {"--stages", "--schedule", "--virtual", "--trace"};
+    const std::vector<std::string> pipeline = {"--stages", "--schedule",   "--virtual",
+                                               "--trace",  "--min-stages", "--replace-timeout"};
+    const std::vector<std::string> security = {"--tls-cert", "--tls-key", "--tls-ca",
+                                               "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{
         {"reference", training},
         {"schedule", {"--kind", "--stages", "--microbatches", "--virtual", "--costs", "--format"}},
         {"partition",
          {"--costs", "--model", "--data", "--data-dir", "--batch", "--microbatches", "--stages",
           "--speeds", "--memory-cap", "--kind", "--virtual", "--format"}},
-        {"train", with(with({"--coordinator"}, training), pipeline)},
+        {"train",
+         with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
         {"local", with(training, pipeline)},
         {"evaluate", {"--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
-        {"jobs", {"--coordinator", "--json"}},
-        {"status", {"--coordinator", "--json"}},
-        {"cancel", {"--coordinator", "--json", "--reason"}},
+        {"jobs", with({"--coordinator", "--json"}, security)},
+        {"status", with({"--coordinator", "--json"}, security)},
+        {"cancel", with({"--coordinator", "--json", "--reason"}, security)},
     };
   }();
   return *flags;

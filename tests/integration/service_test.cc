@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -26,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/sdk/client.h"
+#include "common/math/tensor.h"
 #include "common/model/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -433,6 +435,104 @@ TEST_F(CoordinatorRestartTest, KilledCoordinatorRestartsAndTheJobContinuesBitwis
   fault.coordinator = true;
   fault.cause = "coordinator restart";
   ExpectBitwiseRecoveryFrom(fault);
+}
+
+// A worker lost *between* two steps: the job recovers before the client's next batch arrives.
+// That batch names its step (TrainRequest.expected_step), so the job refuses it (ABORTED) instead
+// of applying it at the restored step, and the session replays: the losses are a fault-free
+// run's, bit for bit.
+class BetweenStepsRecoveryTest : public ServiceTest {
+ protected:
+  int Workers() const override { return 3; }
+
+  absl::StatusOr<v1::JobStatus> CreateJob() {
+    absl::StatusOr<v1::ModelSpec> spec =
+        model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
+    if (!spec.ok()) return spec.status();
+    v1::JobSpec job;
+    *job.mutable_model() = *spec;
+    job.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+    job.set_schedule("1f1b");
+    job.set_stages(2);
+    job.set_microbatches(2);
+    job.set_seed(5);
+    job.set_recover(true);
+    return client_->CreateJob(job);
+  }
+
+  // Step `step`'s batch (1-based): 16 digits-shaped samples, values and classes varying by step.
+  static std::pair<math::Matrix, math::Matrix> BatchOf(int step) {
+    math::Matrix inputs(16, 64);
+    math::Matrix targets(16, 1);
+    for (int r = 0; r < 16; ++r) {
+      targets(r, 0) = static_cast<float>((r + step) % 10);
+      for (int c = 0; c < 64; ++c) inputs(r, c) = static_cast<float>((r * 7 + c * 3 + step) % 17);
+    }
+    return {inputs, targets};
+  }
+
+  // Steps 1..n of `session`, losses by step.
+  static std::vector<float> Train(client::TrainSession& session, int first, int last) {
+    std::vector<float> losses;
+    for (int step = first; step <= last; ++step) {
+      const auto [inputs, targets] = BatchOf(step);
+      absl::StatusOr<v1::StepResult> r = session.Step(client::BatchView{&inputs, &targets, 16});
+      EXPECT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+      if (!r.ok()) return losses;
+      EXPECT_EQ(r->step(), step);
+      losses.push_back(r->loss());
+    }
+    return losses;
+  }
+};
+
+TEST_F(BetweenStepsRecoveryTest, WorkerLostBetweenStepsIsReplayedNotSkipped) {
+  absl::StatusOr<v1::JobStatus> job = CreateJob();
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::TrainOptions options;
+  options.replay = true;
+  std::vector<v1::RecoveryEvent> seen;
+  options.on_recovery = [&seen](const v1::RecoveryEvent& r) { seen.push_back(r); };
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      client_->StartTraining(job->job(), options);
+  ASSERT_TRUE(session.ok());
+  std::vector<float> faulted = Train(**session, 1, 2);
+  ASSERT_TRUE(client_->Checkpoint(job->job(), dir_ + "/ck").ok());
+  (*session)->CheckpointDone(2);
+  for (float l : Train(**session, 3, 4)) faulted.push_back(l);
+  // Between steps 4 and 5: the worker holding rank 1 dies, and the job is READY again at step 2
+  // before the next batch is sent.
+  const std::string victim = job->stages(1).worker();
+  const int index = victim.back() - '0';
+  ASSERT_EQ(kill(daemons_.workers()[index], SIGKILL), 0);
+  daemons_.Reap(index);
+  bool recovered = false;
+  for (int i = 0; i < 3000 && !recovered; ++i) {
+    absl::StatusOr<v1::JobStatus> now = client_->GetJob(job->job());
+    ASSERT_TRUE(now.ok()) << now.status();
+    recovered = now->state() == v1::JOB_STATE_READY && now->recoveries_size() == 1;
+    if (!recovered) absl::SleepFor(absl::Milliseconds(10));  // polling a bounded wait.
+  }
+  ASSERT_TRUE(recovered);
+  for (float l : Train(**session, 5, 6)) faulted.push_back(l);
+  ASSERT_TRUE((*session)->Finish().ok());
+  ASSERT_TRUE(client_->FinishJob(job->job()).ok());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].restored_step(), 2);
+
+  // The same six batches with no fault, on the two workers left.
+  absl::StatusOr<v1::JobStatus> clean = CreateJob();
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> again =
+      client_->StartTraining(clean->job(), options);
+  ASSERT_TRUE(again.ok());
+  const std::vector<float> want = Train(**again, 1, 6);
+  ASSERT_EQ(faulted.size(), 6u);
+  ASSERT_EQ(want.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(std::memcmp(&faulted[i], &want[i], sizeof(float)), 0)
+        << "step " << i + 1 << ": " << faulted[i] << " vs " << want[i];
+  }
 }
 
 }  // namespace

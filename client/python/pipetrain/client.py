@@ -330,6 +330,10 @@ class Job:
         recovery_timeout, UNAVAILABLE after reconnect_timeout, DATA_LOSS if a replayed loss
         differs."""
         request = self.request(inputs, targets, samples)
+        if self._replay:
+            # Names the step the batch is for: a job restored between two steps refuses it
+            # (ABORTED, then replayed) instead of applying it at the restored step.
+            request.expected_step = self._next_step
         result = self._through_recovery(lambda: self._step_once(request))
         if self._replay and result.step != self._next_step + 1:
             # The coordinator recovered the job while this stream was idle and applied the batch
@@ -448,6 +452,7 @@ class Job:
         for kept in self._kept:
             if kept.step < restored:
                 continue
+            kept.request.expected_step = kept.step
             replayed = self._step_once(kept.request)
             if (replayed.step != kept.step + 1
                     or _float32_bits(replayed.loss) != _float32_bits(kept.loss)):
