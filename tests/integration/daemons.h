@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/sdk/client.h"
+#include "common/model/model.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain::testing {
@@ -54,6 +55,22 @@ inline PipedChild SpawnEndlessTrain(const std::string& address, const std::strin
       "--steps",        "1000000", "--json"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return SpawnPiped(argv, stderr_path);
+}
+
+// The spec of a job training the example digits MLP over `stages` stages: 1F1B, 2 micro-batches,
+// SGD lr 0.1, one thread, seed 0 (callers adjust what they need).
+inline absl::StatusOr<v1::JobSpec> DigitsJobSpec(int stages) {
+  absl::StatusOr<v1::ModelSpec> model =
+      model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
+  if (!model.ok()) return model.status();
+  v1::JobSpec job;
+  *job.mutable_model() = *model;
+  job.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+  job.set_schedule("1f1b");
+  job.set_stages(stages);
+  job.set_microbatches(2);
+  job.set_threads(1);
+  return job;
 }
 
 class Daemons {

@@ -79,17 +79,9 @@ class LivenessTest : public ::testing::Test {
 
   // A ready 2-stage job of the digits MLP.
   absl::StatusOr<v1::JobStatus> CreateJob() {
-    absl::StatusOr<v1::ModelSpec> spec =
-        model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
-    if (!spec.ok()) return spec.status();
-    v1::JobSpec job;
-    *job.mutable_model() = *spec;
-    job.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
-    job.set_schedule("1f1b");
-    job.set_stages(kWorkers);
-    job.set_microbatches(2);
-    job.set_threads(1);
-    return daemons_.client().CreateJob(job);
+    absl::StatusOr<v1::JobSpec> job = testing::DigitsJobSpec(kWorkers);
+    if (!job.ok()) return job.status();
+    return daemons_.client().CreateJob(*job);
   }
 
   std::string dir_;

@@ -446,18 +446,11 @@ class BetweenStepsRecoveryTest : public ServiceTest {
   int Workers() const override { return 3; }
 
   absl::StatusOr<v1::JobStatus> CreateJob() {
-    absl::StatusOr<v1::ModelSpec> spec =
-        model::ParseModelSpecText(ReadFile(Example("mlp_digits.textproto")), "mlp");
-    if (!spec.ok()) return spec.status();
-    v1::JobSpec job;
-    *job.mutable_model() = *spec;
-    job.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
-    job.set_schedule("1f1b");
-    job.set_stages(2);
-    job.set_microbatches(2);
-    job.set_seed(5);
-    job.set_recover(true);
-    return client_->CreateJob(job);
+    absl::StatusOr<v1::JobSpec> job = testing::DigitsJobSpec(2);
+    if (!job.ok()) return job.status();
+    job->set_seed(5);
+    job->set_recover(true);
+    return client_->CreateJob(*job);
   }
 
   // Step `step`'s batch (1-based): 16 digits-shaped samples, values and classes varying by step.
