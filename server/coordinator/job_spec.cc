@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/optimizer_proto.h"
+#include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/validator.h"
 #include "common/util/status_macros.h"
@@ -96,6 +97,28 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
   return plan;
+}
+
+absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
+    const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
+    const std::vector<double>& speeds) {
+  partition::PartitionOptions popts;
+  popts.stages = static_cast<int>(speeds.size());
+  popts.placement = plan.placement.kind;
+  popts.virtual_stages = spec.virtual_stages();
+  popts.speeds = speeds;
+  PT_ASSIGN_OR_RETURN(partition::Partition cut,
+                      partition::PartitionLayers(net.LayerFlops(1), popts));
+  std::vector<v1::ChunkSpec> chunks;
+  for (int c = 0; c < plan.num_chunks(); ++c) {
+    v1::ChunkSpec chunk;
+    chunk.set_chunk(c);
+    chunk.set_worker(plan.placement.OwnerOf(c));
+    chunk.set_first_layer(cut.boundaries[c]);
+    chunk.set_last_layer(cut.boundaries[c + 1]);
+    chunks.push_back(chunk);
+  }
+  return std::make_pair(std::move(chunks), cut.imbalance);
 }
 
 }  // namespace pipetrain::coordinator

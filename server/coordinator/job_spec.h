@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/model.h"
@@ -38,6 +40,13 @@ struct CheckedJobSpec {
 // parameters checked (INVALID_ARGUMENT) and at least as many layers in `net` as chunks. Used at
 // creation and when a recovery re-plans a job onto fewer stages. Thread-safe (pure).
 absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net);
+
+// The chunks of `plan` over `net`'s layers, partitioned by FLOPs (common/partition) for workers
+// of `speeds` (GFLOP/s, by rank; one per stage), and the partition's max/mean imbalance. Errors:
+// the partitioner's. Thread-safe (pure).
+absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
+    const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
+    const std::vector<double>& speeds);
 
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule

@@ -710,8 +710,7 @@ class ServerLinkReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerLinkReactor(
-    grpc::CallbackServerContext* context, const LinkOptions& options,
-    const AcceptFn& accept) {
+    grpc::CallbackServerContext* context, const LinkOptions& options, const AcceptFn& accept) {
   auto* reactor = new ServerLinkReactor(context);
   reactor->Begin(options, accept);
   return reactor;
