@@ -508,6 +508,36 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
         return true;
       },
       options_.step_timeout, absl::StrCat("Committed of step ", step));
+  if (!waited.ok() && job->spec.recover() && job->state == JobState::kTraining && !shutting_down_) {
+    // A recoverable job whose commit was interrupted (a peer reported a rank unreachable): the
+    // ranks that commit within loss_grace are fine; the others are stuck or stopped and are
+    // evicted, and the job recovers without them (every rank restarts from the checkpoint, so a
+    // half-applied step does not matter). If all commit after all, the step stands.
+    auto committed_everywhere = [job] {
+      for (bool b : job->committed) {
+        if (!b) return false;
+      }
+      return true;
+    };
+    const absl::Time until = absl::Now() + options_.loss_grace;
+    while (job->state == JobState::kTraining && !shutting_down_ && !committed_everywhere() &&
+           absl::Now() < until) {
+      event_cv_.WaitWithDeadline(&mu_, until);
+    }
+    if (job->state == JobState::kTraining && committed_everywhere()) {
+      waited = absl::OkStatus();
+    } else if (job->state == JobState::kTraining) {
+      std::vector<std::string> late;
+      for (int rank = 0; rank < S; ++rank) {
+        if (!job->committed[rank]) late.push_back(job->workers[rank]);
+      }
+      for (const std::string& name : late) {
+        EvictWorker(name, "deadline",
+                    absl::StrCat("did not commit step ", step, " of job ", job_id,
+                                 " while its peers reported: ", waited.ToString()));
+      }
+    }
+  }
   if (!waited.ok()) {
     job->op_step = -1;
     // Some workers may have applied the step: the replicas can no longer be trusted — unless the
