@@ -507,12 +507,15 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
         }
         return true;
       },
-      options_.step_timeout, absl::StrCat("Committed of step ", step));
+      // Applying a step takes a fraction of computing it: a rank that has not committed within
+      // the step's deadline is stuck or stopped.
+      deadline, absl::StrCat("Committed of step ", step));
   if (!waited.ok() && job->spec.recover() && job->state == JobState::kTraining && !shutting_down_) {
-    // A recoverable job whose commit was interrupted (a peer reported a rank unreachable): the
-    // ranks that commit within loss_grace are fine; the others are stuck or stopped and are
-    // evicted, and the job recovers without them (every rank restarts from the checkpoint, so a
-    // half-applied step does not matter). If all commit after all, the step stands.
+    // A recoverable job whose commit was interrupted (a peer reported a rank unreachable, or the
+    // deadline passed): the ranks that commit within loss_grace are fine; the others are stuck
+    // or stopped and are evicted, and the job recovers without them (every rank restarts from
+    // the checkpoint, so a half-applied step does not matter). If all commit after all, the step
+    // stands.
     auto committed_everywhere = [job] {
       for (bool b : job->committed) {
         if (!b) return false;

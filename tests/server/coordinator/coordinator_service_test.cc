@@ -147,6 +147,12 @@ class FakeWorker {
     hold_step_ = step;
   }
 
+  // Never answer the Commit of `step` (a worker stopped between StepDone and Committed).
+  void IgnoreCommit(int64_t step) {
+    absl::MutexLock lock(&mu_);
+    ignore_commit_step_ = step;
+  }
+
   // Answer SaveShards with ShardsSaved without uploading any file (a rogue or broken worker).
   void SkipUploads() {
     absl::MutexLock lock(&mu_);
@@ -305,6 +311,10 @@ class FakeWorker {
           }
         }
       } else if (command.has_commit()) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (command.commit().step() == ignore_commit_step_) continue;
+        }
         event.mutable_committed()->set_job(command.commit().job());
         event.mutable_committed()->set_epoch(command.commit().epoch());
         event.mutable_committed()->set_step(command.commit().step());
@@ -366,6 +376,7 @@ class FakeWorker {
   int num_chunks_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t ignore_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool skip_uploads_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
@@ -1005,6 +1016,28 @@ TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
   r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+// Committing is a fraction of a step: a rank that does not commit within the step's deadline is
+// named, and the job (not recoverable here: its replicas may differ now) fails at once instead of
+// waiting for the 30-minute step_timeout.
+TEST_F(CoordinatorDeadlineTest, AWorkerThatDoesNotCommitMissesTheStepDeadline) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->IgnoreCommit(1);
+  ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("waiting for Committed of step 1"));
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_LT(took, absl::Seconds(20));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("step 1 was not committed everywhere"));
 }
 
 class CoordinatorRootTest : public CoordinatorServiceTest {
