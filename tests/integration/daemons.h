@@ -76,7 +76,7 @@ inline absl::StatusOr<v1::JobSpec> DigitsJobSpec(int stages) {
 class Daemons {
  public:
   Daemons() = default;
-  ~Daemons() { Stop(); }
+  ~Daemons() { Stop(); }  // a test checks Stop() itself.
   Daemons(const Daemons&) = delete;
   Daemons& operator=(const Daemons&) = delete;
 
@@ -117,21 +117,34 @@ class Daemons {
   }
 
   // SIGTERM (and SIGCONT, for a stopped one) to every daemon still running, then waits for them.
-  // The client is closed first.
-  void Stop() {
+  // The client is closed first. Returns "" if each one ended by exiting, by that SIGTERM or by a
+  // test's SIGKILL, else which died of another signal on the way out (a crash in shutdown, or a
+  // sanitizer's report at exit, e.g. LeakSanitizer's), with its log.
+  std::string Stop() {
     client_.reset();
-    std::vector<pid_t> all = workers_;
-    all.push_back(coordinator_);
-    for (pid_t pid : all) {
+    std::vector<std::pair<pid_t, std::string>> all;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      all.emplace_back(workers_[w], absl::StrCat(dir_, "/worker-", w, ".log"));
+    }
+    all.emplace_back(coordinator_, dir_ + "/coordinator.log");
+    for (const auto& [pid, log] : all) {
       if (pid <= 0) continue;
       kill(pid, SIGTERM);
       kill(pid, SIGCONT);
     }
-    for (pid_t pid : all) {
-      if (pid > 0) waitpid(pid, nullptr, 0);
+    std::string problems;
+    for (const auto& [pid, log] : all) {
+      if (pid <= 0) continue;
+      int status = 0;
+      if (waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM &&
+          WTERMSIG(status) != SIGKILL) {
+        absl::StrAppend(&problems, "daemon ", pid, " died of signal ", WTERMSIG(status),
+                        " when stopped; its log ", log, ":\n", ReadFile(log));
+      }
     }
     workers_.clear();
     coordinator_ = -1;
+    return problems;
   }
 
   // SIGKILLs the coordinator and waits for it.

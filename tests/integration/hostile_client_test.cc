@@ -249,7 +249,7 @@ class HostileClientTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    daemons_.Stop();
+    EXPECT_EQ(daemons_.Stop(), "");
     if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 

@@ -49,7 +49,7 @@ class LivenessTest : public ::testing::Test {
 
   void TearDown() override {
     if (daemons_.coordinator() > 0) kill(daemons_.coordinator(), SIGKILL);
-    daemons_.Stop();
+    EXPECT_EQ(daemons_.Stop(), "");
     if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 

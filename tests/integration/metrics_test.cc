@@ -99,7 +99,7 @@ class MetricsTest : public ::testing::Test {
       kill(prometheus_, SIGTERM);
       waitpid(prometheus_, nullptr, 0);
     }
-    daemons_.Stop();
+    EXPECT_EQ(daemons_.Stop(), "");
     if (!dir_.empty()) RunCommand("rm -rf '" + dir_ + "'");
   }
 

@@ -41,7 +41,7 @@ class SecurityTest : public ::testing::Test {
     ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override {
-    daemons_.Stop();
+    EXPECT_EQ(daemons_.Stop(), "");
     std::system(absl::StrCat("rm -rf '", dir_, "' '", certs_, "'").c_str());
   }
 

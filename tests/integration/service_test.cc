@@ -86,7 +86,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    daemons_.Stop();
+    EXPECT_EQ(daemons_.Stop(), "");
     if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
