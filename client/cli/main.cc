@@ -5,6 +5,9 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -96,7 +99,11 @@ ABSL_FLAG(std::string, token_file, "",
           "(default: $PIPETRAIN_TOKEN, with TLS)");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
-ABSL_FLAG(std::string, trace, "", "train/local: write the last step's timeline (Chrome trace)");
+ABSL_FLAG(std::string, trace, "",
+          "train/local: write the measured timeline of the last step (or of --trace-steps) as a "
+          "Chrome trace for Perfetto: compute, wait, send and receive spans per rank");
+ABSL_FLAG(std::string, trace_steps, "",
+          "train/local: with --trace, the steps A:B (or A) to trace instead of the last one");
 ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),
           "train/local: how long a job that lost a worker waits for an idle one to take its place");
 ABSL_FLAG(int32_t, min_stages, 0,
@@ -129,8 +136,9 @@ const std::vector<std::string> kTrainingFlags = {
     "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min",        // learning rate
     "json", "eval_samples", "eval_every", "log_every",                // output
     "save", "checkpoint_every", "keep_checkpoints", "resume"};        // checkpoints
-const std::vector<std::string> kPipelineFlags = {"stages",          "schedule",  "virtual",
-                                                 "trace",           "min_stages", "replace_timeout"};
+const std::vector<std::string> kPipelineFlags = {"stages",      "schedule",   "virtual",
+                                                 "trace",       "trace_steps", "min_stages",
+                                                 "replace_timeout"};
 // How a command reaches a coordinator securely: TLS files and a token (docs/security.md).
 const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca", "token_file"};
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
@@ -226,6 +234,11 @@ TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
     o.lr_decay_steps = absl::GetFlag(FLAGS_lr_decay_steps);
   }
   if (line.Given("lr_min")) o.lr_min = static_cast<float>(absl::GetFlag(FLAGS_lr_min));
+  // A live progress line on a terminal that understands "\r" and erase-to-end-of-line.
+  const char* term = std::getenv("TERM");
+  o.terminal = isatty(STDOUT_FILENO) == 1 && !(term != nullptr && std::string(term) == "dumb");
+  struct winsize size;
+  if (o.terminal && ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0) o.terminal_columns = size.ws_col;
   return o;
 }
 
@@ -259,6 +272,9 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& lin
     return absl::InvalidArgumentError(absl::StrCat("--virtual must be an integer, got '", v, "'"));
   }
   o.trace_path = absl::GetFlag(FLAGS_trace);
+  if (line.Given("trace_steps")) {
+    PT_ASSIGN_OR_RETURN(o.trace_steps, ParseTraceSteps(absl::GetFlag(FLAGS_trace_steps)));
+  }
   o.replace_timeout = absl::GetFlag(FLAGS_replace_timeout);
   o.min_stages = absl::GetFlag(FLAGS_min_stages);
   o.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);

@@ -1,6 +1,5 @@
 #include "client/cli/reference_command.h"
 
-#include <chrono>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -91,34 +90,34 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
         spec.name().empty() ? o.model_path : spec.name(), net->num_layers(), net->NumParameters(),
         info.name, data->size(io::Split::kTrain), data->size(io::Split::kEval));
   }
-  using Clock = std::chrono::steady_clock;
-  auto window_start = Clock::now();
-  int64_t window_samples = 0;
+  ProgressLine progress(out, ProgressOptionsFor(o, /*pipeline=*/false));
   for (int64_t i = 0; i < o.steps; ++i) {
     io::Batch batch = sampler.Next();
     PT_ASSIGN_OR_RETURN(model::StepResult r, trainer->Step(batch));
-    window_samples += batch.samples;
     if (o.json) {
       out << absl::StrFormat("{\"step\": %d, \"loss\": %.9g}\n", r.step, r.loss);
-    } else if (r.step % o.log_every == 0 || i == 0 || i + 1 == o.steps) {
-      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-      out << absl::StrFormat("step %6d  loss %.6f  %.0f samples/s\n", r.step, r.loss,
-                             secs > 0 ? window_samples / secs : 0.0);
-      window_start = Clock::now();
-      window_samples = 0;
+    } else {
+      progress.Step({r.step, r.loss, batch.samples});
     }
     if (o.eval_every > 0 && r.step % o.eval_every == 0) {
       PT_ASSIGN_OR_RETURN(model::EvalResult eval,
                           trainer->Evaluate(*data, o.eval_samples.value_or(kDefaultEvalSamples)));
+      progress.Clear();
       PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, r.step, out);
+      progress.Redraw();
     }
     if (CheckpointDue(o, r.step, i + 1 == o.steps)) {
       PT_RETURN_IF_ERROR(model::SaveCheckpoint(
           o.save_dir, CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor()),
           trainer->ExportState(), o.keep_checkpoints));
-      if (!o.json) out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
+      if (!o.json) {
+        progress.Clear();
+        out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
+        progress.Redraw();
+      }
     }
   }
+  progress.Finish();
   PT_ASSIGN_OR_RETURN(model::EvalResult eval,
                       trainer->Evaluate(*data, o.eval_samples.value_or(kDefaultEvalSamples)));
   PrintEvaluation(eval, spec.loss().has_softmax_cross_entropy(), o.json, /*step=*/0, out);

@@ -1,6 +1,5 @@
 #include "client/cli/train_command.h"
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -23,8 +22,6 @@
 #include "common/net/transport_security.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/ir.h"
-#include "common/schedule/timeline.h"
-#include "common/schedule/timeline_render.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
@@ -41,6 +38,9 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
     return absl::InvalidArgumentError(
         "--eval-every needs --save DIR for train and local: each evaluation reads the checkpoint "
         "written at that step");
+  }
+  if (o.trace_steps.has_value() && o.trace_path.empty()) {
+    return absl::InvalidArgumentError("--trace-steps needs --trace FILE (where the trace goes)");
   }
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
@@ -63,41 +63,6 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
 }
 
 namespace {
-
-// The measured timeline of a step (compute intervals, in milliseconds), for --trace.
-absl::StatusOr<schedule::Timeline> MeasuredTimeline(const v1::StepResult& r,
-                                                    const schedule::Placement& placement) {
-  schedule::Timeline t;
-  t.placement = placement;
-  t.workers.resize(r.workers_size());
-  for (int w = 0; w < r.workers_size(); ++w) {
-    for (const v1::ActionTiming& a : r.workers(w).timings()) {
-      schedule::TimedAction ta;
-      switch (a.action().op()) {
-        case v1::ACTION_OP_FORWARD:
-          ta.action.op = schedule::Op::kForward;
-          break;
-        case v1::ACTION_OP_BACKWARD:
-          ta.action.op = schedule::Op::kBackward;
-          break;
-        case v1::ACTION_OP_INPUT_GRAD:
-          ta.action.op = schedule::Op::kInputGrad;
-          break;
-        case v1::ACTION_OP_WEIGHT_GRAD:
-          ta.action.op = schedule::Op::kWeightGrad;
-          break;
-        default:
-          return absl::InvalidArgumentError("a worker reported an action without an op");
-      }
-      ta.action.mb = a.action().microbatch();
-      ta.action.chunk = a.action().chunk();
-      ta.start = (a.start_us() + a.wait_us()) / 1000.0;
-      ta.end = std::max(ta.start, a.end_us() / 1000.0);
-      t.workers[w].push_back(ta);
-    }
-  }
-  return t;
-}
 
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -210,6 +175,15 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   }
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
                       io::BatchSampler::Create(data.get(), t.batch, t.seed, cursor));
+  // Step numbers are global: a resumed job goes on from its checkpoint's.
+  const int64_t first_step = job.steps_done() + 1, last_step = job.steps_done() + t.steps;
+  if (o.trace_steps.has_value() &&
+      (o.trace_steps->last < first_step || o.trace_steps->first > last_step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trace-steps ", o.trace_steps->first, ":", o.trace_steps->last,
+                     " selects none of this run's steps ", first_step, ":", last_step));
+  }
+  std::vector<v1::StepResult> traced;  // the steps --trace writes, in order.
   if (!t.json) {
     out << absl::StrFormat(
         "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
@@ -235,8 +209,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   // The step the session was at when a recovery began (the coordinator does not know it after a
   // restart).
   int64_t failed_at = 0;
-  train_options.on_wait = [&out, &t, &failed_at, &last, &job](const absl::Status& why) {
+  // Lines of their own (waits, recoveries, checkpoints, evaluations) erase the live progress
+  // line first and draw it again after.
+  ProgressLine progress(out, ProgressOptionsFor(t, /*pipeline=*/true));
+  train_options.on_wait = [&out, &t, &failed_at, &last, &job, &progress](const absl::Status& why) {
     failed_at = last.step();
+    progress.Clear();
     if (t.json) {
       out << absl::StrFormat("{\"waiting\": {\"after_step\": %d, \"code\": \"%s\"}}\n", last.step(),
                              absl::StatusCodeToString(why.code()));
@@ -245,8 +223,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              why.message(), job.job());
     }
     out.flush();
+    progress.Redraw();
   };
-  train_options.on_recovery = [&out, &t, &failed_at](const v1::RecoveryEvent& r) {
+  train_options.on_recovery = [&out, &t, &failed_at, &progress](const v1::RecoveryEvent& r) {
+    progress.Clear();
     const std::string lost =
         r.lost_worker().empty()
             ? r.cause()
@@ -266,12 +246,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
           r.seconds(), failed_at - r.restored_step());
     }
     out.flush();
+    progress.Redraw();
   };
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
                       client->StartTraining(job.job(), std::move(train_options)));
-  using Clock = std::chrono::steady_clock;
-  auto window_start = Clock::now();
-  int64_t window_samples = 0;
   bool checkpoint_visible = false;  // the last checkpoint's manifest is on this file system.
   for (int64_t i = 0; i < t.steps; ++i) {
     if (interrupted && interrupted()) {
@@ -284,7 +262,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     io::Batch batch = sampler.Next();
     PT_ASSIGN_OR_RETURN(
         last, session->Step(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
-    window_samples += batch.samples;
+    if (!o.trace_path.empty() &&
+        (o.trace_steps.has_value() ? o.trace_steps->Contains(last.step()) : i + 1 == t.steps)) {
+      traced.push_back(last);
+    }
     if (t.json) {
       out << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.9g, \"step_ms\": %.3f, \"bubble_fraction\": %.4f, "
@@ -292,19 +273,14 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
           last.step(), last.loss(), last.step_ms(), last.bubble_fraction(),
           last.predicted_bubble_fraction());
       out.flush();
-    } else if (last.step() % t.log_every == 0 || i == 0 || i + 1 == t.steps) {
-      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-      out << absl::StrFormat(
-          "step %6d  loss %.6f  %.0f samples/s  bubble %.1f%% (predicted %.1f%%)\n", last.step(),
-          last.loss(), secs > 0 ? window_samples / secs : 0.0, 100 * last.bubble_fraction(),
-          100 * last.predicted_bubble_fraction());
-      out.flush();
-      window_start = Clock::now();
-      window_samples = 0;
+    } else {
+      progress.Step({last.step(), last.loss(), batch.samples, last.bubble_fraction(),
+                     last.predicted_bubble_fraction()});
     }
     // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
     const bool evaluate = t.eval_every > 0 && last.step() % t.eval_every == 0;
     if (CheckpointDue(t, last.step(), i + 1 == t.steps) || evaluate) {
+      progress.Clear();
       absl::StatusOr<bool> saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup,
                                                           optimizer, sampler.cursor(), out);
       // A recovery (or a coordinator restart) during the checkpoint: back to this step, again.
@@ -315,6 +291,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       }
       PT_ASSIGN_OR_RETURN(checkpoint_visible, saved);
       session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
+      progress.Redraw();
     }
     if (evaluate) {
       // The weights of this step, evaluated as `reference --eval-every` does.
@@ -329,9 +306,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       eval.eval_samples = t.eval_samples.value_or(kDefaultEvalSamples);
       eval.json = t.json;
       eval.step = last.step();
+      progress.Clear();
       PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
+      progress.Redraw();
     }
   }
+  progress.Finish();
   PT_RETURN_IF_ERROR(session->Finish());
   // The job is over: its workers are free for the next job.
   PT_RETURN_IF_ERROR(scoped.Finish());
@@ -341,10 +321,14 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
         kind, o.stages, static_cast<int>(t.microbatches),
         o.virtual_stages > 0 ? o.virtual_stages : schedule::DefaultVirtualStages(kind)};
     PT_ASSIGN_OR_RETURN(schedule::Placement placement, schedule::PlacementFor(params));
-    PT_ASSIGN_OR_RETURN(schedule::Timeline timeline, MeasuredTimeline(last, placement));
-    // Timeline times are milliseconds: 1000 trace microseconds per unit.
-    PT_RETURN_IF_ERROR(WriteTextFile(o.trace_path, schedule::RenderChromeTrace(timeline, 1000)));
-    if (!t.json) out << "trace of step " << last.step() << " written to " << o.trace_path << "\n";
+    PT_ASSIGN_OR_RETURN(std::string trace, RenderStepTrace(traced, placement));
+    PT_RETURN_IF_ERROR(WriteTextFile(o.trace_path, trace));
+    if (!t.json) {
+      out << (traced.size() == 1 ? absl::StrCat("trace of step ", traced[0].step())
+                                 : absl::StrCat("trace of steps ", traced.front().step(), " to ",
+                                                traced.back().step()))
+          << " written to " << o.trace_path << "\n";
+    }
   }
   if (t.eval_samples.has_value()) {
     // The final checkpoint, evaluated as `pipetrain evaluate` does (CheckTrainCommandOptions

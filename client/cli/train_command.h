@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "client/cli/step_trace.h"
 #include "client/cli/training_options.h"
 #include "client/sdk/client.h"
 
@@ -23,7 +25,12 @@ struct TrainCommandOptions {
   int stages = 1;                 // --stages S: pipeline stages (workers), >= 1.
   std::string schedule = "1f1b";  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v.
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
-  std::string trace_path;  // --trace FILE: Chrome trace of the last step; empty: none.
+  // --trace FILE: Chrome trace (client/cli/step_trace.h) of the last step, or of the steps
+  // --trace-steps selects; empty: none.
+  std::string trace_path;
+  // --trace-steps A:B: the steps (1-based, inclusive) --trace writes; unset: the last step. Needs
+  // --trace, and must meet the steps the run makes.
+  std::optional<TraceSteps> trace_steps;
   // --replace-timeout: how long a job that lost a worker waits for an idle one to take the lost
   // rank (JobSpec.replace_timeout_ms), > 0. Default 30 s.
   absl::Duration replace_timeout = absl::Seconds(30);
@@ -42,7 +49,7 @@ struct TrainCommandOptions {
 // OK if the options are usable (everything but the coordinator address, which `local` fills in);
 // INVALID_ARGUMENT naming the flag otherwise, UNIMPLEMENTED for --resume (the service cannot load
 // a checkpoint into its workers yet) and INVALID_ARGUMENT for --eval-samples without --save (the
-// evaluation reads the final checkpoint).
+// evaluation reads the final checkpoint) or --trace-steps without --trace.
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
 
 // Returns true when the run should stop early (e.g. Ctrl-C); checked between steps.
@@ -56,8 +63,9 @@ using InterruptFn = std::function<bool()>;
 // data set fields; with --eval-samples the final checkpoint is then evaluated as `pipetrain
 // evaluate` does (FAILED_PRECONDITION if it is not visible here). A loopback coordinator shares
 // this file system, so --save is then checked writable before the first step
-// (FAILED_PRECONDITION). Returns the first error (bad options, data, model, the coordinator's
-// statuses); CANCELLED if `interrupted` returned true.
+// (FAILED_PRECONDITION). --trace-steps outside the steps the run makes (known once the job exists:
+// it may resume) is INVALID_ARGUMENT before the first step. Returns the first error (bad options,
+// data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true.
 absl::Status RunTrainCommand(const TrainCommandOptions& options, std::ostream& out,
                              const InterruptFn& interrupted = nullptr);
 

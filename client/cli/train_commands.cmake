@@ -9,6 +9,7 @@ add_library(pipetrain_cli_train
   ${CMAKE_CURRENT_LIST_DIR}/interrupt.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_commands.cc
   ${CMAKE_CURRENT_LIST_DIR}/local_command.cc
+  ${CMAKE_CURRENT_LIST_DIR}/step_trace.cc
   ${CMAKE_CURRENT_LIST_DIR}/train_command.cc
 )
 target_link_libraries(pipetrain_cli_train

@@ -126,6 +126,16 @@ absl::Status CheckSaveDirectory(const TrainingOptions& o) {
   return CheckWritableDirectory("--save", o.save_dir);
 }
 
+ProgressOptions ProgressOptionsFor(const TrainingOptions& o, bool pipeline) {
+  ProgressOptions p;
+  p.terminal = o.terminal;
+  p.columns = o.terminal_columns;
+  p.steps = o.steps;
+  p.log_every = o.log_every;
+  p.pipeline = pipeline;
+  return p;
+}
+
 bool CheckpointDue(const TrainingOptions& o, int64_t step, bool last) {
   if (o.save_dir.empty()) return false;
   return last || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0);

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/cli/progress.h"
 #include "common/math/optimizer.h"
 
 namespace pipetrain::cli {
@@ -54,7 +55,7 @@ struct TrainingOptions {
   // the checkpoint written at that step, so they need --save on a file system shared with the
   // coordinator.
   int64_t eval_every = 0;
-  // --log-every N: steps between progress lines without --json, >= 1.
+  // --log-every N: steps between progress lines without --json and off a terminal, >= 1.
   int64_t log_every = 10;
   // --checkpoint-every N: >= 0. 0: one checkpoint at the end (with --save). N > 0: a checkpoint
   // after every step whose number is a multiple of N, and at the end; needs --save.
@@ -70,6 +71,11 @@ struct TrainingOptions {
   std::optional<int64_t> lr_decay_steps;
   // --lr-min X: the final rate of a decaying schedule, in [0, lr].
   std::optional<float> lr_min;
+  // Not flags: whether standard output is a terminal and its width in columns (0: unknown), which
+  // main.cc asks the system. A terminal gets a live progress line (client/cli/progress.h) instead
+  // of plain lines; --json output is the same either way. Default: not a terminal.
+  bool terminal = false;
+  int terminal_columns = 0;
   // --keep-checkpoints K: >= 1, checkpoints to keep: the newest in --save DIR, up to K - 1
   // earlier ones beside it as DIR.step-<12 digits> (model::PublishCheckpoint). Default 2.
   int keep_checkpoints = 2;
@@ -88,6 +94,10 @@ absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& 
 // probe file), so that a bad directory fails before the first step. FAILED_PRECONDITION naming
 // the path if it cannot be created or written; OK without --save. Thread-compatible.
 absl::Status CheckSaveDirectory(const TrainingOptions& options);
+
+// The progress line of a training command: terminal, width, --steps and --log-every from
+// `options`; `pipeline` for train/local (the bubble is shown). Pure.
+ProgressOptions ProgressOptionsFor(const TrainingOptions& options, bool pipeline);
 
 // True if a checkpoint is due after step number `step` (global, 1-based): with --save, at the
 // `last` step of the run and, with --checkpoint-every N, at every multiple of N.

@@ -570,6 +570,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     v1::WorkerTimeline* wt = result.add_workers();
     wt->set_rank(rank);
     const v1::StepDone& r = *job->reports[rank];
+    *wt->mutable_links() = r.links();
     if (r.timings_size() != static_cast<int>(job->plan.actions[rank].size())) replayable = false;
     for (int p = 0; p < r.timings_size(); ++p) {
       const v1::ActionTiming& t = r.timings(p);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,8 @@ class StreamOps {
 // reactor is alive for every call made on it.
 class LinkCore {
  public:
+  using Clock = std::chrono::steady_clock;
+
   LinkCore(bool client_side, std::string peer, const LinkOptions& options)
       : client_side_(client_side), peer_(std::move(peer)), options_(options) {}
 
@@ -140,7 +143,7 @@ class LinkCore {
       }
       if (!failure_.ok()) return failure_;
       const int64_t total = static_cast<int64_t>(tensor->size()) * sizeof(float);
-      queue_.push_back(Outgoing{key, std::move(tensor), 0, total});
+      queue_.push_back(Outgoing{key, std::move(tensor), 0, total, Clock::now()});
       CollectLocked(&pending);
     }
     Execute(std::move(pending));
@@ -188,6 +191,7 @@ class LinkCore {
   // --- Reactions (called by the reactors on gRPC threads). ---
 
   void OnReadDone(bool ok) {
+    const Clock::time_point arrived = Clock::now();
     if (!ok) {
       Pending pending;
       {
@@ -210,6 +214,8 @@ class LinkCore {
     read_buf_.Clear();
     Pending pending;
     std::shared_ptr<const LinkCallbacks> deliver_to;
+    LinkTransfer received;  // of a complete tensor: its first fragment's arrival.
+    received.direction = LinkTransfer::Direction::kReceive;
     {
       absl::MutexLock lock(&mu_);
       if (!decoded.ok()) {
@@ -241,16 +247,20 @@ class LinkCore {
         CollectLocked(&pending);
       } else {
         received_total_ += decoded->payload_bytes;
+        if (!receiving_since_.has_value()) receiving_since_ = arrived;
         if (decoded->type == wire::DecodedFrame::Type::kPartial) {
           read_in_flight_ = false;
           pending_grant_ += decoded->payload_bytes;
           CollectLocked(&pending);
         } else if (shutdown_) {
           read_in_flight_ = false;  // dropped: nobody listens any more.
+          receiving_since_.reset();
           CollectLocked(&pending);
         } else {
           ++callbacks_running_;
           deliver_to = callbacks_;
+          received.start = *receiving_since_;
+          receiving_since_.reset();
         }
       }
     }
@@ -261,6 +271,13 @@ class LinkCore {
     // A complete tensor: hand it over, then return its last fragment's credit.
     tls_callback_link = this;
     const wire::TensorKey key = decoded->key;
+    received.key = key;
+    received.bytes = static_cast<int64_t>(decoded->tensor.size()) * sizeof(float);
+    if (deliver_to->on_transfer) {
+      // Before on_tensor: whoever the tensor wakes up finds it recorded.
+      received.end = Clock::now();
+      deliver_to->on_transfer(received);
+    }
     absl::Status delivered = deliver_to->on_tensor(key, std::move(decoded->tensor));
     tls_callback_link = nullptr;
     {
@@ -284,6 +301,15 @@ class LinkCore {
     {
       absl::MutexLock lock(&mu_);
       write_in_flight_ = false;
+      if (ok && written_.has_value() && !shutdown_ && callbacks_ != nullptr &&
+          callbacks_->on_transfer) {
+        // The write just completed was a tensor's last fragment.
+        pending.transfer = *written_;
+        pending.transfer->end = Clock::now();
+        pending.transfer_to = callbacks_;
+        ++callbacks_running_;
+      }
+      written_.reset();
       if (!ok) {
         broken_ = true;
         if (client_side_) {
@@ -371,6 +397,7 @@ class LinkCore {
     std::shared_ptr<const math::Matrix> tensor;
     int64_t offset = 0;  // bytes already handed to gRPC.
     int64_t total = 0;
+    Clock::time_point queued;  // when Send() accepted it.
   };
 
   // What to do outside the lock, decided by CollectLocked / FailLocked.
@@ -382,6 +409,8 @@ class LinkCore {
     grpc::Status end_status;
     absl::Status report;  // non-OK: deliver to on_error.
     std::shared_ptr<const LinkCallbacks> report_to;
+    std::optional<LinkTransfer> transfer;  // deliver to on_transfer.
+    std::shared_ptr<const LinkCallbacks> transfer_to;
 
     int busy() const { return (cancel ? 1 : 0) + (read ? 1 : 0) + (write ? 1 : 0); }
   };
@@ -471,6 +500,7 @@ class LinkCore {
     peak_in_flight_ = std::max(peak_in_flight_, initial_credit_ - credit_);
     out.offset += length;
     if (out.offset == out.total) {
+      written_ = LinkTransfer{LinkTransfer::Direction::kSend, out.key, out.total, out.queued, {}};
       queue_.pop_front();
       ++tensors_sent_;
     }
@@ -512,6 +542,14 @@ class LinkCore {
         tls_callback_link = this;
         pending.report_to->on_error(pending.report);
         tls_callback_link = nullptr;
+        absl::MutexLock lock(&mu_);
+        --callbacks_running_;
+      }
+      if (pending.transfer.has_value()) {
+        tls_callback_link = this;
+        pending.transfer_to->on_transfer(*pending.transfer);
+        tls_callback_link = nullptr;
+        pending.transfer.reset();
         absl::MutexLock lock(&mu_);
         --callbacks_running_;
       }
@@ -573,7 +611,12 @@ class LinkCore {
   int64_t peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t credit_stalls_ ABSL_GUARDED_BY(mu_) = 0;
   bool blocked_on_credit_ ABSL_GUARDED_BY(mu_) = false;
+  // The tensor whose last fragment is the write in flight (for on_transfer); else empty.
+  std::optional<LinkTransfer> written_ ABSL_GUARDED_BY(mu_);
   // Receiving.
+  // When the first fragment of the tensor being reassembled arrived (a stream carries one tensor
+  // at a time); empty between tensors.
+  std::optional<Clock::time_point> receiving_since_ ABSL_GUARDED_BY(mu_);
   int64_t pending_grant_ ABSL_GUARDED_BY(mu_) = 0;   // consumed bytes not yet granted back.
   int64_t granted_total_ ABSL_GUARDED_BY(mu_) = 0;   // credit granted to the peer so far.
   int64_t received_total_ ABSL_GUARDED_BY(mu_) = 0;  // payload bytes received.

@@ -17,6 +17,7 @@
 #ifndef PIPETRAIN_SERVER_LINK_PEER_LINK_H_
 #define PIPETRAIN_SERVER_LINK_PEER_LINK_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +64,20 @@ struct LinkOptions {
   absl::Status Check() const;
 };
 
+// One tensor that crossed a link (LinkCallbacks::on_transfer), on the steady clock.
+struct LinkTransfer {
+  using Clock = std::chrono::steady_clock;
+  enum class Direction { kSend, kReceive };
+  Direction direction = Direction::kSend;
+  wire::TensorKey key;
+  int64_t bytes = 0;  // payload bytes.
+  // kSend: Send() accepted the tensor. kReceive: its first fragment was read.
+  std::chrono::steady_clock::time_point start;
+  // kSend: gRPC completed the write of its last fragment. kReceive: its last fragment was read
+  // and the tensor reassembled, just before on_tensor.
+  std::chrono::steady_clock::time_point end;
+};
+
 // Callbacks of one link. Both run on gRPC threads and must not block (e.g. Mailbox::Put); they may
 // call Send() and Shutdown() on this or any link.
 struct LinkCallbacks {
@@ -75,6 +90,10 @@ struct LinkCallbacks {
   // ABORTED for a stale epoch, ...), or on_tensor failed. Not called after Shutdown().
   // Optional.
   std::function<void(const absl::Status& status)> on_error;
+  // Called once per tensor sent (after its last write completed) and received (just before
+  // on_tensor, so that the report happens before anything the tensor sets off), for timelines;
+  // not for a tensor dropped by Shutdown() or a failure. Optional.
+  std::function<void(const LinkTransfer& transfer)> on_transfer;
 };
 
 // How a link validates and delivers what it receives.

@@ -244,6 +244,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   }
   StepReport report;
   report.step = step;
+  report.started = t0;
   if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
   report.timings.reserve(actions.size());
   DiscardInFlight();

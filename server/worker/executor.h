@@ -82,6 +82,8 @@ struct ActionTiming {
 // What a worker reports to the coordinator after a successful RunStep.
 struct StepReport {
   int64_t step = 0;
+  // When RunStep began (steady clock): the origin of `timings`.
+  std::chrono::steady_clock::time_point started;
   // Loss of each micro-batch, indexed by micro-batch (already scaled by 1/batch_rows), if this
   // worker holds the last chunk; empty otherwise. The coordinator sums them in increasing order
   // as float to get the step's loss.

@@ -6,7 +6,8 @@
 
 namespace pipetrain::worker {
 
-v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report) {
+v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report,
+                                const std::vector<LinkSpanTiming>& links) {
   v1::StepDone done;
   done.set_job(job);
   done.set_epoch(epoch);
@@ -23,6 +24,19 @@ v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const Ste
     out->set_start_us(absl::ToDoubleMicroseconds(t.start));
     out->set_end_us(absl::ToDoubleMicroseconds(t.end));
     out->set_wait_us(absl::ToDoubleMicroseconds(t.wait()));
+  }
+  for (const LinkSpanTiming& l : links) {
+    v1::LinkSpan* out = done.add_links();
+    out->set_direction(l.send ? v1::LINK_DIRECTION_SEND : v1::LINK_DIRECTION_RECEIVE);
+    out->set_peer(l.peer);
+    // wire::TensorKind and v1::TensorKind share their numbers (tensor.proto).
+    out->set_kind(static_cast<v1::TensorKind>(static_cast<int>(l.key.kind)));
+    out->set_microbatch(l.key.microbatch);
+    out->set_chunk(l.key.chunk);
+    out->set_bytes(l.bytes);
+    out->set_start_us(absl::ToDoubleMicroseconds(l.start));
+    out->set_end_us(absl::ToDoubleMicroseconds(l.end));
+    out->set_complete(l.complete);
   }
   return done;
 }

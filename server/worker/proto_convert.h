@@ -9,12 +9,15 @@
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/worker/executor.h"
+#include "server/worker/link_span_log.h"
 
 namespace pipetrain::worker {
 
-// StepDone for `report` of (job, epoch): losses, per-layer squared gradient norms and the action
-// timings in microseconds (start/end relative to the RunStep's start, wait = ready - start).
-v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report);
+// StepDone for `report` of (job, epoch): losses, per-layer squared gradient norms, the action
+// timings in microseconds (start/end relative to the RunStep's start, wait = ready - start) and
+// the step's tensors sent and received, `links` (LinkSpanLog::TakeStep), in the same time base.
+v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report,
+                                const std::vector<LinkSpanTiming>& links = {});
 
 }  // namespace pipetrain::worker
 

@@ -264,6 +264,9 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   settings.callbacks.on_error = [this, peer](const absl::Status& status) {
     LinkFailed(peer, status);
   };
+  settings.callbacks.on_transfer = [this, peer](const link::LinkTransfer& transfer) {
+    link_spans_.Record(peer, transfer);
+  };
   return settings;
 }
 
@@ -441,6 +444,9 @@ void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
     if (!put.ok() && mailbox_.status().ok()) mailbox_.Abort(put);
     return;
   }
+  link_spans_.SendQueued(absl::StrCat(kStagePeerPrefix, owner), key,
+                         static_cast<int64_t>(tensor.size()) * sizeof(float),
+                         LinkSpanLog::Clock::now());
   auto shared = std::make_shared<const math::Matrix>(std::move(tensor));
   PeerLink* link = nullptr;
   {
@@ -496,6 +502,7 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
     // are dropped and the executor discards the failed step at once.
     if (aborted && broken.ok()) {
       mailbox_.Reset();
+      link_spans_.Clear();
     } else if (!report.ok()) {
       mailbox_.ClearStep(step);
     }
@@ -508,7 +515,9 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
     }
     RecordStepMetrics(*report);
     v1::WorkerEvent event;
-    *event.mutable_step_done() = StepDoneFromReport(job_, epoch_, *report);
+    *event.mutable_step_done() =
+        StepDoneFromReport(job_, epoch_, *report,
+                           link_spans_.TakeStep(step, report->started, LinkSpanLog::Clock::now()));
     Emit(std::move(event));
   });
 }

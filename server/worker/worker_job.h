@@ -34,6 +34,7 @@
 #include "server/logging/log_level.h"
 #include "server/worker/compute_pacer.h"
 #include "server/worker/executor.h"
+#include "server/worker/link_span_log.h"
 #include "server/worker/mailbox.h"
 
 namespace pipetrain::metrics {
@@ -171,6 +172,7 @@ class WorkerJob final : public Sender {
   // --emulate-gflops (null when off); before the mailbox, which reports waits to it.
   const std::unique_ptr<ComputePacer> pacer_;
   Mailbox mailbox_;                         // thread-safe.
+  LinkSpanLog link_spans_;                  // thread-safe; for StepDone.links.
   std::unique_ptr<StepExecutor> executor_;  // compute thread only (after Create).
 
   // Command thread only.

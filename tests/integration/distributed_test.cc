@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -186,8 +187,6 @@ TEST_F(DistributedTest, ExampleDigitsMlpMatchesReference) {
   }
 }
 
-// --trace writes the last step's measured timeline as Chrome trace JSON: one complete event per
-// action (2 workers x 8 micro-batches x F and B).
 // Checkpoints move between the reference and the service in both directions and onto any stage
 // count: 3 reference steps then 3 `local --resume` steps (S=2, zb-v), and 3 `local` steps (S=3)
 // then 3 `reference --resume` steps, both give the losses of steps 4-6 and the final files of 6
@@ -241,6 +240,17 @@ TEST_F(DistributedTest, ResumeThroughTheServiceEqualsAnUninterruptedRun) {
   EXPECT_THAT(ReadFile(d + "-other.err"), ::testing::HasSubstr("another model spec"));
 }
 
+// Events of one category ("compute", "wait", "send", "recv", "step") in a --trace file.
+std::vector<nlohmann::json> TraceEvents(const nlohmann::json& trace, const std::string& cat) {
+  std::vector<nlohmann::json> events;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "X" && e.value("cat", "") == cat) events.push_back(e);
+  }
+  return events;
+}
+
+// --trace writes the last step's measured timeline as Chrome trace JSON: one compute event per
+// action (2 workers x 8 micro-batches x F and B), all of step 3.
 TEST_F(DistributedTest, TraceHasEveryActionOfTheLastStep) {
   const std::string trace = *dir_ + "/trace.json";
   const CliRun local =
@@ -251,11 +261,92 @@ TEST_F(DistributedTest, TraceHasEveryActionOfTheLastStep) {
   const nlohmann::json j = nlohmann::json::parse(ReadFile(trace), nullptr, false);
   ASSERT_FALSE(j.is_discarded());
   ASSERT_TRUE(j.contains("traceEvents"));
-  int complete = 0;
-  for (const auto& e : j["traceEvents"]) {
-    if (e.value("ph", "") == "X") ++complete;
+  const std::vector<nlohmann::json> compute = TraceEvents(j, "compute");
+  EXPECT_EQ(compute.size(), 2u * 8 * 2);
+  for (const auto& e : compute) EXPECT_EQ(e["args"]["step"], 3);
+}
+
+// --trace-steps 2:3 of a 4-step run: for each step in the range and each rank, compute, wait,
+// send and receive spans, with non-negative durations, inside their step's span; nothing of
+// steps 1 and 4. The tensors between the stages appear on both sides: every activation rank 0
+// sends is received by rank 1, every gradient rank 1 sends is received by rank 0.
+TEST_F(DistributedTest, TraceStepsHaveComputeWaitSendAndReceiveSpansOfEveryRank) {
+  const std::string trace = *dir_ + "/trace-steps.json";
+  const CliRun local = Pipetrain(
+      absl::StrCat("local --stages 2 --schedule 1f1b --model ", Example("mlp_digits.textproto"),
+                   " --batch 16 --microbatches 4 --steps 4 --seed 7 --trace ", trace,
+                   " --trace-steps 2:3"),
+      "");
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  EXPECT_THAT(local.out, ::testing::HasSubstr("trace of steps 2 to 3 written to " + trace));
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(trace), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  // The steps' spans: [ts, ts + dur) per step.
+  std::map<int, std::pair<double, double>> step_span;
+  for (const auto& e : TraceEvents(j, "step")) {
+    const int step = e["args"]["step"];
+    step_span[step] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    // Every rank's spans fall between its RunStep and its StepDone, inside the coordinator's
+    // step time: none stretched the step's span beyond step_ms.
+    EXPECT_NEAR(e["dur"].get<double>(), e["args"]["step_ms"].get<double>() * 1000, 1e-3);
+    EXPECT_GE(e["args"]["bubble_fraction"].get<double>(), 0.0);
+    EXPECT_GE(e["args"]["predicted_bubble_fraction"].get<double>(), 0.0);
   }
-  EXPECT_EQ(complete, 2 * 8 * 2);
+  ASSERT_EQ(step_span.size(), 2u);
+  ASSERT_EQ(step_span.begin()->first, 2);
+  ASSERT_EQ(step_span.rbegin()->first, 3);
+  EXPECT_DOUBLE_EQ(step_span[3].first, step_span[2].second) << "steps laid end to end";
+  for (const char* cat : {"compute", "wait", "send", "recv"}) {
+    SCOPED_TRACE(cat);
+    std::map<std::pair<int, int>, int> per_step_rank;  // (step, rank) -> events.
+    for (const auto& e : TraceEvents(j, cat)) {
+      const int step = e["args"]["step"];
+      const int rank = e["pid"];
+      ASSERT_TRUE(step_span.count(step)) << e.dump();
+      ++per_step_rank[{step, rank}];
+      const double ts = e["ts"], dur = e["dur"];
+      EXPECT_GE(dur, 0.0) << e.dump();
+      EXPECT_GE(ts, step_span[step].first) << e.dump();
+      EXPECT_LE(ts + dur, step_span[step].second + 1e-6) << e.dump();
+    }
+    for (int step : {2, 3}) {
+      for (int rank : {0, 1}) {
+        EXPECT_GT((per_step_rank[{step, rank}]), 0) << "step " << step << " rank " << rank;
+      }
+    }
+  }
+  // Per step: rank 0 sends 4 activations that rank 1 receives, rank 1 sends 4 gradients that
+  // rank 0 receives; each rank also receives the coordinator's inputs (rank 0) or targets.
+  std::map<std::string, int> tensors;  // "step/rank/cat/kind/peer" -> count
+  for (const char* cat : {"send", "recv"}) {
+    for (const auto& e : TraceEvents(j, cat)) {
+      tensors[absl::StrCat(e["args"]["step"].get<int>(), "/", e["pid"].get<int>(), "/", cat, "/",
+                           e["args"]["kind"].get<std::string>(), "/",
+                           e["args"]["peer"].get<std::string>())]++;
+    }
+  }
+  for (int step : {2, 3}) {
+    EXPECT_EQ(tensors[absl::StrCat(step, "/0/send/activation/stage/1")], 4);
+    EXPECT_EQ(tensors[absl::StrCat(step, "/1/recv/activation/stage/0")], 4);
+    EXPECT_EQ(tensors[absl::StrCat(step, "/1/send/gradient/stage/0")], 4);
+    EXPECT_EQ(tensors[absl::StrCat(step, "/0/recv/gradient/stage/1")], 4);
+    EXPECT_EQ(tensors[absl::StrCat(step, "/0/recv/input/coordinator")], 4);
+    EXPECT_EQ(tensors[absl::StrCat(step, "/1/recv/target/coordinator")], 4);
+  }
+
+  // A range the run does not reach is refused before training; --trace-steps needs --trace.
+  const CliRun outside = Pipetrain(
+      absl::StrCat("local --stages 2 --model ", Example("mlp_digits.textproto"),
+                   " --batch 16 --microbatches 4 --steps 4 --trace ", trace, " --trace-steps 5:9"),
+      "/dev/stdout");
+  EXPECT_EQ(outside.exit_code, 1);
+  EXPECT_THAT(outside.out, ::testing::HasSubstr("selects none of this run's steps 1:4"));
+  const CliRun alone =
+      Pipetrain(absl::StrCat("local --stages 2 --model ", Example("mlp_digits.textproto"),
+                             " --steps 4 --trace-steps 2:3"),
+                "/dev/stdout");
+  EXPECT_EQ(alone.exit_code, 1);
+  EXPECT_THAT(alone.out, ::testing::HasSubstr("--trace-steps needs --trace"));
 }
 
 TEST_F(DistributedTest, TrainWithoutReachableCoordinatorIsUnavailable) {

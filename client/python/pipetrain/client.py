@@ -89,23 +89,87 @@ def model_spec(model):
 
 _SGD_KEYS = {"lr", "momentum", "weight_decay", "nesterov"}
 _ADAMW_KEYS = {"lr", "beta1", "beta2", "eps", "weight_decay"}
+# The --optimizer text's schedule keys (math::ParseOptimizerConfig) -> lr_schedule_spec() keys.
+_OPTIMIZER_SCHEDULE_KEYS = {"lr_schedule": "kind", "warmup_steps": "warmup_steps",
+                            "decay_steps": "decay_steps", "lr_min": "min_lr"}
+_LR_SCHEDULE_KINDS = {"constant": model_pb2.LrScheduleSpec.CONSTANT,
+                      "warmup-cosine": model_pb2.LrScheduleSpec.WARMUP_COSINE,
+                      "warmup-linear": model_pb2.LrScheduleSpec.WARMUP_LINEAR}
+# lr_schedule_spec() keys; the CLI's flag names (--lr-decay-steps, --lr-min) are accepted too.
+_LR_SCHEDULE_ALIASES = {"lr_decay_steps": "decay_steps", "lr_min": "min_lr"}
+
+
+def _parse_kind_and_keys(text, what):
+    """("kind", {"key": "value", ...}) from "kind:key=value,..." (`what` names it in errors)."""
+    kind, _, args = text.partition(":")
+    values = {}
+    for item in filter(None, args.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _invalid("%s %r: %r is not key=value" % (what, text, item))
+        values[key.strip()] = value.strip()
+    return kind.strip(), values
+
+
+def lr_schedule_spec(schedule):
+    """An LrScheduleSpec (docs/training.md, "Learning-rate schedules") from a message, a dict
+    {"kind": "warmup-cosine", "warmup_steps": 10, "decay_steps": 100, "min_lr": 1e-4} or text in
+    the optimizer's style ("warmup-cosine:warmup_steps=10,decay_steps=100,min_lr=1e-4"). kind:
+    constant | warmup-cosine | warmup-linear (default constant); warmup_steps >= 0 (default 0);
+    decay_steps (also lr_decay_steps, as `pipetrain --lr-decay-steps`): the update at which a
+    decaying kind reaches min_lr (also lr_min), required for them since the client does not know
+    how many steps the job will make (the CLI's default is --steps). INVALID_ARGUMENT for an
+    unknown kind or key, a value of the wrong type or a missing decay_steps; the coordinator
+    checks the ranges (decay_steps > warmup_steps, 0 <= min_lr <= lr)."""
+    if isinstance(schedule, model_pb2.LrScheduleSpec):
+        return schedule
+    if isinstance(schedule, str):
+        kind, values = _parse_kind_and_keys(schedule, "lr_schedule")
+        values["kind"] = kind
+    elif isinstance(schedule, dict):
+        values = dict(schedule)
+    else:
+        raise _invalid("lr_schedule must be an LrScheduleSpec, text or a dict, got %s"
+                       % type(schedule).__name__)
+    spec = model_pb2.LrScheduleSpec()
+    kind = str(values.pop("kind", "constant")).replace("_", "-")
+    if kind not in _LR_SCHEDULE_KINDS:
+        raise _invalid("lr_schedule: unknown kind %r (expected constant, warmup-cosine or "
+                       "warmup-linear)" % (kind,))
+    spec.kind = _LR_SCHEDULE_KINDS[kind]
+    for key, value in values.items():
+        field = _LR_SCHEDULE_ALIASES.get(key, key)
+        if field not in ("warmup_steps", "decay_steps", "min_lr"):
+            raise _invalid("lr_schedule: unknown key %r (expected kind, warmup_steps, "
+                           "decay_steps, min_lr)" % (key,))
+        try:
+            if field == "min_lr":
+                spec.min_lr = float(value)
+            else:
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError()
+                setattr(spec, field, int(value))
+        except (TypeError, ValueError, OverflowError):
+            raise _invalid("lr_schedule: %s=%r is not %s"
+                           % (key, value, "a number" if field == "min_lr" else "an integer")) \
+                from None
+    if spec.kind != model_pb2.LrScheduleSpec.CONSTANT and spec.decay_steps == 0:
+        raise _invalid("lr_schedule %s: decay_steps is required (the update at which the rate "
+                       "reaches min_lr; `pipetrain` defaults it to --steps)" % (kind,))
+    return spec
 
 
 def optimizer_spec(optimizer):
     """An OptimizerSpec from a message, the CLI's text ("adamw:lr=1e-2,beta1=0", "sgd:lr=0.1,
     momentum=0.9", keys as `pipetrain --optimizer`) or a dict {"kind": "adamw", "lr": 1e-2, ...}.
-    Keys left out take the coordinator's defaults (model.proto). INVALID_ARGUMENT for an unknown
-    kind or key."""
+    Keys left out take the coordinator's defaults (model.proto). The text's and dict's schedule
+    keys lr_schedule, warmup_steps, decay_steps and lr_min (as `pipetrain --optimizer`) set
+    OptimizerSpec.lr_schedule (see lr_schedule_spec()). INVALID_ARGUMENT for an unknown kind or
+    key."""
     if isinstance(optimizer, model_pb2.OptimizerSpec):
         return optimizer
     if isinstance(optimizer, str):
-        kind, _, args = optimizer.partition(":")
-        values = {}
-        for item in filter(None, args.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise _invalid("optimizer %r: %r is not key=value" % (optimizer, item))
-            values[key.strip()] = value.strip()
+        kind, values = _parse_kind_and_keys(optimizer, "optimizer")
     elif isinstance(optimizer, dict):
         values = dict(optimizer)
         kind = values.pop("kind", None)
@@ -113,6 +177,10 @@ def optimizer_spec(optimizer):
         raise _invalid("optimizer must be an OptimizerSpec, text or a dict, got %s"
                        % type(optimizer).__name__)
     spec = model_pb2.OptimizerSpec()
+    schedule = {_OPTIMIZER_SCHEDULE_KEYS[k]: values.pop(k) for k in list(values)
+                if k in _OPTIMIZER_SCHEDULE_KEYS}
+    if schedule:
+        spec.lr_schedule.CopyFrom(lr_schedule_spec(schedule))
     if kind == "sgd":
         target, keys = spec.sgd, _SGD_KEYS
         spec.sgd.SetInParent()
@@ -629,7 +697,8 @@ class Client:
 
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
-                   recover=True, replace_timeout=30.0, min_stages=0, *, max_kept_batches=10000,
+                   recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
+                   max_kept_batches=10000,
                    recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None,
                    on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
@@ -639,7 +708,10 @@ class Client:
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint
-        directory on the coordinator's host.
+        directory on the coordinator's host. lr_schedule: the learning-rate schedule (see
+        lr_schedule_spec()), OptimizerSpec.lr_schedule as `pipetrain --lr-schedule KIND
+        --warmup-steps N --lr-decay-steps N --lr-min X` sets it; it replaces a schedule the
+        optimizer text gives. None: the optimizer's (by default constant).
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
@@ -655,6 +727,8 @@ class Client:
                           min_stages=min_stages)
         spec.model.CopyFrom(model_spec(model))
         spec.optimizer.CopyFrom(optimizer_spec(optimizer))
+        if lr_schedule is not None:
+            spec.optimizer.lr_schedule.CopyFrom(lr_schedule_spec(lr_schedule))
         if data is not None:
             shape = data.shape if hasattr(data, "shape") and isinstance(data.shape, dict) else data
             try:

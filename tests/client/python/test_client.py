@@ -35,13 +35,14 @@ def bits(values):
     return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
 
 
-def cli_losses(daemons, model, schedule, microbatches):
-    """Per-step losses of `pipetrain train` against the daemons (its --json lines)."""
+def cli_losses(daemons, model, schedule, microbatches, extra_flags=()):
+    """Per-step losses of `pipetrain train` against the daemons (its --json lines), with
+    `extra_flags` added to its command line."""
     run = subprocess.run(
         [os.environ["PIPETRAIN_BINARY"], "train", "--coordinator", daemons.address, "--stages",
          "2", "--schedule", schedule, "--model", model, "--data", "digits", "--steps", str(STEPS),
          "--batch", str(BATCH), "--microbatches", str(microbatches), "--seed", str(SEED),
-         "--optimizer", OPTIMIZER, "--json"],
+         "--optimizer", OPTIMIZER, "--json", *extra_flags],
         capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -75,6 +76,56 @@ def test_losses_equal_pipetrain_train_bit_for_bit(daemons, example, schedule, mi
             assert [w.rank for w in r.workers] == [0, 1]
         assert job.status().state == pb.JOB_STATE_DONE
     assert expected[-1] < expected[0]  # it learns
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+# Warm-up over 3 updates, then a cosine decay to 1e-3 at update 10, then 1e-3 (steps 11 and 12).
+LR_FLAGS = ["--lr-schedule", "warmup-cosine", "--warmup-steps", "3", "--lr-decay-steps", "10",
+            "--lr-min", "1e-3"]
+
+
+def test_lr_schedule_losses_equal_pipetrain_train_bit_for_bit(daemons, example):
+    model = example("mlp_digits.textproto")
+    expected = cli_losses(daemons, model, "1f1b", 4, LR_FLAGS)
+    constant = cli_losses(daemons, model, "1f1b", 4)
+    # The schedule changes every update: the first loss (before any update) is the same, every
+    # later one differs from the constant rate's.
+    assert bits(expected[:1]) == bits(constant[:1])
+    assert all(a != b for a, b in zip(bits(expected[1:]), bits(constant[1:])))
+    digits = data.load("digits")
+    # The same schedule as the create_job argument (a dict, text, an LrScheduleSpec) and as the
+    # optimizer text's keys (`pipetrain --optimizer`'s).
+    schedule = {"kind": "warmup-cosine", "warmup_steps": 3, "decay_steps": 10, "min_lr": 1e-3}
+    for optimizer, lr_schedule in (
+            (OPTIMIZER, schedule),
+            (OPTIMIZER, "warmup-cosine:warmup_steps=3,lr_decay_steps=10,lr_min=1e-3"),
+            (OPTIMIZER, pipetrain.lr_schedule_spec(schedule)),
+            (OPTIMIZER + ",lr_schedule=warmup-cosine,warmup_steps=3,decay_steps=10,lr_min=1e-3",
+             None)):
+        with daemons.client.create_job(model=model, schedule="1f1b", stages=2, microbatches=4,
+                                       optimizer=optimizer, seed=SEED, data=digits,
+                                       lr_schedule=lr_schedule) as job:
+            results = list(job.train(data.batches(digits, BATCH, seed=SEED), steps=STEPS,
+                                     progress=False))
+        assert bits([r.loss for r in results]) == bits(expected), (optimizer, lr_schedule)
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+def test_bad_lr_schedule_raises_invalid_argument(daemons, example):
+    model = example("mlp_digits.textproto")
+    for bad, says in (({"kind": "warmup-cosine", "warmup_steps": 3}, "decay_steps is required"),
+                      ({"kind": "cosine", "decay_steps": 3}, "unknown kind 'cosine'"),
+                      ({"warmup": 3}, "unknown key 'warmup'"),
+                      ("warmup-linear:decay_steps=2.5", "decay_steps='2.5' is not an integer")):
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            daemons.client.create_job(model=model, stages=2, lr_schedule=bad)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and says in e.value.message, bad
+    # Ranges are the coordinator's to check: min_lr above lr.
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=model, stages=2, optimizer=OPTIMIZER,
+                                  lr_schedule={"kind": "warmup-linear", "decay_steps": 10,
+                                               "min_lr": 1.0})
+    assert e.value.code == StatusCode.INVALID_ARGUMENT and e.value.method == "CreateJob"
     assert sorted(daemons.idle_workers()) == ["w0", "w1"]
 
 

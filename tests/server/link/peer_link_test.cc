@@ -85,7 +85,23 @@ class Collector {
       absl::MutexLock lock(&mu_);
       errors_.push_back(status);
     };
+    callbacks.on_transfer = [this](const LinkTransfer& transfer) {
+      absl::MutexLock lock(&mu_);
+      transfers_.push_back(transfer);
+      if (transfer.direction == LinkTransfer::Direction::kReceive &&
+          received_.count(transfer.key) > 0) {
+        ++reported_after_delivery_;
+      }
+    };
     return callbacks;
+  }
+
+  // The first `n` transfers reported, waiting for them; fewer if they do not come in time.
+  std::vector<LinkTransfer> WaitForTransfers(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return transfers_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), kTimeout);
+    return transfers_;
   }
 
   // Makes on_tensor wait for `gate` before storing (tests of the credit window only).
@@ -112,6 +128,12 @@ class Collector {
     return errors_.front();
   }
 
+  // Receive reports that came after on_tensor had stored the tensor (there should be none).
+  int reported_after_delivery() {
+    absl::MutexLock lock(&mu_);
+    return reported_after_delivery_;
+  }
+
   std::map<TensorKey, math::Matrix> received() {
     absl::MutexLock lock(&mu_);
     return received_;
@@ -126,6 +148,8 @@ class Collector {
   absl::Mutex mu_;                      // protects everything below.
   std::map<TensorKey, math::Matrix> received_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  std::vector<LinkTransfer> transfers_ ABSL_GUARDED_BY(mu_);
+  int reported_after_delivery_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status reply_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -304,6 +328,50 @@ TEST_F(LinkTest, LargeTensorLargerThanTheWindowStreamsThrough) {
   ASSERT_TRUE(client->Send(key, big).ok());
   ASSERT_TRUE(server_collector_.WaitForTensors(1));
   EXPECT_TRUE(BitwiseEqual(server_collector_.received().at(key), *big));
+}
+
+// Each tensor is reported once by each end (on_transfer): the sender's from Send() to the
+// completed write of its last fragment, the receiver's from its first fragment to its last
+// (before on_tensor: the tensor is not in the collector yet when its report is),
+// with its key and byte count; a tensor of several fragments takes time on both sides.
+TEST_F(LinkTest, TransfersAreReportedByBothEnds) {
+  LinkOptions options;
+  options.fragment_bytes = wire::kMinFragmentBytes;
+  StartServer(options);
+  std::unique_ptr<PeerLink> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  auto big = Pattern(1024, 1024, 7);  // 4 MiB: 4 fragments of 1 MiB.
+  auto small = Pattern(2, 3, 8);
+  const TensorKey big_key{5, 1, 1, TensorKind::kActivation};
+  const TensorKey small_key{5, 2, 1, TensorKind::kActivation};
+  const auto before = LinkTransfer::Clock::now();
+  ASSERT_TRUE(client->Send(big_key, big).ok());
+  ASSERT_TRUE(client->Send(small_key, small).ok());
+  const std::vector<LinkTransfer> sent = client_collector_.WaitForTransfers(2);
+  const std::vector<LinkTransfer> received = server_collector_.WaitForTransfers(2);
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_EQ(received.size(), 2u);
+  const auto after = LinkTransfer::Clock::now();
+  const std::vector<TensorKey> keys = {big_key, small_key};
+  const std::vector<int64_t> bytes = {int64_t{4} << 20, 6 * 4};
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(sent[i].direction, LinkTransfer::Direction::kSend);
+    EXPECT_EQ(received[i].direction, LinkTransfer::Direction::kReceive);
+    EXPECT_EQ(sent[i].key, keys[i]);
+    EXPECT_EQ(received[i].key, keys[i]);
+    EXPECT_EQ(sent[i].bytes, bytes[i]);
+    EXPECT_EQ(received[i].bytes, bytes[i]);
+    for (const LinkTransfer& t : {sent[i], received[i]}) {
+      EXPECT_LE(before, t.start);
+      EXPECT_LE(t.start, t.end);
+      EXPECT_LE(t.end, after);
+    }
+  }
+  EXPECT_LT(received[0].start, received[0].end) << "4 fragments arrive one after another";
+  EXPECT_LE(received[0].end, received[1].start) << "one tensor at a time per stream";
+  EXPECT_EQ(server_collector_.reported_after_delivery(), 0);
+  // No more: exactly one report per tensor and side.
+  EXPECT_EQ(client_collector_.WaitForTransfers(0).size(), 2u);
 }
 
 // A bare generic client that writes raw buffers, for feeding the server malformed frames.
