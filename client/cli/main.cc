@@ -98,7 +98,8 @@ ABSL_FLAG(std::string, token_file, "",
           "train/jobs/status/cancel: send the first token of this file to the coordinator "
           "(default: $PIPETRAIN_TOKEN, with TLS)");
 ABSL_FLAG(std::string, schedule, "1f1b",
-          "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
+          "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|"
+          "1f1b-overlap|interleaved-overlap");
 ABSL_FLAG(std::string, trace, "",
           "train/local: write the measured timeline of the last step (or of --trace-steps) as a "
           "Chrome trace for Perfetto: compute, wait, send and receive spans per rank");
@@ -115,7 +116,9 @@ ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
 // jobs / status / cancel
 ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
-ABSL_FLAG(std::string, kind, "", "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v");
+ABSL_FLAG(std::string, kind, "",
+          "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
+          "interleaved-overlap|dualpipe");
 ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
 ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");

@@ -49,7 +49,11 @@ std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::Simulat
       absl::StrCat(schedule::ScheduleKindName(p.kind), ": S=", p.stages, " M=", p.microbatches,
                    " V=", p.virtual_stages, "; per-stage costs F=", Num(o.costs.f),
                    " B=", Num(o.costs.b), " I=", Num(o.costs.i), " W=", Num(o.costs.w));
-  if (p.virtual_stages > 1) absl::StrAppend(&out, " (each chunk 1/", p.virtual_stages, ")");
+  if (p.kind == schedule::ScheduleKind::kDualPipe) {
+    absl::StrAppend(&out, " (each chunk a whole stage: two copies of the weights; not executable)");
+  } else if (p.virtual_stages > 1) {
+    absl::StrAppend(&out, " (each chunk 1/", p.virtual_stages, ")");
+  }
   absl::StrAppend(&out, "\n", schedule::RenderAscii(r.timeline));
   absl::StrAppend(&out, "makespan ", Num(r.stats.makespan), ", bubble fraction ",
                   Num(r.stats.bubble_fraction), "\n");
@@ -71,7 +75,8 @@ absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
   ScheduleCommandOptions o;
   if (kind.empty()) {
     return absl::InvalidArgumentError(
-        "--kind is required: gpipe, 1f1b, interleaved, zb-h1, zb-v or dualpipe-v");
+        "--kind is required: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipe-v, 1f1b-overlap, "
+        "interleaved-overlap or dualpipe");
   }
   PT_ASSIGN_OR_RETURN(o.params.kind, schedule::ParseScheduleKind(kind));
   if (stages.empty()) return absl::InvalidArgumentError("--stages is required");

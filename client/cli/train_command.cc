@@ -59,7 +59,8 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
                      absl::FormatDuration(o.replace_timeout), " and ",
                      absl::FormatDuration(o.reconnect_timeout)));
   }
-  return schedule::ParseScheduleKind(o.schedule).status();
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
+  return schedule::CheckExecutable(kind);
 }
 
 namespace {

@@ -60,6 +60,11 @@ absl::Status CheckVector(const std::vector<double>& values, const char* what, bo
 absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const PartitionOptions& o) {
   PT_ASSIGN_OR_RETURN(Placement placement,
                       schedule::MakePlacement(o.placement, o.stages, o.virtual_stages));
+  if (placement.kind == PlacementKind::kBidirectional) {
+    return absl::InvalidArgumentError(
+        "the bidirectional placement (dualpipe) holds two copies of each of S stages; cut the "
+        "stages with the linear placement (kind 1f1b) instead");
+  }
   if (costs.empty()) return absl::InvalidArgumentError("no layer costs given");
   if (costs.size() > static_cast<size_t>(kMaxLayers)) {
     return absl::InvalidArgumentError(

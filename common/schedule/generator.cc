@@ -32,11 +32,13 @@ std::vector<Action> GPipeWorker(int m, int w) {
   return list.Take();
 }
 
-// 1F1B: min(S-w-1, M) warm-up forwards, then one forward and one backward per step until the
-// forwards run out, then the remaining backwards.
-std::vector<Action> OneFOneBWorker(int s, int m, int w) {
+// 1F1B: `warmup` forwards (capped at M), then one forward and one backward per step until the
+// forwards run out, then the remaining backwards. Plain 1F1B warms up with S-w-1 forwards;
+// 1F1B-overlap with 2(S-w-1)+1, so that each steady (F, B) pair's B has its input gradient
+// in flight while the F computes.
+std::vector<Action> OneFOneBWorker(int m, int w, int warmup_forwards) {
   ActionList list(2 * static_cast<size_t>(m));
-  const int warmup = std::min(s - w - 1, m);
+  const int warmup = std::min(warmup_forwards, m);
   int f = 0;
   int b = 0;
   for (int k = 0; k < warmup; ++k) list.Add(Op::kForward, f++, w);
@@ -51,9 +53,11 @@ std::vector<Action> OneFOneBWorker(int s, int m, int w) {
 // Megatron interleaved 1F1B on the looped placement (worker w holds chunks w, w+S, ...).
 // Micro-batches run in groups of S: for each group, the forwards visit local chunk 0 for the S
 // micro-batches of the group, then local chunk 1, ...; the backwards follow the same table with the
-// local chunks reversed. The worker runs min(2(S-w-1) + (V-1)S, MV) warm-up forwards, then pairs
-// (next forward, next backward), then drains the backwards. Requires M % S == 0.
-std::vector<Action> InterleavedWorker(int s, int m, int v, int w) {
+// local chunks reversed. The worker runs min(2(S-w-1) + (V-1)S + extra_warmup, MV) warm-up
+// forwards, then pairs (next forward, next backward), then drains the backwards. Requires
+// M % S == 0. Interleaved-overlap is the same order with one more warm-up forward (extra_warmup
+// 1), which makes every steady pair an overlapped (F, B) pair.
+std::vector<Action> InterleavedWorker(int s, int m, int v, int w, int extra_warmup) {
   const int total = m * v;
   // Entry k of the table: (micro-batch, local chunk index).
   std::vector<std::pair<int, int>> table;
@@ -69,7 +73,7 @@ std::vector<Action> InterleavedWorker(int s, int m, int v, int w) {
   auto backward = [&](ActionList& list, int k) {
     list.Add(Op::kBackward, table[k].first, (v - 1 - table[k].second) * s + w);
   };
-  const int warmup = std::min(2 * (s - w - 1) + (v - 1) * s, total);
+  const int warmup = std::min(2 * (s - w - 1) + (v - 1) * s + extra_warmup, total);
   ActionList list(2 * static_cast<size_t>(total));
   for (int k = 0; k < warmup; ++k) forward(list, k);
   for (int k = warmup; k < total; ++k) {
@@ -105,11 +109,18 @@ std::vector<Action> ZbH1Worker(int s, int m, int w) {
   return list.Take();
 }
 
-// Per-worker counters of a V-shape schedule: local chunk 0 is chunk w (the way down), local chunk
-// 1 is chunk 2S-1-w (the way back up).
+// Per-worker counters of a schedule over two chunks per worker. For the V-shape, local chunk 0 is
+// chunk w (the way down) and local chunk 1 is chunk 2S-1-w (the way back up), and both run all M
+// micro-batches. The second constructor names the two chunks and the micro-batches each runs
+// (`m` of them from `first_mb[local]` on), for the bidirectional placement.
 class VShapeWorker {
  public:
-  VShapeWorker(int s, int m, int w) : m_(m), chunk_{w, 2 * s - 1 - w}, list_(6 * size_t{1} * m) {}
+  VShapeWorker(int s, int m, int w) : VShapeWorker(m, {w, 2 * s - 1 - w}, {0, 0}) {}
+  VShapeWorker(int m, std::pair<int, int> chunks, std::pair<int, int> first_mb)
+      : m_(m),
+        chunk_{chunks.first, chunks.second},
+        first_mb_{first_mb.first, first_mb.second},
+        list_(6 * size_t{1} * m) {}
 
   int forwards(int local) const { return f_[local]; }
   int input_grads(int local) const { return i_[local]; }
@@ -117,28 +128,28 @@ class VShapeWorker {
 
   // F of the next micro-batch on `local`; no-op once all M ran.
   void F(int local) {
-    if (f_[local] < m_) list_.Add(Op::kForward, f_[local]++, chunk_[local]);
+    if (f_[local] < m_) Add(Op::kForward, local, f_[local]++);
   }
   // I of the next micro-batch on `local` whose F ran; no-op if none. For the lower chunk, the I of
   // the upper chunk for the same micro-batch comes first (its gradient is this I's input).
   void I(int local) {
     if (local == 0 && i_[0] >= i_[1]) I(1);
-    if (i_[local] < f_[local]) list_.Add(Op::kInputGrad, i_[local]++, chunk_[local]);
+    if (i_[local] < f_[local]) Add(Op::kInputGrad, local, i_[local]++);
   }
   // W of the oldest micro-batch on `local` whose I ran; no-op if none.
   void W(int local) {
-    if (w_[local] < i_[local]) list_.Add(Op::kWeightGrad, w_[local]++, chunk_[local]);
+    if (w_[local] < i_[local]) Add(Op::kWeightGrad, local, w_[local]++);
   }
   // Full backward of the next micro-batch on `local`.
   void B(int local) {
-    list_.Add(Op::kBackward, i_[local], chunk_[local]);
+    Add(Op::kBackward, local, i_[local]);
     ++i_[local];
     ++w_[local];
   }
   // I of the next micro-batch on `local`, its W queued for PendingW().
   void DeferredI(int local) {
-    pending_.emplace_back(i_[local], chunk_[local]);
-    list_.Add(Op::kInputGrad, i_[local]++, chunk_[local]);
+    pending_.emplace_back(first_mb_[local] + i_[local], chunk_[local]);
+    Add(Op::kInputGrad, local, i_[local]++);
   }
   // W of the oldest I queued by DeferredI (over both chunks).
   void PendingW() {
@@ -149,8 +160,12 @@ class VShapeWorker {
   std::vector<Action> Take() { return list_.Take(); }
 
  private:
+  // Appends `op` for the `k`-th micro-batch of local chunk `local`.
+  void Add(Op op, int local, int k) { list_.Add(op, first_mb_[local] + k, chunk_[local]); }
+
   const int m_;
   const int chunk_[2];
+  const int first_mb_[2];
   int f_[2] = {0, 0};
   int i_[2] = {0, 0};  // Input gradients done (by I or B).
   int w_[2] = {0, 0};  // Weight gradients done (by W or B).
@@ -204,60 +219,81 @@ std::vector<Action> ZbVWorker(int s, int m, int w) {
   return x.Take();
 }
 
-// DualPipeV (DeepSeek's V-shape DualPipe). The reference overlaps a forward of one chunk with a
-// backward of the other; here each overlapped pair is two consecutive actions, forward first.
-// Worker w (lower chunk 0, upper chunk 1):
-//   1. 2(S-w-1) forwards on chunk 0;          2. w+1 times: F0, F1;
-//   3. S-w-1 times: I1, W1, F1;               4. M-2S+w+1 times: (F0, B1), (F1, B0);
-//   5. S-w-1 times: B1, (F1, B0);             6. w+1 times: B1, B0, where from the middle step on
-//      the backwards are split (I now, W queued);
-//   7. S-w-1 times: queued W, I0 (W queued);  8. the queued Ws.
-// Needs M >= 2S-1 so that step 4 is not negative.
-std::vector<Action> DualPipeVWorker(int s, int m, int w) {
-  VShapeWorker x(s, m, w);
-  for (int k = 0; k < 2 * (s - w - 1); ++k) x.F(0);
-  for (int k = 0; k < w + 1; ++k) {
+// DeepSeek's DualPipe phases for one worker, `rank` of `ranks`, over its chunks 0 (reached first
+// by its micro-batches) and 1; `steady` is the number of rounds of step 4. Each overlapped pair of
+// the reference (a forward of one chunk computed with a backward of the other) is two
+// consecutive actions, forward first:
+//   1. 2(ranks-rank-1) F0;                 2. rank+1 times: F0, F1;
+//   3. ranks-rank-1 times: I1, W1, F1;     4. `steady` times: (F0, B1), (F1, B0);
+//   5. ranks-rank-1 times: B1, (F1, B0);   6. rank+1 times: B1, B0, where from the middle step
+//      on the backwards are split (I now, W queued);
+//   7. ranks-rank-1 times: queued W, I0 (W queued);   8. the queued Ws.
+std::vector<Action> DualPipePhases(VShapeWorker x, int ranks, int rank, int steady) {
+  for (int k = 0; k < 2 * (ranks - rank - 1); ++k) x.F(0);
+  for (int k = 0; k < rank + 1; ++k) {
     x.F(0);
     x.F(1);
   }
-  for (int k = 0; k < s - w - 1; ++k) {
+  for (int k = 0; k < ranks - rank - 1; ++k) {
     x.DeferredI(1);
     x.PendingW();
     x.F(1);
   }
-  for (int k = 0; k < m - 2 * s + w + 1; ++k) {
+  for (int k = 0; k < steady; ++k) {
     x.F(0);
     x.B(1);
     x.F(1);
     x.B(0);
   }
-  for (int k = 0; k < s - w - 1; ++k) {
+  for (int k = 0; k < ranks - rank - 1; ++k) {
     x.B(1);
     x.F(1);
     x.B(0);
   }
-  const int steps = w + 1;
+  const int steps = rank + 1;
   bool split = false;
   for (int k = 0; k < steps; ++k) {
-    if (k == steps / 2 && w % 2 == 1) split = true;
+    if (k == steps / 2 && rank % 2 == 1) split = true;
     if (split) {
       x.DeferredI(1);
     } else {
       x.B(1);
     }
-    if (k == steps / 2 && w % 2 == 0) split = true;
+    if (k == steps / 2 && rank % 2 == 0) split = true;
     if (split) {
       x.DeferredI(0);
     } else {
       x.B(0);
     }
   }
-  for (int k = 0; k < s - w - 1; ++k) {
+  for (int k = 0; k < ranks - rank - 1; ++k) {
     x.PendingW();
     x.DeferredI(0);
   }
-  for (int k = 0; k < w + 1; ++k) x.PendingW();
+  for (int k = 0; k < rank + 1; ++k) x.PendingW();
   return x.Take();
+}
+
+// DualPipeV (DeepSeek's V-shape DualPipe): the phases above with ranks = S, rank = w, chunk 0 =
+// the lower chunk w, chunk 1 = the upper chunk 2S-1-w, and M-2S+w+1 steady rounds, so it needs
+// M >= 2S-1.
+std::vector<Action> DualPipeVWorker(int s, int m, int w) {
+  return DualPipePhases(VShapeWorker(s, m, w), s, w, m - 2 * s + w + 1);
+}
+
+// Bidirectional DualPipe (DeepSeek) on the bidirectional placement: the first M/2 micro-batches
+// run down through chunks 0..S-1, the others up through chunks S..2S-1. Each worker has an
+// "early" chunk (phase 0: down chunk w for w < S/2, else up chunk 2S-1-w) and a "late" one (phase
+// 1), each passed by M/2 micro-batches, and runs the phases above with ranks = S/2, rank =
+// min(w, S-1-w) and M/2-S+rank+1 steady rounds. Needs S even, M even and M >= 2S-2.
+std::vector<Action> DualPipeWorker(int s, int m, int w) {
+  const int half = m / 2;
+  const int rank = std::min(w, s - 1 - w);
+  const int down = w;
+  const int up = 2 * s - 1 - w;
+  VShapeWorker x = w < s / 2 ? VShapeWorker(half, {down, up}, {0, half})
+                             : VShapeWorker(half, {up, down}, {half, 0});
+  return DualPipePhases(std::move(x), s / 2, rank, half - s + rank + 1);
 }
 
 std::vector<Action> WorkerActions(const ScheduleParams& p, int w) {
@@ -265,15 +301,21 @@ std::vector<Action> WorkerActions(const ScheduleParams& p, int w) {
     case ScheduleKind::kGPipe:
       return GPipeWorker(p.microbatches, w);
     case ScheduleKind::kOneFOneB:
-      return OneFOneBWorker(p.stages, p.microbatches, w);
+      return OneFOneBWorker(p.microbatches, w, p.stages - w - 1);
+    case ScheduleKind::kOneFOneBOverlap:
+      return OneFOneBWorker(p.microbatches, w, 2 * (p.stages - w - 1) + 1);
     case ScheduleKind::kInterleaved:
-      return InterleavedWorker(p.stages, p.microbatches, p.virtual_stages, w);
+      return InterleavedWorker(p.stages, p.microbatches, p.virtual_stages, w, 0);
+    case ScheduleKind::kInterleavedOverlap:
+      return InterleavedWorker(p.stages, p.microbatches, p.virtual_stages, w, 1);
     case ScheduleKind::kZbH1:
       return ZbH1Worker(p.stages, p.microbatches, w);
     case ScheduleKind::kZbV:
       return ZbVWorker(p.stages, p.microbatches, w);
     case ScheduleKind::kDualPipeV:
       return DualPipeVWorker(p.stages, p.microbatches, w);
+    case ScheduleKind::kDualPipe:
+      return DualPipeWorker(p.stages, p.microbatches, w);
   }
   return {};
 }
@@ -305,25 +347,51 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
     case ScheduleKind::kZbH1:
+    case ScheduleKind::kOneFOneBOverlap:
       if (v != 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             name, " holds one chunk per worker: virtual stages must be 1 (got ", v, ")"));
       }
       break;
     case ScheduleKind::kInterleaved:
+    case ScheduleKind::kInterleavedOverlap: {
+      const absl::string_view title =
+          p.kind == ScheduleKind::kInterleaved ? "interleaved 1F1B" : "interleaved-overlap";
+      const absl::string_view plain =
+          p.kind == ScheduleKind::kInterleaved ? "1f1b" : "1f1b-overlap";
       if (v < 2) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("interleaved 1F1B needs virtual stages >= 2 (got ", v,
-                         "); with one chunk per worker use 1f1b"));
+        return absl::InvalidArgumentError(absl::StrCat(title, " needs virtual stages >= 2 (got ", v,
+                                                       "); with one chunk per worker use ", plain));
       }
       if (m < s) {
         return absl::InvalidArgumentError(
-            absl::StrCat("interleaved 1F1B needs microbatches (", m, ") >= stages (", s, ")"));
+            absl::StrCat(title, " needs microbatches (", m, ") >= stages (", s, ")"));
       }
       if (m % s != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(title, " needs microbatches (", m, ") to be a multiple of stages (", s,
+                         "): Megatron's order runs micro-batches in groups of S"));
+      }
+      break;
+    }
+    case ScheduleKind::kDualPipe:
+      if (v != 2) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "interleaved 1F1B needs microbatches (", m, ") to be a multiple of stages (", s,
-            "): Megatron's order runs micro-batches in groups of S"));
+            "dualpipe holds two chunks per worker: virtual stages must be 2 (got ", v, ")"));
+      }
+      if (s % 2 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dualpipe needs an even number of stages (got ", s,
+                         "): it pairs worker w with worker S-1-w; for odd S use dualpipe-v"));
+      }
+      if (m % 2 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dualpipe needs an even number of microbatches (got ", m,
+                         "): half enter from each end"));
+      }
+      if (m < 2 * s - 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dualpipe needs microbatches (", m, ") >= 2*stages-2 (", 2 * s - 2, ")"));
       }
       break;
     case ScheduleKind::kZbV:
@@ -339,6 +407,15 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
       break;
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckExecutable(ScheduleKind kind) {
+  if (kind != ScheduleKind::kDualPipe) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both end workers "
+      "(two copies of every weight), and a pipetrain job holds one copy of each weight so that "
+      "training stays bitwise equal to the reference; use dualpipe-v (the V-shape variant with one "
+      "copy) or simulate dualpipe with `pipetrain schedule` (docs/schedules.md)");
 }
 
 absl::StatusOr<Placement> PlacementFor(const ScheduleParams& params) {

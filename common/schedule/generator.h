@@ -1,4 +1,5 @@
-// Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipeV.
+// Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipeV, the overlap variants
+// of 1F1B and interleaved, and bidirectional DualPipe.
 //
 // Each generator is a closed-form rule per worker (no search, no fallback to another kind), so the
 // coordinator can compile a plan for any worker on the fly. Every plan produced for parameters that
@@ -25,7 +26,8 @@ struct ScheduleParams {
   int virtual_stages = 1;  // V >= 1: chunks per worker; see DefaultVirtualStages().
 };
 
-// The V a kind uses when the user gives none: 2 for interleaved, zb-v and dualpipe-v, else 1.
+// The V a kind uses when the user gives none: 2 for interleaved, interleaved-overlap, zb-v,
+// dualpipe-v and dualpipe, else 1.
 int DefaultVirtualStages(ScheduleKind kind);
 
 // Largest S*V*M accepted: bounds the memory of plans and of their validation (about 32 bytes per
@@ -40,7 +42,14 @@ inline constexpr long long kMaxChunkMicrobatches = 1LL << 24;
 //                partial last group deadlocks under in-order execution for some S, M, V).
 //   zb-v:        V == 2.
 //   dualpipe-v:  V == 2 and M >= 2S-1.
+//   1f1b-overlap: V == 1.   interleaved-overlap: as interleaved.
+//   dualpipe:    V == 2, S even, M even and M >= 2S-2.
 absl::Status CheckScheduleParams(const ScheduleParams& params);
+
+// OK if the workers can execute plans of `kind` (bitwise equal to the reference, one copy of each
+// weight). INVALID_ARGUMENT for dualpipe, whose bidirectional placement needs two copies of every
+// weight: it is generated, validated, simulated and drawn, never run.
+absl::Status CheckExecutable(ScheduleKind kind);
 
 // The placement of the plan for `params`. Errors as CheckScheduleParams().
 absl::StatusOr<Placement> PlacementFor(const ScheduleParams& params);

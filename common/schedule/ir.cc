@@ -42,6 +42,8 @@ absl::string_view PlacementKindName(PlacementKind kind) {
       return "looped";
     case PlacementKind::kVShape:
       return "v-shape";
+    case PlacementKind::kBidirectional:
+      return "bidirectional";
   }
   return "?";
 }
@@ -53,6 +55,7 @@ int Placement::OwnerOf(int chunk) const {
     case PlacementKind::kLooped:
       return chunk % stages;
     case PlacementKind::kVShape:
+    case PlacementKind::kBidirectional:
       return chunk < stages ? chunk : 2 * stages - 1 - chunk;
   }
   return 0;
@@ -65,6 +68,7 @@ int Placement::LocalIndexOf(int chunk) const {
     case PlacementKind::kLooped:
       return chunk / stages;
     case PlacementKind::kVShape:
+    case PlacementKind::kBidirectional:
       return chunk < stages ? 0 : 1;
   }
   return 0;
@@ -80,11 +84,22 @@ std::vector<int> Placement::ChunksOf(int worker) const {
       for (int v = 0; v < virtual_stages; ++v) chunks.push_back(v * stages + worker);
       break;
     case PlacementKind::kVShape:
+    case PlacementKind::kBidirectional:
       chunks.push_back(worker);
       chunks.push_back(2 * stages - 1 - worker);
       break;
   }
   return chunks;
+}
+
+int Placement::RouteBegin(int mb, int microbatches) const {
+  if (kind != PlacementKind::kBidirectional) return 0;
+  return mb < (microbatches + 1) / 2 ? 0 : stages;
+}
+
+int Placement::RouteEnd(int mb, int microbatches) const {
+  if (kind != PlacementKind::kBidirectional) return num_chunks();
+  return mb < (microbatches + 1) / 2 ? stages : 2 * stages;
 }
 
 absl::Status ValidatePlacement(const Placement& placement) {
@@ -101,10 +116,13 @@ absl::Status ValidatePlacement(const Placement& placement) {
         "the linear placement holds one chunk per worker: virtual stages must be 1 (got ",
         placement.virtual_stages, ")"));
   }
-  if (placement.kind == PlacementKind::kVShape && placement.virtual_stages != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the V-shape placement holds two chunks per worker: virtual stages must be 2 (got ",
-        placement.virtual_stages, ")"));
+  if ((placement.kind == PlacementKind::kVShape ||
+       placement.kind == PlacementKind::kBidirectional) &&
+      placement.virtual_stages != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", PlacementKindName(placement.kind),
+                     " placement holds two chunks per worker: virtual stages must be 2 (got ",
+                     placement.virtual_stages, ")"));
   }
   return absl::OkStatus();
 }
@@ -140,19 +158,24 @@ absl::string_view ScheduleKindName(ScheduleKind kind) {
       return "zb-v";
     case ScheduleKind::kDualPipeV:
       return "dualpipe-v";
+    case ScheduleKind::kOneFOneBOverlap:
+      return "1f1b-overlap";
+    case ScheduleKind::kInterleavedOverlap:
+      return "interleaved-overlap";
+    case ScheduleKind::kDualPipe:
+      return "dualpipe";
   }
   return "?";
 }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-        ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV}) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     if (name == ScheduleKindName(kind)) return kind;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown schedule kind \"", name,
-                   "\": expected gpipe, 1f1b, interleaved, zb-h1, zb-v or dualpipe-v"));
+                   "\": expected gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipe-v, 1f1b-overlap, "
+                   "interleaved-overlap or dualpipe"));
 }
 
 PlacementKind PlacementKindFor(ScheduleKind kind) {
@@ -160,12 +183,16 @@ PlacementKind PlacementKindFor(ScheduleKind kind) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
     case ScheduleKind::kZbH1:
+    case ScheduleKind::kOneFOneBOverlap:
       return PlacementKind::kLinear;
     case ScheduleKind::kInterleaved:
+    case ScheduleKind::kInterleavedOverlap:
       return PlacementKind::kLooped;
     case ScheduleKind::kZbV:
     case ScheduleKind::kDualPipeV:
       return PlacementKind::kVShape;
+    case ScheduleKind::kDualPipe:
+      return PlacementKind::kBidirectional;
   }
   return PlacementKind::kLinear;
 }

@@ -54,9 +54,15 @@ enum class PlacementKind : uint8_t {
   kLinear,  // V = 1: chunk w on worker w.
   kLooped,  // any V: chunk c on worker c mod S (interleaved 1F1B).
   kVShape,  // V = 2: worker w holds chunks w and 2S-1-w (ZB-V, DualPipeV).
+  // V = 2, two copies of an S-stage model: chunk c < S is stage c of the "down" copy on worker c,
+  // chunk S+k is stage k of the "up" copy on worker S-1-k (so worker w holds chunks w and
+  // 2S-1-w, as in the V-shape). The first half of the micro-batches runs down through chunks
+  // 0..S-1, the second half up through chunks S..2S-1 (bidirectional DualPipe). Simulation only:
+  // a job holds one copy of each weight (see CheckExecutable in generator.h).
+  kBidirectional,
 };
 
-// "linear", "looped" or "v-shape".
+// "linear", "looped", "v-shape" or "bidirectional".
 absl::string_view PlacementKindName(PlacementKind kind);
 
 // Chunk-to-worker map of S workers holding V chunks each. A plain value; members are public so
@@ -76,10 +82,17 @@ struct Placement {
 
   // Chunks held by `worker`, in model order. Precondition: 0 <= worker < stages.
   std::vector<int> ChunksOf(int worker) const;
+
+  // The chunks micro-batch `mb` of `microbatches` runs through, in order: [begin, end). Every
+  // chunk for all placements but the bidirectional one, which sends the first ceil(M/2)
+  // micro-batches through the down copy [0, S) and the others through the up copy [S, 2S).
+  // Precondition: ValidatePlacement() is OK and 0 <= mb < microbatches.
+  int RouteBegin(int mb, int microbatches) const;
+  int RouteEnd(int mb, int microbatches) const;
 };
 
-// OK if S >= 1, V >= 1, linear has V == 1 and V-shape has V == 2; INVALID_ARGUMENT naming the
-// broken rule otherwise.
+// OK if S >= 1, V >= 1, linear has V == 1 and V-shape and bidirectional have V == 2;
+// INVALID_ARGUMENT naming the broken rule otherwise.
 absl::Status ValidatePlacement(const Placement& placement);
 
 // Builds and validates a placement (see ValidatePlacement).
@@ -97,9 +110,29 @@ enum class ScheduleKind : uint8_t {
   kZbH1,         // zero-bubble H1: B split into I and W, W deferred into the bubbles.
   kZbV,          // zero-bubble V on the V-shape placement.
   kDualPipeV,    // DeepSeek DualPipeV on the V-shape placement.
+  // 1F1B with 2(S-w-1)+1 warm-up forwards; the steady state runs overlapped pairs (F of one
+  // micro-batch, then B of another) so the B's input gradient arrives while the F computes.
+  kOneFOneBOverlap,
+  // Interleaved 1F1B with one more warm-up forward; the steady state runs overlapped (F, B) pairs.
+  kInterleavedOverlap,
+  // DeepSeek's bidirectional DualPipe on the bidirectional placement (two copies of the weights):
+  // simulation only, see CheckExecutable in generator.h.
+  kDualPipe,
 };
 
-// CLI name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v" or "dualpipe-v".
+// Every kind, in the order of the CLI's lists.
+inline constexpr ScheduleKind kAllScheduleKinds[] = {ScheduleKind::kGPipe,
+                                                     ScheduleKind::kOneFOneB,
+                                                     ScheduleKind::kInterleaved,
+                                                     ScheduleKind::kZbH1,
+                                                     ScheduleKind::kZbV,
+                                                     ScheduleKind::kDualPipeV,
+                                                     ScheduleKind::kOneFOneBOverlap,
+                                                     ScheduleKind::kInterleavedOverlap,
+                                                     ScheduleKind::kDualPipe};
+
+// CLI name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v", "1f1b-overlap",
+// "interleaved-overlap" or "dualpipe".
 absl::string_view ScheduleKindName(ScheduleKind kind);
 
 // Parses a CLI name (see ScheduleKindName). INVALID_ARGUMENT listing the valid names otherwise.
@@ -120,6 +153,9 @@ struct Plan {
   int num_chunks() const { return placement.num_chunks(); }
   // Total number of actions over all workers.
   int64_t NumActions() const;
+  // The chunks micro-batch `mb` runs through: see Placement::RouteBegin.
+  int RouteBegin(int mb) const { return placement.RouteBegin(mb, microbatches); }
+  int RouteEnd(int mb) const { return placement.RouteEnd(mb, microbatches); }
 };
 
 }  // namespace pipetrain::schedule

@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
       bool available = true;
       switch (a.op) {
         case Op::kForward:
-          if (c > 0) {
+          if (c > plan.RouteBegin(a.mb)) {
             const double e = f_end[key(a, c - 1)];
             available = e != kNotYet;
             ready = std::max(ready, e + delay(c - 1, placement.OwnerOf(c - 1), w));
@@ -70,7 +70,7 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
           const double e = f_end[key(a, c)];
           available = e != kNotYet;
           ready = std::max(ready, e);
-          if (available && c + 1 < c_count) {
+          if (available && c + 1 < plan.RouteEnd(a.mb)) {
             const double g = g_end[key(a, c + 1)];
             available = g != kNotYet;
             ready = std::max(ready, g + delay(c, placement.OwnerOf(c + 1), w));
@@ -91,10 +91,10 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
       ++pos[w];
       if (a.op == Op::kForward) {
         f_end[key(a, c)] = end;
-        if (c + 1 < c_count) wake(placement.OwnerOf(c + 1));
+        if (c + 1 < plan.RouteEnd(a.mb)) wake(placement.OwnerOf(c + 1));
       } else if (a.op != Op::kWeightGrad) {
         g_end[key(a, c)] = end;
-        if (c > 0) wake(placement.OwnerOf(c - 1));
+        if (c > plan.RouteBegin(a.mb)) wake(placement.OwnerOf(c - 1));
       }
     }
   }

@@ -3,7 +3,8 @@
 // Model: each worker runs its actions strictly in order; an action starts when its worker is free
 // and its inputs have arrived; sends never block. Inputs: F(mb, c) needs the activation of
 // F(mb, c-1); B or I(mb, c) needs F(mb, c) and the input gradient produced by B or I(mb, c+1)
-// (none for the last chunk, whose F computes the loss); W(mb, c) needs I(mb, c). A message between
+// (none for the last chunk, whose F computes the loss); W(mb, c) needs I(mb, c). "First" and
+// "last" are those of the micro-batch's route (Plan::RouteBegin/RouteEnd). A message between
 // chunks on different workers arrives `boundary_delay[c]` after its producer ends (c is the lower
 // chunk of the boundary); on the same worker it is available at once.
 #ifndef PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_

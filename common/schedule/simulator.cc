@@ -93,7 +93,10 @@ double OpCosts::Of(Op op) const {
 }
 
 CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage) {
-  const double v = placement.virtual_stages > 0 ? placement.virtual_stages : 1;
+  // A bidirectional chunk is a whole stage (1/S of the model) that half the micro-batches pass.
+  const double v = placement.virtual_stages > 0 && placement.kind != PlacementKind::kBidirectional
+                       ? placement.virtual_stages
+                       : 1;
   CostModel model;
   model.chunk_costs.assign(
       static_cast<size_t>(std::max(placement.num_chunks(), 0)),

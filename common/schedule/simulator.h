@@ -47,7 +47,8 @@ struct CostModel {
 };
 
 // Every chunk gets `per_stage` divided by V: `per_stage` is the cost of one worker's share of the
-// model (1/S of it), so that plans with different V do the same total work.
+// model (1/S of it), so that plans with different V do the same total work. A bidirectional chunk
+// is a whole stage (each micro-batch passes one of the two copies) and gets `per_stage`.
 CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage);
 
 // Chunk costs from FLOPs: chunk_costs[c] = chunk_flops[c] / worker_speed[owner(c)].

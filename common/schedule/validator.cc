@@ -65,6 +65,13 @@ absl::Status CheckPlanStructure(const Plan& plan) {
             At(w, p, a), " runs chunk ", a.chunk, ", which the ",
             PlacementKindName(plan.placement.kind), " placement puts on worker ", owner));
       }
+      if (a.chunk < plan.RouteBegin(a.mb) || a.chunk >= plan.RouteEnd(a.mb)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(At(w, p, a), " runs chunk ", a.chunk, ", which micro-batch ", a.mb,
+                         " does not pass through: the ", PlacementKindName(plan.placement.kind),
+                         " placement routes it through chunks [", plan.RouteBegin(a.mb), ", ",
+                         plan.RouteEnd(a.mb), ")"));
+      }
       const size_t k = static_cast<size_t>(a.mb) * c_count + a.chunk;
       std::vector<int32_t>& slots = a.op == Op::kForward     ? pos_f
                                     : a.op == Op::kBackward  ? pos_b
@@ -79,7 +86,7 @@ absl::Status CheckPlanStructure(const Plan& plan) {
   }
 
   for (int mb = 0; mb < m; ++mb) {
-    for (int c = 0; c < c_count; ++c) {
+    for (int c = plan.RouteBegin(mb); c < plan.RouteEnd(mb); ++c) {
       const size_t k = static_cast<size_t>(mb) * c_count + c;
       const int w = plan.placement.OwnerOf(c);
       if (pos_f[k] == kAbsent) {

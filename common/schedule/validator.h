@@ -14,8 +14,10 @@ namespace pipetrain::schedule {
 // Checks everything but deadlock freedom:
 //  - the placement is valid, M >= 1, M*S*V <= kMaxChunkMicrobatches (generator.h) and there is
 //    one action list per worker;
-//  - every action names a micro-batch in [0, M) and a chunk in [0, S*V) held by its worker;
-//  - every (mb, chunk) has exactly one F and either exactly one B or exactly one I and one W;
+//  - every action names a micro-batch in [0, M) and a chunk in [0, S*V) held by its worker and
+//    on the micro-batch's route (Plan::RouteBegin/RouteEnd: every chunk unless bidirectional);
+//  - every (mb, chunk) on the route has exactly one F and either exactly one B or exactly one I
+//    and one W;
 //  - per (mb, chunk), F runs before its B or I, and I before its W;
 //  - per chunk, the weight-gradient accumulations (its Bs and Ws) run in increasing micro-batch
 //    order, so that gradient sums are bitwise identical under every schedule.

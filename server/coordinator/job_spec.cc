@@ -51,6 +51,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   params.microbatches = spec->microbatches();
   params.virtual_stages = spec->virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
   // The model as its author wrote it: sizes left 0 come from the client's data shape.
   const v1::DataShape& data = spec->data_shape();
@@ -88,6 +89,7 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   params.microbatches = spec.microbatches();
   params.virtual_stages = spec.virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
   const int64_t chunks = int64_t{spec.stages()} * spec.virtual_stages();
   if (net.num_layers() < chunks) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -230,6 +230,13 @@ TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
     ExpectRefused(command + model + " --eval-samples 10",
                   "--eval-samples needs --save DIR for train and local");
   }
+  // dualpipe needs two copies of every weight: `pipetrain schedule` draws it, no job runs it.
+  for (const std::string command : {"train", "local"}) {
+    SCOPED_TRACE(command);
+    ExpectRefused(command + model + " --stages 2 --schedule dualpipe",
+                  "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both "
+                  "end workers");
+  }
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --resume /tmp/ckpt",
                 "--resume not used by `pipetrain evaluate`");
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --checkpoint-every 2",

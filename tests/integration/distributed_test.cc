@@ -138,7 +138,8 @@ void ExpectLocalEqualsReference(const Case& c, const std::string& dir) {
   ASSERT_FALSE(ref_files.empty());
 
   for (int stages : {2, 4}) {
-    for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"}) {
+    for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v",
+                             "1f1b-overlap", "interleaved-overlap"}) {
       SCOPED_TRACE(absl::StrCat(c.label, " S=", stages, " ", kind));
       const std::string out_dir = absl::StrCat(dir, "/local-", c.label, "-", stages, "-", kind);
       const std::string err = out_dir + ".stderr";

@@ -704,7 +704,8 @@ class Client:
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
-        schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v. stages: S.
+        schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v | 1f1b-overlap |
+            interleaved-overlap. stages: S.
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint

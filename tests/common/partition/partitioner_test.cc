@@ -209,6 +209,18 @@ TEST(PartitionerTest, FasterWorkersGetMoreLayers) {
   EXPECT_DOUBLE_EQ(p->imbalance, 1);
 }
 
+// DualPipe's bidirectional placement holds two copies of each stage: not a cut of one model.
+TEST(PartitionerTest, RefusesTheBidirectionalPlacement) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.virtual_stages = 2;
+  options.placement = schedule::PlacementKind::kBidirectional;
+  absl::StatusOr<Partition> p = PartitionLayers(std::vector<double>(8, 1.0), options);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("two copies of each of S stages"));
+}
+
 TEST(PartitionerTest, ImbalanceIsMaxOverMean) {
   PartitionOptions options;
   options.stages = 2;

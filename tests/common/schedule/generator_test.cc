@@ -16,10 +16,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe,       ScheduleKind::kOneFOneB,
-                                      ScheduleKind::kInterleaved, ScheduleKind::kZbH1,
-                                      ScheduleKind::kZbV,         ScheduleKind::kDualPipeV};
-
 // The documented parameter rules, written out independently of CheckScheduleParams. Returns the
 // phrase the refusal must contain, or "" if the combination is valid.
 std::string ExpectedRefusal(ScheduleKind kind, int s, int m, int v) {
@@ -27,8 +23,10 @@ std::string ExpectedRefusal(ScheduleKind kind, int s, int m, int v) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
     case ScheduleKind::kZbH1:
+    case ScheduleKind::kOneFOneBOverlap:
       return v == 1 ? "" : "virtual stages must be 1";
     case ScheduleKind::kInterleaved:
+    case ScheduleKind::kInterleavedOverlap:
       if (v < 2) return "needs virtual stages >= 2";
       if (m < s) return absl::StrCat("needs microbatches (", m, ") >= stages (", s, ")");
       if (m % s != 0) return "to be a multiple of stages";
@@ -38,6 +36,12 @@ std::string ExpectedRefusal(ScheduleKind kind, int s, int m, int v) {
     case ScheduleKind::kDualPipeV:
       if (v != 2) return "virtual stages must be 2";
       if (m < 2 * s - 1) return ">= 2*stages-1";
+      return "";
+    case ScheduleKind::kDualPipe:
+      if (v != 2) return "virtual stages must be 2";
+      if (s % 2 != 0) return "needs an even number of stages";
+      if (m % 2 != 0) return "needs an even number of microbatches";
+      if (m < 2 * s - 2) return ">= 2*stages-2";
       return "";
   }
   return "?";
@@ -64,7 +68,7 @@ std::vector<Action> Worker(ScheduleKind kind, int s, int m, int v, int w) {
 TEST(GeneratorTest, ExhaustiveValidity) {
   int valid = 0;
   int refused = 0;
-  for (ScheduleKind kind : kAllKinds) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     for (int s = 1; s <= 8; ++s) {
       for (int m = 1; m <= 32; ++m) {
         for (int v = 1; v <= 4; ++v) {
@@ -85,11 +89,14 @@ TEST(GeneratorTest, ExhaustiveValidity) {
           for (const std::vector<Action>& list : plan->actions) {
             for (const Action& a : list) weight_grads += a.op == Op::kWeightGrad;
           }
-          const int64_t pairs = static_cast<int64_t>(m) * s * v;
+          // Every micro-batch passes every chunk, except under dualpipe, where each passes
+          // one of the two copies (S of the 2S chunks).
+          const int64_t pairs =
+              static_cast<int64_t>(m) * s * (kind == ScheduleKind::kDualPipe ? 1 : v);
           EXPECT_EQ(plan->NumActions(), 2 * pairs + weight_grads);
           if (kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV) {
             EXPECT_EQ(weight_grads, pairs);  // Every backward split.
-          } else if (kind != ScheduleKind::kDualPipeV) {
+          } else if (kind != ScheduleKind::kDualPipeV && kind != ScheduleKind::kDualPipe) {
             EXPECT_EQ(weight_grads, 0);  // No backward split.
           }
           ++valid;
@@ -97,10 +104,11 @@ TEST(GeneratorTest, ExhaustiveValidity) {
       }
     }
   }
-  // 3 linear kinds x 256 + interleaved (sum over S of 3 * floor(32/S)) + zb-v 256 + dualpipe-v.
-  EXPECT_EQ(valid, 3 * 256 + 3 * (32 + 16 + 10 + 8 + 6 + 5 + 4 + 4) + 256 +
-                       (32 + 30 + 28 + 26 + 24 + 22 + 20 + 18));
-  EXPECT_EQ(valid + refused, 6 * 8 * 32 * 4);
+  // 4 linear kinds x 256 + interleaved and interleaved-overlap (each: sum over S of
+  // 3 * floor(32/S)) + zb-v 256 + dualpipe-v + dualpipe (S = 2, 4, 6, 8; even M >= 2S-2).
+  EXPECT_EQ(valid, 4 * 256 + 2 * 3 * (32 + 16 + 10 + 8 + 6 + 5 + 4 + 4) + 256 +
+                       (32 + 30 + 28 + 26 + 24 + 22 + 20 + 18) + (16 + 14 + 12 + 10));
+  EXPECT_EQ(valid + refused, 9 * 8 * 32 * 4);
 }
 
 TEST(GeneratorTest, BadParametersNameTheRule) {
@@ -124,6 +132,23 @@ TEST(GeneratorTest, BadParametersNameTheRule) {
             "zb-v uses the V-shape placement: virtual stages must be 2 (got 3)");
   EXPECT_EQ(message({ScheduleKind::kDualPipeV, 4, 6, 2}),
             "dualpipe-v needs microbatches (6) >= 2*stages-1 (7)");
+  EXPECT_EQ(message({ScheduleKind::kDualPipe, 3, 8, 2}),
+            "dualpipe needs an even number of stages (got 3): it pairs worker w with worker S-1-w; "
+            "for odd S use dualpipe-v");
+  EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 7, 2}),
+            "dualpipe needs an even number of microbatches (got 7): half enter from each end");
+  EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 4, 2}),
+            "dualpipe needs microbatches (4) >= 2*stages-2 (6)");
+  EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 8, 1}),
+            "dualpipe holds two chunks per worker: virtual stages must be 2 (got 1)");
+  EXPECT_EQ(message({ScheduleKind::kInterleavedOverlap, 4, 6, 2}),
+            "interleaved-overlap needs microbatches (6) to be a multiple of stages (4): "
+            "Megatron's order runs micro-batches in groups of S");
+  EXPECT_EQ(message({ScheduleKind::kInterleavedOverlap, 4, 8, 1}),
+            "interleaved-overlap needs virtual stages >= 2 (got 1); with one chunk per worker use "
+            "1f1b-overlap");
+  EXPECT_EQ(message({ScheduleKind::kOneFOneBOverlap, 4, 8, 2}),
+            "1f1b-overlap holds one chunk per worker: virtual stages must be 1 (got 2)");
   EXPECT_THAT(message({ScheduleKind::kOneFOneB, 1 << 14, 1 << 14, 1}), HasSubstr("exceeds"));
 
   absl::StatusOr<std::vector<Action>> out_of_range =
@@ -135,7 +160,7 @@ TEST(GeneratorTest, BadParametersNameTheRule) {
 }
 
 TEST(GeneratorTest, WorkerActionsMatchThePlan) {
-  for (ScheduleKind kind : kAllKinds) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     const ScheduleParams params{kind, 4, 8, DefaultVirtualStages(kind)};
     absl::StatusOr<Plan> plan = GenerateSchedule(params);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -268,6 +293,70 @@ TEST(GeneratorTest, DualPipeVOrder) {
             "W3.1");
 }
 
+// 1F1B-overlap warms up with 2(S-w-1)+1 forwards, so that in each steady (F, B) pair the B's
+// input gradient is in flight while the F computes; the order after the warm-up is 1F1B's.
+TEST(GeneratorTest, OneFOneBOverlapPairsEachForwardWithAnOlderBackward) {
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kOneFOneBOverlap, 2, 6, 1, 0)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kOneFOneBOverlap, 2, 6, 1, 1)),
+            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
+  // Capped at M: all forwards, then all backwards.
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kOneFOneBOverlap, 4, 3, 1, 1)), "F0 F1 F2 B0 B1 B2");
+  // Plain 1F1B pairs F(k) with B(k-S+w+1); the overlap variant with B(k-2(S-w-1)-1), so the last
+  // worker's pair never needs the gradient of its own F.
+  for (int w = 0; w < 4; ++w) {
+    const std::vector<Action> list = Worker(ScheduleKind::kOneFOneBOverlap, 4, 16, 1, w);
+    const int warmup = 2 * (4 - w - 1) + 1;
+    for (int p = warmup; p < warmup + 2 * (16 - warmup); p += 2) {
+      ASSERT_EQ(list[p].op, Op::kForward);
+      ASSERT_EQ(list[p + 1].op, Op::kBackward);
+      EXPECT_EQ(list[p].mb - list[p + 1].mb, warmup);
+    }
+  }
+}
+
+// Interleaved-overlap is Megatron's order with one more warm-up forward.
+TEST(GeneratorTest, InterleavedOverlapHasOneMoreWarmupForward) {
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kInterleavedOverlap, 2, 4, 2, 0), true),
+            "F0.0 F1.0 F0.2 F1.2 F2.0 F3.0 B0.2 F2.2 B1.2 F3.2 B0.0 B1.0 B2.2 B3.2 B2.0 B3.0");
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kInterleavedOverlap, 2, 4, 2, 1), true),
+            "F0.1 F1.1 F0.3 F1.3 B0.3 F2.1 B1.3 F3.1 B0.1 F2.3 B1.1 F3.3 B2.3 B3.3 B2.1 B3.1");
+}
+
+// DualPipe: the first M/2 micro-batches run down chunks 0..S-1 (worker c holds chunk c), the
+// others up chunks S..2S-1 (worker 2S-1-c holds chunk c); worker w's early chunk comes first.
+TEST(GeneratorTest, DualPipeOrder) {
+  // S=2, M=4: worker 0 holds chunks 0 (down, mb 0-1) and 3 (up, mb 2-3); worker 1 holds 1 and 2.
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kDualPipe, 2, 4, 2, 0), true),
+            "F0.0 F2.3 F1.0 B2.3 F3.3 B0.0 B3.3 I1.0 W1.0");
+  EXPECT_EQ(Seq(Worker(ScheduleKind::kDualPipe, 2, 4, 2, 1), true),
+            "F2.2 F0.1 F3.2 B0.1 F1.1 B2.2 B1.1 I3.2 W3.2");
+  absl::StatusOr<Plan> plan = GenerateSchedule({ScheduleKind::kDualPipe, 4, 8, 2});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->placement.kind, PlacementKind::kBidirectional);
+  // Micro-batches 0-3 pass chunks 0..3 only, 4-7 chunks 4..7 only.
+  for (const std::vector<Action>& list : plan->actions) {
+    for (const Action& a : list) EXPECT_EQ(a.mb < 4, a.chunk < 4) << ActionToString(a);
+  }
+  // Both ends take input: worker 0 starts with F(0, chunk 0), worker 3 with F(4, chunk 4).
+  EXPECT_EQ(plan->actions[0].front(), (Action{Op::kForward, 0, 0}));
+  EXPECT_EQ(plan->actions[3].front(), (Action{Op::kForward, 4, 4}));
+}
+
+// Only dualpipe is refused for execution; it needs two copies of every weight.
+TEST(GeneratorTest, OnlyDualPipeIsNotExecutable) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
+    absl::Status status = CheckExecutable(kind);
+    if (kind == ScheduleKind::kDualPipe) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(status.message(), HasSubstr("two copies of every weight"));
+      EXPECT_THAT(status.message(), HasSubstr("use dualpipe-v"));
+    } else {
+      EXPECT_TRUE(status.ok()) << ScheduleKindName(kind) << ": " << status;
+    }
+  }
+}
+
 TEST(GeneratorTest, DefaultVirtualStages) {
   EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kGPipe), 1);
   EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kOneFOneB), 1);
@@ -275,10 +364,13 @@ TEST(GeneratorTest, DefaultVirtualStages) {
   EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kInterleaved), 2);
   EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kZbV), 2);
   EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kDualPipeV), 2);
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kOneFOneBOverlap), 1);
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kInterleavedOverlap), 2);
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kDualPipe), 2);
 }
 
 TEST(IrTest, NamesRoundTrip) {
-  for (ScheduleKind kind : kAllKinds) {
+  for (ScheduleKind kind : kAllScheduleKinds) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleKindName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);

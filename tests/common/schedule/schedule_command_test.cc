@@ -120,6 +120,69 @@ TEST(ScheduleCommandTest, ChromeAndSvg) {
   EXPECT_THAT(*out, StartsWith("<?xml"));
 }
 
+// Runs `pipetrain schedule --kind K --stages S --microbatches M --format json` and parses it.
+nlohmann::json JsonOf(absl::string_view kind, absl::string_view s, absl::string_view m) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions(kind, s, m, "", "", "json");
+  EXPECT_TRUE(o.ok()) << o.status();
+  if (!o.ok()) return {};
+  absl::StatusOr<std::string> out = RunScheduleCommand(*o);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? nlohmann::json::parse(*out) : nlohmann::json{};
+}
+
+// The actions of one worker as "F0 F1 B0 ..." (chunk appended as ".c" when `with_chunk`).
+std::string Ops(const nlohmann::json& worker, bool with_chunk) {
+  std::string out;
+  for (const nlohmann::json& a : worker) {
+    if (!out.empty()) out += " ";
+    out += a["op"].get<std::string>() + std::to_string(a["mb"].get<int>());
+    if (with_chunk) out += "." + std::to_string(a["chunk"].get<int>());
+  }
+  return out;
+}
+
+// The overlap kinds and dualpipe through the command: plans, simulated figures, pictures.
+TEST(ScheduleCommandTest, OverlapKindsAndDualPipe) {
+  // 1F1B-overlap, S=2, M=4, costs 1,2,1,1: 1F1B's makespan (M+S-1)(F+B) = 15 with twice the
+  // stash (worker 0: 2(S-0) = 4, worker 1: 2).
+  nlohmann::json j = JsonOf("1f1b-overlap", "2", "4");
+  EXPECT_EQ(j["kind"], "1f1b-overlap");
+  EXPECT_EQ(Ops(j["actions"][0], false), "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(Ops(j["actions"][1], false), "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_DOUBLE_EQ(j["simulation"]["makespan"].get<double>(), 15);
+  EXPECT_EQ(j["simulation"]["per_worker"][0]["peak_activations"], 4);
+  EXPECT_EQ(j["simulation"]["per_worker"][1]["peak_activations"], 2);
+
+  // Interleaved-overlap, S=2, M=4, V=2 (default): interleaved's makespan M(F+B) + (S-1)(F+B)/V.
+  j = JsonOf("interleaved-overlap", "2", "4");
+  EXPECT_EQ(j["virtual"], 2);
+  EXPECT_DOUBLE_EQ(j["simulation"]["makespan"].get<double>(), 13.5);
+
+  // DualPipe, S=2, M=4: worker 0 holds chunk 0 (down copy, micro-batches 0-1) and chunk 3 (up
+  // copy, 2-3); makespan 3M + S/2 - 1 = 12.
+  j = JsonOf("dualpipe", "2", "4");
+  EXPECT_EQ(j["placement"], nlohmann::json::parse("[[0, 3], [1, 2]]"));
+  EXPECT_EQ(Ops(j["actions"][0], true), "F0.0 F2.3 F1.0 B2.3 F3.3 B0.0 B3.3 I1.0 W1.0");
+  EXPECT_DOUBLE_EQ(j["simulation"]["makespan"].get<double>(), 12);
+
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("dualpipe", "2", "4", "", "", "ascii");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::string> ascii = RunScheduleCommand(*o);
+  ASSERT_TRUE(ascii.ok()) << ascii.status();
+  EXPECT_THAT(*ascii, StartsWith("dualpipe: S=2 M=4 V=2; per-stage costs F=1 B=2 I=1 W=1 (each "
+                                 "chunk a whole stage: two copies of the weights; not "
+                                 "executable)\n"));
+  EXPECT_THAT(*ascii, HasSubstr("w0   |F0a F2b F1a B2b---- F3b B0a---- B3b---- I1a W1a\n"));
+  o->format = ScheduleFormat::kSvg;
+  EXPECT_TRUE(RunScheduleCommand(*o).ok());
+
+  EXPECT_EQ(ParseError("dualpipe", "3", "4", "", "", "ascii"),
+            "dualpipe needs an even number of stages (got 3): it pairs worker w with worker "
+            "S-1-w; for odd S use dualpipe-v");
+}
+
 TEST(ScheduleCommandTest, RunChecksOptionsThatSkippedTheParser) {
   ScheduleCommandOptions o;
   o.params = {schedule::ScheduleKind::kZbV, 4, 8, 3};

@@ -158,6 +158,142 @@ TEST(SimulatorTest, DualPipeVReachesTheVShapeBound) {
   }
 }
 
+// Simulates with `per_stage` costs and `latency` per message between workers.
+SimulationResult SimulatedWithLatency(const Plan& plan, const OpCosts& per_stage, double latency) {
+  CostModel costs = UniformCostModel(plan.placement, per_stage);
+  costs.link.latency = latency;
+  absl::StatusOr<SimulationResult> result = Simulate(plan, costs);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : SimulationResult{};
+}
+
+// 1F1B-overlap's deeper warm-up puts every steady B's input gradient in flight while the paired F
+// computes. Without link delay that gains nothing (1F1B's makespan is already the bound); with a
+// latency L per message (up to F here) it keeps makespan (M+S-1)(F+B) + 2(S-1)L, the round trip
+// only in the start-up, while plain 1F1B waits for a round trip in its steady state. The price is
+// memory: min(2(S-w), M) stashed activations on worker w instead of min(S-w, M).
+TEST(SimulatorTest, OneFOneBOverlapHidesLinkLatency) {
+  const OpCosts costs{1, 2, 1, 1};
+  for (int s = 1; s <= 8; ++s) {
+    for (int m = 1; m <= 32; ++m) {
+      const Plan overlap = Generated(ScheduleKind::kOneFOneBOverlap, s, m, 1);
+      const Plan plain = Generated(ScheduleKind::kOneFOneB, s, m, 1);
+      for (double latency : {0.0, 0.1, 0.25, 0.5, 1.0}) {
+        SCOPED_TRACE(absl::StrCat("S=", s, " M=", m, " L=", latency));
+        const SimulationResult r = SimulatedWithLatency(overlap, costs, latency);
+        const SimulationResult p = SimulatedWithLatency(plain, costs, latency);
+        if (m >= 2 * s - 1) {
+          EXPECT_NEAR(r.stats.makespan, (m + s - 1) * 3.0 + 2 * (s - 1) * latency, kTol);
+        }
+        EXPECT_LE(r.stats.makespan, p.stats.makespan + kTol);
+        if (latency == 0) {
+          EXPECT_NEAR(r.stats.makespan, p.stats.makespan, kTol);
+        } else if (s > 1 && m >= 2 * s) {
+          EXPECT_LT(r.stats.makespan, p.stats.makespan);
+        }
+        for (int w = 0; w < s; ++w) {
+          EXPECT_EQ(r.stats.workers[w].peak_activations, std::min(2 * (s - w), m));
+        }
+      }
+    }
+  }
+}
+
+// Interleaved-overlap: one more warm-up forward than Megatron's order. Interleaved's warm-up
+// already holds (V-1)S extra forwards, so the two take the same time until the latency exceeds a
+// chunk's compute; above that, the overlap variant is faster. Never slower, and it stashes at most
+// one more chunk activation per worker.
+TEST(SimulatorTest, InterleavedOverlapNeverSlower) {
+  const OpCosts costs{1, 2, 1, 1};
+  for (int s = 1; s <= 8; ++s) {
+    for (int m = s; m <= 32; m += s) {
+      for (int v = 2; v <= 4; ++v) {
+        const Plan overlap = Generated(ScheduleKind::kInterleavedOverlap, s, m, v);
+        const Plan plain = Generated(ScheduleKind::kInterleaved, s, m, v);
+        for (double latency : {0.0, 0.1, 0.5, 1.0, 2.0}) {
+          SCOPED_TRACE(absl::StrCat("S=", s, " M=", m, " V=", v, " L=", latency));
+          const SimulationResult r = SimulatedWithLatency(overlap, costs, latency);
+          const SimulationResult p = SimulatedWithLatency(plain, costs, latency);
+          EXPECT_LE(r.stats.makespan, p.stats.makespan + kTol);
+          if (latency == 0) {
+            EXPECT_NEAR(r.stats.makespan, m * 3.0 + (s - 1) * 3.0 / v, kTol);
+            EXPECT_NEAR(r.stats.makespan, p.stats.makespan, kTol);
+          }
+          for (int w = 0; w < s; ++w) {
+            EXPECT_LE(r.stats.workers[w].peak_activations, p.stats.workers[w].peak_activations + 1);
+          }
+        }
+      }
+    }
+  }
+  // Where the latency exceeds a chunk's compute it gains: S=4, M=16, V=2, L=1 (chunk F=0.5).
+  const double plain =
+      SimulatedWithLatency(Generated(ScheduleKind::kInterleaved, 4, 16, 2), costs, 1.0)
+          .stats.makespan;
+  const double overlap =
+      SimulatedWithLatency(Generated(ScheduleKind::kInterleavedOverlap, 4, 16, 2), costs, 1.0)
+          .stats.makespan;
+  EXPECT_LT(overlap, plain);
+}
+
+// Bidirectional DualPipe: each worker does M(F+B) of work (M/2 micro-batches on each of its two
+// whole-stage chunks). With F=1, B=2, I=W=1 per stage and no link delay the makespan is
+// 3M + S/2 - 1 (1F1B: 3(M+S-1); ZB-H1: 3M + S-1; DualPipeV, the one-copy V-shape: 3M + (S-1)/2),
+// and a worker stashes at most min(S+1, M) stage activations (1F1B's worst worker: S) -- on top of
+// holding two copies of the weights.
+TEST(SimulatorTest, DualPipeBound) {
+  for (int s = 2; s <= 8; s += 2) {
+    for (int m = 2 * s - 2; m <= 32; m += 2) {
+      SCOPED_TRACE(absl::StrCat("S=", s, " M=", m));
+      const SimulationResult r =
+          Simulated(Generated(ScheduleKind::kDualPipe, s, m, 2), {1, 2, 1, 1});
+      EXPECT_NEAR(r.stats.makespan, 3.0 * m + s / 2 - 1, kTol);
+      int peak = 0;
+      for (int w = 0; w < s; ++w) {
+        EXPECT_NEAR(r.stats.workers[w].busy, 3.0 * m, kTol);
+        peak = std::max(peak, r.stats.workers[w].peak_activations);
+      }
+      EXPECT_EQ(peak, std::min(s + 1, m));
+      // Why two copies cannot sum gradients in the reference's order without waiting: for every
+      // stage k, the up copy (chunk S+k) accumulates its first weight gradient before the down
+      // copy (chunk k) has accumulated its last.
+      for (int k = 0; k < s; ++k) {
+        double first_up = 1e300;
+        double last_down = -1;
+        for (const std::vector<TimedAction>& list : r.timeline.workers) {
+          for (const TimedAction& t : list) {
+            if (t.action.op != Op::kBackward && t.action.op != Op::kWeightGrad) continue;
+            if (t.action.chunk == s + k) first_up = std::min(first_up, t.start);
+            if (t.action.chunk == k) last_down = std::max(last_down, t.end);
+          }
+        }
+        EXPECT_LT(first_up, last_down) << "stage " << k;
+      }
+      const SimulationResult v = Simulated(
+          Generated(ScheduleKind::kDualPipeV, s, std::max(m, 2 * s - 1), 2), {1, 2, 1, 1});
+      EXPECT_NEAR(v.stats.makespan, 3.0 * std::max(m, 2 * s - 1) + (s - 1) / 2.0, kTol);
+    }
+  }
+}
+
+// A bidirectional chunk is a whole stage: the uniform cost model does not divide it by V.
+TEST(SimulatorTest, BidirectionalChunksCostAWholeStage) {
+  const Plan plan = Generated(ScheduleKind::kDualPipe, 2, 2, 2);
+  const CostModel costs = UniformCostModel(plan.placement, {1, 2, 1, 1});
+  ASSERT_EQ(costs.chunk_costs.size(), 4u);
+  for (const OpCosts& c : costs.chunk_costs) {
+    EXPECT_EQ(c.f, 1);
+    EXPECT_EQ(c.b, 2);
+  }
+  // S=2, M=2: micro-batch 0 enters at worker 0 and micro-batch 1 at worker 1 at the same time.
+  const SimulationResult r = Simulated(plan, {1, 2, 1, 1});
+  EXPECT_EQ(r.timeline.workers[0].front().action, (Action{Op::kForward, 0, 0}));
+  EXPECT_EQ(r.timeline.workers[0].front().start, 0);
+  EXPECT_EQ(r.timeline.workers[1].front().action, (Action{Op::kForward, 1, 2}));
+  EXPECT_EQ(r.timeline.workers[1].front().start, 0);
+  EXPECT_EQ(r.stats.makespan, 6);
+}
+
 TEST(SimulatorTest, TimelineOfOneFOneB) {
   // S=2, M=2, F=1, B=2. w1's F1 could start at 2 (w0's F1 is done) but w1 runs B0 until 4;
   // w0's B1 waits for w1's B1 until 7.

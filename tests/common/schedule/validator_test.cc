@@ -108,6 +108,23 @@ TEST(ValidatorTest, V_ShapeOwnership) {
             "on worker 0");
 }
 
+// Bidirectional DualPipe: micro-batches 0..M/2-1 pass the down copy (chunks 0..S-1), the others
+// the up copy (chunks S..2S-1); an action off its micro-batch's route is refused, and a route's
+// first chunk needs no activation, its last no input gradient.
+TEST(ValidatorTest, BidirectionalRoutes) {
+  Plan plan = Generated(ScheduleKind::kDualPipe, 2, 2, 2);
+  EXPECT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  // Micro-batch 0 goes down: chunk 3 (worker 0's up-copy chunk) is not on its route.
+  plan.actions[0].push_back({F, 0, 3});
+  EXPECT_EQ(Error(plan),
+            "worker 0 position 5: F(mb=0, chunk=3) runs chunk 3, which micro-batch 0 does not "
+            "pass through: the bidirectional placement routes it through chunks [0, 2)");
+  // A missing action on the up route is named with its owner.
+  Plan missing = Generated(ScheduleKind::kDualPipe, 2, 2, 2);
+  missing.actions[1].erase(missing.actions[1].begin());  // F(mb=1, chunk=2), the up entry.
+  EXPECT_EQ(Error(missing), "worker 1: missing F(mb=1, chunk=2)");
+}
+
 TEST(ValidatorTest, BackwardBeforeForward) {
   Plan plan = Generated(ScheduleKind::kOneFOneB, 2, 2, 1);
   std::swap(plan.actions[1][0], plan.actions[1][1]);  // B(0,1) F(0,1) F(1,1) B(1,1).

@@ -428,11 +428,15 @@ std::vector<PipelineConfig> AllConfigs() {
     ScheduleKind kind;
     int v;
   };
-  const std::vector<KindV> kinds = {
-      {ScheduleKind::kGPipe, 1},       {ScheduleKind::kOneFOneB, 1},
-      {ScheduleKind::kInterleaved, 2}, {ScheduleKind::kInterleaved, 3},
-      {ScheduleKind::kZbH1, 1},        {ScheduleKind::kZbV, 2},
-      {ScheduleKind::kDualPipeV, 2}};
+  const std::vector<KindV> kinds = {{ScheduleKind::kGPipe, 1},
+                                    {ScheduleKind::kOneFOneB, 1},
+                                    {ScheduleKind::kInterleaved, 2},
+                                    {ScheduleKind::kInterleaved, 3},
+                                    {ScheduleKind::kZbH1, 1},
+                                    {ScheduleKind::kZbV, 2},
+                                    {ScheduleKind::kDualPipeV, 2},
+                                    {ScheduleKind::kOneFOneBOverlap, 1},
+                                    {ScheduleKind::kInterleavedOverlap, 2}};
   struct ModelDef {
     const char* name;
     const char* spec;
