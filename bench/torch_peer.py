@@ -12,8 +12,9 @@ whole batch, the batch split into M micro-batches whose gradients accumulate:
            picotron pairs them (send forward + receive backward, and the reverse) so that the
            blocking pairs cannot deadlock.
 
-Prints one line: `samples_per_s <float>` — B * (steps - 1) / (wall time of steps 2..steps), i.e.
-the steady state after one warm-up step, measured between barriers. Exits 3 with a message on
+Prints `samples_per_s <float>` — B * (steps - 1) / (wall time of steps 2..steps), i.e. the steady
+state after one warm-up step, measured between barriers — and `final_loss <float>`, the last
+step's loss, which both modes share up to rounding (same seed, weights and batches). Exits 3 with a message on
 stderr if torch is missing. Usage:
   bench/torch_peer.py --mode single|1f1b [--batch 256] [--microbatches 8] [--steps 25]
 """
@@ -90,19 +91,24 @@ def run_single(args):
     def step(i):
         x, y = batches[i % len(batches)]
         opt.zero_grad(set_to_none=False)
+        loss = 0.0
         for xs, ys in zip(x.chunk(m), y.chunk(m)):
-            (loss_fn(model(xs), ys) / args.batch).backward()
+            mb_loss = loss_fn(model(xs), ys) / args.batch
+            mb_loss.backward()
+            loss += mb_loss.item()
         opt.step()
+        return loss
 
     step(0)  # warm-up: allocations, first-touch
     start = time.perf_counter()
     for i in range(1, args.steps):
-        step(i)
-    return time.perf_counter() - start
+        loss = step(i)
+    return time.perf_counter() - start, loss
 
 
 def run_1f1b_rank(rank, args, port, results):
-    """One rank of the 2-stage 1F1B pipeline; rank 0 stores its seconds in results[0]."""
+    """One rank of the 2-stage 1F1B pipeline: rank 0 stores its seconds in results[0], rank 1
+    the last step's loss in results[1]."""
     one_thread()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -129,6 +135,7 @@ def run_1f1b_rank(rank, args, port, results):
         xs, ys = x.chunk(m), y.chunk(m)
         opt.zero_grad(set_to_none=False)
         inputs, outputs = [None] * m, [None] * m
+        losses = [0.0] * m
 
         def forward(k, act):
             if first:
@@ -141,6 +148,7 @@ def run_1f1b_rank(rank, args, port, results):
 
         def backward(k, grad):
             if last:
+                losses[k] = outputs[k].item()
                 outputs[k].backward()
             else:
                 outputs[k].backward(grad)
@@ -176,16 +184,19 @@ def run_1f1b_rank(rank, args, port, results):
             dist.irecv(grad, src=peer).wait()
             backward(k, grad)
         opt.step()
+        return sum(losses)
 
     step(0)
     dist.barrier()
     start = time.perf_counter()
     for i in range(1, args.steps):
-        step(i)
+        loss = step(i)
     dist.barrier()
     seconds = time.perf_counter() - start
     if rank == 0:
         results[0] = seconds
+    else:
+        results[1] = loss
     dist.destroy_process_group()
 
 
@@ -195,7 +206,7 @@ def run_1f1b(args):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    results = ctx.Array("d", 1)
+    results = ctx.Array("d", 2)
     procs = [ctx.Process(target=run_1f1b_rank, args=(r, args, port, results)) for r in range(2)]
     for p in procs:
         p.start()
@@ -206,7 +217,7 @@ def run_1f1b(args):
             raise SystemExit("torch_peer: a rank did not finish within 600 s")
         if p.exitcode != 0:
             raise SystemExit(f"torch_peer: rank exited with {p.exitcode}")
-    return results[0]
+    return results[0], results[1]
 
 
 def main():
@@ -219,8 +230,10 @@ def main():
     args = ap.parse_args()
     if args.batch % args.microbatches != 0 or args.steps < 2:
         ap.error("--batch must be a multiple of --microbatches and --steps >= 2")
-    seconds = run_single(args) if args.mode == "single" else run_1f1b(args)
+    seconds, loss = run_single(args) if args.mode == "single" else run_1f1b(args)
     print(f"samples_per_s {args.batch * (args.steps - 1) / seconds:.1f}")
+    # The same for both modes up to rounding: a check that the pipeline trains the same model.
+    print(f"final_loss {loss:.6f}")
 
 
 if __name__ == "__main__":
