@@ -4,8 +4,8 @@
 // 32 MiB) with a fresh mmap, and returns heap memory above its trim threshold to the kernel on
 // free. Either way the next buffer of that size is new memory: every 4 KiB page faults and is
 // zeroed by the kernel on first touch. Two hot paths allocate such buffers per call: gRPC's
-// receive slices, and Eigen's GEMM packing buffers (one per product of the Linear layers; up to
-// ~1 MiB with the pinned blocking, math::PinEigenBlockingForReproducibility). Without this the
+// receive slices, and Eigen's GEMM packing buffers (allocated per product of the Linear layers,
+// sized by the blocking of math::PinEigenBlockingForReproducibility). Without this the
 // single-process reference trainer spent ~40% of a deep-MLP step in page faults and in touching
 // fresh packing buffers (docs/performance.md, "The oracle's speed").
 #ifndef PIPETRAIN_COMMON_UTIL_HEAP_TUNING_H_
