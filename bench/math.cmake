@@ -1,3 +1,3 @@
 add_executable(math_bench ${CMAKE_CURRENT_LIST_DIR}/math_bench.cc)
-target_link_libraries(math_bench PRIVATE pipetrain_model ${BLAS_LIBRARIES} pipetrain_warnings)
+target_link_libraries(math_bench PRIVATE pipetrain_model pipetrain_heap_tuning ${BLAS_LIBRARIES} pipetrain_warnings)
 target_compile_definitions(math_bench PRIVATE PIPETRAIN_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -18,6 +18,7 @@
 #include "common/math/linear.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
+#include "common/util/heap_tuning.h"
 
 extern "C" void openblas_set_num_threads(int);
 extern "C" char* openblas_get_corename(void);
@@ -139,6 +140,10 @@ int BenchMlpStep(const std::string& spec_path) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
+  // As every pipetrain process does (common/util/heap_tuning.h); applies to sgemm too.
+  if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  }
   const std::string spec = argc > 1 ? argv[1] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto";
 #ifdef EIGEN_USE_BLAS
   std::printf("pipetrain math: EIGEN_USE_BLAS (products through OpenBLAS)\n");

@@ -22,7 +22,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_callback.h>
 #include <grpcpp/support/server_callback.h>
-#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -54,6 +53,7 @@
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
 #include "common/net/transport_security.h"
+#include "common/util/heap_tuning.h"
 #include "common/util/status_macros.h"
 #include "common/wire/frame_codec.h"
 #include "server/link/exchange_service.h"
@@ -678,9 +678,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_tune_malloc)) {
     // Serve multi-MiB buffers (gRPC's receive slices, received tensors) from the heap instead of
     // fresh mmaps, whose page faults and zeroing otherwise dominate the receive path's CPU time.
-    // Applies to both transports (both processes); stage_worker should do the same.
-    mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    // Applies to both transports (both processes), as in stage_worker.
+    if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    }
   }
   pipetrain::bench::Options options;
   options.role = absl::GetFlag(FLAGS_role);

@@ -34,6 +34,7 @@
 #include "common/model/model.h"
 #include "common/net/token_auth.h"
 #include "common/util/command_line.h"
+#include "common/util/heap_tuning.h"
 #include "common/util/status_macros.h"
 
 // Shared by several commands.
@@ -393,6 +394,11 @@ absl::Status RunPartition(const CommandLine& line) {
 }
 
 int Main(int argc, char** argv) {
+  // Eigen allocates a packing buffer per product; without this each is fresh memory whose page
+  // faults cost `reference` ~40% of a step (docs/performance.md, "The oracle's speed").
+  if (absl::Status s = util::KeepLargeBuffersOnHeap(); !s.ok()) {
+    std::cerr << "pipetrain: " << s.message() << "; continuing with glibc's defaults\n";
+  }
   const ProgramSpec& program = Program();
   absl::SetProgramUsageMessage(ProgramHelp(program, /*full=*/false));
   absl::StatusOr<CommandLine> parsed = ParseCommandLine(program, argc, argv);

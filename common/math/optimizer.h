@@ -66,7 +66,9 @@ void OptimizerStep(const OptimizerConfig& config, int64_t step, float grad_scale
                    absl::Span<const float> grad, absl::Span<float> param,
                    absl::Span<std::vector<float>> state);
 
-// Sum of squares of `values`, accumulated in double in index order.
+// Sum of squares of `values` in double: element i is added to partial sum s[i mod 8] in index
+// order, and the result is ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)). A fixed order, so
+// the same bits in every process; pure and thread-safe.
 double SumOfSquares(absl::Span<const float> values);
 
 // The factor min(1, clip_norm / (sqrt(global_norm_sq) + 1e-6)) by which every gradient is scaled

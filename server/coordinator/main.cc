@@ -14,7 +14,6 @@
 // "coordinator listening on HOST:PORT" to stdout once it serves, and writes "PORT\n" to
 // --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
 #include <grpcpp/grpcpp.h>
-#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -32,6 +31,7 @@
 #include "common/net/token_auth.h"
 #include "common/net/transport_security.h"
 #include "common/util/command_line.h"
+#include "common/util/heap_tuning.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
@@ -111,8 +111,9 @@ bool WritePortFile(const std::string& path, int port) {
 int main(int argc, char** argv) {
   // gRPC allocates multi-MiB receive slices per read; keep them on the heap instead of a fresh
   // mmap each (docs/wire.md §5).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
+    std::cerr << "coordinator: " << s.message() << "; continuing with glibc's defaults\n";
+  }
   // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
   const pipetrain::ProgramSpec program{
       "coordinator",

@@ -1,7 +1,5 @@
 // stage_worker: the pipeline stage worker daemon. Flags -> StageWorkerOptions -> run until
 // SIGINT/SIGTERM. All behaviour lives in StageWorkerDaemon (server/worker/stage_worker_daemon.h).
-#include <malloc.h>
-
 #include <algorithm>
 #include <csignal>
 #include <cstddef>
@@ -17,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/command_line.h"
+#include "common/util/heap_tuning.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/metrics_server.h"
 #include "server/metrics/worker_metrics.h"
@@ -56,11 +55,13 @@ ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "most concurrent gRPC streams one connection may open to this worker");
 
 int main(int argc, char** argv) {
-  // gRPC allocates multi-MiB receive slices per read; above glibc's default mmap threshold each
-  // is a fresh mmap whose page faults dominate the receive path. Keep them on the heap
-  // (docs/wire.md §5: about 2x stream throughput).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // gRPC allocates multi-MiB receive slices per read and Eigen a packing buffer per product;
+  // above glibc's default mmap threshold each is a fresh mmap whose page faults dominate the
+  // receive path (docs/wire.md §5: about 2x stream throughput) and the products. Keep them on
+  // the heap.
+  if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
+    std::cerr << "stage_worker: " << s.message() << "; continuing with glibc's defaults\n";
+  }
   // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
   const pipetrain::ProgramSpec program{
       "stage_worker",

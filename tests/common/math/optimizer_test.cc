@@ -1,6 +1,7 @@
 #include "common/math/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -157,6 +158,34 @@ TEST(OptimizerTest, ClipScale) {
   EXPECT_EQ(ClipScale(0.25, 1.0f), 1.0f);   // norm 0.5 < 1: unchanged
   EXPECT_NEAR(ClipScale(16.0, 2.0f), 0.5f, 1e-6f);
   EXPECT_EQ(SumOfSquares(std::vector<float>{3.0f, 4.0f}), 25.0);
+}
+
+// The documented order: element i into partial sum i mod 8, combined pairwise.
+TEST(SumOfSquaresTest, FollowsTheDocumentedOrderBitForBit) {
+  for (size_t n : {0, 1, 7, 8, 9, 1000, 4099}) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      // Magnitudes from 1e-4 to 1e4, so that the order of the additions changes the rounding.
+      v[i] =
+          static_cast<float>((i % 3 == 0 ? 1e4 : 1e-4) * std::sin(0.37 * static_cast<double>(i)));
+    }
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < n; ++i) s[i % 8] += static_cast<double>(v[i]) * v[i];
+    const double want = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    const double got = SumOfSquares(v);
+    uint64_t got_bits, want_bits;
+    std::memcpy(&got_bits, &got, sizeof got);
+    std::memcpy(&want_bits, &want, sizeof want);
+    EXPECT_EQ(got_bits, want_bits) << "n=" << n;
+  }
+}
+
+TEST(SumOfSquaresTest, DiffersFromOneChainOnlyByRounding) {
+  std::vector<float> v(10007);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(std::cos(1.1 * i));
+  long double exact = 0;
+  for (float x : v) exact += static_cast<long double>(x) * x;
+  EXPECT_NEAR(SumOfSquares(v), static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
 }
 
 }  // namespace

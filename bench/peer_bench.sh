@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# pipetrain beside PyTorch on the same model, data shape, batch and threads, in one run: the deep
+# benchmark MLP (examples/deep_mlp.textproto), B=256, M=8, SGD, one compute thread per process.
+#
+#   PyTorch  bench/torch_peer.py: a plain single-process loop, and a hand-rolled 1F1B over
+#            torch.distributed (gloo, 2 ranks on 127.0.0.1).
+#   pipetrain `reference` (one process) and `local --stages 2` with every schedule.
+#
+# Every figure is samples/s in the steady state: B * (N - 1) / (the time of steps 2..N). PyTorch
+# times steps 2..N itself between barriers; pipetrain's is the wall time of an N-step run minus
+# that of a 1-step run (bench/local_throughput.sh), which cancels start-up and evaluation the same
+# way. The runs are interleaved round by round and each figure is the best of ROUNDS, because the
+# machine is shared and noisy. Ratios: pipetrain reference / PyTorch single-process, pipetrain
+# S=2 / PyTorch 1F1B. Not a CI test (docs/performance.md, "PyTorch peer").
+#
+# Usage: bench/peer_bench.sh [BUILD_DIR] [STEPS] [ROUNDS]   (defaults: build 25 3)
+# Needs Debian's python3-torch; without it the PyTorch rows are skipped with a message.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+steps=${2:-25}
+rounds=${3:-3}
+batch=256
+microbatches=8
+pipetrain=$build/client/pipetrain
+if [[ ! -x $pipetrain ]]; then
+  echo "peer_bench: $pipetrain not found; run scripts/build.sh first" >&2
+  exit 2
+fi
+common=(--model examples/deep_mlp.textproto --data synthetic --batch "$batch"
+        --microbatches "$microbatches" --seed 1 --optimizer sgd:lr=0.01 --threads 1 --json)
+
+# A Python that has torch (Debian's python3-torch is for /usr/bin/python3), or none.
+torch_python=""
+for py in python3 /usr/bin/python3; do
+  if command -v "$py" >/dev/null && "$py" -c "import torch" >/dev/null 2>&1; then
+    torch_python=$py
+    break
+  fi
+done
+if [[ -z $torch_python ]]; then
+  echo "peer_bench: PyTorch is missing (apt-get install python3-torch); skipping the PyTorch rows" >&2
+fi
+
+# PyTorch's products go to Debian's OpenBLAS, which picks its kernels by CPU model and falls back
+# to old SSE3 (Prescott) kernels on VMs with a generic CPU model (docs/performance.md, math_bench):
+# give PyTorch the best OpenBLAS core this CPU runs (an inherited OPENBLAS_CORETYPE is ignored;
+# TORCH_OPENBLAS_CORETYPE overrides the choice).
+torch_coretype=${TORCH_OPENBLAS_CORETYPE:-}
+if [[ -z $torch_coretype ]]; then
+  if grep -qw avx512f /proc/cpuinfo; then
+    torch_coretype=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then
+    torch_coretype=Haswell
+  fi
+fi
+
+now() { date +%s.%N; }
+calc() { python3 -c "print($1)"; }
+
+# pipetrain_sps COMMAND...: steady-state samples/s of a pipetrain command.
+pipetrain_sps() {
+  local t0 t1 t2
+  t0=$(now)
+  "$@" "${common[@]}" --steps "$steps" >/dev/null 2>&1
+  t1=$(now)
+  "$@" "${common[@]}" --steps 1 >/dev/null 2>&1
+  t2=$(now)
+  calc "'%.1f' % ($batch * ($steps - 1) / max(1e-9, ($t1 - $t0) - ($t2 - $t1)))"
+}
+# torch_sps MODE: samples/s PyTorch reports.
+torch_sps() {
+  OPENBLAS_CORETYPE=$torch_coretype OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+    "$torch_python" bench/torch_peer.py --mode "$1" --batch "$batch" \
+    --microbatches "$microbatches" --steps "$steps" | awk '/^samples_per_s/ {print $2}'
+}
+
+runs=("torch single" "torch 1f1b" "reference")
+for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do runs+=("local $kind"); done
+declare -A best
+for ((r = 1; r <= rounds; ++r)); do
+  for run in "${runs[@]}"; do
+    case $run in
+      "torch "*)
+        [[ -z $torch_python ]] && continue
+        sps=$(torch_sps "${run#torch }") ;;
+      reference) sps=$(pipetrain_sps "$pipetrain" reference --eval-samples 1) ;;
+      "local "*) sps=$(pipetrain_sps "$pipetrain" local --stages 2 --schedule "${run#local }") ;;
+    esac
+    if [[ -z ${best[$run]:-} ]] || (($(calc "int($sps > ${best[$run]})"))); then
+      best[$run]=$sps
+    fi
+  done
+done
+
+echo "deep MLP 256-16x512-16, B=$batch, M=$microbatches, SGD, 1 compute thread per process," \
+  "$(nproc) cores, steps 2..$steps, best of $rounds interleaved rounds"
+[[ -n $torch_python ]] && echo "PyTorch $("$torch_python" -c 'import torch; print(torch.__version__)')," \
+  "OpenBLAS core ${torch_coretype:-auto}"
+printf "%-34s %10s %14s\n" "run" "samples/s" "vs PyTorch"
+row() {  # row LABEL RUN PEER_RUN
+  local sps=${best[$2]:-} peer=${best[$3]:-} ratio="-"
+  [[ -z $sps ]] && return
+  [[ -n $peer ]] && ratio=$(calc "'%.2f' % ($sps / $peer)")
+  printf "%-34s %10s %14s\n" "$1" "$sps" "$ratio"
+}
+row "PyTorch single process" "torch single" "torch single"
+row "pipetrain reference" "reference" "torch single"
+row "PyTorch 1F1B, gloo, 2 ranks" "torch 1f1b" "torch 1f1b"
+for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do
+  row "pipetrain local S=2 $kind" "local $kind" "torch 1f1b"
+done

@@ -1,0 +1,32 @@
+// Process-wide glibc malloc settings for processes that move or compute on multi-MiB buffers.
+//
+// glibc serves an allocation above its mmap threshold (128 KiB at start, raised dynamically up to
+// 32 MiB) with a fresh mmap, and returns heap memory above its trim threshold to the kernel on
+// free. Either way the next buffer of that size is new memory: every 4 KiB page faults and is
+// zeroed by the kernel on first touch. Two hot paths allocate such buffers per call: gRPC's
+// receive slices, and Eigen's GEMM packing buffers (allocated per product of the Linear layers,
+// sized by the blocking of math::PinEigenBlockingForReproducibility). Without this the
+// single-process reference trainer spent ~40% of a deep-MLP step in page faults and in touching
+// fresh packing buffers (docs/performance.md, "The oracle's speed").
+#ifndef PIPETRAIN_COMMON_UTIL_HEAP_TUNING_H_
+#define PIPETRAIN_COMMON_UTIL_HEAP_TUNING_H_
+
+#include "absl/status/status.h"
+
+namespace pipetrain::util {
+
+// Largest allocation still served from the heap after KeepLargeBuffersOnHeap (64 MiB).
+inline constexpr int kHeapMmapThresholdBytes = 64 << 20;
+// Free memory at the top of the heap kept instead of returned to the kernel (1 GiB).
+inline constexpr int kHeapTrimThresholdBytes = 1 << 30;
+
+// Serves allocations up to kHeapMmapThresholdBytes from the heap and keeps up to
+// kHeapTrimThresholdBytes of freed memory mapped, so buffers freed and allocated again per
+// operation reuse touched pages. Does not change any computed value. Call once at the start of
+// main(), before other threads run; process-wide, not thread-safe. INTERNAL if glibc refuses a
+// setting (then the defaults stay in force, which is slower but correct).
+absl::Status KeepLargeBuffersOnHeap();
+
+}  // namespace pipetrain::util
+
+#endif  // PIPETRAIN_COMMON_UTIL_HEAP_TUNING_H_
