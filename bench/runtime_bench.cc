@@ -151,7 +151,8 @@ int Run(const BenchConfig& config) {
       stages, microbatches, config.batch, compute.c_str(), config.steps);
   std::printf("%-12s %10s %13s %7s %14s %12s %13s\n", "schedule", "step_ms", "predicted_ms",
               "ratio", "timeline_extra", "outside_us", "gap_us/action");
-  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"}) {
+  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v",
+                           "1f1b-overlap", "interleaved-overlap"}) {
     Cluster cluster;
     const std::string port_file =
         absl::StrCat("/tmp/pipetrain_runtime_bench_", getpid(), "_", kind, ".port");

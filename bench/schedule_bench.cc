@@ -39,9 +39,10 @@ int Main() {
   std::printf("%-12s %3s %9s %9s %9s %9s %9s %9s %8s %10s\n", "kind", "V", "actions", "gen_ms",
               "valid_ms", "sim_ms", "total_ms", "ns/act", "x_copy", "bubble");
   bool all_fast = true;
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-        ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV}) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZbH1, ScheduleKind::kZbV,
+                            ScheduleKind::kDualPipeV, ScheduleKind::kOneFOneBOverlap,
+                            ScheduleKind::kInterleavedOverlap, ScheduleKind::kDualPipe}) {
     const ScheduleParams params{kind, kStages, kMicrobatches, DefaultVirtualStages(kind)};
     absl::StatusOr<Plan> plan = GenerateSchedule(params);
     if (!plan.ok()) {
