@@ -277,8 +277,9 @@ TEST_F(CheckpointTest, ManifestRecordsTheInstructionSetAndItsHistory) {
                 " Steps up to 5 ran at x86-64-v3, later ones at x86-64-v4: the bits differ "
                 "from a run that stayed on one instruction set.");
   // Round trip of a note; a manifest without the fields (older writers) reads as unrecorded.
-  m.isa_note = note;
-  ASSERT_TRUE(WriteCheckpointManifest(Dir("isa"), m).ok());
+  CheckpointManifest with_note = *read;  // with the shards' digests, which a manifest needs.
+  with_note.isa_note = note;
+  ASSERT_TRUE(WriteCheckpointManifest(Dir("isa"), with_note).ok());
   read = ReadCheckpointManifest(Dir("isa"));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->isa_note, note);
