@@ -187,9 +187,12 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   for (int w = 0; w < S; ++w) {
     const std::string name = absl::StrCat("local-", getpid(), "-", w);
     const int log = OpenLog(log_dir, absl::StrCat("stage_worker-", w));
-    absl::StatusOr<pid_t> wpid =
-        Spawn({worker_bin, "--coordinator=" + *address, "--listen=127.0.0.1:0", "--name=" + name},
-              -1, -1, log);
+    std::vector<std::string> argv = {worker_bin, "--coordinator=" + *address,
+                                     "--listen=127.0.0.1:0", "--name=" + name};
+    if (!o.train.training.max_isa.empty()) {
+      argv.push_back("--max-isa=" + o.train.training.max_isa);
+    }
+    absl::StatusOr<pid_t> wpid = Spawn(argv, -1, -1, log);
     if (log >= 0) close(log);
     if (!wpid.ok()) return wpid.status();
     children.push_back({absl::StrCat("stage_worker ", w), *wpid});

@@ -73,6 +73,11 @@ ABSL_FLAG(std::string, resume, "",
           "continue training from this checkpoint directory (train/local: on the coordinator's "
           "host)");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
+ABSL_FLAG(std::string, isa, "",
+          "instruction set of the math, x86-64-v3 or x86-64-v4 (reference: default the highest "
+          "this CPU runs; train/local: the job's, default the highest all its workers run)");
+ABSL_FLAG(std::string, max_isa, "",
+          "reference/local: the highest instruction set to use (local: each worker's --max-isa)");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
           "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
@@ -139,7 +144,8 @@ const std::vector<std::string> kTrainingFlags = {
     "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
     "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min",        // learning rate
     "json", "eval_samples", "eval_every", "log_every",                // output
-    "save", "checkpoint_every", "keep_checkpoints", "resume"};        // checkpoints
+    "save", "checkpoint_every", "keep_checkpoints", "resume",         // checkpoints
+    "isa"};                                                           // instruction set
 const std::vector<std::string> kPipelineFlags = {"stages",      "schedule",   "virtual",
                                                  "trace",       "trace_steps", "min_stages",
                                                  "replace_timeout"};
@@ -177,7 +183,7 @@ const ProgramSpec& Program() {
       "client of a coordinator and its stage workers",
       {
           {"reference", "", "train in one process with the reference trainer (the oracle)",
-           kTrainingFlags},
+           Concat(kTrainingFlags, {"max_isa"})},
           {"schedule",
            "",
            "generate, validate, simulate and draw a pipeline schedule",
@@ -192,7 +198,7 @@ const ProgramSpec& Program() {
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
                kPipelineFlags)},
           {"local", "", "start a coordinator and --stages workers here, then train on them",
-           Concat(kTrainingFlags, kPipelineFlags)},
+           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa"})},
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
@@ -231,6 +237,8 @@ TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.isa = absl::GetFlag(FLAGS_isa);
+  o.max_isa = absl::GetFlag(FLAGS_max_isa);
   // The schedule flags override --optimizer's keys only when given.
   if (line.Given("lr_schedule")) o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   if (line.Given("warmup_steps")) o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);

@@ -42,8 +42,9 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckTrainingOptions(o));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(o));
   PT_RETURN_IF_ERROR(CheckSaveDirectory(o));
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, ReferenceIsaFor(o));
   PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed));
+                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed, isa));
   const v1::ModelSpec& spec = setup.spec;
   const std::unique_ptr<io::Dataset>& data = setup.data;
   const std::unique_ptr<model::Model>& net = setup.model;
@@ -57,6 +58,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
                       model::ReferenceTrainer::Create(net.get(), topts));
 
   io::DataCursor cursor;
+  std::string isa_note;  // the checkpoints' note when earlier steps ran at another level.
   if (!o.resume_dir.empty()) {
     PT_ASSIGN_OR_RETURN(model::LoadedCheckpoint ckpt, model::LoadCheckpoint(o.resume_dir));
     const model::CheckpointManifest& m = ckpt.manifest;
@@ -80,15 +82,22 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
     }
     PT_RETURN_IF_ERROR(trainer->ImportState(ckpt.tensors, m.step));
     cursor = m.data_cursor;
+    isa_note = model::IsaNoteAfterResume(m, math::IsaName(isa));
+    if (m.isa != math::IsaName(isa) && !o.json) {
+      out << "note: " << o.resume_dir << " was written at instruction set "
+          << (m.isa.empty() ? "(unrecorded)" : m.isa) << ", this run uses " << math::IsaName(isa)
+          << ": its bits will differ from a run that stayed on one level\n";
+    }
   }
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
                       io::BatchSampler::Create(data.get(), o.batch, o.seed, cursor));
 
   if (!o.json) {
     out << absl::StrFormat(
-        "model %s: %d layers, %d parameters; data %s: %d train / %d held-out samples\n",
+        "model %s: %d layers, %d parameters; data %s: %d train / %d held-out samples; "
+        "instruction set %s\n",
         spec.name().empty() ? o.model_path : spec.name(), net->num_layers(), net->NumParameters(),
-        info.name, data->size(io::Split::kTrain), data->size(io::Split::kEval));
+        info.name, data->size(io::Split::kTrain), data->size(io::Split::kEval), math::IsaName(isa));
   }
   ProgressLine progress(out, ProgressOptionsFor(o, /*pipeline=*/false));
   for (int64_t i = 0; i < o.steps; ++i) {
@@ -107,9 +116,11 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       progress.Redraw();
     }
     if (CheckpointDue(o, r.step, i + 1 == o.steps)) {
-      PT_RETURN_IF_ERROR(model::SaveCheckpoint(
-          o.save_dir, CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor()),
-          trainer->ExportState(), o.keep_checkpoints));
+      model::CheckpointManifest manifest =
+          CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor());
+      manifest.isa_note = isa_note;
+      PT_RETURN_IF_ERROR(
+          model::SaveCheckpoint(o.save_dir, manifest, trainer->ExportState(), o.keep_checkpoints));
       if (!o.json) {
         progress.Clear();
         out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
@@ -130,9 +141,16 @@ absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& o
   PT_ASSIGN_OR_RETURN(model::LoadedCheckpoint ckpt, model::LoadCheckpoint(o.checkpoint_dir));
   const model::CheckpointManifest& m = ckpt.manifest;
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, math::ParseOptimizerConfig(m.optimizer));
+  // The level the checkpoint was trained at when this CPU runs it (the same bits as that run's
+  // own evaluation), else the highest this CPU runs.
+  math::Isa isa = math::DefaultIsa();
+  if (absl::StatusOr<math::Isa> saved = math::ParseIsa(m.isa);
+      saved.ok() && math::CpuSupportsIsa(*saved)) {
+    isa = *saved;
+  }
   PT_ASSIGN_OR_RETURN(
       TrainingSetup setup,
-      SetUpTraining(m.model_spec, o.data.empty() ? m.data : o.data, o.data_dir, m.seed));
+      SetUpTraining(m.model_spec, o.data.empty() ? m.data : o.data, o.data_dir, m.seed, isa));
   model::TrainerOptions topts;
   topts.seed = m.seed;
   topts.optimizer = optimizer;

@@ -93,6 +93,9 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::s
     PT_ASSIGN_OR_RETURN(model::CheckpointManifest written, model::ReadCheckpointManifest(dir));
     model::CheckpointManifest m = CheckpointManifestFor(o, setup, optimizer, saved.step(), cursor);
     m.shards = std::move(written.shards);
+    // The job's instruction-set level and history are the coordinator's.
+    m.isa = std::move(written.isa);
+    m.isa_note = std::move(written.isa_note);
     PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(dir, m));
   }
   if (!o.json) {
@@ -149,6 +152,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   job_spec.set_min_stages(o.min_stages);
+  job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
   if (!t.resume_dir.empty()) {
     // Like --save, a directory on the coordinator's host, which verifies and loads it.
     std::error_code ec;
@@ -188,9 +192,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   if (!t.json) {
     out << absl::StrFormat(
         "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
-        "schedule %s, imbalance %.3f\n",
+        "schedule %s, imbalance %.3f, instruction set %s\n",
         spec.name().empty() ? t.model_path : spec.name(), net->num_layers(), net->NumParameters(),
-        info.name, data->size(io::Split::kTrain), job.job(), o.stages, o.schedule, job.imbalance());
+        info.name, data->size(io::Split::kTrain), job.job(), o.stages, o.schedule, job.imbalance(),
+        job.spec().isa());
     for (const v1::StageStatus& s : job.stages()) {
       out << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
       for (const v1::ChunkSpec& c : s.chunks()) {

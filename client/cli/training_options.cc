@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -118,7 +120,37 @@ absl::Status CheckTrainingOptions(const TrainingOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--keep-checkpoints must be >= 1, got ", o.keep_checkpoints));
   }
+  for (auto [flag, value] : {std::pair<const char*, const std::string*>{"--isa", &o.isa},
+                             std::pair<const char*, const std::string*>{"--max-isa", &o.max_isa}}) {
+    if (absl::StatusOr<std::optional<math::Isa>> isa = math::ParseOptionalIsa(*value); !isa.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", isa.status().message()));
+    }
+  }
+  if (!o.isa.empty() && !o.max_isa.empty() &&
+      *math::IsaFromName(o.isa) > *math::IsaFromName(o.max_isa)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--isa ", o.isa, " is above --max-isa ", o.max_isa));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<math::Isa> ReferenceIsaFor(const TrainingOptions& o) {
+  PT_RETURN_IF_ERROR(CheckTrainingOptions(o));
+  const std::optional<math::Isa> max = math::IsaFromName(o.max_isa);
+  if (o.isa.empty()) {
+    absl::StatusOr<math::Isa> best = math::HighestSupportedIsa(max);
+    if (!best.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--max-isa: ", best.status().message()));
+    }
+    return best;
+  }
+  const math::Isa isa = *math::IsaFromName(o.isa);
+  if (!math::CpuSupportsIsa(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--isa ", o.isa, ": this CPU cannot run it (it runs ",
+                     math::IsaListName(math::SupportedIsas()), ")"));
+  }
+  return isa;
 }
 
 absl::Status CheckSaveDirectory(const TrainingOptions& o) {

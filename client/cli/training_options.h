@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cli/progress.h"
+#include "common/math/isa.h"
 #include "common/math/optimizer.h"
 
 namespace pipetrain::cli {
@@ -79,7 +80,20 @@ struct TrainingOptions {
   // --keep-checkpoints K: >= 1, checkpoints to keep: the newest in --save DIR, up to K - 1
   // earlier ones beside it as DIR.step-<12 digits> (model::PublishCheckpoint). Default 2.
   int keep_checkpoints = 2;
+  // --isa LEVEL: the instruction-set level of the math (x86-64-v3, x86-64-v4; docs/performance.md,
+  // "Instruction sets"). reference: the level it runs at; empty (default): the highest this CPU
+  // runs, at most --max-isa. train/local: the job's level (JobSpec.isa); empty: the highest every
+  // worker of the job runs.
+  std::string isa;
+  // --max-isa LEVEL: the highest level to use. reference: caps the default of --isa; local: each
+  // stage worker's --max-isa. Empty (default): no cap.
+  std::string max_isa;
 };
+
+// The level `reference` runs at with `options` (its --isa and --max-isa): INVALID_ARGUMENT for a
+// name this binary does not have or an --isa above --max-isa; FAILED_PRECONDITION if this CPU
+// cannot run --isa (or runs no level at or below --max-isa).
+absl::StatusOr<math::Isa> ReferenceIsaFor(const TrainingOptions& options);
 
 // OK if `options` are usable; INVALID_ARGUMENT naming the flag otherwise. Checks values only (no
 // I/O: see CheckSaveDirectory); the optimizer text is parsed by the commands.

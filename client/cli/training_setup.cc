@@ -27,14 +27,15 @@ io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const std::strin
 }  // namespace
 
 absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
-                                            const std::string& data_dir, uint64_t seed) {
+                                            const std::string& data_dir, uint64_t seed,
+                                            math::Isa isa) {
   TrainingSetup s;
   PT_ASSIGN_OR_RETURN(s.data, io::OpenDataset(data, DatasetOptionsFor(raw_spec, data_dir, seed)));
   const io::DatasetInfo& info = s.data->info();
   const model::DataShape shape{info.input_features, info.target_features, info.num_classes,
                                info.tokens_per_sample};
   PT_ASSIGN_OR_RETURN(s.spec, model::ResolveModelSpec(raw_spec, shape));
-  PT_ASSIGN_OR_RETURN(s.model, model::Model::Build(s.spec));
+  PT_ASSIGN_OR_RETURN(s.model, model::Model::Build(s.spec, model::ModelLimits(), isa));
   if (s.model->target_features() != info.target_features) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model's loss needs ", s.model->target_features(),
@@ -45,9 +46,10 @@ absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const
 
 absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_path,
                                                     const std::string& data,
-                                                    const std::string& data_dir, uint64_t seed) {
+                                                    const std::string& data_dir, uint64_t seed,
+                                                    math::Isa isa) {
   PT_ASSIGN_OR_RETURN(v1::ModelSpec raw_spec, model::LoadModelSpecFile(model_path));
-  return SetUpTraining(raw_spec, data, data_dir, seed);
+  return SetUpTraining(raw_spec, data, data_dir, seed, isa);
 }
 
 model::CheckpointManifest CheckpointManifestFor(const TrainingOptions& options,
@@ -64,6 +66,7 @@ model::CheckpointManifest CheckpointManifestFor(const TrainingOptions& options,
   m.microbatches = options.microbatches;
   m.data_cursor = cursor;
   m.shards = model::LayerShards(*setup.model, 0, setup.model->num_layers());
+  m.isa = std::string(math::IsaName(setup.model->isa()));
   return m;
 }
 

@@ -27,17 +27,21 @@ struct TrainingSetup {
 // `raw_spec` implies (the text context, the synthetic task's shape), fills the sizes the spec
 // leaves to the data, builds the model and checks its loss fits the data's targets. `data_dir`
 // empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) or is missing.
+// The model's math runs at instruction-set level `isa` (Model::Build).
 absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
-                                            const std::string& data_dir, uint64_t seed);
+                                            const std::string& data_dir, uint64_t seed,
+                                            math::Isa isa = math::DefaultIsa());
 
 // The same, reading the spec from the file `model_path` first.
 absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_path,
                                                     const std::string& data,
-                                                    const std::string& data_dir, uint64_t seed);
+                                                    const std::string& data_dir, uint64_t seed,
+                                                    math::Isa isa = math::DefaultIsa());
 
 // The manifest of a checkpoint of `setup`'s model after `step` steps of a run with `options` and
-// `optimizer`, its next batch at `cursor`: what `reference --save` writes, and what `train --save`
-// rewrites the coordinator's manifest to (so that both are byte-identical).
+// `optimizer`, its next batch at `cursor`, with the model's instruction-set level and no isa_note:
+// what `reference --save` writes, and what `train --save` rewrites the coordinator's manifest to
+// (so that both are byte-identical).
 model::CheckpointManifest CheckpointManifestFor(const TrainingOptions& options,
                                                 const TrainingSetup& setup,
                                                 const math::OptimizerConfig& optimizer,

@@ -99,6 +99,18 @@ bool IsLayerShardFile(absl::string_view name) {
   return true;
 }
 
+}  // namespace
+
+std::string IsaNoteAfterResume(const CheckpointManifest& resumed, absl::string_view isa) {
+  if (resumed.isa == isa) return resumed.isa_note;
+  const std::string before = resumed.isa.empty() ? "an unrecorded instruction set" : resumed.isa;
+  return absl::StrCat(resumed.isa_note, resumed.isa_note.empty() ? "" : " ", "Steps up to ",
+                      resumed.step, " ran at ", before, ", later ones at ", isa,
+                      ": the bits differ from a run that stayed on one instruction set.");
+}
+
+namespace {
+
 json ManifestToJson(const CheckpointManifest& manifest) {
   json j;
   j["format"] = kCheckpointFormat;
@@ -112,6 +124,8 @@ json ManifestToJson(const CheckpointManifest& manifest) {
   j["batch_size"] = manifest.batch_size;
   j["microbatches"] = manifest.microbatches;
   j["data_cursor"] = {{"epoch", manifest.data_cursor.epoch}, {"batch", manifest.data_cursor.batch}};
+  j["isa"] = manifest.isa;
+  if (!manifest.isa_note.empty()) j["isa_note"] = manifest.isa_note;
   j["shards"] = json::array();
   for (const CheckpointShard& s : manifest.shards) {
     j["shards"].push_back({{"file", s.file},
@@ -157,6 +171,13 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::st
   }
   PT_ASSIGN_OR_RETURN(m.data_cursor.epoch, GetCount(*cursor, "epoch", "data_cursor.", path));
   PT_ASSIGN_OR_RETURN(m.data_cursor.batch, GetCount(*cursor, "batch", "data_cursor.", path));
+  // Optional (manifests before the field have neither).
+  for (auto [key, field] : {std::pair<const char*, std::string*>{"isa", &m.isa},
+                            std::pair<const char*, std::string*>{"isa_note", &m.isa_note}}) {
+    if (j.contains(key)) {
+      PT_ASSIGN_OR_RETURN(*field, GetString(j, key, "", path));
+    }
+  }
   auto shards = j.find("shards");
   if (shards == j.end() || !shards->is_array() || shards->empty()) {
     return ManifestError(path, "field 'shards' missing, not an array, or empty");

@@ -73,7 +73,20 @@ struct CheckpointManifest {
   int64_t microbatches = 0;
   io::DataCursor data_cursor;  // position of the next batch.
   std::vector<CheckpointShard> shards;
+  // The instruction-set level of the math that produced the last steps (math::IsaName, e.g.
+  // "x86-64-v4"); "" if the writer did not record it (checkpoints older than the field, which
+  // ran at x86-64-v3). A checkpoint loads at any level: weights are floats.
+  std::string isa;
+  // Empty while every step so far ran at `isa`. Otherwise (a run resumed from a checkpoint of
+  // another level) which steps ran at which level: the bits then differ from a run that stayed on
+  // one level (IsaNoteAfterResume).
+  std::string isa_note;
 };
+
+// The isa_note of the checkpoints of a run at level `isa` that resumed from `resumed`: empty if
+// `resumed` has no note and ran at `isa`; otherwise `resumed`'s note followed by a sentence naming
+// the steps up to resumed.step at resumed.isa and the later ones at `isa`.
+std::string IsaNoteAfterResume(const CheckpointManifest& resumed, absl::string_view isa);
 
 // Checks the bytes of `shard` (read from `path`, or received from another process under that
 // name) against the manifest: size and SHA-256 (DATA_LOSS on a mismatch), the safetensors format,

@@ -12,11 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/input_file.h"
-#include "common/math/activations.h"
-#include "common/math/embedding.h"
-#include "common/math/layer_norm.h"
-#include "common/math/linear.h"
-#include "common/math/transformer_block.h"
 #include "common/util/checked_math.h"
 #include "common/util/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -237,10 +232,12 @@ absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const 
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
-                                                    const ModelLimits& limits) {
+                                                    const ModelLimits& limits, math::Isa isa) {
   auto model = std::unique_ptr<Model>(new Model());
   model->spec_ = spec;
   model->limits_ = limits;
+  model->isa_ = isa;
+  const math::Kernels& kernels = math::KernelsFor(isa);
   if (spec.layers_size() == 0) return absl::InvalidArgumentError("model has no layers");
   if (spec.input_features() <= 0 || spec.input_features() > kMaxDim) {
     return absl::InvalidArgumentError(absl::StrCat("model input_features ", spec.input_features(),
@@ -260,14 +257,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
               i, ls, absl::StrCat("in_features ", in, " != ", features, " (", Origin(i), ")"));
         }
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "out_features", s.out_features()));
-        layer = std::make_unique<math::Linear>(in, s.out_features(), !s.no_bias());
+        layer = kernels.MakeLinear(in, s.out_features(), !s.no_bias());
         break;
       }
       case v1::LayerSpec::kRelu:
-        layer = std::make_unique<math::Relu>(features);
+        layer = kernels.MakeRelu(features);
         break;
       case v1::LayerSpec::kGelu:
-        layer = std::make_unique<math::Gelu>(features);
+        layer = kernels.MakeGelu(features);
         break;
       case v1::LayerSpec::kLayerNorm: {
         const v1::LayerNormSpec& s = ls.layer_norm();
@@ -278,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
         }
         if (!(s.eps() >= 0))
           return LayerError(i, ls, absl::StrCat("eps ", s.eps(), " must be >= 0"));
-        layer = std::make_unique<math::LayerNorm>(features, s.eps() == 0 ? 1e-5f : s.eps());
+        layer = kernels.MakeLayerNorm(features, s.eps() == 0 ? 1e-5f : s.eps());
         break;
       }
       case v1::LayerSpec::kEmbedding: {
@@ -293,7 +290,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "dim", s.dim()));
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", s.context()));
         context = s.context();
-        layer = std::make_unique<math::Embedding>(s.vocab_size(), s.dim(), s.context());
+        layer = kernels.MakeEmbedding(s.vocab_size(), s.dim(), s.context());
         break;
       }
       case v1::LayerSpec::kTransformerBlock: {
@@ -332,7 +329,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
               " bytes, more than the limit of ", limits.max_activation_bytes,
               " bytes (ModelLimits::max_activation_bytes)"));
         }
-        layer = std::make_unique<math::TransformerBlock>(dim, s.heads(), ctx, ratio);
+        layer = kernels.MakeTransformerBlock(dim, s.heads(), ctx, ratio);
         break;
       }
       case v1::LayerSpec::KIND_NOT_SET:
@@ -356,10 +353,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
             "softmax_cross_entropy needs at least 2 classes, but the last layer outputs ",
             features));
       }
-      model->loss_ = math::MakeSoftmaxCrossEntropy();
+      model->loss_ = kernels.MakeSoftmaxCrossEntropy();
       break;
     case v1::LossSpec::kMse:
-      model->loss_ = math::MakeMse();
+      model->loss_ = kernels.MakeMse();
       break;
     case v1::LossSpec::KIND_NOT_SET:
       return absl::InvalidArgumentError(

@@ -9,6 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/math/isa.h"
+#include "common/math/kernels.h"
 #include "common/math/layer.h"
 #include "common/math/loss.h"
 #include "pipetrain/v1/model.pb.h"
@@ -69,13 +71,21 @@ class Model {
   // 128 != 256 (output of layer 2)", or a dimension outside [1, 2^24]; RESOURCE_EXHAUSTED naming
   // the layer and the numbers when a layer's parameters, or one sample's activations, exceed
   // `limits`.
+  // The layers and the loss run the math compiled for `isa` (one of math::BuiltIsas(), which
+  // this CPU must run: math::CpuSupportsIsa); every process whose results must agree bit for bit
+  // builds its model at the same level (docs/performance.md, "Instruction sets").
   static absl::StatusOr<std::unique_ptr<Model>> Build(const v1::ModelSpec& spec,
-                                                      const ModelLimits& limits = ModelLimits());
+                                                      const ModelLimits& limits = ModelLimits(),
+                                                      math::Isa isa = math::DefaultIsa());
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const v1::ModelSpec& spec() const { return spec_; }
+  // The instruction-set level the layers and the loss run at, and that level's kernels (whose
+  // ConfigureEigen whoever runs the layers calls first).
+  math::Isa isa() const { return isa_; }
+  const math::Kernels& kernels() const { return math::KernelsFor(isa_); }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const math::Layer& layer(int64_t index) const { return *layers_[index]; }
   const math::Loss& loss() const { return *loss_; }
@@ -117,6 +127,7 @@ class Model {
   std::vector<std::unique_ptr<math::Layer>> layers_;
   std::unique_ptr<math::Loss> loss_;
   int64_t tokens_per_sample_ = 1;
+  math::Isa isa_ = math::Isa::kGeneric;
   ModelLimits limits_;
   int64_t sample_activation_bytes_ = 0;
 };

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/math/det_math.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::model {
@@ -27,8 +26,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
         absl::StrCat("threads must be in [1, 256], got ", options.threads));
   }
   PT_RETURN_IF_ERROR(math::ValidateOptimizerConfig(options.optimizer));
-  math::PinEigenBlockingForReproducibility();
-  Eigen::setNbThreads(options.threads);
+  model->kernels().ConfigureEigen(options.threads);
   PT_ASSIGN_OR_RETURN(
       Stage stage, Stage::Create(model, 0, model->num_layers(), options.seed, options.optimizer));
   return std::unique_ptr<ReferenceTrainer>(new ReferenceTrainer(model, options, std::move(stage)));

@@ -50,8 +50,9 @@ double SumLayerNormSq(const std::vector<double>& per_layer);
 
 class ReferenceTrainer {
  public:
-  // Pins Eigen's GEMM blocking (math::PinEigenBlockingForReproducibility) and sets Eigen's thread
-  // count to options.threads, both process-wide. `model` must outlive the trainer.
+  // Pins the GEMM blocking of the model's instruction-set level and sets that level's Eigen thread
+  // count to options.threads (math::Kernels::ConfigureEigen), both process-wide. `model` must
+  // outlive the trainer. FAILED_PRECONDITION if this CPU cannot run model->isa() (Stage::Create).
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(const Model* model,
                                                                   const TrainerOptions& options);
 

@@ -40,6 +40,11 @@ absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t l
                                                    ") is not within the model's ",
                                                    model->num_layers(), " layers"));
   }
+  if (!math::CpuSupportsIsa(model->isa())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this CPU cannot run the model's instruction set ", math::IsaName(model->isa()),
+        " (it runs ", math::IsaListName(math::SupportedIsas()), ")"));
+  }
   Stage s;
   s.model_ = model;
   s.first_ = first;

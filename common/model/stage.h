@@ -38,7 +38,7 @@ class Stage {
   // initialised from `seed` exactly as in any other process. INVALID_ARGUMENT on a bad range;
   // RESOURCE_EXHAUSTED, before allocating anything, if the range's weights, gradients and
   // `optimizer`'s state would take more than model->limits().max_parameter_bytes, or if the
-  // allocation fails.
+  // allocation fails; FAILED_PRECONDITION if this CPU cannot run model->isa().
   static absl::StatusOr<Stage> Create(const Model* model, int64_t first, int64_t last,
                                       uint64_t seed, const math::OptimizerConfig& optimizer);
 

@@ -14,6 +14,7 @@
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
+#include "server/coordinator/job_isa.h"
 #include "server/coordinator/reactors.h"
 #include "server/logging/daemon_log.h"
 
@@ -298,6 +299,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
       w->set_address(conn->info.address());
       w->set_cores(conn->info.cores());
       w->set_gflops(conn->info.gflops());
+      *w->mutable_isa_levels() = conn->info.isa_levels();
       w->set_memory_bytes(conn->info.memory_bytes());
       w->set_job(conn->job);
       w->set_rank(conn->rank);
@@ -412,6 +414,18 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
       return absl::InvalidArgumentError(
           absl::StrCat("RegisterWorker '", r.name(), "': negative cores or memory"));
     }
+    // A handful of levels exist; a longer list is not a worker's (the names are logged).
+    if (r.isa_levels_size() > 8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RegisterWorker '", r.name(), "': ", r.isa_levels_size(), " isa_levels, at most 8"));
+    }
+    for (const std::string& level : r.isa_levels()) {
+      if (level.size() > 32) {
+        return absl::InvalidArgumentError(absl::StrCat("RegisterWorker '", r.name(),
+                                                       "': an isa_levels name of ", level.size(),
+                                                       " bytes, at most 32"));
+      }
+    }
     if (reactor->certificate_names().has_value()) {
       // mTLS: the address peers will dial must be one the worker's certificate vouches for, so a
       // cluster member cannot advertise (and receive another's traffic at) someone else's host.
@@ -453,8 +467,10 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     conn.order = next_worker_order_++;
     conn.reactor = reactor;
     *name = r.name();
-    Log(absl::StrFormat("worker '%s' registered from %s: %d cores, %.2f GFLOP/s", r.name(),
-                        r.address(), r.cores(), r.gflops()));
+    Log(absl::StrFormat(
+        "worker '%s' registered from %s: %d cores, %.2f GFLOP/s, instruction "
+        "sets %s",
+        r.name(), r.address(), r.cores(), r.gflops(), math::IsaListName(WorkerIsas(r))));
     event_cv_.SignalAll();  // a recovery may be waiting for an idle worker.
     return absl::OkStatus();
   }

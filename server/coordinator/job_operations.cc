@@ -26,6 +26,7 @@
 #include "common/wire/tensor_key.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/job_isa.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/reactors.h"
 #include "server/metrics/coordinator_metrics.h"
@@ -93,6 +94,14 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
       return;
     }
     std::vector<WorkerConn*> idle = IdleWorkers();
+    // A job forced to one instruction-set level takes only workers that run it.
+    const std::optional<math::Isa> forced = math::IsaFromName(spec.isa());
+    if (forced.has_value()) {
+      idle.erase(
+          std::remove_if(idle.begin(), idle.end(),
+                         [&](const WorkerConn* w) { return !WorkerRunsIsa(w->info, *forced); }),
+          idle.end());
+    }
     int busy = 0;
     for (auto& [name, conn] : workers_) {
       if (conn.reactor != nullptr && !conn.job.empty()) ++busy;
@@ -100,9 +109,24 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
     const int live = static_cast<int>(idle.size());
     if (live < S) {
       done(absl::FailedPreconditionError(absl::StrCat(
-          "job needs ", S, " workers, ", live, " idle: ", S - live, " missing",
+          "job needs ", S, " workers", forced.has_value() ? " that run isa " + spec.isa() : "",
+          ", ", live, " idle: ", S - live, " missing",
           busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : "")));
       return;
+    }
+    // The one level every rank (and the client's reference) runs.
+    std::vector<const v1::RegisterWorker*> ranks;
+    for (int rank = 0; rank < S; ++rank) ranks.push_back(&idle[rank]->info);
+    absl::StatusOr<math::Isa> isa = ChooseJobIsa(spec, ranks);
+    if (!isa.ok()) {
+      done(isa.status());
+      return;
+    }
+    spec.set_isa(std::string(math::IsaName(*isa)));
+    if (resume.has_value() && resume->isa != spec.isa()) {
+      Log(absl::StrCat("job resumes from ", spec.resume_from(), " written at instruction set ",
+                       resume->isa.empty() ? "(unrecorded)" : resume->isa, " and runs at ",
+                       spec.isa(), ": its bits will differ from a run that stayed on one level"));
     }
     auto job = std::make_unique<Job>();
     id = absl::StrCat(id_prefix_, next_job_++);
@@ -199,6 +223,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
       a->set_restore_step(job->restore->step);
     }
     a->set_link_secret(job->link_secret);
+    a->set_isa(job->spec.isa());
     SendToRank(*job, rank, command);
   }
   job->op_error = absl::OkStatus();
@@ -217,7 +242,9 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   }
   job->state = JobState::kReady;
   Log(absl::StrCat("job ", job->id, " ready in epoch ", job->epoch, ": ", job->workers.size(),
-                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", ")));
+                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", "),
+                   " at instruction set ", job->spec.isa()));
+  if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
 }
 
@@ -630,6 +657,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   int64_t step = 0;
   std::shared_ptr<const model::Model> net;
   v1::JobSpec spec;
+  std::string isa_note;  // the manifest's: which steps ran at another level, if any did.
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
@@ -637,6 +665,7 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     step = job->steps_done;
     net = job->model;
     spec = job->spec;
+    if (job->resume.has_value()) isa_note = model::IsaNoteAfterResume(*job->resume, spec.isa());
   }
   // The workers write into a staging directory, published as directory when complete
   // (file I/O outside mu_; only this job's thread runs operations on the job).
@@ -677,6 +706,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
   manifest.model_spec = net->spec();
   manifest.seed = spec.seed();
   manifest.microbatches = spec.microbatches();
+  manifest.isa = spec.isa();
+  manifest.isa_note = isa_note;
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
   // Every worker uploaded its files (PutState) and answered ShardsSaved: digest what is there

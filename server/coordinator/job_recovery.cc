@@ -11,6 +11,7 @@
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/job_isa.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/reactors.h"
 #include "server/metrics/coordinator_metrics.h"
@@ -51,6 +52,12 @@ bool CoordinatorService::Reassign(Job* job) {
       }
     }
     idle = IdleWorkers();
+    // Replacements must run the job's instruction-set level (its bits depend on it).
+    if (const std::optional<math::Isa> isa = math::IsaFromName(job->spec.isa()); isa.has_value()) {
+      idle.erase(std::remove_if(idle.begin(), idle.end(),
+                                [&](const WorkerConn* w) { return !WorkerRunsIsa(w->info, *isa); }),
+                 idle.end());
+    }
     if (idle.size() >= lost.size()) break;
     const int reachable = S - static_cast<int>(lost.size()) + static_cast<int>(idle.size());
     if (absl::Now() >= deadline) {

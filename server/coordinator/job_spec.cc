@@ -9,6 +9,7 @@
 #include "common/schedule/validator.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
+#include "server/coordinator/job_isa.h"
 
 namespace pipetrain::coordinator {
 
@@ -53,6 +54,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
+  PT_RETURN_IF_ERROR(CheckJobIsa(*spec));
   // The model as its author wrote it: sizes left 0 come from the client's data shape.
   const v1::DataShape& data = spec->data_shape();
   PT_ASSIGN_OR_RETURN(

@@ -42,6 +42,10 @@ CoordinatorMetrics::CoordinatorMetrics(MetricsRegistry& registry)
                       .Name("pipetrain_job_recoveries_total")
                       .Help("Times the job recovered from a lost worker")
                       .Register(registry.registry())),
+      isa_(prometheus::BuildGauge()
+               .Name("pipetrain_job_isa_info")
+               .Help("1 for the instruction-set level the job's math runs at (label isa)")
+               .Register(registry.registry())),
       jobs_(prometheus::BuildGauge()
                 .Name("pipetrain_jobs")
                 .Help("Jobs the coordinator lists, by state")
@@ -82,6 +86,14 @@ void CoordinatorMetrics::RecordRecovery(const std::string& job) {
   SeriesOf(job).recoveries->Increment();
 }
 
+void CoordinatorMetrics::RecordIsa(const std::string& job, const std::string& isa) {
+  absl::MutexLock lock(&mu_);
+  JobSeries& s = SeriesOf(job);
+  if (s.isa != nullptr) isa_.Remove(s.isa);
+  s.isa = &isa_.Add({{"job_id", job}, {"isa", isa}});
+  s.isa->Set(1);
+}
+
 void CoordinatorMetrics::RecordState(const std::map<std::string, int>& jobs_by_state,
                                      const std::map<std::string, int>& workers_by_state,
                                      const std::set<std::string>& known_jobs) {
@@ -101,6 +113,7 @@ void CoordinatorMetrics::RecordState(const std::map<std::string, int>& jobs_by_s
     bubble_.Remove(s.predicted_bubble);
     samples_per_second_.Remove(s.samples_per_second);
     recoveries_.Remove(s.recoveries);
+    if (s.isa != nullptr) isa_.Remove(s.isa);
     it = series_.erase(it);
   }
 }

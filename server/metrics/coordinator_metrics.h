@@ -44,6 +44,9 @@ class CoordinatorMetrics {
   void RecordStep(const std::string& job, const StepSample& step) ABSL_LOCKS_EXCLUDED(mu_);
   // Job `job` recovered from a lost worker (it continues in a new epoch).
   void RecordRecovery(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Job `job` runs its math at instruction-set level `isa` (e.g. "x86-64-v4"):
+  // pipetrain_job_isa_info{job_id, isa} = 1 (a level it ran at before is removed).
+  void RecordIsa(const std::string& job, const std::string& isa) ABSL_LOCKS_EXCLUDED(mu_);
   // Sets pipetrain_jobs{state} and pipetrain_workers{state} to the given counts (states not
   // named keep their value; pass every state, with 0s) and drops the series of every job that is
   // not a key of `known_jobs` (the jobs the coordinator still lists).
@@ -61,6 +64,7 @@ class CoordinatorMetrics {
     prometheus::Gauge* predicted_bubble = nullptr;
     prometheus::Gauge* samples_per_second = nullptr;
     prometheus::Counter* recoveries = nullptr;
+    prometheus::Gauge* isa = nullptr;  // null until RecordIsa.
   };
   JobSeries& SeriesOf(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -71,6 +75,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& bubble_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Counter>& recoveries_;
+  prometheus::Family<prometheus::Gauge>& isa_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& workers_;
 

@@ -51,6 +51,10 @@ ABSL_FLAG(int64_t, max_message_size, int64_t{16} << 20,
           "largest message (bytes) accepted from the coordinator on the control channel");
 ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{512} << 20,
           "largest tensor (bytes) a peer may send on an Exchange stream");
+ABSL_FLAG(
+    std::string, max_isa, "",
+    "Highest instruction set of the math this worker offers: x86-64-v3 or x86-64-v4 (default: "
+    "the highest this CPU runs)");
 ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "most concurrent gRPC streams one connection may open to this worker");
 
@@ -96,6 +100,13 @@ int main(int argc, char** argv) {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
+  absl::StatusOr<std::optional<pipetrain::math::Isa>> max_isa =
+      pipetrain::math::ParseOptionalIsa(absl::GetFlag(FLAGS_max_isa));
+  if (!max_isa.ok()) {
+    absl::FPrintF(stderr, "stage_worker: --max-isa: %s\n", max_isa.status().message());
+    return 2;
+  }
+  options.max_isa = *max_isa;
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

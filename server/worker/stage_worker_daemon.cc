@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/math/det_math.h"
+#include "common/math/kernels.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
 #include "server/control/control_proto.h"
@@ -66,6 +66,9 @@ absl::Status StageWorkerOptions::Check() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-concurrent-streams must be >= 4, got ", max_concurrent_streams));
   }
+  if (absl::StatusOr<math::Isa> isa = math::HighestSupportedIsa(max_isa); !isa.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--max-isa: ", isa.status().message()));
+  }
   if (absl::Status s = tls.Check(/*need_identity=*/true); !s.ok()) return s;
   if (absl::Status s = net::CheckListenSecurity("--listen", listen, tls.enabled(), insecure);
       !s.ok()) {
@@ -80,17 +83,23 @@ absl::Status StageWorkerOptions::Check() const {
 absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
     const StageWorkerOptions& options) {
   if (absl::Status s = options.Check(); !s.ok()) return s;
+  const std::vector<math::Isa> isas = math::SupportedIsas(options.max_isa);  // Check: not empty.
+  // Each level pins its own copy of Eigen's GEMM blocking (its jobs set their thread count).
   static std::once_flag pinned;
-  std::call_once(pinned, [] { math::PinEigenBlockingForReproducibility(); });
+  std::call_once(pinned, [] {
+    for (math::Isa isa : math::SupportedIsas()) math::KernelsFor(isa).ConfigureEigen(1);
+  });
   // The speed the coordinator partitions by: given, else the emulated rate (what the actions will
-  // really take), else measured.
-  const double gflops = options.gflops > 0           ? options.gflops
-                        : options.emulate_gflops > 0 ? options.emulate_gflops
-                                                     : MeasureGflops();
+  // really take), else measured at the highest level this worker offers.
+  const double gflops = options.gflops > 0 ? options.gflops
+                        : options.emulate_gflops > 0
+                            ? options.emulate_gflops
+                            : math::KernelsFor(isas.back()).MeasureGemmGflops(0.1);
   std::unique_ptr<StageWorkerDaemon> daemon(new StageWorkerDaemon(options, gflops));
   if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
-  daemon->Log(absl::StrFormat("serving on %s (listen %s), %.2f GFLOP/s, coordinator %s",
-                              daemon->address_, options.listen, gflops, options.coordinator));
+  daemon->Log(absl::StrFormat(
+      "serving on %s (listen %s), %.2f GFLOP/s, instruction sets %s, coordinator %s",
+      daemon->address_, options.listen, gflops, math::IsaListName(isas), options.coordinator));
   if (options.tls.enabled()) {
     // Checked by StartServer; the line names the certificate and its expiry.
     absl::StatusOr<std::string> tls = net::CheckTlsFiles(options.tls);
@@ -187,6 +196,9 @@ void StageWorkerDaemon::SessionLoop() {
     reg->set_gflops(gflops_);
     reg->set_memory_bytes(PhysicalMemoryBytes());
     reg->set_incarnation(incarnation_);
+    for (math::Isa isa : math::SupportedIsas(options_.max_isa)) {
+      reg->add_isa_levels(std::string(math::IsaName(isa)));
+    }
     // Published before Begin, so that no event emitted once the coordinator has seen the
     // registration is dropped (they queue behind it).
     bool cancel = false;
@@ -392,6 +404,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
   job_options.metrics = options_.metrics;
   job_options.max_tensor_bytes = options_.max_tensor_bytes;
   job_options.link_credentials = channel_credentials_;
+  job_options.max_isa = options_.max_isa;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
     EmitError(assign.job(), assign.epoch(), 0, job.status());
@@ -402,7 +415,8 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
     job_ = *job;
   }
   Log(absl::StrCat("assigned job ", assign.job(), " epoch ", assign.epoch(), " rank ",
-                   assign.rank(), " of ", assign.stages()));
+                   assign.rank(), " of ", assign.stages(), " at instruction set ",
+                   assign.isa().empty() ? math::IsaName(math::BuiltIsas().front()) : assign.isa()));
   v1::WorkerEvent event;
   v1::Assigned* assigned = event.mutable_assigned();
   assigned->set_job(assign.job());

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/math/isa.h"
 #include "common/net/transport_security.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -67,8 +69,14 @@ struct StageWorkerOptions {
   // Upper bound on Assign.threads (compute threads); 0 (default): the hardware's core count.
   int threads_max = 0;
   // > 0: report this GFLOP/s instead of running the sgemm probe (tests). Default 0: the
-  // emulated rate with emulate_gflops > 0 (what actions will take), else the probe.
+  // emulated rate with emulate_gflops > 0 (what actions will take), else the probe (at the
+  // highest instruction-set level this worker runs).
   double gflops = 0;
+  // The highest instruction-set level this worker offers the coordinator (--max-isa; the levels
+  // it registers are those this binary has and this CPU runs, up to this one). None (default):
+  // every level this CPU runs. Check() refuses a cap below every level the CPU runs
+  // (FAILED_PRECONDITION).
+  std::optional<math::Isa> max_isa;
   // Backoff between control-stream attempts: starts at redial_initial, doubles up to
   // redial_max, and restarts from redial_initial once a stream got its first command; each pause
   // is a random 50-100 % of the backoff (jitter), so a restarted coordinator is found within

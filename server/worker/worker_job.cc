@@ -1,6 +1,5 @@
 #include "server/worker/worker_job.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <utility>
 
@@ -133,7 +132,22 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
     return bad(
         absl::StrCat(a.chunks_size(), " chunks, expected stages * virtual_stages = ", num_chunks));
   }
-  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Build(a.model());
+  // The level every rank of the job runs (empty: a coordinator older than Assign.isa, which ran
+  // every worker at the lowest built level).
+  math::Isa isa = math::BuiltIsas().front();
+  if (!a.isa().empty()) {
+    absl::StatusOr<math::Isa> parsed = math::ParseIsa(a.isa());
+    if (!parsed.ok()) return bad(absl::StrCat("isa: ", parsed.status().message()));
+    isa = *parsed;
+  }
+  const std::vector<math::Isa> runnable = math::SupportedIsas(options.max_isa);
+  if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Assign(job ", a.job(), ", epoch ", a.epoch(), "): this worker cannot run instruction set ",
+        math::IsaName(isa), " (it runs ", math::IsaListName(runnable), ")"));
+  }
+  absl::StatusOr<std::unique_ptr<model::Model>> model =
+      model::Model::Build(a.model(), model::ModelLimits(), isa);
   if (!model.ok()) return bad(absl::StrCat("model: ", model.status().message()));
   const int64_t layers = (*model)->num_layers();
   std::vector<int> owner(num_chunks);
@@ -244,7 +258,8 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
     for (int p : job->higher_peers_) job->peers_[p];
     for (int p : job->lower_peers_) job->peers_[p];
   }
-  Eigen::setNbThreads(a.threads());
+  // The job's level has its own copy of Eigen's settings (math::Kernels::ConfigureEigen).
+  job->model_->kernels().ConfigureEigen(a.threads());
   job->compute_thread_ = std::thread([raw = job.get()] { raw->ComputeLoop(); });
   return job;
 }

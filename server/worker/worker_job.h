@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/math/isa.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
@@ -82,6 +84,9 @@ struct WorkerJobOptions {
   // Credentials of the Exchange channels this job dials (its higher-rank neighbours): TLS with
   // this worker's certificate under mTLS. Null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> link_credentials;
+  // The highest instruction-set level this worker runs jobs at (--max-isa); none: any this CPU
+  // runs. An Assign at a level above it, or one this CPU lacks, is FAILED_PRECONDITION.
+  std::optional<math::Isa> max_isa;
 };
 
 class WorkerJob final : public Sender {

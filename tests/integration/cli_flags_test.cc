@@ -50,7 +50,7 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
         "--model", "--data", "--data-dir", "--steps", "--batch", "--microbatches", "--seed",
         "--threads", "--optimizer", "--lr-schedule", "--warmup-steps", "--lr-decay-steps",
         "--lr-min", "--json", "--eval-samples", "--eval-every", "--log-every", "--save",
-        "--checkpoint-every", "--keep-checkpoints", "--resume"};
+        "--checkpoint-every", "--keep-checkpoints", "--resume", "--isa"};
     // clang-format on
     auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
       a.insert(a.end(), b.begin(), b.end());
@@ -62,14 +62,14 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
     const std::vector<std::string> security = {"--tls-cert", "--tls-key", "--tls-ca",
                                                "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{
-        {"reference", training},
+        {"reference", with(training, {"--max-isa"})},
         {"schedule", {"--kind", "--stages", "--microbatches", "--virtual", "--costs", "--format"}},
         {"partition",
          {"--costs", "--model", "--data", "--data-dir", "--batch", "--microbatches", "--stages",
           "--speeds", "--memory-cap", "--kind", "--virtual", "--format"}},
         {"train",
          with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
-        {"local", with(training, pipeline)},
+        {"local", with(with(training, pipeline), {"--max-isa"})},
         {"evaluate", {"--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},

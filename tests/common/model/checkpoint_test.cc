@@ -249,6 +249,52 @@ TEST_F(CheckpointTest, ManifestCarriesEveryShardsDigestAndSize) {
   EXPECT_EQ(f->metadata.at("step"), "2");
 }
 
+TEST_F(CheckpointTest, ManifestRecordsTheInstructionSetAndItsHistory) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  CheckpointManifest m = ManifestFor(*model, 2);
+  m.isa = "x86-64-v4";
+  ASSERT_TRUE(SaveCheckpoint(Dir("isa"), m, TrainedState(*model, 2)).ok());
+  json j = ReadManifestJson(Dir("isa"));
+  EXPECT_EQ(j["isa"], "x86-64-v4");
+  EXPECT_FALSE(j.contains("isa_note"));  // every step ran at one level.
+  absl::StatusOr<CheckpointManifest> read = ReadCheckpointManifest(Dir("isa"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->isa, "x86-64-v4");
+  EXPECT_EQ(read->isa_note, "");
+  // Resumed at the same level: no note; at another: the steps of each level, and notes add up.
+  EXPECT_EQ(IsaNoteAfterResume(*read, "x86-64-v4"), "");
+  const std::string note = IsaNoteAfterResume(*read, "x86-64-v3");
+  EXPECT_EQ(note,
+            "Steps up to 2 ran at x86-64-v4, later ones at x86-64-v3: the bits differ from a run "
+            "that stayed on one instruction set.");
+  CheckpointManifest later = *read;
+  later.step = 5;
+  later.isa = "x86-64-v3";
+  later.isa_note = note;
+  EXPECT_EQ(IsaNoteAfterResume(later, "x86-64-v3"), note);
+  EXPECT_EQ(IsaNoteAfterResume(later, "x86-64-v4"),
+            note +
+                " Steps up to 5 ran at x86-64-v3, later ones at x86-64-v4: the bits differ "
+                "from a run that stayed on one instruction set.");
+  // Round trip of a note; a manifest without the fields (older writers) reads as unrecorded.
+  CheckpointManifest with_note = *read;  // with the shards' digests, which a manifest needs.
+  with_note.isa_note = note;
+  ASSERT_TRUE(WriteCheckpointManifest(Dir("isa"), with_note).ok());
+  read = ReadCheckpointManifest(Dir("isa"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->isa_note, note);
+  j = ReadManifestJson(Dir("isa"));
+  j.erase("isa");
+  j.erase("isa_note");
+  WriteManifestJson(Dir("isa"), j);
+  read = ReadCheckpointManifest(Dir("isa"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->isa, "");
+  j["isa"] = 4;
+  WriteManifestJson(Dir("isa"), j);
+  EXPECT_THAT(ReadCheckpointManifest(Dir("isa")).status().message(), HasSubstr("'isa'"));
+}
+
 TEST_F(CheckpointTest, FlippedByteOrTruncationIsDataLossNamingTheFile) {
   auto model = testing::BuildOrDie(testing::kMlpSpec);
   ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2)).ok());

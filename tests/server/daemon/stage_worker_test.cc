@@ -429,6 +429,8 @@ class StageWorkerTest : public ::testing::Test {
     for (const schedule::Action& act : plan_.actions[rank])
       *a->add_actions() = control::ActionToProto(act);
     a->set_link_secret(SecretOf(epoch));
+    // The level of the in-process reference the results are compared with.
+    a->set_isa(std::string(math::IsaName(model_->isa())));
     return c;
   }
 
@@ -918,6 +920,22 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   ASSERT_TRUE(e->has_error()) << e->DebugString();
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(e->error().message(), HasSubstr("no link_secret"));
+
+  // An instruction-set level the worker does not know is refused; every worker registered the
+  // levels this CPU runs (no --max-isa here).
+  v1::WorkerCommand bad_isa = AssignCommand(0, 3);
+  bad_isa.mutable_assign()->set_isa("x86-64-v9");
+  ASSERT_TRUE(coordinator_.Send(Name(0), bad_isa));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(e->error().message(), HasSubstr("unknown instruction set 'x86-64-v9'"));
+  absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(0));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  std::vector<std::string> levels;
+  for (math::Isa isa : math::SupportedIsas()) levels.emplace_back(math::IsaName(isa));
+  EXPECT_THAT(reg->isa_levels(), ::testing::ElementsAreArray(levels));
 
   // A RunStep for a job the worker does not have is refused; a valid Assign then works.
   ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(3, 0, kSamples)));

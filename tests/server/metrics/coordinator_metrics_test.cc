@@ -53,6 +53,21 @@ TEST(CoordinatorMetricsTest, StepsOfAJob) {
   EXPECT_THAT(SampleValue(t, "pipetrain_job_recoveries_total", job), Optional(0.0));
 }
 
+TEST(CoordinatorMetricsTest, IsaOfAJobIsOneSeriesDroppedWithTheJob) {
+  MetricsRegistry r("coordinator");
+  CoordinatorMetrics m(r);
+  m.RecordIsa("j", "x86-64-v3");
+  m.RecordIsa("j", "x86-64-v4");  // replaces the first level's series.
+  std::string t = r.TextExposition();
+  EXPECT_THAT(SampleValue(t, "pipetrain_job_isa_info", {{"job_id", "j"}, {"isa", "x86-64-v4"}}),
+              Optional(1.0));
+  EXPECT_EQ(SampleValue(t, "pipetrain_job_isa_info", {{"job_id", "j"}, {"isa", "x86-64-v3"}}),
+            std::nullopt);
+  m.RecordState({}, {}, /*known_jobs=*/{});
+  t = r.TextExposition();
+  EXPECT_THAT(t, Not(HasSubstr("pipetrain_job_isa_info{")));
+}
+
 TEST(CoordinatorMetricsTest, Recoveries) {
   MetricsRegistry r("coordinator");
   CoordinatorMetrics m(r);
