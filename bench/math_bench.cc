@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "common/math/isa.h"
+#include "common/math/kernels.h"
 #include "common/math/linear.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
@@ -98,6 +100,64 @@ void BenchLinear(int rows, int in, int out) {
   Row("weight gradient (W)", f.backward_weight, tw, sw);
 }
 
+// Backward as one action per micro-batch (B: BackwardInput then BackwardWeight at once, as GPipe,
+// 1F1B and interleaved run it) against the split the zero-bubble schedules run (every
+// micro-batch's I first, its W later), over `m` micro-batches of `rows` rows whose forwards ran
+// once. Same calls, same FLOPs: the ratio shows what deferring W costs in cache misses and stash
+// traffic. Prints t(split) / t(B).
+void BenchSplitBackward(const char* what, const math::Layer& layer, int64_t rows, int m) {
+  std::vector<math::Tensor> params;
+  layer.Init(1, 0, &params);
+  std::vector<math::Tensor> grads = params;
+  const int64_t in = layer.in_features(), out = layer.out_features();
+  std::vector<math::Matrix> x, y, dy, dx;
+  std::vector<math::Stash> stash(static_cast<size_t>(m));
+  for (int mb = 0; mb < m; ++mb) {
+    x.push_back(math::Matrix::Constant(rows, in, 0.01f * static_cast<float>(mb + 1)));
+    y.emplace_back(rows, out);
+    dy.push_back(math::Matrix::Constant(rows, out, 0.001f * static_cast<float>(mb + 1)));
+    dx.emplace_back(rows, in);
+    layer.Forward(params, math::AsConstMap(x[mb]), math::AsMap(y[mb]), &stash[mb]);
+  }
+  auto input = [&](int mb) {
+    layer.BackwardInput(params, math::AsConstMap(x[mb]), math::AsConstMap(dy[mb]), &stash[mb],
+                        math::AsMap(dx[mb]));
+  };
+  auto weight = [&](int mb) {
+    layer.BackwardWeight(params, math::AsConstMap(x[mb]), math::AsConstMap(dy[mb]), stash[mb],
+                         absl::MakeSpan(grads));
+  };
+  const double fused = SecondsPerCall([&] {
+    for (int mb = 0; mb < m; ++mb) {
+      input(mb);
+      weight(mb);
+    }
+  });
+  const double split = SecondsPerCall([&] {
+    for (int mb = 0; mb < m; ++mb) input(mb);
+    for (int mb = 0; mb < m; ++mb) weight(mb);
+  });
+  const math::FlopCount f = layer.Flops(rows);
+  std::printf("  %-40s B %8.3f ms  I..W %8.3f ms  split/B %.3f  (%.2f GFLOP/s as B)\n", what,
+              fused * 1e3, split * 1e3, split / fused,
+              m * (f.backward_input + f.backward_weight) / fused * 1e-9);
+}
+
+void BenchSplitBackwards() {
+  const math::Kernels& k = math::KernelsFor(math::DefaultIsa());
+  k.ConfigureEigen(Eigen::nbThreads());
+  constexpr int kM = 8;
+  std::printf(" backward: B (I then W per micro-batch) vs split (all I, then all W), M=%d, %s\n",
+              kM, std::string(math::IsaName(k.isa())).c_str());
+  BenchSplitBackward("Linear 512->512, 32 rows", *k.MakeLinear(512, 512, true), 32, kM);
+  BenchSplitBackward("Linear 1024->1024, 256 rows", *k.MakeLinear(1024, 1024, true), 256, kM);
+  BenchSplitBackward("ReLU 512, 32 rows", *k.MakeRelu(512), 32, kM);
+  BenchSplitBackward("GELU 512, 256 rows", *k.MakeGelu(512), 256, kM);
+  BenchSplitBackward("LayerNorm 512, 256 rows", *k.MakeLayerNorm(512, 1e-5f), 256, kM);
+  BenchSplitBackward("TransformerBlock d=128 h=4 ctx=32, 256 rows",
+                     *k.MakeTransformerBlock(128, 4, 32, 4), 256, kM);
+}
+
 int BenchMlpStep(const std::string& spec_path) {
   auto spec = model::LoadModelSpecFile(spec_path);
   if (!spec.ok()) {
@@ -162,6 +222,7 @@ int main(int argc, char** argv) {
     pipetrain::BenchLinear(64, 512, 512);
     pipetrain::BenchLinear(256, 1024, 1024);
     if (int rc = pipetrain::BenchMlpStep(spec); rc != 0) return rc;
+    if (threads == 1) pipetrain::BenchSplitBackwards();
   }
   return 0;
 }
