@@ -7,6 +7,7 @@
 namespace pipetrain::util {
 
 absl::Status KeepLargeBuffersOnHeap() {
+  if (kSanitizerAllocator) return absl::OkStatus();
   // mallopt returns 1 on success, 0 on error.
   if (mallopt(M_MMAP_THRESHOLD, kHeapMmapThresholdBytes) != 1) {
     return absl::InternalError(

@@ -15,6 +15,21 @@
 
 namespace pipetrain::util {
 
+// True when a sanitizer's allocator (ASan, TSan, MSan) replaces glibc's malloc: it has no such
+// settings and its own reuse policy, so there is nothing to tune.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerAllocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+inline constexpr bool kSanitizerAllocator = true;
+#else
+inline constexpr bool kSanitizerAllocator = false;
+#endif
+#else
+inline constexpr bool kSanitizerAllocator = false;
+#endif
+
 // Largest allocation still served from the heap after KeepLargeBuffersOnHeap (64 MiB).
 inline constexpr int kHeapMmapThresholdBytes = 64 << 20;
 // Free memory at the top of the heap kept instead of returned to the kernel (1 GiB).
@@ -24,7 +39,8 @@ inline constexpr int kHeapTrimThresholdBytes = 1 << 30;
 // kHeapTrimThresholdBytes of freed memory mapped, so buffers freed and allocated again per
 // operation reuse touched pages. Does not change any computed value. Call once at the start of
 // main(), before other threads run; process-wide, not thread-safe. INTERNAL if glibc refuses a
-// setting (then the defaults stay in force, which is slower but correct).
+// setting (then the defaults stay in force, which is slower but correct). With a sanitizer's
+// allocator (kSanitizerAllocator) it does nothing and returns OK.
 absl::Status KeepLargeBuffersOnHeap();
 
 }  // namespace pipetrain::util

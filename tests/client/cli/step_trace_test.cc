@@ -138,7 +138,10 @@ TEST(RenderStepTraceTest, BadTimesAreClampedAndAMissingOpIsRefused) {
   *r.mutable_workers(0)->add_timings() = Timing(v1::ACTION_OP_FORWARD, 1, -5, -1, -2);
   absl::StatusOr<std::string> text = RenderStepTrace({r}, schedule::Placement());
   ASSERT_TRUE(text.ok()) << text.status();
-  for (const json& e : json::parse(*text)["traceEvents"]) {
+  // The document must outlive the loop: a range-for over a temporary's element would read freed
+  // memory.
+  const json trace = json::parse(*text);
+  for (const json& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     EXPECT_GE(e["ts"].get<double>(), 0.0) << e.dump();
     EXPECT_GE(e["dur"].get<double>(), 0.0) << e.dump();

@@ -36,6 +36,9 @@ int64_t FaultsOfLastRound(size_t bytes, int rounds) {
 }
 
 TEST(HeapTuningTest, ReusedLargeBuffersDoNotFaultAgain) {
+  if (kSanitizerAllocator) {
+    GTEST_SKIP() << "a sanitizer's allocator replaces glibc's: there is nothing to tune";
+  }
   ASSERT_TRUE(KeepLargeBuffersOnHeap().ok());
   // 12288 pages of 4 KiB: above the largest mmap threshold glibc's defaults ever reach (32 MiB),
   // so without the call every round is a fresh mmap that faults on every page.
