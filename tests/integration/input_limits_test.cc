@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/heap_tuning.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/run_command.h"
@@ -103,10 +104,10 @@ TEST(InputLimitsTest, LayerOf2To30WeightsIsRefusedBeforeAllocating) {
 }
 
 TEST(InputLimitsTest, TheBudgetFollowsTheProcessMemoryLimit) {
-#ifdef PIPETRAIN_ADDRESS_SANITIZER
-  GTEST_SKIP() << "an ASan binary cannot start under `ulimit -v` (its shadow memory is a 16 TiB "
-                  "reservation)";
-#endif
+  if (util::kSanitizerAllocator) {
+    GTEST_SKIP() << "a sanitized binary cannot start under `ulimit -v` (its shadow memory is a "
+                    "reservation of terabytes)";
+  }
   // 2^28 weights need 4 GiB to train: within the default budget of a big machine, but not under
   // `ulimit -v 4000000` (KiB), where the budget is half of that limit.
   const std::string model = WriteModel(R"pb(input_features: 64

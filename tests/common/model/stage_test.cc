@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/math/tensor.h"
+#include "common/util/heap_tuning.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/math/grad_check.h"
@@ -153,10 +154,10 @@ TEST(StageTest, CreateRefusesARangeOverTheParameterLimit) {
 // here RLIMIT_AS, has less memory) is RESOURCE_EXHAUSTED, not an abort. Runs in a child process
 // so that the address-space limit does not outlive the test.
 TEST(StageDeathTest, AllocationFailureIsAnError) {
-#ifdef PIPETRAIN_ADDRESS_SANITIZER
-  GTEST_SKIP() << "ASan's operator new reports out of memory and aborts instead of throwing "
-                  "std::bad_alloc, whatever allocator_may_return_null says";
-#endif
+  if (util::kSanitizerAllocator) {
+    GTEST_SKIP() << "a sanitizer's operator new reports out of memory and aborts instead of "
+                    "throwing std::bad_alloc, whatever allocator_may_return_null says";
+  }
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto spec = ParseModelSpecText(R"pb(input_features: 4096
                                       layers { linear { out_features: 8192 no_bias: true } }

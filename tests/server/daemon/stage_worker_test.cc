@@ -480,6 +480,17 @@ class StageWorkerTest : public ::testing::Test {
     }
   }
 
+  // The single-process trainer the workers' steps must equal: the same model, micro-batches, seed
+  // and optimizer, one thread.
+  absl::StatusOr<std::unique_ptr<model::ReferenceTrainer>> Reference() const {
+    model::TrainerOptions ro;
+    ro.microbatches = kMicrobatches;
+    ro.threads = 1;
+    ro.seed = kSeed;
+    ro.optimizer = Optimizer();
+    return model::ReferenceTrainer::Create(model_.get(), ro);
+  }
+
   // Opens the coordinator's feed stream to worker `w` (as peer "coordinator").
   PeerLink* Feed(int w, int64_t epoch) {
     LinkSettings settings;
@@ -564,12 +575,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
 
-  model::TrainerOptions ro;
-  ro.microbatches = kMicrobatches;
-  ro.threads = 1;
-  ro.seed = kSeed;
-  ro.optimizer = Optimizer();
-  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
 
   for (int64_t step = 0; step < 2; ++step) {
@@ -681,11 +687,7 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   PeerLink* target = Feed(1, kEpoch);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
-  model::TrainerOptions ro;
-  ro.microbatches = kMicrobatches;
-  ro.seed = kSeed;
-  ro.optimizer = Optimizer();
-  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
@@ -776,11 +778,7 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
     EXPECT_EQ(e->error().step(), 0);
   }
   // The re-run is exact.
-  model::TrainerOptions ro;
-  ro.microbatches = kMicrobatches;
-  ro.seed = kSeed;
-  ro.optimizer = Optimizer();
-  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
   absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
   ASSERT_TRUE(want.ok()) << want.status();
@@ -819,11 +817,7 @@ TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer)
   PeerLink* target = Feed(1, kEpoch);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
-  model::TrainerOptions ro;
-  ro.microbatches = kMicrobatches;
-  ro.seed = kSeed;
-  ro.optimizer = Optimizer();
-  auto reference = model::ReferenceTrainer::Create(model_.get(), ro);
+  auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
