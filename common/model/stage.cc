@@ -153,6 +153,7 @@ const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
 }
 
 void Stage::BackwardWeight(MicrobatchState* mb) {
+  grads_zero_ = false;
   const int64_t n = last_ - first_;
   for (int64_t k = n - 1; k >= 0; --k) {
     const math::Layer& layer = model_->layer(first_ + k);
@@ -169,9 +170,11 @@ void Stage::BackwardWeight(MicrobatchState* mb) {
 }
 
 void Stage::ZeroGrads() {
+  if (grads_zero_) return;
   for (auto& layer : grads_) {
     for (auto& g : layer) std::fill(g.data.begin(), g.data.end(), 0.0f);
   }
+  grads_zero_ = true;
 }
 
 std::vector<double> Stage::GradNormSqPerLayer() const {
@@ -188,10 +191,13 @@ std::vector<double> Stage::GradNormSqPerLayer() const {
 void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
   for (size_t k = 0; k < params_.size(); ++k) {
     for (size_t p = 0; p < params_[k].size(); ++p) {
-      math::OptimizerStep(optimizer_, step, clip_scale, grads_[k][p].data,
-                          absl::MakeSpan(params_[k][p].data), absl::MakeSpan(state_[k][p]));
+      std::vector<float>& grad = grads_[k][p].data;
+      math::OptimizerStep(optimizer_, step, clip_scale, grad, absl::MakeSpan(params_[k][p].data),
+                          absl::MakeSpan(state_[k][p]));
+      std::fill(grad.begin(), grad.end(), 0.0f);
     }
   }
+  grads_zero_ = true;
 }
 
 std::map<std::string, math::Tensor> Stage::ExportState() const {

@@ -66,11 +66,13 @@ class Stage {
   // held. Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
   void BackwardWeight(MicrobatchState* mb);
 
-  // Sets all gradients to zero (start of a step).
+  // Sets all gradients to zero (start of a step). Free when they are zero already: fresh, or
+  // since the last ApplyOptimizer or ZeroGrads with no BackwardWeight in between.
   void ZeroGrads();
   // Sum of squares of each layer's gradients (params in order, elements in order, in double).
   std::vector<double> GradNormSqPerLayer() const;
-  // Applies optimizer update number `step` (1-based) with gradients scaled by `clip_scale`.
+  // Applies optimizer update number `step` (1-based) with gradients scaled by `clip_scale`, and
+  // leaves the gradients zero (each tensor cleared right after its update, while in cache).
   void ApplyOptimizer(int64_t step, float clip_scale);
 
   // Tensors keyed by global names: "layers.<l>.<param>" and "optim.<l>.<param>.<state>".
@@ -100,8 +102,9 @@ class Stage {
   int64_t last_ = 0;
   math::OptimizerConfig optimizer_;
   std::vector<std::string> state_names_;
-  std::vector<std::vector<math::Tensor>> params_;                    // [layer][param]
-  std::vector<std::vector<math::Tensor>> grads_;                     // [layer][param]
+  std::vector<std::vector<math::Tensor>> params_;  // [layer][param]
+  std::vector<std::vector<math::Tensor>> grads_;   // [layer][param]
+  bool grads_zero_ = true;                         // every gradient is known to be zero.
   std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]
 };
 

@@ -449,7 +449,7 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale) {
+absl::Status StepExecutor::CheckCommit(int64_t optimizer_step, float clip_scale) const {
   if (phase_ != Phase::kAwaitingCommit) {
     return absl::FailedPreconditionError(
         "Commit without a successful step awaiting it (step failed, aborted or committed)");
@@ -462,6 +462,12 @@ absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale) {
     return absl::InvalidArgumentError(
         absl::StrCat("clip scale must be finite and > 0, got ", clip_scale));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale) {
+  PT_RETURN_IF_ERROR(CheckCommit(optimizer_step, clip_scale));
+  // The optimizer leaves the gradients zero, so the next RunStep need not clear them.
   for (OwnedChunk& c : chunks_) c.stage.ApplyOptimizer(optimizer_step, clip_scale);
   phase_ = Phase::kIdle;
   return absl::OkStatus();

@@ -151,8 +151,12 @@ class StepExecutor {
   // ReferenceTrainer::steps_done after the step) on every chunk, with the gradients scaled by
   // `clip_scale` (math::ClipScale of the global norm). FAILED_PRECONDITION unless the last
   // RunStep succeeded and was neither committed nor aborted; INVALID_ARGUMENT if
-  // optimizer_step < 1 or clip_scale is not finite and > 0.
+  // optimizer_step < 1 or clip_scale is not finite and > 0. Fails exactly when CheckCommit
+  // does, and then changes nothing.
   absl::Status Commit(int64_t optimizer_step, float clip_scale);
+  // The checks of Commit alone: OK means Commit with the same arguments will succeed, so that a
+  // caller may confirm the commit before spending the time to apply it.
+  absl::Status CheckCommit(int64_t optimizer_step, float clip_scale) const;
 
   // Discards the current step: zeroes the gradients and frees every micro-batch state. The
   // parameters and optimizer state are untouched. Always succeeds; idempotent.

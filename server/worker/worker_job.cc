@@ -548,10 +548,14 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
     }
     step_ok_ = false;
     // Steps are numbered from 0: step n is the (n+1)-th optimizer update.
-    if (absl::Status s = executor_->Commit(step + 1, clip_scale); !s.ok()) {
+    if (absl::Status s = executor_->CheckCommit(step + 1, clip_scale); !s.ok()) {
       EmitError(step, s);
       return;
     }
+    // The update cannot fail once checked, and every later command runs on this thread after
+    // it: the coordinator hears Committed at once and answers the step while the update is
+    // applied, off the step's critical path (a worker lost meanwhile is lost after its commit,
+    // which recovery already handles: every rank restarts from the last checkpoint).
     mailbox_.ClearStep(step);
     v1::WorkerEvent event;
     v1::Committed* committed = event.mutable_committed();
@@ -559,6 +563,10 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
     committed->set_epoch(epoch_);
     committed->set_step(step);
     Emit(std::move(event));
+    if (absl::Status s = executor_->Commit(step + 1, clip_scale); !s.ok()) {
+      // Unreachable (checked above); fails the next command rather than passing silently.
+      EmitError(step, s);
+    }
   });
 }
 

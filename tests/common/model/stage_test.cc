@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +104,63 @@ TEST(StageTest, MovingOverloadsMatchCopyingOnesMlp) {
 TEST(StageTest, MovingOverloadsMatchCopyingOnesGpt) {
   ExpectMovingEqualsCopying(kGptSpec, 0, 2);
   ExpectMovingEqualsCopying(kGptSpec, 1, 4);
+}
+
+// One step of two micro-batches: F, I, W of each.
+void RunStep(const Model& model, Stage* stage, int step) {
+  for (int mb = 0; mb < 2; ++mb) {
+    const math::Matrix x = MakeBatch(model, 3, 10 * step + mb).inputs;
+    MicrobatchState state;
+    const math::Matrix y = stage->Forward(math::AsConstMap(x), &state);
+    const math::Matrix dy = Pattern(y.rows(), y.cols(), 10 * step + mb);
+    stage->BackwardInput(math::AsConstMap(dy), /*need_input_grad=*/false, &state);
+    stage->BackwardWeight(&state);
+  }
+}
+
+// ApplyOptimizer leaves every gradient zero (the worker's next RunStep relies on it instead of
+// clearing them again), and ZeroGrads still clears gradients that a discarded step left (as an
+// aborted step does): both stages end bitwise equal, for an optimizer with state (AdamW) and one
+// without (SGD).
+TEST(StageTest, ApplyOptimizerLeavesTheGradientsZero) {
+  auto model = BuildOrDie(kMlpSpec);
+  ASSERT_NE(model, nullptr);
+  for (const math::OptimizerKind kind : {math::OptimizerKind::kSgd, math::OptimizerKind::kAdamW}) {
+    math::OptimizerConfig optimizer;
+    optimizer.kind = kind;
+    optimizer.lr = 0.05f;
+    auto implicit = Stage::Create(model.get(), 0, model->num_layers(), 5, optimizer);
+    auto explicit_zero = Stage::Create(model.get(), 0, model->num_layers(), 5, optimizer);
+    ASSERT_TRUE(implicit.ok()) << implicit.status();
+    ASSERT_TRUE(explicit_zero.ok()) << explicit_zero.status();
+    for (int step = 1; step <= 3; ++step) {
+      RunStep(*model, &*explicit_zero, 7 + step);  // a step that is then discarded.
+      explicit_zero->ZeroGrads();
+      RunStep(*model, &*implicit, step);
+      RunStep(*model, &*explicit_zero, step);
+      const std::vector<double> norms = implicit->GradNormSqPerLayer();
+      EXPECT_GT(*std::max_element(norms.begin(), norms.end()), 0.0) << "step " << step;
+      EXPECT_EQ(norms, explicit_zero->GradNormSqPerLayer()) << "step " << step;
+      implicit->ApplyOptimizer(step, 1.0f);
+      explicit_zero->ApplyOptimizer(step, 1.0f);
+      for (double n : implicit->GradNormSqPerLayer()) EXPECT_EQ(n, 0.0) << "step " << step;
+      for (int64_t l = 0; l < model->num_layers(); ++l) {
+        for (const math::Tensor& g : implicit->grads(l)) {
+          for (float v : g.data) ASSERT_EQ(v, 0.0f) << "layer " << l << " step " << step;
+        }
+      }
+    }
+    const auto a = implicit->ExportState();
+    const auto b = explicit_zero->ExportState();
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, tensor] : a) {
+      const math::Tensor& other = b.at(name);
+      ASSERT_EQ(tensor.data.size(), other.data.size()) << name;
+      EXPECT_EQ(
+          std::memcmp(tensor.data.data(), other.data.data(), sizeof(float) * tensor.data.size()), 0)
+          << name;
+    }
+  }
 }
 
 // Create checks exactly what it will allocate (weights, gradients and the optimizer's state
