@@ -152,14 +152,16 @@ const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
   return mb->grads[0];
 }
 
-void Stage::BackwardWeight(MicrobatchState* mb) {
+void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq) {
   grads_zero_ = false;
   const int64_t n = last_ - first_;
+  if (grad_norm_sq != nullptr) grad_norm_sq->assign(n, 0.0);
   for (int64_t k = n - 1; k >= 0; --k) {
     const math::Layer& layer = model_->layer(first_ + k);
     layer.BackwardWeight(params_[k], math::AsConstMap(mb->inputs[k]),
                          math::AsConstMap(mb->grads[k + 1]), mb->stashes[k],
                          absl::MakeSpan(grads_[k]));
+    if (grad_norm_sq != nullptr) (*grad_norm_sq)[k] = LayerGradNormSq(k);
   }
   // Free the micro-batch's memory but keep the vectors for reuse.
   for (auto& m : mb->inputs) m.resize(0, 0);
@@ -177,14 +179,16 @@ void Stage::ZeroGrads() {
   grads_zero_ = true;
 }
 
+double Stage::LayerGradNormSq(int64_t k) const {
+  double sum = 0;
+  for (const auto& g : grads_[k]) sum += math::SumOfSquares(g.data);
+  return sum;
+}
+
 std::vector<double> Stage::GradNormSqPerLayer() const {
   std::vector<double> out;
   out.reserve(grads_.size());
-  for (const auto& layer : grads_) {
-    double sum = 0;
-    for (const auto& g : layer) sum += math::SumOfSquares(g.data);
-    out.push_back(sum);
-  }
+  for (size_t k = 0; k < grads_.size(); ++k) out.push_back(LayerGradNormSq(k));
   return out;
 }
 

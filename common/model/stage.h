@@ -64,7 +64,10 @@ class Stage {
 
   // W: accumulates the weight gradients of `mb` into this stage's gradients and frees what `mb`
   // held. Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
-  void BackwardWeight(MicrobatchState* mb);
+  // With `grad_norm_sq` (for the step's last micro-batch) it also sets *grad_norm_sq to what
+  // GradNormSqPerLayer() returns afterwards, bit for bit, each layer's sum taken as soon as its
+  // gradient is complete (while it is in cache, instead of another pass over every gradient).
+  void BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq = nullptr);
 
   // Sets all gradients to zero (start of a step). Free when they are zero already: fresh, or
   // since the last ApplyOptimizer or ZeroGrads with no BackwardWeight in between.
@@ -92,6 +95,8 @@ class Stage {
   // std::bad_alloc when out of memory (Create catches it).
   void AllocateParameters(uint64_t seed);
 
+  // Sum of squares of the gradients of local layer k (params in order, elements in order).
+  double LayerGradNormSq(int64_t k) const;
   // F over mb->inputs[0] (already set, inputs sized n + 1).
   const math::Matrix& ForwardFromInput(MicrobatchState* mb) const;
   // I from mb->grads[n] (already set, grads sized n + 1).

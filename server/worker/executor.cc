@@ -247,8 +247,12 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   report.started = t0;
   if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
   report.timings.reserve(actions.size());
+  ApplyPendingUpdate();
   DiscardInFlight();
-  for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();
+  for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+  step_microbatches_ = m;
+  weight_grads_done_.assign(chunks_.size(), 0);
+  chunk_norms_.assign(chunks_.size(), {});
   const absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
   if (!status.ok()) {
     phase_ = Phase::kFailed;
@@ -258,7 +262,19 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     report.wait_time += t.wait();
     report.compute_time += t.compute();
   }
-  report.layer_grad_norm_sq = GradNormSqPerLayer();
+  // Each chunk's norms were taken by its last W (CheckActions: m W per chunk, in order).
+  for (size_t local = 0; local < chunks_.size(); ++local) {
+    const model::Stage& stage = chunks_[local].stage;
+    const std::vector<double>& norms = chunk_norms_[local];
+    if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
+      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunks_[local].chunk,
+                                              " has no gradient norms after its last W"));
+    }
+    for (size_t k = 0; k < norms.size(); ++k) {
+      report.layer_grad_norm_sq.push_back(
+          LayerNormSq{stage.first_layer() + static_cast<int64_t>(k), norms[k]});
+    }
+  }
   report.wall_time = absl::FromChrono(Clock::now() - t0);
   phase_ = Phase::kAwaitingCommit;
   return report;
@@ -444,7 +460,8 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   if (f == nullptr || !f->input_grad_done) {
     return absl::FailedPreconditionError("no input gradient state for this micro-batch and chunk");
   }
-  chunks_[local].stage.BackwardWeight(&f->state);
+  const bool last = ++weight_grads_done_[local] == step_microbatches_;
+  chunks_[local].stage.BackwardWeight(&f->state, last ? &chunk_norms_[local] : nullptr);
   ReleaseInFlight(a.mb, local);
   return absl::OkStatus();
 }
@@ -465,21 +482,32 @@ absl::Status StepExecutor::CheckCommit(int64_t optimizer_step, float clip_scale)
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale) {
+absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale, bool defer) {
   PT_RETURN_IF_ERROR(CheckCommit(optimizer_step, clip_scale));
-  // The optimizer leaves the gradients zero, so the next RunStep need not clear them.
-  for (OwnedChunk& c : chunks_) c.stage.ApplyOptimizer(optimizer_step, clip_scale);
+  pending_update_.emplace(optimizer_step, clip_scale);
   phase_ = Phase::kIdle;
+  if (!defer) ApplyPendingUpdate();
   return absl::OkStatus();
 }
 
+void StepExecutor::ApplyPendingUpdate() {
+  if (!pending_update_.has_value()) return;
+  // The optimizer leaves the gradients zero, so the next RunStep need not clear them.
+  for (OwnedChunk& c : chunks_) {
+    c.stage.ApplyOptimizer(pending_update_->first, pending_update_->second);
+  }
+  pending_update_.reset();
+}
+
 void StepExecutor::Abort() {
+  ApplyPendingUpdate();  // a committed step stands; only the current one is discarded.
   DiscardInFlight();
   for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();
   phase_ = Phase::kIdle;
 }
 
-std::vector<LayerNormSq> StepExecutor::GradNormSqPerLayer() const {
+std::vector<LayerNormSq> StepExecutor::GradNormSqPerLayer() {
+  ApplyPendingUpdate();
   std::vector<LayerNormSq> out;
   for (const OwnedChunk& c : chunks_) {
     const std::vector<double> norms = c.stage.GradNormSqPerLayer();
@@ -490,7 +518,8 @@ std::vector<LayerNormSq> StepExecutor::GradNormSqPerLayer() const {
   return out;
 }
 
-std::map<std::string, math::Tensor> StepExecutor::ExportState() const {
+std::map<std::string, math::Tensor> StepExecutor::ExportState() {
+  ApplyPendingUpdate();
   std::map<std::string, math::Tensor> out;
   for (const OwnedChunk& c : chunks_) out.merge(c.stage.ExportState());
   return out;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,8 +153,11 @@ class StepExecutor {
   // `clip_scale` (math::ClipScale of the global norm). FAILED_PRECONDITION unless the last
   // RunStep succeeded and was neither committed nor aborted; INVALID_ARGUMENT if
   // optimizer_step < 1 or clip_scale is not finite and > 0. Fails exactly when CheckCommit
-  // does, and then changes nothing.
-  absl::Status Commit(int64_t optimizer_step, float clip_scale);
+  // does, and then changes nothing. With `defer` the update is recorded and applied before
+  // whatever next reads or changes the parameters or gradients (RunStep, Abort, ExportState,
+  // GradNormSqPerLayer): a worker whose next step starts by waiting for a peer spends that wait
+  // on it instead of the time between steps. Either way the results are bit for bit the same.
+  absl::Status Commit(int64_t optimizer_step, float clip_scale, bool defer = false);
   // The checks of Commit alone: OK means Commit with the same arguments will succeed, so that a
   // caller may confirm the commit before spending the time to apply it.
   absl::Status CheckCommit(int64_t optimizer_step, float clip_scale) const;
@@ -163,10 +167,10 @@ class StepExecutor {
   void Abort();
 
   // Per-layer squared gradient norms now (increasing layer order), e.g. to check Abort.
-  std::vector<LayerNormSq> GradNormSqPerLayer() const;
+  std::vector<LayerNormSq> GradNormSqPerLayer();
   // Parameters and optimizer state of every chunk held here, by global tensor name
-  // (model::Stage::ExportState merged).
-  std::map<std::string, math::Tensor> ExportState() const;
+  // (model::Stage::ExportState merged), with every committed update applied.
+  std::map<std::string, math::Tensor> ExportState();
 
   // Global chunk indices held here, increasing.
   std::vector<int> chunk_indices() const;
@@ -208,6 +212,8 @@ class StepExecutor {
   void ReleaseInFlight(int mb, int local);
   // Frees every in-flight state's memory and returns it to the pool.
   void DiscardInFlight();
+  // Applies the update a deferred Commit recorded, if any.
+  void ApplyPendingUpdate();
 
   // Constant after construction.
   const model::Model* const model_;
@@ -219,6 +225,13 @@ class StepExecutor {
 
   std::vector<OwnedChunk> chunks_;  // increasing chunk index.
   Phase phase_ = Phase::kIdle;
+  // A committed update not applied yet (Commit with defer): optimizer step and clip scale.
+  std::optional<std::pair<int64_t, float>> pending_update_;
+  // This step: micro-batches, W (or B) actions done per local chunk, and each local chunk's
+  // per-layer gradient norms, taken by its last W.
+  int step_microbatches_ = 0;
+  std::vector<int> weight_grads_done_;
+  std::vector<std::vector<double>> chunk_norms_;
   // In-flight states by (mb, local chunk), and a pool of reusable ones (their matrices already
   // freed by Stage::BackwardWeight) so steady-state steps do not allocate the bookkeeping.
   absl::flat_hash_map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;

@@ -563,7 +563,12 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
     committed->set_epoch(epoch_);
     committed->set_step(step);
     Emit(std::move(event));
-    if (absl::Status s = executor_->Commit(step + 1, clip_scale); !s.ok()) {
+    // A rank whose step starts with a forward of a later chunk waits for its first activation
+    // anyway: it applies the update then, and leaves this core to the ranks (and the control
+    // plane) that are on the critical path between two steps.
+    const bool defer = !actions_.empty() && actions_.front().op == schedule::Op::kForward &&
+                       actions_.front().chunk != 0;
+    if (absl::Status s = executor_->Commit(step + 1, clip_scale, defer); !s.ok()) {
       // Unreachable (checked above); fails the next command rather than passing silently.
       EmitError(step, s);
     }

@@ -106,15 +106,31 @@ TEST(StageTest, MovingOverloadsMatchCopyingOnesGpt) {
   ExpectMovingEqualsCopying(kGptSpec, 1, 4);
 }
 
-// One step of two micro-batches: F, I, W of each.
-void RunStep(const Model& model, Stage* stage, int step) {
+// One step of two micro-batches: F, I, W of each; the last W sets *norms when given.
+void RunStep(const Model& model, Stage* stage, int step, std::vector<double>* norms = nullptr) {
   for (int mb = 0; mb < 2; ++mb) {
     const math::Matrix x = MakeBatch(model, 3, 10 * step + mb).inputs;
     MicrobatchState state;
     const math::Matrix y = stage->Forward(math::AsConstMap(x), &state);
     const math::Matrix dy = Pattern(y.rows(), y.cols(), 10 * step + mb);
     stage->BackwardInput(math::AsConstMap(dy), /*need_input_grad=*/false, &state);
-    stage->BackwardWeight(&state);
+    stage->BackwardWeight(&state, mb == 1 ? norms : nullptr);
+  }
+}
+
+// The norms the last W takes layer by layer are those GradNormSqPerLayer computes afterwards,
+// bit for bit (the worker reports the former, the reference trainer the latter).
+TEST(StageTest, TheLastWeightGradientGivesTheNormsOfGradNormSqPerLayer) {
+  for (const char* spec : {kMlpSpec, kGptSpec}) {
+    auto model = BuildOrDie(spec);
+    ASSERT_NE(model, nullptr);
+    auto stage = Stage::Create(model.get(), 0, model->num_layers(), 3, math::OptimizerConfig{});
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    std::vector<double> norms;
+    RunStep(*model, &*stage, 1, &norms);
+    ASSERT_EQ(static_cast<int64_t>(norms.size()), model->num_layers());
+    EXPECT_GT(*std::max_element(norms.begin(), norms.end()), 0.0);
+    EXPECT_EQ(norms, stage->GradNormSqPerLayer()) << spec;
   }
 }
 
