@@ -139,12 +139,15 @@ absl::StatusOr<std::string> RenderStepTrace(const std::vector<v1::StepResult>& s
       for (const v1::ActionTiming& t : w.timings()) length = std::max(length, Clean(t.end_us()));
       for (const v1::LinkSpan& l : w.links()) length = std::max(length, Clean(l.end_us()));
     }
-    events.push_back(Span(absl::StrCat("step ", r.step()), "step", steps_pid, 0, offset, length,
-                          {{"step", r.step()},
-                           {"loss", r.loss()},
-                           {"step_ms", r.step_ms()},
-                           {"bubble_fraction", r.bubble_fraction()},
-                           {"predicted_bubble_fraction", r.predicted_bubble_fraction()}}));
+    events.push_back(
+        Span(absl::StrCat("step ", r.step()), "step", steps_pid, 0, offset, length,
+             {{"step", r.step()},
+              {"loss", r.loss()},
+              {"step_ms", r.step_ms()},
+              {"bubble_fraction", r.bubble_fraction()},
+              {"predicted_bubble_fraction", r.predicted_bubble_fraction()},
+              {"link_latency_ms", r.has_link_latency_ms() ? nlohmann::json(r.link_latency_ms())
+                                                          : nlohmann::json(nullptr)}}));
     for (int rank = 0; rank < r.workers_size(); ++rank) {
       const v1::WorkerTimeline& w = r.workers(rank);
       for (const v1::ActionTiming& t : w.timings()) {

@@ -275,9 +275,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     if (t.json) {
       out << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.9g, \"step_ms\": %.3f, \"bubble_fraction\": %.4f, "
-          "\"predicted_bubble_fraction\": %.4f}\n",
+          "\"predicted_bubble_fraction\": %.4f, \"link_latency_ms\": %s}\n",
           last.step(), last.loss(), last.step_ms(), last.bubble_fraction(),
-          last.predicted_bubble_fraction());
+          last.predicted_bubble_fraction(),
+          last.has_link_latency_ms() ? absl::StrFormat("%.4f", last.link_latency_ms()) : "null");
       out.flush();
     } else {
       progress.Step({last.step(), last.loss(), batch.samples, last.bubble_fraction(),

@@ -29,6 +29,7 @@
 #include "server/coordinator/job_isa.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/reactors.h"
+#include "server/coordinator/step_timeline.h"
 #include "server/metrics/coordinator_metrics.h"
 
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
@@ -587,47 +588,9 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   result.set_step(step + 1);
   result.set_loss(loss);
   result.set_step_ms(absl::ToDoubleMilliseconds(absl::Now() - t0));
-  schedule::Timeline timeline;
-  timeline.placement = job->plan.placement;
-  timeline.workers.resize(S);
-  schedule::CostModel costs = schedule::UniformCostModel(job->plan.placement, {});
-  costs.action_durations.resize(S);
-  bool replayable = true;
-  for (int rank = 0; rank < S; ++rank) {
-    v1::WorkerTimeline* wt = result.add_workers();
-    wt->set_rank(rank);
-    const v1::StepDone& r = *job->reports[rank];
-    *wt->mutable_links() = r.links();
-    if (r.timings_size() != static_cast<int>(job->plan.actions[rank].size())) replayable = false;
-    for (int p = 0; p < r.timings_size(); ++p) {
-      const v1::ActionTiming& t = r.timings(p);
-      *wt->add_timings() = t;
-      schedule::TimedAction ta;
-      absl::StatusOr<schedule::Action> action = control::ActionFromProto(t.action());
-      if (action.ok()) {
-        ta.action = *action;
-      } else {
-        replayable = false;
-      }
-      ta.start = (t.start_us() + t.wait_us()) / 1000.0;
-      ta.end = std::max(ta.start, t.end_us() / 1000.0);
-      timeline.workers[rank].push_back(ta);
-      costs.action_durations[rank].push_back(ta.end - ta.start);
-      if (replayable && !(ta.action == job->plan.actions[rank][p])) replayable = false;
-    }
-  }
-  absl::StatusOr<schedule::TimelineStats> stats = schedule::SummarizeTimeline(timeline, {});
-  if (stats.ok()) {
-    result.set_bubble_fraction(stats->bubble_fraction);
-    for (int rank = 0; rank < S && rank < static_cast<int>(stats->workers.size()); ++rank) {
-      result.mutable_workers(rank)->set_busy_ms(stats->workers[rank].busy);
-      result.mutable_workers(rank)->set_bubble_fraction(stats->workers[rank].bubble_fraction);
-    }
-  }
-  if (replayable) {
-    absl::StatusOr<schedule::SimulationResult> sim = schedule::Simulate(job->plan, costs);
-    if (sim.ok()) result.set_predicted_bubble_fraction(sim->stats.bubble_fraction);
-  }
+  std::vector<const v1::StepDone*> reports;
+  for (const auto& r : job->reports) reports.push_back(&*r);
+  FillStepTimeline(job->plan, reports, &result);
   RecordStepMetrics(*job, request.samples(), result);
   Log(absl::StrFormat("job %s step %d applied: loss %.9g, %.3f ms, bubble %.3f (predicted %.3f)",
                       job->id, result.step(), result.loss(), result.step_ms(),

@@ -345,6 +345,18 @@ TEST(LocalCliTest, CheckpointEveryAndEvalSamplesMatchTheReference) {
   ASSERT_TRUE(a.eval.contains("eval_accuracy")) << ref.out;
   EXPECT_EQ(a.eval, b.eval);
   EXPECT_EQ(ManifestStep(dir + "/local"), 3);
+  // Every step of the pipeline measured its link latency (tensors went both ways between the
+  // two ranks) and predicted its bubble with it.
+  int steps = 0;
+  for (absl::string_view line : absl::StrSplit(local.out, '\n', absl::SkipEmpty())) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("step")) continue;
+    ++steps;
+    ASSERT_TRUE(j["link_latency_ms"].is_number()) << line;
+    EXPECT_GT(j["link_latency_ms"].get<double>(), 0.0) << line;
+    EXPECT_GT(j["predicted_bubble_fraction"].get<double>(), 0.0) << line;
+  }
+  EXPECT_EQ(steps, 3);
   for (const char* f : {"layer-00000.safetensors", "layer-00002.safetensors",
                         "layer-00004.safetensors", "manifest.json"}) {
     const std::string x = ReadAll(dir + "/ref/" + f);

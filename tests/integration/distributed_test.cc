@@ -292,6 +292,7 @@ TEST_F(DistributedTest, TraceStepsHaveComputeWaitSendAndReceiveSpansOfEveryRank)
     EXPECT_NEAR(e["dur"].get<double>(), e["args"]["step_ms"].get<double>() * 1000, 1e-3);
     EXPECT_GE(e["args"]["bubble_fraction"].get<double>(), 0.0);
     EXPECT_GE(e["args"]["predicted_bubble_fraction"].get<double>(), 0.0);
+    EXPECT_GT(e["args"]["link_latency_ms"].get<double>(), 0.0);
   }
   ASSERT_EQ(step_span.size(), 2u);
   ASSERT_EQ(step_span.begin()->first, 2);
