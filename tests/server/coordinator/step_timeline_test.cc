@@ -81,6 +81,16 @@ std::vector<v1::StepDone> Reports(const schedule::SimulationResult& sim, bool li
   return reports;
 }
 
+// The plan simulated with the link latency and without.
+struct Simulated {
+  absl::StatusOr<schedule::SimulationResult> with_links;
+  absl::StatusOr<schedule::SimulationResult> compute_only;
+  static Simulated Of(const schedule::Plan& plan) {
+    return {schedule::Simulate(plan, Costs(plan, kLatencyMs)),
+            schedule::Simulate(plan, Costs(plan, 0))};
+  }
+};
+
 std::vector<const v1::StepDone*> Pointers(const std::vector<v1::StepDone>& reports) {
   std::vector<const v1::StepDone*> out;
   for (const v1::StepDone& r : reports) out.push_back(&r);
@@ -89,19 +99,18 @@ std::vector<const v1::StepDone*> Pointers(const std::vector<v1::StepDone>& repor
 
 TEST(StepTimelineTest, ThePredictionChargesTheMeasuredLinkLatency) {
   const schedule::Plan plan = OneFOneB();
-  absl::StatusOr<schedule::SimulationResult> with_links =
-      schedule::Simulate(plan, Costs(plan, kLatencyMs));
-  absl::StatusOr<schedule::SimulationResult> compute_only =
-      schedule::Simulate(plan, Costs(plan, 0));
-  ASSERT_TRUE(with_links.ok() && compute_only.ok());
-  ASSERT_GT(with_links->stats.bubble_fraction, compute_only->stats.bubble_fraction + 0.05);
+  const Simulated sim = Simulated::Of(plan);
+  ASSERT_TRUE(sim.with_links.ok() && sim.compute_only.ok());
+  const schedule::SimulationResult& with_links = *sim.with_links;
+  const schedule::SimulationResult& compute_only = *sim.compute_only;
+  ASSERT_GT(with_links.stats.bubble_fraction, compute_only.stats.bubble_fraction + 0.05);
 
-  const std::vector<v1::StepDone> reports = Reports(*with_links, /*links=*/true);
+  const std::vector<v1::StepDone> reports = Reports(with_links, /*links=*/true);
   v1::StepResult result;
   FillStepTimeline(plan, Pointers(reports), &result);
   ASSERT_TRUE(result.has_link_latency_ms());
   EXPECT_NEAR(result.link_latency_ms(), kLatencyMs, 1e-9);
-  EXPECT_NEAR(result.predicted_bubble_fraction(), with_links->stats.bubble_fraction, 1e-9);
+  EXPECT_NEAR(result.predicted_bubble_fraction(), with_links.stats.bubble_fraction, 1e-9);
   ASSERT_EQ(result.workers_size(), 2);
   EXPECT_EQ(result.workers(1).links_size(), reports[1].links_size());
   EXPECT_EQ(result.workers(0).timings_size(), static_cast<int>(plan.actions[0].size()));
@@ -110,16 +119,15 @@ TEST(StepTimelineTest, ThePredictionChargesTheMeasuredLinkLatency) {
 
 TEST(StepTimelineTest, WithoutLinkSpansThePredictionIsComputeOnly) {
   const schedule::Plan plan = OneFOneB();
-  absl::StatusOr<schedule::SimulationResult> with_links =
-      schedule::Simulate(plan, Costs(plan, kLatencyMs));
-  absl::StatusOr<schedule::SimulationResult> compute_only =
-      schedule::Simulate(plan, Costs(plan, 0));
-  ASSERT_TRUE(with_links.ok() && compute_only.ok());
-  const std::vector<v1::StepDone> reports = Reports(*with_links, /*links=*/false);
+  const Simulated sim = Simulated::Of(plan);
+  ASSERT_TRUE(sim.with_links.ok() && sim.compute_only.ok());
+  const schedule::SimulationResult& with_links = *sim.with_links;
+  const schedule::SimulationResult& compute_only = *sim.compute_only;
+  const std::vector<v1::StepDone> reports = Reports(with_links, /*links=*/false);
   v1::StepResult result;
   FillStepTimeline(plan, Pointers(reports), &result);
   EXPECT_FALSE(result.has_link_latency_ms());
-  EXPECT_NEAR(result.predicted_bubble_fraction(), compute_only->stats.bubble_fraction, 1e-9);
+  EXPECT_NEAR(result.predicted_bubble_fraction(), compute_only.stats.bubble_fraction, 1e-9);
 }
 
 TEST(StepTimelineTest, ReportsThatDoNotMatchThePlanGetNoPrediction) {
