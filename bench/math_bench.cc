@@ -17,7 +17,6 @@
 
 #include "common/math/isa.h"
 #include "common/math/kernels.h"
-#include "common/math/linear.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
 #include "common/util/heap_tuning.h"
@@ -72,8 +71,13 @@ void Row(const char* what, double flops, double ours, double ref) {
               flops / ours * 1e-9, flops / ref * 1e-9, ref / ours);
 }
 
-void BenchLinear(int rows, int in, int out) {
-  math::Linear layer(in, out, /*bias=*/true);
+// The Linear layer of the process's default instruction-set level (math::KernelsFor), the code
+// a job runs, not the plain math::Linear built at PIPETRAIN_ARCH.
+void BenchLinear(int rows, int in, int out, int threads) {
+  const math::Kernels& kernels = math::KernelsFor(math::DefaultIsa());
+  kernels.ConfigureEigen(threads);
+  const std::unique_ptr<math::Layer> made = kernels.MakeLinear(in, out, /*bias=*/true);
+  const math::Layer& layer = *made;
   std::vector<math::Tensor> params;
   layer.Init(1, 0, &params);
   std::vector<math::Tensor> grads = params;
@@ -94,7 +98,8 @@ void BenchLinear(int rows, int in, int out) {
   const double sf = SgemmSeconds({CblasNoTrans, CblasTrans, rows, out, in, 0.0f});
   const double si = SgemmSeconds({CblasNoTrans, CblasNoTrans, rows, in, out, 0.0f});
   const double sw = SgemmSeconds({CblasTrans, CblasNoTrans, out, in, rows, 1.0f});
-  std::printf(" Linear rows=%d in=%d out=%d\n", rows, in, out);
+  std::printf(" Linear rows=%d in=%d out=%d (%s)\n", rows, in, out,
+              std::string(math::IsaName(kernels.isa())).c_str());
   Row("forward (F)", f.forward, tf, sf);
   Row("input gradient (I)", f.backward_input, ti, si);
   Row("weight gradient (W)", f.backward_weight, tw, sw);
@@ -219,8 +224,8 @@ int main(int argc, char** argv) {
     Eigen::setNbThreads(threads);
     openblas_set_num_threads(threads);
     std::printf("threads=%d\n", threads);
-    pipetrain::BenchLinear(64, 512, 512);
-    pipetrain::BenchLinear(256, 1024, 1024);
+    pipetrain::BenchLinear(64, 512, 512, threads);
+    pipetrain::BenchLinear(256, 1024, 1024, threads);
     if (int rc = pipetrain::BenchMlpStep(spec); rc != 0) return rc;
     if (threads == 1) pipetrain::BenchSplitBackwards();
   }
