@@ -698,7 +698,7 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
-                   max_kept_batches=10000,
+                   isa=None, max_kept_batches=10000,
                    recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None,
                    on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
@@ -712,7 +712,10 @@ class Client:
         directory on the coordinator's host. lr_schedule: the learning-rate schedule (see
         lr_schedule_spec()), OptimizerSpec.lr_schedule as `pipetrain --lr-schedule KIND
         --warmup-steps N --lr-decay-steps N --lr-min X` sets it; it replaces a schedule the
-        optimizer text gives. None: the optimizer's (by default constant).
+        optimizer text gives. None: the optimizer's (by default constant). isa: the
+        instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain train
+        --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the job's
+        workers run (the level chosen is job.status().spec.isa).
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
@@ -726,6 +729,10 @@ class Client:
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
                           recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
                           min_stages=min_stages)
+        if isa is not None:
+            if not isinstance(isa, str):
+                raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))
+            spec.isa = isa
         spec.model.CopyFrom(model_spec(model))
         spec.optimizer.CopyFrom(optimizer_spec(optimizer))
         if lr_schedule is not None:

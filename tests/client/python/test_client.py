@@ -111,6 +111,27 @@ def test_lr_schedule_losses_equal_pipetrain_train_bit_for_bit(daemons, example):
     assert sorted(daemons.idle_workers()) == ["w0", "w1"]
 
 
+def test_isa_runs_the_job_at_that_level_as_pipetrain_train_does(daemons, example):
+    model = example("mlp_digits.textproto")
+    digits = data.load("digits")
+    with daemons.client.create_job(model=model, stages=2, microbatches=4, optimizer=OPTIMIZER,
+                                   seed=SEED, data=digits) as job:
+        level = job.status().spec.isa  # the highest level both workers run.
+    assert level
+    expected = cli_losses(daemons, model, "1f1b", 4, ["--isa", level])
+    with daemons.client.create_job(model=model, schedule="1f1b", stages=2, microbatches=4,
+                                   optimizer=OPTIMIZER, seed=SEED, data=digits, isa=level) as job:
+        assert job.status().spec.isa == level
+        results = list(job.train(data.batches(digits, BATCH, seed=SEED), steps=STEPS,
+                                 progress=False))
+    assert bits([r.loss for r in results]) == bits(expected)
+    for bad in ("x86-64-v9", 4):
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            daemons.client.create_job(model=model, stages=2, isa=bad)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and "isa" in e.value.message, bad
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
 def test_bad_lr_schedule_raises_invalid_argument(daemons, example):
     model = example("mlp_digits.textproto")
     for bad, says in (({"kind": "warmup-cosine", "warmup_steps": 3}, "decay_steps is required"),
