@@ -18,8 +18,9 @@
 //       speed-weighted partition then makes every stage take about as long (the emulated ones
 //       hold a third of the FLOPs). See docs/performance.md "On real compute".
 // Prints markdown tables per configuration (docs/performance.md takes them as they are): the
-// step, the replay, their ratio, each schedule's step and the simulator's ideal step relative to
-// 1F1B; then the fixed costs (see StepFigures). Daemon logs go to a file named at the start.
+// step, the replay, their ratio, the simulator's ideal step for the measured compute, each
+// schedule's step and ideal relative to 1F1B; then the fixed costs (see StepFigures). Daemon
+// logs go to a file named at the start.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -93,6 +94,10 @@ struct StepFigures {
   double step_ms = 0;      // the coordinator's step time (StepResult.step_ms).
   double replay_ms = 0;    // the simulator's replay of the plan with the measured action costs.
   double ideal_units = 0;  // the simulator's step with uniform costs (F=1, B=2 per stage).
+  double ideal_ms = 0;     // ideal_units scaled to this step's compute: the ideal step of a
+                           // perfectly balanced partition with free messages, each rank
+                           // computing the mean busy time (a stage's F+B over M micro-batches
+                           // is 3M units).
   double timeline_us = 0;  // latest action end over the workers.
   double extra_us = 0;     // timeline_us - replay: what the runtime adds inside the timelines.
   double outside_us = 0;   // step - timeline_us: RunStep fan-out, StepDone -> Commit ->
@@ -375,6 +380,9 @@ absl::StatusOr<StepFigures> Figures(const schedule::Plan& plan, const v1::StepRe
     }
     f.timeline_us = std::max(f.timeline_us, prev_end);
   }
+  double busy_sum = 0;
+  for (double b : f.busy_ms) busy_sum += b;
+  f.ideal_ms = ideal_units * busy_sum / plan.stages() / (3.0 * plan.microbatches);
   f.extra_us = f.timeline_us - replay_us;
   f.outside_us = f.step_ms * 1000.0 - f.timeline_us;
   f.gap_us = Mean(gaps, actions);
@@ -471,9 +479,9 @@ absl::StatusOr<KindResult> RunKind(const BenchConfig& config, const Workload& wo
   StepFigures& m = out.median;
   for (double StepFigures::*field :
        {&StepFigures::step_ms, &StepFigures::replay_ms, &StepFigures::ideal_units,
-        &StepFigures::timeline_us, &StepFigures::extra_us, &StepFigures::outside_us,
-        &StepFigures::gap_us, &StepFigures::send_us, &StepFigures::recv_us,
-        &StepFigures::latency_us, &StepFigures::real_gflops}) {
+        &StepFigures::ideal_ms, &StepFigures::timeline_us, &StepFigures::extra_us,
+        &StepFigures::outside_us, &StepFigures::gap_us, &StepFigures::send_us,
+        &StepFigures::recv_us, &StepFigures::latency_us, &StepFigures::real_gflops}) {
     m.*field = med(field);
   }
   m.busy_ms.assign(cs.stages, 0.0);
@@ -541,18 +549,19 @@ bool RunAndPrint(const BenchConfig& config, const std::string& log) {
   std::printf("\n%s\nload average %s before, %s after\n\n", Describe(config).c_str(),
               load_before.c_str(), LoadAverage().c_str());
   std::printf(
-      "| schedule | step ms | replay ms | ratio | step / 1f1b | ideal / 1f1b | real GFLOP/s | "
-      "busy ms by rank |\n|---|---|---|---|---|---|---|---|\n");
+      "| schedule | step ms | replay ms | ratio | ideal ms | step / ideal | step / 1f1b | ideal / "
+      "1f1b | real GFLOP/s | busy ms by rank |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const KindResult& r : results) {
     if (!r.skipped.empty()) {
-      std::printf("| %s | skipped: %s | | | | | | |\n", r.kind.c_str(), r.skipped.c_str());
+      std::printf("| %s | skipped: %s | | | | | | | | |\n", r.kind.c_str(), r.skipped.c_str());
       continue;
     }
     const StepFigures& m = r.median;
     std::vector<std::string> busy;
     for (double b : m.busy_ms) busy.push_back(Num(b, 1));
-    std::printf("| %s | %.1f | %.1f | %.3f | %s | %s | %s | %s |\n", r.kind.c_str(), m.step_ms,
-                m.replay_ms, r.ratio, base ? Num(m.step_ms / base->median.step_ms, 3).c_str() : "-",
+    std::printf("| %s | %.1f | %.1f | %.3f | %.1f | %.3f | %s | %s | %s | %s |\n", r.kind.c_str(),
+                m.step_ms, m.replay_ms, r.ratio, m.ideal_ms, m.step_ms / m.ideal_ms,
+                base ? Num(m.step_ms / base->median.step_ms, 3).c_str() : "-",
                 base ? Num(m.ideal_units / base->median.ideal_units, 3).c_str() : "-",
                 Num(m.real_gflops, 1).c_str(), absl::StrJoin(busy, " / ").c_str());
   }
