@@ -8,15 +8,16 @@
 //       FLOP rate (stage_worker --emulate-gflops), so the ratio shows only what the runtime adds.
 //       Goal <= 1.05.
 //   runtime_bench --real [--stages 2|4]  (default: both) the deep MLP, B=256, one compute thread
-//       per worker, goal <= 1.10. First a calibration job (S=2 1F1B on two stock stage_workers)
-//       measures the rate R (model FLOPs / compute time) this machine's math reaches on the
-//       model. S=2, M=8: two workers on real compute. S=4, M=8 and M=16: ranks 0 and 1 on real
-//       compute, ranks 2 and 3 emulated at R/3 (the machine has two cores; an emulated worker
-//       still runs its math, so its rate sets the CPU it takes from the real ones: a third of
-//       its stage time). The real-compute workers are runtime_bench_worker processes (the stage
-//       worker daemon) registering R, the emulated ones register their rate: the coordinator's
-//       speed-weighted partition then makes every stage take about as long (the emulated ones
-//       hold a third of the FLOPs). See docs/performance.md "On real compute".
+//       per worker, goal <= 1.10. S=2, M=8: two workers on real compute. S=4, M=8 and M=16:
+//       ranks 0 and 1 on real compute, ranks 2 and 3 emulated (the machine has two cores). Before
+//       each configuration a 1F1B calibration job with its M on two stock stage_workers measures
+//       the rate R (model FLOPs / compute time) real compute reaches on the model; at S=4 a second
+//       one measures what the real ranks reach next to the emulated ones. The real-compute workers
+//       are runtime_bench_worker processes (the stage worker daemon) registering R, the emulated
+//       ones run at R/3 and register that: the coordinator's speed-weighted partition then makes
+//       every stage take about as long, the emulated ranks holding a third of a real rank's FLOPs
+//       (their math still runs: a third of the CPU over their busy time). See
+//       docs/performance.md "On real compute".
 // Prints markdown tables per configuration (docs/performance.md takes them as they are): the
 // step, the replay, their ratio, the simulator's ideal step for the measured compute, each
 // schedule's step and ideal relative to 1F1B; then the fixed costs (see StepFigures). Daemon
@@ -111,6 +112,8 @@ struct StepFigures {
   double latency_us = kNone;    // per tensor: receiver's receive end - sender's send start,
                                 // averaged over both directions of each pair of ranks ((d_AB +
                                 // d_BA) / 2: the clock offset cancels), then over the pairs.
+  double messages_us = kNone;   // the replay with latency_us on every message minus the
+                                // replay: what the transfers cost on the critical path.
   double real_gflops = kNone;   // model FLOPs / compute time over the real-compute ranks.
   std::vector<double> busy_ms;  // per rank: compute (action time minus input waits).
 };
@@ -285,9 +288,12 @@ double ComputeUs(const v1::ActionTiming& t) {
 }
 
 // The simulator's makespan (µs) of `plan` with each action's measured compute time (its
-// duration minus the time it waited for inputs): the step of a runtime that adds nothing.
-absl::StatusOr<double> ReplayUs(const schedule::Plan& plan, const v1::StepResult& result) {
+// duration minus the time it waited for inputs) and `message_us` per message between workers:
+// with 0, the step of a runtime that adds nothing.
+absl::StatusOr<double> ReplayUs(const schedule::Plan& plan, const v1::StepResult& result,
+                                double message_us) {
   schedule::CostModel costs = schedule::UniformCostModel(plan.placement, {});
+  costs.link.latency = message_us;
   costs.action_durations.resize(plan.stages());
   for (const v1::WorkerTimeline& w : result.workers()) {
     if (w.rank() < 0 || w.rank() >= plan.stages()) {
@@ -360,7 +366,7 @@ absl::StatusOr<StepFigures> Figures(const schedule::Plan& plan, const v1::StepRe
                                     double ideal_units) {
   StepFigures f;
   f.step_ms = result.step_ms();
-  PT_ASSIGN_OR_RETURN(const double replay_us, ReplayUs(plan, result));
+  PT_ASSIGN_OR_RETURN(const double replay_us, ReplayUs(plan, result, 0));
   f.replay_ms = replay_us / 1000.0;
   f.ideal_units = ideal_units;
   f.busy_ms.assign(plan.stages(), 0.0);
@@ -388,6 +394,10 @@ absl::StatusOr<StepFigures> Figures(const schedule::Plan& plan, const v1::StepRe
   f.gap_us = Mean(gaps, actions);
   f.real_gflops = real_us > 0 ? real_flops / real_us / 1e3 : kNone;
   LinkFigures(result, &f);
+  if (!std::isnan(f.latency_us)) {
+    PT_ASSIGN_OR_RETURN(const double with_messages, ReplayUs(plan, result, f.latency_us));
+    f.messages_us = with_messages - replay_us;
+  }
   return f;
 }
 
@@ -481,7 +491,8 @@ absl::StatusOr<KindResult> RunKind(const BenchConfig& config, const Workload& wo
        {&StepFigures::step_ms, &StepFigures::replay_ms, &StepFigures::ideal_units,
         &StepFigures::ideal_ms, &StepFigures::timeline_us, &StepFigures::extra_us,
         &StepFigures::outside_us, &StepFigures::gap_us, &StepFigures::send_us,
-        &StepFigures::recv_us, &StepFigures::latency_us, &StepFigures::real_gflops}) {
+        &StepFigures::recv_us, &StepFigures::latency_us, &StepFigures::messages_us,
+        &StepFigures::real_gflops}) {
     m.*field = med(field);
   }
   m.busy_ms.assign(cs.stages, 0.0);
@@ -567,24 +578,28 @@ bool RunAndPrint(const BenchConfig& config, const std::string& log) {
   }
   std::printf(
       "\n| schedule | gap µs/action | send µs/tensor | receive µs/tensor | transfer µs/tensor | "
-      "outside µs/step | timeline_extra µs/step |\n|---|---|---|---|---|---|---|\n");
+      "transfers µs/step | outside µs/step | timeline_extra µs/step |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (const KindResult& r : results) {
     if (!r.skipped.empty()) continue;
     const StepFigures& m = r.median;
-    std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", r.kind.c_str(), Num(m.gap_us, 1).c_str(),
-                Num(m.send_us, 0).c_str(), Num(m.recv_us, 0).c_str(), Num(m.latency_us, 0).c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.kind.c_str(),
+                Num(m.gap_us, 1).c_str(), Num(m.send_us, 0).c_str(), Num(m.recv_us, 0).c_str(),
+                Num(m.latency_us, 0).c_str(), Num(m.messages_us, 0).c_str(),
                 Num(m.outside_us, 0).c_str(), Num(m.extra_us, 0).c_str());
   }
   std::fflush(stdout);
   return true;
 }
 
-// The rate (GFLOP/s) the real-compute ranks of `cluster` reach on the deep MLP: a 1F1B job,
-// model FLOPs over compute time, median of steps 2-6.
-absl::StatusOr<double> CalibrateRealGflops(const ClusterSpec& cluster, const std::string& log) {
+// The rate (GFLOP/s) the real-compute ranks of `cluster` reach on the deep MLP with
+// `microbatches` micro-batches: a 1F1B job, model FLOPs over compute time, median of steps 2-9.
+absl::StatusOr<double> CalibrateRealGflops(const ClusterSpec& cluster, int microbatches,
+                                           const std::string& log) {
   BenchConfig c;
   c.cluster = cluster;
-  c.steps = 6;
+  c.microbatches = microbatches;
+  c.steps = 9;
   PT_ASSIGN_OR_RETURN(Workload work, LoadWorkload(c));
   PT_ASSIGN_OR_RETURN(KindResult r, RunKind(c, work, "1f1b", log));
   if (!r.skipped.empty() || !(r.median.real_gflops > 0)) {
@@ -593,35 +608,40 @@ absl::StatusOr<double> CalibrateRealGflops(const ClusterSpec& cluster, const std
   return r.median.real_gflops;
 }
 
-// S=2: two real-compute workers registering the rate two stock stage_workers reach. S=4: the
-// real ranks register the rate they reach next to two emulated ranks (a second calibration job
-// with the S=2 rate), the emulated ones run at kEmulatedRateShare of it.
-int RunReal(const std::vector<int>& stage_counts, const std::string& log) {
-  absl::StatusOr<double> rate2 = CalibrateRealGflops(ClusterSpec{2, 2, 0, 0}, log);
-  if (!rate2.ok()) {
-    std::fprintf(stderr, "runtime_bench: calibration: %s\n", rate2.status().ToString().c_str());
-    return 1;
-  }
+// The cluster of a configuration: two real-compute workers registering the rate they reach
+// (calibrated with the configuration's M: two stock stage_workers at S=2; at S>2 a second job
+// next to the emulated ranks, started with the S=2 rate), the other ranks emulated at
+// kEmulatedRateShare of it.
+absl::StatusOr<ClusterSpec> CalibratedCluster(int stages, int microbatches,
+                                              const std::string& log) {
+  PT_ASSIGN_OR_RETURN(double rate, CalibrateRealGflops(ClusterSpec{2, 2, 0, 0}, microbatches, log));
   std::printf(
-      "calibration: real compute reaches %.1f GFLOP/s on the deep MLP at S=2 (1F1B, M=8, stock "
+      "calibration: real compute reaches %.1f GFLOP/s at S=2, M=%d (1F1B, stock "
       "stage_workers; model FLOPs / compute time)\n",
-      *rate2);
+      rate, microbatches);
+  if (stages > 2) {
+    PT_ASSIGN_OR_RETURN(rate,
+                        CalibrateRealGflops(ClusterSpec{stages, 2, rate, rate * kEmulatedRateShare},
+                                            microbatches, log));
+    std::printf("calibration: %.1f GFLOP/s at S=%d, M=%d next to the emulated ranks\n", rate,
+                stages, microbatches);
+  }
+  return ClusterSpec{stages, 2, rate, rate * kEmulatedRateShare};
+}
+
+// S=2, M=8; S=4, M=8 and M=16 (see the file comment).
+int RunReal(const std::vector<int>& stage_counts, const std::string& log) {
   for (int stages : stage_counts) {
-    double rate = *rate2;
-    if (stages > 2) {
-      absl::StatusOr<double> rate4 =
-          CalibrateRealGflops(ClusterSpec{stages, 2, *rate2, *rate2 * kEmulatedRateShare}, log);
-      if (!rate4.ok()) {
-        std::fprintf(stderr, "runtime_bench: calibration: %s\n", rate4.status().ToString().c_str());
+    for (int microbatches : stages == 2 ? std::vector<int>{8} : std::vector<int>{8, 16}) {
+      BenchConfig c;  // B=256, 16 steps
+      c.microbatches = microbatches;
+      absl::StatusOr<ClusterSpec> cluster = CalibratedCluster(stages, microbatches, log);
+      if (!cluster.ok()) {
+        std::fprintf(stderr, "runtime_bench: calibration: %s\n",
+                     cluster.status().ToString().c_str());
         return 1;
       }
-      rate = *rate4;
-      std::printf("calibration: %.1f GFLOP/s at S=%d next to the emulated ranks\n", rate, stages);
-    }
-    for (int microbatches : stages == 2 ? std::vector<int>{8} : std::vector<int>{8, 16}) {
-      BenchConfig c;  // M=8, B=256, 16 steps
-      c.microbatches = microbatches;
-      c.cluster = ClusterSpec{stages, 2, rate, rate * kEmulatedRateShare};
+      c.cluster = *cluster;
       if (!RunAndPrint(c, log)) return 1;
     }
   }
