@@ -66,9 +66,9 @@ constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
 // runtime_bench --real at S=4: the emulated ranks' rate as a share of the calibrated real rate.
 // The partition gives them that share of a real rank's FLOPs for the same stage time, and their
 // math (which still runs) takes that share of the CPU over their busy time. A third: the deep
-// MLP's 512x512 Linears then split about 6/6/2/2 (+ the small first and last layers) with every
-// stage within a few % of the others; a quarter rounds to 7/7/1/1, and the emulated stages end up
-// a third shorter than the real ones.
+// MLP's 512x512 Linears split 6/6/2/2 (`pipetrain partition --speeds 3,3,1,1`: imbalance
+// 1.02-1.03 on every placement); a quarter rounds to 7/7/1/1 (imbalance 1.29, the emulated
+// stages ~40% shorter than the real ones).
 constexpr double kEmulatedRateShare = 1.0 / 3.0;
 
 // Which workers a cluster runs: ranks [0, real_workers) compute for real, the others emulate.
