@@ -1,0 +1,106 @@
+// StripeGroup: one PeerLink over one or more Exchange streams ("stripes"), each on its own
+// HTTP/2 connection (docs/wire.md §5, "Striping").
+//
+// Sending: a tensor below LinkOptions::stripe_min_bytes, or any tensor of a one-stripe link, goes
+// whole on stripe 0, exactly as an unstriped link sends it. A larger tensor is cut into one
+// contiguous block per stripe (at most one per float) and each stripe sends its block as
+// consecutive fragments; at most kMaxOpenStripedTensors striped tensors are being written at
+// once (later ones wait, in order), which bounds how far the stripes can drift apart.
+// Receiving: every stripe decodes into one shared wire::TensorReassembler, so a tensor is
+// delivered once, bit-exact, by the stripe that brings its last byte. Credit stays per stripe.
+// Failure: the first stripe that fails fails the link: the others are shut down and on_error is
+// called once with that stripe's status (a lost connection: UNAVAILABLE, as for one stream).
+#ifndef PIPETRAIN_SERVER_LINK_STRIPE_GROUP_H_
+#define PIPETRAIN_SERVER_LINK_STRIPE_GROUP_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/wire/tensor_reassembler.h"
+#include "server/link/link_core.h"
+#include "server/link/peer_link.h"
+
+namespace pipetrain::link::internal {
+
+// Striped tensors a sender writes at once (see the file comment).
+inline constexpr int kMaxOpenStripedTensors = 4;
+// Tensors a receiver reassembles at once, per stripe of the link: a sender that follows the rule
+// above stays far below it; a peer that opens more is refused (RESOURCE_EXHAUSTED).
+inline constexpr int kMaxOpenTensorsPerStripe = 32;
+
+class StripeGroup : public std::enable_shared_from_this<StripeGroup> {
+ public:
+  // `stripes` in [1, kMaxLinkConnections] (checked by the callers). Creates the stripes' cores.
+  static std::shared_ptr<StripeGroup> Create(bool client_side, std::string peer,
+                                             const LinkOptions& options, int stripes);
+
+  StripeGroup(const StripeGroup&) = delete;
+  StripeGroup& operator=(const StripeGroup&) = delete;
+
+  // Installs what to receive with and the identity to send under, on every stripe. Once, before
+  // any stripe starts.
+  void Configure(LinkSettings settings, const wire::StreamIdentity& send_identity);
+
+  int stripes() const { return static_cast<int>(cores_.size()); }
+  const std::shared_ptr<LinkCore>& stripe(int i) const { return cores_[i]; }
+  const std::string& peer() const { return cores_[0]->peer(); }
+  bool client_side() const { return cores_[0]->client_side(); }
+
+  // Closes every stripe of a link that was rejected before it started.
+  void Abandon(const absl::Status& status);
+
+  // PeerLink's methods (see peer_link.h).
+  absl::Status Send(const wire::TensorKey& key, std::shared_ptr<const math::Matrix> tensor);
+  void Shutdown();
+  LinkStats stats() const;
+  bool WaitFor(const std::function<bool(const LinkStats&)>& condition,
+               absl::Duration timeout) const;
+  absl::Status status() const;
+
+ private:
+  // A striped tensor being written: blocks not yet completely written.
+  struct Progress {
+    int remaining = 0;
+    int64_t bytes = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+  // A striped tensor waiting for its turn.
+  struct Waiting {
+    wire::TensorKey key;
+    std::shared_ptr<const math::Matrix> tensor;
+  };
+
+  explicit StripeGroup(std::vector<std::shared_ptr<LinkCore>> cores, const LinkOptions& options);
+
+  // Queues one block per stripe of a striped tensor.
+  absl::Status SendBlocks(const wire::TensorKey& key,
+                          const std::shared_ptr<const math::Matrix>& tensor);
+  // Stripe callbacks (on gRPC threads).
+  void OnStripeError(const absl::Status& status);
+  void OnStripeTransfer(const LinkTransfer& transfer);
+
+  // Constant after construction (cores_), or after Configure (callbacks_).
+  const std::vector<std::shared_ptr<LinkCore>> cores_;
+  const LinkOptions options_;
+  std::shared_ptr<const LinkCallbacks> callbacks_;
+
+  // Protects the link-level failure, the striped tensors in progress and the waiting ones.
+  mutable absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::multimap<wire::TensorKey, Progress> in_progress_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  int64_t striped_sent_ ABSL_GUARDED_BY(mu_) = 0;  // striped tensors completely written.
+};
+
+}  // namespace pipetrain::link::internal
+
+#endif  // PIPETRAIN_SERVER_LINK_STRIPE_GROUP_H_
