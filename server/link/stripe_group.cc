@@ -7,6 +7,16 @@
 
 namespace pipetrain::link::internal {
 
+int64_t MinStripeBlockBytes(const LinkOptions& options) {
+  return std::max<int64_t>(sizeof(float),
+                           std::min<int64_t>(wire::kMinFragmentBytes, options.stripe_min_bytes));
+}
+
+int64_t MaxOpenTensors(const LinkOptions& options, int stripes) {
+  return kMaxOpenStripedTensors +
+         int64_t{stripes} * (options.window_bytes / wire::kMinFragmentBytes + 2);
+}
+
 std::shared_ptr<StripeGroup> StripeGroup::Create(bool client_side, std::string peer,
                                                  const LinkOptions& options, int stripes) {
   std::vector<std::shared_ptr<LinkCore>> cores;
@@ -26,8 +36,7 @@ void StripeGroup::Configure(LinkSettings settings, const wire::StreamIdentity& s
     return;
   }
   callbacks_ = std::make_shared<const LinkCallbacks>(std::move(settings.callbacks));
-  auto reassembler = std::make_shared<wire::TensorReassembler>(
-      static_cast<int64_t>(kMaxOpenTensorsPerStripe) * stripes());
+  auto reassembler = std::make_shared<wire::TensorReassembler>(MaxOpenTensors(options_, stripes()));
   const std::weak_ptr<StripeGroup> weak = weak_from_this();
   LinkCallbacks stripe_callbacks;
   stripe_callbacks.on_tensor = callbacks_->on_tensor;
@@ -49,10 +58,7 @@ void StripeGroup::Abandon(const absl::Status& status) {
 
 absl::Status StripeGroup::Send(const wire::TensorKey& key,
                                std::shared_ptr<const math::Matrix> tensor) {
-  const int64_t bytes =
-      tensor == nullptr ? 0 : static_cast<int64_t>(tensor->size()) * sizeof(float);
-  if (tensor == nullptr || stripes() == 1 || bytes < options_.stripe_min_bytes ||
-      tensor->size() < 2) {
+  if (tensor == nullptr || BlocksFor(static_cast<int64_t>(tensor->size())) < 2) {
     return cores_[0]->Send(key, std::move(tensor));
   }
   if (!ValidKey(key)) {
@@ -74,11 +80,18 @@ absl::Status StripeGroup::Send(const wire::TensorKey& key,
   return SendBlocks(key, tensor);
 }
 
+int StripeGroup::BlocksFor(int64_t elements) const {
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  if (stripes() == 1 || bytes < options_.stripe_min_bytes) return 1;
+  return static_cast<int>(
+      std::min<int64_t>(stripes(), std::max<int64_t>(1, bytes / MinStripeBlockBytes(options_))));
+}
+
 absl::Status StripeGroup::SendBlocks(const wire::TensorKey& key,
                                      const std::shared_ptr<const math::Matrix>& tensor) {
-  // One contiguous block of whole floats per stripe: block j is elements [j*n/k, (j+1)*n/k).
+  // Contiguous blocks of whole floats: block j is elements [j*n/k, (j+1)*n/k).
   const int64_t n = static_cast<int64_t>(tensor->size());
-  const int k = static_cast<int>(std::min<int64_t>(stripes(), n));
+  const int k = BlocksFor(n);
   {
     absl::MutexLock lock(&mu_);
     in_progress_.emplace(key, Progress{k, n * static_cast<int64_t>(sizeof(float)),

@@ -2,10 +2,11 @@
 // HTTP/2 connection (docs/wire.md §5, "Striping").
 //
 // Sending: a tensor below LinkOptions::stripe_min_bytes, or any tensor of a one-stripe link, goes
-// whole on stripe 0, exactly as an unstriped link sends it. A larger tensor is cut into one
-// contiguous block per stripe (at most one per float) and each stripe sends its block as
+// whole on stripe 0, exactly as an unstriped link sends it. A larger tensor is cut into
+// contiguous blocks, one per stripe but none below MinStripeBlockBytes(options) (so a 1 MiB
+// tensor stays whole, a 2 MiB one takes two stripes), and each stripe sends its block as
 // consecutive fragments; at most kMaxOpenStripedTensors striped tensors are being written at
-// once (later ones wait, in order), which bounds how far the stripes can drift apart.
+// once (later ones wait, in order).
 // Receiving: every stripe decodes into one shared wire::TensorReassembler, so a tensor is
 // delivered once, bit-exact, by the stripe that brings its last byte. Credit stays per stripe.
 // Failure: the first stripe that fails fails the link: the others are shut down and on_error is
@@ -32,9 +33,17 @@ namespace pipetrain::link::internal {
 
 // Striped tensors a sender writes at once (see the file comment).
 inline constexpr int kMaxOpenStripedTensors = 4;
-// Tensors a receiver reassembles at once, per stripe of the link: a sender that follows the rule
-// above stays far below it; a peer that opens more is refused (RESOURCE_EXHAUSTED).
-inline constexpr int kMaxOpenTensorsPerStripe = 32;
+
+// The smallest block a sender cuts: 1 MiB (wire::kMinFragmentBytes), or stripe_min_bytes if
+// that is smaller (tests split tiny tensors; the bound below then does not hold by construction).
+int64_t MinStripeBlockBytes(const LinkOptions& options);
+
+// Tensors a receiver with `options` reassembles at once on a link of `stripes` stripes:
+// kMaxOpenStripedTensors being written, plus, per stripe, what its credit window can hold of
+// blocks written but not yet read (window / 1 MiB) and two partly read or written. A sender with
+// blocks of at least 1 MiB stays within it by construction; a peer that opens more tensors is
+// refused (RESOURCE_EXHAUSTED) and the link fails.
+int64_t MaxOpenTensors(const LinkOptions& options, int stripes);
 
 class StripeGroup : public std::enable_shared_from_this<StripeGroup> {
  public:
@@ -80,6 +89,8 @@ class StripeGroup : public std::enable_shared_from_this<StripeGroup> {
 
   explicit StripeGroup(std::vector<std::shared_ptr<LinkCore>> cores, const LinkOptions& options);
 
+  // The number of blocks a tensor of `elements` floats is cut into (1: sent whole).
+  int BlocksFor(int64_t elements) const;
   // Queues one block per stripe of a striped tensor.
   absl::Status SendBlocks(const wire::TensorKey& key,
                           const std::shared_ptr<const math::Matrix>& tensor);
