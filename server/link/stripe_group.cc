@@ -72,12 +72,19 @@ absl::Status StripeGroup::Send(const wire::TensorKey& key,
           absl::StrCat("Send ", key.ToString(), ": the link to '", peer(), "' is shut down"));
     }
     if (!failure_.ok()) return failure_;
-    if (static_cast<int>(in_progress_.size()) >= kMaxOpenStripedTensors) {
+    if (!waiting_.empty() || static_cast<int>(in_progress_.size()) >= kMaxOpenStripedTensors) {
       waiting_.push_back(Waiting{key, std::move(tensor)});
       return absl::OkStatus();
     }
+    StartLocked(key, *tensor);
   }
   return SendBlocks(key, tensor);
+}
+
+void StripeGroup::StartLocked(const wire::TensorKey& key, const math::Matrix& tensor) {
+  const int64_t n = static_cast<int64_t>(tensor.size());
+  in_progress_.emplace(key, Progress{BlocksFor(n), n * static_cast<int64_t>(sizeof(float)),
+                                     std::chrono::steady_clock::now()});
 }
 
 int StripeGroup::BlocksFor(int64_t elements) const {
@@ -92,11 +99,6 @@ absl::Status StripeGroup::SendBlocks(const wire::TensorKey& key,
   // Contiguous blocks of whole floats: block j is elements [j*n/k, (j+1)*n/k).
   const int64_t n = static_cast<int64_t>(tensor->size());
   const int k = BlocksFor(n);
-  {
-    absl::MutexLock lock(&mu_);
-    in_progress_.emplace(key, Progress{k, n * static_cast<int64_t>(sizeof(float)),
-                                       std::chrono::steady_clock::now()});
-  }
   constexpr int64_t kFloat = sizeof(float);
   for (int j = 0; j < k; ++j) {
     const int64_t begin = j * n / k * kFloat;
@@ -123,7 +125,8 @@ void StripeGroup::OnStripeTransfer(const LinkTransfer& transfer) {
         in_progress_.erase(it);
         ++striped_sent_;
         while (!shutdown_ && failure_.ok() && !waiting_.empty() &&
-               static_cast<int>(in_progress_.size() + start.size()) < kMaxOpenStripedTensors) {
+               static_cast<int>(in_progress_.size()) < kMaxOpenStripedTensors) {
+          StartLocked(waiting_.front().key, *waiting_.front().tensor);
           start.push_back(std::move(waiting_.front()));
           waiting_.pop_front();
         }

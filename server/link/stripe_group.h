@@ -14,6 +14,8 @@
 #ifndef PIPETRAIN_SERVER_LINK_STRIPE_GROUP_H_
 #define PIPETRAIN_SERVER_LINK_STRIPE_GROUP_H_
 
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -91,7 +93,10 @@ class StripeGroup : public std::enable_shared_from_this<StripeGroup> {
 
   // The number of blocks a tensor of `elements` floats is cut into (1: sent whole).
   int BlocksFor(int64_t elements) const;
-  // Queues one block per stripe of a striped tensor.
+  // Records a striped tensor as being written (before its blocks are queued).
+  void StartLocked(const wire::TensorKey& key, const math::Matrix& tensor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the blocks of a striped tensor recorded by StartLocked, one per stripe.
   absl::Status SendBlocks(const wire::TensorKey& key,
                           const std::shared_ptr<const math::Matrix>& tensor);
   // Stripe callbacks (on gRPC threads).
