@@ -76,6 +76,9 @@ ABSL_FLAG(bool, tune_malloc, true,
           "raise malloc's mmap and trim thresholds in both processes (see main)");
 ABSL_FLAG(int64_t, fragment_mib, 1, "PeerLink fragment size in MiB (1-4)");
 ABSL_FLAG(int64_t, window_mib, 8, "PeerLink credit window in MiB (>= 4)");
+ABSL_FLAG(bool, round_robin, false,
+          "striped Exchange rows: tensors not split go whole round-robin over the connections "
+          "(default: all on the first)");
 ABSL_FLAG(int, connections, 1, "internal (sender): connections of the Exchange link (1-8)");
 ABSL_FLAG(int64_t, stripe_min_kib, 1024,
           "striped Exchange rows: tensors of at least this many KiB are split over the "
@@ -472,6 +475,7 @@ absl::StatusOr<pid_t> SpawnSender(const Options& options, const std::string& mod
       absl::StrCat("--window_mib=", options.link.window_bytes >> 20),
       absl::StrCat("--connections=", connections),
       absl::StrCat("--stripe_min_kib=", options.link.stripe_min_bytes >> 10),
+      absl::StrCat("--round_robin=", options.link.round_robin_whole ? "true" : "false"),
       absl::StrCat("--tune_malloc=", options.tune_malloc ? "true" : "false"),
       absl::StrCat("--tls_dir=", options.tls_dir),
   };
@@ -619,10 +623,12 @@ int Drive(const Options& options) {
   std::printf(
       "stream_bench: 127.0.0.1, sender and receiver in separate processes; Exchange = frame codec "
       "+ PeerLink (fragment %lld MiB, credit window %lld MiB per connection; x2/x4: a link of 2/4 "
-      "connections, tensors of >= %lld KiB split); %lld MiB per run, best of %d\n",
+      "connections, tensors of >= %lld KiB split, others whole %s); %lld MiB per run, best of "
+      "%d\n",
       static_cast<long long>(options.link.fragment_bytes >> 20),
       static_cast<long long>(options.link.window_bytes >> 20),
       static_cast<long long>(options.link.stripe_min_bytes >> 10),
+      options.link.round_robin_whole ? "round-robin" : "on the first",
       static_cast<long long>(options.budget_bytes >> 20), options.repeats);
   std::printf("%-7s %6s | %24s %23s | %16s %5s %5s | %35s\n", "", "", "MB/s", "", "Exchange / TCP",
               "x1 /", "TLS /", "CPU s per GB (2 procs)");
@@ -723,6 +729,7 @@ int main(int argc, char** argv) {
   options.link.window_bytes = absl::GetFlag(FLAGS_window_mib) << 20;
   options.link.stripe_min_bytes = absl::GetFlag(FLAGS_stripe_min_kib) << 10;
   options.connections = absl::GetFlag(FLAGS_connections);
+  options.link.round_robin_whole = absl::GetFlag(FLAGS_round_robin);
   options.tls_dir = absl::GetFlag(FLAGS_tls_dir);
   if (options.role.empty() && options.tls_dir.empty()) {
     // A throw-away CA and certificates for the TLS case.

@@ -68,6 +68,10 @@ struct LinkOptions {
   // many bytes are split into one block per connection; smaller ones go whole on the first.
   // >= 0. Default 4 MiB (docs/wire.md §5).
   int64_t stripe_min_bytes = int64_t{4} << 20;
+  // On a link of several connections: send the tensors that are not split whole, round-robin
+  // over the connections, instead of all on the first (measured in stream_bench --round_robin;
+  // docs/wire.md §5). Default false.
+  bool round_robin_whole = false;
 
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;

@@ -59,7 +59,13 @@ void StripeGroup::Abandon(const absl::Status& status) {
 absl::Status StripeGroup::Send(const wire::TensorKey& key,
                                std::shared_ptr<const math::Matrix> tensor) {
   if (tensor == nullptr || BlocksFor(static_cast<int64_t>(tensor->size())) < 2) {
-    return cores_[0]->Send(key, std::move(tensor));
+    int stripe = 0;
+    if (options_.round_robin_whole && stripes() > 1) {
+      absl::MutexLock lock(&mu_);
+      stripe = next_whole_;
+      next_whole_ = (next_whole_ + 1) % stripes();
+    }
+    return cores_[stripe]->Send(key, std::move(tensor));
   }
   if (!ValidKey(key)) {
     return absl::InvalidArgumentError(

@@ -115,6 +115,7 @@ class StripeGroup : public std::enable_shared_from_this<StripeGroup> {
   std::multimap<wire::TensorKey, Progress> in_progress_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   int64_t striped_sent_ ABSL_GUARDED_BY(mu_) = 0;  // striped tensors completely written.
+  int next_whole_ ABSL_GUARDED_BY(mu_) = 0;  // the stripe of the next whole tensor (round robin).
 };
 
 }  // namespace pipetrain::link::internal

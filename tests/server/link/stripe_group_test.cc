@@ -118,6 +118,29 @@ TEST_F(LinkTest, TensorsBelowTheThresholdGoWholeOnTheFirstConnection) {
   EXPECT_EQ(client->stats().striped_sent, 1);
 }
 
+// With round_robin_whole, tensors that are not split go whole to each connection in turn; they
+// still arrive once each, bit-exact.
+TEST_F(LinkTest, WholeTensorsRoundRobinOverTheConnections) {
+  StartServer();
+  LinkOptions options;
+  options.round_robin_whole = true;
+  std::unique_ptr<PeerLink> client = ConnectStriped(3, options);
+  ASSERT_NE(client, nullptr);
+  std::map<TensorKey, std::shared_ptr<const math::Matrix>> sent;
+  for (int mb = 0; mb < 30; ++mb) {
+    const TensorKey key{0, mb, 1, TensorKind::kActivation};
+    sent[key] = Pattern(64 + mb, 300, mb);  // 75-110 KiB each, below the threshold: whole.
+    ASSERT_TRUE(client->Send(key, sent[key]).ok());
+  }
+  ASSERT_TRUE(server_collector_.WaitForTensors(sent.size()));
+  const auto received = server_collector_.received();
+  ASSERT_EQ(received.size(), sent.size());
+  for (const auto& [key, tensor] : sent) {
+    EXPECT_TRUE(BitwiseEqual(received.at(key), *tensor)) << key.ToString();
+  }
+  EXPECT_EQ(client->stats().striped_sent, 0);
+}
+
 // Every stripe is its own TCP connection: `ss` counts 4 established connections to the server's
 // port from this process's link.
 TEST_F(LinkTest, EachStripeIsItsOwnTcpConnection) {
