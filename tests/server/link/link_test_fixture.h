@@ -255,14 +255,27 @@ class RawClient final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   }
 
   void OnReadDone(bool ok) override {
-    if (ok) StartRead(&read_);
+    if (!ok) return;
+    if (!read_one_.HasBeenNotified()) read_one_.Notify();
+    StartRead(&read_);
   }
+
+  // Whether a message (e.g. the server's first credit grant: the server started the stream)
+  // arrived, waiting for one.
+  bool WaitForRead() { return read_one_.WaitForNotificationWithTimeout(kTimeout); }
   void OnWriteDone(bool ok) override {
     if (ok) WriteNext();
   }
   void OnDone(const grpc::Status& status) override {
     status_ = status;
     done_.Notify();
+  }
+
+  // A reactor must outlive its call: ends it (if a test left it running) and waits for OnDone.
+  ~RawClient() override {
+    if (done_.HasBeenNotified()) return;
+    context_.TryCancel();
+    done_.WaitForNotificationWithTimeout(kTimeout);
   }
 
   // Cancels the call (its connection stays up).
@@ -293,6 +306,7 @@ class RawClient final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   grpc::ByteBuffer read_;
   grpc::ByteBuffer write_;
   grpc::Status status_;
+  absl::Notification read_one_;
   absl::Notification done_;
 };
 

@@ -171,6 +171,9 @@ TEST_F(LinkTest, LosingOneStripeFailsTheWholeLinkAsUnavailable) {
   PeerLink* server = ServerLink(0);
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->connections(), 2);
+  // Both stripes joined the link: the server granted credit on each.
+  ASSERT_TRUE(first.WaitForRead());
+  ASSERT_TRUE(second.WaitForRead());
   second.Cancel();
   EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(server->status().code(), absl::StatusCode::kUnavailable);
@@ -256,7 +259,9 @@ TEST_F(LinkTest, BadStripeHandshakesAreRefused) {
   RawClient rejected1(Address(), kEpoch, {},
                       {{internal::kStripeKey, "1/2"}, {internal::kLinkIdKey, "R"}});
   EXPECT_EQ(rejected1.Wait().error_code(), grpc::StatusCode::ABORTED);
+  // Ended and waited for: a reactor must outlive its call.
   first.Cancel();
+  EXPECT_EQ(first.Wait().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST(AutoLinkConnectionsTest, OneUnlessCoresAreSpare) {
