@@ -33,8 +33,10 @@
 
 namespace pipetrain::link::internal {
 
-// Striped tensors a sender writes at once (see the file comment).
-inline constexpr int kMaxOpenStripedTensors = 4;
+// Striped tensors a sender writes at once (see the file comment). With 4, a new tensor often
+// waited for the slowest stripe's block and the stripes ran in lock-step: stream_bench's split
+// rows rose from 0.44-0.55 to 0.65-0.69 of raw TCP at 4 MiB with 16 (docs/performance.md).
+inline constexpr int kMaxOpenStripedTensors = 16;
 
 // The smallest block a sender cuts: 1 MiB (wire::kMinFragmentBytes), or stripe_min_bytes if
 // that is smaller (tests split tiny tensors; the bound below then does not hold by construction).
