@@ -488,6 +488,11 @@ absl::Status EncodeCredit(int64_t bytes, grpc::ByteBuffer* out) {
 FrameDecoder::FrameDecoder(FrameValidation validation)
     : validation_(std::move(validation)), validation_status_(validation_.Check()) {}
 
+FrameDecoder::FrameDecoder(FrameValidation validation, std::shared_ptr<TensorReassembler> shared)
+    : validation_(std::move(validation)),
+      validation_status_(validation_.Check()),
+      shared_(std::move(shared)) {}
+
 absl::StatusOr<DecodedFrame> FrameDecoder::Decode(const grpc::ByteBuffer& buffer) {
   PT_RETURN_IF_ERROR(validation_status_);
   EnsureGrpcCodegen();
@@ -549,6 +554,24 @@ absl::StatusOr<DecodedFrame> FrameDecoder::Decode(const grpc::ByteBuffer& buffer
     return valid;
   }
 
+  decoded.key = key;
+  decoded.payload_bytes = length;
+  if (shared_ != nullptr) {
+    // A striped link: any offset, any order, any stream; the reassembler refuses overlaps.
+    absl::StatusOr<TensorReassembler::Reservation> reserved =
+        shared_->Reserve(key, rows, cols, header.offset(), length);
+    if (!reserved.ok()) return reserved.status();
+    reader.CopyOut(payload_span.at, length, reserved->destination);
+    std::optional<TensorReassembler::Completed> completed = shared_->Commit(*std::move(reserved));
+    if (completed.has_value()) {
+      decoded.type = DecodedFrame::Type::kComplete;
+      decoded.tensor = std::move(completed->tensor);
+      decoded.first_fragment = completed->first_fragment;
+    } else {
+      decoded.type = DecodedFrame::Type::kPartial;
+    }
+    return decoded;
+  }
   if (!assembly_.has_value()) {
     if (header.offset() != 0) {
       return absl::InvalidArgumentError(
@@ -583,8 +606,6 @@ absl::StatusOr<DecodedFrame> FrameDecoder::Decode(const grpc::ByteBuffer& buffer
   reader.CopyOut(payload_span.at, length,
                  reinterpret_cast<char*>(a.tensor.data()) + a.received_bytes);
   a.received_bytes += length;
-  decoded.key = key;
-  decoded.payload_bytes = length;
   if (a.received_bytes == a.total_bytes) {
     decoded.type = DecodedFrame::Type::kComplete;
     decoded.tensor = std::move(a.tensor);

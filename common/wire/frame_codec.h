@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/math/tensor.h"
 #include "common/wire/tensor_key.h"
+#include "common/wire/tensor_reassembler.h"
 
 namespace pipetrain::wire {
 
@@ -104,6 +105,9 @@ struct DecodedFrame {
   int64_t payload_bytes = 0;  // kPartial / kComplete: tensor bytes this frame carried.
   TensorKey key;              // kPartial / kComplete.
   math::Matrix tensor;        // kComplete only: the reassembled [rows, cols] tensor.
+  // kComplete from a shared TensorReassembler only: when its first fragment arrived (on any
+  // stream of the link).
+  std::optional<TensorReassembler::Clock::time_point> first_fragment;
 };
 
 // Decodes and validates the Frames of one direction of one stream, reassembling fragmented
@@ -112,6 +116,11 @@ class FrameDecoder {
  public:
   // `validation` should pass Check(); a decoder with unusable limits rejects every frame.
   explicit FrameDecoder(FrameValidation validation);
+  // A decoder of one stripe of a striped link: fragments go to `shared` (one per link, shared by
+  // the decoders of all its streams), so they may come at any offset and in any order, on any
+  // stream; overlaps are refused, and the frame that completes a tensor returns it, whichever
+  // stream it came on. Null `shared`: the one-stream decoder above.
+  FrameDecoder(FrameValidation validation, std::shared_ptr<TensorReassembler> shared);
 
   FrameDecoder(const FrameDecoder&) = delete;
   FrameDecoder& operator=(const FrameDecoder&) = delete;
@@ -136,6 +145,7 @@ class FrameDecoder {
   const FrameValidation validation_;
   const absl::Status validation_status_;  // validation_.Check(), computed once.
   std::optional<Assembly> assembly_;
+  const std::shared_ptr<TensorReassembler> shared_;  // striped links only.
 };
 
 }  // namespace pipetrain::wire

@@ -7,6 +7,7 @@
 
 #include "common/wire/frame_codec.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
+#include "server/link/stripe_registry.h"
 
 namespace pipetrain::link {
 
@@ -20,13 +21,15 @@ class ExchangeService::StageWorkerService final
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
       grpc::CallbackServerContext* context) override {
-    return internal::NewServerLinkReactor(context, options_, accept_);
+    return internal::NewServerLinkReactor(context, options_, accept_, &registry_);
   }
 
  private:
   // Constant after construction.
   const LinkOptions options_;
   const AcceptFn accept_;
+  // Groups the stripes of striped links.
+  internal::StripeRegistry registry_;
 };
 
 absl::StatusOr<std::unique_ptr<ExchangeService>> ExchangeService::Create(const LinkOptions& options,

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,11 +43,15 @@ class ServerBidiReactor;
 namespace pipetrain::link {
 
 namespace internal {
-class LinkCore;
+class StripeGroup;
+class StripeRegistry;
 }  // namespace internal
 
 // The full gRPC method name of StageWorker.Exchange.
 inline constexpr char kExchangeMethod[] = "/pipetrain.v1.StageWorker/Exchange";
+
+// Most HTTP/2 connections ("stripes") one link may use (stage_worker --link-connections).
+inline constexpr int kMaxLinkConnections = 8;
 
 // PeerHello.peer of the coordinator's feed streams (inputs and targets), and the prefix of a
 // stage worker's ("stage/<rank>").
@@ -59,6 +64,14 @@ struct LinkOptions {
   // Receive window granted to the peer: payload bytes it may have in flight towards us.
   // >= wire::kMaxFragmentBytes (so any legal fragment fits). Default 8 MiB.
   int64_t window_bytes = int64_t{8} << 20;
+  // On a link of several connections (Connect with several channels): tensors of at least this
+  // many bytes are split into one block per connection; smaller ones go whole on the first.
+  // >= 0. Default 4 MiB (docs/wire.md §5).
+  int64_t stripe_min_bytes = int64_t{4} << 20;
+  // On a link of several connections: send the tensors that are not split whole, round-robin
+  // over the connections, instead of all on the first (measured in stream_bench --round_robin;
+  // docs/wire.md §5). Default false.
+  bool round_robin_whole = false;
 
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;
@@ -81,7 +94,9 @@ struct LinkTransfer {
 // Callbacks of one link. Both run on gRPC threads and must not block (e.g. Mailbox::Put); they may
 // call Send() and Shutdown() on this or any link.
 struct LinkCallbacks {
-  // Receives each complete tensor, in stream order. Returning an error closes the stream with it
+  // Receives each complete tensor, in stream order on a one-connection link; on a striped link
+  // in the order their last bytes arrive, possibly concurrently from several connections'
+  // threads. Returning an error closes the stream with it
   // (and reports it to on_error), e.g. a duplicate key refused by the mailbox. Credit for the
   // tensor's last fragment is returned to the peer after this returns. Required.
   std::function<absl::Status(const wire::TensorKey& key, math::Matrix tensor)> on_tensor;
@@ -111,8 +126,10 @@ struct PeerHello {
 
 // Counters of one link; a consistent snapshot taken under the link's lock.
 struct LinkStats {
-  int64_t tensors_sent = 0;        // tensors whose last fragment has been handed to gRPC.
+  int64_t tensors_sent = 0;        // tensors whose last fragment has been handed to gRPC (a
+                                   // striped tensor: whose every block has been written).
   int64_t tensors_received = 0;    // tensors delivered to on_tensor.
+  int64_t striped_sent = 0;        // of tensors_sent, those split over several connections.
   int64_t bytes_sent = 0;          // payload bytes handed to gRPC.
   int64_t bytes_received = 0;      // payload bytes received.
   int64_t queued_tensors = 0;      // accepted by Send() and not completely handed to gRPC.
@@ -139,8 +156,20 @@ class PeerLink {
                                                            const LinkOptions& options,
                                                            LinkSettings settings);
 
+  // A striped link: one Exchange stream on each of `channels` (1 to kMaxLinkConnections, each
+  // its own connection: see CreateExchangeChannels), the stripes of one link (docs/wire.md §5).
+  // Tensors of at least options.stripe_min_bytes are split over them. Errors as above, and
+  // INVALID_ARGUMENT for no channel, a null one, or more than kMaxLinkConnections. The link fails
+  // (on_error, once) when any stripe fails.
+  static absl::StatusOr<std::unique_ptr<PeerLink>> Connect(
+      std::vector<std::shared_ptr<grpc::Channel>> channels, std::string peer,
+      const PeerHello& hello, const LinkOptions& options, LinkSettings settings);
+
   // Internal: wraps a link's shared state (use Connect, or ExchangeService's AcceptFn).
-  explicit PeerLink(std::shared_ptr<internal::LinkCore> core);
+  explicit PeerLink(std::shared_ptr<internal::StripeGroup> group);
+
+  // The number of connections (stripes) of this link.
+  int connections() const;
 
   ~PeerLink();
   PeerLink(const PeerLink&) = delete;
@@ -174,7 +203,7 @@ class PeerLink {
   const std::string& peer() const;
 
  private:
-  std::shared_ptr<internal::LinkCore> core_;
+  std::shared_ptr<internal::StripeGroup> group_;
 };
 
 // Decides whether to accept an incoming Exchange stream (called once per stream, on a gRPC thread;
@@ -193,11 +222,25 @@ grpc::ChannelArguments ExchangeChannelArguments();
 std::shared_ptr<grpc::Channel> CreateExchangeChannel(
     const std::string& target, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+// `count` channels to `target`, each on its own TCP connection (a local subchannel pool and a
+// distinct channel argument per channel, so gRPC shares no subchannel between them).
+std::vector<std::shared_ptr<grpc::Channel>> CreateExchangeChannels(
+    const std::string& target, int count,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+
+// The number of connections `stage_worker --link-connections auto` gives a link: 1 unless the
+// host has hardware threads to spare beyond the job's compute threads and one for the worker's
+// own I/O (hardware_threads > compute_threads + 1); then min(4, hardware_threads -
+// compute_threads). docs/wire.md §5.
+int AutoLinkConnections(int hardware_threads, int compute_threads);
+
 namespace internal {
 // Creates the server-side reactor of one Exchange stream (used by ExchangeService). The reactor
 // deletes itself when the stream is done.
+// `registry` groups the stripes of striped links (one per service).
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerLinkReactor(
-    grpc::CallbackServerContext* context, const LinkOptions& options, const AcceptFn& accept);
+    grpc::CallbackServerContext* context, const LinkOptions& options, const AcceptFn& accept,
+    StripeRegistry* registry);
 }  // namespace internal
 
 }  // namespace pipetrain::link

@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/command_line.h"
@@ -57,6 +58,14 @@ ABSL_FLAG(
     "the highest this CPU runs)");
 ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "most concurrent gRPC streams one connection may open to this worker");
+ABSL_FLAG(std::string, link_connections, "auto",
+          "HTTP/2 connections per link this worker dials to its higher-rank neighbour: 1-8, or "
+          "auto (1 unless the host has hardware threads > the job's compute threads + 1; then "
+          "min(4, hardware threads - compute threads)). The neighbour accepts what it is sent. "
+          "docs/wire.md section 5");
+ABSL_FLAG(int64_t, link_stripe_threshold, int64_t{4} << 20,
+          "on a link of several connections, tensors of at least this many bytes are split over "
+          "them; smaller ones go whole on the first connection");
 
 int main(int argc, char** argv) {
   // gRPC allocates multi-MiB receive slices per read and Eigen a packing buffer per product;
@@ -107,6 +116,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_isa = *max_isa;
+  if (const std::string connections = absl::GetFlag(FLAGS_link_connections);
+      connections == "auto") {
+    options.link_connections = 0;
+  } else if (!absl::SimpleAtoi(connections, &options.link_connections) ||
+             options.link_connections < 1) {
+    absl::FPrintF(stderr, "stage_worker: --link-connections must be auto or 1-8, got '%s'\n",
+                  connections);
+    return 2;
+  }
+  options.link.stripe_min_bytes = absl::GetFlag(FLAGS_link_stripe_threshold);
 
   // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
   // them here, so that shutdown runs in ordinary thread context.

@@ -69,6 +69,11 @@ absl::Status StageWorkerOptions::Check() const {
   if (absl::StatusOr<math::Isa> isa = math::HighestSupportedIsa(max_isa); !isa.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("--max-isa: ", isa.status().message()));
   }
+  if (link_connections < 0 || link_connections > link::kMaxLinkConnections) {
+    return absl::InvalidArgumentError(absl::StrCat("--link-connections must be auto or in [1, ",
+                                                   link::kMaxLinkConnections, "], got ",
+                                                   link_connections));
+  }
   if (absl::Status s = tls.Check(/*need_identity=*/true); !s.ok()) return s;
   if (absl::Status s = net::CheckListenSecurity("--listen", listen, tls.enabled(), insecure);
       !s.ok()) {
@@ -401,6 +406,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
           ? options_.threads_max
           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   job_options.link = options_.link;
+  job_options.link_connections = options_.link_connections;
   job_options.metrics = options_.metrics;
   job_options.max_tensor_bytes = options_.max_tensor_bytes;
   job_options.link_credentials = channel_credentials_;

@@ -87,8 +87,14 @@ struct StageWorkerOptions {
   // data in flight; no answer within max(this, 10 s) ends the stream (the job is dropped, the
   // worker redials). Default 10 s; at least 1 s (the coordinator refuses faster pings).
   absl::Duration keepalive = absl::Seconds(10);
-  // Data-plane link options (fragment size and credit window) for every Exchange stream.
+  // Data-plane link options (fragment size, credit window, the size from which a tensor is split
+  // over a link's connections: --link-stripe-threshold) for every Exchange stream.
   link::LinkOptions link;
+  // HTTP/2 connections per link this worker dials to its higher-rank neighbours
+  // (--link-connections): 1..link::kMaxLinkConnections, or 0 (default, "auto"):
+  // link::AutoLinkConnections of the hardware threads and the job's compute threads. The
+  // accepting side takes what the dialler chose (docs/wire.md §5).
+  int link_connections = 0;
   // Prometheus metrics every job records (busy time, links, mailbox, stash); null: none.
   std::shared_ptr<metrics::WorkerMetrics> metrics;
   // Largest message accepted from the coordinator on the control channel (Assign, FetchState

@@ -1,6 +1,7 @@
 #include "server/worker/worker_job.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -431,16 +432,28 @@ absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
 }
 
 void WorkerJob::DialPeers() {
+  const int connections =
+      options_.link_connections > 0
+          ? options_.link_connections
+          : link::AutoLinkConnections(
+                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                assign_.threads());
   for (int p : higher_peers_) {
     const std::string& address = assign_.worker_addresses(p);
     LinkSettings settings = SettingsFor(
         wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), p);
-    absl::StatusOr<std::unique_ptr<PeerLink>> link =
-        PeerLink::Connect(link::CreateExchangeChannel(address, options_.link_credentials),
-                          absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
-                          PeerHello{absl::StrCat(kStagePeerPrefix, rank_),
-                                    wire::StreamIdentity{job_, epoch_}, assign_.link_secret()},
-                          options_.link, std::move(settings));
+    if (connections > 1) {
+      host_->Log(absl::StrCat("link to stage/", p, " (", address, "): ", connections,
+                              " connections, tensors of at least ", options_.link.stripe_min_bytes,
+                              " bytes split over them"),
+                 logging::LogLevel::kInfo);
+    }
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+        link::CreateExchangeChannels(address, connections, options_.link_credentials),
+        absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
+        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, epoch_},
+                  assign_.link_secret()},
+        options_.link, std::move(settings));
     if (!link.ok()) {
       LinkFailed(absl::StrCat(kStagePeerPrefix, p), link.status());
       continue;

@@ -77,6 +77,9 @@ struct WorkerJobOptions {
   int threads_max = 1;
   // Options of every Exchange stream.
   link::LinkOptions link;
+  // Connections per link this job dials (1..link::kMaxLinkConnections); 0: automatic,
+  // link::AutoLinkConnections(hardware threads, the job's compute threads).
+  int link_connections = 0;
   // Prometheus metrics to record after every step (busy time, links, mailbox, stash); null: none.
   std::shared_ptr<metrics::WorkerMetrics> metrics;
   // Largest tensor accepted on an Exchange stream (FrameValidation::max_tensor_bytes).

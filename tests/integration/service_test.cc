@@ -75,13 +75,15 @@ class ServiceTest : public ::testing::Test {
   virtual int Workers() const { return 2; }
   // Extra coordinator flags.
   virtual std::vector<std::string> CoordinatorFlags() const { return {}; }
+  // Extra stage_worker flags.
+  virtual std::vector<std::string> WorkerFlags() const { return {}; }
 
   void SetUp() override {
     dir_ = TempDir("pipetrain_svc_");
     ASSERT_FALSE(dir_.empty());
     std::vector<std::string> flags = {"--client-lease", "10m", "--checkpoint-root", dir_};
     for (const std::string& f : CoordinatorFlags()) flags.push_back(f);
-    const std::string error = daemons_.Start(dir_, Workers(), flags);
+    const std::string error = daemons_.Start(dir_, Workers(), flags, WorkerFlags());
     ASSERT_EQ(error, "");
     client_ = &daemons_.client();
   }
@@ -405,6 +407,68 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
 
 TEST_F(RecoveryTest, KilledWorkerIsReplacedAndTheRunIsBitwiseTheSame) {
   ExpectBitwiseRecoveryFrom(Fault{});
+}
+
+// Every link forced onto 4 connections, every tensor (from 4 bytes) split over them
+// (docs/wire.md §5).
+std::vector<std::string> StripedLinkFlags() {
+  return {"--link-connections", "4", "--link-stripe-threshold", "4"};
+}
+
+// A worker of a striped job killed: its neighbours' striped links fail as one-connection links
+// do, and the job recovers bitwise the same.
+class StripedRecoveryTest : public RecoveryTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return StripedLinkFlags(); }
+};
+
+TEST_F(StripedRecoveryTest, KilledWorkerOfAStripedJobIsReplacedAndTheRunIsBitwiseTheSame) {
+  ExpectBitwiseRecoveryFrom(Fault{});
+  EXPECT_THAT(ReadFile(dir_ + "/worker-0.log") + ReadFile(dir_ + "/worker-1.log") +
+                  ReadFile(dir_ + "/worker-2.log") + ReadFile(dir_ + "/worker-3.log"),
+              HasSubstr(": 4 connections, tensors of at least 4 bytes split over them"));
+}
+
+class StripedServiceTest : public ServiceTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return StripedLinkFlags(); }
+};
+
+// S=2, 1F1B, the link between the workers on 4 connections with every activation and gradient
+// split over them: the losses and the saved checkpoint's files are `pipetrain reference`'s, byte
+// for byte.
+TEST_F(StripedServiceTest, StripedJobMatchesTheReferenceBitwise) {
+  const std::string flags = absl::StrCat(" --model ", Example("mlp_digits.textproto"),
+                                         " --data digits --batch 32 --microbatches 4 --seed 5 "
+                                         "--optimizer adamw:lr=1e-2 --json --steps 12");
+  const testing::CommandRun ref = testing::RunCommand(
+      absl::StrCat(PIPETRAIN_BINARY, " reference", flags, " --save ", dir_, "/ref 2>&1"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const testing::CommandRun run =
+      Pipetrain(absl::StrCat("train --stages 2 --schedule 1f1b", flags, " --save ", dir_, "/pipe"));
+  ASSERT_EQ(run.exit_code, 0) << run.out << ReadFile(dir_ + "/client.log");
+  std::vector<std::string> got, want;
+  for (absl::string_view line : absl::StrSplit(run.out, '\n')) {
+    if (absl::StartsWith(line, "{\"step\""))
+      got.emplace_back(line.substr(0, line.find(", \"step_ms")));
+  }
+  for (absl::string_view line : absl::StrSplit(ref.out, '\n')) {
+    if (absl::StartsWith(line, "{\"step\"")) want.emplace_back(line.substr(0, line.size() - 1));
+  }
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(got, want);
+  int layers = 0;
+  for (int l = 0; l < 8; ++l) {
+    const std::string f = absl::StrFormat("layer-%05d.safetensors", l);
+    const std::string want_file = ReadFile(dir_ + "/ref/" + f);
+    if (want_file.empty()) continue;
+    EXPECT_TRUE(ReadFile(dir_ + "/pipe/" + f) == want_file) << f;
+    ++layers;
+  }
+  EXPECT_EQ(layers, 3);
+  // The lower stage dialled the upper one over 4 connections.
+  EXPECT_THAT(ReadFile(dir_ + "/worker-0.log") + ReadFile(dir_ + "/worker-1.log"),
+              HasSubstr(": 4 connections, tensors of at least 4 bytes split over them"));
 }
 
 // A stopped worker stops answering the coordinator's keepalive pings: its connection is closed,
