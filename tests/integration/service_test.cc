@@ -44,6 +44,18 @@ using testing::TempDir;
 
 using ::testing::HasSubstr;
 
+// The {"step": ...} lines of --json output, comparable between a pipeline and the reference: a
+// pipeline's up to its timings (from "step_ms" on), the reference's without the closing brace.
+std::vector<std::string> StepLines(const std::string& out, bool pipeline) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "{\"step\"")) continue;
+    lines.emplace_back(pipeline ? line.substr(0, line.find(", \"step_ms"))
+                                : line.substr(0, line.size() - 1));
+  }
+  return lines;
+}
+
 // Open file descriptors of process `pid`.
 int OpenFds(pid_t pid) {
   int n = 0;
@@ -356,14 +368,8 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
                                           "\", \"rank\": ", fault.coordinator ? -1 : 1,
                                           ", \"cause\": \"", fault.cause, "\"")));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("\"stages\": ", fault.stages_after, ",")));
-  std::vector<std::string> got, want;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (absl::StartsWith(line, "{\"step\""))
-      got.emplace_back(line.substr(0, line.find(", \"step_ms")));
-  }
-  for (absl::string_view line : absl::StrSplit(ref.out, '\n')) {
-    if (absl::StartsWith(line, "{\"step\"")) want.emplace_back(line.substr(0, line.size() - 1));
-  }
+  const std::vector<std::string> got = StepLines(out, /*pipeline=*/true);
+  const std::vector<std::string> want = StepLines(ref.out, /*pipeline=*/false);
   ASSERT_EQ(want.size(), 150u);
   EXPECT_EQ(got, want);
   int layers = 0;  // the model's layers with weights.
@@ -447,14 +453,8 @@ TEST_F(StripedServiceTest, StripedJobMatchesTheReferenceBitwise) {
   const testing::CommandRun run =
       Pipetrain(absl::StrCat("train --stages 2 --schedule 1f1b", flags, " --save ", dir_, "/pipe"));
   ASSERT_EQ(run.exit_code, 0) << run.out << ReadFile(dir_ + "/client.log");
-  std::vector<std::string> got, want;
-  for (absl::string_view line : absl::StrSplit(run.out, '\n')) {
-    if (absl::StartsWith(line, "{\"step\""))
-      got.emplace_back(line.substr(0, line.find(", \"step_ms")));
-  }
-  for (absl::string_view line : absl::StrSplit(ref.out, '\n')) {
-    if (absl::StartsWith(line, "{\"step\"")) want.emplace_back(line.substr(0, line.size() - 1));
-  }
+  const std::vector<std::string> got = StepLines(run.out, /*pipeline=*/true);
+  const std::vector<std::string> want = StepLines(ref.out, /*pipeline=*/false);
   ASSERT_EQ(want.size(), 12u);
   EXPECT_EQ(got, want);
   int layers = 0;

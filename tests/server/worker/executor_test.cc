@@ -29,6 +29,7 @@
 #include "common/schedule/generator.h"
 #include "common/schedule/ir.h"
 #include "common/schedule/validator.h"
+#include "common/util/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/worker/mailbox.h"
@@ -314,10 +315,7 @@ class Pipeline {
     // Odd workers defer their update to their next step (as a worker whose step starts by
     // waiting for a peer does), even ones apply it at once: both must give the same bits.
     for (size_t w = 0; w < executors_.size(); ++w) {
-      if (absl::Status s = executors_[w]->Commit(committed_, result.clip_scale, w % 2 == 1);
-          !s.ok()) {
-        return s;
-      }
+      PT_RETURN_IF_ERROR(executors_[w]->Commit(committed_, result.clip_scale, w % 2 == 1));
     }
     for (auto& m : mailboxes_) {
       EXPECT_EQ(m->size(), 0) << "leftover tensors after step " << step;
