@@ -51,6 +51,18 @@ struct Stash {
   std::vector<float> data;
 };
 
+// Data a layer derives from its parameters to make Forward and BackwardInput faster across calls
+// (a Linear's weight packed for the GEMM kernel). Made by Layer::NewParamCache; owned by the
+// caller, one per layer and parameter set, used by one thread at a time. The caller calls
+// ParamsChanged() whenever the parameters' values change; the layer rebuilds it on next use.
+class ParamCache {
+ public:
+  virtual ~ParamCache() = default;
+  virtual void ParamsChanged() = 0;
+  // Bytes it holds now.
+  virtual int64_t bytes() const = 0;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -80,6 +92,20 @@ class Layer {
   // dx = dL/dx given dy = dL/dy; `dx` pre-sized [rows, in_features()] or zero rows (skip).
   virtual void BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                              Stash* stash, MatrixMap dx) const = 0;
+  // A cache for ForwardCached / BackwardInputCached, or null if this layer keeps none.
+  virtual std::unique_ptr<ParamCache> NewParamCache() const { return nullptr; }
+  // Forward and BackwardInput with `cache` (from this layer's NewParamCache, or null): bitwise the
+  // same results; they may fill the cache.
+  virtual void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                             MatrixMap y, Stash* stash) const {
+    Forward(params, x, y, stash);
+  }
+  virtual void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                   ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                   MatrixMap dx) const {
+    BackwardInput(params, x, dy, stash, dx);
+  }
+
   // grads[i] += dL/dparams[i]. Must run after BackwardInput of the same micro-batch.
   virtual void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                               const Stash& stash, absl::Span<Tensor> grads) const = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/math/init.h"
+#include "common/math/packed_gemm.h"
 
 namespace pipetrain::math {
 
@@ -32,6 +33,23 @@ void AccumulateColumnSums(ConstMatrixMap dy, float* g) {
 double LinearGemmFlops(int64_t rows, int64_t in, int64_t out) {
   return 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
 }
+
+namespace {
+
+// The weight packed for y = x W^T and for dx = dy W.
+class LinearParamCache final : public ParamCache {
+ public:
+  void ParamsChanged() override {
+    forward.Invalidate();
+    backward_input.Invalidate();
+  }
+  int64_t bytes() const override { return forward.bytes() + backward_input.bytes(); }
+
+  PackedWeight forward;
+  PackedWeight backward_input;
+};
+
+}  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : in_(in_features), out_(out_features), bias_(bias) {
@@ -74,6 +92,28 @@ void Linear::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, C
                             const Stash& stash, absl::Span<Tensor> grads) const {
   LinearBackwardWeight(x, dy, MatrixMap(grads[0].data.data(), out_, in_),
                        bias_ ? grads[1].data.data() : nullptr);
+}
+
+std::unique_ptr<ParamCache> Linear::NewParamCache() const {
+  return std::make_unique<LinearParamCache>();
+}
+
+void Linear::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           MatrixMap y, Stash* stash) const {
+  if (cache == nullptr) return Forward(params, x, y, stash);
+  stash->data.clear();
+  const ConstMatrixMap w(params[0].data.data(), out_, in_);
+  ProductXWt(x, w, y, &static_cast<LinearParamCache*>(cache)->forward);
+  if (bias_) y.rowwise() += Eigen::Map<const RowVector>(params[1].data.data(), out_);
+}
+
+void Linear::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                 ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                 MatrixMap dx) const {
+  if (cache == nullptr) return BackwardInput(params, x, dy, stash, dx);
+  if (dx.rows() == 0) return;
+  const ConstMatrixMap w(params[0].data.data(), out_, in_);
+  ProductDyW(dy, w, dx, &static_cast<LinearParamCache*>(cache)->backward_input);
 }
 
 }  // namespace pipetrain::math

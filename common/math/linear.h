@@ -3,6 +3,7 @@
 #define PIPETRAIN_COMMON_MATH_LINEAR_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -54,6 +55,14 @@ class Linear final : public Layer {
                      Stash* stash, MatrixMap dx) const override;
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
+
+  // Keeps the weight packed for the forward and the input-gradient products (packed_gemm.h):
+  // about twice the weight's bytes, built on first use after each change of the weight.
+  std::unique_ptr<ParamCache> NewParamCache() const override;
+  void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                     MatrixMap y, Stash* stash) const override;
+  void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           ConstMatrixMap dy, Stash* stash, MatrixMap dx) const override;
 
  private:
   const int64_t in_;

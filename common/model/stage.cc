@@ -91,6 +91,7 @@ void Stage::AllocateParameters(uint64_t seed) {
       state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
     params_.push_back(std::move(params));
+    caches_.push_back(model_->layer(l).NewParamCache());
     grads_.push_back(std::move(grads));
     state_.push_back(std::move(state));
   }
@@ -117,7 +118,8 @@ const math::Matrix& Stage::ForwardFromInput(MicrobatchState* mb) const {
     const math::Matrix& in = mb->inputs[k];
     math::Matrix& out = mb->inputs[k + 1];
     out.resize(in.rows(), layer.out_features());
-    layer.Forward(params_[k], math::AsConstMap(in), math::AsMap(out), &mb->stashes[k]);
+    layer.ForwardCached(params_[k], caches_[k].get(), math::AsConstMap(in), math::AsMap(out),
+                        &mb->stashes[k]);
   }
   mb->forward_done = true;
   mb->input_grad_done = false;
@@ -145,8 +147,8 @@ const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
     math::Matrix& dx = mb->grads[k];
     const bool need = k > 0 || need_input_grad;
     dx.resize(need ? in.rows() : 0, layer.in_features());
-    layer.BackwardInput(params_[k], math::AsConstMap(in), math::AsConstMap(mb->grads[k + 1]),
-                        &mb->stashes[k], math::AsMap(dx));
+    layer.BackwardInputCached(params_[k], caches_[k].get(), math::AsConstMap(in),
+                              math::AsConstMap(mb->grads[k + 1]), &mb->stashes[k], math::AsMap(dx));
   }
   mb->input_grad_done = true;
   return mb->grads[0];
@@ -200,8 +202,17 @@ void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
                           absl::MakeSpan(state_[k][p]));
       std::fill(grad.begin(), grad.end(), 0.0f);
     }
+    if (caches_[k] != nullptr) caches_[k]->ParamsChanged();
   }
   grads_zero_ = true;
+}
+
+int64_t Stage::ParamCacheBytes() const {
+  int64_t bytes = 0;
+  for (const auto& cache : caches_) {
+    if (cache != nullptr) bytes += cache->bytes();
+  }
+  return bytes;
 }
 
 std::map<std::string, math::Tensor> Stage::ExportState() const {
@@ -244,6 +255,9 @@ absl::Status Stage::ImportState(const std::map<std::string, math::Tensor>& tenso
   }
   params_ = std::move(params);
   state_ = std::move(state);
+  for (auto& cache : caches_) {
+    if (cache != nullptr) cache->ParamsChanged();
+  }
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ struct MicrobatchState {
   bool input_grad_done = false;
 };
 
+// Thread-compatible: one thread at a time (Forward and BackwardInput are const but fill the
+// layers' parameter caches, math::ParamCache).
 class Stage {
  public:
   // A stage over layers [first, last) of `model` (which must outlive it), with parameters
@@ -78,6 +81,10 @@ class Stage {
   // leaves the gradients zero (each tensor cleared right after its update, while in cache).
   void ApplyOptimizer(int64_t step, float clip_scale);
 
+  // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
+  // forward and input-gradient products, about twice their size once used).
+  int64_t ParamCacheBytes() const;
+
   // Tensors keyed by global names: "layers.<l>.<param>" and "optim.<l>.<param>.<state>".
   std::map<std::string, math::Tensor> ExportState() const;
   // Loads every tensor this stage owns from `tensors` (extra entries for other layers are
@@ -109,7 +116,9 @@ class Stage {
   std::vector<std::string> state_names_;
   std::vector<std::vector<math::Tensor>> params_;  // [layer][param]
   std::vector<std::vector<math::Tensor>> grads_;   // [layer][param]
-  bool grads_zero_ = true;                         // every gradient is known to be zero.
+  // [layer]: what the layer derives from params_[layer] (null if nothing); told of every change.
+  mutable std::vector<std::unique_ptr<math::ParamCache>> caches_;
+  bool grads_zero_ = true;  // every gradient is known to be zero.
   std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]
 };
 

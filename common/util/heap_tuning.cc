@@ -20,4 +20,9 @@ absl::Status KeepLargeBuffersOnHeap() {
   return absl::OkStatus();
 }
 
+void ReturnFreeHeapToKernel() {
+  if (kSanitizerAllocator) return;
+  malloc_trim(0);
+}
+
 }  // namespace pipetrain::util

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/math/kernels.h"
+#include "common/util/heap_tuning.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
 #include "server/control/control_proto.h"
@@ -313,6 +314,10 @@ void StageWorkerDaemon::DropJob(absl::string_view why) {
   if (job == nullptr) return;
   Log(absl::StrCat("dropping job ", job->id(), " epoch ", job->epoch(), ": ", why));
   job->Stop(why);
+  // Usually the last reference: the job's model, caches and buffers are freed here. Whatever is
+  // free now goes back to the kernel (a later job's memory is freed by a later drop).
+  job.reset();
+  util::ReturnFreeHeapToKernel();
 }
 
 bool StageWorkerDaemon::CheckCurrent(const std::string& job_id, int64_t epoch, int64_t step,

@@ -69,6 +69,43 @@ TEST(KernelsTest, EveryLayerIsBitwiseStableAtEverySupportedLevel) {
   }
 }
 
+// Every level's layers give the same bits with and without their parameter cache (a Linear's
+// packed weight), also after the parameters change and the cache is told.
+TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
+  for (Isa isa : SupportedIsas()) {
+    const Kernels& k = KernelsFor(isa);
+    k.ConfigureEigen(1);
+    for (LayerCase& c : AllLayers(k)) {
+      SCOPED_TRACE(std::string(IsaName(isa)) + " " + c.name);
+      std::unique_ptr<ParamCache> cache = c.layer->NewParamCache();
+      EXPECT_EQ(cache != nullptr, c.name == "linear");
+      std::vector<Tensor> params = Init(*c.layer);
+      for (int change = 0; change < 2; ++change) {
+        const Matrix dy = RandomMatrix(c.x.rows(), c.layer->out_features(), 9 + change);
+        Matrix y(c.x.rows(), c.layer->out_features()), y_cached = y;
+        Matrix dx(c.x.rows(), c.layer->in_features()), dx_cached = dx;
+        Stash stash, stash_cached;
+        c.layer->Forward(params, AsConstMap(c.x), AsMap(y), &stash);
+        c.layer->BackwardInput(params, AsConstMap(c.x), AsConstMap(dy), &stash, AsMap(dx));
+        for (int call = 0; call < 2; ++call) {
+          c.layer->ForwardCached(params, cache.get(), AsConstMap(c.x), AsMap(y_cached),
+                                 &stash_cached);
+          c.layer->BackwardInputCached(params, cache.get(), AsConstMap(c.x), AsConstMap(dy),
+                                       &stash_cached, AsMap(dx_cached));
+          EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_cached))) << change << call;
+          EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_cached))) << change << call;
+          EXPECT_TRUE(BitwiseEqual(stash.data, stash_cached.data)) << change << call;
+        }
+        // An optimizer step: new values in the same buffers, and the cache is told.
+        for (Tensor& p : params) {
+          for (float& v : p.data) v = v * 0.5f + 0.125f;
+        }
+        if (cache != nullptr) cache->ParamsChanged();
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, LossesAreBitwiseStableAtEverySupportedLevel) {
   Matrix pred = RandomMatrix(32, 10, 21);
   Matrix labels(32, 1);

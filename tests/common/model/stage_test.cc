@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "common/math/tensor.h"
@@ -177,6 +179,72 @@ TEST(StageTest, ApplyOptimizerLeavesTheGradientsZero) {
           << name;
     }
   }
+}
+
+// The Linear layers keep their weights packed between micro-batches (math::ParamCache): after an
+// update, and after ImportState, a stage computes exactly what a fresh stage holding the same
+// state computes (a stale packing would compute with the old weights).
+TEST(StageTest, UpdatedAndImportedWeightsAreThoseTheProductsUse) {
+  constexpr char kWideMlp[] = R"pb(
+    name: "wide"
+    input_features: 64
+    layers { linear { out_features: 96 } }
+    layers { relu {} }
+    layers { linear { out_features: 80 } }
+    layers { relu {} }
+    layers { linear { out_features: 10 } }
+    loss { softmax_cross_entropy {} }
+  )pb";
+  auto model = BuildOrDie(kWideMlp);
+  ASSERT_NE(model, nullptr);
+  model->kernels().ConfigureEigen(1);  // one Eigen thread, as workers run: the packed products.
+  math::OptimizerConfig optimizer;
+  optimizer.kind = math::OptimizerKind::kSgd;
+  optimizer.lr = 0.5f;
+  auto trained = Stage::Create(model.get(), 0, model->num_layers(), 3, optimizer);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  const auto initial = trained->ExportState();
+  const math::Matrix x = MakeBatch(*model, 24, 99).inputs;
+  const math::Matrix dy = Pattern(24, 10, 5);
+
+  // F and I of `x` and `dy` on `stage`.
+  auto outputs = [&](Stage& stage) {
+    MicrobatchState state;
+    const math::Matrix y = stage.Forward(math::AsConstMap(x), &state);
+    const math::Matrix dx = stage.BackwardInput(math::AsConstMap(dy), true, &state);
+    return std::make_pair(y, dx);
+  };
+  // What a stage built afresh from `state` computes.
+  auto fresh_outputs = [&](const std::map<std::string, math::Tensor>& state) {
+    auto fresh = Stage::Create(model.get(), 0, model->num_layers(), 77, optimizer);
+    EXPECT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_TRUE(fresh->ImportState(state).ok());
+    return outputs(*fresh);
+  };
+
+  EXPECT_EQ(trained->ParamCacheBytes(), 0);
+  const auto before = outputs(*trained);
+  EXPECT_GE(trained->ParamCacheBytes(), int64_t{2 * 4 * (64 * 96 + 96 * 80 + 80 * 10)});
+  for (int step = 1; step <= 2; ++step) {
+    for (int mb = 0; mb < 2; ++mb) {
+      MicrobatchState state;
+      const math::Matrix in = MakeBatch(*model, 24, 10 * step + mb).inputs;
+      trained->Forward(math::AsConstMap(in), &state);
+      trained->BackwardInput(math::AsConstMap(Pattern(24, 10, step + mb)), false, &state);
+      trained->BackwardWeight(&state);
+    }
+    trained->ApplyOptimizer(step, 1.0f);
+    const auto after = outputs(*trained);
+    const auto expected = fresh_outputs(trained->ExportState());
+    EXPECT_FALSE(BitwiseEqual(after.first, before.first)) << "step " << step;
+    EXPECT_TRUE(BitwiseEqual(after.first, expected.first)) << "step " << step;
+    EXPECT_TRUE(BitwiseEqual(after.second, expected.second)) << "step " << step;
+  }
+
+  ASSERT_TRUE(trained->ImportState(initial).ok());
+  const auto reloaded = outputs(*trained);
+  EXPECT_TRUE(BitwiseEqual(reloaded.first, before.first));
+  EXPECT_TRUE(BitwiseEqual(reloaded.second, before.second));
 }
 
 // Create checks exactly what it will allocate (weights, gradients and the optimizer's state

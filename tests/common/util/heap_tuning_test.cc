@@ -50,6 +50,22 @@ TEST(HeapTuningTest, ReusedLargeBuffersDoNotFaultAgain) {
                         << " times";
 }
 
+TEST(HeapTuningTest, FreedMemoryGoesBackToTheKernelWhenAsked) {
+  if (kSanitizerAllocator) {
+    GTEST_SKIP() << "a sanitizer's allocator replaces glibc's: there is nothing to return";
+  }
+  ASSERT_TRUE(KeepLargeBuffersOnHeap().ok());
+  constexpr size_t kBytes = size_t{48} << 20;
+  ASSERT_GE(FaultsOfLastRound(kBytes, 1), 0) << "malloc of 48 MiB failed";
+  // Kept: allocating it again touches no new page.
+  EXPECT_LT(FaultsOfLastRound(kBytes, 1), 64);
+  ReturnFreeHeapToKernel();
+  // Returned: every page of the next allocation is new (faults on first touch).
+  const int64_t faults = FaultsOfLastRound(kBytes, 1);
+  EXPECT_GT(faults, static_cast<int64_t>(kBytes / 4096 / 2))
+      << "after ReturnFreeHeapToKernel a 48 MiB buffer faulted only " << faults << " times";
+}
+
 TEST(HeapTuningTest, IsIdempotent) {
   EXPECT_TRUE(KeepLargeBuffersOnHeap().ok());
   EXPECT_TRUE(KeepLargeBuffersOnHeap().ok());

@@ -1,0 +1,159 @@
+#include "common/math/packed_gemm.h"
+
+#include <algorithm>
+#include <new>
+
+namespace pipetrain::math {
+
+// The product in Eigen's terms: res (m x n, column-major) = lhs (m x k) * rhs (k x n,
+// column-major). Eigen evaluates a row-major destination as its transpose, so y = x W^T is
+// y^T = W x^T (lhs W, row-major) and dx = dy W is dx^T = W^T dy^T (lhs W^T, column-major).
+class PackedWeightAccess {
+ public:
+  using Index = Eigen::Index;
+  using Traits = Eigen::internal::gebp_traits<float, float>;
+
+  struct Blocking {
+    Index kc, mc, nc;
+  };
+
+  // The blocking Eigen's product of these sizes uses (GeneralMatrixMatrix.h: scaleAndAddTo).
+  static Blocking EigenBlocking(Index m, Index n, Index k) {
+    Eigen::internal::gemm_blocking_space<Eigen::ColMajor, float, float, Eigen::Dynamic,
+                                         Eigen::Dynamic, Eigen::Dynamic, 1, false>
+        blocking(m, n, k, 1, true);
+    return {blocking.kc(), std::min(m, blocking.mc()), std::min(n, blocking.nc())};
+  }
+
+  // Whether Eigen evaluates `dst (n x m as the caller sees it) = product with depth k` with its
+  // sequential blocked GEMM (and not a lazy coefficient product, a GEMV or several threads).
+  static bool EigenRunsSequentialGemm(Index m, Index n, Index k) {
+    if (m <= 1 || n <= 1 || k <= 0) return false;
+    if (k + m + n < EIGEN_GEMM_TO_COEFFBASED_THRESHOLD) return false;
+    return Eigen::nbThreads() == 1;
+  }
+
+  // Size in floats of block (i2, k2): kc x mc, rounded to whole packets so every block starts
+  // aligned (the kernel loads the packed lhs with aligned loads).
+  static Index BlockFloats(const Blocking& b) {
+    constexpr Index kAlign = EIGEN_MAX_ALIGN_BYTES / sizeof(float);
+    const Index n = b.kc * b.mc;
+    return kAlign > 1 ? (n + kAlign - 1) / kAlign * kAlign : n;
+  }
+
+  // Packs lhs (m x k, storage `Order`, outer stride `stride`) for `b` into *p unless it holds it.
+  // False if the memory for it cannot be had (*p then holds nothing).
+  template <int Order>
+  static bool Pack(const float* lhs, Index stride, Index m, Index k, const Blocking& b,
+                   PackedWeight* p) {
+    if (p->valid_ && p->source_ == lhs && p->rows_ == m && p->depth_ == k && p->kc_ == b.kc &&
+        p->mc_ == b.mc) {
+      return true;
+    }
+    p->valid_ = false;
+    const Index row_blocks = (m + b.mc - 1) / b.mc;
+    const Index depth_blocks = (k + b.kc - 1) / b.kc;
+    try {
+      p->data_.resize(static_cast<size_t>(row_blocks * depth_blocks * BlockFloats(b)));
+    } catch (const std::bad_alloc&) {
+      p->data_ = {};
+      return false;
+    }
+    using Mapper = Eigen::internal::const_blas_data_mapper<float, Index, Order>;
+    Eigen::internal::gemm_pack_lhs<float, Index, Mapper, Traits::mr, Traits::LhsProgress,
+                                   typename Traits::LhsPacket4Packing, Order>
+        pack_lhs;
+    const Mapper map(lhs, stride);
+    float* block = p->data_.data();
+    for (Index i2 = 0; i2 < m; i2 += b.mc) {
+      const Index actual_mc = std::min(i2 + b.mc, m) - i2;
+      for (Index k2 = 0; k2 < k; k2 += b.kc) {
+        const Index actual_kc = std::min(k2 + b.kc, k) - k2;
+        pack_lhs(block, map.getSubMapper(i2, k2), actual_kc, actual_mc);
+        block += BlockFloats(b);
+      }
+    }
+    p->source_ = lhs;
+    p->rows_ = m;
+    p->depth_ = k;
+    p->kc_ = b.kc;
+    p->mc_ = b.mc;
+    p->valid_ = true;
+    return true;
+  }
+
+  // res = packed lhs * rhs: Eigen's sequential GEMM loop with the lhs blocks taken from `p`.
+  static void Multiply(PackedWeight& p, const Blocking& b, const float* rhs, Index rhs_stride,
+                       Index n, float* res, Index res_stride) {
+    using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
+    using ResMapper =
+        Eigen::internal::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+    Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
+    Eigen::internal::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false,
+                                 false>
+        gebp;
+    const RhsMapper rhs_map(rhs, rhs_stride);
+    ResMapper res_map(res, res_stride, 1);
+    const Index m = p.rows_;
+    const Index k = p.depth_;
+    float* block_b = p.rhs_block_.data();
+    const bool pack_rhs_once = b.mc != m && b.kc == k && b.nc == n;
+    const float* block_a = p.data_.data();
+    for (Index i2 = 0; i2 < m; i2 += b.mc) {
+      const Index actual_mc = std::min(i2 + b.mc, m) - i2;
+      for (Index k2 = 0; k2 < k; k2 += b.kc) {
+        const Index actual_kc = std::min(k2 + b.kc, k) - k2;
+        for (Index j2 = 0; j2 < n; j2 += b.nc) {
+          const Index actual_nc = std::min(j2 + b.nc, n) - j2;
+          if (!pack_rhs_once || i2 == 0) {
+            pack_rhs(block_b, rhs_map.getSubMapper(k2, j2), actual_kc, actual_nc);
+          }
+          gebp(res_map.getSubMapper(i2, j2), block_a, block_b, actual_mc, actual_kc, actual_nc,
+               1.0f);
+        }
+        block_a += BlockFloats(b);
+      }
+    }
+  }
+
+  // res (m x n) = lhs * rhs with lhs packed in `p` (storage `Order`); false if Eigen would not run
+  // its sequential GEMM here or the packing's memory is missing (the caller then runs Eigen's
+  // expression).
+  template <int Order>
+  static bool Run(const float* lhs, Index lhs_stride, Index m, Index k, const float* rhs,
+                  Index rhs_stride, Index n, MatrixMap res, PackedWeight* p) {
+    if (!EigenRunsSequentialGemm(m, n, k)) return false;
+    const Blocking b = EigenBlocking(m, n, k);
+    if (!Pack<Order>(lhs, lhs_stride, m, k, b, p)) return false;
+    const size_t rhs_floats = static_cast<size_t>(b.kc * b.nc);
+    if (p->rhs_block_.size() < rhs_floats) {
+      try {
+        p->rhs_block_.resize(rhs_floats);
+      } catch (const std::bad_alloc&) {
+        return false;
+      }
+    }
+    res.setZero();
+    Multiply(*p, b, rhs, rhs_stride, n, res.data(), res.outerStride());
+    return true;
+  }
+};
+
+void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* packed) {
+  // y^T (out x r) = W (out x in, row-major) * x^T (in x r, column-major).
+  if (!PackedWeightAccess::Run<Eigen::RowMajor>(w.data(), w.outerStride(), w.rows(), w.cols(),
+                                                x.data(), x.outerStride(), x.rows(), y, packed)) {
+    y.noalias() = x * w.transpose();
+  }
+}
+
+void ProductDyW(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight* packed) {
+  // dx^T (in x r) = W^T (in x out, column-major) * dy^T (out x r, column-major).
+  if (!PackedWeightAccess::Run<Eigen::ColMajor>(w.data(), w.outerStride(), w.cols(), w.rows(),
+                                                dy.data(), dy.outerStride(), dy.rows(), dx,
+                                                packed)) {
+    dx.noalias() = dy * w;
+  }
+}
+
+}  // namespace pipetrain::math

@@ -1,0 +1,56 @@
+// The two weight products of a linear map (y = x W^T and dx = dy W) with the weight packed once
+// for Eigen's GEMM kernel and reused across calls, instead of repacked by every product.
+//
+// Eigen's GEMM copies ("packs") both operands into the layout its micro-kernel reads before every
+// product. A layer's weight is the large operand of its forward and input-gradient products, and
+// with micro-batches of a few dozen rows packing it costs about a third of those products
+// (docs/performance.md, "Where a training step goes"). The weight only changes at an optimizer
+// step, so it can be packed once per step instead of once per micro-batch.
+//
+// The results are bitwise those of Eigen's own product expression (`y.noalias() = x *
+// w.transpose()`, `dx.noalias() = dy * w`): the same blocking, packing and kernel in the same
+// order. Where Eigen would not run its blocked GEMM (tiny or vector-shaped products, or several
+// Eigen threads), the functions run Eigen's expression itself.
+#ifndef PIPETRAIN_COMMON_MATH_PACKED_GEMM_H_
+#define PIPETRAIN_COMMON_MATH_PACKED_GEMM_H_
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <vector>
+
+#include "common/math/tensor.h"
+
+namespace pipetrain::math {
+
+// A weight packed for one of the two products. Holds a copy (about the weight's size): the caller
+// calls Invalidate() whenever the weight's values change; a moved or resized weight is noticed.
+// Not thread-safe: one caller at a time.
+class PackedWeight {
+ public:
+  void Invalidate() { valid_ = false; }
+  // Bytes held (0 before first use).
+  int64_t bytes() const {
+    return static_cast<int64_t>((data_.capacity() + rhs_block_.capacity()) * sizeof(float));
+  }
+
+ private:
+  friend class PackedWeightAccess;
+
+  bool valid_ = false;
+  const float* source_ = nullptr;  // the weight packed.
+  Eigen::Index rows_ = 0, depth_ = 0, kc_ = 0, mc_ = 0;
+  std::vector<float, Eigen::aligned_allocator<float>> data_;
+  std::vector<float, Eigen::aligned_allocator<float>> rhs_block_;  // the other operand's block.
+};
+
+// y = x W^T for x [r, in], w [out, in], y [r, out]; `packed` keeps w's packing for the forward
+// product. Bitwise equal to `y.noalias() = x * w.transpose()`.
+void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* packed);
+
+// dx = dy W for dy [r, out], w [out, in], dx [r, in]; `packed` keeps w's packing for the input
+// gradient (a different one from the forward's). Bitwise equal to `dx.noalias() = dy * w`.
+void ProductDyW(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight* packed);
+
+}  // namespace pipetrain::math
+
+#endif  // PIPETRAIN_COMMON_MATH_PACKED_GEMM_H_
