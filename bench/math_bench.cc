@@ -90,6 +90,15 @@ void BenchLinear(int rows, int in, int out, int threads) {
   const double ti = SecondsPerCall([&] {
     layer.BackwardInput(params, math::AsConstMap(x), math::AsConstMap(dy), &stash, math::AsMap(dx));
   });
+  // As a Stage runs them: the weight packed once (math::ParamCache) and reused by every call.
+  const std::unique_ptr<math::ParamCache> cache = layer.NewParamCache();
+  const double tf_cached = SecondsPerCall([&] {
+    layer.ForwardCached(params, cache.get(), math::AsConstMap(x), math::AsMap(y), &stash);
+  });
+  const double ti_cached = SecondsPerCall([&] {
+    layer.BackwardInputCached(params, cache.get(), math::AsConstMap(x), math::AsConstMap(dy),
+                              &stash, math::AsMap(dx));
+  });
   const double tw = SecondsPerCall([&] {
     layer.BackwardWeight(params, math::AsConstMap(x), math::AsConstMap(dy), stash,
                          absl::MakeSpan(grads));
@@ -101,7 +110,9 @@ void BenchLinear(int rows, int in, int out, int threads) {
   std::printf(" Linear rows=%d in=%d out=%d (%s)\n", rows, in, out,
               std::string(math::IsaName(kernels.isa())).c_str());
   Row("forward (F)", f.forward, tf, sf);
+  Row("forward (F), weight packed once", f.forward, tf_cached, sf);
   Row("input gradient (I)", f.backward_input, ti, si);
+  Row("input gradient (I), packed once", f.backward_input, ti_cached, si);
   Row("weight gradient (W)", f.backward_weight, tw, sw);
 }
 
