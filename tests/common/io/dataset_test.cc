@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <set>
@@ -378,6 +379,27 @@ TEST(SyntheticTest, ShapeSizesAndDeterminism) {
   EXPECT_EQ((*small)->size(Split::kEval), 20);
   EXPECT_EQ(Get(**small, Split::kEval, 3).inputs, Get(**a, Split::kEval, 3).inputs);
   EXPECT_EQ(Get(**small, Split::kEval, 3).targets, Get(**a, Split::kEval, 3).targets);
+}
+
+// Tables of up to 16 MiB are computed when opened and copied from; larger ones compute each
+// sample when asked. Both give the same bits for the same row.
+TEST(SyntheticTest, PrecomputedAndComputedSamplesAreTheSame) {
+  // 4096 x 257 floats (4 MiB): precomputed; 20000 x 257 (20.6 MB): computed per sample.
+  absl::StatusOr<std::unique_ptr<Dataset>> kept =
+      OpenDataset("synthetic", SyntheticOptions(256, 16, 7));
+  absl::StatusOr<std::unique_ptr<Dataset>> computed =
+      OpenDataset("synthetic:20000", SyntheticOptions(256, 16, 7));
+  ASSERT_TRUE(kept.ok() && computed.ok());
+  for (Split split : {Split::kTrain, Split::kEval}) {
+    for (int64_t i = 0; i < (*kept)->size(split); i += 7) {
+      const Sample a = Get(**kept, split, i);
+      const Sample b = Get(**computed, split, i);
+      ASSERT_EQ(a.inputs.size(), 256u);
+      ASSERT_EQ(std::memcmp(a.inputs.data(), b.inputs.data(), a.inputs.size() * sizeof(float)), 0)
+          << "sample " << i;
+      ASSERT_EQ(a.targets, b.targets) << "sample " << i;
+    }
+  }
 }
 
 TEST(SyntheticTest, FeaturesAreStandardNormalAndLabelsBalancedEnough) {
