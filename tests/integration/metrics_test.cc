@@ -143,6 +143,18 @@ class MetricsTest : public ::testing::Test {
     return last;
   }
 
+  // Polls `q` (at most 30 s) until it has a result; returns the last result (empty on timeout).
+  nlohmann::json WaitForResult(const std::string& prometheus, const std::string& q) {
+    nlohmann::json result = nlohmann::json::array();
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      result = Query(prometheus, q);
+      if (!result.empty()) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return result;
+  }
+
   std::string dir_;
   testing::Daemons daemons_;
   std::vector<std::string> targets_;
@@ -194,7 +206,11 @@ TEST_F(MetricsTest, PrometheusScrapesBothDaemonsDuringAJob) {
         "curl -sf --max-time 5 http://", target, "/metrics | ", kPromtool, " check metrics 2>&1"));
     EXPECT_EQ(check.exit_code, 0) << target << ": " << check.out;
   }
-  // Every query of the Grafana dashboard answers with data (its variables filled in).
+  // Every query of the Grafana dashboard answers with data (its variables filled in). Its rates
+  // need two samples of the job's series in their window, and a 12-step job may end within one
+  // scrape interval: wait until three scrapes saw it.
+  EXPECT_FALSE(
+      WaitForResult(prometheus, "count_over_time(pipetrain_job_steps_total[1m]) >= 3").empty());
   std::ifstream dashboard_file(std::string(PIPETRAIN_SOURCE_DIR) +
                                "/deploy/grafana/pipetrain.json");
   const nlohmann::json dashboard = nlohmann::json::parse(dashboard_file, nullptr, false);
