@@ -8,15 +8,16 @@
 
 namespace pipetrain::math {
 
-void LinearForward(ConstMatrixMap x, ConstMatrixMap w, const float* b, MatrixMap y) {
+void LinearForward(ConstMatrixMap x, ConstMatrixMap w, const float* b, MatrixMap y,
+                   PackedWeight* packed) {
   assert(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows());
-  y.noalias() = x * w.transpose();
+  ProductXWt(x, w, y, packed);
   if (b != nullptr) y.rowwise() += Eigen::Map<const RowVector>(b, w.rows());
 }
 
-void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx) {
+void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight* packed) {
   assert(dy.cols() == w.rows() && dx.rows() == dy.rows() && dx.cols() == w.cols());
-  dx.noalias() = dy * w;
+  ProductDyW(dy, w, dx, packed);
 }
 
 void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, float* gb) {
@@ -77,15 +78,12 @@ FlopCount Linear::Flops(int64_t rows) const {
 
 void Linear::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
                      Stash* stash) const {
-  stash->data.clear();
-  LinearForward(x, ConstMatrixMap(params[0].data.data(), out_, in_),
-                bias_ ? params[1].data.data() : nullptr, y);
+  ForwardCached(params, nullptr, x, y, stash);
 }
 
 void Linear::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                            Stash* stash, MatrixMap dx) const {
-  if (dx.rows() == 0) return;
-  LinearBackwardInput(dy, ConstMatrixMap(params[0].data.data(), out_, in_), dx);
+  BackwardInputCached(params, nullptr, x, dy, stash, dx);
 }
 
 void Linear::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
@@ -100,20 +98,19 @@ std::unique_ptr<ParamCache> Linear::NewParamCache() const {
 
 void Linear::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
                            MatrixMap y, Stash* stash) const {
-  if (cache == nullptr) return Forward(params, x, y, stash);
   stash->data.clear();
-  const ConstMatrixMap w(params[0].data.data(), out_, in_);
-  ProductXWt(x, w, y, &static_cast<LinearParamCache*>(cache)->forward);
-  if (bias_) y.rowwise() += Eigen::Map<const RowVector>(params[1].data.data(), out_);
+  LinearForward(x, ConstMatrixMap(params[0].data.data(), out_, in_),
+                bias_ ? params[1].data.data() : nullptr, y,
+                cache != nullptr ? &static_cast<LinearParamCache*>(cache)->forward : nullptr);
 }
 
 void Linear::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
                                  ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
                                  MatrixMap dx) const {
-  if (cache == nullptr) return BackwardInput(params, x, dy, stash, dx);
   if (dx.rows() == 0) return;
-  const ConstMatrixMap w(params[0].data.data(), out_, in_);
-  ProductDyW(dy, w, dx, &static_cast<LinearParamCache*>(cache)->backward_input);
+  LinearBackwardInput(
+      dy, ConstMatrixMap(params[0].data.data(), out_, in_), dx,
+      cache != nullptr ? &static_cast<LinearParamCache*>(cache)->backward_input : nullptr);
 }
 
 }  // namespace pipetrain::math

@@ -13,15 +13,21 @@
 
 namespace pipetrain::math {
 
+class PackedWeight;  // packed_gemm.h
+
 // Helpers shared by Linear and TransformerBlock. Shapes: x [r, in], w [out, in] (PyTorch layout),
 // b / gb: `out` floats (nullptr: no bias), y / dy [r, out], dx [r, in]. Outputs must not alias
 // inputs. Deterministic for a given Eigen thread count and CPU-cache configuration (the GEMM
 // blocking), independent of the buffers' addresses.
 
+// `packed`: W's packing for that product, kept between calls (packed_gemm.h), or null.
+
 // y = x W^T (+ b).
-void LinearForward(ConstMatrixMap x, ConstMatrixMap w, const float* b, MatrixMap y);
+void LinearForward(ConstMatrixMap x, ConstMatrixMap w, const float* b, MatrixMap y,
+                   PackedWeight* packed = nullptr);
 // dx = dy W.
-void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx);
+void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx,
+                         PackedWeight* packed = nullptr);
 // gw += dy^T x (one GEMM accumulating into gw); gb += column sums of dy if gb != nullptr.
 void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, float* gb);
 // g[j] += dy(r, j) for r = 0, 1, ..., rows-1 in that order (a fixed summation order per column).

@@ -116,13 +116,13 @@ class PackedWeightAccess {
     }
   }
 
-  // res (m x n) = lhs * rhs with lhs packed in `p` (storage `Order`); false if Eigen would not run
-  // its sequential GEMM here or the packing's memory is missing (the caller then runs Eigen's
-  // expression).
+  // res (m x n) = lhs * rhs with lhs packed in `p` (storage `Order`); false if there is no `p`,
+  // Eigen would not run its sequential GEMM here or the packing's memory is missing (the caller
+  // then runs Eigen's expression).
   template <int Order>
   static bool Run(const float* lhs, Index lhs_stride, Index m, Index k, const float* rhs,
                   Index rhs_stride, Index n, MatrixMap res, PackedWeight* p) {
-    if (!EigenRunsSequentialGemm(m, n, k)) return false;
+    if (p == nullptr || !EigenRunsSequentialGemm(m, n, k)) return false;
     const Blocking b = EigenBlocking(m, n, k);
     if (!Pack<Order>(lhs, lhs_stride, m, k, b, p)) return false;
     const size_t rhs_floats = static_cast<size_t>(b.kc * b.nc);

@@ -43,12 +43,13 @@ class PackedWeight {
   std::vector<float, Eigen::aligned_allocator<float>> rhs_block_;  // the other operand's block.
 };
 
-// y = x W^T for x [r, in], w [out, in], y [r, out]; `packed` keeps w's packing for the forward
-// product. Bitwise equal to `y.noalias() = x * w.transpose()`.
+// y = x W^T for x [r, in], w [out, in], y [r, out]; `packed` (or null: none) keeps w's packing
+// for the forward product. Bitwise equal to `y.noalias() = x * w.transpose()`.
 void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* packed);
 
-// dx = dy W for dy [r, out], w [out, in], dx [r, in]; `packed` keeps w's packing for the input
-// gradient (a different one from the forward's). Bitwise equal to `dx.noalias() = dy * w`.
+// dx = dy W for dy [r, out], w [out, in], dx [r, in]; `packed` (or null) keeps w's packing for
+// the input gradient (a different one from the forward's). Bitwise equal to `dx.noalias() = dy *
+// w`.
 void ProductDyW(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight* packed);
 
 }  // namespace pipetrain::math

@@ -43,6 +43,12 @@ void ExpectBothProductsEqualEigen(int64_t rows, int64_t in, int64_t out, uint64_
     EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_eigen))) << "forward, call " << call;
     EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_eigen))) << "input grad, call " << call;
   }
+  // Without a PackedWeight: Eigen's expression.
+  Matrix y(rows, out), dx(rows, in);
+  ProductXWt(AsConstMap(x), AsConstMap(w), AsMap(y), nullptr);
+  ProductDyW(AsConstMap(dy), AsConstMap(w), AsMap(dx), nullptr);
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_eigen))) << "forward, no packing";
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_eigen))) << "input grad, no packing";
 }
 
 TEST_F(PackedGemmTest, EveryShapeGivesEigensBits) {
