@@ -51,6 +51,13 @@ struct Stash {
   std::vector<float> data;
 };
 
+// What one micro-batch's BackwardWeight reads: its input, its output gradient and its stash.
+struct WeightGradInputs {
+  ConstMatrixMap x;
+  ConstMatrixMap dy;
+  const Stash* stash;
+};
+
 // Data a layer derives from its parameters to make Forward and BackwardInput faster across calls
 // (a Linear's weight packed for the GEMM kernel). Made by Layer::NewParamCache; owned by the
 // caller, one per layer and parameter set, used by one thread at a time. The caller calls
@@ -59,6 +66,10 @@ class ParamCache {
  public:
   virtual ~ParamCache() = default;
   virtual void ParamsChanged() = 0;
+  // Rebuilds now, from `params` (the layer's current parameters), what ParamsChanged discarded,
+  // for the shapes last used, so that the next call need not; nothing by default. Never
+  // required: a cache not refreshed is rebuilt on its next use.
+  virtual void Refresh(absl::Span<const Tensor> params) {}
   // Bytes it holds now.
   virtual int64_t bytes() const = 0;
 };
@@ -109,6 +120,14 @@ class Layer {
   // grads[i] += dL/dparams[i]. Must run after BackwardInput of the same micro-batch.
   virtual void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                               const Stash& stash, absl::Span<Tensor> grads) const = 0;
+  // BackwardWeight of several micro-batches, `inputs` in micro-batch order: bitwise the gradients
+  // of calling BackwardWeight on each in turn, which the default does. A layer may override it to
+  // make fewer passes over its gradients (Linear: one instead of one per micro-batch).
+  virtual void BackwardWeightMany(absl::Span<const Tensor> params,
+                                  absl::Span<const WeightGradInputs> inputs,
+                                  absl::Span<Tensor> grads) const {
+    for (const WeightGradInputs& in : inputs) BackwardWeight(params, in.x, in.dy, *in.stash, grads);
+  }
 };
 
 }  // namespace pipetrain::math

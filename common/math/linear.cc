@@ -2,6 +2,7 @@
 
 #include <cassert>
 #include <cmath>
+#include <vector>
 
 #include "common/math/init.h"
 #include "common/math/packed_gemm.h"
@@ -26,6 +27,20 @@ void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, flo
   if (gb != nullptr) AccumulateColumnSums(dy, gb);
 }
 
+void LinearBackwardWeightMany(absl::Span<const WeightGradInputs> inputs, MatrixMap gw, float* gb) {
+  std::vector<DyTxTerm> terms;
+  terms.reserve(inputs.size());
+  for (const WeightGradInputs& in : inputs) {
+    assert(in.x.rows() == in.dy.rows() && gw.rows() == in.dy.cols() && gw.cols() == in.x.cols());
+    terms.push_back({in.dy, in.x});
+  }
+  AccumulateDyTx(terms, gw);
+  // gw and gb are separate sums: each still receives the micro-batches in order.
+  if (gb != nullptr) {
+    for (const WeightGradInputs& in : inputs) AccumulateColumnSums(in.dy, gb);
+  }
+}
+
 void AccumulateColumnSums(ConstMatrixMap dy, float* g) {
   Eigen::Map<RowVector> acc(g, dy.cols());
   for (Eigen::Index r = 0; r < dy.rows(); ++r) acc += dy.row(r);
@@ -43,6 +58,11 @@ class LinearParamCache final : public ParamCache {
   void ParamsChanged() override {
     forward.Invalidate();
     backward_input.Invalidate();
+  }
+  void Refresh(absl::Span<const Tensor> params) override {
+    const ConstMatrixMap w(params[0].data.data(), params[0].shape[0], params[0].shape[1]);
+    RepackXWt(w, &forward);
+    RepackDyW(w, &backward_input);
   }
   int64_t bytes() const override { return forward.bytes() + backward_input.bytes(); }
 
@@ -90,6 +110,13 @@ void Linear::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, C
                             const Stash& stash, absl::Span<Tensor> grads) const {
   LinearBackwardWeight(x, dy, MatrixMap(grads[0].data.data(), out_, in_),
                        bias_ ? grads[1].data.data() : nullptr);
+}
+
+void Linear::BackwardWeightMany(absl::Span<const Tensor> params,
+                                absl::Span<const WeightGradInputs> inputs,
+                                absl::Span<Tensor> grads) const {
+  LinearBackwardWeightMany(inputs, MatrixMap(grads[0].data.data(), out_, in_),
+                           bias_ ? grads[1].data.data() : nullptr);
 }
 
 std::unique_ptr<ParamCache> Linear::NewParamCache() const {

@@ -30,6 +30,9 @@ void LinearBackwardInput(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx,
                          PackedWeight* packed = nullptr);
 // gw += dy^T x (one GEMM accumulating into gw); gb += column sums of dy if gb != nullptr.
 void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, float* gb);
+// LinearBackwardWeight of each (x, dy) of `inputs` in turn, bitwise, in fewer passes over gw
+// where the micro-batches share a shape (packed_gemm.h, AccumulateDyTx).
+void LinearBackwardWeightMany(absl::Span<const WeightGradInputs> inputs, MatrixMap gw, float* gb);
 // g[j] += dy(r, j) for r = 0, 1, ..., rows-1 in that order (a fixed summation order per column).
 void AccumulateColumnSums(ConstMatrixMap dy, float* g);
 
@@ -61,6 +64,9 @@ class Linear final : public Layer {
                      Stash* stash, MatrixMap dx) const override;
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
+  void BackwardWeightMany(absl::Span<const Tensor> params,
+                          absl::Span<const WeightGradInputs> inputs,
+                          absl::Span<Tensor> grads) const override;
 
   // Keeps the weight packed for the forward and the input-gradient products (packed_gemm.h):
   // about twice the weight's bytes, built on first use after each change of the weight.

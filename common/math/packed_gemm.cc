@@ -1,6 +1,7 @@
 #include "common/math/packed_gemm.h"
 
 #include <algorithm>
+#include <memory>
 #include <new>
 
 namespace pipetrain::math {
@@ -82,6 +83,14 @@ class PackedWeightAccess {
     return true;
   }
 
+  // Packs lhs (m x k) into *p again with the blocking *p was last packed with, if *p was packed
+  // for an lhs of these sizes and does not hold it now.
+  template <int Order>
+  static void Repack(const float* lhs, Index stride, Index m, Index k, PackedWeight* p) {
+    if (p->rows_ != m || p->depth_ != k || p->kc_ == 0 || p->mc_ == 0) return;
+    Pack<Order>(lhs, stride, m, k, Blocking{p->kc_, p->mc_, 0}, p);
+  }
+
   // res = packed lhs * rhs: Eigen's sequential GEMM loop with the lhs blocks taken from `p`.
   static void Multiply(PackedWeight& p, const Blocking& b, const float* rhs, Index rhs_stride,
                        Index n, float* res, Index res_stride) {
@@ -139,6 +148,98 @@ class PackedWeightAccess {
   }
 };
 
+namespace {
+
+// Floats from Eigen's aligned allocator (the kernel loads packed blocks with aligned loads),
+// uninitialised. Throws std::bad_alloc.
+struct AlignedFloats {
+  explicit AlignedFloats(size_t n)
+      : data(static_cast<float*>(Eigen::internal::aligned_malloc(n * sizeof(float)))) {}
+  ~AlignedFloats() { Eigen::internal::aligned_free(data); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data;
+};
+
+// Bytes of gw one pass of AccumulateDyTx keeps in cache while it adds every term to it: a
+// fraction of a 512 KiB - 2 MiB L2 that leaves room for the terms' packed operands.
+constexpr Eigen::Index kAccumulateBlockBytes = 128 * 1024;
+
+// AccumulateDyTx where the terms share one shape and Eigen runs their product as its sequential
+// GEMM with one depth block; false, having changed nothing, elsewhere. In Eigen's terms each term
+// is gw^T (in x out, column-major) += x_t^T (in x r: x's storage read column-major) * dy_t (r x
+// out, row-major), the operands Eigen's product for a row-major destination passes to its
+// column-major GEMM. Each element of gw receives the terms' kernel results in term order, as from
+// the products one after another.
+bool AccumulateDyTxBlocked(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
+  using Index = Eigen::Index;
+  using Traits = PackedWeightAccess::Traits;
+  if (terms.size() < 2) return false;
+  const Index m = gw.cols();
+  const Index n = gw.rows();
+  const Index k = terms[0].x.rows();
+  for (const DyTxTerm& t : terms) {
+    if (t.x.rows() != k || t.dy.rows() != k || t.x.cols() != m || t.dy.cols() != n) return false;
+  }
+  if (!PackedWeightAccess::EigenRunsSequentialGemm(m, n, k)) return false;
+  const PackedWeightAccess::Blocking b = PackedWeightAccess::EigenBlocking(m, n, k);
+  // Several depth blocks would interleave the terms' partial sums differently: run the terms.
+  if (b.kc < k) return false;
+  const Index lhs_floats = PackedWeightAccess::BlockFloats(b);
+  const Index rhs_floats = PackedWeightAccess::BlockFloats({k, b.nc, 0});
+  const size_t count = terms.size();
+  std::unique_ptr<AlignedFloats> lhs_blocks, rhs_blocks;
+  try {
+    lhs_blocks = std::make_unique<AlignedFloats>(count * static_cast<size_t>(lhs_floats));
+    rhs_blocks = std::make_unique<AlignedFloats>(count * static_cast<size_t>(rhs_floats));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  using LhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
+  using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
+  using ResMapper =
+      Eigen::internal::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+  Eigen::internal::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
+                                 typename Traits::LhsPacket4Packing, Eigen::ColMajor>
+      pack_lhs;
+  Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::RowMajor> pack_rhs;
+  Eigen::internal::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false>
+      gebp;
+  ResMapper res(gw.data(), gw.outerStride(), 1);
+  // Columns of gw^T per pass: whole panels of Traits::nr, so that every column is computed by the
+  // same path of the kernel (a full panel, or one of the last few single columns) as in Eigen's
+  // call over the whole block, and the packed columns of a pass start at a panel.
+  const Index pass_cols =
+      std::max<Index>(Traits::nr, kAccumulateBlockBytes / static_cast<Index>(sizeof(float)) /
+                                      std::max<Index>(1, b.mc) / Traits::nr * Traits::nr);
+  for (Index i2 = 0; i2 < m; i2 += b.mc) {
+    const Index actual_mc = std::min(i2 + b.mc, m) - i2;
+    for (size_t t = 0; t < count; ++t) {
+      pack_lhs(lhs_blocks->data + t * lhs_floats,
+               LhsMapper(terms[t].x.data(), terms[t].x.outerStride()).getSubMapper(i2, 0), k,
+               actual_mc);
+    }
+    for (Index j2 = 0; j2 < n; j2 += b.nc) {
+      const Index actual_nc = std::min(j2 + b.nc, n) - j2;
+      for (size_t t = 0; t < count; ++t) {
+        pack_rhs(rhs_blocks->data + t * rhs_floats,
+                 RhsMapper(terms[t].dy.data(), terms[t].dy.outerStride()).getSubMapper(0, j2), k,
+                 actual_nc);
+      }
+      for (Index c = 0; c < actual_nc; c += pass_cols) {
+        const Index cols = std::min(c + pass_cols, actual_nc) - c;
+        for (size_t t = 0; t < count; ++t) {
+          gebp(res.getSubMapper(i2, j2 + c), lhs_blocks->data + t * lhs_floats,
+               rhs_blocks->data + t * rhs_floats + c * k, actual_mc, k, cols, 1.0f);
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* packed) {
   // y^T (out x r) = W (out x in, row-major) * x^T (in x r, column-major).
   if (!PackedWeightAccess::Run<Eigen::RowMajor>(w.data(), w.outerStride(), w.rows(), w.cols(),
@@ -154,6 +255,22 @@ void ProductDyW(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight*
                                                 packed)) {
     dx.noalias() = dy * w;
   }
+}
+
+void RepackXWt(ConstMatrixMap w, PackedWeight* packed) {
+  PackedWeightAccess::Repack<Eigen::RowMajor>(w.data(), w.outerStride(), w.rows(), w.cols(),
+                                              packed);
+}
+
+void RepackDyW(ConstMatrixMap w, PackedWeight* packed) {
+  PackedWeightAccess::Repack<Eigen::ColMajor>(w.data(), w.outerStride(), w.cols(), w.rows(),
+                                              packed);
+}
+
+bool AccumulateDyTx(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
+  if (AccumulateDyTxBlocked(terms, gw)) return true;
+  for (const DyTxTerm& t : terms) gw.noalias() += t.dy.transpose() * t.x;
+  return false;
 }
 
 }  // namespace pipetrain::math

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "common/math/tensor.h"
 
 namespace pipetrain::math {
@@ -51,6 +52,27 @@ void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* p
 // the input gradient (a different one from the forward's). Bitwise equal to `dx.noalias() = dy *
 // w`.
 void ProductDyW(ConstMatrixMap dy, ConstMatrixMap w, MatrixMap dx, PackedWeight* packed);
+
+// Packs `w` into `packed` again for the product it was last used with (ProductXWt, respectively
+// ProductDyW, with the same row count), unless it holds that packing already; nothing if it was
+// never used with a weight of w's shape. For packing a changed weight right after the change,
+// while it is in cache, instead of in the next product. The products' results do not change.
+void RepackXWt(ConstMatrixMap w, PackedWeight* packed);
+void RepackDyW(ConstMatrixMap w, PackedWeight* packed);
+
+// One micro-batch's operands of a weight-gradient product gw += dy^T x: dy [r, out], x [r, in].
+struct DyTxTerm {
+  ConstMatrixMap dy;
+  ConstMatrixMap x;
+};
+
+// gw [out, in] += dy_t^T x_t for every term t, in order. Bitwise equal to running
+// `gw.noalias() += t.dy.transpose() * t.x` for each term in turn. Where the terms are several
+// micro-batches of one shape whose product Eigen runs as one depth block, it runs Eigen's GEMM
+// loop for all of them block by block of gw, each block taking every term's update while it is
+// in cache (one pass over gw instead of one per term); otherwise it runs the expressions. Returns
+// whether it ran the blocked loop (for tests and benchmarks; the result is the same).
+bool AccumulateDyTx(absl::Span<const DyTxTerm> terms, MatrixMap gw);
 
 }  // namespace pipetrain::math
 

@@ -1,5 +1,6 @@
 #include "common/model/stage.h"
 
+#include <algorithm>
 #include <new>
 #include <optional>
 #include <utility>
@@ -69,6 +70,8 @@ absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t l
         " optimizer state tensors), more than the limit of ", limit,
         " bytes (ModelLimits::max_parameter_bytes); split the model into more stages"));
   }
+  // Deferred weight gradients may hold as much as the weights.
+  s.weight_grad_defer_bytes_ = *bytes / copies;
   // The check above bounds the allocation; this catches a machine with less memory than that.
   try {
     s.AllocateParameters(seed);
@@ -90,6 +93,7 @@ void Stage::AllocateParameters(uint64_t seed) {
       std::fill(grads[p].data.begin(), grads[p].data.end(), 0.0f);
       state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
+    has_params_.push_back(!params.empty());
     params_.push_back(std::move(params));
     caches_.push_back(model_->layer(l).NewParamCache());
     grads_.push_back(std::move(grads));
@@ -157,23 +161,58 @@ const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
 void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq) {
   grads_zero_ = false;
   const int64_t n = last_ - first_;
-  if (grad_norm_sq != nullptr) grad_norm_sq->assign(n, 0.0);
-  for (int64_t k = n - 1; k >= 0; --k) {
-    const math::Layer& layer = model_->layer(first_ + k);
-    layer.BackwardWeight(params_[k], math::AsConstMap(mb->inputs[k]),
-                         math::AsConstMap(mb->grads[k + 1]), mb->stashes[k],
-                         absl::MakeSpan(grads_[k]));
-    if (grad_norm_sq != nullptr) (*grad_norm_sq)[k] = LayerGradNormSq(k);
+  DeferredWeightGrad d;
+  d.inputs.resize(n);
+  d.output_grads.resize(n);
+  d.stashes.resize(n);
+  for (int64_t k = 0; k < n; ++k) {
+    if (!has_params_[k]) continue;
+    d.inputs[k] = std::move(mb->inputs[k]);
+    d.output_grads[k] = std::move(mb->grads[k + 1]);
+    d.stashes[k] = std::move(mb->stashes[k]);
+    deferred_bytes_ += static_cast<int64_t>(
+        (d.inputs[k].size() + d.output_grads[k].size() + d.stashes[k].data.size()) * sizeof(float));
   }
-  // Free the micro-batch's memory but keep the vectors for reuse.
+  deferred_.push_back(std::move(d));
+  // Free the rest of the micro-batch's memory but keep the vectors for reuse.
   for (auto& m : mb->inputs) m.resize(0, 0);
   for (auto& m : mb->grads) m.resize(0, 0);
   for (auto& s : mb->stashes) s.data.clear();
   mb->forward_done = false;
   mb->input_grad_done = false;
+  if (grad_norm_sq != nullptr || deferred_bytes_ > weight_grad_defer_bytes_) {
+    AddDeferredWeightGrads(grad_norm_sq);
+  }
+}
+
+void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
+  const int64_t n = last_ - first_;
+  if (grad_norm_sq != nullptr) grad_norm_sq->assign(n, 0.0);
+  std::vector<math::WeightGradInputs> inputs;
+  inputs.reserve(deferred_.size());
+  for (int64_t k = n - 1; k >= 0; --k) {
+    if (has_params_[k] && !deferred_.empty()) {
+      inputs.clear();
+      for (const DeferredWeightGrad& d : deferred_) {
+        inputs.push_back(
+            {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
+      }
+      model_->layer(first_ + k).BackwardWeightMany(params_[k], inputs, absl::MakeSpan(grads_[k]));
+    }
+    if (grad_norm_sq != nullptr) (*grad_norm_sq)[k] = LayerGradNormSq(k);
+  }
+  deferred_.clear();
+  deferred_bytes_ = 0;
+}
+
+void Stage::set_weight_grad_defer_bytes(int64_t bytes) {
+  weight_grad_defer_bytes_ = std::max<int64_t>(0, bytes);
+  if (deferred_bytes_ > weight_grad_defer_bytes_) AddDeferredWeightGrads(nullptr);
 }
 
 void Stage::ZeroGrads() {
+  deferred_.clear();
+  deferred_bytes_ = 0;
   if (grads_zero_) return;
   for (auto& layer : grads_) {
     for (auto& g : layer) std::fill(g.data.begin(), g.data.end(), 0.0f);
@@ -187,7 +226,8 @@ double Stage::LayerGradNormSq(int64_t k) const {
   return sum;
 }
 
-std::vector<double> Stage::GradNormSqPerLayer() const {
+std::vector<double> Stage::GradNormSqPerLayer() {
+  AddDeferredWeightGrads(nullptr);
   std::vector<double> out;
   out.reserve(grads_.size());
   for (size_t k = 0; k < grads_.size(); ++k) out.push_back(LayerGradNormSq(k));
@@ -195,6 +235,7 @@ std::vector<double> Stage::GradNormSqPerLayer() const {
 }
 
 void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
+  AddDeferredWeightGrads(nullptr);
   for (size_t k = 0; k < params_.size(); ++k) {
     for (size_t p = 0; p < params_[k].size(); ++p) {
       std::vector<float>& grad = grads_[k][p].data;
@@ -202,7 +243,12 @@ void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
                           absl::MakeSpan(state_[k][p]));
       std::fill(grad.begin(), grad.end(), 0.0f);
     }
-    if (caches_[k] != nullptr) caches_[k]->ParamsChanged();
+    if (caches_[k] != nullptr) {
+      // Repacked now, while the new weights are in cache, rather than in the next step's first
+      // products (often on its critical path).
+      caches_[k]->ParamsChanged();
+      caches_[k]->Refresh(params_[k]);
+    }
   }
   grads_zero_ = true;
 }
@@ -232,6 +278,8 @@ std::map<std::string, math::Tensor> Stage::ExportState() const {
 }
 
 absl::Status Stage::ImportState(const std::map<std::string, math::Tensor>& tensors) {
+  // Deferred micro-batches belong to the parameters they were computed with.
+  AddDeferredWeightGrads(nullptr);
   // Copy into fresh storage first so that a failure leaves the stage unchanged.
   auto params = params_;
   auto state = state_;

@@ -65,18 +65,31 @@ class Stage {
   const math::Matrix& BackwardInput(math::Matrix&& dy, bool need_input_grad,
                                     MicrobatchState* mb) const;
 
-  // W: accumulates the weight gradients of `mb` into this stage's gradients and frees what `mb`
-  // held. Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
+  // W: adds the weight gradients of `mb` to this stage's gradients and frees what `mb` held.
+  // Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
+  // The stage may defer the arithmetic: it then keeps what the layers' W reads (their inputs,
+  // output gradients and stashes, moved out of `mb`) and adds the deferred micro-batches together,
+  // in order, once they hold more than weight_grad_defer_bytes(), at the call with
+  // `grad_norm_sq`, or before anything reads the gradients. The gradients are bitwise the same
+  // as without deferring (math::Layer::BackwardWeightMany); only the time and memory differ.
   // With `grad_norm_sq` (for the step's last micro-batch) it also sets *grad_norm_sq to what
   // GradNormSqPerLayer() returns afterwards, bit for bit, each layer's sum taken as soon as its
   // gradient is complete (while it is in cache, instead of another pass over every gradient).
   void BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq = nullptr);
 
-  // Sets all gradients to zero (start of a step). Free when they are zero already: fresh, or
-  // since the last ApplyOptimizer or ZeroGrads with no BackwardWeight in between.
+  // The most bytes of deferred micro-batches BackwardWeight keeps before it adds them; by default
+  // the bytes of this stage's weights (so deferring at most doubles them). 0: never defer.
+  int64_t weight_grad_defer_bytes() const { return weight_grad_defer_bytes_; }
+  void set_weight_grad_defer_bytes(int64_t bytes);
+  // Bytes deferred micro-batches hold now.
+  int64_t DeferredWeightGradBytes() const { return deferred_bytes_; }
+
+  // Sets all gradients to zero (start of a step), dropping deferred micro-batches. Free when they
+  // are zero already: fresh, or since the last ApplyOptimizer or ZeroGrads with no BackwardWeight
+  // in between.
   void ZeroGrads();
   // Sum of squares of each layer's gradients (params in order, elements in order, in double).
-  std::vector<double> GradNormSqPerLayer() const;
+  std::vector<double> GradNormSqPerLayer();
   // Applies optimizer update number `step` (1-based) with gradients scaled by `clip_scale`, and
   // leaves the gradients zero (each tensor cleared right after its update, while in cache).
   void ApplyOptimizer(int64_t step, float clip_scale);
@@ -93,7 +106,10 @@ class Stage {
 
   // Parameters of global layer `l` (first <= l < last).
   const std::vector<math::Tensor>& params(int64_t l) const { return params_[l - first_]; }
-  const std::vector<math::Tensor>& grads(int64_t l) const { return grads_[l - first_]; }
+  const std::vector<math::Tensor>& grads(int64_t l) {
+    AddDeferredWeightGrads(nullptr);
+    return grads_[l - first_];
+  }
 
  private:
   Stage() = default;
@@ -102,6 +118,17 @@ class Stage {
   // std::bad_alloc when out of memory (Create catches it).
   void AllocateParameters(uint64_t seed);
 
+  // What W of one deferred micro-batch reads, per local layer (empty for layers without
+  // parameters).
+  struct DeferredWeightGrad {
+    std::vector<math::Matrix> inputs;
+    std::vector<math::Matrix> output_grads;
+    std::vector<math::Stash> stashes;
+  };
+
+  // Adds the deferred micro-batches' weight gradients, in order, and drops them; with
+  // `grad_norm_sq`, sets it as BackwardWeight promises.
+  void AddDeferredWeightGrads(std::vector<double>* grad_norm_sq);
   // Sum of squares of the gradients of local layer k (params in order, elements in order).
   double LayerGradNormSq(int64_t k) const;
   // F over mb->inputs[0] (already set, inputs sized n + 1).
@@ -118,7 +145,11 @@ class Stage {
   std::vector<std::vector<math::Tensor>> grads_;   // [layer][param]
   // [layer]: what the layer derives from params_[layer] (null if nothing); told of every change.
   mutable std::vector<std::unique_ptr<math::ParamCache>> caches_;
-  bool grads_zero_ = true;  // every gradient is known to be zero.
+  bool grads_zero_ = true;                    // every gradient is known to be zero.
+  std::vector<bool> has_params_;              // [layer]
+  std::vector<DeferredWeightGrad> deferred_;  // in micro-batch order.
+  int64_t deferred_bytes_ = 0;
+  int64_t weight_grad_defer_bytes_ = 0;
   std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]
 };
 

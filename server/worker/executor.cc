@@ -509,7 +509,7 @@ void StepExecutor::Abort() {
 std::vector<LayerNormSq> StepExecutor::GradNormSqPerLayer() {
   ApplyPendingUpdate();
   std::vector<LayerNormSq> out;
-  for (const OwnedChunk& c : chunks_) {
+  for (OwnedChunk& c : chunks_) {
     const std::vector<double> norms = c.stage.GradNormSqPerLayer();
     for (size_t k = 0; k < norms.size(); ++k) {
       out.push_back(LayerNormSq{c.stage.first_layer() + static_cast<int64_t>(k), norms[k]});

@@ -4,6 +4,7 @@
 // (GEMM, row sums), as docs/performance.md, "Instruction sets", says.
 #include "common/math/kernels.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,7 +81,7 @@ TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
       std::unique_ptr<ParamCache> cache = c.layer->NewParamCache();
       EXPECT_EQ(cache != nullptr, c.name == "linear");
       std::vector<Tensor> params = Init(*c.layer);
-      for (int change = 0; change < 2; ++change) {
+      for (int change = 0; change < 3; ++change) {
         const Matrix dy = RandomMatrix(c.x.rows(), c.layer->out_features(), 9 + change);
         Matrix y(c.x.rows(), c.layer->out_features()), y_cached = y;
         Matrix dx(c.x.rows(), c.layer->in_features()), dx_cached = dx;
@@ -100,7 +101,70 @@ TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
         for (Tensor& p : params) {
           for (float& v : p.data) v = v * 0.5f + 0.125f;
         }
-        if (cache != nullptr) cache->ParamsChanged();
+        if (cache != nullptr) {
+          cache->ParamsChanged();
+          // Rebuilt at once (as Stage::ApplyOptimizer does) after the first change, on first use
+          // after the second.
+          if (change == 0) cache->Refresh(params);
+        }
+      }
+    }
+  }
+}
+
+// BackwardWeightMany of several micro-batches gives bitwise the gradients of BackwardWeight on
+// each in turn, at every level, for every kind (a Linear runs its blocked accumulation; one large
+// enough for several passes over its gradient too), also when the last micro-batch is shorter.
+TEST(KernelsTest, WeightGradientsOfManyMicrobatchesAreThoseOfOneAtATime) {
+  for (Isa isa : SupportedIsas()) {
+    const Kernels& k = KernelsFor(isa);
+    k.ConfigureEigen(1);
+    std::vector<LayerCase> cases = AllLayers(k);
+    cases.push_back({"linear 512x512", k.MakeLinear(512, 512, true), RandomMatrix(32, 512, 6)});
+    for (LayerCase& c : cases) {
+      for (bool shorter_last : {false, true}) {
+        SCOPED_TRACE(std::string(IsaName(isa)) + " " + c.name +
+                     (shorter_last ? ", shorter last" : ""));
+        const std::vector<Tensor> params = Init(*c.layer);
+        const int64_t row_step = c.layer->row_multiple();
+        std::vector<Matrix> xs, dys;
+        std::vector<Stash> stashes;
+        for (int mb = 0; mb < 4; ++mb) {
+          Matrix x = c.x;
+          if (mb > 0) {
+            for (int64_t i = 0; i < x.size(); ++i) {
+              if (c.name != "embedding") x.data()[i] = x.data()[i] * 0.75f + 0.01f * mb;
+            }
+          }
+          if (shorter_last && mb == 3 && x.rows() > row_step) {
+            x = Matrix(x.topRows(x.rows() - row_step));
+          }
+          const Matrix dy = RandomMatrix(x.rows(), c.layer->out_features(), 30 + mb);
+          Matrix y(x.rows(), c.layer->out_features()), dx(x.rows(), c.layer->in_features());
+          Stash stash;
+          c.layer->Forward(params, AsConstMap(x), AsMap(y), &stash);
+          c.layer->BackwardInput(params, AsConstMap(x), AsConstMap(dy), &stash, AsMap(dx));
+          xs.push_back(std::move(x));
+          dys.push_back(dy);
+          stashes.push_back(std::move(stash));
+        }
+        auto zeros = [&] {
+          std::vector<Tensor> g = params;
+          for (Tensor& t : g) std::fill(t.data.begin(), t.data.end(), 0.0f);
+          return g;
+        };
+        std::vector<Tensor> one_by_one = zeros(), many = zeros();
+        std::vector<WeightGradInputs> inputs;
+        for (size_t mb = 0; mb < xs.size(); ++mb) {
+          c.layer->BackwardWeight(params, AsConstMap(xs[mb]), AsConstMap(dys[mb]), stashes[mb],
+                                  absl::MakeSpan(one_by_one));
+          inputs.push_back({AsConstMap(xs[mb]), AsConstMap(dys[mb]), &stashes[mb]});
+        }
+        c.layer->BackwardWeightMany(params, inputs, absl::MakeSpan(many));
+        ASSERT_EQ(many.size(), one_by_one.size());
+        for (size_t p = 0; p < many.size(); ++p) {
+          EXPECT_TRUE(BitwiseEqual(many[p].data, one_by_one[p].data)) << "param " << p;
+        }
       }
     }
   }

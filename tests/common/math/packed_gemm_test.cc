@@ -130,5 +130,103 @@ TEST_F(PackedGemmTest, SeveralEigenThreadsRunEigensOwnProduct) {
   Eigen::setNbThreads(1);
 }
 
+TEST_F(PackedGemmTest, RepackPacksTheChangedWeightAtOnceForTheLastRowCount) {
+  Matrix w = RandomMatrix(512, 384, 20);
+  const Matrix x = RandomMatrix(32, 384, 21);
+  const Matrix dy = RandomMatrix(32, 512, 22);
+  PackedWeight forward, backward_input, unused;
+  RepackXWt(AsConstMap(w), &unused);  // never used: nothing to repack.
+  EXPECT_EQ(unused.bytes(), 0);
+  Matrix y(32, 512), dx(32, 384);
+  ProductXWt(AsConstMap(x), AsConstMap(w), AsMap(y), &forward);
+  ProductDyW(AsConstMap(dy), AsConstMap(w), AsMap(dx), &backward_input);
+
+  // An update: invalidate and repack at once. Then change the weight again without telling the
+  // packings: the products must show the weight as it was at the repack, which proves that the
+  // repack happened then and that the products reuse it.
+  const Matrix w_at_repack = RandomMatrix(512, 384, 23);
+  w = w_at_repack;  // in place, as an optimizer step (same buffer).
+  forward.Invalidate();
+  backward_input.Invalidate();
+  RepackXWt(AsConstMap(w), &forward);
+  RepackDyW(AsConstMap(w), &backward_input);
+  const Matrix w_later = RandomMatrix(512, 384, 24);
+  w = w_later;
+  ProductXWt(AsConstMap(x), AsConstMap(w), AsMap(y), &forward);
+  ProductDyW(AsConstMap(dy), AsConstMap(w), AsMap(dx), &backward_input);
+  Matrix y_eigen(32, 512), dx_eigen(32, 384);
+  AsMap(y_eigen).noalias() = AsConstMap(x) * AsConstMap(w_at_repack).transpose();
+  AsMap(dx_eigen).noalias() = AsConstMap(dy) * AsConstMap(w_at_repack);
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_eigen)));
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_eigen)));
+
+  // Another row count next: that product packs for itself and gives the current weight's bits.
+  forward.Invalidate();
+  RepackXWt(AsConstMap(w), &forward);
+  const Matrix x300 = RandomMatrix(300, 384, 25);
+  Matrix y300(300, 512), y300_eigen(300, 512);
+  ProductXWt(AsConstMap(x300), AsConstMap(w), AsMap(y300), &forward);
+  AsMap(y300_eigen).noalias() = AsConstMap(x300) * AsConstMap(w).transpose();
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(y300), AsConstMap(y300_eigen)));
+}
+
+// gw += dy_t^T x_t over `terms` micro-batches of `rows` rows (the last one `last_rows`), against
+// Eigen's expression term after term, from a gradient that is not zero.
+// Returns whether AccumulateDyTx ran its blocked loop.
+bool ExpectAccumulateEqualsEigen(int64_t terms, int64_t rows, int64_t last_rows, int64_t in,
+                                 int64_t out, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << terms << " terms, rows " << rows << " (last " << last_rows
+                                    << ") in " << in << " out " << out);
+  std::vector<Matrix> xs, dys;
+  for (int64_t t = 0; t < terms; ++t) {
+    const int64_t r = t + 1 == terms ? last_rows : rows;
+    xs.push_back(RandomMatrix(r, in, seed + 2 * t));
+    dys.push_back(RandomMatrix(r, out, seed + 2 * t + 1));
+  }
+  const Matrix start = RandomMatrix(out, in, seed + 1000);
+  Matrix eigen = start;
+  std::vector<DyTxTerm> list;
+  for (int64_t t = 0; t < terms; ++t) {
+    AsMap(eigen).noalias() += AsConstMap(dys[t]).transpose() * AsConstMap(xs[t]);
+    list.push_back({AsConstMap(dys[t]), AsConstMap(xs[t])});
+  }
+  Matrix gw = start;
+  const bool blocked = AccumulateDyTx(list, AsMap(gw));
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(gw), AsConstMap(eigen)));
+  return blocked;
+}
+
+TEST_F(PackedGemmTest, AccumulatingSeveralMicrobatchesGivesEigensBitsTermAfterTerm) {
+  uint64_t seed = 5000;
+  int blocked = 0;
+  for (int64_t terms : {1, 2, 3, 8}) {
+    for (int64_t rows : {1, 2, 7, 32, 64, 300}) {
+      for (int64_t in : {1, 3, 16, 150, 512, 700}) {
+        for (int64_t out : {1, 2, 5, 16, 129, 512, 1100}) {
+          blocked += ExpectAccumulateEqualsEigen(terms, rows, rows, in, out, seed += 97);
+        }
+      }
+    }
+  }
+  // Most multi-term shapes ran the blocked loop (the rest are vector shapes or deep products).
+  EXPECT_GT(blocked, 200);
+  // The deep MLP's: 8 micro-batches of 32 rows through a 512x512 layer, blocked.
+  EXPECT_TRUE(ExpectAccumulateEqualsEigen(8, 32, 32, 512, 512, 1));
+  EXPECT_FALSE(ExpectAccumulateEqualsEigen(1, 32, 32, 512, 512, 2));  // one term: Eigen's.
+}
+
+TEST_F(PackedGemmTest, AccumulatingMicrobatchesOfDifferentRowsGivesEigensBits) {
+  // B not a multiple of M leaves a shorter last micro-batch: the terms run one by one.
+  EXPECT_FALSE(ExpectAccumulateEqualsEigen(4, 32, 17, 512, 512, 9000));
+  EXPECT_FALSE(ExpectAccumulateEqualsEigen(3, 5, 64, 96, 33, 9100));
+  EXPECT_FALSE(ExpectAccumulateEqualsEigen(0, 8, 8, 64, 64, 9200));  // no terms: nothing changes.
+}
+
+TEST_F(PackedGemmTest, AccumulatingWithSeveralEigenThreadsGivesEigensBits) {
+  Eigen::setNbThreads(2);
+  EXPECT_FALSE(ExpectAccumulateEqualsEigen(8, 32, 32, 512, 512, 9300));
+  Eigen::setNbThreads(1);
+}
+
 }  // namespace
 }  // namespace pipetrain::math

@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/math/tensor.h"
 #include "common/util/heap_tuning.h"
@@ -108,6 +109,20 @@ TEST(StageTest, MovingOverloadsMatchCopyingOnesGpt) {
   ExpectMovingEqualsCopying(kGptSpec, 1, 4);
 }
 
+// Both stages hold bitwise the same weights and optimizer state.
+void ExpectSameState(const Stage& a, const Stage& b) {
+  const auto sa = a.ExportState();
+  const auto sb = b.ExportState();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (const auto& [name, tensor] : sa) {
+    const math::Tensor& other = sb.at(name);
+    ASSERT_EQ(tensor.data.size(), other.data.size()) << name;
+    EXPECT_EQ(
+        std::memcmp(tensor.data.data(), other.data.data(), sizeof(float) * tensor.data.size()), 0)
+        << name;
+  }
+}
+
 // One step of two micro-batches: F, I, W of each; the last W sets *norms when given.
 void RunStep(const Model& model, Stage* stage, int step, std::vector<double>* norms = nullptr) {
   for (int mb = 0; mb < 2; ++mb) {
@@ -168,16 +183,7 @@ TEST(StageTest, ApplyOptimizerLeavesTheGradientsZero) {
         }
       }
     }
-    const auto a = implicit->ExportState();
-    const auto b = explicit_zero->ExportState();
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, tensor] : a) {
-      const math::Tensor& other = b.at(name);
-      ASSERT_EQ(tensor.data.size(), other.data.size()) << name;
-      EXPECT_EQ(
-          std::memcmp(tensor.data.data(), other.data.data(), sizeof(float) * tensor.data.size()), 0)
-          << name;
-    }
+    ExpectSameState(*implicit, *explicit_zero);
   }
 }
 
@@ -245,6 +251,109 @@ TEST(StageTest, UpdatedAndImportedWeightsAreThoseTheProductsUse) {
   const auto reloaded = outputs(*trained);
   EXPECT_TRUE(BitwiseEqual(reloaded.first, before.first));
   EXPECT_TRUE(BitwiseEqual(reloaded.second, before.second));
+}
+
+// BackwardWeight may defer the weight gradients and add several micro-batches together: never
+// deferring, deferring until the step's last micro-batch (the default limit) and deferring a few
+// at a time give bitwise the same gradients, norms and updated weights, for five micro-batches
+// of which the last is shorter, over three steps; the deferred bytes are reported and dropped by
+// ZeroGrads.
+TEST(StageTest, DeferredWeightGradientsAreBitwiseThoseAddedAtOnce) {
+  constexpr char kDeepMlp[] = R"pb(
+    name: "deep"
+    input_features: 64
+    layers { linear { out_features: 128 } }
+    layers { relu {} }
+    layers { linear { out_features: 128 } }
+    layers { layer_norm {} }
+    layers { linear { out_features: 10 } }
+    loss { softmax_cross_entropy {} }
+  )pb";
+  for (const char* spec : {kDeepMlp, kGptSpec}) {
+    auto model = BuildOrDie(spec);
+    ASSERT_NE(model, nullptr);
+    model->kernels().ConfigureEigen(1);
+    math::OptimizerConfig optimizer;
+    optimizer.kind = math::OptimizerKind::kAdamW;
+    optimizer.lr = 0.01f;
+    std::vector<Stage> stages;
+    for (int i = 0; i < 3; ++i) {
+      auto stage = Stage::Create(model.get(), 0, model->num_layers(), 21, optimizer);
+      ASSERT_TRUE(stage.ok()) << stage.status();
+      stages.push_back(std::move(*stage));
+    }
+    Stage& immediate = stages[0];
+    Stage& deferred = stages[1];
+    Stage& in_groups = stages[2];
+    // The default limit: the bytes of the weights.
+    int64_t weight_bytes = 0;
+    for (int64_t l = 0; l < model->num_layers(); ++l) {
+      for (const math::Tensor& p : deferred.params(l)) {
+        weight_bytes += static_cast<int64_t>(p.data.size() * sizeof(float));
+      }
+    }
+    EXPECT_EQ(deferred.weight_grad_defer_bytes(), weight_bytes);
+    // The small GPT's stashes outweigh its weights: defer regardless, for the comparison.
+    deferred.set_weight_grad_defer_bytes(int64_t{1} << 40);
+    immediate.set_weight_grad_defer_bytes(0);
+    const int64_t rows = 4 * model->tokens_per_sample();
+    {
+      // The third stage adds every two micro-batches: its limit is just under two's bytes.
+      MicrobatchState probe;
+      const math::Matrix x = MakeBatch(*model, 4, 1).inputs;
+      const math::Matrix y = deferred.Forward(math::AsConstMap(x), &probe);
+      deferred.BackwardInput(math::AsConstMap(Pattern(y.rows(), y.cols(), 1)), false, &probe);
+      deferred.BackwardWeight(&probe);
+      const int64_t one = deferred.DeferredWeightGradBytes();
+      EXPECT_GT(one, 0) << spec;
+      in_groups.set_weight_grad_defer_bytes(2 * one - 1);
+      deferred.ZeroGrads();  // drops it.
+      EXPECT_EQ(deferred.DeferredWeightGradBytes(), 0);
+    }
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<std::vector<double>> norms(3);
+      for (int mb = 0; mb < 5; ++mb) {
+        const int64_t mb_rows = mb == 4 ? rows / 2 : rows;
+        const math::Matrix x =
+            MakeBatch(*model, mb_rows / model->tokens_per_sample(), 10 * step + mb).inputs;
+        for (int i = 0; i < 3; ++i) {
+          MicrobatchState state;
+          const math::Matrix y = stages[i].Forward(math::AsConstMap(x), &state);
+          const math::Matrix dy = Pattern(y.rows(), y.cols(), 10 * step + mb);
+          stages[i].BackwardInput(math::AsConstMap(dy), /*need_input_grad=*/false, &state);
+          stages[i].BackwardWeight(&state, mb == 4 ? &norms[i] : nullptr);
+          if (i == 0) {
+            EXPECT_EQ(immediate.DeferredWeightGradBytes(), 0);
+          }
+        }
+        if (mb == 0) {
+          EXPECT_GT(deferred.DeferredWeightGradBytes(), 0) << spec;
+          EXPECT_GT(in_groups.DeferredWeightGradBytes(), 0) << spec;
+        }
+        if (mb == 3) {
+          EXPECT_EQ(in_groups.DeferredWeightGradBytes(), 0) << spec;  // added after mb 1 and 3.
+        }
+      }
+      EXPECT_EQ(deferred.DeferredWeightGradBytes(), 0);  // added at the last micro-batch.
+      EXPECT_GT(*std::max_element(norms[0].begin(), norms[0].end()), 0.0) << spec;
+      EXPECT_EQ(norms[0], norms[1]) << spec << " step " << step;
+      EXPECT_EQ(norms[0], norms[2]) << spec << " step " << step;
+      for (Stage& stage : stages) stage.ApplyOptimizer(step, 1.0f);
+    }
+    ExpectSameState(immediate, deferred);
+    ExpectSameState(immediate, in_groups);
+
+    // A step that is discarded: ZeroGrads drops what was deferred.
+    MicrobatchState state;
+    const math::Matrix x = MakeBatch(*model, 2, 99).inputs;
+    const math::Matrix y = deferred.Forward(math::AsConstMap(x), &state);
+    deferred.BackwardInput(math::AsConstMap(Pattern(y.rows(), y.cols(), 1)), false, &state);
+    deferred.BackwardWeight(&state);
+    EXPECT_GT(deferred.DeferredWeightGradBytes(), 0);
+    deferred.ZeroGrads();
+    EXPECT_EQ(deferred.DeferredWeightGradBytes(), 0);
+    for (double n : deferred.GradNormSqPerLayer()) EXPECT_EQ(n, 0.0) << spec;
+  }
 }
 
 // Create checks exactly what it will allocate (weights, gradients and the optimizer's state
