@@ -94,6 +94,7 @@ void Stage::AllocateParameters(uint64_t seed) {
       state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
     has_params_.push_back(!params.empty());
+    deferred_added_.push_back(0);
     params_.push_back(std::move(params));
     caches_.push_back(model_->layer(l).NewParamCache());
     grads_.push_back(std::move(grads));
@@ -170,8 +171,7 @@ void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_s
     d.inputs[k] = std::move(mb->inputs[k]);
     d.output_grads[k] = std::move(mb->grads[k + 1]);
     d.stashes[k] = std::move(mb->stashes[k]);
-    deferred_bytes_ += static_cast<int64_t>(
-        (d.inputs[k].size() + d.output_grads[k].size() + d.stashes[k].data.size()) * sizeof(float));
+    deferred_bytes_ += DeferredBytes(d, k);
   }
   deferred_.push_back(std::move(d));
   // Free the rest of the micro-batch's memory but keep the vectors for reuse.
@@ -185,23 +185,57 @@ void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_s
   }
 }
 
+int64_t Stage::DeferredBytes(const DeferredWeightGrad& d, int64_t k) {
+  return static_cast<int64_t>(
+      (d.inputs[k].size() + d.output_grads[k].size() + d.stashes[k].data.size()) * sizeof(float));
+}
+
+void Stage::AddDeferredWeightGradsOfLayer(int64_t k) {
+  const size_t from = deferred_added_[k];
+  if (!has_params_[k] || from >= deferred_.size()) return;
+  std::vector<math::WeightGradInputs> inputs;
+  inputs.reserve(deferred_.size() - from);
+  for (size_t i = from; i < deferred_.size(); ++i) {
+    const DeferredWeightGrad& d = deferred_[i];
+    inputs.push_back(
+        {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
+  }
+  model_->layer(first_ + k).BackwardWeightMany(params_[k], inputs, absl::MakeSpan(grads_[k]));
+  for (size_t i = from; i < deferred_.size(); ++i) {
+    DeferredWeightGrad& d = deferred_[i];
+    deferred_bytes_ -= DeferredBytes(d, k);
+    d.inputs[k].resize(0, 0);
+    d.output_grads[k].resize(0, 0);
+    d.stashes[k].data = {};
+  }
+  deferred_added_[k] = deferred_.size();
+}
+
 void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
   const int64_t n = last_ - first_;
   if (grad_norm_sq != nullptr) grad_norm_sq->assign(n, 0.0);
-  std::vector<math::WeightGradInputs> inputs;
-  inputs.reserve(deferred_.size());
   for (int64_t k = n - 1; k >= 0; --k) {
-    if (has_params_[k] && !deferred_.empty()) {
-      inputs.clear();
-      for (const DeferredWeightGrad& d : deferred_) {
-        inputs.push_back(
-            {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
-      }
-      model_->layer(first_ + k).BackwardWeightMany(params_[k], inputs, absl::MakeSpan(grads_[k]));
-    }
+    AddDeferredWeightGradsOfLayer(k);
     if (grad_norm_sq != nullptr) (*grad_norm_sq)[k] = LayerGradNormSq(k);
   }
+  DropDeferredWeightGrads();
+}
+
+bool Stage::AddDeferredWeightGradsOfOneLayer(int64_t min_microbatches) {
+  const int64_t n = last_ - first_;
+  for (int64_t k = n - 1; k >= 0; --k) {
+    if (has_params_[k] &&
+        static_cast<int64_t>(deferred_.size() - deferred_added_[k]) >= min_microbatches) {
+      AddDeferredWeightGradsOfLayer(k);
+      return true;
+    }
+  }
+  return false;
+}
+
+void Stage::DropDeferredWeightGrads() {
   deferred_.clear();
+  std::fill(deferred_added_.begin(), deferred_added_.end(), 0);
   deferred_bytes_ = 0;
 }
 
@@ -211,8 +245,7 @@ void Stage::set_weight_grad_defer_bytes(int64_t bytes) {
 }
 
 void Stage::ZeroGrads() {
-  deferred_.clear();
-  deferred_bytes_ = 0;
+  DropDeferredWeightGrads();
   if (grads_zero_) return;
   for (auto& layer : grads_) {
     for (auto& g : layer) std::fill(g.data.begin(), g.data.end(), 0.0f);

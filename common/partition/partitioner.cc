@@ -655,6 +655,75 @@ absl::StatusOr<std::vector<int>> LoopedPartition(const Problem& p,
   return search.best_cut();
 }
 
+// Sum over chunks of the squared chunk time (cost at its owner's speed).
+double ChunkSquares(const Problem& p, const std::vector<int>& b) {
+  double squares = 0;
+  for (int c = 0; c < p.chunks(); ++c) {
+    const double t = p.Cost(b[c], b[c + 1]) / p.speed[p.placement.OwnerOf(c)];
+    squares += t * t;
+  }
+  return squares;
+}
+
+// Chunks per worker > 1: many cuts share the best worker-level score (a worker's chunks can trade
+// layers), and the searches return any of them, often one with a near-empty chunk beside a huge
+// one. The schedules assume even chunks (a micro-batch crosses every chunk in turn), so among cuts
+// no worse at the worker level (memory over the caps, bottleneck) this moves boundaries while the
+// sum of squared chunk times falls: two boundaries by up to two layers each, or a run of
+// consecutive boundaries by the same one or two layers (a worker's chunk then trades layers with
+// its other chunk across the chunks between them).
+void BalanceChunks(const Problem& p, std::vector<int>* cut) {
+  std::vector<int>& b = *cut;
+  const int c_count = p.chunks();
+  const Score limit = ScoreOf(p, b);
+  const auto at_most = [](double u, double v) { return u <= v + 1e-12 * (1 + std::abs(v)); };
+  double squares = ChunkSquares(p, b);
+  // Keeps the boundaries as they are now if they are a valid cut no worse than `limit` with more
+  // even chunks; else restores `saved`.
+  auto try_keep = [&](const std::vector<int>& saved) {
+    bool ok = true;
+    for (int c = 0; ok && c < c_count; ++c) ok = b[c] < b[c + 1];
+    if (ok) {
+      const Score s = ScoreOf(p, b);
+      const double candidate = ChunkSquares(p, b);
+      if (at_most(s.excess, limit.excess) && at_most(s.bottleneck, limit.bottleneck) &&
+          candidate < squares - 1e-12 * (1 + squares)) {
+        squares = candidate;
+        return true;
+      }
+    }
+    b = saved;
+    return false;
+  };
+  // Candidates tried, each O(chunks): bounds the time for many chunks (well under a second).
+  constexpr int64_t kMaxCandidates = int64_t{1} << 20;
+  int64_t candidates = 0;
+  for (bool improved = true; improved && candidates < kMaxCandidates;) {
+    improved = false;
+    for (int i = 1; i < c_count && candidates < kMaxCandidates; ++i) {
+      for (int j = i; j < c_count; ++j) {
+        for (int di = -2; di <= 2; ++di) {
+          for (int dj = -2; dj <= 2; ++dj) {
+            if ((i == j && dj != 0) || (di == 0 && dj == 0)) continue;
+            const std::vector<int> saved = b;
+            b[i] += di;
+            if (j != i) b[j] += dj;
+            ++candidates;
+            improved = try_keep(saved) || improved;
+          }
+        }
+        if (j - i < 2) continue;  // runs of one or two boundaries are pairs above.
+        for (int d : {-2, -1, 1, 2}) {
+          const std::vector<int> saved = b;
+          for (int c = i; c <= j; ++c) b[c] += d;
+          ++candidates;
+          improved = try_keep(saved) || improved;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Partition> EvaluatePartition(const std::vector<double>& layer_costs,
@@ -693,6 +762,7 @@ absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs
   } else {
     PT_ASSIGN_OR_RETURN(b, LoopedPartition(p, options.layer_memory, &exact));
   }
+  if (p.placement.virtual_stages > 1) BalanceChunks(p, &b);
   bool valid =
       static_cast<int>(b.size()) == p.chunks() + 1 && b.front() == 0 && b.back() == p.layers;
   for (size_t c = 0; valid && c + 1 < b.size(); ++c) valid = b[c] < b[c + 1];

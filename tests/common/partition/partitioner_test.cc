@@ -345,6 +345,37 @@ TEST(PartitionerTest, LoopedMatchesBruteForce) {
   EXPECT_GT(infeasible, 10);
 }
 
+// With two chunks per worker many cuts share the best bottleneck (a worker's chunks trade
+// layers); the partitioner returns one with even chunks, which the schedules assume. The deep
+// benchmark MLP's costs (the first Linear has no input gradient, then 15 equal Linears with
+// nearly free ReLUs between them, a small head): both placements used to put one Linear in one
+// chunk and seven in the other of the same worker.
+TEST(PartitionerTest, ChunksOfAWorkerAreEvenAmongEquallyGoodCuts) {
+  std::vector<double> costs = {2, 0.01};
+  for (int i = 0; i < 15; ++i) {
+    costs.push_back(3);
+    costs.push_back(0.01);
+  }
+  costs.push_back(0.1);
+  for (const PlacementKind kind : {PlacementKind::kLooped, PlacementKind::kVShape}) {
+    PartitionOptions options;
+    options.stages = 2;
+    options.placement = kind;
+    options.virtual_stages = 2;
+    SCOPED_TRACE(kind == PlacementKind::kLooped ? "looped" : "v-shape");
+    absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_NEAR(p->bottleneck, BruteForce(costs, options), 1e-9);
+    double total = 0;
+    for (double c : costs) total += c;
+    const double mean_chunk = total / 4;
+    for (double c : p->chunk_cost) {
+      EXPECT_LT(c, 1.15 * mean_chunk) << "chunks " << absl::StrJoin(p->chunk_cost, ", ");
+      EXPECT_GT(c, 0.85 * mean_chunk) << "chunks " << absl::StrJoin(p->chunk_cost, ", ");
+    }
+  }
+}
+
 TEST(PartitionerTest, Errors) {
   PartitionOptions options;
   options.stages = 3;
