@@ -70,8 +70,8 @@ absl::StatusOr<Stage> Stage::Create(const Model* model, int64_t first, int64_t l
         " optimizer state tensors), more than the limit of ", limit,
         " bytes (ModelLimits::max_parameter_bytes); split the model into more stages"));
   }
-  // Deferred weight gradients may hold as much as the weights.
-  s.weight_grad_defer_bytes_ = *bytes / copies;
+  // Deferred weight gradients may hold as much as the parameters, gradients and optimizer state.
+  s.weight_grad_defer_bytes_ = *bytes;
   // The check above bounds the allocation; this catches a machine with less memory than that.
   try {
     s.AllocateParameters(seed);
@@ -94,7 +94,6 @@ void Stage::AllocateParameters(uint64_t seed) {
       state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
     has_params_.push_back(!params.empty());
-    deferred_added_.push_back(0);
     params_.push_back(std::move(params));
     caches_.push_back(model_->layer(l).NewParamCache());
     grads_.push_back(std::move(grads));
@@ -191,24 +190,14 @@ int64_t Stage::DeferredBytes(const DeferredWeightGrad& d, int64_t k) {
 }
 
 void Stage::AddDeferredWeightGradsOfLayer(int64_t k) {
-  const size_t from = deferred_added_[k];
-  if (!has_params_[k] || from >= deferred_.size()) return;
+  if (!has_params_[k] || deferred_.empty()) return;
   std::vector<math::WeightGradInputs> inputs;
-  inputs.reserve(deferred_.size() - from);
-  for (size_t i = from; i < deferred_.size(); ++i) {
-    const DeferredWeightGrad& d = deferred_[i];
+  inputs.reserve(deferred_.size());
+  for (const DeferredWeightGrad& d : deferred_) {
     inputs.push_back(
         {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
   }
   model_->layer(first_ + k).BackwardWeightMany(params_[k], inputs, absl::MakeSpan(grads_[k]));
-  for (size_t i = from; i < deferred_.size(); ++i) {
-    DeferredWeightGrad& d = deferred_[i];
-    deferred_bytes_ -= DeferredBytes(d, k);
-    d.inputs[k].resize(0, 0);
-    d.output_grads[k].resize(0, 0);
-    d.stashes[k].data = {};
-  }
-  deferred_added_[k] = deferred_.size();
 }
 
 void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
@@ -221,21 +210,8 @@ void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
   DropDeferredWeightGrads();
 }
 
-bool Stage::AddDeferredWeightGradsOfOneLayer(int64_t min_microbatches) {
-  const int64_t n = last_ - first_;
-  for (int64_t k = n - 1; k >= 0; --k) {
-    if (has_params_[k] &&
-        static_cast<int64_t>(deferred_.size() - deferred_added_[k]) >= min_microbatches) {
-      AddDeferredWeightGradsOfLayer(k);
-      return true;
-    }
-  }
-  return false;
-}
-
 void Stage::DropDeferredWeightGrads() {
   deferred_.clear();
-  std::fill(deferred_added_.begin(), deferred_added_.end(), 0);
   deferred_bytes_ = 0;
 }
 

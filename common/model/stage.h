@@ -78,7 +78,8 @@ class Stage {
   void BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq = nullptr);
 
   // The most bytes of deferred micro-batches BackwardWeight keeps before it adds them; by default
-  // the bytes of this stage's weights (so deferring at most doubles them). 0: never defer.
+  // what the stage's weights, gradients and optimizer state take (so deferring at most doubles
+  // the stage's parameter memory). 0: never defer.
   int64_t weight_grad_defer_bytes() const { return weight_grad_defer_bytes_; }
   void set_weight_grad_defer_bytes(int64_t bytes);
   // Bytes deferred micro-batches hold now.
@@ -87,11 +88,6 @@ class Stage {
   // `grad_norm_sq` (after the step's last BackwardWeight) it sets *grad_norm_sq as BackwardWeight
   // with `grad_norm_sq` does.
   void AddDeferredWeightGrads(std::vector<double>* grad_norm_sq = nullptr);
-  // Adds one layer's deferred weight gradients (every deferred micro-batch's, in order, at least
-  // `min_microbatches` of them) and frees what they held; false if no layer has that many. For
-  // a caller with nothing else to do (a worker waiting for a tensor): the gradients end bitwise
-  // the same whenever they are added.
-  bool AddDeferredWeightGradsOfOneLayer(int64_t min_microbatches = 1);
 
   // Sets all gradients to zero (start of a step), dropping deferred micro-batches. Free when they
   // are zero already: fresh, or since the last ApplyOptimizer or ZeroGrads with no BackwardWeight
@@ -135,9 +131,9 @@ class Stage {
     std::vector<math::Stash> stashes;
   };
 
-  // Adds local layer k's deferred weight gradients not added yet and frees what they held.
+  // Adds local layer k's deferred weight gradients.
   void AddDeferredWeightGradsOfLayer(int64_t k);
-  // Drops every deferred micro-batch (added or not).
+  // Drops every deferred micro-batch.
   void DropDeferredWeightGrads();
   // Bytes entry `d` holds for local layer k.
   static int64_t DeferredBytes(const DeferredWeightGrad& d, int64_t k);
@@ -160,7 +156,6 @@ class Stage {
   bool grads_zero_ = true;                    // every gradient is known to be zero.
   std::vector<bool> has_params_;              // [layer]
   std::vector<DeferredWeightGrad> deferred_;  // in micro-batch order.
-  std::vector<size_t> deferred_added_;        // [layer]: entries of deferred_ already added.
   int64_t deferred_bytes_ = 0;
   int64_t weight_grad_defer_bytes_ = 0;
   std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]

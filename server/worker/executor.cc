@@ -327,10 +327,6 @@ absl::StatusOr<math::Matrix> StepExecutor::TakeChecked(const TensorKey& key, int
   const absl::Time deadline = options_.input_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options_.input_timeout;
-  // Until the tensor is here, add deferred weight gradients: work the step's last weight
-  // gradient would otherwise do.
-  while (!mailbox_->Ready(key) && AddDeferredWeightGradsOfOneLayer()) {
-  }
   PT_ASSIGN_OR_RETURN(math::Matrix x, mailbox_->Take(key, deadline));
   if ((rows >= 0 && x.rows() != rows) || x.cols() != cols) {
     return absl::InvalidArgumentError(absl::StrCat(key.ToString(), " has shape [", x.rows(), ", ",
@@ -338,16 +334,6 @@ absl::StatusOr<math::Matrix> StepExecutor::TakeChecked(const TensorKey& key, int
                                                    "]"));
   }
   return x;
-}
-
-bool StepExecutor::AddDeferredWeightGradsOfOneLayer() {
-  // A pass over a layer's gradient for a single micro-batch is what deferring saves; two or more
-  // at once still halve it, and the rest waits for the step's end.
-  constexpr int64_t kMinMicrobatches = 2;
-  for (OwnedChunk& c : chunks_) {
-    if (c.stage.AddDeferredWeightGradsOfOneLayer(kMinMicrobatches)) return true;
-  }
-  return false;
 }
 
 int64_t StepExecutor::InFlightBytes() const {
@@ -475,9 +461,9 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
     return absl::FailedPreconditionError("no input gradient state for this micro-batch and chunk");
   }
   // The stages may defer weight gradients (model::Stage::BackwardWeight). A chunk whose W are
-  // done while another chunk of this worker still has W to run keeps its deferred ones: added
-  // while this worker waits for a tensor, else after the worker's last W, so that they do not
-  // delay its later actions on the step's critical path.
+  // done while another chunk of this worker still has W to run keeps its deferred ones until
+  // the worker's last W, so that adding them does not delay its later actions on the step's
+  // critical path.
   ++weight_grads_done_[local];
   bool all_done = true;
   for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;

@@ -202,9 +202,6 @@ class StepExecutor {
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
-  // Adds one layer's deferred weight gradients of some chunk (model::Stage); false if none has
-  // enough to be worth a pass.
-  bool AddDeferredWeightGradsOfOneLayer();
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
   // Bytes held by the in-flight states (inputs, stashes, gradients, dpred).
   int64_t InFlightBytes() const;

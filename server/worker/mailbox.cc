@@ -108,11 +108,6 @@ int64_t Mailbox::stored_bytes() const {
   return stored_bytes_;
 }
 
-bool Mailbox::Ready(const wire::TensorKey& key) const {
-  absl::MutexLock lock(&mu_);
-  return !abort_status_.ok() || entries_.contains(key);
-}
-
 absl::Status Mailbox::status() const {
   absl::MutexLock lock(&mu_);
   return abort_status_;

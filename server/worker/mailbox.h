@@ -68,10 +68,6 @@ class Mailbox {
   absl::StatusOr<math::Matrix> Take(const wire::TensorKey& key,
                                     absl::Time deadline = absl::InfiniteFuture());
 
-  // Whether a Take of `key` would return at once: the tensor is stored or the mailbox aborted. A
-  // snapshot, exact for the key's one consumer (only it removes the tensor).
-  bool Ready(const wire::TensorKey& key) const;
-
   // Fails every current and future Put/Take with `status` (must not be OK; an OK status is
   // replaced by ABORTED) until Reset(). Stored tensors are dropped. The first status wins when
   // called repeatedly.

@@ -80,21 +80,6 @@ TEST(MailboxTest, PutThenTakeReturnsTheTensorOnce) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
-// Ready says whether a Take would return at once: after a Put of that key, not before, not
-// after the Take, and for every key once aborted.
-TEST(MailboxTest, ReadyTellsWhetherATakeWouldReturnAtOnce) {
-  Mailbox mailbox;
-  EXPECT_FALSE(mailbox.Ready(Key(1, 0)));
-  ASSERT_TRUE(mailbox.Put(Key(1, 0), Filled(2, 3, 1.0f)).ok());
-  EXPECT_TRUE(mailbox.Ready(Key(1, 0)));
-  EXPECT_FALSE(mailbox.Ready(Key(1, 1)));
-  ASSERT_TRUE(mailbox.Take(Key(1, 0)).ok());
-  EXPECT_FALSE(mailbox.Ready(Key(1, 0)));
-  mailbox.Abort(absl::CancelledError("stop"));
-  EXPECT_TRUE(mailbox.Ready(Key(1, 1)));
-  EXPECT_EQ(mailbox.Take(Key(1, 1)).status().code(), absl::StatusCode::kCancelled);
-}
-
 TEST(MailboxTest, KeysDifferingInAnyFieldAreDistinct) {
   Mailbox box;
   ASSERT_TRUE(box.Put(Key(1, 0, 0, TensorKind::kActivation), Filled(1, 1, 1)).ok());
