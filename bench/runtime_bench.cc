@@ -295,13 +295,25 @@ absl::StatusOr<double> ReplayUs(const schedule::Plan& plan, const v1::StepResult
   schedule::CostModel costs = schedule::UniformCostModel(plan.placement, {});
   costs.link.latency = message_us;
   costs.action_durations.resize(plan.stages());
+  costs.action_output_times.resize(plan.stages());
+  costs.worker_start.assign(plan.stages(), 0.0);
   for (const v1::WorkerTimeline& w : result.workers()) {
     if (w.rank() < 0 || w.rank() >= plan.stages()) {
       return absl::InternalError(
           absl::StrCat("the step result names rank ", w.rank(), " of ", plan.stages()));
     }
     auto& d = costs.action_durations[w.rank()];
-    for (const v1::ActionTiming& t : w.timings()) d.push_back(ComputeUs(t));
+    auto& o = costs.action_output_times[w.rank()];
+    for (const v1::ActionTiming& t : w.timings()) {
+      d.push_back(ComputeUs(t));
+      // A B hands on its input gradient before it adds its weight gradients (output_us).
+      const double output =
+          t.output_us() > 0 ? t.output_us() - t.start_us() - t.wait_us() : d.back();
+      o.push_back(std::clamp(output, 0.0, d.back()));
+    }
+    // Work before the first action (a deferred optimizer update) is the worker's, not the
+    // runtime's: the replay starts that worker's actions no earlier.
+    if (w.timings_size() > 0) costs.worker_start[w.rank()] = std::max(0.0, w.timings(0).start_us());
   }
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, costs));
   return sim.stats.makespan;

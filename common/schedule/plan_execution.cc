@@ -17,7 +17,8 @@ constexpr int kMaxReportedWorkers = 8;
 
 absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
     const Plan& plan, const std::vector<std::vector<double>>& durations,
-    const std::vector<double>& boundary_delay) {
+    const std::vector<double>& boundary_delay, const std::vector<std::vector<double>>& output_times,
+    const std::vector<double>& worker_start) {
   const int s = plan.stages();
   const int c_count = plan.num_chunks();
   const Placement& placement = plan.placement;
@@ -34,7 +35,7 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
   };
 
   std::vector<size_t> pos(s, 0);
-  std::vector<double> free_at(s, 0.0);
+  std::vector<double> free_at = worker_start.empty() ? std::vector<double>(s, 0.0) : worker_start;
   std::vector<std::vector<TimedAction>> out(s);
   for (int w = 0; w < s; ++w) out[w].reserve(plan.actions[w].size());
   std::vector<int> queue;
@@ -86,14 +87,15 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
       }
       if (!available) break;
       const double end = ready + durations[w][pos[w]];
+      const double output = output_times.empty() ? end : ready + output_times[w][pos[w]];
       out[w].push_back(TimedAction{a, ready, end});
       free_at[w] = end;
       ++pos[w];
       if (a.op == Op::kForward) {
-        f_end[key(a, c)] = end;
+        f_end[key(a, c)] = output;
         if (c + 1 < plan.RouteEnd(a.mb)) wake(placement.OwnerOf(c + 1));
       } else if (a.op != Op::kWeightGrad) {
-        g_end[key(a, c)] = end;
+        g_end[key(a, c)] = output;
         if (c > plan.RouteBegin(a.mb)) wake(placement.OwnerOf(c - 1));
       }
     }

@@ -20,12 +20,17 @@ namespace pipetrain::schedule::internal {
 
 // Times every action of `plan`, which must have passed CheckPlanStructure(). `durations` has the
 // shape of plan.actions; `boundary_delay` is empty (no link delay) or has num_chunks-1 entries.
+// `output_times` is empty or has the shape of plan.actions: when, after its start, an action's
+// output (activation, input gradient) is available (else at its end). `worker_start` is empty or
+// has one entry per worker: the earliest start of its first action (else 0).
 // Returns the per-worker intervals, or INVALID_ARGUMENT if the plan deadlocks, naming each blocked
 // worker, its position, the action it cannot start and the input it waits for. O(number of
 // actions) time and O(M * S * V) memory.
 absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
     const Plan& plan, const std::vector<std::vector<double>>& durations,
-    const std::vector<double>& boundary_delay);
+    const std::vector<double>& boundary_delay,
+    const std::vector<std::vector<double>>& output_times = {},
+    const std::vector<double>& worker_start = {});
 
 }  // namespace pipetrain::schedule::internal
 

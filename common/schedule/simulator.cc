@@ -60,6 +60,41 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
       }
     }
   }
+  if (!costs.action_output_times.empty()) {
+    if (costs.action_durations.empty() ||
+        costs.action_output_times.size() != costs.action_durations.size()) {
+      return absl::InvalidArgumentError(
+          "measured output times need measured durations of the same shape");
+    }
+    for (size_t w = 0; w < costs.action_output_times.size(); ++w) {
+      if (costs.action_output_times[w].size() != costs.action_durations[w].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "measured output times of worker ", w, " have ", costs.action_output_times[w].size(),
+            " entries; its durations ", costs.action_durations[w].size()));
+      }
+      for (size_t p = 0; p < costs.action_output_times[w].size(); ++p) {
+        const double t = costs.action_output_times[w][p];
+        PT_RETURN_IF_ERROR(CheckNonNegative(
+            t, absl::StrCat("measured output time of worker ", w, " position ", p)));
+        if (t > costs.action_durations[w][p]) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("measured output time of worker ", w, " position ", p, " (", t,
+                           ") is after the action's end (", costs.action_durations[w][p], ")"));
+        }
+      }
+    }
+  }
+  if (!costs.worker_start.empty()) {
+    if (costs.worker_start.size() != plan.actions.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker start times cover ", costs.worker_start.size(),
+                       " workers; the plan has ", plan.actions.size()));
+    }
+    for (size_t w = 0; w < costs.worker_start.size(); ++w) {
+      PT_RETURN_IF_ERROR(
+          CheckNonNegative(costs.worker_start[w], absl::StrCat("start time of worker ", w)));
+    }
+  }
   for (const auto& [name, bytes] : {std::pair<const char*, const std::vector<double>*>{
                                         "activation bytes", &costs.activation_bytes},
                                     {"boundary bytes", &costs.boundary_bytes}}) {
@@ -162,7 +197,9 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& cos
   }
   SimulationResult result;
   result.timeline.placement = plan.placement;
-  PT_ASSIGN_OR_RETURN(result.timeline.workers, internal::ExecuteInOrder(plan, durations, delay));
+  PT_ASSIGN_OR_RETURN(result.timeline.workers,
+                      internal::ExecuteInOrder(plan, durations, delay, costs.action_output_times,
+                                               costs.worker_start));
   PT_ASSIGN_OR_RETURN(result.stats, SummarizeTimeline(result.timeline, costs.activation_bytes));
   return result;
 }

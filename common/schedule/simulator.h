@@ -44,6 +44,13 @@ struct CostModel {
   // Optional measured durations, [worker][position] with the plan's shape; when non-empty they
   // replace chunk_costs (e.g. to replay a measured step through a different link model).
   std::vector<std::vector<double>> action_durations;
+  // Optional, with action_durations: [worker][position] time after an action's start at which its
+  // output (activation, input gradient) is available, at most its duration. Empty: at its end. (A
+  // worker's fused B hands on the input gradient before it adds the weight gradients.)
+  std::vector<std::vector<double>> action_output_times;
+  // Optional: [worker] the earliest start of its first action, for work a worker does at the
+  // start of a step before it (a deferred optimizer update). Empty: 0.
+  std::vector<double> worker_start;
 };
 
 // Every chunk gets `per_stage` divided by V: `per_stage` is the cost of one worker's share of the

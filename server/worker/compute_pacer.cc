@@ -85,6 +85,7 @@ void ComputePacer::RewriteTimings(StepReport* report) {
     t.start = absl::FromChrono(starts_[i] - base_);
     t.ready = absl::FromChrono(readies_[i] - base_);
     t.end = absl::FromChrono(ends_[i] - base_);
+    t.output = t.end;  // an emulated action's output is timed at its (paced) end.
     report->wait_time += t.wait();
     report->compute_time += t.compute();
   }

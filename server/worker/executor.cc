@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -290,6 +291,7 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
     const int local = local_of_chunk_[a.chunk];
     const Clock::time_point start = Clock::now();
     Clock::time_point ready = start;
+    std::optional<Clock::time_point> output;
     absl::Status s;
     switch (a.op) {
       case Op::kForward:
@@ -297,6 +299,7 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
         break;
       case Op::kBackward:
         s = InputGrad(step, a, local, &ready);
+        output = Clock::now();
         if (s.ok()) s = WeightGrad(a, local);
         break;
       case Op::kInputGrad:
@@ -308,8 +311,9 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
     }
     if (!s.ok()) return WithContext(s, absl::StrCat("step ", step, " ", At(i, a)));
     const Clock::time_point end = Clock::now();
-    report->timings.push_back(ActionTiming{
-        a, absl::FromChrono(start - t0), absl::FromChrono(ready - t0), absl::FromChrono(end - t0)});
+    report->timings.push_back(ActionTiming{a, absl::FromChrono(start - t0),
+                                           absl::FromChrono(ready - t0), absl::FromChrono(end - t0),
+                                           absl::FromChrono(output.value_or(end) - t0)});
     report->peak_in_flight =
         std::max(report->peak_in_flight, static_cast<int64_t>(in_flight_.size()));
     report->peak_stashed_bytes = std::max(report->peak_stashed_bytes, InFlightBytes());

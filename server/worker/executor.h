@@ -76,6 +76,9 @@ struct ActionTiming {
   absl::Duration start;
   absl::Duration ready;
   absl::Duration end;
+  // When its output (activation, input gradient) was handed on: the end, except for a B, which
+  // adds its weight gradients after it.
+  absl::Duration output;
   absl::Duration wait() const { return ready - start; }
   absl::Duration compute() const { return end - ready; }
 };

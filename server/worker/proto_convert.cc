@@ -24,6 +24,7 @@ v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const Ste
     out->set_start_us(absl::ToDoubleMicroseconds(t.start));
     out->set_end_us(absl::ToDoubleMicroseconds(t.end));
     out->set_wait_us(absl::ToDoubleMicroseconds(t.wait()));
+    out->set_output_us(absl::ToDoubleMicroseconds(t.output));
   }
   for (const LinkSpanTiming& l : links) {
     v1::LinkSpan* out = done.add_links();

@@ -369,6 +369,42 @@ TEST(SimulatorTest, MeasuredDurationsReplaceChunkCosts) {
               HasSubstr("measured durations of worker 1 have 1 entries; the worker has 2 actions"));
 }
 
+// Measured output times: worker 1's B hands the input gradient on 0.25 after it starts (then adds
+// its weight gradients), so worker 0's B starts then, not at that B's end; a worker start time
+// holds back the first action of that worker.
+TEST(SimulatorTest, MeasuredOutputTimesAndWorkerStarts) {
+  const Plan plan = Generated(ScheduleKind::kOneFOneB, 2, 1, 1);
+  CostModel costs;
+  costs.action_durations = {{1.5, 4}, {0.5, 1}};  // w0: F0 B0; w1: F0 B0.
+  costs.action_output_times = {{1.5, 4}, {0.5, 0.25}};
+  absl::StatusOr<SimulationResult> r = Simulate(plan, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->timeline.workers[1][1].end, 3);
+  EXPECT_DOUBLE_EQ(r->timeline.workers[0][1].start, 2.25);  // 1.5 + 0.5 + 0.25
+  EXPECT_DOUBLE_EQ(r->stats.makespan, 6.25);
+  costs.worker_start = {0, 2.5};  // worker 1 busy until 2.5 before its first action.
+  r = Simulate(plan, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->timeline.workers[1][0].start, 2.5);
+  EXPECT_DOUBLE_EQ(r->timeline.workers[0][1].start, 3.25);  // 2.5 + 0.5 + 0.25
+  EXPECT_DOUBLE_EQ(r->stats.makespan, 7.25);
+
+  costs.action_output_times[1][1] = 1.5;  // after the action's end.
+  EXPECT_THAT(Simulate(plan, costs).status().message(),
+              HasSubstr("measured output time of worker 1 position 1 (1.5) is after the "
+                        "action's end (1)"));
+  costs.action_output_times[1].pop_back();
+  EXPECT_THAT(Simulate(plan, costs).status().message(),
+              HasSubstr("measured output times of worker 1 have 1 entries; its durations 2"));
+  costs.action_output_times.clear();
+  costs.worker_start = {0};
+  EXPECT_THAT(Simulate(plan, costs).status().message(),
+              HasSubstr("worker start times cover 1 workers; the plan has 2"));
+  costs.worker_start = {0, -1};
+  EXPECT_THAT(Simulate(plan, costs).status().message(),
+              HasSubstr("start time of worker 1 must be finite and >= 0"));
+}
+
 TEST(SimulatorTest, PeakActivationBytes) {
   const Plan plan = Generated(ScheduleKind::kZbV, 2, 4, 2);
   CostModel costs = UniformCostModel(plan.placement, {2, 4, 2, 2});

@@ -351,7 +351,8 @@ class Pipeline {
   Pipeline(const model::Model* model, const math::OptimizerConfig& optimizer)
       : model_(model), optimizer_(optimizer) {}
 
-  // Every action timed once, in order, with start <= ready <= end and no overlap.
+  // Every action timed once, in order, with start <= ready <= end and no overlap; its output
+  // handed on at its end, or for a B (which then adds its weight gradients) between ready and end.
   static void CheckReport(const StepReport& r, const std::vector<Action>& actions) {
     ASSERT_EQ(r.timings.size(), actions.size());
     absl::Duration prev_end = absl::ZeroDuration();
@@ -362,6 +363,12 @@ class Pipeline {
       EXPECT_LE(prev_end, t.start);
       EXPECT_LE(t.start, t.ready);
       EXPECT_LE(t.ready, t.end);
+      if (t.action.op == schedule::Op::kBackward) {
+        EXPECT_LE(t.ready, t.output);
+        EXPECT_LE(t.output, t.end);
+      } else {
+        EXPECT_EQ(t.output, t.end);
+      }
       prev_end = t.end;
       wait += t.wait();
       compute += t.compute();
