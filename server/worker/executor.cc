@@ -348,7 +348,9 @@ int64_t StepExecutor::InFlightBytes() const {
     for (const math::Matrix& m : f->state.grads) floats += m.size();
     floats += f->dpred.size();
   }
-  return floats * static_cast<int64_t>(sizeof(float));
+  int64_t deferred = 0;
+  for (const OwnedChunk& c : chunks_) deferred += c.stage.DeferredWeightGradBytes();
+  return floats * static_cast<int64_t>(sizeof(float)) + deferred;
 }
 
 StepExecutor::InFlight* StepExecutor::FindInFlight(int mb, int local) {

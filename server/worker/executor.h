@@ -96,11 +96,12 @@ struct StepReport {
   std::vector<LayerNormSq> layer_grad_norm_sq;
   // One entry per action, in execution order.
   std::vector<ActionTiming> timings;
-  absl::Duration wait_time;        // sum of the actions' wait().
-  absl::Duration compute_time;     // sum of the actions' compute().
-  absl::Duration wall_time;        // RunStep entry to return.
-  int64_t peak_in_flight = 0;      // most (micro-batch, chunk) states held at once.
-  int64_t peak_stashed_bytes = 0;  // most bytes those states held at once (activations, caches).
+  absl::Duration wait_time;     // sum of the actions' wait().
+  absl::Duration compute_time;  // sum of the actions' compute().
+  absl::Duration wall_time;     // RunStep entry to return.
+  int64_t peak_in_flight = 0;   // most (micro-batch, chunk) states held at once.
+  // Most bytes those states, and the stages' deferred weight gradients, held at once.
+  int64_t peak_stashed_bytes = 0;
 };
 
 // The global squared gradient norm from every worker's report: the per-layer values placed by
@@ -206,7 +207,8 @@ class StepExecutor {
   absl::Status WeightGrad(const schedule::Action& a, int local);
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
-  // Bytes held by the in-flight states (inputs, stashes, gradients, dpred).
+  // Bytes held by the in-flight states (inputs, stashes, gradients, dpred) and by what the stages
+  // keep for deferred weight gradients (model::Stage::DeferredWeightGradBytes).
   int64_t InFlightBytes() const;
   InFlight* FindInFlight(int mb, int local);
   // A fresh or pooled state registered for (mb, local).
