@@ -13,6 +13,11 @@ class PackedWeightAccess {
  public:
   using Index = Eigen::Index;
   using Traits = Eigen::internal::gebp_traits<float, float>;
+  // The destination and kernel of Eigen's column-major GEMM (GeneralMatrixMatrix.h).
+  using ResMapper =
+      Eigen::internal::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+  using Gebp = Eigen::internal::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr,
+                                            false, false>;
 
   struct Blocking {
     Index kc, mc, nc;
@@ -95,12 +100,8 @@ class PackedWeightAccess {
   static void Multiply(PackedWeight& p, const Blocking& b, const float* rhs, Index rhs_stride,
                        Index n, float* res, Index res_stride) {
     using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
-    using ResMapper =
-        Eigen::internal::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
     Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
-    Eigen::internal::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false,
-                                 false>
-        gebp;
+    Gebp gebp;
     const RhsMapper rhs_map(rhs, rhs_stride);
     ResMapper res_map(res, res_stride, 1);
     const Index m = p.rows_;
@@ -197,14 +198,12 @@ bool AccumulateDyTxBlocked(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
   }
   using LhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
   using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
-  using ResMapper =
-      Eigen::internal::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+  using ResMapper = PackedWeightAccess::ResMapper;
   Eigen::internal::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
                                  typename Traits::LhsPacket4Packing, Eigen::ColMajor>
       pack_lhs;
   Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::RowMajor> pack_rhs;
-  Eigen::internal::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false>
-      gebp;
+  PackedWeightAccess::Gebp gebp;
   ResMapper res(gw.data(), gw.outerStride(), 1);
   // Columns of gw^T per pass: whole panels of Traits::nr, so that every column is computed by the
   // same path of the kernel (a full panel, or one of the last few single columns) as in Eigen's

@@ -93,7 +93,6 @@ void Stage::AllocateParameters(uint64_t seed) {
       std::fill(grads[p].data.begin(), grads[p].data.end(), 0.0f);
       state[p].assign(state_names_.size(), std::vector<float>(params[p].data.size(), 0.0f));
     }
-    has_params_.push_back(!params.empty());
     params_.push_back(std::move(params));
     caches_.push_back(model_->layer(l).NewParamCache());
     grads_.push_back(std::move(grads));
@@ -166,7 +165,7 @@ void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_s
   d.output_grads.resize(n);
   d.stashes.resize(n);
   for (int64_t k = 0; k < n; ++k) {
-    if (!has_params_[k]) continue;
+    if (params_[k].empty()) continue;
     d.inputs[k] = std::move(mb->inputs[k]);
     d.output_grads[k] = std::move(mb->grads[k + 1]);
     d.stashes[k] = std::move(mb->stashes[k]);
@@ -190,7 +189,7 @@ int64_t Stage::DeferredBytes(const DeferredWeightGrad& d, int64_t k) {
 }
 
 void Stage::AddDeferredWeightGradsOfLayer(int64_t k) {
-  if (!has_params_[k] || deferred_.empty()) return;
+  if (params_[k].empty() || deferred_.empty()) return;
   std::vector<math::WeightGradInputs> inputs;
   inputs.reserve(deferred_.size());
   for (const DeferredWeightGrad& d : deferred_) {
@@ -236,10 +235,8 @@ double Stage::LayerGradNormSq(int64_t k) const {
 }
 
 std::vector<double> Stage::GradNormSqPerLayer() {
-  AddDeferredWeightGrads(nullptr);
   std::vector<double> out;
-  out.reserve(grads_.size());
-  for (size_t k = 0; k < grads_.size(); ++k) out.push_back(LayerGradNormSq(k));
+  AddDeferredWeightGrads(&out);
   return out;
 }
 

@@ -154,7 +154,6 @@ class Stage {
   // [layer]: what the layer derives from params_[layer] (null if nothing); told of every change.
   mutable std::vector<std::unique_ptr<math::ParamCache>> caches_;
   bool grads_zero_ = true;                    // every gradient is known to be zero.
-  std::vector<bool> has_params_;              // [layer]
   std::vector<DeferredWeightGrad> deferred_;  // in micro-batch order.
   int64_t deferred_bytes_ = 0;
   int64_t weight_grad_defer_bytes_ = 0;
