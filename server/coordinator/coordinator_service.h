@@ -282,6 +282,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                    std::function<void(absl::StatusOr<v1::JobStatus>)> done);
   absl::StatusOr<v1::JobStatus> DoAssign(Job* job);
   absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request);
+  // Job thread only, mu_ not held. Makes the job's data links to its first and last chunk
+  // owners (which feed inputs and targets) open and healthy for `epoch`: drops those of another
+  // epoch or that failed, dials what is missing. The dial's error if one fails.
+  absl::Status EnsureFeedLinks(Job* job, int64_t epoch, const std::string& secret,
+                               const std::vector<std::string>& addresses) ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread only, mu_ not held. After an assignment: EnsureFeedLinks for a READY job, so that
+  // its first step does not wait for the handshakes; a failure is logged (the step redials).
+  void OpenFeedLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
   // Replaces the lost ranks of a RECOVERING job with idle workers (waiting for them up to the
   // job's replace timeout) or, past it, re-partitions it onto fewer stages (down to its

@@ -216,9 +216,19 @@ class FakeWorker {
     mu_.Await(absl::Condition(this, &FakeWorker::ReceivedEnough));
     return received_rows_;
   }
+  // Waits until `n` data links were accepted or 10 s passed; returns how many were.
+  size_t WaitLinks(size_t n) {
+    absl::MutexLock lock(&mu_);
+    links_wanted_ = n;
+    mu_.AwaitWithTimeout(absl::Condition(this, &FakeWorker::LinksEnough), absl::Seconds(10));
+    return links_.size();
+  }
   const std::string& name() const { return name_; }
 
  private:
+  bool LinksEnough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return links_.size() >= links_wanted_;
+  }
   bool ReceivedEnough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return received_.size() >= wait_for_;
   }
@@ -382,6 +392,7 @@ class FakeWorker {
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<wire::TensorKey> received_ ABSL_GUARDED_BY(mu_);
+  size_t links_wanted_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t received_rows_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::unique_ptr<link::PeerLink>> links_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
@@ -582,6 +593,29 @@ TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->steps_done(), 1);
+}
+
+TEST_F(CoordinatorServiceTest, FeedLinksAreOpenWhenTheJobIsReadyAndKeptForItsSteps) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_READY);
+  // Before any step: the coordinator dialled the first chunk's owner (inputs) and the last
+  // chunk's owner (targets), so the first step does not wait for the handshakes.
+  EXPECT_EQ(workers_[0]->WaitLinks(1), 1u);
+  EXPECT_EQ(workers_[1]->WaitLinks(1), 1u);
+  EXPECT_TRUE(workers_[0]->received().empty());
+  const TestBatch batch = MakeBatch(8);
+  for (int step = 1; step <= 2; ++step) {
+    absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), batch.view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), step);
+  }
+  // Both steps were fed over those links: no second dial.
+  EXPECT_EQ(workers_[0]->WaitReceived(8), 16);
+  EXPECT_EQ(workers_[1]->WaitReceived(8), 16);
+  EXPECT_EQ(workers_[0]->WaitLinks(1), 1u);
+  EXPECT_EQ(workers_[1]->WaitLinks(1), 1u);
 }
 
 TEST_F(CoordinatorServiceTest, BadBatchesLeaveTheJobUsable) {
