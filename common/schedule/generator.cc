@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/checked_math.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::schedule {
@@ -338,9 +340,11 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
   if (v < 1) {
     return absl::InvalidArgumentError(absl::StrCat("virtual stages must be >= 1 (got ", v, ")"));
   }
-  if (static_cast<long long>(s) * v * m > kMaxChunkMicrobatches) {
+  // Each factor fits in an int; their product need not fit in 64 bits.
+  const std::optional<int64_t> svm = util::CheckedProduct({s, v, m});
+  if (!svm.has_value() || *svm > kMaxChunkMicrobatches) {
     return absl::InvalidArgumentError(absl::StrCat("stages*virtual*microbatches (",
-                                                   static_cast<long long>(s) * v * m,
+                                                   util::CheckedToString(svm),
                                                    ") exceeds the limit ", kMaxChunkMicrobatches));
   }
   switch (p.kind) {

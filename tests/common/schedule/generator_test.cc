@@ -1,6 +1,7 @@
 #include "common/schedule/generator.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,6 +151,10 @@ TEST(GeneratorTest, BadParametersNameTheRule) {
   EXPECT_EQ(message({ScheduleKind::kOneFOneBOverlap, 4, 8, 2}),
             "1f1b-overlap holds one chunk per worker: virtual stages must be 1 (got 2)");
   EXPECT_THAT(message({ScheduleKind::kOneFOneB, 1 << 14, 1 << 14, 1}), HasSubstr("exceeds"));
+  // Factors whose product does not fit in 64 bits (found by the job_spec fuzzer: it overflowed).
+  constexpr int kMax = std::numeric_limits<int>::max();
+  EXPECT_THAT(message({ScheduleKind::kInterleaved, kMax, kMax, kMax}),
+              HasSubstr("stages*virtual*microbatches (more than 2^63) exceeds the limit"));
 
   absl::StatusOr<std::vector<Action>> out_of_range =
       GenerateWorkerActions({ScheduleKind::kOneFOneB, 4, 8, 1}, 4);
