@@ -719,6 +719,16 @@ void CoordinatorService::SendToRank(Job& job, int rank, const v1::WorkerCommand&
   it->second.reactor->Send(command);
 }
 
+std::vector<std::string> CoordinatorService::RankAddresses(const Job& job) const {
+  std::vector<std::string> addresses;
+  addresses.reserve(job.workers.size());
+  for (const std::string& name : job.workers) {
+    auto it = workers_.find(name);
+    addresses.push_back(it == workers_.end() ? "" : it->second.info.address());
+  }
+  return addresses;
+}
+
 void CoordinatorService::AbortStep(Job& job, int64_t step, const std::string& reason) {
   v1::WorkerCommand command;
   v1::Abort* abort = command.mutable_abort();
@@ -795,12 +805,12 @@ v1::JobStatus CoordinatorService::StatusOf(const Job& job) const {
     r->set_cursor_epoch(job.resume->data_cursor.epoch);
     r->set_cursor_batch(job.resume->data_cursor.batch);
   }
+  const std::vector<std::string> addresses = RankAddresses(job);
   for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
     v1::StageStatus* st = s.add_stages();
     st->set_rank(rank);
     st->set_worker(job.workers[rank]);
-    auto it = workers_.find(job.workers[rank]);
-    if (it != workers_.end()) st->set_address(it->second.info.address());
+    st->set_address(addresses[rank]);
     for (const v1::ChunkSpec& c : job.chunks) {
       if (c.worker() == rank) *st->add_chunks() = c;
     }

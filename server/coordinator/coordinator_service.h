@@ -347,6 +347,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::StatusOr<Job*> FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendToRank(Job& job, int rank, const v1::WorkerCommand& command)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each rank's StageWorker address, by rank ("" for a worker no longer registered).
+  std::vector<std::string> RankAddresses(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortStep(Job& job, int64_t step, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a job that has not ended into terminal `state` (DONE, FAILED, CANCELLED) with

@@ -93,10 +93,7 @@ void CoordinatorService::OpenFeedLinksEarly(Job* job) {
     if (job->state != JobState::kReady) return;
     epoch = job->epoch;
     secret = job->link_secret;
-    for (const std::string& name : job->workers) {
-      auto wit = workers_.find(name);
-      addresses.push_back(wit == workers_.end() ? "" : wit->second.info.address());
-    }
+    addresses = RankAddresses(*job);
   }
   const absl::Status opened = EnsureFeedLinks(job, epoch, secret, addresses);
   if (!opened.ok()) {

@@ -189,6 +189,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   }
   job->link_secret = *std::move(secret);
   const int S = static_cast<int>(job->workers.size());
+  const std::vector<std::string> addresses = RankAddresses(*job);
   for (int rank = 0; rank < S; ++rank) {
     v1::WorkerCommand command;
     v1::Assign* a = command.mutable_assign();
@@ -203,10 +204,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
     a->set_virtual_stages(job->spec.virtual_stages());
     a->set_microbatches(job->spec.microbatches());
     for (const v1::ChunkSpec& c : job->chunks) *a->add_chunks() = c;
-    for (const std::string& name : job->workers) {
-      auto wit = workers_.find(name);
-      a->add_worker_addresses(wit == workers_.end() ? "" : wit->second.info.address());
-    }
+    for (const std::string& address : addresses) a->add_worker_addresses(address);
     for (const schedule::Action& action : job->plan.actions[rank]) {
       *a->add_actions() = control::ActionToProto(action);
     }
@@ -288,7 +286,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   int64_t step = 0;
   int64_t epoch = 0;
   std::string secret;
-  std::vector<std::string> addresses(S);
+  std::vector<std::string> addresses;
   {
     absl::MutexLock lock(&mu_);
     PT_RETURN_IF_ERROR(CheckReady(*job));
@@ -324,9 +322,8 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     for (int rank = 0; rank < S; ++rank) {
       SendToRank(*job, rank, command);
       ++job->runs_sent[rank];
-      auto wit = workers_.find(job->workers[rank]);
-      if (wit != workers_.end()) addresses[rank] = wit->second.info.address();
     }
+    addresses = RankAddresses(*job);
   }
 
   // Data links (job thread only): opened when the job became ready (OpenFeedLinksEarly), else
