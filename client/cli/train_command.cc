@@ -1,5 +1,6 @@
 #include "client/cli/train_command.h"
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -257,6 +258,22 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
                       client->StartTraining(job.job(), std::move(train_options)));
   bool checkpoint_visible = false;  // the last checkpoint's manifest is on this file system.
+  // Batch i is sent before result i-1 is read, so that the coordinator starts step i as soon as
+  // step i-1 is committed — except after a step that a checkpoint or an evaluation follows: the
+  // job must be idle then, and the sampler's cursor (in the manifest) at that step.
+  auto idle_after = [&t, first_step](int64_t i) {
+    const int64_t step = first_step + i;
+    return CheckpointDue(t, step, i + 1 == t.steps) ||
+           (t.eval_every > 0 && step % t.eval_every == 0);
+  };
+  std::deque<int64_t> samples_sent;  // the samples of each batch sent and not yet answered.
+  auto send_next = [&sampler, &session, &samples_sent]() -> absl::Status {
+    io::Batch batch = sampler.Next();
+    PT_RETURN_IF_ERROR(
+        session->Send(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
+    samples_sent.push_back(batch.samples);
+    return absl::OkStatus();
+  };
   for (int64_t i = 0; i < t.steps; ++i) {
     if (interrupted && interrupted()) {
       scoped.set_cancel_reason(
@@ -265,9 +282,11 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       return absl::CancelledError(absl::StrCat("interrupted: job ", job.job(), " cancelled after ",
                                                last.step(), " steps; its workers are free"));
     }
-    io::Batch batch = sampler.Next();
-    PT_ASSIGN_OR_RETURN(
-        last, session->Step(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
+    if (samples_sent.empty()) PT_RETURN_IF_ERROR(send_next());
+    if (i + 1 < t.steps && !idle_after(i)) PT_RETURN_IF_ERROR(send_next());
+    PT_ASSIGN_OR_RETURN(last, session->Receive());
+    const int64_t samples = samples_sent.front();
+    samples_sent.pop_front();
     if (!o.trace_path.empty() &&
         (o.trace_steps.has_value() ? o.trace_steps->Contains(last.step()) : i + 1 == t.steps)) {
       traced.push_back(last);
@@ -281,10 +300,11 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
           last.has_link_latency_ms() ? absl::StrFormat("%.4f", last.link_latency_ms()) : "null");
       out.flush();
     } else {
-      progress.Step({last.step(), last.loss(), batch.samples, last.bubble_fraction(),
+      progress.Step({last.step(), last.loss(), samples, last.bubble_fraction(),
                      last.predicted_bubble_fraction()});
     }
-    // Between steps the job is idle: the coordinator's Checkpoint may run while the stream is open.
+    // Here the job is idle if idle_after(i): the coordinator's Checkpoint may run while the stream
+    // is open.
     const bool evaluate = t.eval_every > 0 && last.step() % t.eval_every == 0;
     if (CheckpointDue(t, last.step(), i + 1 == t.steps) || evaluate) {
       progress.Clear();

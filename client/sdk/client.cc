@@ -135,26 +135,78 @@ absl::StatusOr<v1::StepResult> TrainSession::StepOnce(const v1::TrainRequest& re
     return final_.ok() ? absl::FailedPreconditionError("the Train session is finished") : final_;
   }
   if (!stream_->Write(request)) return Fail();
+  return ReadOnce();
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::ReadOnce() {
+  if (done_) {
+    return final_.ok() ? absl::FailedPreconditionError("the Train session is finished") : final_;
+  }
   v1::StepResult result;
   if (!stream_->Read(&result)) return Fail();
   return result;
 }
 
-absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request_in) {
-  v1::TrainRequest request = request_in;
-  // A replaying session names the step each batch is for: a job that a recovery restored between
-  // two steps refuses it (ABORTED) instead of applying it at the restored step.
-  if (options_.replay) request.set_expected_step(next_step_);
-  absl::StatusOr<v1::StepResult> result = StepOnce(request);
+absl::StatusOr<v1::StepResult> TrainSession::Step(const v1::TrainRequest& request) {
+  if (!sent_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Step with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
+  }
+  PT_RETURN_IF_ERROR(Send(request));
+  return Receive();
+}
+
+absl::Status TrainSession::Send(const BatchView& batch) {
+  return Send(MakeTrainRequest(job_, batch));
+}
+
+absl::Status TrainSession::Send(const v1::TrainRequest& request) {
+  if (done_ && !final_.ok() && !(options_.replay && Recoverable(final_))) return final_;
+  if (done_ && final_.ok()) return absl::FailedPreconditionError("the Train session is finished");
+  if (sent_.size() >= kMaxInFlight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kMaxInFlight, " batches are sent and unanswered: Receive one before sending another"));
+  }
+  const int64_t step = next_step_ + static_cast<int64_t>(sent_.size());
+  v1::TrainRequest replayable;
+  if (options_.replay) {
+    // A replaying session names the step each batch is for: a job that a recovery restored
+    // between two steps refuses it (ABORTED) instead of applying it at the restored step.
+    replayable = request;
+    replayable.set_expected_step(step);
+  }
+  sent_.push_back(Sent{step, std::move(replayable)});
+  // A write on a broken stream is left to Receive: it reports the stream's status, or recovers
+  // and resends this batch.
+  if (!done_ && !stream_->Write(options_.replay ? sent_.back().request : request))
+    Fail().IgnoreError();
+  if (done_ && !(options_.replay && Recoverable(final_))) {
+    sent_.clear();
+    return final_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::StepResult> TrainSession::Receive() {
+  if (sent_.empty()) return absl::FailedPreconditionError("no batch is sent and unanswered");
+  absl::StatusOr<v1::StepResult> result = ReadOnce();
   // A recovery may itself be interrupted by another loss: a few rounds, each bounded.
   for (int round = 0; options_.replay && round < 3 && Recoverable(result.status()); ++round) {
-    PT_RETURN_IF_ERROR(Resync(result.status()));
-    result = StepOnce(request);
+    if (absl::Status resynced = Resync(result.status()); !resynced.ok()) {
+      result = resynced;
+      break;
+    }
+    result = ReadOnce();
   }
-  if (!result.ok()) return result;
+  if (!result.ok()) {
+    sent_.clear();
+    return result;
+  }
+  Sent answered = std::move(sent_.front());
+  sent_.pop_front();
   next_step_ = result->step();
   if (options_.replay) {
-    kept_.push_back(Kept{result->step() - 1, request, result->loss()});
+    kept_.push_back(Kept{answered.step, std::move(answered.request), result->loss()});
     while (static_cast<int64_t>(kept_.size()) > options_.max_kept_batches) kept_.pop_front();
   }
   return result;
@@ -166,6 +218,10 @@ void TrainSession::CheckpointDone(int64_t steps_done) {
 
 absl::Status TrainSession::AwaitRecovery(const absl::Status& why) {
   if (!options_.replay || !Recoverable(why)) return why;
+  if (!sent_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot recover with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
+  }
   absl::Status status = Resync(why);
   for (int round = 1; round < 3 && Recoverable(status); ++round) status = Resync(status);
   return status;
@@ -232,9 +288,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
         "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
         first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
   }
-  // A stream that is still open (the error came from another call, e.g. a Checkpoint) serves the
-  // replay; an ended one is replaced. (Cancelling an open one would race with the coordinator's
-  // release of the job: the new stream's claim could still find the old one holding it.)
+  // A stream that is still open (the error came from another call, e.g. a Checkpoint, with no
+  // batch unanswered) serves the replay; an ended one is replaced. (Cancelling an open one would
+  // race with the coordinator's release of the job: the new stream's claim could still find the old
+  // one holding it.)
   if (done_) {
     auto context = std::make_unique<grpc::ClientContext>();
     auto stream = client_->stub_->Train(context.get());
@@ -256,6 +313,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
           replayed.loss(), ", the first run loss ", k.loss, ": the recovery is not exact"));
     }
   }
+  // The unanswered batches again, behind the replayed ones (their results are Receive's).
+  for (const Sent& s : sent_) {
+    if (!stream_->Write(s.request)) return Fail();
+  }
   if (options_.on_recovery != nullptr && job.recoveries_size() > 0) {
     options_.on_recovery(job.recoveries(job.recoveries_size() - 1));
   }
@@ -263,6 +324,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
 }
 
 absl::Status TrainSession::Finish() {
+  while (!sent_.empty() && !done_) {
+    if (absl::StatusOr<v1::StepResult> r = Receive(); !r.ok()) return r.status();
+  }
+  sent_.clear();
   if (done_) return final_;
   done_ = true;
   stream_->WritesDone();

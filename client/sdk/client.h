@@ -123,22 +123,44 @@ struct TrainOptions {
   std::function<void(const absl::Status&)> on_wait;
 };
 
-// A Train stream: one step per Step() call, in order. A failed step ends the stream (its status is
-// returned, and every later call returns it too); the job stays usable and a new session may be
-// started. A step has no deadline; a coordinator that stops answering ends it UNAVAILABLE through
-// the channel's keepalive (ClientOptions). Not thread-safe (one thread drives a session); the
-// Client must outlive it.
+// A Train stream: one step per batch, in order. Step() sends a batch and waits for its result;
+// Send() and Receive() split the two, so that a caller may send batch k+1 before it receives
+// result k: the coordinator reads one batch ahead and starts step k+1 as soon as step k is
+// committed, hiding the round trip between two steps (kMaxInFlight batches at most). A failed
+// step ends the stream (its status is returned, and every later call returns it too); the batches
+// sent behind it are applied nowhere; the job stays usable and a new session may be started. A
+// step has no deadline; a coordinator that stops answering ends it UNAVAILABLE through the
+// channel's keepalive (ClientOptions). Not thread-safe (one thread drives a session); the Client
+// must outlive it.
 class TrainSession {
  public:
+  // Batches that may be sent and not yet answered: the coordinator's running step and one read
+  // ahead (more would wait in the connection's buffers and gain nothing).
+  static constexpr int kMaxInFlight = 2;
+
   ~TrainSession();  // cancels the stream if Finish() was not called.
   TrainSession(const TrainSession&) = delete;
   TrainSession& operator=(const TrainSession&) = delete;
 
-  // Sends `batch`, waits for and returns its step's result.
+  // Sends `batch`, waits for and returns its step's result. FAILED_PRECONDITION while batches
+  // sent by Send() are unanswered (Receive them first).
   absl::StatusOr<v1::StepResult> Step(const BatchView& batch);
   // Sends a prepared request (its job must be the session's).
   absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
-  // Closes the stream and returns its final status (OK after successful steps). Idempotent.
+  // Sends `batch` without waiting for its result (Receive returns it). FAILED_PRECONDITION when
+  // kMaxInFlight batches are unanswered; the session's error once it ended (a broken stream that
+  // replay can recover from is left to Receive, which recovers and resends the batch).
+  absl::Status Send(const BatchView& batch);
+  absl::Status Send(const v1::TrainRequest& request);
+  // Waits for and returns the result of the oldest unanswered batch; FAILED_PRECONDITION if none
+  // is. Recovers as Step does (replay on, ABORTED or UNAVAILABLE: the kept batches are replayed,
+  // then the unanswered ones resent). On any error the unanswered batches are dropped: none of
+  // them was applied after the failed one.
+  absl::StatusOr<v1::StepResult> Receive();
+  // Batches sent and not yet answered.
+  int in_flight() const { return static_cast<int>(sent_.size()); }
+  // Receives the results of the batches still unanswered (dropping them), closes the stream and
+  // returns its final status (OK after successful steps). Idempotent.
   absl::Status Finish();
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
@@ -147,7 +169,8 @@ class TrainSession {
   // so that the job is back at this session's step; OK then. Returns `why` itself when it is not
   // such an error or replay is off; otherwise the errors of Step's recovery (the job ended,
   // DEADLINE_EXCEEDED after recovery_timeout, FAILED_PRECONDITION if the kept batches do not
-  // reach back to its restored step, DATA_LOSS if a replayed loss differs).
+  // reach back to its restored step, DATA_LOSS if a replayed loss differs). FAILED_PRECONDITION
+  // while batches are unanswered (Receive them first).
   absl::Status AwaitRecovery(const absl::Status& why);
   // Batches kept for a replay.
   int64_t kept_batches() const { return static_cast<int64_t>(kept_.size()); }
@@ -160,8 +183,10 @@ class TrainSession {
   absl::Status Fail();
   // One request on the current stream.
   absl::StatusOr<v1::StepResult> StepOnce(const v1::TrainRequest& request);
+  // The next result on the current stream.
+  absl::StatusOr<v1::StepResult> ReadOnce();
   // After a step or call failed with `why` (ABORTED or UNAVAILABLE): waits for the job, reopens
-  // the stream and replays the kept batches.
+  // the stream, replays the kept batches and resends the unanswered ones.
   absl::Status Resync(const absl::Status& why);
 
   // A batch kept for replay: its step (0-based), the request and the loss it gave.
@@ -170,9 +195,15 @@ class TrainSession {
     v1::TrainRequest request;
     float loss = 0;
   };
+  // A batch sent and not yet answered: its step (0-based) and, when replaying, the request.
+  struct Sent {
+    int64_t step = 0;
+    v1::TrainRequest request;
+  };
   TrainOptions options_;
-  int64_t next_step_ = 0;  // the step of the next new batch.
+  int64_t next_step_ = 0;  // the steps answered: the step of the oldest unanswered batch.
   std::deque<Kept> kept_;
+  std::deque<Sent> sent_;  // oldest first.
 
   Client* const client_;
   const std::string job_;

@@ -14,12 +14,14 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/io/digest.h"
@@ -127,67 +129,156 @@ class JoinReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::Wo
   grpc::Status finish_status_ ABSL_GUARDED_BY(write_mu_);
 };
 
-// One client's Train stream: read a batch, run its step on the job thread, write the result, read
-// the next. At most one read or one write is in flight. Deletes itself in OnDone.
+// The coordinator's end of a client's Train stream. Reads one batch ahead: while a step runs on
+// the job's OpThread the next batch is already read and queued behind it, so a client that sends
+// batch k+1 before it reads result k finds the coordinator running step k+1 as soon as step k
+// committed. At most kStepsInFlight steps are queued or running; results are written in order,
+// one write in flight. After a failed step the steps queued behind it are skipped (applied
+// nowhere), the results written before it are still delivered, then the stream ends with the
+// failure. Deletes itself in OnDone, which gRPC calls only after Finish — and Finish waits until
+// no posted step still refers to the reactor.
 class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::StepResult> {
  public:
-  explicit TrainReactor(CoordinatorService* service) : service_(service) { StartRead(&request_); }
+  // The running step and one read ahead.
+  static constexpr int kStepsInFlight = 2;
+
+  explicit TrainReactor(CoordinatorService* service) : service_(service) {
+    absl::MutexLock lock(&mu_);
+    StartReadLocked();
+  }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      FinishAndRelease(absl::OkStatus());
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (!ok) {  // the client closed its side (or went away): finish once the queued steps are done.
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    if (!error_.ok()) {  // the stream is ending; this batch is applied nowhere.
+      MaybeFinishLocked();
       return;
     }
     if (job_.empty()) {
-      const absl::Status claim = service_->ClaimJob(request_.job(), this);
+      const absl::Status claim = service_->ClaimJob(incoming_.job(), this);
       if (!claim.ok()) {
-        FinishAndRelease(claim);
+        FailLocked(claim);
         return;
       }
-      job_ = request_.job();
-    } else if (request_.job() != job_) {
-      FinishAndRelease(absl::InvalidArgumentError(
-          absl::StrCat("this Train stream trains job '", job_, "', not '", request_.job(), "'")));
+      job_ = incoming_.job();
+    } else if (incoming_.job() != job_) {
+      FailLocked(absl::InvalidArgumentError(
+          absl::StrCat("this Train stream trains job '", job_, "', not '", incoming_.job(), "'")));
       return;
     }
-    const absl::Status posted = service_->PostToJob(job_, [this] {
-      absl::StatusOr<v1::StepResult> result = service_->DoTrainStep(request_);
-      if (!result.ok()) {
-        FinishAndRelease(result.status());
-        return;
-      }
-      result_ = *std::move(result);
-      StartWrite(&result_);
-    });
-    if (!posted.ok()) FinishAndRelease(posted);
+    auto request = std::make_shared<const v1::TrainRequest>(std::move(incoming_));
+    incoming_.Clear();
+    ++steps_in_flight_;
+    const absl::Status posted = service_->PostToJob(job_, [this, request] { RunStep(*request); });
+    if (!posted.ok()) {
+      --steps_in_flight_;
+      FailLocked(posted);
+      return;
+    }
+    if (steps_in_flight_ < kStepsInFlight) StartReadLocked();
   }
 
   void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    results_.pop_front();
     if (!ok) {
-      FinishAndRelease(absl::CancelledError("the client went away"));
+      results_.clear();
+      FailLocked(absl::CancelledError("the client went away"));
       return;
     }
-    StartRead(&request_);
+    if (!results_.empty()) {
+      writing_ = true;
+      StartWrite(&results_.front());
+      return;
+    }
+    MaybeFinishLocked();
   }
 
   void OnDone() override {
-    if (!job_.empty()) service_->ReleaseJob(job_, this);
+    std::string job;
+    {
+      absl::MutexLock lock(&mu_);
+      job = job_;
+    }
+    if (!job.empty()) service_->ReleaseJob(job, this);
     delete this;
   }
 
  private:
-  // Releases the job before the client can see the status, so that a new Train stream opened
+  // One step, on the job's OpThread: skipped once the stream failed.
+  void RunStep(const v1::TrainRequest& request) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!error_.ok()) {
+        --steps_in_flight_;
+        MaybeFinishLocked();
+        return;
+      }
+    }
+    absl::StatusOr<v1::StepResult> result = service_->DoTrainStep(request);
+    absl::MutexLock lock(&mu_);
+    --steps_in_flight_;
+    if (!result.ok()) {
+      FailLocked(result.status());
+      return;
+    }
+    if (!error_.ok()) {  // the client went away during the step.
+      MaybeFinishLocked();
+      return;
+    }
+    results_.push_back(*std::move(result));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&results_.front());
+    }
+    if (!reading_ && !reads_done_ && steps_in_flight_ < kStepsInFlight) StartReadLocked();
+  }
+
+  void StartReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    reading_ = true;
+    StartRead(&incoming_);
+  }
+
+  // Ends the stream with `status` (the first failure wins) once nothing refers to it. Releases
+  // the job at once, before the client can see the status, so that a new Train stream opened
   // after this one ended is never refused because of it.
-  void FinishAndRelease(const absl::Status& status) {
-    if (!job_.empty()) service_->ReleaseJob(job_, this);
-    Finish(wire::ToGrpcStatus(status));
+  void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (error_.ok()) {
+      error_ = status;
+      if (!job_.empty()) service_->ReleaseJob(job_, this);
+    }
+    MaybeFinishLocked();
+  }
+
+  // Finishes the stream once no step is queued or running and every result is written: with
+  // error_ after a failure, OK once the client closed its side.
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || steps_in_flight_ > 0 || writing_) return;
+    if (error_.ok() && !reads_done_) return;
+    finished_ = true;
+    if (!job_.empty()) service_->ReleaseJob(job_, this);  // before the client sees the status.
+    Finish(wire::ToGrpcStatus(error_));
   }
 
   CoordinatorService* const service_;
-  // Touched by one reaction or the job thread at a time (the stream is strictly sequential).
-  v1::TrainRequest request_;
-  v1::StepResult result_;
-  std::string job_;
+  // Protects everything below. Taken before CoordinatorService::mu_ (ClaimJob, PostToJob,
+  // ReleaseJob); never held while a step runs.
+  absl::Mutex mu_;
+  v1::TrainRequest incoming_ ABSL_GUARDED_BY(mu_);           // the read in flight writes here.
+  std::deque<v1::StepResult> results_ ABSL_GUARDED_BY(mu_);  // front: the write in flight.
+  std::string job_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // the stream's first failure.
+  int steps_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A worker's FetchState: streams checkpoint files, each as chunks of at most 1 MiB read with

@@ -252,6 +252,31 @@ std::vector<nlohmann::json> TraceEvents(const nlohmann::json& trace, const std::
 
 // --trace writes the last step's measured timeline as Chrome trace JSON: one compute event per
 // action (2 workers x 8 micro-batches x F and B), all of step 3.
+// `local` keeps two batches in flight but not across a checkpoint: the checkpoint of step 3 of
+// a 6-step run holds step 3's weights and the data cursor after batch 3, so a run resumed from it
+// trains batches 4..6 exactly as the straight run did.
+TEST_F(DistributedTest, MidRunCheckpointResumesBitwise) {
+  const std::string flags = absl::StrCat(" --model ", Example("mlp_digits.textproto"),
+                                         " --data digits --batch 16 --microbatches 4 --seed 9 "
+                                         "--optimizer adamw:lr=1e-2 --json");
+  const std::string d = *dir_ + "/midrun";
+  const CliRun full = Pipetrain(absl::StrCat("reference", flags, " --steps 6"), "");
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  std::vector<std::string> last3 = LossLines(full.out);
+  ASSERT_EQ(last3.size(), 6u);
+  last3.erase(last3.begin(), last3.begin() + 3);
+  const CliRun six = Pipetrain(
+      absl::StrCat("local --stages 2", flags, " --steps 6 --checkpoint-every 3 --save ", d, "/six"),
+      d + "-six.err");
+  ASSERT_EQ(six.exit_code, 0) << six.out << ReadFile(d + "-six.err");
+  const std::string step3 = d + "/six.step-000000000003";
+  ASSERT_THAT(ReadFile(step3 + "/manifest.json"), ::testing::HasSubstr("\"step\": 3"));
+  const CliRun resumed = Pipetrain(
+      absl::StrCat("local --stages 2", flags, " --steps 3 --resume ", step3), d + "-res.err");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << ReadFile(d + "-res.err");
+  EXPECT_EQ(LossLines(resumed.out), last3);
+}
+
 TEST_F(DistributedTest, TraceHasEveryActionOfTheLastStep) {
   const std::string trace = *dir_ + "/trace.json";
   const CliRun local =

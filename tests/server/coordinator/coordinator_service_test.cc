@@ -692,6 +692,101 @@ TEST_F(CoordinatorServiceTest, SecondTrainStreamIsRefusedAndFirstContinues) {
   EXPECT_EQ(third->step(), 3);
 }
 
+TEST_F(CoordinatorServiceTest, BatchesSentAheadAreTrainedInOrder) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      client_->StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  client::TrainSession& s = **session;
+  EXPECT_EQ(s.Receive().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s.Send(MakeBatch(4).view()).ok());
+  ASSERT_TRUE(s.Send(MakeBatch(6).view()).ok());
+  EXPECT_EQ(s.in_flight(), 2);
+  // Two unanswered is the limit, and Step waits for nothing it did not send.
+  absl::Status third = s.Send(MakeBatch(4).view());
+  EXPECT_EQ(third.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(third.message(), HasSubstr("Receive one before sending another"));
+  EXPECT_EQ(s.Step(MakeBatch(4).view()).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int step = 1; step <= 4; ++step) {
+    absl::StatusOr<v1::StepResult> r = s.Receive();
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+    EXPECT_EQ(r->step(), step);
+    if (step <= 2) {
+      ASSERT_TRUE(s.Send(MakeBatch(step == 1 ? 8 : 2).view()).ok());
+    }
+  }
+  EXPECT_EQ(s.in_flight(), 0);
+  ASSERT_TRUE(s.Finish().ok());
+  // Rank 0 got every batch's inputs in the order sent: 4, 6, 8 and 2 rows over 2 micro-batches.
+  EXPECT_EQ(workers_[0]->WaitReceived(8), 20);
+  std::vector<int64_t> steps;
+  for (const wire::TensorKey& k : workers_[0]->received()) steps.push_back(k.step);
+  EXPECT_THAT(steps, ::testing::ElementsAre(0, 0, 1, 1, 2, 2, 3, 3));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->steps_done(), 4);
+}
+
+TEST_F(CoordinatorServiceTest, AFailedStepDropsTheBatchSentBehindIt) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      client_->StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->Send(MakeBatch(4).view()).ok());
+  ASSERT_TRUE((*session)->Send(MakeBatch(4).view()).ok());
+  absl::StatusOr<v1::StepResult> r = (*session)->Receive();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ((*session)->in_flight(), 0);
+  EXPECT_EQ((*session)->Receive().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*session)->Finish().code(), absl::StatusCode::kResourceExhausted);
+  // The stream ended after the queued batch was skipped: it was applied nowhere.
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
+  EXPECT_EQ(status->steps_done(), 0);
+  absl::StatusOr<v1::StepResult> again = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step(), 1);
+}
+
+TEST_F(CoordinatorServiceTest, AStreamClosedWithBatchesInFlightAnswersThemAll) {
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // A raw stream: two batches and the end of writes before any result is read.
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->Train(&context);
+  const TestBatch batch = MakeBatch(2);
+  ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
+  ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
+  ASSERT_TRUE(stream->WritesDone());
+  v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  EXPECT_EQ(result.step(), 1);
+  ASSERT_TRUE(stream->Read(&result));
+  EXPECT_EQ(result.step(), 2);
+  EXPECT_FALSE(stream->Read(&result));
+  const grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  // The SDK's Finish receives what is in flight.
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      client_->StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->Send(batch.view()).ok());
+  ASSERT_TRUE((*session)->Send(batch.view()).ok());
+  ASSERT_TRUE((*session)->Finish().ok());
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->steps_done(), 4);
+}
+
 TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
