@@ -287,9 +287,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // epoch or that failed, dials what is missing. The dial's error if one fails.
   absl::Status EnsureFeedLinks(Job* job, int64_t epoch, const std::string& secret,
                                const std::vector<std::string>& addresses) ABSL_LOCKS_EXCLUDED(mu_);
-  // Job thread only, mu_ not held. After an assignment: EnsureFeedLinks for a READY job, so that
-  // its first step does not wait for the handshakes; a failure is logged (the step redials).
-  void OpenFeedLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread only, mu_ not held. After an assignment, for a READY job: tells every rank to dial
+  // its neighbours (OpenLinks) and makes EnsureFeedLinks, so that its first step does not wait
+  // for the handshakes; a failure is logged (the step redials).
+  void OpenLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::CheckpointResponse> DoCheckpoint(const v1::CheckpointRequest& request);
   // Replaces the lost ranks of a RECOVERING job with idle workers (waiting for them up to the
   // job's replace timeout) or, past it, re-partitions it onto fewer stages (down to its

@@ -84,7 +84,7 @@ absl::Status CoordinatorService::EnsureFeedLinks(Job* job, int64_t epoch, const 
   return absl::OkStatus();
 }
 
-void CoordinatorService::OpenFeedLinksEarly(Job* job) {
+void CoordinatorService::OpenLinksEarly(Job* job) {
   int64_t epoch = 0;
   std::string secret;
   std::vector<std::string> addresses;
@@ -94,6 +94,13 @@ void CoordinatorService::OpenFeedLinksEarly(Job* job) {
     epoch = job->epoch;
     secret = job->link_secret;
     addresses = RankAddresses(*job);
+    // Every rank accepted this epoch's assignment, so each may dial its neighbours now.
+    v1::WorkerCommand command;
+    command.mutable_open_links()->set_job(job->id);
+    command.mutable_open_links()->set_epoch(epoch);
+    for (int rank = 0; rank < static_cast<int>(job->workers.size()); ++rank) {
+      SendToRank(*job, rank, command);
+    }
   }
   const absl::Status opened = EnsureFeedLinks(job, epoch, secret, addresses);
   if (!opened.ok()) {

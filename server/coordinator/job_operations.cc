@@ -169,7 +169,7 @@ void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
         if (ready.ok()) {
           JournalJob(id);
           // Before CreateJob answers: the first step does not wait for these handshakes.
-          OpenFeedLinksEarly(raw);
+          OpenLinksEarly(raw);
         }
         done(std::move(ready));
       })) {
@@ -326,7 +326,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     addresses = RankAddresses(*job);
   }
 
-  // Data links (job thread only): opened when the job became ready (OpenFeedLinksEarly), else
+  // Data links (job thread only): opened when the job became ready (OpenLinksEarly), else
   // here, and again if one failed.
   absl::Status feed = EnsureFeedLinks(job, epoch, secret, addresses);
   for (int mb = 0; mb < M && feed.ok(); ++mb) {

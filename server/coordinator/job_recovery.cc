@@ -168,7 +168,7 @@ bool CoordinatorService::Reassign(Job* job) {
   for (const std::string& name : job->workers) job->recovering.add_workers(name);
   mu_.Unlock();
   const absl::StatusOr<v1::JobStatus> assigned = DoAssign(job);
-  if (assigned.ok()) OpenFeedLinksEarly(job);
+  if (assigned.ok()) OpenLinksEarly(job);
   mu_.Lock();
   if (!assigned.ok()) return false;  // DoAssign failed the job.
   job->recovering.set_seconds(absl::ToDoubleSeconds(absl::Now() - job->recovery_start));

@@ -396,6 +396,12 @@ void StageWorkerDaemon::HandleTask(Task task) {
       }
       return;
     }
+    case v1::WorkerCommand::kOpenLinks: {
+      // Not answered: a hint the first RunStep would also act on.
+      const v1::OpenLinks& c = command.open_links();
+      if (job != nullptr && job->id() == c.job() && job->epoch() == c.epoch()) job->OnOpenLinks();
+      return;
+    }
     case v1::WorkerCommand::COMMAND_NOT_SET:
       EmitError("", 0, 0, absl::InvalidArgumentError("empty WorkerCommand"));
       return;

@@ -495,11 +495,15 @@ void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
   if (absl::Status s = link->Send(key, std::move(shared)); !s.ok()) mailbox_.Abort(s);
 }
 
-void WorkerJob::OnRunStep(const v1::RunStep& run) {
+void WorkerJob::OnOpenLinks() {
   if (!dialled_) {
     dialled_ = true;
     DialPeers();
   }
+}
+
+void WorkerJob::OnRunStep(const v1::RunStep& run) {
+  OnOpenLinks();
   requested_step_ = run.step();
   const int64_t run_index = ++requested_runs_;
   const int64_t step = run.step();

@@ -119,6 +119,8 @@ class WorkerJob final : public Sender {
                                             std::unique_ptr<link::PeerLink> link);
 
   // Commands of this (job, epoch), from the command thread.
+  // Dials the higher-rank neighbours unless done already (OpenLinks, or the first RunStep).
+  void OnOpenLinks();
   void OnRunStep(const v1::RunStep& run);
   void OnCommit(const v1::Commit& commit);
   void OnAbort(const v1::Abort& abort);

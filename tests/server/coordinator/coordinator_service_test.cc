@@ -223,6 +223,13 @@ class FakeWorker {
     mu_.AwaitWithTimeout(absl::Condition(this, &FakeWorker::LinksEnough), absl::Seconds(10));
     return links_.size();
   }
+  // Waits (at most 10 s) until an OpenLinks arrived; returns "job@epoch" of each, in order.
+  std::vector<std::string> WaitOpenLinks() {
+    absl::MutexLock lock(&mu_);
+    auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !open_links_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(10));
+    return open_links_;
+  }
   const std::string& name() const { return name_; }
 
  private:
@@ -343,6 +350,11 @@ class FakeWorker {
         absl::MutexLock lock(&mu_);
         released_.push_back(command.release().job());
         continue;
+      } else if (command.has_open_links()) {
+        absl::MutexLock lock(&mu_);
+        open_links_.push_back(
+            absl::StrCat(command.open_links().job(), "@", command.open_links().epoch()));
+        continue;
       } else if (command.has_save_shards()) {
         bool skip = false;
         {
@@ -398,7 +410,8 @@ class FakeWorker {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   size_t wait_for_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);  // jobs named by Release commands.
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);    // jobs named by Release commands.
+  std::vector<std::string> open_links_ ABSL_GUARDED_BY(mu_);  // "job@epoch" of OpenLinks.
 };
 
 class CoordinatorServiceTest : public ::testing::Test {
@@ -605,6 +618,10 @@ TEST_F(CoordinatorServiceTest, FeedLinksAreOpenWhenTheJobIsReadyAndKeptForItsSte
   EXPECT_EQ(workers_[0]->WaitLinks(1), 1u);
   EXPECT_EQ(workers_[1]->WaitLinks(1), 1u);
   EXPECT_TRUE(workers_[0]->received().empty());
+  // And every rank was told to dial its neighbours (once all had accepted epoch 1).
+  const std::string opened = absl::StrCat(job->job(), "@1");
+  EXPECT_THAT(workers_[0]->WaitOpenLinks(), ::testing::ElementsAre(opened));
+  EXPECT_THAT(workers_[1]->WaitOpenLinks(), ::testing::ElementsAre(opened));
   const TestBatch batch = MakeBatch(8);
   for (int step = 1; step <= 2; ++step) {
     absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), batch.view());

@@ -1135,5 +1135,25 @@ TEST_F(StageWorkerTest, LostNeighbourFailsTheStep) {
   EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 }
 
+// OpenLinks (the coordinator saw every rank accept the epoch) makes a worker dial its
+// higher-rank neighbours before any step: a neighbour that is gone is reported then, as an error
+// of the epoch, with no RunStep sent.
+TEST_F(StageWorkerTest, OpenLinksDialsTheNeighboursBeforeAnyStep) {
+  constexpr int64_t kEpoch = 2;
+  AssignBoth(kEpoch);
+  daemons_[1]->Shutdown();
+  v1::WorkerCommand open;
+  open.mutable_open_links()->set_job(kJob);
+  open.mutable_open_links()->set_epoch(kEpoch);
+  ASSERT_TRUE(coordinator_.Send(Name(0), open));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  EXPECT_EQ(e->error().epoch(), kEpoch);
+  EXPECT_EQ(e->error().step(), 0);
+  EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kOk));
+  EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
+}
+
 }  // namespace
 }  // namespace pipetrain::worker
