@@ -200,6 +200,13 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
     MaybeFinishLocked();
   }
 
+  // The client cancelled (or its connection broke): the queued step is skipped and the job
+  // released at once; a running step completes on the job's thread.
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FailLocked(absl::CancelledError("the client cancelled the Train stream"));
+  }
+
   void OnDone() override {
     std::string job;
     {

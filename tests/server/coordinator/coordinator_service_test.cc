@@ -454,6 +454,12 @@ class CoordinatorServiceTest : public ::testing::Test {
     }
   }
 
+  // A stub on a channel of its own, for calls the SDK does not make as a test needs them.
+  std::unique_ptr<v1::Coordinator::Stub> RawStub() const {
+    return v1::Coordinator::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -776,8 +782,7 @@ TEST_F(CoordinatorServiceTest, AStreamClosedWithBatchesInFlightAnswersThemAll) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(1, 1));
   ASSERT_TRUE(job.ok()) << job.status();
   // A raw stream: two batches and the end of writes before any result is read.
-  auto stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto stub = RawStub();
   grpc::ClientContext context;
   auto stream = stub->Train(&context);
   const TestBatch batch = MakeBatch(2);
@@ -918,8 +923,7 @@ TEST_F(CoordinatorServiceTest, PutStateTakesFilesOnlyFromTheJobsWorkersForACheck
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  auto stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto stub = RawStub();
   auto upload = [&](const std::string& job_id, int64_t epoch, const std::string& worker) {
     worker::StateUpload u;
     u.job = job_id;
@@ -1053,6 +1057,36 @@ TEST_F(CoordinatorServiceTest, JobsOnDifferentWorkersDoNotWaitForEachOther) {
   trainer.join();
   EXPECT_EQ(held.status().code(), absl::StatusCode::kCancelled);
   ASSERT_TRUE(client_->FinishJob(b->job()).ok());
+}
+
+TEST_F(CoordinatorServiceTest, AStreamCancelledWithBatchesInFlightLeavesTheJobUsable) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stub = RawStub();
+  for (int round = 0; round < 5; ++round) {
+    grpc::ClientContext context;
+    auto stream = stub->Train(&context);
+    const TestBatch batch = MakeBatch(4);
+    ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
+    ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
+    context.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // Whatever ran of those batches ran whole: a new stream trains the next step (once the
+  // cancelled streams released the job), and its number is the job's count.
+  absl::StatusOr<v1::StepResult> r = absl::UnknownError("not run");
+  for (int i = 0; i < 500; ++i) {
+    r = client_->TrainStep(job->job(), MakeBatch(4).view());
+    if (r.ok() || !absl::IsFailedPrecondition(r.status())) break;
+    absl::SleepFor(absl::Milliseconds(10));  // polling a bounded wait for the claims' release.
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(r->step(), status->steps_done());
+  EXPECT_LE(status->steps_done(), 11);
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
 }
 
 class CoordinatorLeaseTest : public CoordinatorServiceTest {
