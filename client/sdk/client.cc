@@ -283,7 +283,15 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
   }
   const int64_t restored = job.steps_done();
   const int64_t first_kept = kept_.empty() ? next_step_ : kept_.front().step;
-  if (restored > next_step_ || restored < first_kept) {
+  if (restored > next_step_) {
+    // The job applied batches whose results never arrived (the stream broke after their steps):
+    // their losses are unknown here, so the session cannot continue exactly.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_, " has done ", restored, " steps but this session received the results of ",
+        next_step_, ": the results of the steps after it were lost with the Train stream (",
+        why.ToString(), ")"));
+  }
+  if (restored < first_kept) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
         first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
