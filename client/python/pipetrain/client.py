@@ -260,9 +260,18 @@ class _TrainStream:
         self._requests = queue.Queue()
         self._responses = stub.Train(iter(self._requests.get, None), metadata=metadata)
         self.broken = False
+        self.carried = 0  # how many of the Job's unanswered batches were put on this stream.
+
+    def put(self, request):
+        """Queues `request` for sending (never blocks; a broken stream shows in get())."""
+        self._requests.put(request)
 
     def step(self, request):
-        self._requests.put(request)
+        self.put(request)
+        return self.get()
+
+    def get(self):
+        """The next answer; raises the stream's error (and marks it broken)."""
         try:
             return next(self._responses)
         except grpc.RpcError as e:
@@ -298,8 +307,8 @@ class Job:
     it ends the job on leaving: FinishJob (DONE) normally, CancelJob when an exception leaves the
     block, so its workers are freed at once either way.
 
-    Recovery (a job created with recover=True, the default; docs/python.md "Recovery"): step()
-    and train() keep the requests sent since the last completed checkpoint() (at most
+    Recovery (a job created with recover=True, the default; docs/python.md "Recovery"): step(),
+    send() and train() keep the requests sent since the last completed checkpoint() (at most
     `max_kept_batches`; older ones are dropped). When a step fails with ABORTED (the job is
     recovering from a lost worker) or UNAVAILABLE (the coordinator went away), the job waits until
     the coordinator has it READY again (polling GetJob with growing pauses up to 1 s; at most
@@ -310,6 +319,9 @@ class Job:
     Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
     `recoveries` and attached to the StepResult it preceded. A step the coordinator applied at
     an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS."""
+
+    # Batches send() may have unanswered: the coordinator's running step and one read ahead.
+    MAX_IN_FLIGHT = 2
 
     def __init__(self, client, status, *, max_kept_batches=10000, recovery_timeout=300.0,
                  reconnect_timeout=60.0, on_recovery=None, on_wait=None):
@@ -332,7 +344,8 @@ class Job:
         self._on_recovery = on_recovery
         self._on_wait = on_wait
         self._kept = collections.deque()
-        self._next_step = status.steps_done  # steps done: the 0-based step of the next batch.
+        self._sent = collections.deque()  # requests sent by send() and not yet answered.
+        self._next_step = status.steps_done  # steps answered: the 0-based step of the next one.
         self._pending_recoveries = []  # since the last StepResult returned.
         self.recoveries = []  # every RecoveryEvent this Job replayed through, in order.
 
@@ -396,16 +409,57 @@ class Job:
         the errors then are those of the recovery: FAILED_PRECONDITION if the job ended or the
         kept batches do not reach back to its restored step, DEADLINE_EXCEEDED after
         recovery_timeout, UNAVAILABLE after reconnect_timeout, DATA_LOSS if a replayed loss
-        differs."""
+        differs. FAILED_PRECONDITION while batches sent by send() are unanswered."""
+        if self._sent:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "step() with %d batch(es) sent and unanswered: receive() first"
+                                 % len(self._sent), "Train")
+        self.send(inputs, targets, samples)
+        return self.receive()
+
+    def send(self, inputs, targets, samples=None):
+        """Sends a batch (see request()) without waiting for its result, which receive() returns:
+        the coordinator reads one batch ahead and starts its step as soon as the previous step is
+        committed, so a loop that sends batch k+1 before it receives result k prepares its next
+        batch while the job trains. At most MAX_IN_FLIGHT batches may be unanswered, and
+        checkpoint() waits for none of them: receive() them first (FAILED_PRECONDITION
+        otherwise). A broken stream is reported (or recovered from) by receive()."""
+        if len(self._sent) >= self.MAX_IN_FLIGHT:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "%d batches are sent and unanswered: receive() one before "
+                                 "sending another" % self.MAX_IN_FLIGHT, "Train")
         request = self.request(inputs, targets, samples)
         if self._replay:
             # Names the step the batch is for: a job restored between two steps refuses it
             # (ABORTED, then replayed) instead of applying it at the restored step.
-            request.expected_step = self._next_step
-        result = self._through_recovery(lambda: self._step_once(request))
+            request.expected_step = self._next_step + len(self._sent)
+        self._sent.append(request)
+        self._put_unsent()
+
+    def receive(self):
+        """Waits for and returns the StepResult of the oldest batch sent and not yet answered
+        (FAILED_PRECONDITION if there is none). Recovers as step() does: the kept batches are
+        replayed, then the unanswered ones resent. On an error the unanswered batches are dropped
+        (none of them was applied after the failed one) and it is raised as step() raises it."""
+        if not self._sent:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "no batch is sent and unanswered", "Train")
+
+        def attempt():
+            self._put_unsent()
+            return self._stream.get()
+
+        try:
+            result = self._through_recovery(attempt)
+        except PipetrainError:
+            self._drop_unanswered()
+            raise
+        request = self._sent.popleft()
+        self._stream.carried -= 1
         if self._replay and result.step != self._next_step + 1:
             # The coordinator recovered the job while this stream was idle and applied the batch
             # at its restored step: the state is no longer the first run's.
+            self._drop_unanswered()
             raise PipetrainError(
                 StatusCode.DATA_LOSS,
                 "job %s applied this batch as step %d, expected step %d: it restarted from an "
@@ -418,6 +472,28 @@ class Job:
                 self._kept.popleft()
         recoveries, self._pending_recoveries = self._pending_recoveries, []
         return StepResult.from_proto(result, recoveries)
+
+    @property
+    def in_flight(self):
+        """Batches sent by send() and not yet answered."""
+        return len(self._sent)
+
+    def _drop_unanswered(self):
+        """After an error: forgets the unanswered batches and ends the stream that may still
+        carry them (the next batch opens a new one)."""
+        self._sent.clear()
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+
+    def _put_unsent(self):
+        """Puts the unanswered batches the open Train stream does not carry yet on it (a new
+        stream if there is none or it broke)."""
+        if self._stream is None or self._stream.broken:
+            self._open_stream()
+        while self._stream.carried < len(self._sent):
+            self._stream.put(self._sent[self._stream.carried])
+            self._stream.carried += 1
 
     def _through_recovery(self, attempt):
         """attempt()'s value; when it raises a recoverable error and replay is on, waits for the
@@ -441,11 +517,15 @@ class Job:
                 error = e
         raise error
 
+    def _open_stream(self):
+        self._stream = _TrainStream(self._client._stub, self._client._metadata,
+                                    self._client.address)
+
     def _step_once(self, request):
-        """One step on the open Train stream (a new one if there is none or it broke)."""
+        """One step on the open Train stream (a new one if there is none or it broke); for the
+        replay, before the unanswered batches are resent."""
         if self._stream is None or self._stream.broken:
-            self._stream = _TrainStream(self._client._stub, self._client._metadata,
-                                        self._client.address)
+            self._open_stream()
         return self._stream.step(request)
 
     def _await_ready(self, why):
@@ -573,6 +653,10 @@ class Job:
         recovery on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE) is retried
         after the replay (at most 3 rounds), and a completed one drops the kept batches before
         its step."""
+        if self._sent:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "checkpoint() with %d batch(es) sent and unanswered: receive() "
+                                 "first" % len(self._sent), "Checkpoint")
         if not os.path.isabs(directory):
             directory = os.path.abspath(directory)
         request = pb.CheckpointRequest(job=self.id, directory=directory)
@@ -602,6 +686,7 @@ class Job:
         return status
 
     def _close_stream(self):
+        self._sent.clear()  # the coordinator answers them before it ends the stream.
         if self._stream is not None:
             self._stream.close()
             self._stream = None

@@ -79,6 +79,30 @@ def test_losses_equal_pipetrain_train_bit_for_bit(daemons, example, schedule, mi
     assert sorted(daemons.idle_workers()) == ["w0", "w1"]
 
 
+def test_send_ahead_trains_the_same_losses_as_pipetrain_train(daemons, example):
+    model = example("mlp_digits.textproto")
+    expected = cli_losses(daemons, model, "1f1b", 4)
+    digits = data.load("digits")
+    batches = data.batches(digits, BATCH, seed=SEED)
+    results = []
+    with daemons.client.create_job(model=model, schedule="1f1b", stages=2, microbatches=4,
+                                   optimizer=OPTIMIZER, seed=SEED, data=digits) as job:
+        # Two batches in flight: batch k+1 is sent before result k is received.
+        for _ in range(2):
+            job.send(*next(batches)[:2])
+        assert job.in_flight == 2
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            job.send(*next(iter(data.batches(digits, BATCH, seed=SEED)))[:2])
+        assert e.value.code == StatusCode.FAILED_PRECONDITION
+        for n in range(STEPS):
+            results.append(job.receive())
+            if n + 2 < STEPS:
+                job.send(*next(batches)[:2])
+        assert job.in_flight == 0
+    assert [r.step for r in results] == list(range(1, STEPS + 1))
+    assert bits([r.loss for r in results]) == bits(expected)
+
+
 # Warm-up over 3 updates, then a cosine decay to 1e-3 at update 10, then 1e-3 (steps 11 and 12).
 LR_FLAGS = ["--lr-schedule", "warmup-cosine", "--warmup-steps", "3", "--lr-decay-steps", "10",
             "--lr-min", "1e-3"]

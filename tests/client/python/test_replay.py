@@ -176,3 +176,48 @@ def test_a_batch_applied_at_a_restored_step_without_an_error_is_data_loss(script
     assert e.value.code == StatusCode.DATA_LOSS
     assert "applied this batch as step 3, expected step 5" in e.value.message
     assert servicer.sent == [1, 2, 3, 4, 5]
+
+
+def test_send_ahead_replays_the_kept_batches_then_resends_the_unanswered_ones(scripted):
+    servicer, client = scripted(fail_at=5, restore_to=2)
+    events = []
+    job = client.create_job(model=MODEL, on_recovery=events.append)
+    results = train(job, 2, checkpoint_at=(2,))
+    # Batches 3..6 with two in flight; the stream fails at the 5th with the 6th behind it.
+    def send(n):
+        job.send(np.zeros((n, 1)), np.zeros((n, 1)))
+
+    send(3)
+    send(4)
+    for n in range(3, 7):
+        results.append(job.receive())
+        if n + 2 <= 6:
+            send(n + 2)
+    # 3 and 4 replayed after the failed 5th, then 5 and 6 resent; every step answered once.
+    assert servicer.sent == [1, 2, 3, 4, 5, 3, 4, 5, 6]
+    assert [r.step for r in results] == [1, 2, 3, 4, 5, 6]
+    assert [r.loss for r in results] == [float(np.float32(1.0 / n)) for n in range(1, 7)]
+    assert len(events) == 1 and events[0].restored_step == 2
+    assert [r.recoveries for r in results] == [[], [], [], [], events, []]
+    assert job.kept_batches == 4 and job.in_flight == 0
+
+
+def test_send_receive_misuse_is_failed_precondition(scripted):
+    servicer, client = scripted(fail_at=100, restore_to=0)
+    job = client.create_job(model=MODEL)
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        job.receive()
+    assert e.value.code == StatusCode.FAILED_PRECONDITION
+    job.send(np.zeros((1, 1)), np.zeros((1, 1)))
+    for call, words in ((lambda: job.step(np.zeros((2, 1)), np.zeros((2, 1))), "receive() first"),
+                        (lambda: job.checkpoint("/ckpt"), "receive() first")):
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            call()
+        assert e.value.code == StatusCode.FAILED_PRECONDITION and words in e.value.message
+    job.send(np.zeros((2, 1)), np.zeros((2, 1)))
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        job.send(np.zeros((3, 1)), np.zeros((3, 1)))
+    assert e.value.code == StatusCode.FAILED_PRECONDITION
+    assert [job.receive().step, job.receive().step] == [1, 2]
+    assert job.checkpoint("/ckpt").step == 2
+    assert servicer.sent == [1, 2]
