@@ -257,15 +257,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   };
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
                       client->StartTraining(job.job(), std::move(train_options)));
-  bool checkpoint_visible = false;  // the last checkpoint's manifest is on this file system.
-  // Batch i is sent before result i-1 is read, so that the coordinator starts step i as soon as
-  // step i-1 is committed — except after a step that a checkpoint or an evaluation follows: the
-  // job must be idle then, and the sampler's cursor (in the manifest) at that step.
-  auto idle_after = [&t, first_step](int64_t i) {
-    const int64_t step = first_step + i;
-    return CheckpointDue(t, step, i + 1 == t.steps) ||
-           (t.eval_every > 0 && step % t.eval_every == 0);
-  };
+  bool checkpoint_visible = false;   // the last checkpoint's manifest is on this file system.
   std::deque<int64_t> samples_sent;  // the samples of each batch sent and not yet answered.
   auto send_next = [&sampler, &session, &samples_sent]() -> absl::Status {
     io::Batch batch = sampler.Next();
@@ -282,8 +274,15 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       return absl::CancelledError(absl::StrCat("interrupted: job ", job.job(), " cancelled after ",
                                                last.step(), " steps; its workers are free"));
     }
+    // What follows this step (step numbers are global, and each batch is answered in turn).
+    const int64_t step = first_step + i;
+    const bool evaluate = t.eval_every > 0 && step % t.eval_every == 0;
+    const bool checkpoint = CheckpointDue(t, step, i + 1 == t.steps) || evaluate;
+    // Batch i+1 is sent before result i is read, so that the coordinator starts step i+1 as soon
+    // as step i is committed — except when a checkpoint follows step i: the job must be idle
+    // then, and the sampler's cursor (in the manifest) at that step.
     if (samples_sent.empty()) PT_RETURN_IF_ERROR(send_next());
-    if (i + 1 < t.steps && !idle_after(i)) PT_RETURN_IF_ERROR(send_next());
+    if (i + 1 < t.steps && !checkpoint) PT_RETURN_IF_ERROR(send_next());
     PT_ASSIGN_OR_RETURN(last, session->Receive());
     const int64_t samples = samples_sent.front();
     samples_sent.pop_front();
@@ -303,10 +302,9 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       progress.Step({last.step(), last.loss(), samples, last.bubble_fraction(),
                      last.predicted_bubble_fraction()});
     }
-    // Here the job is idle if idle_after(i): the coordinator's Checkpoint may run while the stream
-    // is open.
-    const bool evaluate = t.eval_every > 0 && last.step() % t.eval_every == 0;
-    if (CheckpointDue(t, last.step(), i + 1 == t.steps) || evaluate) {
+    // Before a checkpoint nothing was sent ahead: the job is idle, and the coordinator's
+    // Checkpoint may run while the stream is open.
+    if (checkpoint) {
       progress.Clear();
       absl::StatusOr<bool> saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup,
                                                           optimizer, sampler.cursor(), out);
