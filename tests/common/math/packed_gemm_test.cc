@@ -25,15 +25,24 @@ class PackedGemmTest : public ::testing::Test {
   }
 };
 
+// Eigen's own product expressions y = x W^T and dx = dy W: the bits the packed products must give.
+struct EigenProducts {
+  Matrix y, dx;
+};
+EigenProducts EigensProducts(const Matrix& x, const Matrix& dy, const Matrix& w) {
+  EigenProducts out{Matrix(x.rows(), w.rows()), Matrix(dy.rows(), w.cols())};
+  AsMap(out.y).noalias() = AsConstMap(x) * AsConstMap(w).transpose();
+  AsMap(out.dx).noalias() = AsConstMap(dy) * AsConstMap(w);
+  return out;
+}
+
 // Both products of one shape, twice (the second reuses the packing), against Eigen's expressions.
 void ExpectBothProductsEqualEigen(int64_t rows, int64_t in, int64_t out, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " out " << out);
   const Matrix x = RandomMatrix(rows, in, seed);
   const Matrix w = RandomMatrix(out, in, seed + 1);
   const Matrix dy = RandomMatrix(rows, out, seed + 2);
-  Matrix y_eigen(rows, out), dx_eigen(rows, in);
-  AsMap(y_eigen).noalias() = AsConstMap(x) * AsConstMap(w).transpose();
-  AsMap(dx_eigen).noalias() = AsConstMap(dy) * AsConstMap(w);
+  const auto [y_eigen, dx_eigen] = EigensProducts(x, dy, w);
   PackedWeight forward, backward_input;
   for (int call = 0; call < 2; ++call) {
     Matrix y = Matrix::Constant(rows, out, 7.0f);  // stale values must not leak into the result.
@@ -95,9 +104,7 @@ TEST_F(PackedGemmTest, ANewWeightIsPackedAfterInvalidate) {
   backward_input.Invalidate();
   ProductXWt(AsConstMap(x), AsConstMap(w), AsMap(y), &forward);
   ProductDyW(AsConstMap(dy), AsConstMap(w), AsMap(dx), &backward_input);
-  Matrix y_eigen(32, 256), dx_eigen(32, 384);
-  AsMap(y_eigen).noalias() = AsConstMap(x) * AsConstMap(w).transpose();
-  AsMap(dx_eigen).noalias() = AsConstMap(dy) * AsConstMap(w);
+  const auto [y_eigen, dx_eigen] = EigensProducts(x, dy, w);
   EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_eigen)));
   EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_eigen)));
 }
@@ -154,9 +161,7 @@ TEST_F(PackedGemmTest, RepackPacksTheChangedWeightAtOnceForTheLastRowCount) {
   w = w_later;
   ProductXWt(AsConstMap(x), AsConstMap(w), AsMap(y), &forward);
   ProductDyW(AsConstMap(dy), AsConstMap(w), AsMap(dx), &backward_input);
-  Matrix y_eigen(32, 512), dx_eigen(32, 384);
-  AsMap(y_eigen).noalias() = AsConstMap(x) * AsConstMap(w_at_repack).transpose();
-  AsMap(dx_eigen).noalias() = AsConstMap(dy) * AsConstMap(w_at_repack);
+  const auto [y_eigen, dx_eigen] = EigensProducts(x, dy, w_at_repack);
   EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(y_eigen)));
   EXPECT_TRUE(BitwiseEqual(AsConstMap(dx), AsConstMap(dx_eigen)));
 
