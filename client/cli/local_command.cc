@@ -23,6 +23,7 @@
 #include "client/cli/interrupt.h"
 #include "client/sdk/client.h"
 #include "common/io/data_dir.h"
+#include "common/util/cpu_set.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
@@ -184,6 +185,10 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   if (!address.ok()) return address.status();
 
   const int S = o.train.stages;
+  const std::vector<int> allowed = util::AllowedCpus();
+  const std::vector<std::vector<int>> cpus =
+      o.pin_workers ? util::CpuGroups(allowed, S, o.train.training.threads)
+                    : std::vector<std::vector<int>>();
   for (int w = 0; w < S; ++w) {
     const std::string name = absl::StrCat("local-", getpid(), "-", w);
     const int log = OpenLog(log_dir, absl::StrCat("stage_worker-", w));
@@ -192,6 +197,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
     if (!o.train.training.max_isa.empty()) {
       argv.push_back("--max-isa=" + o.train.training.max_isa);
     }
+    if (!cpus.empty()) argv.push_back("--cpus=" + util::FormatCpuList(cpus[w]));
     absl::StatusOr<pid_t> wpid = Spawn(argv, -1, -1, log);
     if (log >= 0) close(log);
     if (!wpid.ok()) return wpid.status();
@@ -215,6 +221,14 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   if (!o.train.training.json) {
     out << "local cluster: coordinator on " << *address << ", " << S << " stage workers (logs in "
         << log_dir << ")\n";
+    if (!cpus.empty()) {
+      out << "  worker CPUs:";
+      for (int w = 0; w < S; ++w) out << (w == 0 ? " " : " | ") << util::FormatCpuList(cpus[w]);
+      out << "\n";
+    } else if (o.pin_workers) {
+      out << "  workers not pinned: " << S << " x " << o.train.training.threads
+          << " compute threads > the " << allowed.size() << " CPUs here\n";
+    }
   }
   TrainCommandOptions train = o.train;
   train.coordinator = *address;

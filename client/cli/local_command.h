@@ -25,6 +25,9 @@ struct LocalCommandOptions {
   // temporary directory, removed after a successful or interrupted run and kept (and named in
   // the error) after a failure.
   std::string log_dir;
+  // Confine each worker to CPUs of its own (stage_worker --cpus: util::CpuGroups of the CPUs this
+  // process may use, --threads each) when they fit; else, or if false, they float.
+  bool pin_workers = true;
 };
 
 // Runs the local cluster and the training. Errors: FAILED_PRECONDITION if --save is not a

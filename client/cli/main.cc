@@ -116,6 +116,10 @@ ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),
 ABSL_FLAG(int32_t, min_stages, 0,
           "train/local: with no replacement in time, re-partition onto the surviving workers with "
           "fewer stages, down to this many (0: never; the job fails)");
+ABSL_FLAG(bool, pin_workers, true,
+          "local: run each stage worker on CPUs of its own (--threads each) when they fit the "
+          "CPUs here (faster transfers; docs/performance.md, \"One core per worker\"); false: "
+          "let the scheduler place them");
 ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
           "train: how long to wait for a coordinator that went away (restarting with --state-dir) "
           "to answer again before giving up");
@@ -198,7 +202,7 @@ const ProgramSpec& Program() {
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
                kPipelineFlags)},
           {"local", "", "start a coordinator and --stages workers here, then train on them",
-           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa"})},
+           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa", "pin_workers"})},
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
@@ -328,6 +332,7 @@ absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
 absl::Status RunLocal(const CommandLine& line) {
   LocalCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags(line));
+  o.pin_workers = absl::GetFlag(FLAGS_pin_workers);
   return RunLocalCommand(o, std::cout);
 }
 

@@ -15,7 +15,7 @@ add_library(pipetrain_cli_train
 target_link_libraries(pipetrain_cli_train
   PUBLIC pipetrain_cli_commands pipetrain_client pipetrain_model pipetrain_schedule pipetrain_io absl::status
          absl::statusor absl::strings absl::str_format absl::time
-  PRIVATE pipetrain_util pipetrain_warnings nlohmann_json::nlohmann_json)
+  PRIVATE pipetrain_util pipetrain_cpu_set pipetrain_warnings nlohmann_json::nlohmann_json)
 # Build-time locations of the daemons `pipetrain local` starts (used when they are not found next
 # to the pipetrain binary).
 set(_pt_coordinator_bin "${CMAKE_BINARY_DIR}/server/coordinator/coordinator")

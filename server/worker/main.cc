@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/command_line.h"
+#include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/metrics_server.h"
@@ -31,7 +33,13 @@ ABSL_FLAG(std::string, advertise, "",
           "host:port peers use to reach this worker (default: derived from --listen).");
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
-ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for (0: all cores).");
+ABSL_FLAG(int, threads_max, 0,
+          "Most compute threads a job may ask for (0: every CPU this worker may run on).");
+ABSL_FLAG(std::string, cpus, "",
+          "CPUs every thread of this worker runs on, as a list like 0-3,8 (default: all the "
+          "process may use). Several workers on one host each on their own CPUs transfer "
+          "tensors faster (docs/performance.md, \"One core per worker\"); `pipetrain local` "
+          "does this for its workers");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info",
@@ -60,8 +68,8 @@ ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "most concurrent gRPC streams one connection may open to this worker");
 ABSL_FLAG(std::string, link_connections, "auto",
           "HTTP/2 connections per link this worker dials to its higher-rank neighbour: 1-8, or "
-          "auto (1 unless the host has hardware threads > the job's compute threads + 1; then "
-          "min(4, hardware threads - compute threads)). The neighbour accepts what it is sent. "
+          "auto (1 unless this worker may use more CPUs than the job's compute threads + 1; then "
+          "min(4, CPUs - compute threads)). The neighbour accepts what it is sent. "
           "docs/wire.md section 5");
 ABSL_FLAG(int64_t, link_stripe_threshold, int64_t{4} << 20,
           "on a link of several connections, tensors of at least this many bytes are split over "
@@ -86,6 +94,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return *exit_code;
+  }
+  // Before any other thread starts, so that every thread of the daemon inherits the CPUs.
+  if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
+    absl::StatusOr<std::vector<int>> list = pipetrain::util::ParseCpuList(cpus);
+    absl::Status confined = list.ok() ? pipetrain::util::ConfineToCpus(*list) : list.status();
+    if (!confined.ok()) {
+      absl::FPrintF(stderr, "stage_worker: --cpus: %s\n", confined.message());
+      return 2;
+    }
   }
   if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
           absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/math/kernels.h"
+#include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
@@ -198,7 +199,7 @@ void StageWorkerDaemon::SessionLoop() {
     v1::RegisterWorker* reg = hello.mutable_register_();
     reg->set_name(name_);
     reg->set_address(address_);
-    reg->set_cores(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
+    reg->set_cores(util::UsableCpuCount());
     reg->set_gflops(gflops_);
     reg->set_memory_bytes(PhysicalMemoryBytes());
     reg->set_incarnation(incarnation_);
@@ -413,9 +414,7 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
   WorkerJobOptions job_options;
   job_options.emulate_gflops = options_.emulate_gflops;
   job_options.threads_max =
-      options_.threads_max > 0
-          ? options_.threads_max
-          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      options_.threads_max > 0 ? options_.threads_max : util::UsableCpuCount();
   job_options.link = options_.link;
   job_options.link_connections = options_.link_connections;
   job_options.metrics = options_.metrics;

@@ -11,6 +11,7 @@
 #include "common/model/optimizer_proto.h"
 #include "common/model/stage.h"
 #include "common/net/token_auth.h"
+#include "common/util/cpu_set.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
 #include "server/worker/proto_convert.h"
@@ -435,9 +436,7 @@ void WorkerJob::DialPeers() {
   const int connections =
       options_.link_connections > 0
           ? options_.link_connections
-          : link::AutoLinkConnections(
-                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                assign_.threads());
+          : link::AutoLinkConnections(util::UsableCpuCount(), assign_.threads());
   for (int p : higher_peers_) {
     const std::string& address = assign_.worker_addresses(p);
     LinkSettings settings = SettingsFor(

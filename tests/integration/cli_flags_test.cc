@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/util/cpu_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
@@ -69,7 +70,7 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
           "--speeds", "--memory-cap", "--kind", "--virtual", "--format"}},
         {"train",
          with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
-        {"local", with(with(training, pipeline), {"--max-isa"})},
+        {"local", with(with(training, pipeline), {"--max-isa", "--pin-workers"})},
         {"evaluate", {"--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
@@ -252,6 +253,30 @@ TEST(DaemonFlagsTest, HelpListsTheirFlagsAndUnknownOnesAreRefused) {
   EXPECT_THAT(RunBinary(PIPETRAIN_COORDINATOR, "--help").out,
               HasSubstr("--port-file (default: \"\")"));
   EXPECT_THAT(RunBinary(PIPETRAIN_WORKER, "--help").out, HasSubstr("--threads-max (default: 0)"));
+}
+
+// stage_worker --cpus: a bad list or a CPU the process may not use is refused at start, naming
+// the flag; a good one confines the worker, which registers the CPUs it has as its cores.
+TEST(DaemonFlagsTest, WorkerCpusAreCheckedAndBecomeItsCores) {
+  const CommandRun backwards = RunBinary(PIPETRAIN_WORKER, "--coordinator 127.0.0.1:1 --cpus 3-1");
+  EXPECT_EQ(backwards.exit_code, 2) << backwards.out;
+  EXPECT_THAT(backwards.out, HasSubstr("--cpus: CPU list item '3-1': the range runs backwards"));
+  const std::vector<int> allowed = util::AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  if (allowed.back() < util::kMaxCpus - 1) {
+    const CommandRun outside = RunBinary(
+        PIPETRAIN_WORKER, absl::StrCat("--coordinator 127.0.0.1:1 --cpus ", util::kMaxCpus - 1));
+    EXPECT_EQ(outside.exit_code, 2) << outside.out;
+    EXPECT_THAT(outside.out, HasSubstr(absl::StrCat("--cpus: CPU ", util::kMaxCpus - 1,
+                                                    " is not available to this process")));
+  }
+  const std::string dir = testing::TempDir("worker_cpus_");
+  testing::Daemons daemons;
+  ASSERT_EQ(daemons.Start(dir, 1, {}, {absl::StrCat("--cpus=", allowed.back())}), "");
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = daemons.client().ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].cores(), 1);
 }
 
 // The daemons take --port-file / --threads-max in either spelling, on the command line and in a

@@ -2,7 +2,8 @@
 // 127.0.0.1) reproduces `pipetrain reference` bit for bit — per-step losses (the --json lines,
 // compared as text) and the final weights and optimizer state (the --save layer files, compared
 // byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind.
-// Also: Ctrl-C stops `pipetrain local` and leaves no daemon behind.
+// Also: Ctrl-C stops `pipetrain local` and leaves no daemon behind, and `local` runs each worker
+// on a CPU of its own.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -23,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/util/cpu_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -451,6 +454,67 @@ void ExpectSignalStopsEverything(int signal) {
 TEST_F(DistributedTest, CtrlCStopsEverything) { ExpectSignalStopsEverything(SIGINT); }
 
 TEST_F(DistributedTest, SigtermStopsEverything) { ExpectSignalStopsEverything(SIGTERM); }
+
+// The Cpus_allowed_list of every thread of process `pid`, one entry per distinct list.
+std::set<std::string> ThreadCpuLists(pid_t pid) {
+  std::set<std::string> lists;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return lists;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    for (absl::string_view line :
+         absl::StrSplit(ReadFile(absl::StrCat(dir, "/", e->d_name, "/status")), '\n')) {
+      if (absl::ConsumePrefix(&line, "Cpus_allowed_list:")) {
+        lists.insert(std::string(absl::StripAsciiWhitespace(line)));
+      }
+    }
+  }
+  closedir(d);
+  return lists;
+}
+
+// `pipetrain local --stages 2` runs every thread of each worker on a CPU of its own (the first two
+// this test may use) and leaves the coordinator on all of them; with --pin-workers=false the
+// workers may run anywhere too.
+TEST_F(DistributedTest, LocalRunsEachWorkerOnACpuOfItsOwn) {
+  const std::vector<int> allowed = util::AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs, this process may use " << allowed.size();
+  const std::string all = util::FormatCpuList(allowed);
+  for (const bool pin : {true, false}) {
+    SCOPED_TRACE(pin ? "pinned" : "--pin-workers=false");
+    testing::PipedChild local = testing::SpawnPiped(
+        {PIPETRAIN_BINARY, "local", "--stages", "2", "--schedule", "1f1b", "--model",
+         Example("mlp_digits.textproto"), "--batch", "16", "--microbatches", "4", "--steps",
+         "1000000", "--json", pin ? "--pin-workers=true" : "--pin-workers=false"},
+        "/dev/null");
+    ASSERT_GT(local.pid, 0);
+    std::string out;
+    ASSERT_TRUE(testing::ReadUntil(local, "{\"step\"", &out)) << out;
+    std::vector<std::set<std::string>> workers;
+    std::set<std::string> coordinator;
+    for (pid_t d : ChildrenOf(local.pid)) {
+      const std::string cmdline = ReadFile(absl::StrCat("/proc/", d, "/cmdline"));
+      const std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
+      if (absl::EndsWith(argv0, "/stage_worker")) {
+        workers.push_back(ThreadCpuLists(d));
+      } else {
+        coordinator = ThreadCpuLists(d);
+      }
+    }
+    ASSERT_EQ(kill(local.pid, SIGTERM), 0);
+    testing::DrainAndWait(local, &out);
+    ASSERT_EQ(workers.size(), 2u);
+    EXPECT_EQ(coordinator, std::set<std::string>{all});
+    if (pin) {
+      const std::set<std::string> first = {absl::StrCat(allowed[0])};
+      const std::set<std::string> second = {absl::StrCat(allowed[1])};
+      EXPECT_THAT(workers, ::testing::UnorderedElementsAre(first, second));
+    } else {
+      EXPECT_THAT(workers, ::testing::Each(std::set<std::string>{all}));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace pipetrain
