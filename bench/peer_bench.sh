@@ -3,7 +3,9 @@
 # benchmark MLP (examples/deep_mlp.textproto), B=256, M=8, SGD, one compute thread per process.
 #
 #   PyTorch  bench/torch_peer.py: a plain single-process loop, and a hand-rolled 1F1B over
-#            torch.distributed (gloo, 2 ranks on 127.0.0.1).
+#            torch.distributed (gloo, 2 ranks on 127.0.0.1) — as a PyTorch user runs it, and
+#            with each rank pinned to a CPU of its own (--pin), as `pipetrain local` pins its
+#            workers.
 #   pipetrain `reference` (one process) and `local --stages 2` with every schedule.
 #
 # Every figure is samples/s in the steady state: B * (N - 1) / (the time of steps 2..N). PyTorch
@@ -11,7 +13,7 @@
 # that of a 1-step run (bench/local_throughput.sh), which cancels start-up and evaluation the same
 # way. The runs are interleaved round by round and each figure is the best of ROUNDS, because the
 # machine is shared and noisy. Ratios: pipetrain reference / PyTorch single-process, pipetrain
-# S=2 / PyTorch 1F1B. Not a CI test (docs/performance.md, "PyTorch peer").
+# S=2 / PyTorch 1F1B (and / the pinned PyTorch 1F1B in the last column). Not a CI test (docs/performance.md, "PyTorch peer").
 #
 # Usage: bench/peer_bench.sh [BUILD_DIR] [STEPS] [ROUNDS]   (defaults: build 25 3)
 # Needs Debian's python3-torch; without it the PyTorch rows are skipped with a message.
@@ -71,11 +73,11 @@ pipetrain_sps() {
 # torch_sps MODE: samples/s PyTorch reports.
 torch_sps() {
   OPENBLAS_CORETYPE=$torch_coretype OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-    "$torch_python" bench/torch_peer.py --mode "$1" --batch "$batch" \
+    "$torch_python" bench/torch_peer.py --mode "$@" --batch "$batch" \
     --microbatches "$microbatches" --steps "$steps" | awk '/^samples_per_s/ {print $2}'
 }
 
-runs=("torch single" "torch 1f1b" "reference")
+runs=("torch single" "torch 1f1b" "torch 1f1b --pin" "reference")
 for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do runs+=("local $kind"); done
 declare -A best
 for ((r = 1; r <= rounds; ++r)); do
@@ -83,10 +85,12 @@ for ((r = 1; r <= rounds; ++r)); do
     case $run in
       "torch "*)
         [[ -z $torch_python ]] && continue
-        sps=$(torch_sps "${run#torch }") ;;
+        # shellcheck disable=SC2086  # "1f1b --pin" is two arguments.
+        sps=$(torch_sps ${run#torch }) ;;
       reference) sps=$(pipetrain_sps "$pipetrain" reference --eval-samples 1) ;;
       "local "*) sps=$(pipetrain_sps "$pipetrain" local --stages 2 --schedule "${run#local }") ;;
     esac
+    [[ -z $sps ]] && continue  # e.g. --pin on a single CPU: torch_peer.py says why.
     if [[ -z ${best[$run]:-} ]] || (($(calc "int($sps > ${best[$run]})"))); then
       best[$run]=$sps
     fi
@@ -97,16 +101,20 @@ echo "deep MLP 256-16x512-16, B=$batch, M=$microbatches, SGD, 1 compute thread p
   "$(nproc) cores, steps 2..$steps, best of $rounds interleaved rounds"
 [[ -n $torch_python ]] && echo "PyTorch $("$torch_python" -c 'import torch; print(torch.__version__)')," \
   "OpenBLAS core ${torch_coretype:-auto}"
-printf "%-34s %10s %14s\n" "run" "samples/s" "vs PyTorch"
-row() {  # row LABEL RUN PEER_RUN
-  local sps=${best[$2]:-} peer=${best[$3]:-} ratio="-"
+printf "%-36s %10s %11s %11s\n" "run" "samples/s" "vs PyTorch" "vs pinned"
+row() {  # row LABEL RUN PEER_RUN [PINNED_PEER_RUN]
+  local sps=${best[$2]:-} peer=${best[$3]:-} pinned="" ratio="-" ratio_pinned=""
+  [[ -n ${4:-} ]] && pinned=${best[$4]:-}
   [[ -z $sps ]] && return
   [[ -n $peer ]] && ratio=$(calc "'%.2f' % ($sps / $peer)")
-  printf "%-34s %10s %14s\n" "$1" "$sps" "$ratio"
+  [[ -n ${4:-} ]] && ratio_pinned="-"
+  [[ -n ${4:-} && -n $pinned ]] && ratio_pinned=$(calc "'%.2f' % ($sps / $pinned)")
+  printf "%-36s %10s %11s %11s\n" "$1" "$sps" "$ratio" "$ratio_pinned"
 }
 row "PyTorch single process" "torch single" "torch single"
 row "pipetrain reference" "reference" "torch single"
-row "PyTorch 1F1B, gloo, 2 ranks" "torch 1f1b" "torch 1f1b"
+row "PyTorch 1F1B, gloo, 2 ranks" "torch 1f1b" "torch 1f1b" "torch 1f1b --pin"
+row "PyTorch 1F1B, gloo, 2 ranks, pinned" "torch 1f1b --pin" "torch 1f1b" "torch 1f1b --pin"
 for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do
-  row "pipetrain local S=2 $kind" "local $kind" "torch 1f1b"
+  row "pipetrain local S=2 $kind" "local $kind" "torch 1f1b" "torch 1f1b --pin"
 done

@@ -54,6 +54,7 @@
 #include "common/model/model.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/simulator.h"
+#include "common/util/cpu_set.h"
 #include "common/util/status_macros.h"
 
 extern char** environ;
@@ -190,6 +191,10 @@ class Cluster {
     if (port < 0) return absl::UnavailableError("the coordinator did not start (see " + log + ")");
     const std::string address = absl::StrCat("127.0.0.1:", port);
     PT_ASSIGN_OR_RETURN(cluster->client_, client::Client::Connect(address));
+    // The real-compute workers on CPUs of their own, as `pipetrain local` runs them (one thread
+    // each); the emulated ones float.
+    const std::vector<std::vector<int>> cpus =
+        util::CpuGroups(util::AllowedCpus(), spec.real_workers, 1);
     for (int r = 0; r < spec.stages; ++r) {
       std::vector<std::string> args;
       if (r >= spec.real_workers) {
@@ -203,9 +208,11 @@ class Cluster {
       } else if (spec.real_gflops > 0) {
         args = {PIPETRAIN_BENCH_WORKER, address, absl::StrCat("real", r),
                 absl::StrCat(spec.real_gflops)};
+        if (!cpus.empty()) args.push_back(util::FormatCpuList(cpus[r]));
       } else {
         args = {PIPETRAIN_STAGE_WORKER, "--coordinator", address, "--name",
                 absl::StrCat("real", r)};
+        if (!cpus.empty()) args.push_back("--cpus=" + util::FormatCpuList(cpus[r]));
       }
       cluster->Add(Spawn(args, log));
       if (r + 1 == spec.real_workers || r + 1 == spec.stages) {

@@ -6,23 +6,35 @@
 // the model. Registering the rate measured on the model itself makes every stage take about as
 // long as the others. Runs until SIGINT/SIGTERM, like `stage_worker`.
 //
-// Usage: runtime_bench_worker COORDINATOR NAME GFLOPS   (host:port, worker name, GFLOP/s > 0)
+// Usage: runtime_bench_worker COORDINATOR NAME GFLOPS [CPUS]
+//   host:port, worker name, GFLOP/s > 0, and the CPUs to run on (a list like stage_worker --cpus).
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
 #include "server/worker/stage_worker_daemon.h"
 
 int main(int argc, char** argv) {
   double gflops = 0;
-  if (argc != 4 || !absl::SimpleAtod(argv[3], &gflops) || !(gflops > 0)) {
-    std::fprintf(stderr, "usage: runtime_bench_worker COORDINATOR NAME GFLOPS (> 0)\n");
+  if (argc < 4 || argc > 5 || !absl::SimpleAtod(argv[3], &gflops) || !(gflops > 0)) {
+    std::fprintf(stderr, "usage: runtime_bench_worker COORDINATOR NAME GFLOPS (> 0) [CPUS]\n");
     return 2;
+  }
+  if (argc == 5) {  // before any other thread starts: all of them inherit the CPUs.
+    absl::StatusOr<std::vector<int>> cpus = pipetrain::util::ParseCpuList(argv[4]);
+    absl::Status confined = cpus.ok() ? pipetrain::util::ConfineToCpus(*cpus) : cpus.status();
+    if (!confined.ok()) {
+      std::fprintf(stderr, "runtime_bench_worker: CPUS: %s\n",
+                   std::string(confined.message()).c_str());
+      return 2;
+    }
   }
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
     std::fprintf(stderr, "runtime_bench_worker: %s; continuing with glibc's defaults\n",

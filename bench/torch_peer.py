@@ -12,11 +12,15 @@ whole batch, the batch split into M micro-batches whose gradients accumulate:
            picotron pairs them (send forward + receive backward, and the reverse) so that the
            blocking pairs cannot deadlock.
 
+--pin (1f1b only) runs each rank on a CPU of its own, as `pipetrain local` runs its workers
+(docs/performance.md, "One core per worker"): the row that shows what pinning alone is worth to
+PyTorch.
+
 Prints `samples_per_s <float>` — B * (steps - 1) / (wall time of steps 2..steps), i.e. the steady
 state after one warm-up step, measured between barriers — and `final_loss <float>`, the last
 step's loss, which both modes share up to rounding (same seed, weights and batches). Exits 3 with a message on
 stderr if torch is missing. Usage:
-  bench/torch_peer.py --mode single|1f1b [--batch 256] [--microbatches 8] [--steps 25]
+  bench/torch_peer.py --mode single|1f1b [--pin] [--batch 256] [--microbatches 8] [--steps 25]
 """
 import argparse
 import os
@@ -109,6 +113,8 @@ def run_single(args):
 def run_1f1b_rank(rank, args, port, results):
     """One rank of the 2-stage 1F1B pipeline: rank 0 stores its seconds in results[0], rank 1
     the last step's loss in results[1]."""
+    if args.pin:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     one_thread()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -227,7 +233,11 @@ def main():
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pin", action="store_true",
+                    help="1f1b: run rank r on the r-th CPU this process may use")
     args = ap.parse_args()
+    if args.pin and (args.mode != "1f1b" or len(os.sched_getaffinity(0)) < 2):
+        ap.error("--pin needs --mode 1f1b and at least 2 CPUs")
     if args.batch % args.microbatches != 0 or args.steps < 2:
         ap.error("--batch must be a multiple of --microbatches and --steps >= 2")
     seconds, loss = run_single(args) if args.mode == "single" else run_1f1b(args)
