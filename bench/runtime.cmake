@@ -3,7 +3,7 @@ if(TARGET coordinator AND TARGET stage_worker AND TARGET pipetrain_client)
   # The stage worker registering a given speed (runtime_bench --real's real-compute workers).
   add_executable(runtime_bench_worker ${CMAKE_CURRENT_LIST_DIR}/runtime_bench_worker.cc)
   target_link_libraries(runtime_bench_worker PRIVATE pipetrain_worker_daemon pipetrain_heap_tuning
-    pipetrain_cpu_set absl::strings pipetrain_warnings)
+    pipetrain_cpu_set pipetrain_lock_checks absl::strings pipetrain_warnings)
   add_executable(runtime_bench ${CMAKE_CURRENT_LIST_DIR}/runtime_bench.cc)
   target_link_libraries(runtime_bench PRIVATE pipetrain_client pipetrain_model pipetrain_schedule
     pipetrain_io pipetrain_cpu_set pipetrain_warnings)

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
+#include "common/util/lock_checks.h"
 #include "server/worker/stage_worker_daemon.h"
 
 int main(int argc, char** argv) {
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  pipetrain::util::ConfigureLockChecks();  // as stage_worker does.
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
     std::fprintf(stderr, "runtime_bench_worker: %s; continuing with glibc's defaults\n",
                  std::string(s.message()).c_str());

@@ -35,6 +35,7 @@
 #include "common/net/token_auth.h"
 #include "common/util/command_line.h"
 #include "common/util/heap_tuning.h"
+#include "common/util/lock_checks.h"
 #include "common/util/status_macros.h"
 
 // Shared by several commands.
@@ -407,6 +408,8 @@ absl::Status RunPartition(const CommandLine& line) {
 }
 
 int Main(int argc, char** argv) {
+  // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
+  util::ConfigureLockChecks();
   // Eigen allocates a packing buffer per product; without this each is fresh memory whose page
   // faults cost `reference` ~40% of a step (docs/performance.md, "The oracle's speed").
   if (absl::Status s = util::KeepLargeBuffersOnHeap(); !s.ok()) {

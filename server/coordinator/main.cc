@@ -32,6 +32,7 @@
 #include "common/net/transport_security.h"
 #include "common/util/command_line.h"
 #include "common/util/heap_tuning.h"
+#include "common/util/lock_checks.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
@@ -109,6 +110,8 @@ bool WritePortFile(const std::string& path, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
+  pipetrain::util::ConfigureLockChecks();
   // gRPC allocates multi-MiB receive slices per read; keep them on the heap instead of a fresh
   // mmap each (docs/wire.md §5).
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {

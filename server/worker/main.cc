@@ -19,6 +19,7 @@
 #include "common/util/command_line.h"
 #include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
+#include "common/util/lock_checks.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/metrics_server.h"
 #include "server/metrics/worker_metrics.h"
@@ -76,6 +77,8 @@ ABSL_FLAG(int64_t, link_stripe_threshold, int64_t{4} << 20,
           "them; smaller ones go whole on the first connection");
 
 int main(int argc, char** argv) {
+  // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
+  pipetrain::util::ConfigureLockChecks();
   // gRPC allocates multi-MiB receive slices per read and Eigen a packing buffer per product;
   // above glibc's default mmap threshold each is a fresh mmap whose page faults dominate the
   // receive path (docs/wire.md §5: about 2x stream throughput) and the products. Keep them on
