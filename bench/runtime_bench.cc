@@ -652,7 +652,8 @@ absl::StatusOr<ClusterSpec> CalibratedCluster(int stages, int microbatches,
 int RunReal(const std::vector<int>& stage_counts, const std::string& log) {
   for (int stages : stage_counts) {
     for (int microbatches : stages == 2 ? std::vector<int>{8} : std::vector<int>{8, 16}) {
-      BenchConfig c;  // B=256, 16 steps
+      BenchConfig c;  // B=256
+      c.steps = 31;   // medians of 30 steps: 15 spread by several % from run to run
       c.microbatches = microbatches;
       absl::StatusOr<ClusterSpec> cluster = CalibratedCluster(stages, microbatches, log);
       if (!cluster.ok()) {
