@@ -48,17 +48,42 @@ def _read_line(stream, timeout_s):
     return line.decode(errors="replace").strip()
 
 
+def _cpu_lists(worker_cpus, workers):
+    """worker_cpus as one --cpus string per worker, or None."""
+    if worker_cpus is None:
+        return None
+    lists = []
+    try:
+        for item in worker_cpus:
+            if isinstance(item, str):
+                lists.append(item)
+            else:
+                lists.append(",".join(str(int(c)) for c in item))
+    except (TypeError, ValueError):
+        lists = None
+    if lists is None or len(lists) != workers or any(not item for item in lists):
+        raise PipetrainError(StatusCode.INVALID_ARGUMENT,
+                             "worker_cpus needs one non-empty CPU list per worker (%d), got %r"
+                             % (workers, worker_cpus))
+    return lists
+
+
 class LocalCluster:
     """Starts a coordinator (--listen 127.0.0.1:0, checkpoints under `checkpoint_root`, default a
     directory in `log_dir`) and `workers` stage workers named w0, w1, ... and waits (at most
     `start_timeout` s) until all registered. Logs go to `log_dir` (default: a new temporary
-    directory, removed by stop() unless a daemon failed). Binaries: see _find_binary (arguments,
+    directory, removed by stop() unless a daemon failed). `worker_cpus`: one CPU list per worker
+    (a string like "0-3" or a list of ints), passed as its --cpus, so that each worker runs on
+    CPUs of its own as `pipetrain local` runs its workers; None (the default): they float.
+    Binaries: see _find_binary (arguments,
     PIPETRAIN_COORDINATOR / PIPETRAIN_WORKER, `build_dir`, PATH). stop() (or leaving the `with`
     block) sends SIGTERM to each daemon by PID and waits for it. Raises PipetrainError:
-    NOT_FOUND for a missing binary, UNAVAILABLE for a daemon that did not start, naming its log."""
+    NOT_FOUND for a missing binary, UNAVAILABLE for a daemon that did not start, naming its log,
+    INVALID_ARGUMENT for a worker_cpus that does not give one list per worker."""
 
     def __init__(self, workers=2, coordinator_binary=None, worker_binary=None, build_dir=None,
-                 log_dir=None, checkpoint_root=None, start_timeout=30.0):
+                 log_dir=None, checkpoint_root=None, start_timeout=30.0, worker_cpus=None):
+        cpus = _cpu_lists(worker_cpus, workers)
         coordinator = _find_binary("coordinator", coordinator_binary, "PIPETRAIN_COORDINATOR",
                                    build_dir, "server/coordinator")
         worker = _find_binary("stage_worker", worker_binary, "PIPETRAIN_WORKER", build_dir,
@@ -72,7 +97,7 @@ class LocalCluster:
         self._logs = []
         self.address = None
         try:
-            self._start(coordinator, worker, workers, start_timeout)
+            self._start(coordinator, worker, workers, start_timeout, cpus)
         except BaseException:
             self.stop(keep_logs=True)
             raise
@@ -82,7 +107,7 @@ class LocalCluster:
         self._logs.append(f)
         return f
 
-    def _start(self, coordinator, worker, workers, start_timeout):
+    def _start(self, coordinator, worker, workers, start_timeout, cpus):
         process = subprocess.Popen(
             [coordinator, "--listen", "127.0.0.1:0", "--checkpoint-root", self.checkpoint_root],
             stdout=subprocess.PIPE, stderr=self._log("coordinator.log"))
@@ -97,9 +122,11 @@ class LocalCluster:
         self.address = line[len(prefix):]
         for w in range(workers):
             log = self._log("worker-%d.log" % w)
-            process = subprocess.Popen(
-                [worker, "--coordinator", self.address, "--listen", "127.0.0.1:0", "--name",
-                 "w%d" % w], stdout=log, stderr=log)
+            argv = [worker, "--coordinator", self.address, "--listen", "127.0.0.1:0", "--name",
+                    "w%d" % w]
+            if cpus is not None:
+                argv += ["--cpus", cpus[w]]
+            process = subprocess.Popen(argv, stdout=log, stderr=log)
             self._processes.append(process)
             self._workers["w%d" % w] = process
         from pipetrain.client import Client
