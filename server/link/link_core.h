@@ -425,6 +425,7 @@ class LinkCore {
     s.peak_in_flight = peak_in_flight_;
     s.credit_stalls = credit_stalls_;
     s.blocked_on_credit = blocked_on_credit_;
+    s.writing = write_in_flight_;
     s.closed = closed_;
     return s;
   }

@@ -139,6 +139,7 @@ struct LinkStats {
                                    // never above the peer's window.
   int64_t credit_stalls = 0;       // times a fragment was ready but credit was short.
   bool blocked_on_credit = false;  // a fragment is waiting for credit right now.
+  bool writing = false;            // a write is in flight: gRPC has not yet reported it done.
   bool closed = false;             // the stream is over (shut down, failed or ended).
 };
 

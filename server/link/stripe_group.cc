@@ -183,6 +183,7 @@ LinkStats StripeGroup::stats() const {
     sum.peak_in_flight = std::max(sum.peak_in_flight, s.peak_in_flight);
     sum.credit_stalls += s.credit_stalls;
     sum.blocked_on_credit = sum.blocked_on_credit || s.blocked_on_credit;
+    sum.writing = sum.writing || s.writing;
     sum.closed = sum.closed && s.closed;
   }
   if (stripes() > 1) {

@@ -516,6 +516,7 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
     if (pacer_ != nullptr) pacer_->BeginStep(step, rows);
     absl::StatusOr<StepReport> report =
         broken.ok() ? executor_->RunStep(step, actions_, rows) : absl::StatusOr<StepReport>(broken);
+    if (report.ok()) FlushPeerLinks(run_index);
     if (pacer_ != nullptr && report.ok()) {
       pacer_->EndStep();
       pacer_->RewriteTimings(&*report);
@@ -551,6 +552,35 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
                            link_spans_.TakeStep(step, report->started, LinkSpanLog::Clock::now()));
     Emit(std::move(event));
   });
+}
+
+void WorkerJob::FlushPeerLinks(int64_t run_index) {
+  auto written = [](const link::LinkStats& s) {
+    return s.closed || (s.queued_tensors == 0 && !s.writing);
+  };
+  for (;;) {
+    std::vector<link::PeerLink*> links;  // live until Stop(), which joins this thread first.
+    bool pending = false;
+    {
+      absl::MutexLock lock(&links_mu_);
+      if (!broken_.ok() || closed_) return;
+      for (auto& [rank, slot] : peers_) {
+        pending = pending || !slot.pending.empty();
+        if (slot.link != nullptr) links.push_back(slot.link.get());
+      }
+    }
+    {
+      absl::MutexLock lock(&state_mu_);
+      if (aborted_run_ == run_index) return;
+    }
+    bool flushed = !pending;
+    for (size_t i = 0; i < links.size() && flushed; ++i) {
+      // Short waits: an Abort or a failed link is noticed between them.
+      flushed = links[i]->WaitFor(written, absl::Milliseconds(20));
+    }
+    if (flushed) return;
+    if (pending) absl::SleepFor(absl::Milliseconds(1));  // a peer's stream is still to come.
+  }
 }
 
 void WorkerJob::OnCommit(const v1::Commit& commit) {

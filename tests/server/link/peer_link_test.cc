@@ -111,8 +111,12 @@ TEST_F(LinkTest, CreditWindowBoundsTheSender) {
   // ...and resumes when the receiver drains.
   gate.Notify();
   ASSERT_TRUE(server_collector_.WaitForTensors(kCount));
-  ASSERT_TRUE(client->WaitFor([](const LinkStats& s) { return s.queued_tensors == 0; }, kTimeout));
+  // Written out: nothing queued, and gRPC reported the last write done (what a worker waits for
+  // before its StepDone, WorkerJob::FlushPeerLinks).
+  ASSERT_TRUE(client->WaitFor(
+      [](const LinkStats& s) { return s.queued_tensors == 0 && !s.writing; }, kTimeout));
   const LinkStats done = client->stats();
+  EXPECT_FALSE(done.writing);
   EXPECT_EQ(done.bytes_sent, kCount * kTensorBytes);
   EXPECT_LE(done.peak_in_flight, options.window_bytes);
   EXPECT_GE(done.credit_stalls, 1);
