@@ -573,6 +573,10 @@ void WorkerJob::FlushPeerLinks(int64_t run_index) {
       absl::MutexLock lock(&state_mu_);
       if (aborted_run_ == run_index) return;
     }
+    {
+      absl::MutexLock lock(&compute_mu_);
+      if (compute_stop_) return;  // Stop() joins this thread before it closes the links.
+    }
     bool flushed = !pending;
     for (size_t i = 0; i < links.size() && flushed; ++i) {
       // Short waits: an Abort or a failed link is noticed between them.

@@ -138,9 +138,9 @@ class WorkerJob final : public Sender {
   // is written out (none pending for a peer's stream or queued, no write in flight), so that this
   // worker's StepDone never overtakes data its peers still wait for — a worker stopped (SIGSTOP,
   // a stalled host) right after its StepDone would otherwise strand them, and the coordinator
-  // would blame the peer that waits. Returns early once a link failed, the links are closed or
-  // run `run_index` was aborted.
-  void FlushPeerLinks(int64_t run_index) ABSL_LOCKS_EXCLUDED(links_mu_, state_mu_);
+  // would blame the peer that waits. Returns early once a link failed, the links are closed, run
+  // `run_index` was aborted or the job is stopping.
+  void FlushPeerLinks(int64_t run_index) ABSL_LOCKS_EXCLUDED(links_mu_, state_mu_, compute_mu_);
 
   struct PeerSlot {
     std::unique_ptr<link::PeerLink> link;  // null until dialled or accepted.
