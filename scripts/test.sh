@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
+# --timeout: a hung test fails the run instead of stalling it (the longest take ~30 s).
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --timeout 600 -j"$(nproc)"
 if [[ "${FUZZ_SECONDS:-30}" != 0 ]]; then
   bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 fi
