@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "common/util/cpu_set.h"
@@ -29,9 +28,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (argc == 5) {  // before any other thread starts: all of them inherit the CPUs.
-    absl::StatusOr<std::vector<int>> cpus = pipetrain::util::ParseCpuList(argv[4]);
-    absl::Status confined = cpus.ok() ? pipetrain::util::ConfineToCpus(*cpus) : cpus.status();
-    if (!confined.ok()) {
+    if (absl::Status confined = pipetrain::util::ConfineToCpuList(argv[4]); !confined.ok()) {
       std::fprintf(stderr, "runtime_bench_worker: CPUS: %s\n",
                    std::string(confined.message()).c_str());
       return 2;

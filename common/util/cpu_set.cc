@@ -132,4 +132,10 @@ absl::Status ConfineToCpus(const std::vector<int>& cpus) {
   return absl::OkStatus();
 }
 
+absl::Status ConfineToCpuList(absl::string_view list) {
+  absl::StatusOr<std::vector<int>> cpus = ParseCpuList(list);
+  if (!cpus.ok()) return cpus.status();
+  return ConfineToCpus(*cpus);
+}
+
 }  // namespace pipetrain::util

@@ -51,6 +51,9 @@ std::vector<std::vector<int>> CpuGroups(const std::vector<int>& cpus, int groups
 // INTERNAL if the kernel refuses.
 absl::Status ConfineToCpus(const std::vector<int>& cpus);
 
+// ConfineToCpus(ParseCpuList(list)): the errors of either (`stage_worker --cpus LIST`).
+absl::Status ConfineToCpuList(absl::string_view list);
+
 }  // namespace pipetrain::util
 
 #endif  // PIPETRAIN_COMMON_UTIL_CPU_SET_H_

@@ -19,8 +19,7 @@ inline constexpr bool kLockChecksOffInThisBuild = false;
 
 // For the main() of a binary, before other threads run: in a Release build (NDEBUG), no
 // lock-order checking; otherwise Abseil's default stays (report the cycle and abort). Unit
-// tests do not call it, so the test suite still checks every lock order it exercises (and the
-// ThreadSanitizer build checks them in the daemons too).
+// tests do not call it, so the in-process tests still check every lock order they exercise.
 void ConfigureLockChecks();
 
 }  // namespace pipetrain::util

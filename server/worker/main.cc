@@ -9,7 +9,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -100,10 +99,8 @@ int main(int argc, char** argv) {
   }
   // Before any other thread starts, so that every thread of the daemon inherits the CPUs.
   if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
-    absl::StatusOr<std::vector<int>> list = pipetrain::util::ParseCpuList(cpus);
-    absl::Status confined = list.ok() ? pipetrain::util::ConfineToCpus(*list) : list.status();
-    if (!confined.ok()) {
-      absl::FPrintF(stderr, "stage_worker: --cpus: %s\n", confined.message());
+    if (absl::Status s = pipetrain::util::ConfineToCpuList(cpus); !s.ok()) {
+      absl::FPrintF(stderr, "stage_worker: --cpus: %s\n", s.message());
       return 2;
     }
   }

@@ -85,6 +85,23 @@ TEST(CpuSetTest, ConfinesTheCallingThreadAndTheThreadsItStarts) {
   EXPECT_EQ(AllowedCpus(), allowed);  // this thread is untouched.
 }
 
+TEST(CpuSetTest, ConfinesToAListOrSaysWhatIsWrongWithIt) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_THAT(allowed, testing::Not(IsEmpty()));
+  absl::Status confined, backwards;
+  std::vector<int> in_thread;
+  std::thread t([&] {
+    backwards = ConfineToCpuList("3-1");
+    confined = ConfineToCpuList(absl::StrCat(allowed.front()));
+    in_thread = AllowedCpus();
+  });
+  t.join();
+  EXPECT_EQ(backwards.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(backwards.message(), HasSubstr("'3-1': the range runs backwards"));
+  ASSERT_TRUE(confined.ok()) << confined;
+  EXPECT_THAT(in_thread, ElementsAre(allowed.front()));
+}
+
 TEST(CpuSetTest, RefusesCpusTheProcessMayNotUse) {
   const std::vector<int> allowed = AllowedCpus();
   ASSERT_THAT(allowed, testing::Not(IsEmpty()));
