@@ -160,40 +160,78 @@ std::vector<std::string> OptimizerStateNames(const OptimizerConfig& config) {
   return {};
 }
 
+namespace {
+
+// The update loops. Each reads the hyper-parameters from locals and the arrays through restrict
+// pointers, so that the compiler vectorises it (the loop over a struct's fields through a
+// float pointer that might alias them stayed scalar: ~1 ms per step for the deep MLP's 2M
+// parameters per rank). Every element still goes through the same float operations in the same
+// order (no contraction: -ffp-contract=off), so the results are those of the scalar loop bit for
+// bit; the divisions and square roots are IEEE-exact in either form.
+
+void SgdUpdate(size_t n, float grad_scale, float weight_decay, float lr,
+               const float* __restrict grad, float* __restrict param) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * grad_scale + weight_decay * param[i];
+    param[i] -= lr * g;
+  }
+}
+
+// PyTorch initialises the buffer with the first gradient; with a zero buffer at step 1
+// momentum * 0 + g == g exactly, so one formula serves both.
+void SgdMomentumUpdate(size_t n, float grad_scale, float weight_decay, float lr, float momentum,
+                       bool nesterov, const float* __restrict grad, float* __restrict param,
+                       float* __restrict buf) {
+  if (nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grad[i] * grad_scale + weight_decay * param[i];
+      buf[i] = momentum * buf[i] + g;
+      param[i] -= lr * (g + momentum * buf[i]);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grad[i] * grad_scale + weight_decay * param[i];
+      buf[i] = momentum * buf[i] + g;
+      param[i] -= lr * buf[i];
+    }
+  }
+}
+
+void AdamWUpdate(size_t n, float grad_scale, float decay, float beta1, float beta2, float step_size,
+                 float bias2_sqrt, float eps, const float* __restrict grad, float* __restrict param,
+                 float* __restrict m, float* __restrict v) {
+  const float one_minus_beta1 = 1.0f - beta1;
+  const float one_minus_beta2 = 1.0f - beta2;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * grad_scale;
+    const float p = param[i] * decay;
+    m[i] = beta1 * m[i] + one_minus_beta1 * g;
+    v[i] = beta2 * v[i] + one_minus_beta2 * g * g;
+    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    param[i] = p - step_size * m[i] / denom;
+  }
+}
+
+}  // namespace
+
 void OptimizerStep(const OptimizerConfig& c, int64_t step, float grad_scale,
                    absl::Span<const float> grad, absl::Span<float> param,
                    absl::Span<std::vector<float>> state) {
   const size_t n = param.size();
   const float lr = LearningRateAt(c.schedule, c.lr, step);
   if (c.kind == OptimizerKind::kSgd) {
-    float* buf = state.empty() ? nullptr : state[0].data();
-    for (size_t i = 0; i < n; ++i) {
-      float g = grad[i] * grad_scale + c.weight_decay * param[i];
-      if (buf != nullptr) {
-        // PyTorch initialises the buffer with the first gradient; with a zero buffer at step 1
-        // momentum * 0 + g == g exactly, so one formula serves both.
-        buf[i] = c.momentum * buf[i] + g;
-        g = c.nesterov ? g + c.momentum * buf[i] : buf[i];
-      }
-      param[i] -= lr * g;
+    if (state.empty()) {
+      SgdUpdate(n, grad_scale, c.weight_decay, lr, grad.data(), param.data());
+    } else {
+      SgdMomentumUpdate(n, grad_scale, c.weight_decay, lr, c.momentum, c.nesterov, grad.data(),
+                        param.data(), state[0].data());
     }
     return;
   }
-  float* m = state[0].data();
-  float* v = state[1].data();
   const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step));
   const float bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step));
-  const float step_size = lr / bias1;
-  const float bias2_sqrt = std::sqrt(bias2);
-  const float decay = 1.0f - lr * c.weight_decay;
-  for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;
-    param[i] *= decay;
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g;
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
-    const float denom = std::sqrt(v[i]) / bias2_sqrt + c.eps;
-    param[i] -= step_size * m[i] / denom;
-  }
+  AdamWUpdate(n, grad_scale, 1.0f - lr * c.weight_decay, c.beta1, c.beta2, lr / bias1,
+              std::sqrt(bias2), c.eps, grad.data(), param.data(), state[0].data(), state[1].data());
 }
 
 double SumOfSquares(absl::Span<const float> values) {

@@ -111,6 +111,73 @@ TEST(OptimizerTest, StepsAreBitwiseReproducible) {
   EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
 }
 
+// The documented formulas, one element at a time, as plainly as they read.
+void ScalarStep(const OptimizerConfig& c, int64_t step, float scale, const std::vector<float>& grad,
+                std::vector<float>* param, std::vector<std::vector<float>>* state) {
+  const float lr = LearningRateAt(c.schedule, c.lr, step);
+  for (size_t i = 0; i < param->size(); ++i) {
+    float& p = (*param)[i];
+    if (c.kind == OptimizerKind::kSgd) {
+      float g = grad[i] * scale + c.weight_decay * p;
+      if (!state->empty()) {
+        float& b = (*state)[0][i];
+        b = c.momentum * b + g;
+        g = c.nesterov ? g + c.momentum * b : b;
+      }
+      p -= lr * g;
+    } else {
+      const float g = grad[i] * scale;
+      const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), step));
+      const float bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), step));
+      float& m = (*state)[0][i];
+      float& v = (*state)[1][i];
+      p *= 1.0f - lr * c.weight_decay;
+      m = c.beta1 * m + (1.0f - c.beta1) * g;
+      v = c.beta2 * v + (1.0f - c.beta2) * g * g;
+      p -= (lr / bias1) * m / (std::sqrt(v) / std::sqrt(bias2) + c.eps);
+    }
+  }
+}
+
+// The update runs as vector code; every element must still get the scalar formula's bits, for
+// lengths that are and are not multiples of the vector width.
+TEST(OptimizerTest, EveryKindEqualsTheElementwiseFormulaBitForBit) {
+  std::vector<OptimizerConfig> configs;
+  for (const char* text :
+       {"sgd:lr=0.05", "sgd:lr=0.05,weight_decay=0.01", "sgd:lr=0.05,momentum=0.9",
+        "sgd:lr=0.05,momentum=0.9,nesterov=true,"
+        "weight_decay=0.001",
+        "adamw:lr=0.01", "adamw:lr=0.01,weight_decay=0.1,eps=1e-6"}) {
+    absl::StatusOr<OptimizerConfig> c = ParseOptimizerConfig(text);
+    ASSERT_TRUE(c.ok()) << c.status();
+    configs.push_back(*c);
+  }
+  for (const OptimizerConfig& c : configs) {
+    for (size_t n : {1, 7, 8, 9, 31, 1000, 4099}) {
+      std::vector<float> p1(n), g(n);
+      for (size_t i = 0; i < n; ++i) {
+        // Mixed magnitudes and signs, and exact zeros, so that any reordering would show.
+        p1[i] = (i % 5 == 0) ? 0.0f : static_cast<float>(std::cos(0.11 * i) * (i % 3 ? 1e-3 : 10));
+      }
+      std::vector<float> p2 = p1;
+      auto s1 = ZeroState(c, n), s2 = ZeroState(c, n);
+      for (int t = 1; t <= 4; ++t) {
+        for (size_t i = 0; i < n; ++i) {
+          g[i] = static_cast<float>(std::sin(0.37 * i + t) * (i % 7 ? 1e-2 : 1e3));
+        }
+        OptimizerStep(c, t, 0.7f, g, absl::MakeSpan(p1), absl::MakeSpan(s1));
+        ScalarStep(c, t, 0.7f, g, &p2, &s2);
+        ASSERT_EQ(0, std::memcmp(p1.data(), p2.data(), n * sizeof(float)))
+            << FormatOptimizerConfig(c) << " n=" << n << " step " << t;
+        for (size_t k = 0; k < s1.size(); ++k) {
+          ASSERT_EQ(0, std::memcmp(s1[k].data(), s2[k].data(), n * sizeof(float)))
+              << FormatOptimizerConfig(c) << " state " << k << " n=" << n << " step " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(OptimizerTest, ParseAndFormatRoundTrip) {
   auto c = ParseOptimizerConfig("sgd:lr=0.05,momentum=0.9,nesterov=true,clip_norm=1.5");
   ASSERT_TRUE(c.ok()) << c.status();
