@@ -81,6 +81,9 @@ class Stage {
   // what the stage's weights, gradients and optimizer state take (so deferring at most doubles
   // the stage's parameter memory). 0: never defer.
   int64_t weight_grad_defer_bytes() const { return weight_grad_defer_bytes_; }
+  // True when the optimizer clips the global gradient norm (clip_norm > 0), so that a step needs
+  // every layer's gradient norm before its update; without clipping nobody reads them.
+  bool clips_gradients() const { return optimizer_.clip_norm > 0; }
   void set_weight_grad_defer_bytes(int64_t bytes);
   // Bytes deferred micro-batches hold now.
   int64_t DeferredWeightGradBytes() const { return deferred_bytes_; }

@@ -432,11 +432,14 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     loss += l;
     result.add_microbatch_losses(l);
   }
-  // Global gradient norm: per-layer norms placed by layer, summed in increasing layer order.
-  const int64_t L = net->num_layers();
+  // Global gradient norm: per-layer norms placed by layer, summed in increasing layer order —
+  // only when the job clips gradients (nothing else reads it, and the workers report it only
+  // then: StepDone.grad_norms).
+  const float clip_norm = job->spec.optimizer().clip_norm();
+  const int64_t L = clip_norm > 0 ? net->num_layers() : 0;
   std::vector<double> per_layer(L, 0.0);
   std::vector<bool> seen(L, false);
-  for (int rank = 0; rank < S; ++rank) {
+  for (int rank = 0; rank < S && L > 0; ++rank) {
     for (const v1::LayerNormSq& n : job->reports[rank]->grad_norms()) {
       if (n.layer() < 0 || n.layer() >= L || seen[n.layer()]) {
         return fail_step(absl::InternalError(
@@ -453,8 +456,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
           absl::InternalError(absl::StrCat("no worker reported the gradient norm of layer ", l)));
     }
   }
-  const double norm_sq = model::SumLayerNormSq(per_layer);
-  const float clip = math::ClipScale(norm_sq, job->spec.optimizer().clip_norm());
+  const float clip = L > 0 ? math::ClipScale(model::SumLayerNormSq(per_layer), clip_norm) : 1.0f;
 
   v1::WorkerCommand command;
   v1::Commit* commit = command.mutable_commit();

@@ -127,7 +127,10 @@ StepExecutor::StepExecutor(const model::Model* model, std::vector<OwnedChunk> ch
       options_(options),
       local_of_chunk_(num_chunks, -1),
       chunks_(std::move(chunks)) {
-  for (size_t i = 0; i < chunks_.size(); ++i) local_of_chunk_[chunks_[i].chunk] = i;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    local_of_chunk_[chunks_[i].chunk] = i;
+    take_norms_ = take_norms_ || chunks_[i].stage.clips_gradients();
+  }
 }
 
 std::vector<int> StepExecutor::chunk_indices() const {
@@ -264,7 +267,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     report.compute_time += t.compute();
   }
   // Each chunk's norms were taken by its last W (CheckActions: m W per chunk, in order).
-  for (size_t local = 0; local < chunks_.size(); ++local) {
+  for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
     const model::Stage& stage = chunks_[local].stage;
     const std::vector<double>& norms = chunk_norms_[local];
     if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
@@ -473,11 +476,16 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   ++weight_grads_done_[local];
   bool all_done = true;
   for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;
-  chunks_[local].stage.BackwardWeight(&f->state, all_done ? &chunk_norms_[local] : nullptr);
+  auto norms = [&](size_t chunk) { return take_norms_ ? &chunk_norms_[chunk] : nullptr; };
+  model::Stage& stage = chunks_[local].stage;
+  stage.BackwardWeight(&f->state, all_done ? norms(local) : nullptr);
   if (all_done) {
+    // Every deferred weight gradient is added now, in this action, with or without norms: the
+    // step's gradients are complete when it reports done.
+    if (!take_norms_) stage.AddDeferredWeightGrads(nullptr);
     for (size_t other = 0; other < chunks_.size(); ++other) {
       if (static_cast<int>(other) != local) {
-        chunks_[other].stage.AddDeferredWeightGrads(&chunk_norms_[other]);
+        chunks_[other].stage.AddDeferredWeightGrads(norms(other));
       }
     }
   }

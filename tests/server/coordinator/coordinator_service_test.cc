@@ -153,6 +153,17 @@ class FakeWorker {
     ignore_commit_step_ = step;
   }
 
+  // Report no gradient norms in StepDone (as a worker of a job without clipping does).
+  void OmitNorms() {
+    absl::MutexLock lock(&mu_);
+    omit_norms_ = true;
+  }
+  // Clip scales of the Commits received, in order.
+  std::vector<float> clip_scales() {
+    absl::MutexLock lock(&mu_);
+    return clip_scales_;
+  }
+
   // Answer SaveShards with ShardsSaved without uploading any file (a rogue or broken worker).
   void SkipUploads() {
     absl::MutexLock lock(&mu_);
@@ -314,7 +325,7 @@ class FakeWorker {
                 d->add_microbatch_losses(0.25f * (mb + 1));
               }
             }
-            for (int64_t l = c.first_layer(); l < c.last_layer(); ++l) {
+            for (int64_t l = c.first_layer(); l < c.last_layer() && !omit_norms_; ++l) {
               v1::LayerNormSq* n = d->add_grad_norms();
               n->set_layer(l);
               n->set_norm_sq(static_cast<double>(l + 1));
@@ -331,6 +342,7 @@ class FakeWorker {
         {
           absl::MutexLock lock(&mu_);
           if (command.commit().step() == ignore_commit_step_) continue;
+          clip_scales_.push_back(command.commit().clip_scale());
         }
         event.mutable_committed()->set_job(command.commit().job());
         event.mutable_committed()->set_epoch(command.commit().epoch());
@@ -399,6 +411,8 @@ class FakeWorker {
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t ignore_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool omit_norms_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<float> clip_scales_ ABSL_GUARDED_BY(mu_);
   bool skip_uploads_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
@@ -612,6 +626,38 @@ TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->steps_done(), 1);
+}
+
+// The gradient norms are the clip scale's input: a job that clips needs every layer's (and gets
+// a scale below 1 from the fake's large norms); one that does not commits with 1 and needs none.
+TEST_F(CoordinatorServiceTest, GradientNormsAreRequiredExactlyWhenTheJobClips) {
+  AddWorkers(2);
+  v1::JobSpec spec = MakeSpec(2, 2);
+  spec.mutable_optimizer()->set_clip_norm(0.5f);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(workers_[0]->clip_scales().size(), 1u);
+  EXPECT_LT(workers_[0]->clip_scales()[0], 1.0f);
+  workers_[1]->OmitNorms();
+  r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(r.status().message(), HasSubstr("no worker reported the gradient norm of layer"));
+  ASSERT_TRUE(client_->CancelJob(job->job()).ok());
+}
+
+TEST_F(CoordinatorServiceTest, AJobWithoutClippingNeedsNoGradientNorms) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (auto& w : workers_) w->OmitNorms();
+  for (int step = 1; step <= 2; ++step) {
+    absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), step);
+  }
+  EXPECT_EQ(workers_[0]->clip_scales(), std::vector<float>({1.0f, 1.0f}));
 }
 
 TEST_F(CoordinatorServiceTest, FeedLinksAreOpenWhenTheJobIsReadyAndKeptForItsSteps) {

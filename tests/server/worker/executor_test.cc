@@ -307,10 +307,16 @@ class Pipeline {
     }
     result.microbatch_losses = reports[last_owner]->microbatch_losses;
     for (float l : result.microbatch_losses) result.loss += l;
-    absl::StatusOr<double> norm = CombineLayerNormSq(reports, model_->num_layers());
-    if (!norm.ok()) return norm.status();
-    result.grad_norm_sq = *norm;
-    result.clip_scale = math::ClipScale(result.grad_norm_sq, optimizer_.clip_norm);
+    if (optimizer_.clip_norm > 0) {
+      absl::StatusOr<double> norm = CombineLayerNormSq(reports, model_->num_layers());
+      if (!norm.ok()) return norm.status();
+      result.grad_norm_sq = *norm;
+      result.clip_scale = math::ClipScale(result.grad_norm_sq, optimizer_.clip_norm);
+    } else {
+      // Without clipping nothing reads the norms, and the workers do not take them.
+      for (const StepReport* r : reports) EXPECT_TRUE(r->layer_grad_norm_sq.empty());
+      result.clip_scale = 1.0f;
+    }
     result.step = ++committed_;
     // Odd workers defer their update to their next step (as a worker whose step starts by
     // waiting for a peer does), even ones apply it at once: both must give the same bits.
@@ -499,6 +505,37 @@ TEST_P(PipelineBitwiseTest, LossesAndFinalStateEqualTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, PipelineBitwiseTest, ::testing::ValuesIn(AllConfigs()),
                          ConfigName);
+
+// Without clipping the workers report no gradient norms (StepReport::layer_grad_norm_sq) and every
+// step's losses, and the final state, are still those of the reference.
+TEST(PipelineWithoutClippingTest, ReportsNoNormsAndEqualsTheReference) {
+  auto model = model::testing::BuildOrDie(kDigitsMlpSpec);
+  struct Case {
+    ScheduleKind kind;
+    int virtual_stages;
+  };
+  for (const Case& c : {Case{ScheduleKind::kOneFOneB, 1}, Case{ScheduleKind::kInterleaved, 2},
+                        Case{ScheduleKind::kZbV, 2}}) {
+    SCOPED_TRACE(schedule::ScheduleKindName(c.kind));
+    model::TrainerOptions o = ReferenceOptions(4, math::OptimizerKind::kSgd);
+    o.optimizer.clip_norm = 0.0f;
+    auto reference = model::ReferenceTrainer::Create(model.get(), o);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    std::unique_ptr<Pipeline> pipeline =
+        Pipeline::Create(model.get(), c.kind, 2, c.virtual_stages, 4, o.optimizer);
+    ASSERT_NE(pipeline, nullptr);
+    for (int step = 1; step <= 3; ++step) {
+      const io::Batch batch = model::testing::MakeBatch(*model, kSamples, step);
+      absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+      ASSERT_TRUE(want.ok()) << want.status();
+      absl::StatusOr<model::StepResult> got = pipeline->TrainStep(step, batch);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(Bits(got->loss), Bits(want->loss)) << "step " << step;
+      EXPECT_EQ(Bits(got->clip_scale), Bits(want->clip_scale)) << "step " << step;
+    }
+    ExpectBitwiseEqual(pipeline->ExportState(), (*reference)->ExportState());
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Abort and failure behaviour.
