@@ -510,7 +510,7 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
     }
     case v1::WorkerEvent::kCommitted: {
       const v1::Committed& c = event.committed();
-      if (current(c.job(), c.epoch()) && c.step() == job.op_step) job.committed[rank] = true;
+      if (current(c.job(), c.epoch()) && c.step() == job.commit_step) job.committed[rank] = true;
       break;
     }
     case v1::WorkerEvent::kShardsSaved: {
@@ -525,6 +525,20 @@ absl::Status CoordinatorService::OnWorkerEvent(JoinReactor* reactor, std::string
       // earlier attempt (e.g. the worker's report of a step the coordinator already aborted) must
       // not fail the current one. Otherwise it concerns the current operation (Assign, Commit,
       // SaveShards, a link) if it names its step; during assignment any step counts.
+      if (job.commit_step >= 0 && e.step() == job.commit_step && !job.committed[rank]) {
+        // About the unconfirmed Commit (a refusal, or a link that failed before the rank
+        // confirmed it), never the answer to a later RunStep, which names that later step.
+        Log(absl::StrCat("job ", job.id, " step ", e.step(),
+                         " (commit): ", WorkerLabel(*name, rank), " reported ",
+                         absl::StatusCodeToString(static_cast<absl::StatusCode>(e.code())), ": ",
+                         e.message()),
+            logging::LogLevel::kWarning);
+        if (job.commit_error.ok()) {
+          job.commit_error = control::StatusFromWorkerError(
+              e, absl::StrCat(WorkerLabel(*name, rank), ", step ", e.step()));
+        }
+        break;
+      }
       bool this_op = job.state == JobState::kAssigning || job.state == JobState::kRecovering ||
                      e.step() == job.op_step;
       if (job.runs_answered[rank] < job.runs_sent[rank]) {

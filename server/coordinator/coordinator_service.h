@@ -251,9 +251,17 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
     std::vector<int64_t> runs_sent;                    // [rank] RunSteps sent.
     std::vector<int64_t> runs_answered;                // [rank] StepDone/WorkerError received.
     std::vector<std::optional<v1::StepDone>> reports;  // [rank]
-    std::vector<bool> committed;                       // [rank]
-    std::vector<bool> saved;                           // [rank]
-    absl::Status op_error;  // first WorkerError or link failure of the operation.
+    // The last step's Commit until every rank confirmed it (Committed): its step (-1: none
+    // unconfirmed), the confirmations, the deadline, and a rank's refusal. A step whose next
+    // batch is already queued leaves it to be confirmed by that step, after its RunStep went
+    // out (ConfirmCommit), so that the next step does not wait for a round trip.
+    int64_t commit_step = -1;
+    std::vector<bool> committed;  // [rank]
+    absl::Time commit_deadline = absl::InfiniteFuture();
+    absl::Duration commit_timeout = absl::ZeroDuration();  // for messages.
+    absl::Status commit_error;
+    std::vector<bool> saved;  // [rank]
+    absl::Status op_error;    // first WorkerError or link failure of the operation.
 
     // Data links to the first and last chunk owners, by rank, for `links_epoch`. Used by the
     // job's OpThread only (never destroyed under mu_: their Shutdown may wait for a callback that
@@ -281,7 +289,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void DoCreateJob(const v1::JobSpec& spec,
                    std::function<void(absl::StatusOr<v1::JobStatus>)> done);
   absl::StatusOr<v1::JobStatus> DoAssign(Job* job);
-  absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request);
+  // `next_queued` (no lock held by the caller's; called with mu_ held) tells whether another
+  // batch of the same stream is queued behind this one: the step then returns once its Commit is
+  // sent, and the next step confirms it.
+  absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request,
+                                             const std::function<bool()>& next_queued);
+  // Job thread: confirms the job's unconfirmed Commit, if any (ConfirmCommit).
+  absl::Status DoConfirmCommit(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Job thread only, mu_ not held. Makes the job's data links to its first and last chunk
   // owners (which feed inputs and targets) open and healthy for `epoch`: drops those of another
   // epoch or that failed, dials what is missing. The dial's error if one fails.
@@ -360,6 +374,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void FailJob(Job& job, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     EndJob(job, JobState::kFailed, error);
   }
+  // Waits until every rank confirmed the job's last Commit (none unconfirmed: OK at once). A
+  // rank that refuses it, or has not confirmed it by the step's deadline, leaves the replicas
+  // unequal: a recoverable job waits loss_grace for the others, evicts the late ones and
+  // recovers (ABORTED, CheckReady's "recovering"); any other job fails. Job thread.
+  absl::Status ConfirmCommit(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a failed training step: Abort to every rank and back to READY unless the job ended.
   // Returns `status`.
   absl::Status FailStep(Job& job, int64_t step, const absl::Status& status)

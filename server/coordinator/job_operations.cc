@@ -238,7 +238,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   return StatusOf(*job);
 }
 
-absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRequest& request) {
+absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
+    const v1::TrainRequest& request, const std::function<bool()>& next_queued) {
   const absl::Time t0 = absl::Now();
   Job* job = nullptr;
   std::shared_ptr<const model::Model> net;
@@ -311,7 +312,6 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
     job->op_step = step;
     job->op_error = absl::OkStatus();
     job->reports.assign(S, std::nullopt);
-    job->committed.assign(S, false);
     job->state = JobState::kTraining;
     v1::WorkerCommand command;
     v1::RunStep* run = command.mutable_run_step();
@@ -358,6 +358,14 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   };
   if (!feed.ok()) {
     return fail_step(wire::Annotate(feed, absl::StrCat("feeding step ", step)));
+  }
+  // The previous step's Commit, if it left it to this step: every rank confirmed it before it
+  // answers this RunStep (one stream, in order), so this wait overlaps the step's compute.
+  if (job->commit_step >= 0) {
+    if (absl::Status confirmed = ConfirmCommit(*job); !confirmed.ok()) {
+      job->op_step = -1;
+      return confirmed;
+    }
   }
   // Ranks that have not answered, for the progress lines and the deadline's message.
   auto missing = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
@@ -465,58 +473,18 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
   commit->set_step(step);
   commit->set_clip_scale(clip);
   for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
-  waited = AwaitOp(
-      *job,
-      [job] {
-        for (bool b : job->committed) {
-          if (!b) return false;
-        }
-        return true;
-      },
-      // Applying a step takes a fraction of computing it: a rank that has not committed within
-      // the step's deadline is stuck or stopped.
-      deadline, absl::StrCat("Committed of step ", step));
-  if (!waited.ok() && job->spec.recover() && job->state == JobState::kTraining && !shutting_down_) {
-    // A recoverable job whose commit was interrupted (a peer reported a rank unreachable, or the
-    // deadline passed): the ranks that commit within loss_grace are fine; the others are stuck
-    // or stopped and are evicted, and the job recovers without them (every rank restarts from
-    // the checkpoint, so a half-applied step does not matter). If all commit after all, the step
-    // stands.
-    auto committed_everywhere = [job] {
-      for (bool b : job->committed) {
-        if (!b) return false;
-      }
-      return true;
-    };
-    const absl::Time until = absl::Now() + options_.loss_grace;
-    while (job->state == JobState::kTraining && !shutting_down_ && !committed_everywhere() &&
-           absl::Now() < until) {
-      event_cv_.WaitWithDeadline(&mu_, until);
+  job->commit_step = step;
+  job->committed.assign(S, false);
+  job->commit_error = absl::OkStatus();
+  job->commit_timeout = deadline;
+  job->commit_deadline = absl::Now() + deadline;
+  if (!next_queued()) {
+    // Nothing behind this step to confirm it: confirm it now, so that what the client hears
+    // next (this result, a Finish) comes after every rank applied it.
+    if (absl::Status confirmed = ConfirmCommit(*job); !confirmed.ok()) {
+      job->op_step = -1;
+      return confirmed;
     }
-    if (job->state == JobState::kTraining && committed_everywhere()) {
-      waited = absl::OkStatus();
-    } else if (job->state == JobState::kTraining) {
-      std::vector<std::string> late;
-      for (int rank = 0; rank < S; ++rank) {
-        if (!job->committed[rank]) late.push_back(job->workers[rank]);
-      }
-      for (const std::string& name : late) {
-        EvictWorker(name, "deadline",
-                    absl::StrCat("did not commit step ", step, " of job ", job_id,
-                                 " while its peers reported: ", waited.ToString()));
-      }
-    }
-  }
-  if (!waited.ok()) {
-    job->op_step = -1;
-    // Some workers may have applied the step: the replicas can no longer be trusted — unless the
-    // job is recovering, which restarts every rank from its last checkpoint anyway.
-    if (job->state == JobState::kRecovering) return CheckReady(*job);
-    if (!IsTerminal(job->state)) {
-      FailJob(*job,
-              absl::StrCat("step ", step, " was not committed everywhere: ", waited.ToString()));
-    }
-    return waited;
   }
   job->steps_done = step + 1;
   job->state = JobState::kReady;
@@ -534,6 +502,91 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(const v1::TrainRe
                       job->id, result.step(), result.loss(), result.step_ms(),
                       result.bubble_fraction(), result.predicted_bubble_fraction()));
   return result;
+}
+
+absl::Status CoordinatorService::ConfirmCommit(Job& job) {
+  if (job.commit_step < 0) return absl::OkStatus();
+  const int64_t step = job.commit_step;
+  auto committed_everywhere = [&job]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
+    for (bool b : job.committed) {
+      if (!b) return false;
+    }
+    return true;
+  };
+  auto live = [this, &job]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
+    return !shutting_down_ && !IsTerminal(job.state) && job.state != JobState::kRecovering;
+  };
+  absl::Status waited;
+  auto transport = [](const absl::Status& s) {
+    return absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
+           absl::IsDeadlineExceeded(s);
+  };
+  while (live() && !committed_everywhere()) {
+    if (!job.commit_error.ok()) {
+      waited = job.commit_error;
+      break;
+    }
+    // An error of the operation in flight: in the step that committed, anything a rank reports
+    // (a peer unreachable, say); in the step behind it, only a recoverable job's transport
+    // failure (the rank out of reach may be one that has not committed) — any other error
+    // fails that later step alone.
+    if (!job.op_error.ok() &&
+        (job.op_step == step || (job.spec.recover() && transport(job.op_error)))) {
+      waited = job.op_error;
+      break;
+    }
+    if (absl::Now() >= job.commit_deadline) {
+      // Applying a step takes a fraction of computing it: a rank that has not committed within
+      // the step's deadline is stuck or stopped.
+      waited = absl::DeadlineExceededError(absl::StrCat("job '", job.id, "': timed out after ",
+                                                        absl::FormatDuration(job.commit_timeout),
+                                                        " waiting for Committed of step ", step));
+      break;
+    }
+    event_cv_.WaitWithDeadline(&mu_, job.commit_deadline);
+  }
+  if (!waited.ok() && job.spec.recover() && live()) {
+    // A recoverable job whose commit was interrupted (a rank refused it or reported a peer
+    // unreachable, or the deadline passed): the ranks that commit within loss_grace are fine;
+    // the others are stuck or stopped and are evicted, and the job recovers without them (every
+    // rank restarts from the checkpoint, so a half-applied step does not matter). If all commit
+    // after all, the step stands.
+    const absl::Time until = absl::Now() + options_.loss_grace;
+    while (live() && !committed_everywhere() && absl::Now() < until) {
+      event_cv_.WaitWithDeadline(&mu_, until);
+    }
+    if (live() && committed_everywhere()) {
+      waited = absl::OkStatus();
+    } else if (live()) {
+      std::vector<std::pair<std::string, int>> late;
+      for (size_t rank = 0; rank < job.committed.size(); ++rank) {
+        if (!job.committed[rank]) late.emplace_back(job.workers[rank], static_cast<int>(rank));
+      }
+      for (const auto& [name, rank] : late) {
+        EvictWorker(name, "deadline",
+                    absl::StrCat("did not commit step ", step, " of job ", job.id,
+                                 " while its peers reported: ", waited.ToString()));
+      }
+    }
+  }
+  job.commit_step = -1;
+  // Some workers may have applied the step: the replicas can no longer be trusted — unless the
+  // job is recovering, which restarts every rank from its last checkpoint anyway.
+  if (job.state == JobState::kRecovering) return CheckReady(job);
+  if (waited.ok() && !live())
+    waited =
+        shutting_down_ ? absl::CancelledError("coordinator shutting down") : InterruptedError(job);
+  if (!waited.ok() && !IsTerminal(job.state)) {
+    FailJob(job, absl::StrCat("step ", step, " was not committed everywhere: ", waited.ToString()));
+  }
+  return waited;
+}
+
+absl::Status CoordinatorService::DoConfirmCommit(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::OkStatus();
+  return ConfirmCommit(*it->second);
 }
 
 absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
@@ -563,6 +616,9 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
     PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
+    // The shards must hold the last step everywhere (SaveShards follows its Commit on every
+    // rank's stream; a rank that refused it would save the step before).
+    PT_RETURN_IF_ERROR(ConfirmCommit(*job));
     step = job->steps_done;
     net = job->model;
     spec = job->spec;
@@ -584,7 +640,14 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
     save->set_step(step);
     job->checkpoint_staging = staging;
     for (int rank = 0; rank < S; ++rank) SendToRank(*job, rank, command);
-    const absl::Status waited = AwaitOp(
+    // A rank that has not saved within this bound is stuck or stopped: writing and uploading its
+    // weights and optimizer state (at most three tensors per parameter) at 10 MB/s takes less.
+    // The floor is the step deadline's.
+    const absl::Duration save_deadline =
+        std::min(options_.step_timeout,
+                 std::max(options_.step_deadline_floor,
+                          absl::Seconds(static_cast<double>(net->NumParameters()) * 12.0 / 10e6)));
+    absl::Status waited = AwaitOp(
         *job,
         [job] {
           for (bool b : job->saved) {
@@ -592,7 +655,28 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorService::DoCheckpoint(
           }
           return true;
         },
-        options_.step_timeout, "every worker's ShardsSaved");
+        save_deadline, "every worker's ShardsSaved");
+    if (absl::IsDeadlineExceeded(waited)) {
+      std::vector<std::pair<std::string, int>> late;
+      for (int rank = 0; rank < S; ++rank) {
+        if (!job->saved[rank]) late.emplace_back(job->workers[rank], rank);
+      }
+      std::vector<std::string> names;
+      for (const auto& [name, rank] : late) names.push_back(WorkerLabel(name, rank));
+      waited = absl::DeadlineExceededError(absl::StrCat(
+          waited.message(), " from ", absl::StrJoin(names, ", "), " (stopped or stuck)"));
+      Log(std::string(waited.message()), logging::LogLevel::kWarning);
+      if (job->spec.recover() && !IsTerminal(job->state) && job->state != JobState::kRecovering) {
+        // As for a step: a recoverable job evicts the ranks that are stuck and recovers without
+        // them; the client then replays from the last checkpoint and checkpoints again.
+        for (const auto& [name, rank] : late) {
+          EvictWorker(name, "deadline",
+                      absl::StrCat("did not save the checkpoint of step ", step, " of job ",
+                                   job->id, " within ", absl::FormatDuration(save_deadline)));
+        }
+      }
+    }
+    if (job->state == JobState::kRecovering && !waited.ok()) waited = CheckReady(*job);
     job->op_step = -1;
     job->checkpoint_staging.clear();  // no more uploads are accepted into it.
     if (!waited.ok()) {

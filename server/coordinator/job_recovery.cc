@@ -158,6 +158,8 @@ bool CoordinatorService::Reassign(Job* job) {
   job->runs_answered.assign(n, 0);
   job->reports.assign(n, std::nullopt);
   job->committed.assign(n, false);
+  job->commit_step = -1;  // the restore state replaces whatever was applied.
+  job->commit_error = absl::OkStatus();
   job->saved.assign(n, false);
   job->op_step = -1;
   job->op_error = absl::OkStatus();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -220,15 +221,29 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
  private:
   // One step, on the job's OpThread: skipped once the stream failed.
   void RunStep(const v1::TrainRequest& request) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool skip = false;
+    std::string job;
     {
       absl::MutexLock lock(&mu_);
-      if (!error_.ok()) {
-        --steps_in_flight_;
-        MaybeFinishLocked();
-        return;
-      }
+      skip = !error_.ok();
+      job = job_;
     }
-    absl::StatusOr<v1::StepResult> result = service_->DoTrainStep(request);
+    if (skip) {
+      // The step before may have left its Commit for this one to confirm: confirm it here (a
+      // failure ends or recovers the job; this stream reports its first failure already).
+      service_->DoConfirmCommit(job).IgnoreError();
+      absl::MutexLock lock(&mu_);
+      --steps_in_flight_;
+      MaybeFinishLocked();
+      return;
+    }
+    // Another batch of this stream queued behind this one lets the step return once its Commit
+    // is sent (CoordinatorService::DoTrainStep); read without mu_, which the step must not take.
+    absl::StatusOr<v1::StepResult> result = service_->DoTrainStep(
+        request, [this] { return steps_in_flight_.load(std::memory_order_acquire) > 1; });
+    // A step refused before it ran (a bad batch, say) confirms no Commit: the one before it may
+    // still be unconfirmed, and the stream ends here.
+    if (!result.ok()) service_->DoConfirmCommit(job).IgnoreError();
     absl::MutexLock lock(&mu_);
     --steps_in_flight_;
     if (!result.ok()) {
@@ -281,7 +296,8 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
   std::deque<v1::StepResult> results_ ABSL_GUARDED_BY(mu_);  // front: the write in flight.
   std::string job_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // the stream's first failure.
-  int steps_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Queued or running steps: changed under mu_, also read without it (RunStep's next_queued).
+  std::atomic<int> steps_in_flight_{0};
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -282,6 +282,8 @@ struct Fault {
   std::string cause = "lost";  // RecoveryEvent.cause
   int stages_after = 3;        // the job's stages after the recovery
   std::string train_flags;     // extra `pipetrain train` flags
+  int step = 0;                // after which step it hits; 0: a random one after the first
+                               // checkpoint (20) and before the last step (150).
 };
 
 // Three stages (and a spare unless a test says otherwise); a fault hits the run at a random step
@@ -326,9 +328,8 @@ class CoordinatorRestartTest : public RecoveryTest {
 };
 
 void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
-  // A random step after the first checkpoint (20) and before the last step (150).
   std::random_device rd;
-  const int fault_step = 21 + static_cast<int>(rd() % 120);
+  const int fault_step = fault.step > 0 ? fault.step : 21 + static_cast<int>(rd() % 120);
   SCOPED_TRACE(absl::StrCat("fault after step ", fault_step));
   const std::string flags = absl::StrCat(
       " --model ", Example("mlp_digits.textproto"),
@@ -497,6 +498,17 @@ TEST_F(DeadlineRecoveryTest, StuckWorkerMissesTheDeadlineIsEvictedAndFenced) {
   Fault fault;
   fault.signal = SIGSTOP;
   fault.cause = "deadline";
+  ExpectBitwiseRecoveryFrom(fault);
+}
+
+// Stopped right after a step the client checkpoints (every 20): the checkpoint, not a step,
+// misses its deadline (ShardsSaved); the rank is evicted, the checkpoint is taken again after the
+// recovery, and the run is still the reference's bit for bit.
+TEST_F(DeadlineRecoveryTest, WorkerStoppedAtACheckpointMissesItsDeadlineAndIsEvicted) {
+  Fault fault;
+  fault.signal = SIGSTOP;
+  fault.cause = "deadline";
+  fault.step = 40;
   ExpectBitwiseRecoveryFrom(fault);
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -153,6 +154,13 @@ class FakeWorker {
     ignore_commit_step_ = step;
   }
 
+  // Answer the Commit of `step` with a WorkerError instead of Committed (a worker that refuses
+  // it: its replica then differs from the others').
+  void RefuseCommit(int64_t step) {
+    absl::MutexLock lock(&mu_);
+    refuse_commit_step_ = step;
+  }
+
   // Report no gradient norms in StepDone (as a worker of a job without clipping does).
   void OmitNorms() {
     absl::MutexLock lock(&mu_);
@@ -162,6 +170,12 @@ class FakeWorker {
   std::vector<float> clip_scales() {
     absl::MutexLock lock(&mu_);
     return clip_scales_;
+  }
+
+  // Never answer SaveShards (a worker stopped while the job checkpoints).
+  void IgnoreSaveShards() {
+    absl::MutexLock lock(&mu_);
+    ignore_save_ = true;
   }
 
   // Answer SaveShards with ShardsSaved without uploading any file (a rogue or broken worker).
@@ -339,14 +353,25 @@ class FakeWorker {
           }
         }
       } else if (command.has_commit()) {
+        bool refuse = false;
         {
           absl::MutexLock lock(&mu_);
           if (command.commit().step() == ignore_commit_step_) continue;
           clip_scales_.push_back(command.commit().clip_scale());
+          refuse = command.commit().step() == refuse_commit_step_;
         }
-        event.mutable_committed()->set_job(command.commit().job());
-        event.mutable_committed()->set_epoch(command.commit().epoch());
-        event.mutable_committed()->set_step(command.commit().step());
+        if (refuse) {
+          v1::WorkerError* e = event.mutable_error();
+          e->set_job(command.commit().job());
+          e->set_epoch(command.commit().epoch());
+          e->set_step(command.commit().step());
+          e->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+          e->set_message("Commit refused by the test");
+        } else {
+          event.mutable_committed()->set_job(command.commit().job());
+          event.mutable_committed()->set_epoch(command.commit().epoch());
+          event.mutable_committed()->set_step(command.commit().step());
+        }
       } else if (command.has_abort()) {
         absl::MutexLock lock(&mu_);
         ++aborts_;
@@ -371,6 +396,7 @@ class FakeWorker {
         bool skip = false;
         {
           absl::MutexLock lock(&mu_);
+          if (ignore_save_) continue;
           skip = skip_uploads_;
         }
         if (!skip) {
@@ -411,6 +437,8 @@ class FakeWorker {
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t ignore_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t refuse_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool ignore_save_ ABSL_GUARDED_BY(mu_) = false;
   bool omit_norms_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<float> clip_scales_ ABSL_GUARDED_BY(mu_);
   bool skip_uploads_ ABSL_GUARDED_BY(mu_) = false;
@@ -796,6 +824,64 @@ TEST_F(CoordinatorServiceTest, BatchesSentAheadAreTrainedInOrder) {
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->steps_done(), 4);
+}
+
+// A step with the next batch queued behind it returns once its Commit is sent, and the next
+// step confirms it after sending its own RunStep (so the workers start it without waiting for a
+// round trip). A rank that refuses the Commit fails the job either way — the step's own answer
+// if nothing was queued yet, the next one's otherwise — naming the step and the rank.
+TEST_F(CoordinatorServiceTest, ACommitRefusedWhileTheNextBatchWaitsFailsTheJob) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->RefuseCommit(0);
+  absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+      client_->StartTraining(job->job());
+  ASSERT_TRUE(session.ok()) << session.status();
+  client::TrainSession& s = **session;
+  ASSERT_TRUE(s.Send(MakeBatch(4).view()).ok());
+  ASSERT_TRUE(s.Send(MakeBatch(4).view()).ok());
+  absl::Status failed;
+  for (int i = 0; i < 2 && failed.ok(); ++i) failed = s.Receive().status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("worker 'w1' (rank 1), step 0: Commit refused"));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("step 0 was not committed everywhere"));
+}
+
+// A checkpoint confirms an unconfirmed Commit before any rank saves: here step 0's, left to the
+// batch behind it, which is refused before it runs (a bad batch). The refusal fails the job (and
+// the checkpoint) instead of a checkpoint of unequal replicas. If the bad batch was not queued
+// yet when step 0 committed, step 0 itself fails: the same end.
+TEST_F(CoordinatorServiceTest, ACheckpointConfirmsTheLastCommitFirst) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[0]->RefuseCommit(0);
+  {
+    absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
+        client_->StartTraining(job->job());
+    ASSERT_TRUE(session.ok()) << session.status();
+    client::TrainSession& s = **session;
+    ASSERT_TRUE(s.Send(MakeBatch(4).view()).ok());
+    ASSERT_TRUE(s.Send(MakeBatch(3).view()).ok());  // not divisible by the 2 micro-batches.
+    absl::Status failed;
+    for (int i = 0; i < 2 && failed.ok(); ++i) failed = s.Receive().status();
+    EXPECT_FALSE(failed.ok());
+  }
+  char dir[] = "/tmp/coordinator_confirm_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  absl::StatusOr<v1::CheckpointResponse> saved = client_->Checkpoint(job->job(), dir);
+  EXPECT_FALSE(saved.ok());
+  absl::StatusOr<model::CheckpointManifest> m = model::ReadCheckpointManifest(dir);
+  EXPECT_FALSE(m.ok()) << "a checkpoint was published";
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status->reason(), HasSubstr("step 0 was not committed everywhere"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CoordinatorServiceTest, AFailedStepDropsTheBatchSentBehindIt) {
@@ -1198,6 +1284,7 @@ class CoordinatorDeadlineTest : public CoordinatorServiceTest {
     CoordinatorOptions options;
     // The test model's step is predicted in microseconds: the floor decides.
     options.step_deadline_floor = absl::Milliseconds(400);
+    options.checkpoint_root = "/";
     options.wait_report_interval = absl::Milliseconds(100);
     options.log = [this](logging::LogLevel, const std::string& line) {
       absl::MutexLock lock(&log_mu_);
@@ -1242,6 +1329,31 @@ TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
   r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+// Saving a checkpoint has a deadline too (the step deadline's floor, or longer for a large
+// model): a rank that does not answer SaveShards is named, the checkpoint fails without a
+// manifest, and the job stays usable — instead of waiting for the 30-minute step_timeout.
+TEST_F(CoordinatorDeadlineTest, AWorkerThatDoesNotSaveMissesTheCheckpointDeadline) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
+  workers_[1]->IgnoreSaveShards();
+  char dir[] = "/tmp/coordinator_save_deadline_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const absl::Time start = absl::Now();
+  absl::Status saved = client_->Checkpoint(job->job(), dir).status();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(saved.code(), absl::StatusCode::kDeadlineExceeded) << saved;
+  EXPECT_THAT(saved.message(), HasSubstr("ShardsSaved from worker 'w1' (rank 1)"));
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_FALSE(model::ReadCheckpointManifest(dir).ok()) << "a checkpoint was published";
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
+  std::filesystem::remove_all(dir);
 }
 
 // Committing is a fraction of a step: a rank that does not commit within the step's deadline is
