@@ -289,9 +289,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void DoCreateJob(const v1::JobSpec& spec,
                    std::function<void(absl::StatusOr<v1::JobStatus>)> done);
   absl::StatusOr<v1::JobStatus> DoAssign(Job* job);
-  // `next_queued` (no lock held by the caller's; called with mu_ held) tells whether another
-  // batch of the same stream is queued behind this one: the step then returns once its Commit is
-  // sent, and the next step confirms it.
+  // `next_queued` tells whether another batch of the same stream is queued behind this one: the
+  // step then returns once its Commit is sent, and the next step confirms it. It is called with
+  // mu_ held, so it must take no lock ordered before mu_.
   absl::StatusOr<v1::StepResult> DoTrainStep(const v1::TrainRequest& request,
                                              const std::function<bool()>& next_queued);
   // Job thread: confirms the job's unconfirmed Commit, if any (ConfirmCommit).

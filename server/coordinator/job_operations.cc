@@ -35,6 +35,16 @@
 // The coordinator's blocking job operations: creation (admission thread), assignment, training
 // steps and checkpoints (each on the job's OpThread).
 namespace pipetrain::coordinator {
+namespace {
+
+// A failure of the transport (a peer unreachable, a stream cut, a deadline): one that a lost or
+// stopped worker causes, as opposed to an error a worker reports about its work.
+bool IsTransportFailure(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsAborted(status) || absl::IsCancelled(status) ||
+         absl::IsDeadlineExceeded(status);
+}
+
+}  // namespace
 
 void CoordinatorService::DoCreateJob(const v1::JobSpec& request,
                                      std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
@@ -344,9 +354,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
     // A transport failure often reaches us (a neighbour's link error, our feed) before the lost
     // worker's broken Join stream does: a recoverable job waits a moment for that, so the client
     // hears "recovering" (ABORTED) and replays instead of giving up.
-    const bool transport = absl::IsUnavailable(status) || absl::IsAborted(status) ||
-                           absl::IsCancelled(status) || absl::IsDeadlineExceeded(status);
-    if (transport && job->spec.recover() && job->state == JobState::kTraining) {
+    if (IsTransportFailure(status) && job->spec.recover() && job->state == JobState::kTraining) {
       const absl::Time until = absl::Now() + options_.loss_grace;
       while (job->state == JobState::kTraining && !shutting_down_ && absl::Now() < until) {
         event_cv_.WaitWithDeadline(&mu_, until);
@@ -517,10 +525,6 @@ absl::Status CoordinatorService::ConfirmCommit(Job& job) {
     return !shutting_down_ && !IsTerminal(job.state) && job.state != JobState::kRecovering;
   };
   absl::Status waited;
-  auto transport = [](const absl::Status& s) {
-    return absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsCancelled(s) ||
-           absl::IsDeadlineExceeded(s);
-  };
   while (live() && !committed_everywhere()) {
     if (!job.commit_error.ok()) {
       waited = job.commit_error;
@@ -531,7 +535,7 @@ absl::Status CoordinatorService::ConfirmCommit(Job& job) {
     // failure (the rank out of reach may be one that has not committed) — any other error
     // fails that later step alone.
     if (!job.op_error.ok() &&
-        (job.op_step == step || (job.spec.recover() && transport(job.op_error)))) {
+        (job.op_step == step || (job.spec.recover() && IsTransportFailure(job.op_error)))) {
       waited = job.op_error;
       break;
     }
