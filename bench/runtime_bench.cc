@@ -1,8 +1,8 @@
 // Runtime overhead: the measured step time of a real pipeline — a coordinator and S stage worker
 // processes on loopback, driven through the client SDK with two batches in flight as `pipetrain
-// train` keeps them — over the timed simulator's replay of the
-// same plan with the same measured per-action compute times, for every schedule the workers run;
-// and the runtime's fixed costs in microseconds (per action, per tensor, per step).
+// train` keeps them — over the timed simulator's replay of the same plan with the same measured
+// per-action compute times, for every schedule the workers run; and the runtime's fixed costs in
+// microseconds (per action, per tensor, per step).
 //
 // Two modes:
 //   runtime_bench [GFLOPS_PER_WORKER]  (default 1) S=4, M=16, B=64; every worker emulates a fixed
