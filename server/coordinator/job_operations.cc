@@ -323,21 +323,14 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
     job->op_error = absl::OkStatus();
     job->reports.assign(S, std::nullopt);
     job->state = JobState::kTraining;
-    v1::WorkerCommand command;
-    v1::RunStep* run = command.mutable_run_step();
-    run->set_job(job->id);
-    run->set_epoch(epoch);
-    run->set_step(step);
-    run->set_batch_rows(rows);
-    for (int rank = 0; rank < S; ++rank) {
-      SendToRank(*job, rank, command);
-      ++job->runs_sent[rank];
-    }
     addresses = RankAddresses(*job);
   }
 
-  // Data links (job thread only): opened when the job became ready (OpenLinksEarly), else
-  // here, and again if one failed.
+  // The inputs and targets go out before RunStep (data links, job thread only: opened when the
+  // job became ready, else here, and again if one failed). A worker keeps tensors of a step it
+  // has not been told to run yet, and the previous step's Commit is out already: the first
+  // rank's inputs then arrive while it applies its update, instead of waiting for a core behind
+  // the update that RunStep wakes on a rank that deferred it (docs/performance.md).
   absl::Status feed = EnsureFeedLinks(job, epoch, secret, addresses);
   for (int mb = 0; mb < M && feed.ok(); ++mb) {
     feed = job->links[first_rank]->Send(wire::TensorKey{step, mb, 0, wire::TensorKind::kInput},
@@ -349,6 +342,23 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
   }
 
   absl::MutexLock lock(&mu_);
+  // RunStep follows even when the feed failed: the step is then aborted (fail_step below), and
+  // each rank's aborted run drops whatever part of the inputs reached it, so a retry of the step
+  // in this epoch is not refused as a duplicate. Not after a recovery began meanwhile: the new
+  // epoch fences this one's tensors, and its ranks must not hear of this step.
+  const bool run_sent = job->state == JobState::kTraining && job->epoch == epoch;
+  if (run_sent) {
+    v1::WorkerCommand command;
+    v1::RunStep* run = command.mutable_run_step();
+    run->set_job(job->id);
+    run->set_epoch(epoch);
+    run->set_step(step);
+    run->set_batch_rows(rows);
+    for (int rank = 0; rank < S; ++rank) {
+      SendToRank(*job, rank, command);
+      ++job->runs_sent[rank];
+    }
+  }
   auto fail_step = [&](absl::Status status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // Runs with mu_ held (the lock above); lambdas are not analysed with their enclosing scope.
     // A transport failure often reaches us (a neighbour's link error, our feed) before the lost
@@ -366,6 +376,14 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
   };
   if (!feed.ok()) {
     return fail_step(wire::Annotate(feed, absl::StrCat("feeding step ", step)));
+  }
+  if (!run_sent) {
+    // The job left TRAINING while the batch was fed (a worker was lost: it is recovering, or it
+    // ended): no worker heard of this step.
+    const absl::Status why = CheckReady(*job);
+    return fail_step(why.ok() ? absl::AbortedError(absl::StrCat("step ", step, " of job '", job->id,
+                                                                "' was interrupted"))
+                              : why);
   }
   // The previous step's Commit, if it left it to this step: every rank confirmed it before it
   // answers this RunStep (one stream, in order), so this wait overlaps the step's compute.

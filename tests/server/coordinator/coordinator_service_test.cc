@@ -90,6 +90,7 @@ class FakeWorker {
         [this](const link::PeerHello& hello,
                std::unique_ptr<link::PeerLink> link) -> absl::StatusOr<link::LinkSettings> {
           absl::MutexLock lock(&mu_);
+          if (refuse_links_) return absl::UnavailableError("data links refused by the test");
           link::LinkSettings settings;
           settings.validation.expected = hello.identity;
           settings.validation.num_microbatches = microbatches_;
@@ -172,6 +173,18 @@ class FakeWorker {
     return clip_scales_;
   }
 
+  // Refuse every data link (a worker whose data port is unreachable): the coordinator cannot
+  // feed it.
+  void RefuseLinks() {
+    absl::MutexLock lock(&mu_);
+    refuse_links_ = true;
+  }
+  // RunSteps received (any step).
+  int run_steps() {
+    absl::MutexLock lock(&mu_);
+    return run_steps_;
+  }
+
   // Never answer SaveShards (a worker stopped while the job checkpoints).
   void IgnoreSaveShards() {
     absl::MutexLock lock(&mu_);
@@ -218,6 +231,13 @@ class FakeWorker {
 
   int aborts() {
     absl::MutexLock lock(&mu_);
+    return aborts_;
+  }
+  // Waits (at most 10 s) until `n` Aborts arrived; returns how many did.
+  int WaitAborts(int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborts_ >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
     return aborts_;
   }
   // Waits until a Release of `job` arrived (or the stream ended: false).
@@ -313,6 +333,7 @@ class FakeWorker {
       } else if (command.has_run_step()) {
         const v1::RunStep& r = command.run_step();
         absl::MutexLock lock(&mu_);
+        ++run_steps_;
         if (r.step() == hold_step_) {
           hold_step_ = -1;
           held_ = r;
@@ -435,6 +456,8 @@ class FakeWorker {
   int microbatches_ ABSL_GUARDED_BY(mu_) = 1;
   int num_chunks_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t fail_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool refuse_links_ ABSL_GUARDED_BY(mu_) = false;
+  int run_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t hold_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t ignore_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t refuse_commit_step_ ABSL_GUARDED_BY(mu_) = -1;
@@ -958,6 +981,33 @@ TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
   EXPECT_EQ(workers_[0]->aborts(), 1);
+}
+
+// The batch is fed before RunStep. A rank whose data link is refused fails the step, and every
+// rank still hears RunStep and then Abort, so one holding part of the inputs drops them with its
+// aborted run (a retry of the step must not meet them as duplicates); the job stays usable.
+TEST_F(CoordinatorServiceTest, ARefusedDataLinkAbortsTheStepOnEveryRank) {
+  AddWorkers(2);
+  workers_[0]->RefuseLinks();
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // As real workers do without their inputs: no answer until the Abort.
+  workers_[0]->HoldStepUntilAbort(0);
+  workers_[1]->HoldStepUntilAbort(0);
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("data link to rank 0"));
+  EXPECT_THAT(r.status().message(), HasSubstr("data links refused by the test"));
+  absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY) << status->reason();
+  EXPECT_EQ(status->steps_done(), 0);
+  // Commands on one stream arrive in order: the Abort follows the RunStep on each rank.
+  for (const auto& w : workers_) {
+    EXPECT_EQ(w->WaitAborts(1), 1) << w->name();
+    EXPECT_EQ(w->run_steps(), 1) << w->name();
+  }
 }
 
 TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {
