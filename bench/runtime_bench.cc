@@ -117,6 +117,8 @@ struct StepFigures {
   double messages_us = kNone;   // the replay with latency_us on every message minus the
                                 // replay: what the transfers cost on the critical path.
   double real_gflops = kNone;   // model FLOPs / compute time over the real-compute ranks.
+  double update_us = 0;         // the longest optimizer update before the step over the workers
+                                // (WorkerTimeline.update_us): compute outside the timelines.
   std::vector<double> busy_ms;  // per rank: compute (action time minus input waits).
 };
 
@@ -319,9 +321,12 @@ absl::StatusOr<double> ReplayUs(const schedule::Plan& plan, const v1::StepResult
           t.output_us() > 0 ? t.output_us() - t.start_us() - t.wait_us() : d.back();
       o.push_back(std::clamp(output, 0.0, d.back()));
     }
-    // Work before the first action (a deferred optimizer update) is the worker's, not the
-    // runtime's: the replay starts that worker's actions no earlier.
-    if (w.timings_size() > 0) costs.worker_start[w.rank()] = std::max(0.0, w.timings(0).start_us());
+    // The optimizer update before the step is the worker's compute, not the runtime's: the
+    // replay starts the worker's actions after it, every worker's update starting with the step.
+    // (Not the first action's start_us: each worker's clock starts at its own receipt of
+    // RunStep, which a worker busy with its update at Commit sees later than one that deferred
+    // its update to the RunStep; one clock's offset must not count as another's delay.)
+    costs.worker_start[w.rank()] = std::max(0.0, w.update_us());
   }
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, costs));
   return sim.stats.makespan;
@@ -393,7 +398,9 @@ absl::StatusOr<StepFigures> Figures(const schedule::Plan& plan, const v1::StepRe
   double gaps = 0, real_flops = 0, real_us = 0;
   int64_t actions = 0;
   for (const v1::WorkerTimeline& w : result.workers()) {
-    double prev_end = 0;
+    // A rank that deferred its update applied it after its clock started: not a gap.
+    double prev_end =
+        w.timings_size() > 0 && w.timings(0).start_us() >= w.update_us() ? w.update_us() : 0;
     for (const v1::ActionTiming& t : w.timings()) {
       if (w.rank() < real_workers) {
         gaps += std::max(0.0, t.start_us() - prev_end);
@@ -404,6 +411,7 @@ absl::StatusOr<StepFigures> Figures(const schedule::Plan& plan, const v1::StepRe
       if (w.rank() >= 0 && w.rank() < plan.stages()) f.busy_ms[w.rank()] += ComputeUs(t) / 1000;
       prev_end = t.end_us();
     }
+    f.update_us = std::max(f.update_us, w.update_us());
     f.timeline_us = std::max(f.timeline_us, prev_end);
   }
   double busy_sum = 0;
@@ -519,7 +527,7 @@ absl::StatusOr<KindResult> RunKind(const BenchConfig& config, const Workload& wo
         &StepFigures::ideal_ms, &StepFigures::timeline_us, &StepFigures::extra_us,
         &StepFigures::outside_us, &StepFigures::gap_us, &StepFigures::send_us,
         &StepFigures::recv_us, &StepFigures::latency_us, &StepFigures::messages_us,
-        &StepFigures::real_gflops}) {
+        &StepFigures::real_gflops, &StepFigures::update_us}) {
     m.*field = med(field);
   }
   m.busy_ms.assign(cs.stages, 0.0);
@@ -588,32 +596,35 @@ bool RunAndPrint(const BenchConfig& config, const std::string& log) {
               load_before.c_str(), LoadAverage().c_str());
   std::printf(
       "| schedule | step ms | replay ms | ratio | ideal ms | step / ideal | step / 1f1b | ideal / "
-      "1f1b | real GFLOP/s | busy ms by rank |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "1f1b | replay / 1f1b | real GFLOP/s | busy ms by rank |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const KindResult& r : results) {
     if (!r.skipped.empty()) {
-      std::printf("| %s | skipped: %s | | | | | | | | |\n", r.kind.c_str(), r.skipped.c_str());
+      std::printf("| %s | skipped: %s | | | | | | | | | |\n", r.kind.c_str(), r.skipped.c_str());
       continue;
     }
     const StepFigures& m = r.median;
     std::vector<std::string> busy;
     for (double b : m.busy_ms) busy.push_back(Num(b, 1));
-    std::printf("| %s | %.1f | %.1f | %.3f | %.1f | %.3f | %s | %s | %s | %s |\n", r.kind.c_str(),
-                m.step_ms, m.replay_ms, r.ratio, m.ideal_ms, m.step_ms / m.ideal_ms,
+    std::printf("| %s | %.1f | %.1f | %.3f | %.1f | %.3f | %s | %s | %s | %s | %s |\n",
+                r.kind.c_str(), m.step_ms, m.replay_ms, r.ratio, m.ideal_ms, m.step_ms / m.ideal_ms,
                 base ? Num(m.step_ms / base->median.step_ms, 3).c_str() : "-",
                 base ? Num(m.ideal_units / base->median.ideal_units, 3).c_str() : "-",
+                base ? Num(m.replay_ms / base->median.replay_ms, 3).c_str() : "-",
                 Num(m.real_gflops, 1).c_str(), absl::StrJoin(busy, " / ").c_str());
   }
   std::printf(
       "\n| schedule | gap µs/action | send µs/tensor | receive µs/tensor | transfer µs/tensor | "
-      "transfers µs/step | outside µs/step | timeline_extra µs/step |\n"
-      "|---|---|---|---|---|---|---|---|\n");
+      "transfers µs/step | outside µs/step | timeline_extra µs/step | update µs/step |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (const KindResult& r : results) {
     if (!r.skipped.empty()) continue;
     const StepFigures& m = r.median;
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.kind.c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.kind.c_str(),
                 Num(m.gap_us, 1).c_str(), Num(m.send_us, 0).c_str(), Num(m.recv_us, 0).c_str(),
                 Num(m.latency_us, 0).c_str(), Num(m.messages_us, 0).c_str(),
-                Num(m.outside_us, 0).c_str(), Num(m.extra_us, 0).c_str());
+                Num(m.outside_us, 0).c_str(), Num(m.extra_us, 0).c_str(),
+                Num(m.update_us, 0).c_str());
   }
   std::fflush(stdout);
   return true;

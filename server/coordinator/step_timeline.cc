@@ -66,6 +66,7 @@ void FillStepTimeline(const schedule::Plan& plan, const std::vector<const v1::St
     wt->set_rank(rank);
     const v1::StepDone& r = *reports[rank];
     *wt->mutable_links() = r.links();
+    wt->set_update_us(r.update_us());
     if (!replayable || r.timings_size() != static_cast<int>(plan.actions[rank].size())) {
       replayable = false;
     }

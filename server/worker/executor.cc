@@ -252,6 +252,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
   report.timings.reserve(actions.size());
   ApplyPendingUpdate();
+  report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
   DiscardInFlight();
   for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
   step_microbatches_ = m;
@@ -519,11 +520,13 @@ absl::Status StepExecutor::Commit(int64_t optimizer_step, float clip_scale, bool
 
 void StepExecutor::ApplyPendingUpdate() {
   if (!pending_update_.has_value()) return;
+  const Clock::time_point start = Clock::now();
   // The optimizer leaves the gradients zero, so the next RunStep need not clear them.
   for (OwnedChunk& c : chunks_) {
     c.stage.ApplyOptimizer(pending_update_->first, pending_update_->second);
   }
   pending_update_.reset();
+  unreported_update_time_ += absl::FromChrono(Clock::now() - start);
 }
 
 void StepExecutor::Abort() {

@@ -101,7 +101,11 @@ struct StepReport {
   absl::Duration wait_time;     // sum of the actions' wait().
   absl::Duration compute_time;  // sum of the actions' compute().
   absl::Duration wall_time;     // RunStep entry to return.
-  int64_t peak_in_flight = 0;   // most (micro-batch, chunk) states held at once.
+  // The optimizer update applied since the previous RunStep (the last Commit's: at the Commit,
+  // or deferred to the start of this RunStep), zero if none: this worker's compute between two
+  // steps, which `timings` do not cover.
+  absl::Duration update_time;
+  int64_t peak_in_flight = 0;  // most (micro-batch, chunk) states held at once.
   // Most bytes those states, and the stages' deferred weight gradients, held at once.
   int64_t peak_stashed_bytes = 0;
 };
@@ -234,6 +238,8 @@ class StepExecutor {
   Phase phase_ = Phase::kIdle;
   // A committed update not applied yet (Commit with defer): optimizer step and clip scale.
   std::optional<std::pair<int64_t, float>> pending_update_;
+  // Time spent applying updates since the last RunStep took it into its report.
+  absl::Duration unreported_update_time_;
   // This step: micro-batches, W (or B) actions done per local chunk, and each local chunk's
   // per-layer gradient norms, taken by its last W.
   int step_microbatches_ = 0;

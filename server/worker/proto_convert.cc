@@ -13,6 +13,7 @@ v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const Ste
   done.set_epoch(epoch);
   done.set_step(report.step);
   for (float loss : report.microbatch_losses) done.add_microbatch_losses(loss);
+  done.set_update_us(absl::ToDoubleMicroseconds(report.update_time));
   for (const LayerNormSq& n : report.layer_grad_norm_sq) {
     v1::LayerNormSq* out = done.add_grad_norms();
     out->set_layer(n.layer);

@@ -105,7 +105,9 @@ TEST(StepTimelineTest, ThePredictionChargesTheMeasuredLinkLatency) {
   const schedule::SimulationResult& compute_only = *sim.compute_only;
   ASSERT_GT(with_links.stats.bubble_fraction, compute_only.stats.bubble_fraction + 0.05);
 
-  const std::vector<v1::StepDone> reports = Reports(with_links, /*links=*/true);
+  std::vector<v1::StepDone> reports = Reports(with_links, /*links=*/true);
+  reports[0].set_update_us(1250.5);  // each rank's update before the step passes through.
+  reports[1].set_update_us(0);
   v1::StepResult result;
   FillStepTimeline(plan, Pointers(reports), &result);
   ASSERT_TRUE(result.has_link_latency_ms());
@@ -114,6 +116,8 @@ TEST(StepTimelineTest, ThePredictionChargesTheMeasuredLinkLatency) {
   ASSERT_EQ(result.workers_size(), 2);
   EXPECT_EQ(result.workers(1).links_size(), reports[1].links_size());
   EXPECT_EQ(result.workers(0).timings_size(), static_cast<int>(plan.actions[0].size()));
+  EXPECT_EQ(result.workers(0).update_us(), 1250.5);
+  EXPECT_EQ(result.workers(1).update_us(), 0.0);
   EXPECT_GT(result.bubble_fraction(), 0.0);
 }
 

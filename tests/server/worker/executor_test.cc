@@ -761,6 +761,34 @@ TEST_F(SingleWorkerTest, LifecycleCommitAndAbort) {
   EXPECT_EQ(executor_->Commit(2, 1.0f).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(SingleWorkerTest, EachStepReportsTheUpdateAppliedSinceThePreviousOne) {
+  const std::vector<Action> actions = {A(Op::kForward, 0, 0), A(Op::kForward, 1, 0),
+                                       A(Op::kBackward, 0, 0), A(Op::kBackward, 1, 0)};
+  const io::Batch batch = model::testing::MakeBatch(*model_, 8, 0);
+  auto run = [&](int64_t step) {
+    Feed(step, batch, 2);
+    return executor_->RunStep(step, actions, batch.inputs.rows());
+  };
+  absl::StatusOr<StepReport> first = run(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->update_time, absl::ZeroDuration());  // no update before the first step.
+  // Applied at the Commit: the next step reports it, once.
+  ASSERT_TRUE(executor_->Commit(1, 1.0f).ok());
+  absl::StatusOr<StepReport> second = run(2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(second->update_time, absl::ZeroDuration());
+  // Deferred to the next RunStep: reported by that step.
+  ASSERT_TRUE(executor_->Commit(2, 1.0f, /*defer=*/true).ok());
+  absl::StatusOr<StepReport> third = run(3);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_GT(third->update_time, absl::ZeroDuration());
+  // An aborted step is not committed: the step after it had no update before it.
+  executor_->Abort();
+  absl::StatusOr<StepReport> fourth = run(3);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->update_time, absl::ZeroDuration());
+}
+
 TEST_F(SingleWorkerTest, MalformedTensorsAreInvalidArgumentNamingActionAndKey) {
   const std::vector<Action> actions = {A(Op::kForward, 0, 0), A(Op::kBackward, 0, 0)};
   // Wrong feature count.
