@@ -31,6 +31,9 @@ void ProgressLine::Step(const ProgressStep& s) {
   last_ = s;
   window_samples_ += s.samples;
   total_samples_ += s.samples;
+  window_bubble_ += s.bubble_fraction;
+  window_predicted_ += s.predicted_bubble_fraction;
+  ++window_steps_;
   const absl::Time now = Now();
   const double secs = absl::ToDoubleSeconds(now - window_start_);
   if (!options_.terminal) {
@@ -38,20 +41,29 @@ void ProgressLine::Step(const ProgressStep& s) {
     out_ << absl::StrFormat("step %6d  loss %.6f  %.0f samples/s", s.step, s.loss,
                             secs > 0 ? window_samples_ / secs : 0.0);
     if (options_.pipeline) {
-      out_ << absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)", 100 * s.bubble_fraction,
-                              100 * s.predicted_bubble_fraction);
+      out_ << absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)",
+                              100 * window_bubble_ / window_steps_,
+                              100 * window_predicted_ / window_steps_);
     }
     out_ << "\n";
     out_.flush();
-    window_start_ = now;
-    window_samples_ = 0;
+    StartWindow(now);
     return;
   }
   if (drawn_ && count_ < options_.steps && now - last_draw_ < options_.min_redraw_interval) return;
   if (secs > 0) rate_ = window_samples_ / secs;
+  bubble_ = window_bubble_ / window_steps_;
+  predicted_ = window_predicted_ / window_steps_;
+  StartWindow(now);
+  Draw();
+}
+
+void ProgressLine::StartWindow(absl::Time now) {
   window_start_ = now;
   window_samples_ = 0;
-  Draw();
+  window_bubble_ = 0;
+  window_predicted_ = 0;
+  window_steps_ = 0;
 }
 
 void ProgressLine::Clear() {
@@ -94,8 +106,7 @@ std::string ProgressLine::LiveText(bool final) const {
   std::string text =
       absl::StrFormat("step %d/%d  loss %.6f  %.0f samples/s", s.step, total, s.loss, rate);
   if (options_.pipeline) {
-    text += absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)", 100 * s.bubble_fraction,
-                            100 * s.predicted_bubble_fraction);
+    text += absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)", 100 * bubble_, 100 * predicted_);
   }
   if (final) {
     text += "  in " + Clock(elapsed);

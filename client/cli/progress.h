@@ -11,7 +11,10 @@
 // step, every --log-every-th step and the last:
 //   step     10  loss 0.123456  4567 samples/s
 //   step     10  loss 0.123456  4567 samples/s  bubble 12.3% (predicted 10.1%)
-// with samples/s measured since the previous line.
+// with the loss of the step named, and samples/s and the bubbles over the steps since the
+// previous line (the bubbles: the mean of those steps' measured and predicted fractions; one
+// step's alone moves by tens of points with a single late message when steps last a
+// millisecond). The live line shows the same since its previous draw.
 #ifndef PIPETRAIN_CLIENT_CLI_PROGRESS_H_
 #define PIPETRAIN_CLIENT_CLI_PROGRESS_H_
 
@@ -87,6 +90,8 @@ class ProgressLine {
   // The live line of the last step: time left, or with `final` the time taken.
   std::string LiveText(bool final) const;
   void Draw();
+  // Starts the samples/s and bubble window at `now`.
+  void StartWindow(absl::Time now);
 
   std::ostream& out_;
   const ProgressOptions options_;
@@ -99,7 +104,13 @@ class ProgressLine {
   // Samples/s window: since the previous plain line (plain) or draw (terminal).
   absl::Time window_start_;
   int64_t window_samples_ = 0;
-  double rate_ = 0;            // terminal: samples/s over the last window.
+  // Bubble window, the same steps: sums of the measured and predicted fractions, and how many.
+  double window_bubble_ = 0;
+  double window_predicted_ = 0;
+  int64_t window_steps_ = 0;
+  double rate_ = 0;    // terminal: samples/s over the last window.
+  double bubble_ = 0;  // terminal: the bubbles' means over the last window.
+  double predicted_ = 0;
   int64_t total_samples_ = 0;  // this run's samples.
 };
 

@@ -73,6 +73,38 @@ TEST_F(ProgressTest, PlainPipelineLinesShowTheMeasuredAndPredictedBubble) {
             "step      2  loss 1.500000  32 samples/s  bubble 50.0% (predicted 37.5%)\n");
 }
 
+// Each line's bubbles are the means over the steps since the previous line, as its samples/s is.
+TEST_F(ProgressTest, PipelineLinesShowTheBubblesMeanOverTheirWindow) {
+  ProgressOptions o = Options(/*terminal=*/false, /*steps=*/5);
+  o.pipeline = true;
+  o.log_every = 4;
+  {
+    ProgressLine p(out_, o);
+    const double measured[] = {0.9, 0.5, 0.7, 0.3, 0.2};
+    const double predicted[] = {0.6, 0.4, 0.4, 0.4, 0.1};
+    for (int s = 1; s <= 5; ++s) {
+      now_ += absl::Seconds(1);
+      p.Step({s, 1.0f, 64, measured[s - 1], predicted[s - 1]});
+    }
+  }
+  EXPECT_EQ(out_.str(),
+            "step      1  loss 1.000000  64 samples/s  bubble 90.0% (predicted 60.0%)\n"
+            "step      4  loss 1.000000  64 samples/s  bubble 50.0% (predicted 40.0%)\n"
+            "step      5  loss 1.000000  64 samples/s  bubble 20.0% (predicted 10.0%)\n");
+  // On a terminal: the steps since the previous draw (held back at steps 2 and 3).
+  out_.str("");
+  o.terminal = true;
+  o.min_redraw_interval = absl::Milliseconds(2500);
+  ProgressLine p(out_, o);
+  const double measured[] = {0.9, 0.5, 0.7, 0.3};
+  for (int s = 1; s <= 4; ++s) {
+    now_ += absl::Seconds(1);
+    p.Step({s, 1.0f, 64, measured[s - 1], 0.25});
+  }
+  EXPECT_THAT(out_.str(), ::testing::EndsWith("step 4/5  loss 1.000000  64 samples/s  bubble "
+                                              "50.0% (predicted 25.0%)  ETA 0:01"));
+}
+
 TEST_F(ProgressTest, TerminalRedrawsInPlaceAtMostOncePerIntervalAndEndsWithANewline) {
   ProgressOptions o = Options(/*terminal=*/true, /*steps=*/10);
   o.min_redraw_interval = absl::Milliseconds(2500);
