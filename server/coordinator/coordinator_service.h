@@ -379,6 +379,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // unequal: a recoverable job waits loss_grace for the others, evicts the late ones and
   // recovers (ABORTED, CheckReady's "recovering"); any other job fails. Job thread.
   absl::Status ConfirmCommit(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a step's batch goes out: waits until every rank answered each RunStep it was sent
+  // (an aborted attempt's answer may trail the failure the client heard). A worker answers a run
+  // only after it cleaned it up (its mailbox reset after an Abort), and inputs that reached it
+  // before would be dropped with the aborted run (docs/worker.md). OK at once when nothing is
+  // unanswered; else DEADLINE_EXCEEDED after the step deadline, or CheckReady's error if the job
+  // left READY meanwhile.
+  absl::Status AwaitAbortedRuns(Job& job, int64_t mb_rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a failed training step: Abort to every rank and back to READY unless the job ended.
   // Returns `status`.
   absl::Status FailStep(Job& job, int64_t step, const absl::Status& status)

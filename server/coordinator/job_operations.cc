@@ -248,6 +248,31 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   return StatusOf(*job);
 }
 
+absl::Status CoordinatorService::AwaitAbortedRuns(Job& job, int64_t mb_rows) {
+  auto unanswered = [&job]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
+    std::vector<std::string> who;
+    for (size_t rank = 0; rank < job.runs_sent.size(); ++rank) {
+      if (job.runs_answered[rank] < job.runs_sent[rank]) {
+        who.push_back(WorkerLabel(job.workers[rank], static_cast<int>(rank)));
+      }
+    }
+    return absl::StrJoin(who, ", ");
+  };
+  if (unanswered().empty()) return absl::OkStatus();
+  job.op_error = absl::OkStatus();
+  const std::string job_id = job.id;
+  PT_RETURN_IF_ERROR(AwaitOp(
+      job, [&] { return job.state != JobState::kReady || unanswered().empty(); },
+      StepDeadline(job, mb_rows), "the answers to an aborted step",
+      [&](absl::Duration waited_so_far) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        Log(absl::StrCat("job ", job_id, ": waiting for ", unanswered(),
+                         " to answer an aborted step before the next batch goes out, for ",
+                         absl::ToInt64Seconds(waited_so_far), " s"),
+            logging::LogLevel::kWarning);
+      }));
+  return CheckReady(job);
+}
+
 absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
     const v1::TrainRequest& request, const std::function<bool()>& next_queued) {
   const absl::Time t0 = absl::Now();
@@ -301,6 +326,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
   {
     absl::MutexLock lock(&mu_);
     PT_RETURN_IF_ERROR(CheckReady(*job));
+    PT_RETURN_IF_ERROR(AwaitAbortedRuns(*job, mb_rows));
     secret = job->link_secret;
     // Steps are numbered from 0 on the control and data planes: step n is the (n+1)-th
     // optimizer update (StepResult.step reports n + 1).

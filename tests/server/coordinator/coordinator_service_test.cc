@@ -149,6 +149,26 @@ class FakeWorker {
     hold_step_ = step;
   }
 
+  // With HoldStepUntilAbort: keep the held run's answer (ABORTED) back after the Abort too, until
+  // ReleaseAbortedAnswer (a worker slow to wind the aborted run down).
+  void HoldAbortedAnswer() {
+    absl::MutexLock lock(&mu_);
+    hold_aborted_answer_ = true;
+  }
+  // Sends the answer HoldAbortedAnswer kept back (waits until the Abort has come).
+  void ReleaseAbortedAnswer() {
+    v1::WorkerEvent event;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](std::optional<v1::WorkerEvent>* e) { return e->has_value(); }, &aborted_answer_));
+      event = *std::move(aborted_answer_);
+      aborted_answer_.reset();
+    }
+    absl::MutexLock lock(&write_mu_);
+    stream_->Write(event);
+  }
+
   // Never answer the Commit of `step` (a worker stopped between StepDone and Committed).
   void IgnoreCommit(int64_t step) {
     absl::MutexLock lock(&mu_);
@@ -404,6 +424,11 @@ class FakeWorker {
         e->set_code(static_cast<int>(absl::StatusCode::kAborted));
         e->set_message("step aborted by the coordinator");
         held_.reset();
+        if (hold_aborted_answer_) {
+          hold_aborted_answer_ = false;
+          aborted_answer_ = std::move(event);
+          continue;
+        }
       } else if (command.has_release()) {
         absl::MutexLock lock(&mu_);
         released_.push_back(command.release().job());
@@ -430,6 +455,7 @@ class FakeWorker {
       } else {
         continue;
       }
+      absl::MutexLock lock(&write_mu_);
       if (!stream_->Write(event)) break;
     }
     const grpc::Status status = stream_->Finish();
@@ -466,6 +492,10 @@ class FakeWorker {
   std::vector<float> clip_scales_ ABSL_GUARDED_BY(mu_);
   bool skip_uploads_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
+  bool hold_aborted_answer_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<v1::WorkerEvent> aborted_answer_ ABSL_GUARDED_BY(mu_);
+  // Serialises the reader thread's writes with ReleaseAbortedAnswer's (one writer at a time).
+  absl::Mutex write_mu_;
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<wire::TensorKey> received_ ABSL_GUARDED_BY(mu_);
@@ -1345,6 +1375,17 @@ class CoordinatorDeadlineTest : public CoordinatorServiceTest {
     absl::MutexLock lock(&log_mu_);
     return log_;
   }
+  // Waits (at most 10 s) until a logged line contains `text`; whether one did.
+  bool WaitLogged(const std::string& text) {
+    absl::MutexLock lock(&log_mu_);
+    auto logged = [this, &text]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_) {
+      for (const std::string& line : log_) {
+        if (line.find(text) != std::string::npos) return true;
+      }
+      return false;
+    };
+    return log_mu_.AwaitWithTimeout(absl::Condition(&logged), absl::Seconds(10));
+  }
 
   mutable absl::Mutex log_mu_;
   mutable std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
@@ -1377,6 +1418,32 @@ TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
   r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+// A retry's batch waits until every rank answered the aborted attempt: a rank answers only after
+// it reset its mailbox, and inputs reaching it before would be dropped with the aborted run.
+TEST_F(CoordinatorDeadlineTest, ARetryWaitsForTheAbortedAttemptsAnswersBeforeItsBatch) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  workers_[0]->HoldStepUntilAbort(0);
+  workers_[0]->HoldAbortedAnswer();
+  absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  ASSERT_EQ(workers_[0]->WaitReceived(2), 4);  // the first attempt's two input micro-batches.
+  absl::StatusOr<v1::StepResult> retry;
+  std::thread client([&] { retry = client_->TrainStep(job->job(), MakeBatch(4).view()); });
+  EXPECT_TRUE(WaitLogged("waiting for worker 'w0' (rank 0) to answer an aborted step"));
+  // The coordinator is waiting, before the feed: nothing of the retry has gone out.
+  EXPECT_EQ(workers_[0]->received().size(), 2u);
+  EXPECT_EQ(workers_[0]->run_steps(), 1);
+  workers_[0]->ReleaseAbortedAnswer();
+  client.join();
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->step(), 1);
+  EXPECT_EQ(workers_[0]->WaitReceived(4), 8);
+  EXPECT_EQ(workers_[0]->run_steps(), 2);
 }
 
 // Saving a checkpoint has a deadline too (the step deadline's floor, or longer for a large
