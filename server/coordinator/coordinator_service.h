@@ -386,6 +386,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // unanswered; else DEADLINE_EXCEEDED after the step deadline, or CheckReady's error if the job
   // left READY meanwhile.
   absl::Status AwaitAbortedRuns(Job& job, int64_t mb_rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ranks that have not answered every RunStep they were sent, increasing.
+  static std::vector<int> UnansweredRanks(const Job& job);
   // Ends a failed training step: Abort to every rank and back to READY unless the job ended.
   // Returns `status`.
   absl::Status FailStep(Job& job, int64_t step, const absl::Status& status)

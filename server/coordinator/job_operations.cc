@@ -248,14 +248,18 @@ absl::StatusOr<v1::JobStatus> CoordinatorService::DoAssign(Job* job) {
   return StatusOf(*job);
 }
 
+std::vector<int> CoordinatorService::UnansweredRanks(const Job& job) {
+  std::vector<int> ranks;
+  for (size_t rank = 0; rank < job.runs_sent.size(); ++rank) {
+    if (job.runs_answered[rank] < job.runs_sent[rank]) ranks.push_back(static_cast<int>(rank));
+  }
+  return ranks;
+}
+
 absl::Status CoordinatorService::AwaitAbortedRuns(Job& job, int64_t mb_rows) {
   auto unanswered = [&job]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
     std::vector<std::string> who;
-    for (size_t rank = 0; rank < job.runs_sent.size(); ++rank) {
-      if (job.runs_answered[rank] < job.runs_sent[rank]) {
-        who.push_back(WorkerLabel(job.workers[rank], static_cast<int>(rank)));
-      }
-    }
+    for (int rank : UnansweredRanks(job)) who.push_back(WorkerLabel(job.workers[rank], rank));
     return absl::StrJoin(who, ", ");
   };
   if (unanswered().empty()) return absl::OkStatus();
@@ -458,9 +462,7 @@ absl::StatusOr<v1::StepResult> CoordinatorService::DoTrainStep(
       AbortStep(*job, step, "the step missed its deadline");
       auto unanswered = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held.
         std::vector<std::string> names;
-        for (int rank = 0; rank < S; ++rank) {
-          if (job->runs_answered[rank] < job->runs_sent[rank]) names.push_back(job->workers[rank]);
-        }
+        for (int rank : UnansweredRanks(*job)) names.push_back(job->workers[rank]);
         return names;
       };
       const absl::Time until = absl::Now() + options_.loss_grace;
