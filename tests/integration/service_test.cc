@@ -351,8 +351,10 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
   testing::PipedChild train = testing::SpawnPiped(argv, err);
   ASSERT_GT(train.pid, 0);
   std::string out;
-  ASSERT_TRUE(testing::ReadUntil(train, absl::StrCat("{\"step\": ", fault_step, ","), &out))
-      << out << ReadFile(err);
+  // The job and its rank 1 are looked up at the first step, so that nothing but the read stands
+  // between the fault step's line and the fault: a run of ~1 ms steps that went on meanwhile
+  // could end before the fault lands (the fault would then miss the job).
+  ASSERT_TRUE(testing::ReadUntil(train, "{\"step\": 1,", &out)) << out << ReadFile(err);
   absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   ASSERT_EQ(jobs->size(), 1u);
@@ -360,15 +362,19 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
   std::string victim;
   pid_t victim_pid = -1;
   int index = -1;
-  if (fault.coordinator) {
-    daemons_.KillCoordinator();
-    ASSERT_EQ(daemons_.RestartCoordinator(), "");
-  } else {
+  if (!fault.coordinator) {
     // The worker holding rank 1.
     victim = (*jobs)[0].stages(1).worker();
     index = victim.back() - '0';
     ASSERT_TRUE(victim.size() == 2 && index >= 0 && index < Workers()) << victim;
     victim_pid = daemons_.workers()[index];
+  }
+  ASSERT_TRUE(testing::ReadUntil(train, absl::StrCat("{\"step\": ", fault_step, ","), &out))
+      << out << ReadFile(err);
+  if (fault.coordinator) {
+    daemons_.KillCoordinator();
+    ASSERT_EQ(daemons_.RestartCoordinator(), "");
+  } else {
     ASSERT_EQ(kill(victim_pid, fault.signal), 0);
   }
   const int status = testing::DrainAndWait(train, &out);
