@@ -262,11 +262,11 @@ absl::Status CoordinatorService::AwaitAbortedRuns(Job& job, int64_t mb_rows) {
     for (int rank : UnansweredRanks(job)) who.push_back(WorkerLabel(job.workers[rank], rank));
     return absl::StrJoin(who, ", ");
   };
-  if (unanswered().empty()) return absl::OkStatus();
+  if (UnansweredRanks(job).empty()) return absl::OkStatus();
   job.op_error = absl::OkStatus();
   const std::string job_id = job.id;
   PT_RETURN_IF_ERROR(AwaitOp(
-      job, [&] { return job.state != JobState::kReady || unanswered().empty(); },
+      job, [&] { return job.state != JobState::kReady || UnansweredRanks(job).empty(); },
       StepDeadline(job, mb_rows), "the answers to an aborted step",
       [&](absl::Duration waited_so_far) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         Log(absl::StrCat("job ", job_id, ": waiting for ", unanswered(),
