@@ -19,7 +19,7 @@
 //       every stage take about as long, the emulated ranks holding a third of a real rank's FLOPs
 //       (their math still runs: a third of the CPU over their busy time). See
 //       docs/performance.md "On real compute".
-// Prints markdown tables per configuration (docs/performance.md takes them as they are): the
+// Prints markdown tables per configuration (docs/perf-log/ keeps them as they are): the
 // step, the replay, their ratio, the simulator's ideal step for the measured compute, each
 // schedule's step and ideal relative to 1F1B; then the fixed costs (see StepFigures). Daemon
 // logs go to a file named at the start.
