@@ -20,7 +20,7 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/examples/
 set(_pt_sdk_include ${CMAKE_INSTALL_INCLUDEDIR}/pipetrain)
 target_include_directories(pipetrain_client INTERFACE $<INSTALL_INTERFACE:${_pt_sdk_include}>)
 install(TARGETS pipetrain_client pipetrain_proto pipetrain_wire pipetrain_eigen pipetrain_util
-  pipetrain_warnings pipetrain_net pipetrain_io
+  pipetrain_warnings pipetrain_net pipetrain_secret pipetrain_io
   EXPORT pipetrain-targets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT sdk)
 install(FILES ${CMAKE_SOURCE_DIR}/client/sdk/client.h DESTINATION ${_pt_sdk_include}/client/sdk

@@ -25,10 +25,30 @@ absl::StatusOr<FileDigest> DigestBytes(absl::string_view bytes);
 // True if `s` is 64 lowercase hex digits, the form of FileDigest::sha256.
 bool IsSha256Hex(absl::string_view s);
 
-// Reads the whole file at `path` into memory and returns its SHA-256 and size. ReadFile's errors
-// (NOT_FOUND if it does not exist, FAILED_PRECONDITION if it is a directory, others with the errno
-// text and the path); INTERNAL as for DigestBytes.
+// Returns the SHA-256 and size of the file at `path`, read in pieces of 1 MiB (memory does not
+// grow with the file). NOT_FOUND if it does not exist, FAILED_PRECONDITION if it is a directory,
+// others with the errno text and the path; INTERNAL as for DigestBytes.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);
+
+// An incremental SHA-256: the digest of every byte given to Update, in order. Not thread-safe.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+
+  // Adds `bytes`. INTERNAL if OpenSSL fails (then the stream is unusable).
+  absl::Status Update(absl::string_view bytes);
+
+  // The digest of everything added (64 lowercase hex digits) and its size. Call once.
+  absl::StatusOr<FileDigest> Finish();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX, kept out of this header.
+  int64_t bytes_ = 0;
+  absl::Status status_;
+};
 
 }  // namespace pipetrain::io
 

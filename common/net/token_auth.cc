@@ -66,20 +66,6 @@ absl::StatusOr<std::string> ResolveClientToken(const std::string& token_file,
   return std::string(absl::StripAsciiWhitespace(environment));
 }
 
-absl::StatusOr<std::string> NewSecret() {
-  unsigned char bytes[32];
-  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
-    return absl::InternalError("OpenSSL's random generator failed");
-  }
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string secret;
-  for (const unsigned char b : bytes) {
-    secret.push_back(kHex[b >> 4]);
-    secret.push_back(kHex[b & 15]);
-  }
-  return secret;
-}
-
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

@@ -38,10 +38,6 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path);
 absl::StatusOr<std::string> ResolveClientToken(const std::string& token_file,
                                                absl::string_view environment);
 
-// A fresh random secret: 32 bytes from OpenSSL's CSPRNG as 64 lowercase hex digits. INTERNAL if
-// the generator fails.
-absl::StatusOr<std::string> NewSecret();
-
 // True if `a` == `b`; the time taken depends only on the lengths (for comparing secrets).
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 

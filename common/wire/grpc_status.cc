@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/annotate.h"
 
 namespace pipetrain::wire {
 namespace {
@@ -30,8 +31,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view contex
 }
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  return util::Annotate(status, context);
 }
 
 }  // namespace pipetrain::wire

@@ -24,15 +24,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/net/token_auth.h"
 #include "common/net/transport_security.h"
+#include "common/util/annotate.h"
 #include "common/util/command_line.h"
 #include "common/util/heap_tuning.h"
 #include "common/util/lock_checks.h"
+#include "common/util/status_macros.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
@@ -91,6 +95,33 @@ ABSL_FLAG(int32_t, max_microbatches, 1024, "most micro-batches a job's step may 
 
 namespace {
 
+using pipetrain::coordinator::CoordinatorOptions;
+using pipetrain::coordinator::CoordinatorService;
+using pipetrain::coordinator::ServiceTransport;
+
+// Everything main() reads from its flags, checked once (Config).
+struct DaemonConfig {
+  std::string listen;               // --listen.
+  std::string client_listen;        // --client-listen; empty: none.
+  std::string port_file;            // --port-file; empty: none.
+  std::string state_dir;            // --state-dir; empty: no journal.
+  std::string metrics_listen;       // --metrics-listen; empty: no metrics.
+  std::string token_file;           // --auth-token-file; empty: no tokens.
+  std::vector<std::string> tokens;  // its tokens.
+  pipetrain::net::TlsOptions tls;   // --tls-cert, --tls-key, --tls-ca.
+  absl::Duration keepalive;         // --peer-keepalive.
+  int max_message = 0;              // --max-message-size.
+  int max_streams = 0;              // --max-concurrent-streams.
+  CoordinatorOptions core;
+  ServiceTransport transport;  // its link credentials are set by MakeCredentials.
+};
+
+// The server's credentials: the --listen port's, the --client-listen port's.
+struct Credentials {
+  std::shared_ptr<grpc::ServerCredentials> listen;
+  std::shared_ptr<grpc::ServerCredentials> client_listen;
+};
+
 // Host part of "host:port" (brackets kept for IPv6).
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -107,16 +138,171 @@ bool WritePortFile(const std::string& path, int port) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
-  pipetrain::util::ConfigureLockChecks();
-  // gRPC allocates multi-MiB receive slices per read; keep them on the heap instead of a fresh
-  // mmap each (docs/wire.md §5).
-  if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
-    std::cerr << "coordinator: " << s.message() << "; continuing with glibc's defaults\n";
+// The listen addresses and the transport security flags: plaintext only where allowed, tokens
+// only with TLS (docs/security.md).
+absl::Status SecurityConfig(DaemonConfig& c) {
+  c.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  c.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  c.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  c.listen = absl::GetFlag(FLAGS_listen);
+  c.client_listen = absl::GetFlag(FLAGS_client_listen);
+  c.token_file = absl::GetFlag(FLAGS_auth_token_file);
+  for (const auto& [flag, address] : {std::pair<const char*, std::string>{"--listen", c.listen},
+                                      {"--client-listen", c.client_listen}}) {
+    if (address.empty()) continue;
+    PT_RETURN_IF_ERROR(pipetrain::net::CheckListenSecurity(flag, address, c.tls.enabled(),
+                                                           absl::GetFlag(FLAGS_insecure)));
   }
+  if (!c.token_file.empty() && !c.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--auth-token-file needs TLS (--tls-cert, --tls-key, --tls-ca): tokens are never "
+        "accepted in clear");
+  }
+  if (!c.token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> read = pipetrain::net::ReadTokenFile(c.token_file);
+    if (!read.ok()) return pipetrain::util::Annotate(read.status(), "--auth-token-file");
+    c.tokens = *std::move(read);
+  }
+  return absl::OkStatus();
+}
+
+// Every flag, checked: INVALID_ARGUMENT naming the flag.
+absl::StatusOr<DaemonConfig> Config() {
+  DaemonConfig c;
+  PT_RETURN_IF_ERROR(SecurityConfig(c));
+  c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  c.core.client_lease = absl::GetFlag(FLAGS_client_lease);
+  c.core.job_retention = absl::GetFlag(FLAGS_job_retention);
+  c.core.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
+  c.core.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
+  c.core.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
+  c.core.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  c.core.job_limits.max_layers = absl::GetFlag(FLAGS_max_layers);
+  c.core.job_limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
+  c.transport.check_worker_certificates = c.tls.enabled();
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_size);
+  const int32_t max_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (max_message < (int64_t{1} << 20) || max_message > INT32_MAX || max_streams < 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-message-size must be in [1 MiB, 2 GiB) and --max-concurrent-streams >= 4, got ",
+        max_message, " and ", max_streams));
+  }
+  c.max_message = static_cast<int>(max_message);
+  c.max_streams = max_streams;
+  c.keepalive = absl::GetFlag(FLAGS_peer_keepalive);
+  if (c.keepalive <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--peer-keepalive must be > 0");
+  }
+  PT_RETURN_IF_ERROR(c.core.Check());
+  return c;
+}
+
+// The credentials of both ports and of the data links to the workers; with TLS, the token and
+// certificate authorization of every call. Logs what it set up.
+absl::StatusOr<Credentials> MakeCredentials(DaemonConfig& c) {
+  using pipetrain::net::ClientCertificate;
+  Credentials out;
+  PT_ASSIGN_OR_RETURN(out.listen, pipetrain::net::MakeServerCredentials(c.tls));
+  // --client-listen takes a client with a token alone when tokens are configured.
+  PT_ASSIGN_OR_RETURN(
+      out.client_listen,
+      pipetrain::net::MakeServerCredentials(
+          c.tls, c.tokens.empty() ? ClientCertificate::kRequired : ClientCertificate::kOptional));
+  PT_ASSIGN_OR_RETURN(c.transport.link_credentials, pipetrain::net::MakeChannelCredentials(c.tls));
+  if (!c.tls.enabled()) {
+    if (absl::GetFlag(FLAGS_insecure)) {
+      std::cerr << "coordinator: --insecure: plaintext gRPC, anyone who reaches "
+                << (c.client_listen.empty() ? c.listen : c.listen + " / " + c.client_listen)
+                << " can register workers and submit jobs\n";
+    }
+    return out;
+  }
+  pipetrain::net::TokenAuthOptions auth;
+  auth.tokens = c.tokens;
+  // Workers authenticate with their certificate alone (docs/security.md).
+  auth.certificate_methods = {"/pipetrain.v1.Coordinator/Join",
+                              "/pipetrain.v1.Coordinator/FetchState",
+                              "/pipetrain.v1.Coordinator/PutState"};
+  auth.open_methods = {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"};
+  auth.log = [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; };
+  auto processor = std::make_shared<pipetrain::net::TokenAuthProcessor>(std::move(auth));
+  out.listen->SetAuthMetadataProcessor(processor);
+  out.client_listen->SetAuthMetadataProcessor(processor);
+  absl::StatusOr<std::string> line = pipetrain::net::CheckTlsFiles(c.tls);
+  std::cerr << "coordinator: " << (line.ok() ? *line : line.status().ToString()) << "; "
+            << (c.tokens.empty()
+                    ? std::string("clients need a certificate")
+                    : absl::StrCat(c.tokens.size(), " client token(s) from ", c.token_file))
+            << "\n";
+  return out;
+}
+
+// The server's channel settings: keepalive (a peer that stops answering pings has its connection
+// closed, which ends a worker's Join stream like a crash would), message and stream limits.
+void ConfigureChannels(const DaemonConfig& c, grpc::ServerBuilder& builder) {
+  const int keepalive_ms =
+      static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(c.keepalive), int64_t{1} << 30));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  // At least 10 s to answer: an idle client's channel answers pings only from gRPC's backup
+  // poller (every 5 s), and must not be cut off for that.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.SetMaxReceiveMessageSize(c.max_message);
+  // What the coordinator sends is bounded by construction (a model spec of at most 1 MiB in an
+  // Assign, 1 MiB FetchState chunks); each receiver enforces its own limit.
+  builder.SetMaxSendMessageSize(-1);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, c.max_streams);
+  pipetrain::coordinator::AllowClientKeepalive(builder);
+}
+
+// Serves until SIGINT or SIGTERM (blocked in every thread, awaited here), then shuts down.
+// The exit code.
+int Serve(const DaemonConfig& c, const Credentials& credentials, CoordinatorService& service,
+          const sigset_t& signals) {
+  grpc::ServerBuilder builder;
+  pipetrain::introspection::AddHealthAndReflection(&builder);
+  int port = 0;
+  builder.AddListeningPort(c.listen, credentials.listen, &port);
+  int client_port = 0;
+  if (!c.client_listen.empty()) {
+    builder.AddListeningPort(c.client_listen, credentials.client_listen, &client_port);
+  }
+  ConfigureChannels(c, builder);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0 || (!c.client_listen.empty() && client_port == 0)) {
+    std::cerr << "coordinator: cannot listen on " << c.listen
+              << (c.client_listen.empty() ? "" : " / " + c.client_listen) << "\n";
+    return 1;
+  }
+  pipetrain::introspection::SetServing(server.get(),
+                                       {pipetrain::v1::Coordinator::service_full_name()});
+  if (!c.port_file.empty() && !WritePortFile(c.port_file, port)) {
+    std::cerr << "coordinator: cannot write --port-file " << c.port_file << "\n";
+    server->Shutdown();
+    return 1;
+  }
+  const std::string bound = absl::StrCat(HostOf(c.listen), ":", port);
+  std::cout << "coordinator listening on " << bound << std::endl;
+  pipetrain::logging::Log(
+      "coordinator", pipetrain::logging::LogLevel::kInfo,
+      absl::StrCat("serving on ", bound,
+                   c.client_listen.empty() ? "" : absl::StrCat(" and port ", client_port)));
+  int sig = 0;
+  sigwait(&signals, &sig);
+  pipetrain::logging::Log("coordinator", pipetrain::logging::LogLevel::kInfo,
+                          absl::StrCat("signal ", sig, ", shutting down"));
+  pipetrain::introspection::SetNotServing(server.get());
+  service.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  return 0;
+}
+
+// Parses the command line and configures logging: the exit code if the process should stop.
+std::optional<int> ParseCommandLine(int argc, char** argv) {
   // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
   const pipetrain::ProgramSpec program{
       "coordinator",
@@ -127,7 +313,7 @@ int main(int argc, char** argv) {
       ""};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
-    return *exit_code;
+    return exit_code;
   }
   if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
           absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
@@ -135,198 +321,60 @@ int main(int argc, char** argv) {
     std::cerr << "coordinator: " << s.message() << "\n";
     return 2;
   }
+  return std::nullopt;
+}
 
-  // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
+  pipetrain::util::ConfigureLockChecks();
+  // gRPC allocates multi-MiB receive slices per read; keep them on the heap instead of a fresh
+  // mmap each (docs/wire.md §5).
+  if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
+    std::cerr << "coordinator: " << s.message() << "; continuing with glibc's defaults\n";
+  }
+  if (std::optional<int> exit_code = ParseCommandLine(argc, argv)) return *exit_code;
+  // Block the shutdown signals in every thread; Serve waits for them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-
-  // Transport security (docs/security.md): refuse plaintext on a reachable port, build the
-  // credentials of both ports and of the data links to the workers.
-  pipetrain::net::TlsOptions tls;
-  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  const std::string client_listen = absl::GetFlag(FLAGS_client_listen);
-  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
-  for (const auto& [flag, address] : {std::pair<const char*, std::string>{"--listen", listen},
-                                      {"--client-listen", client_listen}}) {
-    if (address.empty()) continue;
-    if (const absl::Status s = pipetrain::net::CheckListenSecurity(flag, address, tls.enabled(),
-                                                                   absl::GetFlag(FLAGS_insecure));
-        !s.ok()) {
-      std::cerr << "coordinator: " << s.message() << "\n";
-      return 2;
-    }
-  }
-  if (!token_file.empty() && !tls.enabled()) {
-    std::cerr << "coordinator: --auth-token-file needs TLS (--tls-cert, --tls-key, --tls-ca): "
-                 "tokens are never accepted in clear\n";
+  absl::StatusOr<DaemonConfig> config = Config();
+  absl::StatusOr<Credentials> credentials =
+      config.ok() ? MakeCredentials(*config) : config.status();
+  if (!credentials.ok()) {
+    std::cerr << "coordinator: " << credentials.status().message() << "\n";
     return 2;
-  }
-  std::vector<std::string> tokens;
-  if (!token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> read = pipetrain::net::ReadTokenFile(token_file);
-    if (!read.ok()) {
-      std::cerr << "coordinator: --auth-token-file: " << read.status().message() << "\n";
-      return 2;
-    }
-    tokens = *std::move(read);
-  }
-  // --listen requires a client certificate (workers, and clients that have one); --client-listen
-  // does too, unless tokens are configured: then a client may come with a token alone.
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      pipetrain::net::MakeServerCredentials(tls);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> client_credentials =
-      pipetrain::net::MakeServerCredentials(
-          tls, tokens.empty() ? pipetrain::net::ClientCertificate::kRequired
-                              : pipetrain::net::ClientCertificate::kOptional);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> link_credentials =
-      pipetrain::net::MakeChannelCredentials(tls);
-  for (const absl::Status& s :
-       {credentials.status(), client_credentials.status(), link_credentials.status()}) {
-    if (!s.ok()) {
-      std::cerr << "coordinator: " << s.message() << "\n";
-      return 2;
-    }
-  }
-  if (tls.enabled()) {
-    pipetrain::net::TokenAuthOptions auth;
-    auth.tokens = tokens;
-    // Workers authenticate with their certificate alone (docs/security.md).
-    auth.certificate_methods = {"/pipetrain.v1.Coordinator/Join",
-                                "/pipetrain.v1.Coordinator/FetchState",
-                                "/pipetrain.v1.Coordinator/PutState"};
-    auth.open_methods = {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"};
-    auth.log = [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; };
-    auto processor = std::make_shared<pipetrain::net::TokenAuthProcessor>(std::move(auth));
-    (*credentials)->SetAuthMetadataProcessor(processor);
-    (*client_credentials)->SetAuthMetadataProcessor(processor);
-    absl::StatusOr<std::string> line = pipetrain::net::CheckTlsFiles(tls);
-    std::cerr << "coordinator: " << (line.ok() ? *line : line.status().ToString()) << "; "
-              << (tokens.empty()
-                      ? std::string("clients need a certificate")
-                      : absl::StrCat(tokens.size(), " client token(s) from ", token_file))
-              << "\n";
   }
   // Logs the certificate's new expiry when its files change (gRPC reloads them).
   std::unique_ptr<pipetrain::net::CertificateWatcher> certificate_watcher;
-  if (tls.enabled()) {
+  if (config->tls.enabled()) {
     certificate_watcher = std::make_unique<pipetrain::net::CertificateWatcher>(
-        tls, tls.refresh_interval,
+        config->tls, config->tls.refresh_interval,
         [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; });
-  } else if (absl::GetFlag(FLAGS_insecure)) {
-    std::cerr << "coordinator: --insecure: plaintext gRPC, anyone who reaches "
-              << (client_listen.empty() ? listen : listen + " / " + client_listen)
-              << " can register workers and submit jobs\n";
-  }
-
-  pipetrain::coordinator::CoordinatorOptions options;
-  options.link_credentials = *link_credentials;
-  options.check_worker_certificates = tls.enabled();
-  options.client_lease = absl::GetFlag(FLAGS_client_lease);
-  options.job_retention = absl::GetFlag(FLAGS_job_retention);
-  options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
-  options.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
-  options.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
-  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
-  options.job_limits.max_layers = absl::GetFlag(FLAGS_max_layers);
-  options.job_limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
-  const int64_t max_message = absl::GetFlag(FLAGS_max_message_size);
-  const int32_t max_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  if (max_message < (int64_t{1} << 20) || max_message > INT32_MAX || max_streams < 4) {
-    std::cerr << "coordinator: --max-message-size must be in [1 MiB, 2 GiB) and "
-                 "--max-concurrent-streams >= 4, got "
-              << max_message << " and " << max_streams << "\n";
-    return 2;
-  }
-  if (const absl::Status s = options.Check(); !s.ok()) {
-    std::cerr << "coordinator: " << s.message() << "\n";
-    return 2;
   }
   // Metrics first, so a bad --metrics-listen fails before the service starts.
   pipetrain::metrics::MetricsRegistry metrics_registry("coordinator");
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty()) {
-    options.metrics = std::make_shared<pipetrain::metrics::CoordinatorMetrics>(metrics_registry);
+  if (!config->metrics_listen.empty()) {
+    config->core.metrics =
+        std::make_shared<pipetrain::metrics::CoordinatorMetrics>(metrics_registry);
   }
   absl::StatusOr<std::unique_ptr<pipetrain::metrics::MetricsServer>> metrics_server =
-      pipetrain::metrics::MetricsServer::ServeIfRequested(metrics_listen, metrics_registry,
+      pipetrain::metrics::MetricsServer::ServeIfRequested(config->metrics_listen, metrics_registry,
                                                           "coordinator");
   if (!metrics_server.ok()) {
     std::cerr << "coordinator: " << metrics_server.status().message() << "\n";
     return 2;
   }
-  auto service = std::make_unique<pipetrain::coordinator::CoordinatorService>(options);
-  if (const std::string state_dir = absl::GetFlag(FLAGS_state_dir); !state_dir.empty()) {
-    if (const absl::Status s = service->OpenJournal(state_dir); !s.ok()) {
-      std::cerr << "coordinator: --state-dir " << state_dir << ": " << s << "\n";
+  auto service = std::make_unique<CoordinatorService>(config->core, config->transport);
+  if (!config->state_dir.empty()) {
+    if (const absl::Status s = service->OpenJournal(config->state_dir); !s.ok()) {
+      std::cerr << "coordinator: --state-dir " << config->state_dir << ": " << s << "\n";
       return 1;
     }
   }
-  grpc::ServerBuilder builder;
-  pipetrain::introspection::AddHealthAndReflection(&builder);
-  int port = 0;
-  builder.AddListeningPort(listen, *credentials, &port);
-  int client_port = 0;
-  if (!client_listen.empty()) {
-    builder.AddListeningPort(client_listen, *client_credentials, &client_port);
-  }
-  // Keepalive: a peer that stops answering pings (a stopped process, a host cut off) has its
-  // connection closed, which ends a worker's Join stream like a crash would.
-  const absl::Duration keepalive = absl::GetFlag(FLAGS_peer_keepalive);
-  if (keepalive <= absl::ZeroDuration()) {
-    std::cerr << "coordinator: --peer-keepalive must be > 0\n";
-    return 2;
-  }
-  const int keepalive_ms =
-      static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(keepalive), int64_t{1} << 30));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
-  // At least 10 s to answer: an idle client's channel answers pings only from gRPC's backup
-  // poller (every 5 s), and must not be cut off for that.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 10000));
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
-  // What the coordinator sends is bounded by construction (a model spec of at most 1 MiB in an
-  // Assign, 1 MiB FetchState chunks); each receiver enforces its own limit.
-  builder.SetMaxSendMessageSize(-1);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
-  pipetrain::coordinator::AllowClientKeepalive(builder);
-  builder.RegisterService(service.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0 || (!client_listen.empty() && client_port == 0)) {
-    std::cerr << "coordinator: cannot listen on " << listen
-              << (client_listen.empty() ? "" : " / " + client_listen) << "\n";
-    return 1;
-  }
-  pipetrain::introspection::SetServing(server.get(),
-                                       {pipetrain::v1::Coordinator::service_full_name()});
-  const std::string bound = absl::StrCat(HostOf(listen), ":", port);
-  if (!absl::GetFlag(FLAGS_port_file).empty() &&
-      !WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
-    std::cerr << "coordinator: cannot write --port-file " << absl::GetFlag(FLAGS_port_file) << "\n";
-    server->Shutdown();
-    return 1;
-  }
-  std::cout << "coordinator listening on " << bound << std::endl;
-  pipetrain::logging::Log(
-      "coordinator", pipetrain::logging::LogLevel::kInfo,
-      absl::StrCat("serving on ", bound,
-                   client_listen.empty() ? "" : absl::StrCat(" and port ", client_port)));
-
-  int sig = 0;
-  sigwait(&signals, &sig);
-  pipetrain::logging::Log("coordinator", pipetrain::logging::LogLevel::kInfo,
-                          absl::StrCat("signal ", sig, ", shutting down"));
-  pipetrain::introspection::SetNotServing(server.get());
-  service->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server->Wait();
-  server.reset();
-  service.reset();
-  return 0;
+  return Serve(*config, *credentials, *service, signals);
 }

@@ -55,6 +55,33 @@ TEST(DigestTest, FileDigestEqualsBytesDigest) {
   EXPECT_EQ(DigestFile(dir).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Bytes given in pieces of any size, a file of several read blocks among them, digest as the
+// whole: the stream the coordinator digests uploads with as they arrive.
+TEST(DigestTest, StreamDigestEqualsBytesDigestForAnySplit) {
+  std::string contents;
+  for (int i = 0; i < (1 << 20) + 4097; ++i) contents.push_back(static_cast<char>(i * 13 + 5));
+  absl::StatusOr<FileDigest> whole = DigestBytes(contents);
+  ASSERT_TRUE(whole.ok());
+  for (size_t piece : {size_t{1} << 20, size_t{4096}, size_t{777}}) {
+    Sha256Stream stream;
+    for (size_t at = 0; at < contents.size(); at += piece) {
+      ASSERT_TRUE(stream.Update(absl::string_view(contents).substr(at, piece)).ok());
+    }
+    absl::StatusOr<FileDigest> streamed = stream.Finish();
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    EXPECT_EQ(streamed->sha256, whole->sha256) << piece;
+    EXPECT_EQ(streamed->bytes, static_cast<int64_t>(contents.size()));
+    EXPECT_EQ(stream.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  Sha256Stream empty;
+  EXPECT_EQ(empty.Finish()->sha256, DigestBytes("")->sha256);
+  const std::string dir = MakeTempDir();
+  ASSERT_TRUE(WriteFileAtomically(dir + "/big", contents).ok());
+  absl::StatusOr<FileDigest> file = DigestFile(dir + "/big");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->sha256, whole->sha256);
+}
+
 TEST(DigestTest, IsSha256HexAcceptsOnlyLowercaseHexOfLength64) {
   const std::string good(64, 'a');
   EXPECT_TRUE(IsSha256Hex(good));

@@ -29,8 +29,10 @@
 #include "common/schedule/generator.h"
 #include "common/util/status_macros.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
+#include "server/introspection/introspection.h"
 #include "server/link/peer_link.h"
 #include "server/worker/state_transfer.h"
 
@@ -517,10 +519,13 @@ class CoordinatorServiceTest : public ::testing::Test {
     options.checkpoint_root = "/";
     return options;
   }
+  // The shell's transport options; the slow-disk fixture sets a write hook.
+  virtual ServiceTransport Transport() { return ServiceTransport(); }
 
   void SetUp() override {
-    service_ = std::make_unique<CoordinatorService>(Options());
+    service_ = std::make_unique<CoordinatorService>(Options(), Transport());
     grpc::ServerBuilder builder;
+    introspection::AddHealthAndReflection(&builder);
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     AllowClientKeepalive(builder);
@@ -1038,6 +1043,76 @@ TEST_F(CoordinatorServiceTest, ARefusedDataLinkAbortsTheStepOnEveryRank) {
     EXPECT_EQ(w->WaitAborts(1), 1) << w->name();
     EXPECT_EQ(w->run_steps(), 1) << w->name();
   }
+}
+
+// A checkpoint whose uploads are stuck on a slow disk: the uploads' I/O runs on the shell's I/O
+// threads, so another job keeps training and the health service keeps answering meanwhile.
+class SlowDiskTest : public CoordinatorServiceTest {
+ protected:
+  ServiceTransport Transport() override {
+    ServiceTransport transport;
+    transport.before_state_write = [this](const std::string&) {
+      absl::MutexLock lock(&disk_mu_);
+      ++stalled_writes_;
+      disk_mu_.Await(absl::Condition(&disk_released_));
+    };
+    return transport;
+  }
+  void TearDown() override {
+    ReleaseDisk();
+    CoordinatorServiceTest::TearDown();
+  }
+  void ReleaseDisk() {
+    absl::MutexLock lock(&disk_mu_);
+    disk_released_ = true;
+  }
+
+  absl::Mutex disk_mu_;
+  int stalled_writes_ ABSL_GUARDED_BY(disk_mu_) = 0;
+  bool disk_released_ ABSL_GUARDED_BY(disk_mu_) = false;
+};
+
+TEST_F(SlowDiskTest, AStalledUploadDelaysNeitherAnotherJobsStepsNorAHealthCheck) {
+  AddWorkers(4);
+  absl::StatusOr<v1::JobStatus> saving = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(saving.ok()) << saving.status();
+  absl::StatusOr<v1::JobStatus> training = client_->CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(training.ok()) << training.status();
+  const std::string dir = ::testing::TempDir() + "slow_disk_ck";
+  std::filesystem::remove_all(dir);
+  absl::Status saved = absl::UnknownError("not run");
+  std::thread saver([&] { saved = client_->Checkpoint(saving->job(), dir).status(); });
+  {
+    auto stalled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_) {
+      return stalled_writes_ > 0;
+    };
+    absl::MutexLock lock(&disk_mu_);
+    ASSERT_TRUE(disk_mu_.AwaitWithTimeout(absl::Condition(&stalled), absl::Seconds(30)));
+  }
+  // The disk holds the upload; the other job trains and the health service answers.
+  for (int step = 1; step <= 3; ++step) {
+    absl::StatusOr<v1::StepResult> r = client_->TrainStep(training->job(), MakeBatch(4).view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), step);
+  }
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status checked = health->Check(&context, request, &response);
+  EXPECT_TRUE(checked.ok()) << checked.error_message();
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  {
+    absl::MutexLock lock(&disk_mu_);
+    EXPECT_FALSE(disk_released_);  // the upload was stalled all along.
+  }
+  ReleaseDisk();
+  saver.join();
+  EXPECT_TRUE(saved.ok()) << saved;
+  EXPECT_TRUE(model::VerifyCheckpoint(dir).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CoordinatorServiceTest, LostWorkerFailsTheJob) {

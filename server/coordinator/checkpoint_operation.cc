@@ -1,0 +1,238 @@
+// Checkpoints: a job's checkpoint (every rank uploads its shards into a staging directory that is
+// published once complete) and the checks of the transfers (PutState, FetchState).
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/io/confined_path.h"
+#include "common/io/file_util.h"
+#include "common/math/optimizer.h"
+#include "common/model/optimizer_proto.h"
+#include "common/util/annotate.h"
+#include "common/util/status_macros.h"
+#include "server/coordinator/coordinator_core.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+// What the coordinator knows of a checkpoint of `job` at `step`; the data set, batch size and
+// data cursor are the client's (a client that knows them rewrites the manifest).
+model::CheckpointManifest ManifestOf(const Job& job, int64_t step)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  model::CheckpointManifest manifest;
+  manifest.step = step;
+  manifest.model_spec = job.model->spec();
+  manifest.seed = job.spec.seed();
+  manifest.microbatches = job.spec.microbatches();
+  manifest.isa = job.spec.isa();
+  // Which steps ran at another level, if any did.
+  if (job.resume.has_value())
+    manifest.isa_note = model::IsaNoteAfterResume(*job.resume, job.spec.isa());
+  absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(job.spec.optimizer());
+  if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
+  return manifest;
+}
+
+// OK if a Checkpoint request's `keep` can be honoured for `directory`: earlier checkpoints are
+// kept beside it, so its parent must be under the root (`under_root`) too.
+absl::Status CheckKeep(const v1::CheckpointRequest& request, const std::string& directory,
+                       const std::function<bool(const std::string&)>& under_root) {
+  if (request.keep() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keep must be >= 0, got ", request.keep()));
+  }
+  if (request.keep() > 1 && !under_root(io::DirName(directory))) {
+    // The earlier checkpoints go beside the directory: that must be under the root too.
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint: keeping ", request.keep(), " checkpoints of ", directory,
+                     " needs its parent under the checkpoint root (earlier ones are kept beside "
+                     "it); name a subdirectory"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CoordinatorCore::CheckpointPath(const std::string& path,
+                                                            absl::string_view what) const {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " '", path,
+                     "': this coordinator keeps no checkpoints; start it with --checkpoint-root "
+                     "DIR (checkpoint and resume directories must lie under it)"));
+  }
+  absl::StatusOr<std::string> confined = io::ConfinePath(options_.checkpoint_root, path);
+  if (!confined.ok()) return util::Annotate(confined.status(), std::string(what));
+  return confined;
+}
+
+absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
+    const v1::CheckpointRequest& request) {
+  if (request.directory().empty()) return absl::InvalidArgumentError("Checkpoint: empty directory");
+  PT_ASSIGN_OR_RETURN(const std::string directory,
+                      CheckpointPath(request.directory(), "Checkpoint directory"));
+  PT_RETURN_IF_ERROR(CheckKeep(request, directory, [this](const std::string& parent) {
+    return CheckpointPath(parent, "").ok();
+  }));
+  Job* job = nullptr;
+  std::shared_ptr<const model::Model> net;
+  model::CheckpointManifest manifest;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
+    job->mu.AssertHeld();
+    // The shards must hold the last step everywhere (SaveShards follows its Commit on every
+    // rank's stream; a rank that refused it would save the step before).
+    PT_RETURN_IF_ERROR(ConfirmCommit(*job));
+    manifest = ManifestOf(*job, job->steps_done);
+    net = job->model;
+  }
+  // The workers write into a staging directory, published as `directory` when complete (file
+  // I/O outside the lock; only this job's thread runs operations on the job).
+  PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
+  absl::Status collected;
+  {
+    absl::MutexLock lock(&mu_);
+    job->mu.AssertHeld();
+    collected = CollectShards(*job, manifest.step, staging);
+  }
+  if (!collected.ok()) {
+    model::DiscardCheckpointStaging(staging).IgnoreError();
+    return collected;
+  }
+  // Every worker uploaded its files and answered ShardsSaved: digest what is there (a missing
+  // file is NOT_FOUND), then publish after verifying the whole checkpoint.
+  absl::StatusOr<std::vector<model::CheckpointShard>> shards =
+      model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
+  if (!shards.ok()) {
+    model::DiscardCheckpointStaging(staging).IgnoreError();
+    return shards.status();
+  }
+  manifest.shards = *std::move(shards);
+  PT_RETURN_IF_ERROR(
+      model::PublishCheckpoint(staging, directory, manifest, std::max(1, request.keep())));
+  {
+    absl::MutexLock lock(&mu_);
+    job->mu.AssertHeld();
+    job->restore_dir = directory;  // the newest state a recovery restarts from.
+    job->restore = manifest;
+  }
+  JournalJob(request.job());
+  v1::CheckpointResponse response;
+  response.set_step(manifest.step);
+  response.set_directory(directory);
+  return response;
+}
+
+absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::string& staging) {
+  job.op.step = step;
+  job.op.error = absl::OkStatus();
+  job.op.saved.assign(job.workers.size(), false);
+  v1::WorkerCommand command;
+  v1::SaveShards* save = command.mutable_save_shards();
+  save->set_job(job.id);
+  save->set_epoch(job.epoch);
+  save->set_step(step);
+  job.checkpoint_staging = staging;
+  SendToRanks(job, command);
+  // A rank that has not saved within this bound is stuck or stopped: writing and uploading its
+  // weights and optimizer state (at most three tensors per parameter) at 10 MB/s takes less. The
+  // floor is the step deadline's.
+  const absl::Duration save_deadline = std::min(
+      options_.step_timeout,
+      std::max(options_.step_deadline_floor,
+               absl::Seconds(static_cast<double>(job.model->NumParameters()) * 12.0 / 10e6)));
+  Job* raw = &job;
+  absl::Status waited = AwaitOp(
+      job, [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu) { return raw->op.AllSaved(); },
+      save_deadline, "every worker's ShardsSaved");
+  if (absl::IsDeadlineExceeded(waited)) {
+    std::vector<int> late;
+    for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+      if (!job.op.saved[rank]) late.push_back(rank);
+    }
+    waited = absl::DeadlineExceededError(
+        absl::StrCat(waited.message(), " from ", RankLabels(job, late), " (stopped or stuck)"));
+    Log(std::string(waited.message()), logging::LogLevel::kWarning);
+    if (job.spec.recover() && Live(job)) {
+      // As for a step: a recoverable job evicts the ranks that are stuck and recovers without
+      // them; the client then replays from the last checkpoint and checkpoints again.
+      EvictRanks(job, late,
+                 absl::StrCat("did not save the checkpoint of step ", step, " of job ", job.id,
+                              " within ", absl::FormatDuration(save_deadline)));
+    }
+  }
+  if (job.state == JobState::kRecovering && !waited.ok()) waited = CheckReady(job);
+  job.op.step = -1;
+  job.checkpoint_staging.clear();  // no more uploads are accepted into it.
+  return waited;
+}
+
+absl::StatusOr<Job*> CoordinatorCore::LiveJobAt(const std::string& id, int64_t epoch) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  Job& job = *it->second;
+  job.mu.AssertHeld();
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (epoch != job.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", epoch));
+  }
+  return &job;
+}
+
+absl::StatusOr<int> CoordinatorCore::RankOf(const Job& job, const std::string& worker) const {
+  auto w = std::find(job.workers.begin(), job.workers.end(), worker);
+  if (w == job.workers.end() || !workers_.Holds(worker, job.id)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", worker, "' holds no rank of job '", job.id, "'"));
+  }
+  return static_cast<int>(w - job.workers.begin());
+}
+
+absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateRequest& first) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(first.job(), first.epoch()));
+  job->mu.AssertHeld();
+  PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, first.worker()));
+  if (job->checkpoint_staging.empty() || first.step() != job->op.step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job->id, "' has no checkpoint of step ", first.step(), " in progress"));
+  }
+  UploadTarget target;
+  target.staging = job->checkpoint_staging;
+  for (const v1::ChunkSpec& c : job->chunks) {
+    if (c.worker() != rank) continue;
+    for (model::CheckpointShard& s :
+         model::LayerShards(*job->model, c.first_layer(), c.last_layer())) {
+      target.files.emplace(s.file, s);
+    }
+  }
+  return target;
+}
+
+absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
+    const v1::FetchStateRequest& request) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(request.job(), request.epoch()));
+  job->mu.AssertHeld();
+  if (!job->restore.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job->id, "' restarts from no checkpoint"));
+  }
+  PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, request.worker()));
+  std::vector<StateFile> files;
+  for (const model::CheckpointShard& shard : job->restore->shards) {
+    for (const v1::ChunkSpec& c : job->chunks) {
+      if (c.worker() == rank && shard.first_layer >= c.first_layer() &&
+          shard.last_layer <= c.last_layer()) {
+        files.push_back(StateFile{shard, io::JoinPath(job->restore_dir, shard.file)});
+        break;
+      }
+    }
+  }
+  return files;
+}
+
+}  // namespace pipetrain::coordinator

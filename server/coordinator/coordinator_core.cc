@@ -1,0 +1,501 @@
+#include "server/coordinator/coordinator_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/util/status_macros.h"
+#include "server/logging/daemon_log.h"
+#include "server/metrics/coordinator_metrics.h"
+
+// The core's frame: construction and shutdown, the jobs' life (end, status, errors), the client
+// calls that answer at once, housekeeping and metrics.
+namespace pipetrain::coordinator {
+namespace {
+
+// "job-<8 random hex digits>-": a fresh prefix per process, so that ids never repeat across
+// restarts.
+std::string NewJobIdPrefix() {
+  std::random_device rd;
+  return absl::StrFormat("job-%08x-", static_cast<uint32_t>(rd()));
+}
+
+std::string EndedMessage(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  return absl::StrCat("job '", job.id, "' is ", JobStateName(job.state),
+                      job.reason.empty() ? "" : ": ", job.reason);
+}
+
+}  // namespace
+
+absl::Status CoordinatorOptions::Check() const {
+  if (assign_timeout <= absl::ZeroDuration() || step_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("assign_timeout and step_timeout must be > 0");
+  }
+  if (step_deadline_floor <= absl::ZeroDuration() || !(step_deadline_factor >= 1) ||
+      !std::isfinite(step_deadline_factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step deadline needs a floor > 0 and a factor >= 1, got ",
+                     absl::FormatDuration(step_deadline_floor), " and ", step_deadline_factor));
+  }
+  if (wait_report_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("wait_report_interval must be > 0");
+  }
+  if (client_lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_lease must be > 0, got ", absl::FormatDuration(client_lease)));
+  }
+  if (job_retention < absl::ZeroDuration() || max_ended_jobs < 0) {
+    return absl::InvalidArgumentError("job_retention and max_ended_jobs must be >= 0");
+  }
+  if (housekeeping_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("housekeeping_interval must be > 0");
+  }
+  if (job_limits.max_layers < 1 || job_limits.max_microbatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-layers and --max-microbatches must be >= 1, got ",
+                     job_limits.max_layers, " and ", job_limits.max_microbatches));
+  }
+  return absl::OkStatus();
+}
+
+std::string WorkerLabel(const std::string& name, int rank) {
+  return absl::StrCat("worker '", name, "' (rank ", rank, ")");
+}
+
+bool IsTransportFailure(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsAborted(status) || absl::IsCancelled(status) ||
+         absl::IsDeadlineExceeded(status);
+}
+
+absl::Status CheckReady(const Job& job) {
+  if (job.state == JobState::kReady) return absl::OkStatus();
+  if (job.state == JobState::kRecovering) {
+    const v1::RecoveryEvent& r = job.recovering;
+    return absl::AbortedError(absl::StrCat(
+        "job '", job.id, "' is recovering (",
+        r.lost_worker().empty() ? r.cause()
+                                : absl::StrCat("worker '", r.lost_worker(), "' ", r.cause()),
+        "); retry once it is ready"));
+  }
+  if (IsTerminal(job.state)) return EndedError(job);
+  return absl::FailedPreconditionError(
+      absl::StrCat("job '", job.id, "' is ", JobStateName(job.state)));
+}
+
+absl::Status EndedError(const Job& job) { return absl::FailedPreconditionError(EndedMessage(job)); }
+
+absl::Status InterruptedError(const Job& job) {
+  switch (job.state) {
+    case JobState::kCancelled:
+      return absl::CancelledError(EndedMessage(job));
+    case JobState::kFailed:
+      return absl::UnavailableError(EndedMessage(job));
+    default:
+      return absl::FailedPreconditionError(EndedMessage(job));
+  }
+}
+
+// ---------------------------------------------------------------- life
+
+CoordinatorCore::CoordinatorCore(CoordinatorOptions options, std::shared_ptr<FeedLinkFactory> links)
+    : options_(std::move(options)),
+      link_factory_(std::move(links)),
+      id_prefix_(NewJobIdPrefix()),
+      housekeeping_thread_([this] { HousekeepingLoop(); }) {}
+
+CoordinatorCore::~CoordinatorCore() {
+  Shutdown();
+  admission_.reset();  // runs what is queued (each CreateJob fails: shutting down) and joins.
+  {
+    absl::MutexLock lock(&housekeeping_mu_);
+    stop_housekeeping_ = true;
+  }
+  housekeeping_thread_.join();
+  // Every job's thread runs what is queued (each operation sees the shutdown and returns) and
+  // exits; the threads are joined as they are destroyed, outside mu_.
+  std::vector<std::unique_ptr<OpThread>> threads;
+  std::map<std::string, std::unique_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      job->mu.AssertHeld();
+      if (job->ops != nullptr) job->ops->Close();
+      threads.push_back(std::move(job->ops));
+    }
+    jobs.swap(jobs_);
+  }
+  threads.clear();
+  jobs.clear();
+}
+
+void CoordinatorCore::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  for (const WorkerRecord* w : workers_.InOrder()) {
+    w->channel->Close(absl::CancelledError("coordinator shutting down"));
+  }
+  event_cv_.SignalAll();
+}
+
+absl::Status CoordinatorCore::PostToJob(const std::string& id, std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  Job& job = *it->second;
+  job.mu.AssertHeld();
+  if (IsTerminal(job.state)) return EndedError(job);
+  if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason) {
+  if (IsTerminal(job.state)) return;
+  Log(absl::StrCat("job ", job.id, " ", JobStateName(state), " after ", job.steps_done, " steps",
+                   reason.empty() ? "" : ": ", reason),
+      state == JobState::kFailed ? logging::LogLevel::kError : logging::LogLevel::kInfo);
+  if (job.state == JobState::kTraining && job.op.step >= 0) AbortStep(job, job.op.step, reason);
+  v1::WorkerCommand command;
+  v1::Release* release = command.mutable_release();
+  release->set_job(job.id);
+  release->set_epoch(job.epoch);
+  release->set_reason(
+      absl::StrCat("job ", JobStateName(state), reason.empty() ? "" : ": ", reason));
+  SendToRanks(job, command);
+  workers_.FreeJob(job.id);
+  if (journal_ != nullptr) {
+    // Under mu_ (an unlink and a directory fsync): an ended job must not come back after a
+    // restart.
+    if (const absl::Status removed = journal_->Remove(job.id); !removed.ok()) {
+      Log(absl::StrCat("job ", job.id, ": cannot remove its journal record: ", removed.ToString()));
+    }
+  }
+  job.state = state;
+  job.reason = reason;
+  job.ended = absl::Now();
+  job.lease_expiry = absl::InfiniteFuture();
+  if (job.ops != nullptr) {
+    // The operation in flight (if any) sees the end and returns; then the links close and the
+    // thread exits (joined by housekeeping once the job is pruned).
+    Job* raw = &job;  // lives until its thread was joined.
+    job.ops->Post([this, raw] { CloseJobLinks(raw); });
+    job.ops->Close();
+  }
+  event_cv_.SignalAll();
+}
+
+void CoordinatorCore::SendToRank(const Job& job, int rank, const v1::WorkerCommand& command) const {
+  workers_.SendIfHolding(job.workers[rank], job.id, command);
+}
+
+void CoordinatorCore::SendToRanks(const Job& job, const v1::WorkerCommand& command) const {
+  for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+    SendToRank(job, rank, command);
+  }
+}
+
+std::vector<std::string> CoordinatorCore::RankAddresses(const Job& job) const {
+  std::vector<std::string> addresses;
+  addresses.reserve(job.workers.size());
+  for (const std::string& name : job.workers) addresses.push_back(workers_.AddressOf(name));
+  return addresses;
+}
+
+void CoordinatorCore::AbortStep(const Job& job, int64_t step, const std::string& reason) const {
+  v1::WorkerCommand command;
+  v1::Abort* abort = command.mutable_abort();
+  abort->set_job(job.id);
+  abort->set_epoch(job.epoch);
+  abort->set_step(step);
+  abort->set_reason(reason);
+  SendToRanks(job, command);
+}
+
+std::string CoordinatorCore::RankLabels(const Job& job, const std::vector<int>& ranks) {
+  std::vector<std::string> labels;
+  for (int rank : ranks) labels.push_back(WorkerLabel(job.workers[rank], rank));
+  return absl::StrJoin(labels, ", ");
+}
+
+absl::Status CoordinatorCore::AwaitOp(Job& job, const std::function<bool()>& done,
+                                      absl::Duration timeout, const std::string& what,
+                                      const std::function<void(absl::Duration)>& on_wait) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  absl::Time next_report = start + options_.wait_report_interval;
+  for (;;) {
+    if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+    if (IsTerminal(job.state)) return InterruptedError(job);
+    if (!job.op.error.ok()) return job.op.error;
+    if (done()) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("job '", job.id, "': timed out after ",
+                                                      absl::FormatDuration(timeout),
+                                                      " waiting for ", what));
+    }
+    if (on_wait != nullptr && now >= next_report) {
+      on_wait(now - start);
+      next_report = now + options_.wait_report_interval;
+    }
+    WaitUntil(on_wait != nullptr ? std::min(deadline, next_report) : deadline);
+  }
+}
+
+void CoordinatorCore::WaitUntil(absl::Time deadline) { event_cv_.WaitWithDeadline(&mu_, deadline); }
+
+void CoordinatorCore::Log(const std::string& message, logging::LogLevel level) const {
+  if (options_.log != nullptr) {
+    options_.log(level, message);
+    return;
+  }
+  logging::Log("coordinator", level, message);
+}
+
+// ---------------------------------------------------------------- client calls
+
+absl::StatusOr<Job*> CoordinatorCore::FindJob(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  Job* job = it->second.get();
+  job->mu.AssertHeld();
+  if (!IsTerminal(job->state) && job->train_owner == nullptr) {
+    job->lease_expiry = absl::Now() + options_.client_lease;
+  }
+  return job;
+}
+
+absl::StatusOr<Job*> CoordinatorCore::ReadyJob(const std::string& id) {
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  job->mu.AssertHeld();
+  PT_RETURN_IF_ERROR(CheckReady(*job));
+  return job;
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorCore::GetJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  job->mu.AssertHeld();
+  return StatusOf(*job);
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorCore::FinishJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  job->mu.AssertHeld();
+  if (IsTerminal(job->state)) return EndedError(*job);
+  if (job->state != JobState::kReady) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job->id, "' is ", JobStateName(job->state),
+                     ": finish it once its operation is over (end its Train stream first), or "
+                     "cancel it"));
+  }
+  EndJob(*job, JobState::kDone, "");
+  return StatusOf(*job);
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorCore::CancelJob(const std::string& id,
+                                                         const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  job->mu.AssertHeld();
+  if (!IsTerminal(job->state)) {
+    EndJob(*job, JobState::kCancelled, reason.empty() ? "cancelled by a client" : reason);
+  }
+  return StatusOf(*job);
+}
+
+std::vector<v1::JobStatus> CoordinatorCore::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Job*> order;
+  for (const auto& [id, job] : jobs_) {
+    job->mu.AssertHeld();
+    order.push_back(job.get());
+  }
+  std::sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
+    a->mu.AssertHeld();
+    b->mu.AssertHeld();
+    return a->created != b->created ? a->created < b->created : a->id < b->id;
+  });
+  std::vector<v1::JobStatus> statuses;
+  for (const Job* job : order) {
+    job->mu.AssertHeld();
+    statuses.push_back(StatusOf(*job));
+  }
+  return statuses;
+}
+
+std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> workers;
+  for (const WorkerRecord* w : workers_.InOrder()) {
+    v1::WorkerInfo& info = workers.emplace_back();
+    info.set_name(w->info.name());
+    info.set_address(w->info.address());
+    info.set_cores(w->info.cores());
+    info.set_gflops(w->info.gflops());
+    *info.mutable_isa_levels() = w->info.isa_levels();
+    info.set_memory_bytes(w->info.memory_bytes());
+    info.set_job(w->job);
+    info.set_rank(w->rank);
+  }
+  return workers;
+}
+
+absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner) {
+  absl::MutexLock lock(&mu_);
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  job->mu.AssertHeld();
+  if (job->train_owner != nullptr && job->train_owner != owner) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", id,
+                     "' already has an active Train stream; only one client may train a job at a "
+                     "time"));
+  }
+  if (IsTerminal(job->state)) return EndedError(*job);
+  if (job->state == JobState::kAssigning) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is not ready yet"));
+  }
+  job->train_owner = owner;
+  job->lease_expiry = absl::InfiniteFuture();
+  return absl::OkStatus();
+}
+
+void CoordinatorCore::ReleaseJob(const std::string& id, const void* owner) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = *it->second;
+  job.mu.AssertHeld();
+  if (job.train_owner != owner) return;
+  job.train_owner = nullptr;
+  if (!IsTerminal(job.state)) job.lease_expiry = absl::Now() + options_.client_lease;
+}
+
+v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
+  v1::JobStatus s;
+  s.set_job(job.id);
+  s.set_state(JobStateToProto(job.state));
+  s.set_epoch(job.epoch);
+  s.set_steps_done(job.steps_done);
+  s.set_reason(job.reason);
+  s.set_imbalance(job.imbalance);
+  s.set_created_unix_ms(absl::ToUnixMillis(job.created));
+  if (IsTerminal(job.state)) s.set_ended_unix_ms(absl::ToUnixMillis(job.ended));
+  *s.mutable_spec() = job.spec;
+  s.set_client_attached(job.train_owner != nullptr);
+  for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
+  if (job.resume.has_value()) {
+    v1::ResumedFrom* r = s.mutable_resumed_from();
+    r->set_directory(job.resume_dir);
+    r->set_step(job.resume->step);
+    r->set_data(job.resume->data);
+    r->set_batch_size(job.resume->batch_size);
+    r->set_cursor_epoch(job.resume->data_cursor.epoch);
+    r->set_cursor_batch(job.resume->data_cursor.batch);
+  }
+  const std::vector<std::string> addresses = RankAddresses(job);
+  for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+    v1::StageStatus* st = s.add_stages();
+    st->set_rank(rank);
+    st->set_worker(job.workers[rank]);
+    st->set_address(addresses[rank]);
+    for (const v1::ChunkSpec& c : job.chunks) {
+      if (c.worker() == rank) *st->add_chunks() = c;
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- housekeeping
+
+void CoordinatorCore::HousekeepingLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&housekeeping_mu_);
+      if (housekeeping_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_),
+                                            options_.housekeeping_interval)) {
+        return;
+      }
+    }
+    std::vector<std::unique_ptr<OpThread>> finished;
+    {
+      absl::MutexLock lock(&mu_);
+      finished = Housekeep(absl::Now());
+      RecordStateMetrics();
+    }
+    finished.clear();  // joins the pruned jobs' threads, outside mu_.
+  }
+}
+
+std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now) {
+  std::vector<std::unique_ptr<OpThread>> finished;
+  if (shutting_down_) return finished;
+  std::vector<Job*> ended;
+  for (auto& [id, job] : jobs_) {
+    job->mu.AssertHeld();
+    if (!IsTerminal(job->state) && job->train_owner == nullptr && now >= job->lease_expiry) {
+      EndJob(*job, JobState::kCancelled,
+             absl::StrCat("client gone: no Train stream or client call for ",
+                          absl::FormatDuration(options_.client_lease), " (the client lease)"));
+    }
+    if (IsTerminal(job->state)) ended.push_back(job.get());
+  }
+  // Oldest ended first; drop those past the retention period or beyond the cap, once their
+  // thread has run its last task.
+  std::sort(ended.begin(), ended.end(), [](const Job* a, const Job* b) {
+    a->mu.AssertHeld();
+    b->mu.AssertHeld();
+    return a->ended < b->ended;
+  });
+  const size_t cap = static_cast<size_t>(options_.max_ended_jobs);
+  const size_t excess = ended.size() > cap ? ended.size() - cap : 0;
+  for (size_t i = 0; i < ended.size(); ++i) {
+    Job* job = ended[i];
+    job->mu.AssertHeld();
+    if (i >= excess && now - job->ended < options_.job_retention) continue;
+    if (job->ops != nullptr && !job->ops->Finished()) continue;
+    finished.push_back(std::move(job->ops));
+    const std::string id = job->id;
+    jobs_.erase(id);
+  }
+  return finished;
+}
+
+void CoordinatorCore::RecordStepMetrics(const std::string& job, int64_t samples,
+                                        const v1::StepResult& result) const {
+  if (options_.metrics == nullptr) return;
+  metrics::StepSample s;
+  s.seconds = result.step_ms() / 1000;
+  s.loss = result.loss();
+  s.bubble = result.bubble_fraction();
+  s.predicted_bubble = result.predicted_bubble_fraction();
+  s.samples_per_second = s.seconds > 0 ? static_cast<double>(samples) / s.seconds : 0;
+  options_.metrics->RecordStep(job, s);
+}
+
+void CoordinatorCore::RecordStateMetrics() const {
+  if (options_.metrics == nullptr) return;
+  std::map<std::string, int> jobs_by_state;
+  for (JobState state :
+       {JobState::kAssigning, JobState::kReady, JobState::kTraining, JobState::kRecovering,
+        JobState::kDone, JobState::kFailed, JobState::kCancelled}) {
+    jobs_by_state[std::string(JobStateName(state))] = 0;
+  }
+  std::set<std::string> known;
+  for (const auto& [id, job] : jobs_) {
+    job->mu.AssertHeld();
+    ++jobs_by_state[std::string(JobStateName(job->state))];
+    known.insert(id);
+  }
+  options_.metrics->RecordState(jobs_by_state, workers_.CountByState(), known);
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,101 @@
+// The data links a job's thread feeds its steps over: dialled to the owners of the first and the
+// last chunk when the job becomes ready, redialled by a step if one failed, closed by the job's
+// last task.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/annotate.h"
+#include "server/coordinator/coordinator_core.h"
+
+namespace pipetrain::coordinator {
+
+std::pair<FeedTarget, FeedTarget> CoordinatorCore::FeedTargets(const Job& job) const {
+  const int C = job.plan.num_chunks();
+  const std::vector<std::string> addresses = RankAddresses(job);
+  auto target = [&](int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    FeedTarget t;
+    t.job = job.id;
+    t.epoch = job.epoch;
+    t.secret = job.link_secret;
+    t.rank = rank;
+    t.address = addresses[rank];
+    t.microbatches = job.spec.microbatches();
+    t.chunks = C;
+    return t;
+  };
+  return {target(job.plan.placement.OwnerOf(0)), target(job.plan.placement.OwnerOf(C - 1))};
+}
+
+void CoordinatorCore::CloseJobLinks(Job* job) {
+  std::vector<std::shared_ptr<FeedLink>> dead;
+  for (auto& [rank, link] : job->links) dead.push_back(std::move(link));
+  job->links.clear();
+  // Without the lock: Shutdown waits for a running link callback, which may be waiting for it.
+  for (auto& link : dead) link->Shutdown();
+}
+
+absl::Status CoordinatorCore::EnsureFeedLinks(Job* job, const FeedTarget& first,
+                                              const FeedTarget& last) {
+  std::vector<std::shared_ptr<FeedLink>> stale;
+  if (job->links_epoch != first.epoch) {
+    for (auto& [rank, link] : job->links) stale.push_back(link);
+    job->links.clear();
+    job->links_epoch = first.epoch;
+  }
+  for (auto it = job->links.begin(); it != job->links.end();) {
+    if (!it->second->status().ok()) {
+      stale.push_back(it->second);
+      it = job->links.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& link : stale) link->Shutdown();
+  for (const FeedTarget* target : {&first, &last}) {
+    if (job->links.count(target->rank) != 0) continue;
+    const std::string job_id = target->job;
+    const int rank = target->rank;
+    auto on_error = [this, job_id, rank](const absl::Status& status) {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return;
+      Job& j = *it->second;
+      j.mu.AssertHeld();
+      if (j.state == JobState::kTraining && j.op.error.ok()) {
+        j.op.error = util::Annotate(status, absl::StrCat("data link to rank ", rank));
+        event_cv_.SignalAll();
+      }
+    };
+    absl::StatusOr<std::unique_ptr<FeedLink>> link = link_factory_->Dial(*target, on_error);
+    if (!link.ok()) return link.status();
+    job->links[rank] = std::move(*link);
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorCore::OpenLinksEarly(Job* job) {
+  std::pair<FeedTarget, FeedTarget> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    job->mu.AssertHeld();
+    if (job->state != JobState::kReady) return;
+    targets = FeedTargets(*job);
+    // Every rank accepted this epoch's assignment, so each may dial its neighbours now.
+    v1::WorkerCommand command;
+    command.mutable_open_links()->set_job(job->id);
+    command.mutable_open_links()->set_epoch(job->epoch);
+    SendToRanks(*job, command);
+  }
+  const absl::Status opened = EnsureFeedLinks(job, targets.first, targets.second);
+  if (!opened.ok()) {
+    Log(absl::StrCat("job ", targets.first.job,
+                     ": opening the data links to feed its first step failed (", opened.ToString(),
+                     "); the step will dial them again"),
+        logging::LogLevel::kWarning);
+  }
+}
+
+}  // namespace pipetrain::coordinator

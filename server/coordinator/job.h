@@ -1,0 +1,129 @@
+// Job: one training job as the coordinator core keeps it — its layout, its life, its client's
+// lease, the operation in flight and its recoveries. Every field but `id`, `mu` and `links` is
+// guarded by the core's lock (`mu`); `links` belong to the job's thread.
+#ifndef PIPETRAIN_SERVER_COORDINATOR_JOB_H_
+#define PIPETRAIN_SERVER_COORDINATOR_JOB_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model.h"
+#include "common/schedule/ir.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "server/coordinator/feed_link.h"
+#include "server/coordinator/job_state.h"
+#include "server/coordinator/op_thread.h"
+
+namespace pipetrain::coordinator {
+
+// The answers the operation in flight waits for, by rank (Assigned, StepDone, ShardsSaved), and
+// its first failure. Every RunStep a rank is sent gets exactly one answer (StepDone or
+// WorkerError), in order: only the answer to the latest belongs to the current attempt.
+struct OperationBook {
+  int64_t step = -1;  // the step being run or saved; -1 when none.
+  std::vector<bool> assigned;
+  std::vector<int64_t> runs_sent;
+  std::vector<int64_t> runs_answered;
+  std::vector<std::optional<v1::StepDone>> reports;
+  std::vector<bool> saved;
+  absl::Status error;  // the first WorkerError or link failure of the operation.
+
+  // Every rank's bookkeeping reset for `ranks` ranks (a new assignment).
+  void Reset(int ranks);
+  // Ranks that have not answered every RunStep they were sent, increasing.
+  std::vector<int> UnansweredRanks() const;
+  // Ranks without a StepDone for the step in flight, increasing.
+  std::vector<int> RanksWithoutReport() const;
+  bool AllAssigned() const;
+  bool AllReported() const;
+  bool AllSaved() const;
+};
+
+// The last step's Commit until every rank confirmed it (Committed). A step whose next batch is
+// already queued leaves it to be confirmed by that step, after its RunStep went out, so that the
+// next step does not wait for a round trip.
+struct CommitBook {
+  int64_t step = -1;  // -1: nothing unconfirmed.
+  std::vector<bool> committed;
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Duration timeout = absl::ZeroDuration();  // for messages.
+  absl::Status refusal;                           // a rank's refusal of it.
+
+  bool AllCommitted() const;
+  // The ranks that have not confirmed, increasing.
+  std::vector<int> Unconfirmed() const;
+};
+
+struct Job {
+  Job(absl::Mutex& core_mu, std::string job_id) : mu(core_mu), id(std::move(job_id)) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  absl::Mutex& mu;       // the coordinator core's lock.
+  const std::string id;  // "job-<hex>-<n>".
+
+  // The layout: the spec (V and threads filled in), model, plan, chunks and the worker of each
+  // rank (kept after the job ended), and the partition's imbalance.
+  v1::JobSpec spec ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const model::Model> model ABSL_GUARDED_BY(mu);
+  schedule::Plan plan ABSL_GUARDED_BY(mu);
+  std::vector<v1::ChunkSpec> chunks ABSL_GUARDED_BY(mu);
+  std::vector<std::string> workers ABSL_GUARDED_BY(mu);
+  double imbalance ABSL_GUARDED_BY(mu) = 1;
+
+  // The fencing counter of the current assignment and its data links' secret (new with every
+  // Assign): messages of an earlier one are refused.
+  int64_t epoch ABSL_GUARDED_BY(mu) = 1;
+  std::string link_secret ABSL_GUARDED_BY(mu);
+
+  // Its life (job_state.h) and progress.
+  JobState state ABSL_GUARDED_BY(mu) = JobState::kAssigning;
+  std::string reason ABSL_GUARDED_BY(mu);  // why it FAILED or was CANCELLED.
+  int64_t steps_done ABSL_GUARDED_BY(mu) = 0;
+  absl::Time created ABSL_GUARDED_BY(mu);
+  absl::Time ended ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  // The client: the Train stream holding the job, if any; with none, the job is cancelled at
+  // lease_expiry unless a client call renews it (InfiniteFuture while a stream is open or once
+  // the job ended).
+  const void* train_owner ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Time lease_expiry ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+
+  // Checkpoints: the one it started from (JobSpec.resume_from, verified at creation), the one a
+  // recovery restarts from (the last written, or the resumed one; none: step 0), and the staging
+  // directory of the one in progress (PutState writes there; empty when none is).
+  std::string resume_dir ABSL_GUARDED_BY(mu);
+  std::optional<model::CheckpointManifest> resume ABSL_GUARDED_BY(mu);
+  std::string restore_dir ABSL_GUARDED_BY(mu);
+  std::optional<model::CheckpointManifest> restore ABSL_GUARDED_BY(mu);
+  std::string checkpoint_staging ABSL_GUARDED_BY(mu);
+
+  // Recoveries so far, and the one in progress (state RECOVERING).
+  std::vector<v1::RecoveryEvent> recoveries ABSL_GUARDED_BY(mu);
+  v1::RecoveryEvent recovering ABSL_GUARDED_BY(mu);
+  absl::Time recovery_start ABSL_GUARDED_BY(mu);
+
+  OperationBook op ABSL_GUARDED_BY(mu);
+  CommitBook commit ABSL_GUARDED_BY(mu);
+
+  // Runs the job's blocking operations one at a time (null only while it is being created).
+  std::unique_ptr<OpThread> ops ABSL_GUARDED_BY(mu);
+
+  // Job thread only, never under mu (a link's Shutdown may wait for a callback that takes it):
+  // the data links to the first and last chunk owners, by rank, for generation `links_epoch`.
+  std::map<int, std::shared_ptr<FeedLink>> links;
+  int64_t links_epoch = -1;
+};
+
+}  // namespace pipetrain::coordinator
+
+#endif  // PIPETRAIN_SERVER_COORDINATOR_JOB_H_

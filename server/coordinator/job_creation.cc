@@ -1,0 +1,198 @@
+// A job's creation (admission thread: validation, workers, partition) and its assignment (the
+// job's thread: Assign to every rank, then every Assigned).
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/checkpoint.h"
+#include "common/net/secret.h"
+#include "common/util/annotate.h"
+#include "common/util/status_macros.h"
+#include "server/control/control_proto.h"
+#include "server/coordinator/coordinator_core.h"
+#include "server/coordinator/job_isa.h"
+#include "server/metrics/coordinator_metrics.h"
+
+namespace pipetrain::coordinator {
+
+void CoordinatorCore::CreateJob(const v1::JobSpec& spec,
+                                std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
+  admission_->Post([this, spec, done = std::move(done)] { AdmitJob(spec, done); });
+}
+
+absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::VerifyResume(
+    v1::JobSpec& spec, const model::Model& net) const {
+  if (spec.resume_from().empty()) return std::nullopt;
+  // Verified (every file's checksum) before any worker is taken.
+  PT_ASSIGN_OR_RETURN(const std::string confined,
+                      CheckpointPath(spec.resume_from(), "resume_from"));
+  spec.set_resume_from(confined);
+  PT_ASSIGN_OR_RETURN(model::CheckpointManifest manifest, model::VerifyCheckpoint(confined));
+  if (manifest.model_spec.SerializeAsString() != net.spec().SerializeAsString()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume_from ", confined, ": the checkpoint is of another model spec"));
+  }
+  if (manifest.seed != spec.seed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume_from ", confined, ": the checkpoint was trained with seed ",
+                     manifest.seed, ", the job has seed ", spec.seed()));
+  }
+  return std::optional<model::CheckpointManifest>(std::move(manifest));
+}
+
+void CoordinatorCore::AdmitJob(const v1::JobSpec& request,
+                               const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
+  v1::JobSpec spec = request;
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
+  if (!checked.ok()) return done(checked.status());
+  absl::StatusOr<std::optional<model::CheckpointManifest>> resume =
+      VerifyResume(spec, *checked->model);
+  if (!resume.ok()) return done(resume.status());
+  Job* job = nullptr;
+  std::vector<double> speeds;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job*> taken = TakeWorkersForJob(spec, *checked, *std::move(resume));
+    if (!taken.ok()) return done(taken.status());
+    job = *taken;
+    job->mu.AssertHeld();
+    for (const std::string& name : job->workers) {
+      speeds.push_back(workers_.Find(name)->info.gflops());
+    }
+  }
+  // Partition without the lock: pure compute on this thread's own data.
+  absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
+      PartitionChunks(spec, *checked->model, checked->plan, speeds);
+  absl::MutexLock lock(&mu_);
+  job->mu.AssertHeld();  // the job lives until its thread was joined, after it ended.
+  if (!cut.ok() && !IsTerminal(job->state)) FailJob(*job, cut.status().ToString());
+  if (IsTerminal(job->state)) return done(cut.ok() ? EndedError(*job) : cut.status());
+  job->chunks = std::move(cut->first);
+  job->imbalance = cut->second;
+  const std::string id = job->id;
+  if (!job->ops->Post([this, job, id, done] {
+        absl::StatusOr<v1::JobStatus> ready = Assign(job);
+        if (ready.ok()) {
+          JournalJob(id);
+          OpenLinksEarly(job);  // before CreateJob answers: the first step does not dial.
+        }
+        done(std::move(ready));
+      })) {
+    done(EndedError(*job));
+  }
+}
+
+absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
+    v1::JobSpec& spec, const CheckedJobSpec& checked,
+    std::optional<model::CheckpointManifest> resume) {
+  if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+  const int S = spec.stages();
+  // A job forced to one instruction-set level takes only workers that run it.
+  const std::optional<math::Isa> forced = math::IsaFromName(spec.isa());
+  std::vector<WorkerRecord*> idle = workers_.Idle(forced);
+  const int live = static_cast<int>(idle.size());
+  if (live < S) {
+    const int busy = workers_.Busy();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job needs ", S, " workers", forced.has_value() ? " that run isa " + spec.isa() : "", ", ",
+        live, " idle: ", S - live, " missing",
+        busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : ""));
+  }
+  // The one level every rank (and the client's reference) runs.
+  std::vector<const v1::RegisterWorker*> ranks;
+  for (int rank = 0; rank < S; ++rank) ranks.push_back(&idle[rank]->info);
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, ChooseJobIsa(spec, ranks));
+  spec.set_isa(std::string(math::IsaName(isa)));
+  if (resume.has_value() && resume->isa != spec.isa()) {
+    Log(absl::StrCat("job resumes from ", spec.resume_from(), " written at instruction set ",
+                     resume->isa.empty() ? "(unrecorded)" : resume->isa, " and runs at ",
+                     spec.isa(), ": its bits will differ from a run that stayed on one level"));
+  }
+  auto owned = std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++));
+  Job& job = *owned;
+  job.mu.AssertHeld();
+  for (int rank = 0; rank < S; ++rank) {
+    job.workers.push_back(idle[rank]->info.name());
+    workers_.Take(idle[rank]->info.name(), job.id, rank);
+  }
+  job.spec = spec;
+  job.model = checked.model;
+  job.plan = checked.plan;
+  job.op.Reset(S);
+  if (resume.has_value()) {
+    job.resume_dir = spec.resume_from();
+    job.steps_done = resume->step;
+    job.restore_dir = job.resume_dir;
+    job.restore = resume;
+    job.resume = std::move(resume);
+  }
+  job.created = absl::Now();
+  job.lease_expiry = job.created + options_.client_lease;
+  job.ops = std::make_unique<OpThread>();
+  if (journal_ != nullptr) journal_->Track(job.id);
+  jobs_[job.id] = std::move(owned);
+  return &job;
+}
+
+v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
+                                                 const std::vector<std::string>& addresses) const {
+  v1::WorkerCommand command;
+  v1::Assign* a = command.mutable_assign();
+  a->set_job(job.id);
+  a->set_epoch(job.epoch);
+  a->set_rank(rank);
+  *a->mutable_model() = job.model->spec();
+  *a->mutable_optimizer() = job.spec.optimizer();
+  a->set_seed(job.spec.seed());
+  a->set_threads(job.spec.threads());
+  a->set_stages(static_cast<int>(job.workers.size()));
+  a->set_virtual_stages(job.spec.virtual_stages());
+  a->set_microbatches(job.spec.microbatches());
+  for (const v1::ChunkSpec& c : job.chunks) *a->add_chunks() = c;
+  for (const std::string& address : addresses) a->add_worker_addresses(address);
+  for (const schedule::Action& action : job.plan.actions[rank]) {
+    *a->add_actions() = control::ActionToProto(action);
+  }
+  if (job.restore.has_value()) {
+    a->set_restore(true);
+    a->set_restore_step(job.restore->step);
+  }
+  a->set_link_secret(job.link_secret);
+  a->set_isa(job.spec.isa());
+  return command;
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job) {
+  // A new secret for every epoch: streams of an earlier epoch's peers no longer get in.
+  absl::StatusOr<std::string> secret = net::NewSecret();
+  absl::MutexLock lock(&mu_);
+  job->mu.AssertHeld();
+  if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+  if (IsTerminal(job->state)) return EndedError(*job);
+  if (!secret.ok()) {
+    FailJob(*job, absl::StrCat("cannot make the data links' secret: ", secret.status().message()));
+    return secret.status();
+  }
+  job->link_secret = *std::move(secret);
+  const std::vector<std::string> addresses = RankAddresses(*job);
+  for (int rank = 0; rank < static_cast<int>(job->workers.size()); ++rank) {
+    SendToRank(*job, rank, AssignCommand(*job, rank, addresses));
+  }
+  job->op.error = absl::OkStatus();
+  const absl::Status waited = AwaitOp(
+      *job, [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) { return job->op.AllAssigned(); },
+      options_.assign_timeout, "every worker's Assigned");
+  if (!waited.ok()) {
+    if (!IsTerminal(job->state)) FailJob(*job, waited.ToString());
+    return waited;
+  }
+  job->state = JobState::kReady;
+  Log(absl::StrCat("job ", job->id, " ready in epoch ", job->epoch, ": ", job->workers.size(),
+                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", "),
+                   " at instruction set ", job->spec.isa()));
+  if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
+  return StatusOf(*job);
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,328 @@
+#include "tests/server/coordinator/fake_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/math/optimizer.h"
+#include "common/model/checkpoint.h"
+#include "common/model/model.h"
+#include "common/model/optimizer_proto.h"
+#include "common/model/stage.h"
+#include "common/util/status_macros.h"
+#include "server/coordinator/shard_transfer.h"
+
+namespace pipetrain::coordinator::testing {
+namespace {
+
+std::string KindOf(const v1::WorkerCommand& c) {
+  switch (c.command_case()) {
+    case v1::WorkerCommand::kAssign:
+      return "assign";
+    case v1::WorkerCommand::kOpenLinks:
+      return "open_links";
+    case v1::WorkerCommand::kRunStep:
+      return "run_step";
+    case v1::WorkerCommand::kCommit:
+      return "commit";
+    case v1::WorkerCommand::kAbort:
+      return "abort";
+    case v1::WorkerCommand::kSaveShards:
+      return "save_shards";
+    case v1::WorkerCommand::kRelease:
+      return "release";
+    default:
+      return "other";
+  }
+}
+
+v1::WorkerEvent ErrorEvent(const std::string& job, int64_t epoch, int64_t step,
+                           const absl::Status& status) {
+  v1::WorkerEvent event;
+  v1::WorkerError* e = event.mutable_error();
+  e->set_job(job);
+  e->set_epoch(epoch);
+  e->set_step(step);
+  e->set_code(static_cast<int>(status.code()));
+  e->set_message(std::string(status.message()));
+  return event;
+}
+
+}  // namespace
+
+FakeWorker::FakeWorker(CoordinatorCore* core, std::string name)
+    : core_(core), name_(std::move(name)), thread_([this] { Loop(); }) {}
+
+FakeWorker::~FakeWorker() {
+  Gone();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::Status FakeWorker::Register(double gflops) {
+  v1::WorkerEvent event;
+  v1::RegisterWorker* r = event.mutable_register_();
+  r->set_name(name_);
+  r->set_address(absl::StrCat(name_, ":1"));
+  r->set_cores(1);
+  r->set_gflops(gflops);
+  r->set_incarnation(1);
+  return core_->OnWorkerEvent(this, &registered_, event);
+}
+
+void FakeWorker::Gone() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (gone_) return;
+    gone_ = true;
+  }
+  core_->OnWorkerGone(this, registered_);
+}
+
+void FakeWorker::Send(const v1::WorkerCommand& command) {
+  absl::MutexLock lock(&mu_);
+  if (closed_.has_value() || gone_) return;
+  received_.push_back(KindOf(command));
+  inbox_.push_back(command);
+}
+
+void FakeWorker::Close(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!closed_.has_value()) closed_ = status;
+}
+
+void FakeWorker::HoldRunSteps() {
+  absl::MutexLock lock(&mu_);
+  hold_runs_ = true;
+}
+
+void FakeWorker::FailRunSteps(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  fail_runs_ = std::move(status);
+}
+
+std::vector<std::string> FakeWorker::Received() const {
+  absl::MutexLock lock(&mu_);
+  return received_;
+}
+
+bool FakeWorker::WaitFor(const std::string& kind, int count) const {
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::count(received_.begin(), received_.end(), kind) >= count;
+  };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+}
+
+v1::Assign FakeWorker::assign() const {
+  absl::MutexLock lock(&mu_);
+  return assign_;
+}
+
+std::optional<absl::Status> FakeWorker::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+void FakeWorker::Loop() {
+  for (;;) {
+    v1::WorkerCommand command;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](FakeWorker* w)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->stop_ || !w->inbox_.empty(); },
+          this));
+      if (inbox_.empty()) return;  // stopped.
+      command = std::move(inbox_.front());
+      inbox_.pop_front();
+    }
+    std::optional<v1::WorkerEvent> event = Answer(command);
+    // Off every lock of ours, as a reactor's reaction: the core may call Send meanwhile.
+    if (event.has_value()) core_->OnWorkerEvent(this, &registered_, *event).IgnoreError();
+  }
+}
+
+std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& command) {
+  v1::WorkerEvent event;
+  if (command.has_assign()) {
+    const v1::Assign& a = command.assign();
+    absl::MutexLock lock(&mu_);
+    assign_ = a;
+    event.mutable_assigned()->set_job(a.job());
+    event.mutable_assigned()->set_epoch(a.epoch());
+    return event;
+  }
+  if (command.has_run_step()) {
+    const v1::RunStep& r = command.run_step();
+    absl::MutexLock lock(&mu_);
+    if (hold_runs_) {
+      held_ = r;
+      return std::nullopt;
+    }
+    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.epoch(), r.step(), fail_runs_);
+    return StepDone(r);
+  }
+  if (command.has_commit()) {
+    const v1::Commit& c = command.commit();
+    event.mutable_committed()->set_job(c.job());
+    event.mutable_committed()->set_epoch(c.epoch());
+    event.mutable_committed()->set_step(c.step());
+    return event;
+  }
+  if (command.has_abort()) {
+    absl::MutexLock lock(&mu_);
+    if (!held_.has_value()) return std::nullopt;
+    const v1::RunStep held = *held_;
+    held_.reset();
+    return ErrorEvent(held.job(), held.epoch(), held.step(),
+                      absl::AbortedError("step aborted by the coordinator"));
+  }
+  if (command.has_save_shards()) {
+    const v1::SaveShards& s = command.save_shards();
+    if (const absl::Status uploaded = UploadShards(s); !uploaded.ok()) {
+      return ErrorEvent(s.job(), s.epoch(), s.step(), uploaded);
+    }
+    event.mutable_shards_saved()->set_job(s.job());
+    event.mutable_shards_saved()->set_epoch(s.epoch());
+    event.mutable_shards_saved()->set_step(s.step());
+    return event;
+  }
+  return std::nullopt;
+}
+
+v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
+  v1::WorkerEvent event;
+  v1::StepDone* d = event.mutable_step_done();
+  d->set_job(r.job());
+  d->set_epoch(r.epoch());
+  d->set_step(r.step());
+  const int C = assign_.chunks_size();
+  for (const v1::ChunkSpec& c : assign_.chunks()) {
+    if (c.worker() != assign_.rank() || c.chunk() != C - 1) continue;
+    // Losses that depend on the step and micro-batch, as real ones would.
+    for (int mb = 0; mb < assign_.microbatches(); ++mb) {
+      d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) + static_cast<float>(r.step()));
+    }
+  }
+  for (int p = 0; p < assign_.actions_size(); ++p) {
+    v1::ActionTiming* t = d->add_timings();
+    *t->mutable_action() = assign_.actions(p);
+    t->set_start_us(10.0 * p);
+    t->set_end_us(10.0 * p + 5);
+  }
+  return event;
+}
+
+absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
+  v1::Assign a;
+  {
+    absl::MutexLock lock(&mu_);
+    a = assign_;
+  }
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
+  std::map<std::string, math::Tensor> tensors;
+  std::vector<model::CheckpointShard> shards;
+  for (const v1::ChunkSpec& c : a.chunks()) {
+    if (c.worker() != a.rank()) continue;
+    PT_ASSIGN_OR_RETURN(
+        model::Stage stage,
+        model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
+    tensors.merge(stage.ExportState());
+    for (const model::CheckpointShard& s :
+         model::LayerShards(*net, c.first_layer(), c.last_layer())) {
+      shards.push_back(s);
+    }
+  }
+  v1::PutStateRequest first;
+  first.set_job(save.job());
+  first.set_epoch(save.epoch());
+  first.set_step(save.step());
+  first.set_worker(registered_);
+  PT_ASSIGN_OR_RETURN(UploadTarget target, core_->AcceptUpload(first));
+  ShardUpload upload(std::move(target), nullptr);
+  for (model::CheckpointShard& shard : shards) {
+    PT_ASSIGN_OR_RETURN(std::string bytes,
+                        model::SerializeCheckpointShard(&shard, tensors, save.step()));
+    v1::StateChunk chunk;
+    chunk.set_file(shard.file);
+    chunk.set_first_layer(shard.first_layer);
+    chunk.set_last_layer(shard.last_layer);
+    chunk.set_sha256(shard.sha256);
+    chunk.set_bytes(shard.bytes);
+    chunk.set_data(std::move(bytes));
+    PT_RETURN_IF_ERROR(upload.Write(chunk));
+  }
+  return upload.Finish();
+}
+
+// ---------------------------------------------------------------- feed links
+
+class FakeFeedLinks::Link final : public FeedLink {
+ public:
+  Link(FakeFeedLinks* owner, int rank, std::function<void(const absl::Status&)> on_error)
+      : owner_(owner), rank_(rank), on_error_(std::move(on_error)) {}
+
+  absl::Status Send(const wire::TensorKey& key,
+                    std::shared_ptr<const math::Matrix> tensor) override {
+    absl::Status refused;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      auto it = owner_->refused_.find(rank_);
+      if (it == owner_->refused_.end()) {
+        owner_->sent_[rank_].push_back(
+            absl::StrCat(key.kind == wire::TensorKind::kInput ? "input" : "target", " step ",
+                         key.step, " mb ", key.microbatch, " rows ", tensor->rows()));
+        return absl::OkStatus();
+      }
+      refused = it->second;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!failed_.ok()) return failed_;
+      failed_ = refused;
+    }
+    on_error_(refused);  // as a link reports its failure, then refuses what it is sent.
+    return refused;
+  }
+  absl::Status status() const override {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+  void Shutdown() override {}
+
+ private:
+  FakeFeedLinks* const owner_;
+  const int rank_;
+  const std::function<void(const absl::Status&)> on_error_;
+  mutable absl::Mutex mu_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<FeedLink>> FakeFeedLinks::Dial(
+    const FeedTarget& target, std::function<void(const absl::Status&)> on_error) {
+  absl::MutexLock lock(&mu_);
+  ++dials_;
+  return std::unique_ptr<FeedLink>(std::make_unique<Link>(this, target.rank, std::move(on_error)));
+}
+
+void FakeFeedLinks::Refuse(int rank, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  refused_[rank] = std::move(status);
+}
+
+std::vector<std::string> FakeFeedLinks::Sent(int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sent_.find(rank);
+  return it == sent_.end() ? std::vector<std::string>() : it->second;
+}
+
+int FakeFeedLinks::dials() const {
+  absl::MutexLock lock(&mu_);
+  return dials_;
+}
+
+}  // namespace pipetrain::coordinator::testing

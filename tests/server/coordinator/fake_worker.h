@@ -1,0 +1,106 @@
+// FakeWorker and FakeFeedLinks: the coordinator core's peers without a transport. A FakeWorker is
+// a WorkerChannel whose thread answers the core's commands as a stage worker does (Assigned,
+// StepDone with losses from the last chunk's owner, Committed, ShardsSaved after writing its
+// shards through the core's upload path), unless the test scripts otherwise. FakeFeedLinks record
+// the tensors a step feeds and can refuse a rank's link.
+#ifndef PIPETRAIN_TESTS_SERVER_COORDINATOR_FAKE_WORKER_H_
+#define PIPETRAIN_TESTS_SERVER_COORDINATOR_FAKE_WORKER_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "server/coordinator/coordinator_core.h"
+#include "server/coordinator/feed_link.h"
+#include "server/coordinator/worker_channel.h"
+
+namespace pipetrain::coordinator::testing {
+
+class FakeWorker final : public WorkerChannel {
+ public:
+  // Starts the worker's thread; Register() sends its registration.
+  FakeWorker(CoordinatorCore* core, std::string name);
+  // Ends its stream (OnWorkerGone) unless Gone() did, and joins the thread.
+  ~FakeWorker() override;
+
+  // Registers with `gflops` as its speed: the core's answer.
+  absl::Status Register(double gflops = 10);
+  // Its stream ends, as when the process dies (the core hears OnWorkerGone). Idempotent.
+  void Gone();
+
+  void Send(const v1::WorkerCommand& command) override;
+  void Close(const absl::Status& status) override;
+
+  // Script: RunSteps are not answered until the step's Abort (then WorkerError ABORTED).
+  void HoldRunSteps();
+  // Script: a RunStep is answered with this error.
+  void FailRunSteps(absl::Status status);
+
+  const std::string& name() const { return name_; }
+  // The kinds of commands received, in order ("assign", "open_links", "run_step", "commit",
+  // "abort", "save_shards", "release").
+  std::vector<std::string> Received() const;
+  // Waits (at most 10 s) until `count` commands of `kind` arrived; false on timeout.
+  bool WaitFor(const std::string& kind, int count = 1) const;
+  // The last Assign received.
+  v1::Assign assign() const;
+  // The status the core closed the channel with, if it did.
+  std::optional<absl::Status> closed() const;
+
+ private:
+  void Loop();
+  // The event answering `command`, or none.
+  std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
+  v1::WorkerEvent StepDone(const v1::RunStep& run) const;
+  absl::Status UploadShards(const v1::SaveShards& save) const;
+
+  CoordinatorCore* const core_;
+  const std::string name_;
+  std::string registered_;  // the core's name for this stream (the thread's after Register).
+
+  mutable absl::Mutex mu_;
+  std::deque<v1::WorkerCommand> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> received_ ABSL_GUARDED_BY(mu_);
+  v1::Assign assign_ ABSL_GUARDED_BY(mu_);
+  bool hold_runs_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Feed links that keep what they are sent. Thread-safe.
+class FakeFeedLinks final : public FeedLinkFactory {
+ public:
+  absl::StatusOr<std::unique_ptr<FeedLink>> Dial(
+      const FeedTarget& target, std::function<void(const absl::Status&)> on_error) override;
+
+  // Every link to `rank` fails with `status` on its first Send (and reports it to on_error).
+  void Refuse(int rank, absl::Status status);
+  // "input/target step S mb M" of every tensor sent to `rank`, in order.
+  std::vector<std::string> Sent(int rank) const;
+  int dials() const;
+
+ private:
+  class Link;
+  mutable absl::Mutex mu_;
+  std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<std::string>> sent_ ABSL_GUARDED_BY(mu_);
+  int dials_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pipetrain::coordinator::testing
+
+#endif  // PIPETRAIN_TESTS_SERVER_COORDINATOR_FAKE_WORKER_H_
