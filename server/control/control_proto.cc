@@ -1,6 +1,7 @@
 #include "server/control/control_proto.h"
 
 #include "absl/strings/str_cat.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::control {
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::control {
 

@@ -10,6 +10,7 @@
 #include "common/model/optimizer_proto.h"
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
 
 namespace pipetrain::coordinator {

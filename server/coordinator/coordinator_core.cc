@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/net/principal.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/logging/daemon_log.h"
 #include "server/metrics/coordinator_metrics.h"
 
@@ -261,11 +263,14 @@ void CoordinatorCore::Log(const std::string& message, logging::LogLevel level) c
 
 // ---------------------------------------------------------------- client calls
 
-absl::StatusOr<Job*> CoordinatorCore::FindJob(const std::string& id) {
+absl::StatusOr<Job*> CoordinatorCore::FindJob(const std::string& id, const std::string& caller) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
   Job* job = it->second.get();
   job->mu.AssertHeld();
+  if (!net::MaySee(caller, job->owner)) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  }
   if (!IsTerminal(job->state) && job->train_owner == nullptr) {
     job->lease_expiry = absl::Now() + options_.client_lease;
   }
@@ -279,16 +284,18 @@ absl::StatusOr<Job*> CoordinatorCore::ReadyJob(const std::string& id) {
   return job;
 }
 
-absl::StatusOr<v1::JobStatus> CoordinatorCore::GetJob(const std::string& id) {
+absl::StatusOr<v1::JobStatus> CoordinatorCore::GetJob(const std::string& id,
+                                                      const std::string& caller) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id, caller));
   job->mu.AssertHeld();
   return StatusOf(*job);
 }
 
-absl::StatusOr<v1::JobStatus> CoordinatorCore::FinishJob(const std::string& id) {
+absl::StatusOr<v1::JobStatus> CoordinatorCore::FinishJob(const std::string& id,
+                                                         const std::string& caller) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id, caller));
   job->mu.AssertHeld();
   if (IsTerminal(job->state)) return EndedError(*job);
   if (job->state != JobState::kReady) {
@@ -302,9 +309,10 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::FinishJob(const std::string& id) 
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorCore::CancelJob(const std::string& id,
-                                                         const std::string& reason) {
+                                                         const std::string& reason,
+                                                         const std::string& caller) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id, caller));
   job->mu.AssertHeld();
   if (!IsTerminal(job->state)) {
     EndJob(*job, JobState::kCancelled, reason.empty() ? "cancelled by a client" : reason);
@@ -312,12 +320,23 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::CancelJob(const std::string& id,
   return StatusOf(*job);
 }
 
-std::vector<v1::JobStatus> CoordinatorCore::ListJobs() {
+absl::Status CoordinatorCore::CheckCaller(const std::string& id, const std::string& caller) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  it->second->mu.AssertHeld();
+  if (!net::MaySee(caller, it->second->owner)) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::JobStatus> CoordinatorCore::ListJobs(const std::string& caller) {
   absl::MutexLock lock(&mu_);
   std::vector<const Job*> order;
   for (const auto& [id, job] : jobs_) {
     job->mu.AssertHeld();
-    order.push_back(job.get());
+    if (net::MaySee(caller, job->owner)) order.push_back(job.get());
   }
   std::sort(order.begin(), order.end(), [](const Job* a, const Job* b) {
     a->mu.AssertHeld();
@@ -349,9 +368,10 @@ std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() {
   return workers;
 }
 
-absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner) {
+absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner,
+                                       const std::string& caller) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id));
+  PT_ASSIGN_OR_RETURN(Job * job, FindJob(id, caller));
   job->mu.AssertHeld();
   if (job->train_owner != nullptr && job->train_owner != owner) {
     return absl::FailedPreconditionError(
@@ -391,6 +411,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   if (IsTerminal(job.state)) s.set_ended_unix_ms(absl::ToUnixMillis(job.ended));
   *s.mutable_spec() = job.spec;
   s.set_client_attached(job.train_owner != nullptr);
+  s.set_owner(job.owner);
   for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
   if (job.resume.has_value()) {
     v1::ResumedFrom* r = s.mutable_resumed_from();

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
 #include "server/coordinator/job.h"
 #include "server/coordinator/job_journal.h"
@@ -152,20 +153,28 @@ class CoordinatorCore {
   // channel may be destroyed once this returns.
   void OnWorkerGone(WorkerChannel* channel, const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // ---- Client calls. Thread-safe; only CreateJob and the job-thread calls block.
+  // ---- Client calls. Thread-safe; only CreateJob and the job-thread calls block. `caller` is
+  // the principal a client call acts as (net/principal.h; "" without client authentication): a
+  // job it may not see (net::MaySee) is NOT_FOUND, as an unknown one.
   // Validates `spec`, takes idle workers and partitions on the admission thread, then assigns on
-  // the job's thread; `done` gets the job's status once it is READY, or the error.
-  void CreateJob(const v1::JobSpec& spec, std::function<void(absl::StatusOr<v1::JobStatus>)> done)
+  // the job's thread; `done` gets the job's status once it is READY, or the error. The job
+  // belongs to `caller`.
+  void CreateJob(const v1::JobSpec& spec, const std::string& caller,
+                 std::function<void(absl::StatusOr<v1::JobStatus>)> done) ABSL_LOCKS_EXCLUDED(mu_);
+  // A job's status (NOT_FOUND for an unknown id).
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& id, const std::string& caller = "")
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A job's status (NOT_FOUND for an unknown id); renews its client lease.
-  absl::StatusOr<v1::JobStatus> GetJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a READY job DONE: FAILED_PRECONDITION while an operation runs or once it ended.
-  absl::StatusOr<v1::JobStatus> FinishJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Cancels a job that has not ended (a step in flight is aborted); no-op for an ended one.
-  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& id, const std::string& reason)
+  absl::StatusOr<v1::JobStatus> FinishJob(const std::string& id, const std::string& caller = "")
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Every job, oldest first; every worker, in registration order.
-  std::vector<v1::JobStatus> ListJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels a job that has not ended (a step in flight is aborted); no-op for an ended one.
+  absl::StatusOr<v1::JobStatus> CancelJob(const std::string& id, const std::string& reason,
+                                          const std::string& caller = "") ABSL_LOCKS_EXCLUDED(mu_);
+  // OK if job `id` exists and `caller` may see it, else NOT_FOUND.
+  absl::Status CheckCaller(const std::string& id, const std::string& caller)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The jobs `caller` may see, oldest first; every worker, in registration order.
+  std::vector<v1::JobStatus> ListJobs(const std::string& caller = "") ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<v1::WorkerInfo> ListWorkers() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs `task` on job `id`'s thread: NOT_FOUND, or FAILED_PRECONDITION once it ended.
@@ -173,7 +182,8 @@ class CoordinatorCore {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Claims job `id` for the Train stream `owner`: NOT_FOUND; FAILED_PRECONDITION if another
   // stream holds it, it ended or it is not assigned yet. The lease stops while it is held.
-  absl::Status ClaimJob(const std::string& id, const void* owner) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ClaimJob(const std::string& id, const void* owner, const std::string& caller = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Lets go of a claim (no-op unless `owner` holds it); the lease starts again.
   void ReleaseJob(const std::string& id, const void* owner) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -207,8 +217,9 @@ class CoordinatorCore {
   // be joined outside the lock.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `id` (NOT_FOUND naming it); renews its client lease.
-  absl::StatusOr<Job*> FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise); renews its client lease.
+  absl::StatusOr<Job*> FindJob(const std::string& id, const std::string& caller = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindJob, and CheckReady's error unless it is READY.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a job that has not ended into terminal `state` with `reason`: aborts a step in flight,
@@ -270,7 +281,7 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
 
   // ---- job_creation.cc
-  void AdmitJob(const v1::JobSpec& request,
+  void AdmitJob(const v1::JobSpec& request, const std::string& owner,
                 const std::function<void(absl::StatusOr<v1::JobStatus>)>& done)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The verified checkpoint `spec` resumes from, if any (confined, checksummed, same model/seed).
@@ -329,7 +340,7 @@ class CoordinatorCore {
   void StartEpoch(Job& job, const std::vector<std::string>& names)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Restores one journal record as a RECOVERING job (or a FAILED one saying why it cannot).
-  void RestoreJob(v1::JobRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreJob(journal::v1::JobRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes job `id`'s journal record (if a journal is open and the job has not ended).
   void JournalJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -1,19 +1,21 @@
-// CoordinatorService: the coordinator's gRPC shell (pipetrain.v1.Coordinator). It owns the
-// transport-free CoordinatorCore (coordinator_core.h) and only moves messages: unary calls are
-// answered from the core's results, the streams are reactors (join_reactor.h, train_reactor.h,
-// state_reactors.h) whose disk I/O runs on the shell's own I/O threads.
+// CoordinatorService: the coordinator's gRPC shell. It owns the transport-free CoordinatorCore
+// (coordinator_core.h) and only moves messages: one service per audience (client_service.h,
+// worker_control_service.h), unary calls answered from the core's results, streams as reactors
+// (join_reactor.h, train_reactor.h, state_reactors.h) whose disk I/O runs on the shell's own I/O
+// threads.
 #ifndef PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PIPETRAIN_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
-#include "pipetrain/v1/coordinator.pb.h"
+#include "server/coordinator/client_service.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/io_pool.h"
 #include "server/coordinator/shard_transfer.h"
+#include "server/coordinator/worker_control_service.h"
 #include "server/link/peer_link.h"
 
 namespace grpc {
@@ -44,54 +46,33 @@ struct ServiceTransport {
   absl::Status Check() const;
 };
 
-// Thread-safe: every public method may be called from any thread. Create it, register it on a
+// The coordinator's gRPC shell: the CoordinatorCore, its I/O threads and the two services it
+// serves — ClientService (pipetrain.v1.Coordinator, for clients) and WorkerControlService
+// (pipetrain.v1.WorkerControl, for stage workers). Thread-safe. Create it, RegisterOn a
 // grpc::ServerBuilder, start the server; to stop, call Shutdown(), then shut the server down,
-// then destroy the service.
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+// then destroy it.
+class CoordinatorService {
  public:
   explicit CoordinatorService(CoordinatorOptions options = {}, ServiceTransport transport = {});
-  ~CoordinatorService() override;
+  ~CoordinatorService();
   CoordinatorService(const CoordinatorService&) = delete;
   CoordinatorService& operator=(const CoordinatorService&) = delete;
+
+  // Registers both services on `builder` (not thread-safe, as the builder).
+  void RegisterOn(grpc::ServerBuilder& builder);
+  // The full names of the services it serves (for the health service).
+  static std::vector<std::string> ServiceNames();
 
   // CoordinatorCore::Shutdown and OpenJournal.
   void Shutdown() { core_.Shutdown(); }
   absl::Status OpenJournal(const std::string& state_dir) { return core_.OpenJournal(state_dir); }
 
-  grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* Join(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
-                                      const v1::CreateJobRequest* request,
-                                      v1::JobStatus* response) override;
-  grpc::ServerBidiReactor<v1::TrainRequest, v1::StepResult>* Train(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request,
-                                   v1::JobStatus* response) override;
-  grpc::ServerUnaryReactor* FinishJob(grpc::CallbackServerContext* context,
-                                      const v1::FinishJobRequest* request,
-                                      v1::JobStatus* response) override;
-  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
-                                      const v1::CancelJobRequest* request,
-                                      v1::JobStatus* response) override;
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
-  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
-                                        const v1::ListWorkersRequest* request,
-                                        v1::ListWorkersResponse* response) override;
-  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
-                                       const v1::CheckpointRequest* request,
-                                       v1::CheckpointResponse* response) override;
-  grpc::ServerWriteReactor<v1::StateChunk>* FetchState(
-      grpc::CallbackServerContext* context, const v1::FetchStateRequest* request) override;
-  grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
-                                                         v1::PutStateResponse* response) override;
-
  private:
   const ServiceTransport transport_;
   CoordinatorCore core_;
   IoPool io_;  // after core_: destroyed first, its queued tasks may still call the core.
+  ClientService clients_;
+  WorkerControlService workers_;
 };
 
 // Sets on `builder` (of a server that registers the CoordinatorService) the ping policy that lets

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/annotate.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
 
 namespace pipetrain::coordinator {

@@ -19,6 +19,7 @@
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
@@ -91,6 +92,10 @@ struct Job {
   int64_t steps_done ABSL_GUARDED_BY(mu) = 0;
   absl::Time created ABSL_GUARDED_BY(mu);
   absl::Time ended ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  // The principal that created the job ("" without client authentication): only it and admin
+  // see the job (net::MaySee).
+  std::string owner ABSL_GUARDED_BY(mu);
 
   // The client: the Train stream holding the job, if any; with none, the job is cancelled at
   // lease_expiry unless a client call renews it (InfiniteFuture while a stream is open or once

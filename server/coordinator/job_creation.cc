@@ -9,6 +9,7 @@
 #include "common/net/secret.h"
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/job_isa.h"
@@ -16,9 +17,9 @@
 
 namespace pipetrain::coordinator {
 
-void CoordinatorCore::CreateJob(const v1::JobSpec& spec,
+void CoordinatorCore::CreateJob(const v1::JobSpec& spec, const std::string& caller,
                                 std::function<void(absl::StatusOr<v1::JobStatus>)> done) {
-  admission_->Post([this, spec, done = std::move(done)] { AdmitJob(spec, done); });
+  admission_->Post([this, spec, caller, done = std::move(done)] { AdmitJob(spec, caller, done); });
 }
 
 absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::VerifyResume(
@@ -41,7 +42,7 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
   return std::optional<model::CheckpointManifest>(std::move(manifest));
 }
 
-void CoordinatorCore::AdmitJob(const v1::JobSpec& request,
+void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& owner,
                                const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
   v1::JobSpec spec = request;
   absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
@@ -57,6 +58,7 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request,
     if (!taken.ok()) return done(taken.status());
     job = *taken;
     job->mu.AssertHeld();
+    job->owner = owner;
     for (const std::string& name : job->workers) {
       speeds.push_back(workers_.Find(name)->info.gflops());
     }

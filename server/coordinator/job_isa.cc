@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

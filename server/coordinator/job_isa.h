@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/math/isa.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

@@ -67,7 +67,7 @@ absl::StatusOr<JobJournal::Contents> JobJournal::Load() {
       contents.problems.emplace_back(path, bytes.status());
       continue;
     }
-    v1::JobRecord record;
+    journal::v1::JobRecord record;
     if (!record.ParseFromString(*bytes)) {
       contents.problems.emplace_back(path, absl::DataLossError("not a JobRecord (corrupt)"));
       continue;
@@ -88,7 +88,7 @@ void JobJournal::Track(const std::string& id) {
   tracked_.insert(id);
 }
 
-absl::Status JobJournal::Write(const v1::JobRecord& record) {
+absl::Status JobJournal::Write(const journal::v1::JobRecord& record) {
   if (!IsJobId(record.job())) {
     return absl::InvalidArgumentError(
         absl::StrCat("journal: '", record.job(), "' is not a job id"));

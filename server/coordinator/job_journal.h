@@ -2,7 +2,7 @@
 // that a coordinator restarted after a crash continues them (docs/recovery.md).
 //
 //   state-dir/
-//     jobs/job-1a2b3c4d-7.pb    one pipetrain.v1.JobRecord per job, binary protobuf
+//     jobs/job-1a2b3c4d-7.pb    one pipetrain.journal.v1.JobRecord per job, binary protobuf
 //
 // A record is written when a job becomes ready, after each checkpoint and after each recovery
 // (WriteFileAtomically: the file holds the old or the new record after a crash, never a mix), and
@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "pipetrain/v1/journal.pb.h"
+#include "pipetrain/journal/v1/journal.pb.h"
 
 namespace pipetrain::coordinator {
 
@@ -32,7 +32,7 @@ class JobJournal {
   // one, its path and why (NOT_FOUND / DATA_LOSS / INVALID_ARGUMENT). Unreadable files are left
   // in place for an operator to look at; they are never loaded.
   struct Contents {
-    std::vector<v1::JobRecord> records;
+    std::vector<journal::v1::JobRecord> records;
     std::vector<std::pair<std::string, absl::Status>> problems;
   };
 
@@ -56,7 +56,7 @@ class JobJournal {
   // Replaces the record of `record.job()` durably. OK without writing if the job is not tracked
   // (it ended, or was never created here). INVALID_ARGUMENT for a malformed id; I/O errors name
   // the file.
-  absl::Status Write(const v1::JobRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Write(const journal::v1::JobRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops tracking job `id` and removes its record durably (OK if it has none).
   absl::Status Remove(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);

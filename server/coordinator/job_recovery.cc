@@ -12,6 +12,7 @@
 #include "common/model/checkpoint.h"
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/metrics/coordinator_metrics.h"
 
@@ -216,18 +217,19 @@ absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
   absl::MutexLock lock(&mu_);
   if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
   journal_ = std::move(journal);
-  for (v1::JobRecord& record : contents.records) RestoreJob(std::move(record));
+  for (journal::v1::JobRecord& record : contents.records) RestoreJob(std::move(record));
   Log(absl::StrCat("journal ", journal_->directory(), ": ", contents.records.size(),
                    " job(s) to continue"));
   return absl::OkStatus();
 }
 
-void CoordinatorCore::RestoreJob(v1::JobRecord record) {
+void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   if (jobs_.count(record.job()) != 0) return;
   auto owned = std::make_unique<Job>(mu_, record.job());
   Job& j = *owned;
   j.mu.AssertHeld();
   j.spec = record.spec();
+  j.owner = record.owner();
   j.epoch = record.epoch();
   j.created = absl::FromUnixMillis(record.created_unix_ms());
   j.recoveries.assign(record.recoveries().begin(), record.recoveries().end());
@@ -281,7 +283,7 @@ void CoordinatorCore::RestoreJob(v1::JobRecord record) {
 
 void CoordinatorCore::JournalJob(const std::string& id) {
   JobJournal* journal = nullptr;
-  v1::JobRecord record;
+  journal::v1::JobRecord record;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
@@ -291,6 +293,7 @@ void CoordinatorCore::JournalJob(const std::string& id) {
     if (IsTerminal(job.state)) return;
     journal = journal_.get();  // lives as long as the core.
     record.set_job(job.id);
+    record.set_owner(job.owner);
     *record.mutable_spec() = job.spec;
     record.set_epoch(job.epoch);
     if (job.restore.has_value()) {

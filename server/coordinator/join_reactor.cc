@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/net/transport_security.h"
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

@@ -7,7 +7,8 @@
 //               [--checkpoint-root DIR] [--state-dir DIR] [--metrics-listen HOST:PORT]
 //               [--max-message-size BYTES] [--max-concurrent-streams N]
 //               [--max-layers N] [--max-microbatches N]
-//               [--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE]]
+//               [--tls-cert FILE --tls-key FILE --tls-ca FILE [--auth-token-file FILE
+//                [--auth-token-reload 5s]]]
 //               [--insecure]
 //
 // With a port of 0 the kernel picks a free port; the daemon prints one line
@@ -82,6 +83,9 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "client tokens, one per line: every client call must send one (authorization: Bearer); "
           "then --client-listen also takes clients without a certificate. Needs TLS");
+ABSL_FLAG(absl::Duration, auth_token_reload, absl::Seconds(5),
+          "how often --auth-token-file is checked for changes; a changed file's tokens replace "
+          "the old ones (a file that no longer reads keeps them, with a log line)");
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext gRPC on a non-loopback --listen/--client-listen (anyone who reaches "
           "it can register workers and submit jobs)");
@@ -101,17 +105,18 @@ using pipetrain::coordinator::ServiceTransport;
 
 // Everything main() reads from its flags, checked once (Config).
 struct DaemonConfig {
-  std::string listen;               // --listen.
-  std::string client_listen;        // --client-listen; empty: none.
-  std::string port_file;            // --port-file; empty: none.
-  std::string state_dir;            // --state-dir; empty: no journal.
-  std::string metrics_listen;       // --metrics-listen; empty: no metrics.
-  std::string token_file;           // --auth-token-file; empty: no tokens.
-  std::vector<std::string> tokens;  // its tokens.
-  pipetrain::net::TlsOptions tls;   // --tls-cert, --tls-key, --tls-ca.
-  absl::Duration keepalive;         // --peer-keepalive.
-  int max_message = 0;              // --max-message-size.
-  int max_streams = 0;              // --max-concurrent-streams.
+  std::string listen;                               // --listen.
+  std::string client_listen;                        // --client-listen; empty: none.
+  std::string port_file;                            // --port-file; empty: none.
+  std::string state_dir;                            // --state-dir; empty: no journal.
+  std::string metrics_listen;                       // --metrics-listen; empty: no metrics.
+  std::string token_file;                           // --auth-token-file; empty: no tokens.
+  absl::Duration token_reload;                      // --auth-token-reload.
+  std::vector<pipetrain::net::ClientToken> tokens;  // its tokens.
+  pipetrain::net::TlsOptions tls;                   // --tls-cert, --tls-key, --tls-ca.
+  absl::Duration keepalive;                         // --peer-keepalive.
+  int max_message = 0;                              // --max-message-size.
+  int max_streams = 0;                              // --max-concurrent-streams.
   CoordinatorOptions core;
   ServiceTransport transport;  // its link credentials are set by MakeCredentials.
 };
@@ -120,6 +125,8 @@ struct DaemonConfig {
 struct Credentials {
   std::shared_ptr<grpc::ServerCredentials> listen;
   std::shared_ptr<grpc::ServerCredentials> client_listen;
+  // With TLS: the processor that checks every call (its tokens reload when the file changes).
+  std::shared_ptr<pipetrain::net::TokenAuthProcessor> processor;
 };
 
 // Host part of "host:port" (brackets kept for IPv6).
@@ -147,6 +154,10 @@ absl::Status SecurityConfig(DaemonConfig& c) {
   c.listen = absl::GetFlag(FLAGS_listen);
   c.client_listen = absl::GetFlag(FLAGS_client_listen);
   c.token_file = absl::GetFlag(FLAGS_auth_token_file);
+  c.token_reload = absl::GetFlag(FLAGS_auth_token_reload);
+  if (c.token_reload <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--auth-token-reload must be > 0");
+  }
   for (const auto& [flag, address] : {std::pair<const char*, std::string>{"--listen", c.listen},
                                       {"--client-listen", c.client_listen}}) {
     if (address.empty()) continue;
@@ -159,7 +170,8 @@ absl::Status SecurityConfig(DaemonConfig& c) {
         "accepted in clear");
   }
   if (!c.token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> read = pipetrain::net::ReadTokenFile(c.token_file);
+    absl::StatusOr<std::vector<pipetrain::net::ClientToken>> read =
+        pipetrain::net::ReadTokenFile(c.token_file);
     if (!read.ok()) return pipetrain::util::Annotate(read.status(), "--auth-token-file");
     c.tokens = *std::move(read);
   }
@@ -221,15 +233,14 @@ absl::StatusOr<Credentials> MakeCredentials(DaemonConfig& c) {
   }
   pipetrain::net::TokenAuthOptions auth;
   auth.tokens = c.tokens;
-  // Workers authenticate with their certificate alone (docs/security.md).
-  auth.certificate_methods = {"/pipetrain.v1.Coordinator/Join",
-                              "/pipetrain.v1.Coordinator/FetchState",
-                              "/pipetrain.v1.Coordinator/PutState"};
-  auth.open_methods = {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"};
+  // Workers authenticate with their certificate alone (docs/security.md); the health service
+  // is open; every other service (the client API, reflection) needs a client's credentials.
+  auth.certificate_services = {pipetrain::v1::WorkerControl::service_full_name()};
+  auth.open_services = {"grpc.health.v1.Health"};
   auth.log = [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; };
-  auto processor = std::make_shared<pipetrain::net::TokenAuthProcessor>(std::move(auth));
-  out.listen->SetAuthMetadataProcessor(processor);
-  out.client_listen->SetAuthMetadataProcessor(processor);
+  out.processor = std::make_shared<pipetrain::net::TokenAuthProcessor>(std::move(auth));
+  out.listen->SetAuthMetadataProcessor(out.processor);
+  out.client_listen->SetAuthMetadataProcessor(out.processor);
   absl::StatusOr<std::string> line = pipetrain::net::CheckTlsFiles(c.tls);
   std::cerr << "coordinator: " << (line.ok() ? *line : line.status().ToString()) << "; "
             << (c.tokens.empty()
@@ -270,15 +281,14 @@ int Serve(const DaemonConfig& c, const Credentials& credentials, CoordinatorServ
     builder.AddListeningPort(c.client_listen, credentials.client_listen, &client_port);
   }
   ConfigureChannels(c, builder);
-  builder.RegisterService(&service);
+  service.RegisterOn(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0 || (!c.client_listen.empty() && client_port == 0)) {
     std::cerr << "coordinator: cannot listen on " << c.listen
               << (c.client_listen.empty() ? "" : " / " + c.client_listen) << "\n";
     return 1;
   }
-  pipetrain::introspection::SetServing(server.get(),
-                                       {pipetrain::v1::Coordinator::service_full_name()});
+  pipetrain::introspection::SetServing(server.get(), CoordinatorService::ServiceNames());
   if (!c.port_file.empty() && !WritePortFile(c.port_file, port)) {
     std::cerr << "coordinator: cannot write --port-file " << c.port_file << "\n";
     server->Shutdown();
@@ -351,6 +361,13 @@ int main(int argc, char** argv) {
   }
   // Logs the certificate's new expiry when its files change (gRPC reloads them).
   std::unique_ptr<pipetrain::net::CertificateWatcher> certificate_watcher;
+  // Reloads the client tokens when the token file changes, as the certificates are.
+  std::unique_ptr<pipetrain::net::TokenFileWatcher> token_watcher;
+  if (!config->token_file.empty()) {
+    token_watcher = std::make_unique<pipetrain::net::TokenFileWatcher>(
+        config->token_file, config->token_reload, credentials->processor,
+        [](const std::string& line) { std::cerr << "coordinator: " << line << "\n"; });
+  }
   if (config->tls.enabled()) {
     certificate_watcher = std::make_unique<pipetrain::net::CertificateWatcher>(
         config->tls, config->tls.refresh_interval,

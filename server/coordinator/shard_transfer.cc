@@ -13,6 +13,7 @@
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

@@ -18,6 +18,7 @@
 #include "common/io/digest.h"
 #include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
 
 namespace pipetrain::coordinator {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

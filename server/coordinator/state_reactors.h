@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/op_thread.h"
 #include "server/coordinator/shard_transfer.h"

@@ -12,6 +12,7 @@
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
 #include "common/wire/tensor_key.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/step_timeline.h"
 
 namespace pipetrain::coordinator {

@@ -11,6 +11,7 @@
 #include "common/schedule/link_latency.h"
 #include "common/schedule/simulator.h"
 #include "common/schedule/timeline.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/link/peer_link.h"
 

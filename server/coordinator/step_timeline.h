@@ -7,6 +7,7 @@
 
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 

@@ -8,7 +8,8 @@
 
 namespace pipetrain::coordinator {
 
-TrainReactor::TrainReactor(CoordinatorCore* core) : core_(core) {
+TrainReactor::TrainReactor(CoordinatorCore* core, std::string caller)
+    : core_(core), caller_(std::move(caller)) {
   absl::MutexLock lock(&mu_);
   StartReadLocked();
 }
@@ -30,7 +31,7 @@ void TrainReactor::OnReadDone(bool ok) {
 
 void TrainReactor::QueueStepLocked() {
   if (job_.empty()) {
-    const absl::Status claim = core_->ClaimJob(incoming_.job(), this);
+    const absl::Status claim = core_->ClaimJob(incoming_.job(), this, caller_);
     if (!claim.ok()) {
       FailLocked(claim);
       return;

@@ -28,7 +28,8 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
   // The running step and one read ahead.
   static constexpr int kStepsInFlight = 2;
 
-  explicit TrainReactor(CoordinatorCore* core);
+  // `caller`: the principal the stream acts as (it may train only jobs it may see).
+  TrainReactor(CoordinatorCore* core, std::string caller);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -52,6 +53,7 @@ class TrainReactor final : public grpc::ServerBidiReactor<v1::TrainRequest, v1::
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorCore* const core_;
+  const std::string caller_;
   // Protects everything below. Taken before the core's lock (ClaimJob, PostToJob, ReleaseJob);
   // never held while a step runs.
   absl::Mutex mu_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/job_isa.h"
 
 namespace pipetrain::coordinator {

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "common/math/isa.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/worker_channel.h"
 
 namespace pipetrain::coordinator {

@@ -3,13 +3,14 @@
 #include <utility>
 
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 
 ControlStream::ControlStream(std::function<void(v1::WorkerCommand)> on_command)
     : on_command_(std::move(on_command)) {}
 
-void ControlStream::Begin(v1::Coordinator::Stub* stub, v1::WorkerEvent first) {
+void ControlStream::Begin(v1::WorkerControl::Stub* stub, v1::WorkerEvent first) {
   context_.set_wait_for_ready(false);
   stub->async()->Join(&context_, this);
   AddHold();  // removed when the read side ends: Write() runs outside reactions.

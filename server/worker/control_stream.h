@@ -1,4 +1,4 @@
-// ControlStream: the worker's end of one Coordinator.Join stream (client side). Shared by the
+// ControlStream: the worker's end of one WorkerControl.Join stream (client side). Shared by the
 // daemon's session thread (which drops its reference after AwaitDone()) and event emitters (which
 // may still hold one; Write is a no-op once the stream closed). At most one read and one write in
 // flight; events are queued by Write() from any thread. Reactions never block: a received command
@@ -15,8 +15,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 
@@ -29,7 +30,7 @@ class ControlStream final : public grpc::ClientBidiReactor<v1::WorkerEvent, v1::
 
   // Starts the call with `first` (RegisterWorker) as the first event. Events written before
   // Begin are queued behind it.
-  void Begin(v1::Coordinator::Stub* stub, v1::WorkerEvent first);
+  void Begin(v1::WorkerControl::Stub* stub, v1::WorkerEvent first);
 
   // Queues `event`; dropped once the stream is closing. Thread-safe, non-blocking.
   void Write(v1::WorkerEvent event);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "server/control/control_proto.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/worker/executor.h"
 #include "server/worker/link_span_log.h"
 

@@ -20,6 +20,7 @@
 #include "common/util/heap_tuning.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
@@ -181,7 +182,7 @@ absl::Status StageWorkerDaemon::StartServer() {
                                                  int64_t{1} << 30)));
   coordinator_channel_ =
       grpc::CreateCustomChannel(options_.coordinator, channel_credentials_, args);
-  coordinator_stub_ = v1::Coordinator::NewStub(coordinator_channel_);
+  coordinator_stub_ = v1::WorkerControl::NewStub(coordinator_channel_);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,7 @@
 //
 // It serves StageWorker.Exchange (server/link/exchange_service.h), the standard gRPC health
 // service and (when built with it) server reflection on one port, and keeps one control stream
-// Coordinator.Join open to the coordinator, redialling with exponential backoff when it breaks.
+// WorkerControl.Join open to the coordinator, redialling with exponential backoff when it breaks.
 // Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards) are handled on a
 // command thread; each job (job id, epoch) is a WorkerJob (server/worker/worker_job.h) that runs
 // its steps on its own compute thread. The control protocol as implemented here
@@ -30,8 +30,9 @@
 #include "absl/time/time.h"
 #include "common/math/isa.h"
 #include "common/net/transport_security.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
 #include "server/worker/control_stream.h"
@@ -188,7 +189,7 @@ class StageWorkerDaemon final : private JobHost {
            logging::LogLevel level = logging::LogLevel::kInfo) const override;
   void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
                   bool coordinator_link) override;
-  v1::Coordinator::Stub* coordinator() override { return coordinator_stub_.get(); }
+  v1::WorkerControl::Stub* coordinator() override { return coordinator_stub_.get(); }
   std::string coordinator_address() const override { return options_.coordinator; }
   // Accept callback of the ExchangeService (gRPC threads).
   absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
@@ -206,7 +207,7 @@ class StageWorkerDaemon final : private JobHost {
   std::unique_ptr<link::ExchangeService> exchange_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coordinator_channel_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  std::unique_ptr<v1::WorkerControl::Stub> coordinator_stub_;
   // Credentials of every channel this worker dials (set in StartServer).
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
   // With TLS: logs the certificate again when its files change (set in Start).

@@ -9,6 +9,7 @@
 #include "common/model/checkpoint.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -21,7 +22,7 @@ struct Incoming {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::Coordinator::Stub* stub,
+absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl::Stub* stub,
                                                                const StateRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + request.timeout));
@@ -97,7 +98,7 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::Coordinator::
 }
 
 absl::StatusOr<std::vector<model::CheckpointShard>> PutState(
-    v1::Coordinator::Stub* stub, grpc::ClientContext* context, const StateUpload& upload,
+    v1::WorkerControl::Stub* stub, grpc::ClientContext* context, const StateUpload& upload,
     const std::map<std::string, math::Tensor>& tensors) {
   constexpr size_t kChunkBytes = size_t{1} << 20;
   context->set_deadline(absl::ToChronoTime(absl::Now() + upload.timeout));

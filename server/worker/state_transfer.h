@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
 #include "common/model/checkpoint.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 
 namespace pipetrain::worker {
 
@@ -34,7 +34,7 @@ struct StateRequest {
 // Errors: the coordinator's status (e.g. ABORTED for a stale epoch), DATA_LOSS naming the file,
 // INVALID_ARGUMENT for a file outside this worker's layers or a tensor sent twice,
 // DEADLINE_EXCEEDED after `timeout`. Blocks; thread-safe.
-absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::Coordinator::Stub* stub,
+absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl::Stub* stub,
                                                                const StateRequest& request);
 
 // What PutState uploads: the files of `shards` (this worker's layers) serialized from `tensors`
@@ -48,13 +48,13 @@ struct StateUpload {
   absl::Duration timeout = absl::Minutes(10);
 };
 
-// Streams the files to Coordinator.PutState in chunks of at most 1 MiB, one file serialized at a
+// Streams the files to WorkerControl.PutState in chunks of at most 1 MiB, one file serialized at a
 // time (memory: the largest file). `context` is the call's (the caller may TryCancel it from
 // another thread to stop the upload). Returns the shards with sha256 and bytes filled, or the
 // coordinator's status (e.g. FAILED_PRECONDITION when that checkpoint is no longer in progress),
 // or SerializeCheckpointShard's error. Blocks; thread-safe.
 absl::StatusOr<std::vector<model::CheckpointShard>> PutState(
-    v1::Coordinator::Stub* stub, grpc::ClientContext* context, const StateUpload& upload,
+    v1::WorkerControl::Stub* stub, grpc::ClientContext* context, const StateUpload& upload,
     const std::map<std::string, math::Tensor>& tensors);
 
 }  // namespace pipetrain::worker

@@ -16,6 +16,7 @@
 #include "server/control/control_proto.h"
 #include "server/worker/proto_convert.h"
 #include "server/worker/state_transfer.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 

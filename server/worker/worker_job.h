@@ -30,8 +30,9 @@
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
 #include "server/logging/log_level.h"
 #include "server/worker/compute_pacer.h"
@@ -60,7 +61,7 @@ class JobHost {
   virtual void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
                           bool coordinator_link) = 0;
   // The coordinator's stub (for FetchState) and this worker's registered name.
-  virtual v1::Coordinator::Stub* coordinator() = 0;
+  virtual v1::WorkerControl::Stub* coordinator() = 0;
   virtual const std::string& name() const = 0;
   // The coordinator's "host:port", for messages.
   virtual std::string coordinator_address() const { return "the coordinator"; }

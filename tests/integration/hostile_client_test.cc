@@ -30,6 +30,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
 #include "tests/integration/daemons.h"
 #include "tests/integration/run_command.h"
@@ -246,6 +248,7 @@ class HostileClientTest : public ::testing::Test {
     targets_.push_back(daemons_.address());
     ASSERT_EQ(targets_.size(), 3u);
     stub_ = v1::Coordinator::NewStub(Channel(daemons_.address()));
+    worker_stub_ = v1::WorkerControl::NewStub(Channel(daemons_.address()));
   }
 
   void TearDown() override {
@@ -293,6 +296,7 @@ class HostileClientTest : public ::testing::Test {
   testing::Daemons daemons_;
   std::vector<std::string> targets_;  // both workers' addresses, then the coordinator's
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::WorkerControl::Stub> worker_stub_;
 };
 
 TEST_F(HostileClientTest, RawBytesAndBrokenHttp2LeaveEveryDaemonServing) {
@@ -382,7 +386,7 @@ TEST_F(HostileClientTest, FakeWorkersAndOutOfOrderRpcsLeaveTheCoordinatorServing
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    auto join = stub_->Join(&context);
+    auto join = worker_stub_->Join(&context);
     v1::WorkerEvent event;
     event.mutable_step_done();
     join->Write(event);
@@ -399,7 +403,7 @@ TEST_F(HostileClientTest, FakeWorkersAndOutOfOrderRpcsLeaveTheCoordinatorServing
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    auto join = stub_->Join(&context);
+    auto join = worker_stub_->Join(&context);
     v1::WorkerEvent event;
     v1::RegisterWorker* reg = event.mutable_register_();
     reg->set_name("intruder");
@@ -423,7 +427,7 @@ TEST_F(HostileClientTest, FakeWorkersAndOutOfOrderRpcsLeaveTheCoordinatorServing
     v1::FetchStateRequest request;
     request.set_job("job-nope");
     request.set_worker("w0");
-    auto fetch = stub_->FetchState(&context, request);
+    auto fetch = worker_stub_->FetchState(&context, request);
     v1::StateChunk chunk;
     while (fetch->Read(&chunk)) {
     }
@@ -432,7 +436,7 @@ TEST_F(HostileClientTest, FakeWorkersAndOutOfOrderRpcsLeaveTheCoordinatorServing
   {
     grpc::ClientContext context;
     v1::PutStateResponse response;
-    auto put = stub_->PutState(&context, &response);
+    auto put = worker_stub_->PutState(&context, &response);
     v1::PutStateRequest request;
     request.set_job("job-nope");
     request.set_worker("w0");

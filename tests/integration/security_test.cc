@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/io/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/net/test_certs.h"
@@ -218,6 +219,62 @@ TEST_F(SecurityTest, TokenOnlyClientWorksOnTheClientPort) {
                 err);
   EXPECT_EQ(jobs.exit_code, 0) << ReadFile(err);
   EXPECT_THAT(jobs.out, HasSubstr("no jobs"));
+}
+
+// A job belongs to the principal that created it ("NAME:TOKEN" lines of the token file): another
+// principal sees no such job and can neither cancel nor train it; admin sees every job. The
+// token file is reloaded when it changes: a principal added there gets in without a restart.
+TEST_F(SecurityTest, AJobBelongsToItsPrincipalAndTheTokenFileReloads) {
+  const std::string tokens = dir_ + "/principals";
+  const std::string admin = "admin-token-0123456789", alice = "alice-token-0123456789",
+                    bob = "bob-token-0123456789", carol = "carol-token-0123456789";
+  ASSERT_TRUE(io::WriteFileAtomically(tokens, absl::StrCat("# principals\nalice:", alice, "\nbob:", bob, "\nadmin:", admin,
+                                 "\n")).ok());
+  std::vector<std::string> flags = TlsFlags("coordinator");
+  flags.insert(flags.end(), {"--auth-token-file", tokens, "--auth-token-reload", "100ms",
+                             "--checkpoint-root", dir_});
+  ASSERT_EQ(daemons_.Start(dir_, 2, flags, TlsFlags("worker-0"), ClientTls("client", admin)), "");
+  auto connect = [&](const std::string& token) {
+    absl::StatusOr<std::unique_ptr<client::Client>> c =
+        client::Client::Connect(daemons_.address(), ClientTls("client", token));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  std::unique_ptr<client::Client> as_alice = connect(alice), as_bob = connect(bob),
+                                  as_admin = connect(admin);
+  ASSERT_TRUE(as_alice && as_bob && as_admin);
+  absl::StatusOr<v1::JobSpec> spec = testing::DigitsJobSpec(2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::JobStatus> job = as_alice->CreateJob(*spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->owner(), "alice");
+  EXPECT_EQ(as_bob->GetJob(job->job()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(as_bob->CancelJob(job->job(), "not yours").status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<v1::JobStatus>> bobs = as_bob->ListJobs();
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_TRUE(bobs->empty());
+  absl::StatusOr<std::vector<v1::JobStatus>> all = as_admin->ListJobs();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].owner(), "alice");
+  // carol is not known yet; the file gains her line and the coordinator takes it (bounded wait).
+  std::unique_ptr<client::Client> as_carol = connect(carol);
+  ASSERT_TRUE(as_carol);
+  EXPECT_EQ(as_carol->ListJobs().status().code(), absl::StatusCode::kUnauthenticated);
+  ASSERT_TRUE(io::WriteFileAtomically(
+                  tokens, absl::StrCat("alice:", alice, "\nadmin:", admin, "\ncarol:", carol, "\n"))
+                  .ok());
+  absl::StatusOr<std::vector<v1::JobStatus>> carols = as_carol->ListJobs();
+  for (int i = 0; i < 200 && !carols.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));  // polling the reload, not synchronisation.
+    carols = as_carol->ListJobs();
+  }
+  ASSERT_TRUE(carols.ok()) << carols.status();
+  EXPECT_TRUE(carols->empty());  // alice's job stays hers.
+  // bob's line is gone: his token no longer gets in.
+  EXPECT_EQ(as_bob->ListJobs().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(as_alice->CancelJob(job->job(), "done").ok());
 }
 
 TEST_F(SecurityTest, WorkersFromAnotherCaOrForAnotherHostCannotRegister) {

@@ -167,9 +167,13 @@ TEST(TokenFileTest, OneTokenPerLine) {
     std::fputs("# comment\n  first-token  \n\nsecond\n", f);
     std::fclose(f);
   }
-  absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(path);
+  absl::StatusOr<std::vector<ClientToken>> tokens = ReadTokenFile(path);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
-  EXPECT_THAT(*tokens, ElementsAre("first-token", "second"));
+  ASSERT_EQ(tokens->size(), 2u);
+  // Bare tokens (a file written before principals) are admin's.
+  EXPECT_EQ((*tokens)[0].token, "first-token");
+  EXPECT_EQ((*tokens)[0].principal, "admin");
+  EXPECT_EQ((*tokens)[1].token, "second");
   absl::StatusOr<std::string> token = ResolveClientToken(path, "from-env");
   ASSERT_TRUE(token.ok());
   EXPECT_EQ(*token, "first-token");
@@ -188,6 +192,34 @@ TEST(TokenFileTest, OneTokenPerLine) {
   }
   EXPECT_THAT(ReadTokenFile(path).status().message(), HasSubstr("holds no token"));
   EXPECT_EQ(ReadTokenFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(TokenFileTest, NamedLinesGiveEachTokenItsPrincipal) {
+  const std::string path = ::testing::TempDir() + "/named-tokens";
+  auto write = [&](const char* text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  write("alice:a-1\nalice:a-2\nbob.ci_2-x:b:with:colons\n");
+  absl::StatusOr<std::vector<ClientToken>> tokens = ReadTokenFile(path);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 3u);
+  EXPECT_EQ((*tokens)[0].principal, "alice");
+  EXPECT_EQ((*tokens)[1].token, "a-2");
+  EXPECT_EQ((*tokens)[2].principal, "bob.ci_2-x");
+  EXPECT_EQ((*tokens)[2].token, "b:with:colons");
+  // A client's token file may hold its line as the coordinator's does: it sends the token.
+  EXPECT_EQ(*ResolveClientToken(path, ""), "a-1");
+  write("alice:same\nbob:same\n");
+  EXPECT_THAT(ReadTokenFile(path).status().message(), HasSubstr("line 2: a token given twice"));
+  write("al/ice:x\n");
+  EXPECT_THAT(ReadTokenFile(path).status().message(), HasSubstr("not a principal name"));
+  write("alice:\n");
+  EXPECT_THAT(ReadTokenFile(path).status().message(), HasSubstr("principal 'alice' has no token"));
+  write(":tok\n");
+  EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A TLS server whose every call ends OK and records the caller's certificate names.
@@ -298,11 +330,19 @@ TEST_F(TlsCallTest, TheServerMustNameTheHostDialled) {
   EXPECT_EQ(Call(Identity("worker-0"), "/x.Y/Z").error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
-TEST_F(TlsCallTest, TokensAreCheckedPerMethod) {
+TEST(ServiceOfMethodTest, TakesTheServiceOfAFullMethodName) {
+  EXPECT_EQ(ServiceOfMethod("/pipetrain.v1.WorkerControl/Join"), "pipetrain.v1.WorkerControl");
+  EXPECT_EQ(ServiceOfMethod("/grpc.health.v1.Health/Check"), "grpc.health.v1.Health");
+  for (const char* bad : {"", "/", "//Join", "/x.Y/", "x.Y/Join", "/x.Y/Join/More", "/x.Y"}) {
+    EXPECT_EQ(ServiceOfMethod(bad), "") << bad;
+  }
+}
+
+TEST_F(TlsCallTest, TokensAreCheckedPerService) {
   TokenAuthOptions auth;
-  auth.tokens = {"good-token-1", "good-token-2"};
-  auth.certificate_methods = {"/w.W/Join"};
-  auth.open_methods = {"/grpc.health.v1.Health/Check"};
+  auth.tokens = {{"alice", "good-token-1"}, {"admin", "good-token-2"}};
+  auth.certificate_services = {"w.W"};
+  auth.open_services = {"grpc.health.v1.Health"};
   Serve(Identity("coordinator"), ClientCertificate::kOptional, auth);
   TlsOptions token_only;
   token_only.ca_file = Path("ca.pem");
@@ -319,11 +359,17 @@ TEST_F(TlsCallTest, TokensAreCheckedPerMethod) {
   EXPECT_EQ(Call(token_only, "/w.W/Join", "good-token-1").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(Call(token_only, "/grpc.health.v1.Health/Check").ok());
+  // By service: every method of the worker service, none of another with a similar name.
+  EXPECT_EQ(Call(token_only, "/w.W/FetchState", "good-token-1").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call(token_only, "/w.Wx/Join").error_code(), grpc::StatusCode::UNAUTHENTICATED);
   const std::vector<std::string> lines = log();
-  ASSERT_EQ(lines.size(), 3u);
+  ASSERT_EQ(lines.size(), 5u);
   EXPECT_THAT(lines[0], HasSubstr("refused /c.C/List from certificate CN=client: missing token"));
   EXPECT_THAT(lines[1], HasSubstr("from a peer without a certificate: invalid token"));
-  EXPECT_THAT(lines[2], HasSubstr("/w.W/Join is a worker call"));
+  EXPECT_THAT(lines[2], HasSubstr("/w.W/Join is a worker call (w.W)"));
+  EXPECT_THAT(lines[3], HasSubstr("/w.W/FetchState is a worker call (w.W)"));
+  EXPECT_THAT(lines[4], HasSubstr("/w.Wx/Join from a peer without a certificate: missing token"));
 }
 
 TEST_F(TlsCallTest, WithoutTokensClientsNeedACertificate) {

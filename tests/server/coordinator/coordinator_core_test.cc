@@ -15,6 +15,7 @@
 #include "common/model/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "tests/server/coordinator/fake_worker.h"
 
 namespace pipetrain::coordinator {
@@ -100,10 +101,10 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
   }
 
-  absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec, const std::string& owner = "") {
     absl::Notification done;
     absl::StatusOr<v1::JobStatus> result;
-    core_->CreateJob(spec, [&](absl::StatusOr<v1::JobStatus> status) {
+    core_->CreateJob(spec, owner, [&](absl::StatusOr<v1::JobStatus> status) {
       result = std::move(status);
       done.Notify();
     });
@@ -357,6 +358,39 @@ TEST_F(CoordinatorCoreTest, RegistrationIsValidatedAndNamesAreUnique) {
   EXPECT_THAT(refused.message(), HasSubstr("gflops must be > 0"));
   ASSERT_EQ(core_->ListWorkers().size(), 1u);
   EXPECT_EQ(core_->ListWorkers()[0].rank(), -1);
+}
+
+// A job belongs to the principal that created it: another sees no such job (NOT_FOUND, as an
+// unknown one), cannot train, cancel or finish it; admin and unauthenticated callers see all.
+TEST_F(CoordinatorCoreTest, OnlyItsOwnerAndAdminSeeAJob) {
+  AddWorkers(4);
+  absl::StatusOr<v1::JobStatus> alices = CreateJob(MakeSpec(2, 2), "alice");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  EXPECT_EQ(alices->owner(), "alice");
+  absl::StatusOr<v1::JobStatus> bobs = CreateJob(MakeSpec(2, 2), "bob");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  const std::string id = alices->job();
+  const absl::Status hidden = core_->GetJob(id, "bob").status();
+  EXPECT_EQ(hidden.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(hidden.message(), absl::StrCat("unknown job '", id, "'"));  // as for no such job.
+  EXPECT_EQ(core_->CancelJob(id, "mine now", "bob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->FinishJob(id, "bob").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->ClaimJob(id, this, "bob").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->CheckCaller(id, "bob").code(), absl::StatusCode::kNotFound);
+  auto ids = [this](const std::string& caller) {
+    std::vector<std::string> out;
+    for (const v1::JobStatus& j : core_->ListJobs(caller)) out.push_back(j.owner());
+    return out;
+  };
+  EXPECT_THAT(ids("bob"), ElementsAre("bob"));
+  EXPECT_THAT(ids("alice"), ElementsAre("alice"));
+  EXPECT_THAT(ids("admin"), ElementsAre("alice", "bob"));
+  EXPECT_THAT(ids(""), ElementsAre("alice", "bob"));
+  EXPECT_TRUE(core_->CheckCaller(id, "alice").ok());
+  EXPECT_TRUE(core_->GetJob(id, "admin").ok());
+  absl::StatusOr<v1::JobStatus> cancelled = core_->CancelJob(id, "by the admin", "admin");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
 }
 
 TEST_F(CoordinatorCoreTest, TooFewIdleWorkersIsFailedPrecondition) {

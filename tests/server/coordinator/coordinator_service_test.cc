@@ -31,8 +31,10 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "server/link/exchange_service.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/introspection/introspection.h"
+#include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
 #include "server/worker/state_transfer.h"
 
@@ -116,7 +118,7 @@ class FakeWorker {
     address_ = absl::StrCat("127.0.0.1:", port);
 
     channel_ = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
-    stub_ = v1::Coordinator::NewStub(channel_);
+    stub_ = v1::WorkerControl::NewStub(channel_);
     stream_ = stub_->Join(&context_);
     v1::WorkerEvent reg;
     reg.mutable_register_()->set_name(name_);
@@ -472,7 +474,7 @@ class FakeWorker {
   std::unique_ptr<link::ExchangeService> exchange_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::WorkerControl::Stub> stub_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerEvent, v1::WorkerCommand>> stream_;
   std::thread reader_;
@@ -529,7 +531,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     AllowClientKeepalive(builder);
-    builder.RegisterService(service_.get());
+    service_->RegisterOn(builder);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     address_ = absl::StrCat("127.0.0.1:", port);
@@ -569,6 +571,10 @@ class CoordinatorServiceTest : public ::testing::Test {
   }
 
   // A stub on a channel of its own, for calls the SDK does not make as a test needs them.
+  std::unique_ptr<v1::WorkerControl::Stub> RawWorkerStub() const {
+    return v1::WorkerControl::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
   std::unique_ptr<v1::Coordinator::Stub> RawStub() const {
     return v1::Coordinator::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -1083,9 +1089,7 @@ TEST_F(SlowDiskTest, AStalledUploadDelaysNeitherAnotherJobsStepsNorAHealthCheck)
   absl::Status saved = absl::UnknownError("not run");
   std::thread saver([&] { saved = client_->Checkpoint(saving->job(), dir).status(); });
   {
-    auto stalled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_) {
-      return stalled_writes_ > 0;
-    };
+    auto stalled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_) { return stalled_writes_ > 0; };
     absl::MutexLock lock(&disk_mu_);
     ASSERT_TRUE(disk_mu_.AwaitWithTimeout(absl::Condition(&stalled), absl::Seconds(30)));
   }
@@ -1208,7 +1212,7 @@ TEST_F(CoordinatorServiceTest, PutStateTakesFilesOnlyFromTheJobsWorkersForACheck
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  auto stub = RawStub();
+  auto stub = RawWorkerStub();
   auto upload = [&](const std::string& job_id, int64_t epoch, const std::string& worker) {
     worker::StateUpload u;
     u.job = job_id;

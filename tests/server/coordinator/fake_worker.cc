@@ -9,6 +9,7 @@
 #include "common/model/optimizer_proto.h"
 #include "common/model/stage.h"
 #include "common/util/status_macros.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/shard_transfer.h"
 
 namespace pipetrain::coordinator::testing {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 namespace {

@@ -23,8 +23,8 @@ class JobJournalTest : public ::testing::Test {
   }
   void TearDown() override { ASSERT_TRUE(io::RemoveTree(dir_).ok()); }
 
-  static v1::JobRecord Record(const std::string& id, int64_t restore_step) {
-    v1::JobRecord r;
+  static journal::v1::JobRecord Record(const std::string& id, int64_t restore_step) {
+    journal::v1::JobRecord r;
     r.set_job(id);
     r.mutable_spec()->set_stages(3);
     r.mutable_spec()->set_schedule("1f1b");
@@ -111,7 +111,7 @@ TEST_F(JobJournalTest, BadStateDirectoriesAndIdsAreRefused) {
   absl::StatusOr<std::unique_ptr<JobJournal>> journal = JobJournal::Open(dir_);
   ASSERT_TRUE(journal.ok());
   (*journal)->Track("../escape");
-  v1::JobRecord r;
+  journal::v1::JobRecord r;
   r.set_job("../escape");
   EXPECT_TRUE(absl::IsInvalidArgument((*journal)->Write(r)));
   EXPECT_TRUE((*journal)->Remove("../escape").ok());

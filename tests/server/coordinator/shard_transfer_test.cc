@@ -11,6 +11,7 @@
 #include "common/io/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
 namespace {

@@ -7,6 +7,7 @@
 #include "common/schedule/generator.h"
 #include "common/schedule/simulator.h"
 #include "gtest/gtest.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 
 namespace pipetrain::coordinator {

@@ -1,6 +1,6 @@
 // StageWorkerDaemon end to end on loopback (127.0.0.1): a fake coordinator (the generated
-// Coordinator callback service, Join only) registers two real daemons in this process, assigns a
-// small MLP split over them with a 1F1B plan, feeds inputs and targets over Exchange as
+// WorkerControl callback service: Join and PutState) registers two real daemons in this process,
+// assigns a small MLP split over them with a 1F1B plan, feeds inputs and targets over Exchange as
 // "coordinator", runs steps with Commit, and compares losses and the saved layer files bitwise
 // with the reference trainer. Plus: a bad Assign is answered with INVALID_ARGUMENT, and a lost
 // neighbour fails the step. Synchronisation waits on conditions (AwaitWithTimeout), never sleeps;
@@ -39,6 +39,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/link/peer_link.h"
 #include "server/worker/stage_worker_daemon.h"
@@ -63,10 +65,10 @@ constexpr int64_t kSamples = 16;
 
 // ------------------------------------------------------------------ the fake coordinator
 
-// Implements Coordinator.Join, recording each worker's events by the name it registered with and
-// sending commands to it, and Coordinator.PutState, keeping the uploaded files' bytes by name.
+// Implements WorkerControl.Join, recording each worker's events by the name it registered with and
+// sending commands to it, and WorkerControl.PutState, keeping the uploaded files' bytes by name.
 // Thread-safe.
-class FakeCoordinator final : public v1::Coordinator::CallbackService {
+class FakeCoordinator final : public v1::WorkerControl::CallbackService {
  public:
   grpc::ServerReadReactor<v1::PutStateRequest>* PutState(grpc::CallbackServerContext* context,
                                                          v1::PutStateResponse* response) override {
