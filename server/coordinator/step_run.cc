@@ -93,16 +93,15 @@ absl::Status StepRun::AdmitJob() {
 absl::Status StepRun::AwaitAbortedRuns() {
   if (job_->op.UnansweredRanks().empty()) return absl::OkStatus();
   job_->op.error = absl::OkStatus();
-  Job* job = job_;
   PT_RETURN_IF_ERROR(core_.AwaitOp(
-      *job,
-      [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
-        return job->state != JobState::kReady || job->op.UnansweredRanks().empty();
+      *job_,
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_->mu) {
+        return job_->state != JobState::kReady || job_->op.UnansweredRanks().empty();
       },
       deadline_, "the answers to an aborted step",
-      [this, job](absl::Duration waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
-        core_.Log(absl::StrCat("job ", job->id, ": waiting for ",
-                               CoordinatorCore::RankLabels(*job, job->op.UnansweredRanks()),
+      [this](absl::Duration waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_->mu) {
+        core_.Log(absl::StrCat("job ", job_->id, ": waiting for ",
+                               CoordinatorCore::RankLabels(*job_, job_->op.UnansweredRanks()),
                                " to answer an aborted step before the next batch goes out, for ",
                                absl::ToInt64Seconds(waited), " s"),
                   logging::LogLevel::kWarning);
@@ -169,13 +168,12 @@ absl::Status StepRun::Start(const absl::Status& feed) {
 }
 
 absl::Status StepRun::AwaitReports() {
-  Job* job = job_;
   absl::Status waited = core_.AwaitOp(
-      *job, [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) { return job->op.AllReported(); },
+      *job_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_->mu) { return job_->op.AllReported(); },
       deadline_, absl::StrCat("StepDone of step ", step_),
-      [this, job](absl::Duration waited_so_far) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
-        core_.Log(absl::StrCat("job ", job->id, " step ", step_, ": waiting for ",
-                               CoordinatorCore::RankLabels(*job, job->op.RanksWithoutReport()),
+      [this](absl::Duration waited_so_far) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_->mu) {
+        core_.Log(absl::StrCat("job ", job_->id, " step ", step_, ": waiting for ",
+                               CoordinatorCore::RankLabels(*job_, job_->op.RanksWithoutReport()),
                                " for ", absl::ToInt64Seconds(waited_so_far), " s (deadline ",
                                absl::FormatDuration(deadline_), ")"),
                   logging::LogLevel::kWarning);

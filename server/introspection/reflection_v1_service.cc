@@ -33,6 +33,61 @@ void SetError(grpc::StatusCode code, const std::string& message,
   response->mutable_error_response()->set_error_message(message);
 }
 
+// Answers file_by_filename: the file and its dependencies not sent yet, or NOT_FOUND.
+void AnswerFileByName(const DescriptorPool& pool, const std::string& name,
+                      std::set<std::string>* sent, ServerReflectionResponse* response) {
+  if (const FileDescriptor* f = pool.FindFileByName(name)) {
+    AddFile(f, sent, response);
+  } else {
+    SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat("file not found: ", name), response);
+  }
+}
+
+// Answers file_containing_symbol: the symbol's file and its dependencies not sent yet, or
+// NOT_FOUND.
+void AnswerFileContainingSymbol(const DescriptorPool& pool, const std::string& symbol,
+                                std::set<std::string>* sent, ServerReflectionResponse* response) {
+  if (const FileDescriptor* f = pool.FindFileContainingSymbol(symbol)) {
+    AddFile(f, sent, response);
+  } else {
+    SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat("symbol not found: ", symbol), response);
+  }
+}
+
+// Answers file_containing_extension: the extension's file and its dependencies not sent yet, or
+// NOT_FOUND.
+void AnswerFileContainingExtension(const DescriptorPool& pool,
+                                   const grpc::reflection::v1::ExtensionRequest& ext,
+                                   std::set<std::string>* sent,
+                                   ServerReflectionResponse* response) {
+  const google::protobuf::Descriptor* type = pool.FindMessageTypeByName(ext.containing_type());
+  const google::protobuf::FieldDescriptor* field =
+      type == nullptr ? nullptr : pool.FindExtensionByNumber(type, ext.extension_number());
+  if (field != nullptr) {
+    AddFile(field->file(), sent, response);
+  } else {
+    SetError(grpc::StatusCode::NOT_FOUND,
+             absl::StrCat("extension ", ext.extension_number(), " of ", ext.containing_type(),
+                          " not found"),
+             response);
+  }
+}
+
+// Answers all_extension_numbers_of_type: the numbers of the type's extensions, or NOT_FOUND.
+void AnswerAllExtensionNumbers(const DescriptorPool& pool, const std::string& name,
+                               ServerReflectionResponse* response) {
+  const google::protobuf::Descriptor* type = pool.FindMessageTypeByName(name);
+  if (type == nullptr) {
+    SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat("type not found: ", name), response);
+    return;
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> extensions;
+  pool.FindAllExtensions(type, &extensions);
+  auto* numbers = response->mutable_all_extension_numbers_response();
+  numbers->set_base_type_name(type->full_name());
+  for (const auto* e : extensions) numbers->add_extension_number(e->number());
+}
+
 }  // namespace
 
 void ReflectionV1Service::SetServices(std::vector<std::string> services) {
@@ -43,75 +98,48 @@ void ReflectionV1Service::SetServices(std::vector<std::string> services) {
 grpc::Status ReflectionV1Service::ServerReflectionInfo(
     grpc::ServerContext* /*context*/,
     grpc::ServerReaderWriter<ServerReflectionResponse, ServerReflectionRequest>* stream) {
-  const DescriptorPool* pool = DescriptorPool::generated_pool();
   std::set<std::string> sent;  // files already sent on this stream (once each, as v1alpha does).
   ServerReflectionRequest request;
   while (stream->Read(&request)) {
     ServerReflectionResponse response;
     response.set_valid_host(request.host());
     *response.mutable_original_request() = request;
-    switch (request.message_request_case()) {
-      case ServerReflectionRequest::kListServices: {
-        absl::MutexLock lock(&mu_);
-        for (const std::string& name : services_) {
-          response.mutable_list_services_response()->add_service()->set_name(name);
-        }
-        break;
-      }
-      case ServerReflectionRequest::kFileByFilename:
-        if (const FileDescriptor* f = pool->FindFileByName(request.file_by_filename())) {
-          AddFile(f, &sent, &response);
-        } else {
-          SetError(grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("file not found: ", request.file_by_filename()), &response);
-        }
-        break;
-      case ServerReflectionRequest::kFileContainingSymbol:
-        if (const FileDescriptor* f =
-                pool->FindFileContainingSymbol(request.file_containing_symbol())) {
-          AddFile(f, &sent, &response);
-        } else {
-          SetError(grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("symbol not found: ", request.file_containing_symbol()), &response);
-        }
-        break;
-      case ServerReflectionRequest::kFileContainingExtension: {
-        const auto& ext = request.file_containing_extension();
-        const google::protobuf::Descriptor* type =
-            pool->FindMessageTypeByName(ext.containing_type());
-        const google::protobuf::FieldDescriptor* field =
-            type == nullptr ? nullptr : pool->FindExtensionByNumber(type, ext.extension_number());
-        if (field != nullptr) {
-          AddFile(field->file(), &sent, &response);
-        } else {
-          SetError(grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("extension ", ext.extension_number(), " of ", ext.containing_type(),
-                                " not found"),
-                   &response);
-        }
-        break;
-      }
-      case ServerReflectionRequest::kAllExtensionNumbersOfType: {
-        const std::string& name = request.all_extension_numbers_of_type();
-        const google::protobuf::Descriptor* type = pool->FindMessageTypeByName(name);
-        if (type == nullptr) {
-          SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat("type not found: ", name), &response);
-          break;
-        }
-        std::vector<const google::protobuf::FieldDescriptor*> extensions;
-        pool->FindAllExtensions(type, &extensions);
-        auto* numbers = response.mutable_all_extension_numbers_response();
-        numbers->set_base_type_name(type->full_name());
-        for (const auto* e : extensions) numbers->add_extension_number(e->number());
-        break;
-      }
-      case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
-        SetError(grpc::StatusCode::UNIMPLEMENTED, "empty reflection request", &response);
-        break;
-    }
+    Answer(request, &sent, &response);
     if (!stream->Write(response)) break;
   }
   return grpc::Status::OK;
+}
+
+void ReflectionV1Service::Answer(const ServerReflectionRequest& request,
+                                 std::set<std::string>* sent, ServerReflectionResponse* response) {
+  const DescriptorPool& pool = *DescriptorPool::generated_pool();
+  switch (request.message_request_case()) {
+    case ServerReflectionRequest::kListServices:
+      ListServices(response);
+      break;
+    case ServerReflectionRequest::kFileByFilename:
+      AnswerFileByName(pool, request.file_by_filename(), sent, response);
+      break;
+    case ServerReflectionRequest::kFileContainingSymbol:
+      AnswerFileContainingSymbol(pool, request.file_containing_symbol(), sent, response);
+      break;
+    case ServerReflectionRequest::kFileContainingExtension:
+      AnswerFileContainingExtension(pool, request.file_containing_extension(), sent, response);
+      break;
+    case ServerReflectionRequest::kAllExtensionNumbersOfType:
+      AnswerAllExtensionNumbers(pool, request.all_extension_numbers_of_type(), response);
+      break;
+    case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
+      SetError(grpc::StatusCode::UNIMPLEMENTED, "empty reflection request", response);
+      break;
+  }
+}
+
+void ReflectionV1Service::ListServices(ServerReflectionResponse* response) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& name : services_) {
+    response->mutable_list_services_response()->add_service()->set_name(name);
+  }
 }
 
 }  // namespace pipetrain::introspection

@@ -5,6 +5,7 @@
 #ifndef PIPETRAIN_SERVER_INTROSPECTION_REFLECTION_V1_SERVICE_H_
 #define PIPETRAIN_SERVER_INTROSPECTION_REFLECTION_V1_SERVICE_H_
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,15 @@ class ReflectionV1Service final : public grpc::reflection::v1::ServerReflection:
                                grpc::reflection::v1::ServerReflectionRequest>* stream) override;
 
  private:
+  // Fills `response` with the answer to `request` (or its error_response); `sent`: the files
+  // already sent on this stream, which are not sent again.
+  void Answer(const grpc::reflection::v1::ServerReflectionRequest& request,
+              std::set<std::string>* sent, grpc::reflection::v1::ServerReflectionResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Answers list_services with the services SetServices named.
+  void ListServices(grpc::reflection::v1::ServerReflectionResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   absl::Mutex mu_;
   // What ListServices answers; set once the server is built.
   std::vector<std::string> services_ ABSL_GUARDED_BY(mu_);

@@ -80,6 +80,13 @@ absl::StatusOr<std::shared_ptr<StripeGroup>> StripeRegistry::Join(const PeerHell
                                         " of a link from '", hello.peer, "'");
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
+  DropGoneLocked(now);
+  auto it = links_.find(stripe.link_id);
+  if (it == links_.end()) return RegisterLocked(hello, stripe, options, accept, now, what);
+  return JoinLocked(hello, stripe, what, &it->second);
+}
+
+void StripeRegistry::DropGoneLocked(absl::Time now) {
   for (auto it = links_.begin(); it != links_.end();) {
     const Entry& e = it->second;
     const bool gone = e.rejected.ok() ? e.group.expired() : now - e.created > absl::Minutes(1);
@@ -89,29 +96,37 @@ absl::StatusOr<std::shared_ptr<StripeGroup>> StripeRegistry::Join(const PeerHell
       ++it;
     }
   }
-  auto it = links_.find(stripe.link_id);
-  if (it == links_.end()) {
-    if (links_.size() >= kMaxPendingLinks) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, ": ", kMaxPendingLinks, " striped links are open already (the limit)"));
-    }
-    Entry entry;
-    entry.hello = hello;
-    entry.count = stripe.count;
-    entry.arrived.assign(stripe.count, false);
-    entry.arrived[stripe.index] = true;
-    entry.created = now;
-    absl::StatusOr<std::shared_ptr<StripeGroup>> group =
-        AcceptLink(hello, stripe.count, options, accept);
-    if (group.ok()) {
-      entry.group = *group;
-    } else {
-      entry.rejected = group.status();
-    }
-    links_.emplace(stripe.link_id, std::move(entry));
-    return group;
+}
+
+absl::StatusOr<std::shared_ptr<StripeGroup>> StripeRegistry::RegisterLocked(
+    const PeerHello& hello, const StripeHello& stripe, const LinkOptions& options,
+    const AcceptFn& accept, absl::Time now, const std::string& what) {
+  if (links_.size() >= kMaxPendingLinks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": ", kMaxPendingLinks, " striped links are open already (the limit)"));
   }
-  Entry& e = it->second;
+  Entry entry;
+  entry.hello = hello;
+  entry.count = stripe.count;
+  entry.arrived.assign(stripe.count, false);
+  entry.arrived[stripe.index] = true;
+  entry.created = now;
+  absl::StatusOr<std::shared_ptr<StripeGroup>> group =
+      AcceptLink(hello, stripe.count, options, accept);
+  if (group.ok()) {
+    entry.group = *group;
+  } else {
+    entry.rejected = group.status();
+  }
+  links_.emplace(stripe.link_id, std::move(entry));
+  return group;
+}
+
+absl::StatusOr<std::shared_ptr<StripeGroup>> StripeRegistry::JoinLocked(const PeerHello& hello,
+                                                                        const StripeHello& stripe,
+                                                                        const std::string& what,
+                                                                        Entry* entry) {
+  Entry& e = *entry;
   if (e.count != stripe.count || e.hello.peer != hello.peer ||
       e.hello.identity.job != hello.identity.job ||
       e.hello.identity.epoch != hello.identity.epoch ||

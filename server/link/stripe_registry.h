@@ -76,6 +76,24 @@ class StripeRegistry {
     absl::Time created;
   };
 
+  // Steps of Join, under mu_.
+  // Forgets the links that are closed, and the rejected ones registered over a minute before
+  // `now`.
+  void DropGoneLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first stripe of a link: offers it to `accept` (AcceptLink) and registers the outcome,
+  // accepted or rejected, for its later stripes. RESOURCE_EXHAUSTED when kMaxPendingLinks links
+  // are registered. `what` names the stripe for messages.
+  absl::StatusOr<std::shared_ptr<StripeGroup>> RegisterLocked(
+      const PeerHello& hello, const StripeHello& stripe, const LinkOptions& options,
+      const AcceptFn& accept, absl::Time now, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A later stripe of the link registered as `*entry` (an element of links_): its group, once
+  // its hello and count match the first stripe's and its index is new; Join's errors otherwise.
+  absl::StatusOr<std::shared_ptr<StripeGroup>> JoinLocked(const PeerHello& hello,
+                                                          const StripeHello& stripe,
+                                                          const std::string& what, Entry* entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Protects the table of striped links (held while the AcceptFn runs, so that a link's later
   // stripes find it accepted or rejected).
   absl::Mutex mu_;

@@ -1,7 +1,6 @@
 #include "server/worker/executor.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/reference_trainer.h"
 #include "common/util/status_macros.h"
+#include "server/worker/action_list.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -21,10 +21,6 @@ using wire::TensorKind;
 // Prefixes `status`'s message with `context`, keeping its code.
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
-}
-
-std::string At(size_t position, const Action& action) {
-  return absl::StrCat("position ", position, " ", schedule::ActionToString(action));
 }
 
 }  // namespace
@@ -140,92 +136,6 @@ std::vector<int> StepExecutor::chunk_indices() const {
   return out;
 }
 
-absl::Status StepExecutor::CheckActions(const std::vector<Action>& actions,
-                                        int* microbatches) const {
-  if (actions.empty()) return absl::InvalidArgumentError("the action list is empty");
-  // Every micro-batch needs an F per chunk, so M <= number of actions: bounds the tables below.
-  const int64_t mb_limit = static_cast<int64_t>(actions.size());
-  int m = 0;
-  for (size_t i = 0; i < actions.size(); ++i) {
-    const Action& a = actions[i];
-    if (a.chunk < 0 || a.chunk >= num_chunks_ || local_of_chunk_[a.chunk] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(At(i, a), ": chunk ", a.chunk, " is not held by this worker"));
-    }
-    if (a.mb < 0 || a.mb >= mb_limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(At(i, a), ": micro-batch ", a.mb, " is outside [0, ", mb_limit, ")"));
-    }
-    m = std::max(m, a.mb + 1);
-  }
-  const int local_chunks = static_cast<int>(chunks_.size());
-  // Position of F, B, I, W for each (mb, local chunk); -1 = not seen.
-  enum { kF, kB, kI, kW };
-  std::vector<std::array<int64_t, 4>> pos(static_cast<size_t>(m) * local_chunks,
-                                          std::array<int64_t, 4>{-1, -1, -1, -1});
-  std::vector<int> last_weight_mb(local_chunks, -1);
-  std::vector<int64_t> last_weight_pos(local_chunks, -1);
-  for (size_t i = 0; i < actions.size(); ++i) {
-    const Action& a = actions[i];
-    const int local = local_of_chunk_[a.chunk];
-    std::array<int64_t, 4>& p = pos[static_cast<size_t>(a.mb) * local_chunks + local];
-    const int64_t here = static_cast<int64_t>(i);
-    auto error = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat(At(i, a), ": ", what));
-    };
-    switch (a.op) {
-      case Op::kForward:
-        if (p[kF] >= 0) {
-          return error(absl::StrCat("second forward (first at position ", p[kF], ")"));
-        }
-        p[kF] = here;
-        break;
-      case Op::kBackward:
-      case Op::kInputGrad:
-        if (p[kF] < 0) return error("runs before the forward of its micro-batch and chunk");
-        if (p[kB] >= 0 || p[kI] >= 0) {
-          return error(
-              absl::StrCat("second backward (first at position ", std::max(p[kB], p[kI]), ")"));
-        }
-        p[a.op == Op::kBackward ? kB : kI] = here;
-        break;
-      case Op::kWeightGrad:
-        if (p[kB] >= 0) return error(absl::StrCat("after a full B at position ", p[kB]));
-        if (p[kI] < 0) return error("runs before the I of its micro-batch and chunk");
-        if (p[kW] >= 0) return error(absl::StrCat("second W (first at position ", p[kW], ")"));
-        p[kW] = here;
-        break;
-    }
-    if (a.op == Op::kBackward || a.op == Op::kWeightGrad) {
-      if (a.mb <= last_weight_mb[local]) {
-        return error(absl::StrCat(
-            "accumulates weight gradients after micro-batch ", last_weight_mb[local],
-            " did at position ", last_weight_pos[local],
-            "; they must accumulate in increasing micro-batch order for bitwise equality"));
-      }
-      last_weight_mb[local] = a.mb;
-      last_weight_pos[local] = here;
-    }
-  }
-  for (int mb = 0; mb < m; ++mb) {
-    for (int local = 0; local < local_chunks; ++local) {
-      const std::array<int64_t, 4>& p = pos[static_cast<size_t>(mb) * local_chunks + local];
-      const std::string what = absl::StrCat("(mb=", mb, ", chunk=", chunks_[local].chunk, ")");
-      if (p[kF] < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("no F", what, " although the actions cover micro-batches [0, ", m, ")"));
-      }
-      if (p[kB] < 0 && p[kW] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            p[kI] < 0 ? "no B or I" : "no W", what, " after its ",
-            p[kI] < 0 ? "F at position " : "I at position ", p[kI] < 0 ? p[kF] : p[kI]));
-      }
-    }
-  }
-  *microbatches = m;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector<Action>& actions,
                                                  int64_t batch_rows) {
   const Clock::time_point t0 = Clock::now();
@@ -237,10 +147,9 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     return absl::FailedPreconditionError(
         absl::StrCat("RunStep(", step, "): the previous step failed and was not aborted"));
   }
-  int m = 0;
-  if (absl::Status s = CheckActions(actions, &m); !s.ok()) {
-    return WithContext(s, absl::StrCat("step ", step));
-  }
+  const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_);
+  if (!microbatches.ok()) return WithContext(microbatches.status(), absl::StrCat("step ", step));
+  const int m = *microbatches;
   if (batch_rows < 1 || batch_rows % m != 0 || (batch_rows / m) % model_->tokens_per_sample()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step, ": batch of ", batch_rows, " rows does not split into ", m,
@@ -267,7 +176,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     report.wait_time += t.wait();
     report.compute_time += t.compute();
   }
-  // Each chunk's norms were taken by its last W (CheckActions: m W per chunk, in order).
+  // Each chunk's norms were taken by its last W (CheckActionList: m W per chunk, in order).
   for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
     const model::Stage& stage = chunks_[local].stage;
     const std::vector<double>& norms = chunk_norms_[local];
@@ -313,7 +222,7 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
         s = WeightGrad(a, local);
         break;
     }
-    if (!s.ok()) return WithContext(s, absl::StrCat("step ", step, " ", At(i, a)));
+    if (!s.ok()) return WithContext(s, absl::StrCat("step ", step, " ", ActionAt(i, a)));
     const Clock::time_point end = Clock::now();
     report->timings.push_back(ActionTiming{a, absl::FromChrono(start - t0),
                                            absl::FromChrono(ready - t0), absl::FromChrono(end - t0),
@@ -323,7 +232,7 @@ absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& 
     report->peak_stashed_bytes = std::max(report->peak_stashed_bytes, InFlightBytes());
   }
   if (!in_flight_.empty()) {
-    // CheckActions makes this unreachable; kept so a bug cannot leak state into the next step.
+    // CheckActionList makes this unreachable; kept so a bug cannot leak state into the next step.
     return absl::InternalError(
         absl::StrCat("step ", step, ": ", in_flight_.size(), " micro-batch states left in flight"));
   }

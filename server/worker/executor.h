@@ -200,9 +200,7 @@ class StepExecutor {
   StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
                Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
 
-  // The checks RunStep documents before any compute; sets *microbatches.
-  absl::Status CheckActions(const std::vector<schedule::Action>& actions, int* microbatches) const;
-  // Runs the checked `actions`; timings are relative to `t0`.
+  // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
   absl::Status RunStepImpl(int64_t step, const std::vector<schedule::Action>& actions,
                            int64_t batch_rows, int microbatches, Clock::time_point t0,
                            StepReport* report);

@@ -75,7 +75,11 @@ ABSL_FLAG(int64_t, link_stripe_threshold, int64_t{4} << 20,
           "on a link of several connections, tensors of at least this many bytes are split over "
           "them; smaller ones go whole on the first connection");
 
-int main(int argc, char** argv) {
+namespace {
+
+// Tunes the process before any thread starts: no lock-order bookkeeping in release builds, large
+// buffers kept on the heap. Never fails (a tuning that cannot be applied is reported on stderr).
+void TuneProcess() {
   // Release builds: no lock-order bookkeeping on every Mutex acquisition (lock_checks.h).
   pipetrain::util::ConfigureLockChecks();
   // gRPC allocates multi-MiB receive slices per read and Eigen a packing buffer per product;
@@ -85,32 +89,24 @@ int main(int argc, char** argv) {
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
     std::cerr << "stage_worker: " << s.message() << "; continuing with glibc's defaults\n";
   }
-  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
-  const pipetrain::ProgramSpec program{
-      "stage_worker",
-      "the pipetrain stage worker daemon: joins a coordinator and runs its pipeline stages; serves "
-      "pipetrain.v1.StageWorker, health and reflection",
-      {},
-      pipetrain::ProgramFlags(),
-      ""};
-  absl::SetProgramUsageMessage(program.summary);
-  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
-    return *exit_code;
-  }
-  // Before any other thread starts, so that every thread of the daemon inherits the CPUs.
+}
+
+// Confines the process to --cpus and configures logging from --log-format and --log-level; the
+// error to print (naming the flag) otherwise. Before any other thread starts, so that every
+// thread of the daemon inherits the CPUs.
+absl::Status ConfigureProcess() {
   if (const std::string cpus = absl::GetFlag(FLAGS_cpus); !cpus.empty()) {
     if (absl::Status s = pipetrain::util::ConfineToCpuList(cpus); !s.ok()) {
-      absl::FPrintF(stderr, "stage_worker: --cpus: %s\n", s.message());
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat("--cpus: ", s.message()));
     }
   }
-  if (const absl::Status s = pipetrain::logging::ConfigureLoggingFromFlags(
-          absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
-      !s.ok()) {
-    absl::FPrintF(stderr, "stage_worker: %s\n", s.message());
-    return 2;
-  }
+  return pipetrain::logging::ConfigureLoggingFromFlags(absl::GetFlag(FLAGS_log_format),
+                                                       absl::GetFlag(FLAGS_log_level));
+}
 
+// The daemon's options from the flags (all but the metrics); INVALID_ARGUMENT naming the flag
+// for a bad --max-isa or --link-connections.
+absl::StatusOr<pipetrain::worker::StageWorkerOptions> OptionsFromFlags() {
   pipetrain::worker::StageWorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -129,8 +125,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::optional<pipetrain::math::Isa>> max_isa =
       pipetrain::math::ParseOptionalIsa(absl::GetFlag(FLAGS_max_isa));
   if (!max_isa.ok()) {
-    absl::FPrintF(stderr, "stage_worker: --max-isa: %s\n", max_isa.status().message());
-    return 2;
+    return absl::InvalidArgumentError(absl::StrCat("--max-isa: ", max_isa.status().message()));
   }
   options.max_isa = *max_isa;
   if (const std::string connections = absl::GetFlag(FLAGS_link_connections);
@@ -138,24 +133,55 @@ int main(int argc, char** argv) {
     options.link_connections = 0;
   } else if (!absl::SimpleAtoi(connections, &options.link_connections) ||
              options.link_connections < 1) {
-    absl::FPrintF(stderr, "stage_worker: --link-connections must be auto or 1-8, got '%s'\n",
-                  connections);
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link-connections must be auto or 1-8, got '", connections, "'"));
   }
   options.link.stripe_min_bytes = absl::GetFlag(FLAGS_link_stripe_threshold);
+  return options;
+}
 
-  // Block the stop signals in every thread (the daemon's threads inherit the mask) and wait for
-  // them here, so that shutdown runs in ordinary thread context.
+// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards (they inherit
+// the mask) and returns them, for sigwait: shutdown then runs in ordinary thread context.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TuneProcess();
+  // Every flag defined here; --help lists them, dashes and underscores alike, flag files too.
+  const pipetrain::ProgramSpec program{
+      "stage_worker",
+      "the pipetrain stage worker daemon: joins a coordinator and runs its pipeline stages; serves "
+      "pipetrain.v1.StageWorker, health and reflection",
+      {},
+      pipetrain::ProgramFlags(),
+      ""};
+  absl::SetProgramUsageMessage(program.summary);
+  if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
+    return *exit_code;
+  }
+  if (const absl::Status s = ConfigureProcess(); !s.ok()) {
+    absl::FPrintF(stderr, "stage_worker: %s\n", s.message());
+    return 2;
+  }
+  absl::StatusOr<pipetrain::worker::StageWorkerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    absl::FPrintF(stderr, "stage_worker: %s\n", options.status().message());
+    return 2;
+  }
+  const sigset_t stop_signals = BlockStopSignals();
 
   pipetrain::metrics::MetricsRegistry metrics_registry("stage_worker");
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
-    options.metrics = std::make_shared<pipetrain::metrics::WorkerMetrics>(metrics_registry);
+    options->metrics = std::make_shared<pipetrain::metrics::WorkerMetrics>(metrics_registry);
   }
   absl::StatusOr<std::unique_ptr<pipetrain::metrics::MetricsServer>> metrics_server =
       pipetrain::metrics::MetricsServer::ServeIfRequested(metrics_listen, metrics_registry,
@@ -164,7 +190,7 @@ int main(int argc, char** argv) {
     absl::FPrintF(stderr, "stage_worker: %s\n", metrics_server.status().message());
     return 2;
   }
-  auto daemon = pipetrain::worker::StageWorkerDaemon::Start(options);
+  auto daemon = pipetrain::worker::StageWorkerDaemon::Start(*options);
   if (!daemon.ok()) {
     absl::FPrintF(stderr, "stage_worker: %s\n", daemon.status().ToString());
     return 2;

@@ -363,9 +363,13 @@ void StageWorkerDaemon::HandleTask(Task task) {
       }
       return;
     case Task::Kind::kCommand:
-      break;
+      HandleCommand(task.command, job);
+      return;
   }
-  const v1::WorkerCommand& command = task.command;
+}
+
+void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
+                                      const std::shared_ptr<WorkerJob>& job) {
   switch (command.command_case()) {
     case v1::WorkerCommand::kAssign:
       HandleAssign(command.assign());

@@ -173,7 +173,13 @@ class StageWorkerDaemon final : private JobHost {
   void SessionLoop();
   // Command thread: runs tasks in order until shutdown.
   void CommandLoop();
-  void HandleTask(Task task);
+  // Runs one task on the command thread: a command, the lost control stream (drops the job) or
+  // a failed link of the current job (WorkerJob::OnLinkFailed).
+  void HandleTask(Task task) ABSL_LOCKS_EXCLUDED(job_mu_);
+  // Hands a coordinator command to `job` (the current job, or null) if it names it, else answers
+  // it (CheckCurrent); Assign replaces the job; Release and OpenLinks of another job are ignored.
+  void HandleCommand(const v1::WorkerCommand& command, const std::shared_ptr<WorkerJob>& job)
+      ABSL_LOCKS_EXCLUDED(job_mu_);
   void HandleAssign(const v1::Assign& assign);
   // Drops the current job (aborts its step, closes its links, joins its compute thread).
   void DropJob(absl::string_view why);

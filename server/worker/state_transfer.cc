@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/checkpoint.h"
@@ -20,6 +22,89 @@ struct Incoming {
   std::string bytes;
 };
 
+// Assembles the files of one FetchState stream chunk by chunk, and parses each once complete.
+class StateReceiver {
+ public:
+  explicit StateReceiver(const StateRequest& request) : request_(request) {}
+
+  // Takes the stream's next chunk: the start of a new file (the previous one is then complete)
+  // or the continuation of the current one. Errors (FetchState's): the previous file's
+  // (FinishFile), INVALID_ARGUMENT for a file outside this worker's chunks, DATA_LOSS for a chunk
+  // that does not continue its file or overruns its announced size.
+  absl::Status Add(const v1::StateChunk& chunk);
+  // Once the stream ended OK: every tensor received, the last file checked (FinishFile).
+  absl::StatusOr<std::map<std::string, math::Tensor>> Finish();
+
+ private:
+  // Verifies the complete file and moves its tensors into tensors_: ParseCheckpointShard's
+  // errors (DATA_LOSS if it is short), INVALID_ARGUMENT for a tensor sent twice.
+  absl::Status FinishFile();
+  // Begins the file whose first chunk is `chunk`, if it lies within one of the request's layer
+  // ranges and announces a sane size (INVALID_ARGUMENT otherwise).
+  absl::Status StartFile(const v1::StateChunk& chunk);
+
+  const StateRequest& request_;
+  std::map<std::string, math::Tensor> tensors_;
+  std::optional<Incoming> file_;
+};
+
+absl::Status StateReceiver::Add(const v1::StateChunk& chunk) {
+  if (!file_.has_value() || chunk.file() != file_->shard.file) {
+    if (file_.has_value()) PT_RETURN_IF_ERROR(FinishFile());
+    PT_RETURN_IF_ERROR(StartFile(chunk));
+  }
+  if (chunk.offset() != static_cast<int64_t>(file_->bytes.size()) ||
+      static_cast<int64_t>(file_->bytes.size() + chunk.data().size()) > file_->shard.bytes) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", file_->shard.file, ": chunk at offset ", chunk.offset(),
+                     " does not continue the ", file_->bytes.size(), " bytes received"));
+  }
+  file_->bytes.append(chunk.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, math::Tensor>> StateReceiver::Finish() {
+  if (file_.has_value()) PT_RETURN_IF_ERROR(FinishFile());
+  return std::move(tensors_);
+}
+
+absl::Status StateReceiver::FinishFile() {
+  const std::string where =
+      absl::StrCat("checkpoint file ", file_->shard.file, " (from the coordinator)");
+  PT_ASSIGN_OR_RETURN(
+      io::SafetensorsFile parsed,
+      model::ParseCheckpointShard(where, file_->shard, file_->bytes, request_.step));
+  for (auto& [name, tensor] : parsed.tensors) {
+    if (!tensors_.emplace(name, std::move(tensor)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " sent twice"));
+    }
+  }
+  file_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status StateReceiver::StartFile(const v1::StateChunk& chunk) {
+  bool inside = false;
+  for (const auto& [first, last] : request_.layer_ranges) {
+    inside = inside || (chunk.first_layer() >= first && chunk.last_layer() <= last &&
+                        chunk.first_layer() < chunk.last_layer());
+  }
+  if (!inside || chunk.bytes() < 0 || chunk.bytes() > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the coordinator sent checkpoint file ", chunk.file(), " of layers [",
+                     chunk.first_layer(), ", ", chunk.last_layer(), ") (", chunk.bytes(),
+                     " bytes), which is not within this worker's chunks"));
+  }
+  file_.emplace();
+  file_->shard.file = chunk.file();
+  file_->shard.first_layer = chunk.first_layer();
+  file_->shard.last_layer = chunk.last_layer();
+  file_->shard.sha256 = chunk.sha256();
+  file_->shard.bytes = chunk.bytes();
+  file_->bytes.reserve(static_cast<size_t>(chunk.bytes()));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl::Stub* stub,
@@ -31,61 +116,10 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl
   fetch.set_epoch(request.epoch);
   fetch.set_worker(request.worker);
   std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader = stub->FetchState(&context, fetch);
-
-  std::map<std::string, math::Tensor> tensors;
-  std::optional<Incoming> file;
-  // Verifies the complete file and moves its tensors into `tensors`.
-  auto finish_file = [&]() -> absl::Status {
-    const std::string where =
-        absl::StrCat("checkpoint file ", file->shard.file, " (from the coordinator)");
-    PT_ASSIGN_OR_RETURN(io::SafetensorsFile parsed,
-                        model::ParseCheckpointShard(where, file->shard, file->bytes, request.step));
-    for (auto& [name, tensor] : parsed.tensors) {
-      if (!tensors.emplace(name, std::move(tensor)).second) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": tensor ", name, " sent twice"));
-      }
-    }
-    file.reset();
-    return absl::OkStatus();
-  };
-
+  StateReceiver receiver(request);
   v1::StateChunk chunk;
   absl::Status bad;
-  while (bad.ok() && reader->Read(&chunk)) {
-    if (!file.has_value() || chunk.file() != file->shard.file) {
-      if (file.has_value()) {
-        bad = finish_file();  // DATA_LOSS if it is short.
-        if (!bad.ok()) break;
-      }
-      bool inside = false;
-      for (const auto& [first, last] : request.layer_ranges) {
-        inside = inside || (chunk.first_layer() >= first && chunk.last_layer() <= last &&
-                            chunk.first_layer() < chunk.last_layer());
-      }
-      if (!inside || chunk.bytes() < 0 || chunk.bytes() > (int64_t{1} << 40)) {
-        bad = absl::InvalidArgumentError(
-            absl::StrCat("the coordinator sent checkpoint file ", chunk.file(), " of layers [",
-                         chunk.first_layer(), ", ", chunk.last_layer(), ") (", chunk.bytes(),
-                         " bytes), which is not within this worker's chunks"));
-        break;
-      }
-      file.emplace();
-      file->shard.file = chunk.file();
-      file->shard.first_layer = chunk.first_layer();
-      file->shard.last_layer = chunk.last_layer();
-      file->shard.sha256 = chunk.sha256();
-      file->shard.bytes = chunk.bytes();
-      file->bytes.reserve(static_cast<size_t>(chunk.bytes()));
-    }
-    if (chunk.offset() != static_cast<int64_t>(file->bytes.size()) ||
-        static_cast<int64_t>(file->bytes.size() + chunk.data().size()) > file->shard.bytes) {
-      bad = absl::DataLossError(
-          absl::StrCat("checkpoint file ", file->shard.file, ": chunk at offset ", chunk.offset(),
-                       " does not continue the ", file->bytes.size(), " bytes received"));
-      break;
-    }
-    file->bytes.append(chunk.data());
-  }
+  while (bad.ok() && reader->Read(&chunk)) bad = receiver.Add(chunk);
   if (!bad.ok()) {
     context.TryCancel();
     (void)reader->Finish();  // the local error is the one to report.
@@ -93,8 +127,7 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl
   }
   const grpc::Status status = reader->Finish();
   if (!status.ok()) return wire::FromGrpcStatus(status, "FetchState");
-  if (file.has_value()) PT_RETURN_IF_ERROR(finish_file());
-  return tensors;
+  return receiver.Finish();
 }
 
 absl::StatusOr<std::vector<model::CheckpointShard>> PutState(

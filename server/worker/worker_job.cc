@@ -4,29 +4,53 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
-#include "common/math/optimizer.h"
-#include "common/model/optimizer_proto.h"
 #include "common/model/stage.h"
-#include "common/net/token_auth.h"
-#include "common/util/cpu_set.h"
+#include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "server/control/control_proto.h"
+#include "server/worker/job_plan.h"
 #include "server/worker/proto_convert.h"
 #include "server/worker/state_transfer.h"
 #include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 
-using link::kCoordinatorPeer;
-using link::kStagePeerPrefix;
-using link::LinkSettings;
-using link::PeerHello;
 using link::PeerLink;
-using wire::TensorKey;
-using wire::TensorKind;
+
+namespace {
+
+// Loads `chunks`' parameters and optimizer state from the coordinator's checkpoint of step
+// a.restore_step() (Assign.restore): FetchState's or Stage::ImportState's error, annotated.
+absl::Status RestoreChunks(const v1::Assign& a, JobHost* host, std::vector<OwnedChunk>* chunks) {
+  StateRequest request;
+  request.job = a.job();
+  request.epoch = a.epoch();
+  request.worker = host->name();
+  request.step = a.restore_step();
+  for (const OwnedChunk& c : *chunks) {
+    request.layer_ranges.emplace_back(a.chunks(c.chunk).first_layer(),
+                                      a.chunks(c.chunk).last_layer());
+  }
+  absl::StatusOr<std::map<std::string, math::Tensor>> state =
+      FetchState(host->coordinator(), request);
+  if (!state.ok()) {
+    return wire::Annotate(state.status(),
+                          absl::StrCat("Assign(job ", a.job(), ", epoch ", a.epoch(),
+                                       "): restoring step ", a.restore_step()));
+  }
+  for (OwnedChunk& c : *chunks) {
+    if (absl::Status s = c.stage.ImportState(*state); !s.ok()) {
+      return wire::Annotate(s,
+                            absl::StrCat("Assign(job ", a.job(), "): restoring chunk ", c.chunk));
+    }
+  }
+  host->Log(absl::StrCat("job ", a.job(), ": restored ", state->size(), " tensors of step ",
+                         a.restore_step(), " from the coordinator"));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void JobHost::EmitError(const std::string& job, int64_t epoch, int64_t step,
                         const absl::Status& status) {
@@ -103,396 +127,68 @@ void WorkerJob::ComputeLoop() {
 absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a,
                                                              const WorkerJobOptions& options,
                                                              JobHost* host) {
-  auto bad = [&a](absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Assign(job ", a.job(), ", epoch ", a.epoch(), "): ", what));
-  };
-  if (a.job().empty()) return bad("empty job id");
-  if (a.epoch() < 0) return bad(absl::StrCat("epoch ", a.epoch(), " < 0"));
-  if (a.stages() < 1 || a.virtual_stages() < 1 || a.microbatches() < 1) {
-    return bad(absl::StrCat("stages (", a.stages(), "), virtual_stages (", a.virtual_stages(),
-                            ") and microbatches (", a.microbatches(), ") must be >= 1"));
-  }
-  if (static_cast<int64_t>(a.stages()) * a.virtual_stages() > (int64_t{1} << 20)) {
-    return bad("stages * virtual_stages is too large");
-  }
-  if (a.rank() < 0 || a.rank() >= a.stages()) {
-    return bad(absl::StrCat("rank ", a.rank(), " is outside [0, ", a.stages(), ")"));
-  }
-  if (a.link_secret().empty()) {
-    return bad("no link_secret: without it any process could feed this job's data streams");
-  }
-  const int threads_max = std::max(1, options.threads_max);
-  if (a.threads() < 1 || a.threads() > threads_max) {
-    return bad(absl::StrCat("threads ", a.threads(), " is outside [1, ", threads_max, "]"));
-  }
-  if (a.worker_addresses_size() != a.stages()) {
-    return bad(
-        absl::StrCat(a.worker_addresses_size(), " worker addresses for ", a.stages(), " stages"));
-  }
-  const int num_chunks = a.stages() * a.virtual_stages();
-  if (a.chunks_size() != num_chunks) {
-    return bad(
-        absl::StrCat(a.chunks_size(), " chunks, expected stages * virtual_stages = ", num_chunks));
-  }
-  // The level every rank of the job runs (empty: a coordinator older than Assign.isa, which ran
-  // every worker at the lowest built level).
-  math::Isa isa = math::BuiltIsas().front();
-  if (!a.isa().empty()) {
-    absl::StatusOr<math::Isa> parsed = math::ParseIsa(a.isa());
-    if (!parsed.ok()) return bad(absl::StrCat("isa: ", parsed.status().message()));
-    isa = *parsed;
-  }
-  const std::vector<math::Isa> runnable = math::SupportedIsas(options.max_isa);
-  if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Assign(job ", a.job(), ", epoch ", a.epoch(), "): this worker cannot run instruction set ",
-        math::IsaName(isa), " (it runs ", math::IsaListName(runnable), ")"));
-  }
-  absl::StatusOr<std::unique_ptr<model::Model>> model =
-      model::Model::Build(a.model(), model::ModelLimits(), isa);
-  if (!model.ok()) return bad(absl::StrCat("model: ", model.status().message()));
-  const int64_t layers = (*model)->num_layers();
-  std::vector<int> owner(num_chunks);
-  for (int c = 0; c < num_chunks; ++c) {
-    const v1::ChunkSpec& spec = a.chunks(c);
-    const int64_t expected_first = c == 0 ? 0 : a.chunks(c - 1).last_layer();
-    if (spec.chunk() != c) {
-      return bad(absl::StrCat("chunks[", c, "] has chunk index ", spec.chunk()));
-    }
-    if (spec.worker() < 0 || spec.worker() >= a.stages()) {
-      return bad(absl::StrCat("chunk ", c, " is on worker ", spec.worker(), " outside [0, ",
-                              a.stages(), ")"));
-    }
-    if (spec.first_layer() != expected_first || spec.last_layer() <= spec.first_layer() ||
-        spec.last_layer() > layers || (c == num_chunks - 1 && spec.last_layer() != layers)) {
-      return bad(absl::StrCat("chunk ", c, " has layers [", spec.first_layer(), ", ",
-                              spec.last_layer(), "); chunks must tile [0, ", layers,
-                              ") in order, each non-empty"));
-    }
-    if (a.worker_addresses(spec.worker()).empty()) {
-      return bad(absl::StrCat("worker ", spec.worker(), " has no address"));
-    }
-    owner[c] = spec.worker();
-  }
-  absl::StatusOr<std::vector<schedule::Action>> actions = control::ActionsFromProto(a.actions());
-  if (!actions.ok()) return bad(actions.status().message());
-  if (actions->empty()) return bad("no actions");
-  for (size_t i = 0; i < actions->size(); ++i) {
-    const schedule::Action& act = (*actions)[i];
-    if (act.chunk >= num_chunks || owner[act.chunk] != a.rank()) {
-      return bad(absl::StrCat("action ", i, " ", schedule::ActionToString(act),
-                              " is on a chunk this worker (rank ", a.rank(), ") does not hold"));
-    }
-    if (act.mb >= a.microbatches()) {
-      return bad(absl::StrCat("action ", i, " ", schedule::ActionToString(act),
-                              " has a micro-batch outside [0, ", a.microbatches(), ")"));
-    }
-  }
-  absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(a.optimizer());
-  if (!optimizer.ok()) return bad(absl::StrCat("optimizer: ", optimizer.status().message()));
-
+  PT_ASSIGN_OR_RETURN(JobPlan plan, PlanJob(a, std::max(1, options.threads_max), options.max_isa));
   std::shared_ptr<WorkerJob> job(new WorkerJob(a, options, host));
-  job->num_chunks_ = num_chunks;
+  job->num_chunks_ = plan.num_chunks;
   job->microbatches_ = a.microbatches();
-  job->owner_ = owner;
-  job->actions_ = *std::move(actions);
-  job->model_ = *std::move(model);
-  std::vector<OwnedChunk> chunks;
-  for (int c = 0; c < num_chunks; ++c) {
-    if (owner[c] != a.rank()) continue;
-    const v1::ChunkSpec& spec = a.chunks(c);
-    absl::StatusOr<model::Stage> stage = model::Stage::Create(
-        job->model_.get(), spec.first_layer(), spec.last_layer(), a.seed(), *optimizer);
-    if (!stage.ok()) return bad(absl::StrCat("chunk ", c, ": ", stage.status().message()));
-    chunks.push_back(OwnedChunk{c, *std::move(stage)});
-    for (const model::CheckpointShard& shard :
-         model::LayerShards(*job->model_, spec.first_layer(), spec.last_layer())) {
-      job->shards_.push_back(shard);
-    }
-    for (int n : {c - 1, c + 1}) {
-      if (n < 0 || n >= num_chunks || owner[n] == a.rank()) continue;
-      std::vector<int>& peers = owner[n] > a.rank() ? job->higher_peers_ : job->lower_peers_;
-      if (std::find(peers.begin(), peers.end(), owner[n]) == peers.end()) {
-        peers.push_back(owner[n]);
-      }
-    }
-  }
-  if (chunks.empty()) return bad(absl::StrCat("rank ", a.rank(), " holds no chunk"));
-  if (a.restore()) {
-    StateRequest request;
-    request.job = a.job();
-    request.epoch = a.epoch();
-    request.worker = host->name();
-    request.step = a.restore_step();
-    for (const OwnedChunk& c : chunks) {
-      request.layer_ranges.emplace_back(a.chunks(c.chunk).first_layer(),
-                                        a.chunks(c.chunk).last_layer());
-    }
-    absl::StatusOr<std::map<std::string, math::Tensor>> state =
-        FetchState(host->coordinator(), request);
-    if (!state.ok()) {
-      return wire::Annotate(state.status(),
-                            absl::StrCat("Assign(job ", a.job(), ", epoch ", a.epoch(),
-                                         "): restoring step ", a.restore_step()));
-    }
-    for (OwnedChunk& c : chunks) {
-      if (absl::Status s = c.stage.ImportState(*state); !s.ok()) {
-        return wire::Annotate(s,
-                              absl::StrCat("Assign(job ", a.job(), "): restoring chunk ", c.chunk));
-      }
-    }
-    host->Log(absl::StrCat("job ", a.job(), ": restored ", state->size(), " tensors of step ",
-                           a.restore_step(), " from the coordinator"));
-  }
+  job->owner_ = std::move(plan.owner);
+  job->actions_ = std::move(plan.actions);
+  job->model_ = std::move(plan.model);
+  PT_ASSIGN_OR_RETURN(std::vector<OwnedChunk> chunks, job->BuildChunks(plan.optimizer));
+  if (a.restore()) PT_RETURN_IF_ERROR(RestoreChunks(a, host, &chunks));
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
-      job->model_.get(), std::move(chunks), num_chunks, &job->mailbox_, job.get());
-  if (!executor.ok()) return bad(executor.status().message());
+      job->model_.get(), std::move(chunks), job->num_chunks_, &job->mailbox_, job.get());
+  if (!executor.ok()) return AssignError(a, executor.status().message());
   job->executor_ = *std::move(executor);
-  if (job->pacer_ != nullptr) {
-    std::vector<std::pair<int64_t, int64_t>> chunk_layers;
-    for (int c = 0; c < num_chunks; ++c) {
-      chunk_layers.emplace_back(a.chunks(c).first_layer(), a.chunks(c).last_layer());
-    }
-    job->pacer_->Configure(job->model_.get(), job->actions_, std::move(chunk_layers), num_chunks);
-  }
-  {
-    absl::MutexLock lock(&job->links_mu_);
-    for (int p : job->higher_peers_) job->peers_[p];
-    for (int p : job->lower_peers_) job->peers_[p];
-  }
-  // The job's level has its own copy of Eigen's settings (math::Kernels::ConfigureEigen).
-  job->model_->kernels().ConfigureEigen(a.threads());
-  job->compute_thread_ = std::thread([raw = job.get()] { raw->ComputeLoop(); });
+  job->Launch();
   return job;
 }
 
-LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
-  LinkSettings settings;
-  settings.validation.expected = wire::StreamIdentity{job_, epoch_};
-  settings.validation.num_microbatches = microbatches_;
-  settings.validation.num_chunks = num_chunks_;
-  settings.validation.allowed_kinds = kinds;
-  settings.validation.max_tensor_bytes = options_.max_tensor_bytes;
-  const std::string peer =
-      peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank);
-  settings.callbacks.on_tensor = [this, peer_rank](const TensorKey& key, math::Matrix tensor) {
-    return Deliver(peer_rank, key, std::move(tensor));
-  };
-  settings.callbacks.on_error = [this, peer](const absl::Status& status) {
-    LinkFailed(peer, status);
-  };
-  settings.callbacks.on_transfer = [this, peer](const link::LinkTransfer& transfer) {
-    link_spans_.Record(peer, transfer);
-  };
-  return settings;
-}
-
-absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matrix tensor) {
-  // The frame decoder checked job, epoch, ranges and kinds; here: does the tensor belong here,
-  // from this peer?
-  bool ok = key.chunk >= 0 && key.chunk < num_chunks_ && owner_[key.chunk] == rank_;
-  if (ok && peer_rank >= 0) {
-    const int from = key.kind == TensorKind::kActivation ? key.chunk - 1 : key.chunk + 1;
-    ok = (key.kind == TensorKind::kActivation || key.kind == TensorKind::kGradient) && from >= 0 &&
-         from < num_chunks_ && owner_[from] == peer_rank;
-  }
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, " received ", key.ToString(), " from ",
-        peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank),
-        ", which is not routed to it by the chunk placement"));
-  }
-  absl::Status put = mailbox_.Put(key, std::move(tensor));
-  // While the mailbox is aborted (a failed or aborted step) late tensors are dropped quietly.
-  if (!put.ok() && !mailbox_.status().ok()) return absl::OkStatus();
-  // A second input or target for one key means stale data of an aborted run is in the mailbox:
-  // fail the step rather than compute with it.
-  if (!put.ok() && peer_rank < 0) mailbox_.Abort(put);
-  return put;
-}
-
-void WorkerJob::LinkFailed(const std::string& peer, const absl::Status& status) {
-  const absl::Status annotated =
-      wire::Annotate(status, absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer));
-  // A stage link is part of the epoch: once it failed, the epoch cannot run a step any more. The
-  // coordinator's feed stream is replaceable (it redials it in the same epoch) and its failure
-  // is the coordinator's to handle (it aborts the step it was feeding).
-  const bool coordinator = peer == kCoordinatorPeer;
-  {
-    absl::MutexLock lock(&links_mu_);
-    if (closed_) return;
-    if (!coordinator && broken_.ok()) broken_ = annotated;
-  }
-  host_->Log(absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer, " at ",
-                          PeerAddress(peer), " failed: ", status.ToString()),
-             logging::LogLevel::kWarning);
-  if (!coordinator) mailbox_.Abort(annotated);
-  host_->LinkFailed(job_, epoch_, annotated, coordinator);
-}
-
-std::string WorkerJob::PeerAddress(const std::string& peer) const {
-  if (peer == kCoordinatorPeer) return host_->coordinator_address();
-  int rank = -1;
-  absl::string_view rest = peer;
-  if (absl::ConsumePrefix(&rest, kStagePeerPrefix) && absl::SimpleAtoi(rest, &rank) && rank >= 0 &&
-      rank < assign_.worker_addresses_size()) {
-    return assign_.worker_addresses(rank);
-  }
-  return "an unknown address";
-}
-
-absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
-                                               std::unique_ptr<PeerLink> link) {
-  if (hello.identity.job != job_) {
-    // Links are dialled only after every worker answered Assigned: a stream for another job
-    // means this worker lost that job (restarted or re-assigned), hence ABORTED.
-    return absl::AbortedError(absl::StrCat("worker rank ", rank_, " runs job '", job_, "', not '",
-                                           hello.identity.job, "'"));
-  }
-  if (hello.identity.epoch != epoch_) {
-    return absl::AbortedError(absl::StrCat("job ", job_, " is at epoch ", epoch_,
-                                           "; stream for epoch ", hello.identity.epoch, " from '",
-                                           hello.peer, "' is stale"));
-  }
-  // Only the peers this epoch's Assign names know its secret; checked before the stream can take
-  // a peer's slot, so an impostor never displaces (or pre-empts) the real neighbour.
-  if (!net::ConstantTimeEquals(hello.secret, assign_.link_secret())) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("rank ", rank_, " refuses the Exchange stream of '", hello.peer, "' for job ",
-                     job_, " epoch ", epoch_,
-                     ": it does not present the epoch's link secret (only the peers the "
-                     "coordinator's Assign names may send this job frames)"));
-  }
-  if (hello.peer == kCoordinatorPeer) {
-    uint32_t kinds = 0;
-    if (owner_[0] == rank_) kinds |= wire::KindBit(TensorKind::kInput);
-    if (owner_[num_chunks_ - 1] == rank_) kinds |= wire::KindBit(TensorKind::kTarget);
-    if (kinds == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank_, " holds neither the first nor the last chunk: no coordinator stream"));
+absl::StatusOr<std::vector<OwnedChunk>> WorkerJob::BuildChunks(
+    const math::OptimizerConfig& optimizer) {
+  const v1::Assign& a = assign_;
+  std::vector<OwnedChunk> chunks;
+  for (int c = 0; c < num_chunks_; ++c) {
+    if (owner_[c] != rank_) continue;
+    const v1::ChunkSpec& spec = a.chunks(c);
+    absl::StatusOr<model::Stage> stage = model::Stage::Create(
+        model_.get(), spec.first_layer(), spec.last_layer(), a.seed(), optimizer);
+    if (!stage.ok()) {
+      return AssignError(a, absl::StrCat("chunk ", c, ": ", stage.status().message()));
     }
-    LinkSettings settings = SettingsFor(kinds, -1);
-    std::vector<std::unique_ptr<PeerLink>> ended;
-    {
-      absl::MutexLock lock(&links_mu_);
-      if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
-      // The coordinator keeps one stream per rank and epoch, and opens a new one only after the
-      // old one failed: streams that ended are dropped, and beyond kMaxCoordinatorLinks live
-      // ones a new stream is refused, so that no client can pile up streams here.
-      for (auto it = coordinator_links_.begin(); it != coordinator_links_.end();) {
-        if ((*it)->status().ok()) {
-          ++it;
-        } else {
-          ended.push_back(std::move(*it));
-          it = coordinator_links_.erase(it);
-        }
+    chunks.push_back(OwnedChunk{c, *std::move(stage)});
+    for (const model::CheckpointShard& shard :
+         model::LayerShards(*model_, spec.first_layer(), spec.last_layer())) {
+      shards_.push_back(shard);
+    }
+    for (int n : {c - 1, c + 1}) {
+      if (n < 0 || n >= num_chunks_ || owner_[n] == rank_) continue;
+      std::vector<int>& peers = owner_[n] > rank_ ? higher_peers_ : lower_peers_;
+      if (std::find(peers.begin(), peers.end(), owner_[n]) == peers.end()) {
+        peers.push_back(owner_[n]);
       }
-      if (coordinator_links_.size() >= kMaxCoordinatorLinks) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("rank ", rank_, " of job ", job_, " epoch ", epoch_, " already has ",
-                         coordinator_links_.size(), " live coordinator streams (at most ",
-                         kMaxCoordinatorLinks, ")"));
-      }
-      coordinator_links_.push_back(std::move(link));
     }
-    // Outside links_mu_: Shutdown may wait for a link callback that takes it.
-    for (auto& old : ended) old->Shutdown();
-    return settings;
   }
-  int peer_rank = -1;
-  absl::string_view name = hello.peer;
-  if (!absl::ConsumePrefix(&name, kStagePeerPrefix) || !absl::SimpleAtoi(name, &peer_rank) ||
-      std::find(lower_peers_.begin(), lower_peers_.end(), peer_rank) == lower_peers_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_,
-                     " accepts Exchange streams only from 'coordinator' and lower-rank "
-                     "neighbours, not from '",
-                     hello.peer, "'"));
-  }
-  LinkSettings settings = SettingsFor(
-      wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), peer_rank);
-  std::vector<std::pair<TensorKey, std::shared_ptr<const math::Matrix>>> pending;
-  PeerLink* raw = link.get();
-  {
-    absl::MutexLock lock(&links_mu_);
-    if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
-    PeerSlot& slot = peers_[peer_rank];
-    if (slot.link != nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", rank_, " already has a stream from '", hello.peer, "'"));
-    }
-    slot.link = std::move(link);
-    pending.swap(slot.pending);
-  }
-  // Tensors the compute thread produced before the stream arrived (queued, not yet written:
-  // the link starts writing once it is configured and the peer granted credit).
-  for (auto& [key, tensor] : pending) {
-    if (absl::Status s = raw->Send(key, std::move(tensor)); !s.ok()) mailbox_.Abort(s);
-  }
-  return settings;
+  if (chunks.empty()) return AssignError(a, absl::StrCat("rank ", rank_, " holds no chunk"));
+  return chunks;
 }
 
-void WorkerJob::DialPeers() {
-  const int connections =
-      options_.link_connections > 0
-          ? options_.link_connections
-          : link::AutoLinkConnections(util::UsableCpuCount(), assign_.threads());
-  for (int p : higher_peers_) {
-    const std::string& address = assign_.worker_addresses(p);
-    LinkSettings settings = SettingsFor(
-        wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), p);
-    if (connections > 1) {
-      host_->Log(absl::StrCat("link to stage/", p, " (", address, "): ", connections,
-                              " connections, tensors of at least ", options_.link.stripe_min_bytes,
-                              " bytes split over them"),
-                 logging::LogLevel::kInfo);
+void WorkerJob::Launch() {
+  if (pacer_ != nullptr) {
+    std::vector<std::pair<int64_t, int64_t>> chunk_layers;
+    for (int c = 0; c < num_chunks_; ++c) {
+      chunk_layers.emplace_back(assign_.chunks(c).first_layer(), assign_.chunks(c).last_layer());
     }
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannels(address, connections, options_.link_credentials),
-        absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
-        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, epoch_},
-                  assign_.link_secret()},
-        options_.link, std::move(settings));
-    if (!link.ok()) {
-      LinkFailed(absl::StrCat(kStagePeerPrefix, p), link.status());
-      continue;
-    }
-    absl::MutexLock lock(&links_mu_);
-    if (closed_) return;
-    peers_[p].link = *std::move(link);
+    pacer_->Configure(model_.get(), actions_, std::move(chunk_layers), num_chunks_);
   }
-}
-
-void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
-  if (pacer_ != nullptr) pacer_->BeforeSend(key);
-  const int owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
-  if (owner == rank_) {
-    absl::Status put = mailbox_.Put(key, std::move(tensor));
-    if (!put.ok() && mailbox_.status().ok()) mailbox_.Abort(put);
-    return;
-  }
-  link_spans_.SendQueued(absl::StrCat(kStagePeerPrefix, owner), key,
-                         static_cast<int64_t>(tensor.size()) * sizeof(float),
-                         LinkSpanLog::Clock::now());
-  auto shared = std::make_shared<const math::Matrix>(std::move(tensor));
-  PeerLink* link = nullptr;
   {
     absl::MutexLock lock(&links_mu_);
-    if (closed_) return;
-    auto it = peers_.find(owner);
-    if (it == peers_.end()) {
-      mailbox_.Abort(
-          absl::InternalError(absl::StrCat("rank ", rank_, " has no route for ", key.ToString())));
-      return;
-    }
-    if (it->second.link == nullptr) {
-      it->second.pending.emplace_back(key, std::move(shared));
-      return;
-    }
-    link = it->second.link.get();  // lives until Stop(), which joins this thread first.
+    for (int p : higher_peers_) peers_[p];
+    for (int p : lower_peers_) peers_[p];
   }
-  if (absl::Status s = link->Send(key, std::move(shared)); !s.ok()) mailbox_.Abort(s);
+  // The job's level has its own copy of Eigen's settings (math::Kernels::ConfigureEigen).
+  model_->kernels().ConfigureEigen(assign_.threads());
+  compute_thread_ = std::thread([this] { ComputeLoop(); });
 }
 
 void WorkerJob::OnOpenLinks() {
@@ -553,39 +249,6 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
                            link_spans_.TakeStep(step, report->started, LinkSpanLog::Clock::now()));
     Emit(std::move(event));
   });
-}
-
-void WorkerJob::FlushPeerLinks(int64_t run_index) {
-  auto written = [](const link::LinkStats& s) {
-    return s.closed || (s.queued_tensors == 0 && !s.writing);
-  };
-  for (;;) {
-    std::vector<link::PeerLink*> links;  // live until Stop(), which joins this thread first.
-    bool pending = false;
-    {
-      absl::MutexLock lock(&links_mu_);
-      if (!broken_.ok() || closed_) return;
-      for (auto& [rank, slot] : peers_) {
-        pending = pending || !slot.pending.empty();
-        if (slot.link != nullptr) links.push_back(slot.link.get());
-      }
-    }
-    {
-      absl::MutexLock lock(&state_mu_);
-      if (aborted_run_ == run_index) return;
-    }
-    {
-      absl::MutexLock lock(&compute_mu_);
-      if (compute_stop_) return;  // Stop() joins this thread before it closes the links.
-    }
-    bool flushed = !pending;
-    for (size_t i = 0; i < links.size() && flushed; ++i) {
-      // Short waits: an Abort or a failed link is noticed between them.
-      flushed = links[i]->WaitFor(written, absl::Milliseconds(20));
-    }
-    if (flushed) return;
-    if (pending) absl::SleepFor(absl::Milliseconds(1));  // a peer's stream is still to come.
-  }
 }
 
 void WorkerJob::OnCommit(const v1::Commit& commit) {

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/math/isa.h"
+#include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
@@ -93,6 +94,8 @@ struct WorkerJobOptions {
   std::optional<math::Isa> max_isa;
 };
 
+// Defined in worker_job.cc (creation, life cycle, commands), worker_job_links.cc (the Exchange
+// streams it accepts and dials, routing, link failures) and worker_job_metrics.cc.
 class WorkerJob final : public Sender {
  public:
   // Validates `assign` (INVALID_ARGUMENT naming the field: ranks, chunk tiling, actions, model,
@@ -150,6 +153,15 @@ class WorkerJob final : public Sender {
 
   WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, JobHost* host);
 
+  // Steps of Create (server/worker/worker_job.cc), before the compute thread runs.
+  // Builds the Stage of every chunk this rank holds and records this rank's checkpoint files
+  // (shards_) and neighbours (higher_peers_, lower_peers_). INVALID_ARGUMENT (AssignError) if a
+  // Stage cannot be built or the rank holds no chunk.
+  absl::StatusOr<std::vector<OwnedChunk>> BuildChunks(const math::OptimizerConfig& optimizer);
+  // Configures the pacer (if any), makes a PeerSlot per neighbour, sets the job's Eigen threads
+  // and starts the compute thread.
+  void Launch() ABSL_LOCKS_EXCLUDED(links_mu_);
+
   // Metrics hooks (server/worker/worker_job_metrics.cc); no-ops without options_.metrics.
   // After a successful step: busy time per action kind, links, mailbox, stashed bytes.
   void RecordStepMetrics(const StepReport& report) ABSL_LOCKS_EXCLUDED(links_mu_);
@@ -160,14 +172,41 @@ class WorkerJob final : public Sender {
   std::string PeerAddress(const std::string& peer) const;
   // Runs `task` on the compute thread after the tasks posted before it.
   void Post(std::function<void()> task);
-  void ComputeLoop();
+  // The compute thread: runs the posted tasks in order until Stop.
+  void ComputeLoop() ABSL_LOCKS_EXCLUDED(compute_mu_);
+
+  // Steps of Accept (server/worker/worker_job_links.cc).
+  // ABORTED for another job or epoch, UNAUTHENTICATED without the epoch's link secret.
+  absl::Status CheckHello(const link::PeerHello& hello) const;
+  // The coordinator's feed stream: FAILED_PRECONDITION if this rank holds neither the first nor
+  // the last chunk; otherwise AddCoordinatorLinkLocked's errors. Shuts down the streams that
+  // ended, outside links_mu_.
+  absl::StatusOr<link::LinkSettings> AcceptCoordinator(std::unique_ptr<link::PeerLink> link)
+      ABSL_LOCKS_EXCLUDED(links_mu_);
+  // Keeps `*link` as a coordinator stream and moves the ended ones to `*ended`. Takes `*link`
+  // only when it succeeds: a refused link must be destroyed outside links_mu_ (~PeerLink waits
+  // for the link's callbacks, which take it). ABORTED once the job is closed,
+  // RESOURCE_EXHAUSTED beyond kMaxCoordinatorLinks live streams.
+  absl::Status AddCoordinatorLinkLocked(std::unique_ptr<link::PeerLink>* link,
+                                        std::vector<std::unique_ptr<link::PeerLink>>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
+  // A lower-rank neighbour's stream: takes its slot and sends it the tensors waiting for it.
+  // FAILED_PRECONDITION for a peer that is not a lower-rank neighbour or already has a stream,
+  // ABORTED once the job is closed.
+  absl::StatusOr<link::LinkSettings> AcceptNeighbour(const link::PeerHello& hello,
+                                                     std::unique_ptr<link::PeerLink> link)
+      ABSL_LOCKS_EXCLUDED(links_mu_);
 
   // Receive settings for a stream carrying `kinds` from `peer_rank` (-1: the coordinator).
   link::LinkSettings SettingsFor(uint32_t kinds, int peer_rank);
   // Validates the ownership of a received key and puts it into the mailbox.
   absl::Status Deliver(int peer_rank, const wire::TensorKey& key, math::Matrix tensor);
-  void LinkFailed(const std::string& peer, const absl::Status& status);
-  void DialPeers();
+  // Link `peer` failed (any thread): a stage link breaks the epoch (the mailbox is aborted and
+  // broken_ set); either way it is logged and reported to the host. Nothing once closed.
+  void LinkFailed(const std::string& peer, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(links_mu_);
+  // Dials every higher-rank neighbour (command thread); a failed dial is a LinkFailed.
+  void DialPeers() ABSL_LOCKS_EXCLUDED(links_mu_);
   void Emit(v1::WorkerEvent event) { host_->Emit(std::move(event)); }
   void EmitError(int64_t step, const absl::Status& status) {
     host_->EmitError(job_, epoch_, step, status);

@@ -1,0 +1,147 @@
+#include "server/worker/job_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/optimizer_proto.h"
+#include "common/util/status_macros.h"
+#include "server/control/control_proto.h"
+
+namespace pipetrain::worker {
+namespace {
+
+// Checks the Assign's scalar fields and the sizes of its lists (INVALID_ARGUMENT, AssignError).
+absl::Status CheckShape(const v1::Assign& a, int threads_max) {
+  if (a.job().empty()) return AssignError(a, "empty job id");
+  if (a.epoch() < 0) return AssignError(a, absl::StrCat("epoch ", a.epoch(), " < 0"));
+  if (a.stages() < 1 || a.virtual_stages() < 1 || a.microbatches() < 1) {
+    return AssignError(
+        a, absl::StrCat("stages (", a.stages(), "), virtual_stages (", a.virtual_stages(),
+                        ") and microbatches (", a.microbatches(), ") must be >= 1"));
+  }
+  if (static_cast<int64_t>(a.stages()) * a.virtual_stages() > (int64_t{1} << 20)) {
+    return AssignError(a, "stages * virtual_stages is too large");
+  }
+  if (a.rank() < 0 || a.rank() >= a.stages()) {
+    return AssignError(a, absl::StrCat("rank ", a.rank(), " is outside [0, ", a.stages(), ")"));
+  }
+  if (a.link_secret().empty()) {
+    return AssignError(a,
+                       "no link_secret: without it any process could feed this job's data "
+                       "streams");
+  }
+  if (a.threads() < 1 || a.threads() > threads_max) {
+    return AssignError(a,
+                       absl::StrCat("threads ", a.threads(), " is outside [1, ", threads_max, "]"));
+  }
+  if (a.worker_addresses_size() != a.stages()) {
+    return AssignError(a, absl::StrCat(a.worker_addresses_size(), " worker addresses for ",
+                                       a.stages(), " stages"));
+  }
+  const int num_chunks = a.stages() * a.virtual_stages();
+  if (a.chunks_size() != num_chunks) {
+    return AssignError(a, absl::StrCat(a.chunks_size(),
+                                       " chunks, expected stages * virtual_stages = ", num_chunks));
+  }
+  return absl::OkStatus();
+}
+
+// The level every rank of the job runs, if this worker runs it (FAILED_PRECONDITION otherwise).
+absl::StatusOr<math::Isa> JobIsa(const v1::Assign& a, const std::optional<math::Isa>& max_isa) {
+  // Empty: a coordinator older than Assign.isa, which ran every worker at the lowest built level.
+  math::Isa isa = math::BuiltIsas().front();
+  if (!a.isa().empty()) {
+    absl::StatusOr<math::Isa> parsed = math::ParseIsa(a.isa());
+    if (!parsed.ok()) return AssignError(a, absl::StrCat("isa: ", parsed.status().message()));
+    isa = *parsed;
+  }
+  const std::vector<math::Isa> runnable = math::SupportedIsas(max_isa);
+  if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Assign(job ", a.job(), ", epoch ", a.epoch(), "): this worker cannot run instruction set ",
+        math::IsaName(isa), " (it runs ", math::IsaListName(runnable), ")"));
+  }
+  return isa;
+}
+
+// The rank of every chunk, once the chunks are checked to tile the model's `layers` in order,
+// each on a worker with an address.
+absl::StatusOr<std::vector<int>> ChunkOwners(const v1::Assign& a, int num_chunks, int64_t layers) {
+  std::vector<int> owner(num_chunks);
+  for (int c = 0; c < num_chunks; ++c) {
+    const v1::ChunkSpec& spec = a.chunks(c);
+    const int64_t expected_first = c == 0 ? 0 : a.chunks(c - 1).last_layer();
+    if (spec.chunk() != c) {
+      return AssignError(a, absl::StrCat("chunks[", c, "] has chunk index ", spec.chunk()));
+    }
+    if (spec.worker() < 0 || spec.worker() >= a.stages()) {
+      return AssignError(a, absl::StrCat("chunk ", c, " is on worker ", spec.worker(),
+                                         " outside [0, ", a.stages(), ")"));
+    }
+    if (spec.first_layer() != expected_first || spec.last_layer() <= spec.first_layer() ||
+        spec.last_layer() > layers || (c == num_chunks - 1 && spec.last_layer() != layers)) {
+      return AssignError(
+          a, absl::StrCat("chunk ", c, " has layers [", spec.first_layer(), ", ", spec.last_layer(),
+                          "); chunks must tile [0, ", layers, ") in order, each non-empty"));
+    }
+    if (a.worker_addresses(spec.worker()).empty()) {
+      return AssignError(a, absl::StrCat("worker ", spec.worker(), " has no address"));
+    }
+    owner[c] = spec.worker();
+  }
+  return owner;
+}
+
+// This rank's actions, once each is checked to be on a chunk it holds and a micro-batch of the
+// job; never empty.
+absl::StatusOr<std::vector<schedule::Action>> RankActions(const v1::Assign& a,
+                                                          const std::vector<int>& owner) {
+  absl::StatusOr<std::vector<schedule::Action>> actions = control::ActionsFromProto(a.actions());
+  if (!actions.ok()) return AssignError(a, actions.status().message());
+  if (actions->empty()) return AssignError(a, "no actions");
+  const int num_chunks = static_cast<int>(owner.size());
+  for (size_t i = 0; i < actions->size(); ++i) {
+    const schedule::Action& act = (*actions)[i];
+    if (act.chunk >= num_chunks || owner[act.chunk] != a.rank()) {
+      return AssignError(
+          a, absl::StrCat("action ", i, " ", schedule::ActionToString(act),
+                          " is on a chunk this worker (rank ", a.rank(), ") does not hold"));
+    }
+    if (act.mb >= a.microbatches()) {
+      return AssignError(a, absl::StrCat("action ", i, " ", schedule::ActionToString(act),
+                                         " has a micro-batch outside [0, ", a.microbatches(), ")"));
+    }
+  }
+  return actions;
+}
+
+}  // namespace
+
+absl::Status AssignError(const v1::Assign& assign, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("Assign(job ", assign.job(), ", epoch ", assign.epoch(), "): ", what));
+}
+
+absl::StatusOr<JobPlan> PlanJob(const v1::Assign& a, int threads_max,
+                                const std::optional<math::Isa>& max_isa) {
+  PT_RETURN_IF_ERROR(CheckShape(a, threads_max));
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, JobIsa(a, max_isa));
+  JobPlan plan;
+  plan.num_chunks = a.stages() * a.virtual_stages();
+  absl::StatusOr<std::unique_ptr<model::Model>> model =
+      model::Model::Build(a.model(), model::ModelLimits(), isa);
+  if (!model.ok()) return AssignError(a, absl::StrCat("model: ", model.status().message()));
+  plan.model = *std::move(model);
+  PT_ASSIGN_OR_RETURN(plan.owner, ChunkOwners(a, plan.num_chunks, plan.model->num_layers()));
+  PT_ASSIGN_OR_RETURN(plan.actions, RankActions(a, plan.owner));
+  absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(a.optimizer());
+  if (!optimizer.ok()) {
+    return AssignError(a, absl::StrCat("optimizer: ", optimizer.status().message()));
+  }
+  plan.optimizer = *optimizer;
+  return plan;
+}
+
+}  // namespace pipetrain::worker

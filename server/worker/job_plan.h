@@ -1,0 +1,43 @@
+// JobPlan: what an Assign asks of this stage worker, checked and parsed before a WorkerJob is
+// built from it — the chunk placement, this rank's actions, the model built at the job's
+// instruction-set level and the optimizer.
+#ifndef PIPETRAIN_SERVER_WORKER_JOB_PLAN_H_
+#define PIPETRAIN_SERVER_WORKER_JOB_PLAN_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/math/isa.h"
+#include "common/math/optimizer.h"
+#include "common/model/model.h"
+#include "common/schedule/ir.h"
+#include "pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain::worker {
+
+struct JobPlan {
+  int num_chunks = 0;                     // stages * virtual_stages.
+  std::vector<int> owner;                 // [chunk] -> rank.
+  std::vector<schedule::Action> actions;  // this rank's, in order; never empty.
+  std::unique_ptr<model::Model> model;    // built at the job's instruction-set level.
+  math::OptimizerConfig optimizer;
+};
+
+// Checks `assign` for this worker and parses it. `threads_max` (>= 1) bounds Assign.threads;
+// `max_isa` is the highest level this worker runs jobs at (none: any this CPU runs).
+// INVALID_ARGUMENT (AssignError) naming the field, checked in this order: job id, epoch, stages,
+// rank, link_secret, threads, worker addresses, chunk count, isa, model, chunk tiling, actions,
+// optimizer; FAILED_PRECONDITION for an instruction set this worker cannot run. Thread-safe.
+absl::StatusOr<JobPlan> PlanJob(const v1::Assign& assign, int threads_max,
+                                const std::optional<math::Isa>& max_isa);
+
+// INVALID_ARGUMENT "Assign(job J, epoch E): <what>", the error of every malformed Assign.
+absl::Status AssignError(const v1::Assign& assign, absl::string_view what);
+
+}  // namespace pipetrain::worker
+
+#endif  // PIPETRAIN_SERVER_WORKER_JOB_PLAN_H_

@@ -1,0 +1,305 @@
+// WorkerJob's data-plane links: the Exchange streams it accepts (from the coordinator and its
+// lower-rank neighbours) and dials (to its higher-rank neighbours), the routing of the tensors it
+// sends and receives, link failures, and the flush that keeps StepDone behind the data.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/net/token_auth.h"
+#include "common/util/cpu_set.h"
+#include "common/util/status_macros.h"
+#include "common/wire/grpc_status.h"
+#include "server/worker/worker_job.h"
+
+namespace pipetrain::worker {
+
+using link::kCoordinatorPeer;
+using link::kStagePeerPrefix;
+using link::LinkSettings;
+using link::PeerHello;
+using link::PeerLink;
+using wire::TensorKey;
+using wire::TensorKind;
+
+LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
+  LinkSettings settings;
+  settings.validation.expected = wire::StreamIdentity{job_, epoch_};
+  settings.validation.num_microbatches = microbatches_;
+  settings.validation.num_chunks = num_chunks_;
+  settings.validation.allowed_kinds = kinds;
+  settings.validation.max_tensor_bytes = options_.max_tensor_bytes;
+  const std::string peer =
+      peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank);
+  settings.callbacks.on_tensor = [this, peer_rank](const TensorKey& key, math::Matrix tensor) {
+    return Deliver(peer_rank, key, std::move(tensor));
+  };
+  settings.callbacks.on_error = [this, peer](const absl::Status& status) {
+    LinkFailed(peer, status);
+  };
+  settings.callbacks.on_transfer = [this, peer](const link::LinkTransfer& transfer) {
+    link_spans_.Record(peer, transfer);
+  };
+  return settings;
+}
+
+absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matrix tensor) {
+  // The frame decoder checked job, epoch, ranges and kinds; here: does the tensor belong here,
+  // from this peer?
+  bool ok = key.chunk >= 0 && key.chunk < num_chunks_ && owner_[key.chunk] == rank_;
+  if (ok && peer_rank >= 0) {
+    const int from = key.kind == TensorKind::kActivation ? key.chunk - 1 : key.chunk + 1;
+    ok = (key.kind == TensorKind::kActivation || key.kind == TensorKind::kGradient) && from >= 0 &&
+         from < num_chunks_ && owner_[from] == peer_rank;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, " received ", key.ToString(), " from ",
+        peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank),
+        ", which is not routed to it by the chunk placement"));
+  }
+  absl::Status put = mailbox_.Put(key, std::move(tensor));
+  // While the mailbox is aborted (a failed or aborted step) late tensors are dropped quietly.
+  if (!put.ok() && !mailbox_.status().ok()) return absl::OkStatus();
+  // A second input or target for one key means stale data of an aborted run is in the mailbox:
+  // fail the step rather than compute with it.
+  if (!put.ok() && peer_rank < 0) mailbox_.Abort(put);
+  return put;
+}
+
+void WorkerJob::LinkFailed(const std::string& peer, const absl::Status& status) {
+  const absl::Status annotated =
+      wire::Annotate(status, absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer));
+  // A stage link is part of the epoch: once it failed, the epoch cannot run a step any more. The
+  // coordinator's feed stream is replaceable (it redials it in the same epoch) and its failure
+  // is the coordinator's to handle (it aborts the step it was feeding).
+  const bool coordinator = peer == kCoordinatorPeer;
+  {
+    absl::MutexLock lock(&links_mu_);
+    if (closed_) return;
+    if (!coordinator && broken_.ok()) broken_ = annotated;
+  }
+  host_->Log(absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer, " at ",
+                          PeerAddress(peer), " failed: ", status.ToString()),
+             logging::LogLevel::kWarning);
+  if (!coordinator) mailbox_.Abort(annotated);
+  host_->LinkFailed(job_, epoch_, annotated, coordinator);
+}
+
+std::string WorkerJob::PeerAddress(const std::string& peer) const {
+  if (peer == kCoordinatorPeer) return host_->coordinator_address();
+  int rank = -1;
+  absl::string_view rest = peer;
+  if (absl::ConsumePrefix(&rest, kStagePeerPrefix) && absl::SimpleAtoi(rest, &rank) && rank >= 0 &&
+      rank < assign_.worker_addresses_size()) {
+    return assign_.worker_addresses(rank);
+  }
+  return "an unknown address";
+}
+
+absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
+                                               std::unique_ptr<PeerLink> link) {
+  PT_RETURN_IF_ERROR(CheckHello(hello));
+  if (hello.peer == kCoordinatorPeer) return AcceptCoordinator(std::move(link));
+  return AcceptNeighbour(hello, std::move(link));
+}
+
+absl::Status WorkerJob::CheckHello(const PeerHello& hello) const {
+  if (hello.identity.job != job_) {
+    // Links are dialled only after every worker answered Assigned: a stream for another job
+    // means this worker lost that job (restarted or re-assigned), hence ABORTED.
+    return absl::AbortedError(absl::StrCat("worker rank ", rank_, " runs job '", job_, "', not '",
+                                           hello.identity.job, "'"));
+  }
+  if (hello.identity.epoch != epoch_) {
+    return absl::AbortedError(absl::StrCat("job ", job_, " is at epoch ", epoch_,
+                                           "; stream for epoch ", hello.identity.epoch, " from '",
+                                           hello.peer, "' is stale"));
+  }
+  // Only the peers this epoch's Assign names know its secret; checked before the stream can take
+  // a peer's slot, so an impostor never displaces (or pre-empts) the real neighbour.
+  if (!net::ConstantTimeEquals(hello.secret, assign_.link_secret())) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("rank ", rank_, " refuses the Exchange stream of '", hello.peer, "' for job ",
+                     job_, " epoch ", epoch_,
+                     ": it does not present the epoch's link secret (only the peers the "
+                     "coordinator's Assign names may send this job frames)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LinkSettings> WorkerJob::AcceptCoordinator(std::unique_ptr<PeerLink> link) {
+  uint32_t kinds = 0;
+  if (owner_[0] == rank_) kinds |= wire::KindBit(TensorKind::kInput);
+  if (owner_[num_chunks_ - 1] == rank_) kinds |= wire::KindBit(TensorKind::kTarget);
+  if (kinds == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, " holds neither the first nor the last chunk: no coordinator stream"));
+  }
+  LinkSettings settings = SettingsFor(kinds, -1);
+  std::vector<std::unique_ptr<PeerLink>> ended;
+  {
+    absl::MutexLock lock(&links_mu_);
+    PT_RETURN_IF_ERROR(AddCoordinatorLinkLocked(&link, &ended));
+  }
+  // Outside links_mu_: Shutdown may wait for a link callback that takes it.
+  for (auto& old : ended) old->Shutdown();
+  return settings;
+}
+
+absl::Status WorkerJob::AddCoordinatorLinkLocked(std::unique_ptr<PeerLink>* link,
+                                                 std::vector<std::unique_ptr<PeerLink>>* ended) {
+  if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
+  // The coordinator keeps one stream per rank and epoch, and opens a new one only after the
+  // old one failed: streams that ended are dropped, and beyond kMaxCoordinatorLinks live
+  // ones a new stream is refused, so that no client can pile up streams here.
+  for (auto it = coordinator_links_.begin(); it != coordinator_links_.end();) {
+    if ((*it)->status().ok()) {
+      ++it;
+    } else {
+      ended->push_back(std::move(*it));
+      it = coordinator_links_.erase(it);
+    }
+  }
+  if (coordinator_links_.size() >= kMaxCoordinatorLinks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rank ", rank_, " of job ", job_, " epoch ", epoch_, " already has ",
+                     coordinator_links_.size(), " live coordinator streams (at most ",
+                     kMaxCoordinatorLinks, ")"));
+  }
+  coordinator_links_.push_back(std::move(*link));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LinkSettings> WorkerJob::AcceptNeighbour(const PeerHello& hello,
+                                                        std::unique_ptr<PeerLink> link) {
+  int peer_rank = -1;
+  absl::string_view name = hello.peer;
+  if (!absl::ConsumePrefix(&name, kStagePeerPrefix) || !absl::SimpleAtoi(name, &peer_rank) ||
+      std::find(lower_peers_.begin(), lower_peers_.end(), peer_rank) == lower_peers_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_,
+                     " accepts Exchange streams only from 'coordinator' and lower-rank "
+                     "neighbours, not from '",
+                     hello.peer, "'"));
+  }
+  LinkSettings settings = SettingsFor(
+      wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), peer_rank);
+  std::vector<std::pair<TensorKey, std::shared_ptr<const math::Matrix>>> pending;
+  PeerLink* raw = link.get();
+  {
+    absl::MutexLock lock(&links_mu_);
+    if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
+    PeerSlot& slot = peers_[peer_rank];
+    if (slot.link != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank_, " already has a stream from '", hello.peer, "'"));
+    }
+    slot.link = std::move(link);
+    pending.swap(slot.pending);
+  }
+  // Tensors the compute thread produced before the stream arrived (queued, not yet written:
+  // the link starts writing once it is configured and the peer granted credit).
+  for (auto& [key, tensor] : pending) {
+    if (absl::Status s = raw->Send(key, std::move(tensor)); !s.ok()) mailbox_.Abort(s);
+  }
+  return settings;
+}
+
+void WorkerJob::DialPeers() {
+  const int connections =
+      options_.link_connections > 0
+          ? options_.link_connections
+          : link::AutoLinkConnections(util::UsableCpuCount(), assign_.threads());
+  for (int p : higher_peers_) {
+    const std::string& address = assign_.worker_addresses(p);
+    LinkSettings settings = SettingsFor(
+        wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), p);
+    if (connections > 1) {
+      host_->Log(absl::StrCat("link to stage/", p, " (", address, "): ", connections,
+                              " connections, tensors of at least ", options_.link.stripe_min_bytes,
+                              " bytes split over them"),
+                 logging::LogLevel::kInfo);
+    }
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+        link::CreateExchangeChannels(address, connections, options_.link_credentials),
+        absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
+        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, epoch_},
+                  assign_.link_secret()},
+        options_.link, std::move(settings));
+    if (!link.ok()) {
+      LinkFailed(absl::StrCat(kStagePeerPrefix, p), link.status());
+      continue;
+    }
+    absl::MutexLock lock(&links_mu_);
+    if (closed_) return;
+    peers_[p].link = *std::move(link);
+  }
+}
+
+void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
+  if (pacer_ != nullptr) pacer_->BeforeSend(key);
+  const int owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
+  if (owner == rank_) {
+    absl::Status put = mailbox_.Put(key, std::move(tensor));
+    if (!put.ok() && mailbox_.status().ok()) mailbox_.Abort(put);
+    return;
+  }
+  link_spans_.SendQueued(absl::StrCat(kStagePeerPrefix, owner), key,
+                         static_cast<int64_t>(tensor.size()) * sizeof(float),
+                         LinkSpanLog::Clock::now());
+  auto shared = std::make_shared<const math::Matrix>(std::move(tensor));
+  PeerLink* link = nullptr;
+  {
+    absl::MutexLock lock(&links_mu_);
+    if (closed_) return;
+    auto it = peers_.find(owner);
+    if (it == peers_.end()) {
+      mailbox_.Abort(
+          absl::InternalError(absl::StrCat("rank ", rank_, " has no route for ", key.ToString())));
+      return;
+    }
+    if (it->second.link == nullptr) {
+      it->second.pending.emplace_back(key, std::move(shared));
+      return;
+    }
+    link = it->second.link.get();  // lives until Stop(), which joins this thread first.
+  }
+  if (absl::Status s = link->Send(key, std::move(shared)); !s.ok()) mailbox_.Abort(s);
+}
+
+void WorkerJob::FlushPeerLinks(int64_t run_index) {
+  auto written = [](const link::LinkStats& s) {
+    return s.closed || (s.queued_tensors == 0 && !s.writing);
+  };
+  for (;;) {
+    std::vector<link::PeerLink*> links;  // live until Stop(), which joins this thread first.
+    bool pending = false;
+    {
+      absl::MutexLock lock(&links_mu_);
+      if (!broken_.ok() || closed_) return;
+      for (auto& [rank, slot] : peers_) {
+        pending = pending || !slot.pending.empty();
+        if (slot.link != nullptr) links.push_back(slot.link.get());
+      }
+    }
+    {
+      absl::MutexLock lock(&state_mu_);
+      if (aborted_run_ == run_index) return;
+    }
+    {
+      absl::MutexLock lock(&compute_mu_);
+      if (compute_stop_) return;  // Stop() joins this thread before it closes the links.
+    }
+    bool flushed = !pending;
+    for (size_t i = 0; i < links.size() && flushed; ++i) {
+      // Short waits: an Abort or a failed link is noticed between them.
+      flushed = links[i]->WaitFor(written, absl::Milliseconds(20));
+    }
+    if (flushed) return;
+    if (pending) absl::SleepFor(absl::Milliseconds(1));  // a peer's stream is still to come.
+  }
+}
+
+}  // namespace pipetrain::worker

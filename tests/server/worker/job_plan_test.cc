@@ -1,0 +1,148 @@
+// PlanJob: a valid Assign's plan, and the first malformed field of an invalid one named with
+// its code.
+#include "server/worker/job_plan.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/math/isa.h"
+#include "common/math/optimizer.h"
+#include "common/model/model.h"
+#include "common/model/optimizer_proto.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/control/control_proto.h"
+#include "tests/common/model/test_models.h"
+
+namespace pipetrain::worker {
+namespace {
+
+using schedule::Action;
+using schedule::Op;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Rank 0 of a job of two stages over the 6-layer MLP: chunk 0 = layers [0, 3) on rank 0,
+// chunk 1 = [3, 6) on rank 1; two micro-batches.
+v1::Assign ValidAssign() {
+  v1::Assign a;
+  a.set_job("job-a");
+  a.set_epoch(4);
+  a.set_rank(0);
+  absl::StatusOr<v1::ModelSpec> spec =
+      model::ParseModelSpecText(model::testing::kMlpSpec, "kMlpSpec");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  *a.mutable_model() = *spec;
+  math::OptimizerConfig sgd;
+  sgd.kind = math::OptimizerKind::kSgd;
+  sgd.lr = 0.5f;
+  *a.mutable_optimizer() = model::OptimizerToProto(sgd);
+  a.set_threads(1);
+  a.set_stages(2);
+  a.set_virtual_stages(1);
+  a.set_microbatches(2);
+  for (int c = 0; c < 2; ++c) {
+    v1::ChunkSpec* chunk = a.add_chunks();
+    chunk->set_chunk(c);
+    chunk->set_worker(c);
+    chunk->set_first_layer(3 * c);
+    chunk->set_last_layer(3 * c + 3);
+  }
+  a.add_worker_addresses("127.0.0.1:1");
+  a.add_worker_addresses("127.0.0.1:2");
+  for (const Action& act : {Action{Op::kForward, 0, 0}, Action{Op::kForward, 1, 0},
+                            Action{Op::kBackward, 0, 0}, Action{Op::kBackward, 1, 0}}) {
+    *a.add_actions() = control::ActionToProto(act);
+  }
+  a.set_link_secret("secret");
+  return a;
+}
+
+TEST(JobPlanTest, ValidAssignIsPlanned) {
+  absl::StatusOr<JobPlan> plan = PlanJob(ValidAssign(), 1, std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_chunks, 2);
+  EXPECT_THAT(plan->owner, ElementsAre(0, 1));
+  EXPECT_THAT(plan->actions, ElementsAre(Action{Op::kForward, 0, 0}, Action{Op::kForward, 1, 0},
+                                         Action{Op::kBackward, 0, 0}, Action{Op::kBackward, 1, 0}));
+  ASSERT_NE(plan->model, nullptr);
+  EXPECT_EQ(plan->model->num_layers(), 6);
+  // Empty Assign.isa: the lowest level built.
+  EXPECT_EQ(plan->model->isa(), math::BuiltIsas().front());
+  EXPECT_EQ(plan->optimizer.kind, math::OptimizerKind::kSgd);
+  EXPECT_EQ(plan->optimizer.lr, 0.5f);
+}
+
+TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
+  struct Case {
+    const char* name;
+    void (*mutate)(v1::Assign*);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"job", [](v1::Assign* a) { a->clear_job(); }, "Assign(job , epoch 4): empty job id"},
+      {"epoch", [](v1::Assign* a) { a->set_epoch(-1); },
+       "Assign(job job-a, epoch -1): epoch -1 < 0"},
+      {"stages", [](v1::Assign* a) { a->set_microbatches(0); },
+       "stages (2), virtual_stages (1) and microbatches (0) must be >= 1"},
+      {"rank", [](v1::Assign* a) { a->set_rank(2); }, "rank 2 is outside [0, 2)"},
+      {"secret", [](v1::Assign* a) { a->clear_link_secret(); }, "no link_secret"},
+      {"threads", [](v1::Assign* a) { a->set_threads(2); }, "threads 2 is outside [1, 1]"},
+      {"addresses", [](v1::Assign* a) { a->add_worker_addresses("x:3"); },
+       "3 worker addresses for 2 stages"},
+      {"chunk count", [](v1::Assign* a) { a->set_virtual_stages(2); },
+       "2 chunks, expected stages * virtual_stages = 4"},
+      {"isa", [](v1::Assign* a) { a->set_isa("x86-64-v9"); },
+       "isa: unknown instruction set 'x86-64-v9'"},
+      {"model", [](v1::Assign* a) { a->mutable_model()->clear_layers(); }, "model: "},
+      {"tiling", [](v1::Assign* a) { a->mutable_chunks(1)->set_first_layer(2); },
+       "chunk 1 has layers [2, 6); chunks must tile [0, 6) in order, each non-empty"},
+      {"placement", [](v1::Assign* a) { a->mutable_chunks(1)->set_worker(7); },
+       "chunk 1 is on worker 7 outside [0, 2)"},
+      {"address", [](v1::Assign* a) { a->set_worker_addresses(1, ""); }, "worker 1 has no address"},
+      {"no actions", [](v1::Assign* a) { a->clear_actions(); }, "no actions"},
+      {"foreign action",
+       [](v1::Assign* a) {
+         *a->mutable_actions(0) = control::ActionToProto(Action{Op::kForward, 0, 1});
+       },
+       "action 0 F(mb=0, chunk=1) is on a chunk this worker (rank 0) does not hold"},
+      {"micro-batch",
+       [](v1::Assign* a) {
+         *a->mutable_actions(1) = control::ActionToProto(Action{Op::kForward, 2, 0});
+       },
+       "action 1 F(mb=2, chunk=0) has a micro-batch outside [0, 2)"},
+      {"optimizer", [](v1::Assign* a) { a->mutable_optimizer()->Clear(); },
+       "optimizer: optimizer spec sets neither sgd nor adamw"},
+  };
+  for (const Case& c : cases) {
+    v1::Assign a = ValidAssign();
+    c.mutate(&a);
+    absl::StatusOr<JobPlan> plan = PlanJob(a, 1, std::nullopt);
+    ASSERT_FALSE(plan.ok()) << c.name;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(plan.status().message(), HasSubstr(c.message)) << c.name;
+    EXPECT_THAT(plan.status().message(), HasSubstr("Assign(job ")) << c.name;
+  }
+}
+
+TEST(JobPlanTest, AnInstructionSetAboveTheWorkersIsFailedPrecondition) {
+  const std::vector<math::Isa> runnable = math::SupportedIsas();
+  if (runnable.size() < 2) {
+    GTEST_SKIP() << "this build or CPU has a single instruction-set level";
+  }
+  v1::Assign a = ValidAssign();
+  a.set_isa(std::string(math::IsaName(runnable.back())));
+  absl::StatusOr<JobPlan> plan = PlanJob(a, 1, runnable.front());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr(absl::StrCat("Assign(job job-a, epoch 4): this worker cannot run "
+                                     "instruction set ",
+                                     math::IsaName(runnable.back()))));
+}
+
+}  // namespace
+}  // namespace pipetrain::worker
