@@ -15,7 +15,7 @@
 #include "common/math/optimizer.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
-#include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 
