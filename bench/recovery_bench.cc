@@ -260,7 +260,7 @@ struct TrainOutput {
     }
     if (j.contains("recovery")) {
       const nlohmann::json& r = j["recovery"];
-      if (!r.is_object() || !r.contains("failed_step") || !r["failed_step"].is_number_integer() ||
+      if (!r.is_object() || !r.contains("steps_done") || !r["steps_done"].is_number_integer() ||
           !r.contains("restored_step") || !r["restored_step"].is_number_integer()) {
         return absl::InvalidArgumentError(absl::StrCat("bad recovery record: '", line.text, "'"));
       }
@@ -528,7 +528,7 @@ absl::Status RunRound(const BenchOptions& o, const std::string& dir, Round& r) {
       if (!line.has_value()) return absl::UnknownError("the recovery run printed no recovery");
       PT_RETURN_IF_ERROR(b.Add(*line));
     }
-    const int64_t failed = (*b.recovery)["failed_step"].get<int64_t>();
+    const int64_t failed = (*b.recovery)["steps_done"].get<int64_t>();
     const int64_t restored = (*b.recovery)["restored_step"].get<int64_t>();
     PT_ASSIGN_OR_RETURN(absl::Time back_at, ReadUntilStep(*train, b, failed + 1, deadline));
     PT_ASSIGN_OR_RETURN(absl::Time end, FinishRun(*train, b, deadline));

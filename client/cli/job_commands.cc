@@ -50,8 +50,8 @@ absl::Status RequireJob(const JobCommandOptions& o, const char* command) {
 void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
   out << absl::StrFormat("job %s: %s", job.job(), StateName(job.state()));
   if (!job.reason().empty()) out << " (" << job.reason() << ")";
-  out << absl::StrFormat("\n  steps done %d, epoch %d, created %s ago", job.steps_done(),
-                         job.epoch(), Age(job.created_unix_ms(), now));
+  out << absl::StrFormat("\n  steps done %d, generation %d, created %s ago", job.steps_done(),
+                         job.generation(), Age(job.created_unix_ms(), now));
   if (job.ended_unix_ms() > 0) out << ", ended " << Age(job.ended_unix_ms(), now) << " ago";
   out << (job.client_attached() ? ", a client is training it" : "") << "\n";
   const v1::JobSpec& s = job.spec();
@@ -87,7 +87,7 @@ std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
       {"state", StateName(job.state())},
       {"reason", job.reason()},
       {"steps_done", job.steps_done()},
-      {"epoch", job.epoch()},
+      {"generation", job.generation()},
       {"schedule", job.spec().schedule()},
       {"stages", job.spec().stages()},
       {"microbatches", job.spec().microbatches()},

@@ -241,10 +241,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     if (t.json) {
       out << absl::StrFormat(
           "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
-          "\"failed_step\": %d, \"restored_step\": %d, \"epoch\": %d, \"stages\": %d, "
+          "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
           "\"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
-          r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.epoch(), r.stages(),
-          absl::StrJoin(r.workers(), "\", \""), r.seconds());
+          r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
+          r.stages(), absl::StrJoin(r.workers(), "\", \""), r.seconds());
     } else {
       out << absl::StrFormat(
           "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "

@@ -173,7 +173,7 @@ absl::Status TrainSession::Send(const v1::TrainRequest& request) {
     // A replaying session names the step each batch is for: a job that a recovery restored
     // between two steps refuses it (ABORTED) instead of applying it at the restored step.
     replayable = request;
-    replayable.set_expected_step(step);
+    replayable.set_expected_steps_done(step);
   }
   sent_.push_back(Sent{step, std::move(replayable)});
   // A write on a broken stream is left to Receive: it reports the stream's status, or recovers
@@ -312,7 +312,7 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
   for (const Kept& k : kept_) {
     if (k.step < restored) continue;
     v1::TrainRequest again = k.request;
-    again.set_expected_step(k.step);
+    again.set_expected_steps_done(k.step);
     PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(again));
     const float loss = replayed.loss();
     if (replayed.step() != k.step + 1 || std::memcmp(&loss, &k.loss, sizeof(float)) != 0) {

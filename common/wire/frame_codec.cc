@@ -276,10 +276,10 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
     return absl::InvalidArgumentError(
         absl::StrCat("frame for job '", h.job(), "' on a stream of job '", v.expected.job, "'"));
   }
-  if (h.epoch() != v.expected.epoch) {
-    return absl::AbortedError(absl::StrCat("stale frame ", Describe(h), ": epoch ", h.epoch(),
-                                           ", the stream of job '", v.expected.job,
-                                           "' is at epoch ", v.expected.epoch));
+  if (h.generation() != v.expected.generation) {
+    return absl::AbortedError(absl::StrCat("stale frame ", Describe(h), ": generation ",
+                                           h.generation(), ", the stream of job '", v.expected.job,
+                                           "' is at generation ", v.expected.generation));
   }
   const std::string what = absl::StrCat("frame ", Describe(h));
   if (!ValidKind(h.kind())) {
@@ -418,7 +418,7 @@ absl::Status EncodeFragment(const StreamIdentity& id, const TensorKey& key,
 
   pb::FrameHeader header;
   header.set_job(id.job);
-  header.set_epoch(id.epoch);
+  header.set_generation(id.generation);
   header.set_step(key.step);
   header.set_microbatch(key.microbatch);
   header.set_chunk(key.chunk);

@@ -1,5 +1,5 @@
 // Tensor <-> pipetrain.v1.Frame codec over grpc::ByteBuffer: the only place where the data plane's
-// domain types (TensorKey, job/epoch, math::Matrix) meet the protobuf wire form.
+// domain types (TensorKey, job/generation, math::Matrix) meet the protobuf wire form.
 //
 // Sending aliases the tensor's memory (no copy): a Frame is two slices, [header bytes, tag and
 // length of `payload`] followed by a slice that points into the Matrix and keeps it alive through
@@ -42,18 +42,18 @@ inline constexpr uint32_t kAllKinds = KindBit(TensorKind::kActivation) |
                                       KindBit(TensorKind::kGradient) | KindBit(TensorKind::kInput) |
                                       KindBit(TensorKind::kTarget);
 
-// The (job, epoch) a stream carries; every frame on it names both.
+// The (job, generation) a stream carries; every frame on it names both.
 struct StreamIdentity {
   std::string job;
-  int64_t epoch = 0;
+  int64_t generation = 0;
 };
 
 // What a receiver accepts on one stream. Codes of the rejections (see CONVENTIONS.md item 4):
-// other job, malformed header, shape, byte counts or fragment order: INVALID_ARGUMENT; other epoch:
-// ABORTED; step outside [min_step, max_step]: FAILED_PRECONDITION; a dimension, tensor or fragment
-// over its limit: RESOURCE_EXHAUSTED.
+// other job, malformed header, shape, byte counts or fragment order: INVALID_ARGUMENT; other
+// generation: ABORTED; step outside [min_step, max_step]: FAILED_PRECONDITION; a dimension, tensor
+// or fragment over its limit: RESOURCE_EXHAUSTED.
 struct FrameValidation {
-  StreamIdentity expected;  // frames must name this job and epoch.
+  StreamIdentity expected;  // frames must name this job and generation.
   int64_t min_step = 0;     // accepted steps: [min_step, max_step].
   int64_t max_step = std::numeric_limits<int64_t>::max();
   int32_t num_microbatches = 1;        // M: microbatch in [0, M).

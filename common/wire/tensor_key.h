@@ -1,7 +1,7 @@
 // The identity of a tensor message on the data plane (domain type; the wire form is
 // pipetrain.v1.FrameHeader, converted in common/wire only).
 //
-// Within one job and epoch, a tensor is identified by (step, micro-batch, chunk, kind):
+// Within one job and generation, a tensor is identified by (step, micro-batch, chunk, kind):
 //   kActivation, chunk c: the input activation of chunk c (the output of chunk c-1's F).
 //   kGradient,   chunk c: dL/d(output of chunk c) (the input gradient from chunk c+1's B or I).
 //   kInput,      chunk 0: the micro-batch's model inputs (sent by the coordinator).

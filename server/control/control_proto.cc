@@ -69,12 +69,12 @@ absl::StatusOr<std::vector<schedule::Action>> ActionsFromProto(
   return out;
 }
 
-v1::WorkerEvent ErrorEvent(const std::string& job, int64_t epoch, int64_t step,
+v1::WorkerEvent ErrorEvent(const std::string& job, int64_t generation, int64_t step,
                            const absl::Status& status) {
   v1::WorkerEvent event;
   v1::WorkerError* error = event.mutable_error();
   error->set_job(job);
-  error->set_epoch(epoch);
+  error->set_generation(generation);
   error->set_step(step);
   error->set_code(static_cast<int32_t>(status.code()));
   error->set_message(std::string(status.message()));

@@ -26,8 +26,8 @@ v1::Action ActionToProto(const schedule::Action& action);
 absl::StatusOr<std::vector<schedule::Action>> ActionsFromProto(
     const google::protobuf::RepeatedPtrField<v1::Action>& actions);
 
-// A WorkerError event of (job, epoch, step) carrying `status` (which must not be OK).
-v1::WorkerEvent ErrorEvent(const std::string& job, int64_t epoch, int64_t step,
+// A WorkerError event of (job, generation, step) carrying `status` (which must not be OK).
+v1::WorkerEvent ErrorEvent(const std::string& job, int64_t generation, int64_t step,
                            const absl::Status& status);
 
 // The status a WorkerError carries, its message prefixed with `context`. A code that is not a

@@ -133,7 +133,7 @@ absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::s
   v1::WorkerCommand command;
   v1::SaveShards* save = command.mutable_save_shards();
   save->set_job(job.id);
-  save->set_epoch(job.epoch);
+  save->set_generation(job.generation);
   save->set_step(step);
   job.checkpoint_staging = staging;
   SendToRanks(job, command);
@@ -170,15 +170,15 @@ absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::s
   return waited;
 }
 
-absl::StatusOr<Job*> CoordinatorCore::LiveJobAt(const std::string& id, int64_t epoch) {
+absl::StatusOr<Job*> CoordinatorCore::LiveJobAt(const std::string& id, int64_t generation) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
   Job& job = *it->second;
   job.mu.AssertHeld();
   if (IsTerminal(job.state)) return EndedError(job);
-  if (epoch != job.epoch) {
+  if (generation != job.generation) {
     return absl::AbortedError(
-        absl::StrCat("job '", job.id, "' is at epoch ", job.epoch, ", not ", epoch));
+        absl::StrCat("job '", job.id, "' is at generation ", job.generation, ", not ", generation));
   }
   return &job;
 }
@@ -194,7 +194,7 @@ absl::StatusOr<int> CoordinatorCore::RankOf(const Job& job, const std::string& w
 
 absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateRequest& first) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(first.job(), first.epoch()));
+  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(first.job(), first.generation()));
   job->mu.AssertHeld();
   PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, first.worker()));
   if (job->checkpoint_staging.empty() || first.step() != job->op.step) {
@@ -204,7 +204,7 @@ absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateReq
   UploadTarget target;
   target.staging = job->checkpoint_staging;
   for (const v1::ChunkSpec& c : job->chunks) {
-    if (c.worker() != rank) continue;
+    if (c.rank() != rank) continue;
     for (model::CheckpointShard& s :
          model::LayerShards(*job->model, c.first_layer(), c.last_layer())) {
       target.files.emplace(s.file, s);
@@ -216,7 +216,7 @@ absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateReq
 absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
     const v1::FetchStateRequest& request) {
   absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(request.job(), request.epoch()));
+  PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(request.job(), request.generation()));
   job->mu.AssertHeld();
   if (!job->restore.has_value()) {
     return absl::FailedPreconditionError(
@@ -226,7 +226,7 @@ absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
   std::vector<StateFile> files;
   for (const model::CheckpointShard& shard : job->restore->shards) {
     for (const v1::ChunkSpec& c : job->chunks) {
-      if (c.worker() == rank && shard.first_layer >= c.first_layer() &&
+      if (c.rank() == rank && shard.first_layer >= c.first_layer() &&
           shard.last_layer <= c.last_layer()) {
         files.push_back(StateFile{shard, io::JoinPath(job->restore_dir, shard.file)});
         break;

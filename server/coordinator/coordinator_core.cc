@@ -167,7 +167,7 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
   v1::WorkerCommand command;
   v1::Release* release = command.mutable_release();
   release->set_job(job.id);
-  release->set_epoch(job.epoch);
+  release->set_generation(job.generation);
   release->set_reason(
       absl::StrCat("job ", JobStateName(state), reason.empty() ? "" : ": ", reason));
   SendToRanks(job, command);
@@ -214,7 +214,7 @@ void CoordinatorCore::AbortStep(const Job& job, int64_t step, const std::string&
   v1::WorkerCommand command;
   v1::Abort* abort = command.mutable_abort();
   abort->set_job(job.id);
-  abort->set_epoch(job.epoch);
+  abort->set_generation(job.generation);
   abort->set_step(step);
   abort->set_reason(reason);
   SendToRanks(job, command);
@@ -403,7 +403,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   v1::JobStatus s;
   s.set_job(job.id);
   s.set_state(JobStateToProto(job.state));
-  s.set_epoch(job.epoch);
+  s.set_generation(job.generation);
   s.set_steps_done(job.steps_done);
   s.set_reason(job.reason);
   s.set_imbalance(job.imbalance);
@@ -429,7 +429,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
     st->set_worker(job.workers[rank]);
     st->set_address(addresses[rank]);
     for (const v1::ChunkSpec& c : job.chunks) {
-      if (c.worker() == rank) *st->add_chunks() = c;
+      if (c.rank() == rank) *st->add_chunks() = c;
     }
   }
   return s;

@@ -138,7 +138,7 @@ class CoordinatorCore {
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Opens the durable journal in `state_dir` and restores every job recorded there: each is
-  // RECOVERING, in a new epoch, until enough workers have registered, then READY at its last
+  // RECOVERING, in a new generation, until enough workers have registered, then READY at its last
   // checkpoint (or step 0), for its client to reconnect and replay. A record that cannot be
   // restored becomes a FAILED job saying why. Call once, before serving. Errors: the journal
   // cannot be opened or listed; FAILED_PRECONDITION if one is open already.
@@ -317,8 +317,8 @@ class CoordinatorCore {
   // The rank `worker` holds in `job`: PERMISSION_DENIED unless it is a live worker of the job.
   absl::StatusOr<int> RankOf(const Job& job, const std::string& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // Job `id` if it has not ended (FAILED_PRECONDITION) and is at `epoch` (ABORTED).
-  absl::StatusOr<Job*> LiveJobAt(const std::string& id, int64_t epoch)
+  // Job `id` if it has not ended (FAILED_PRECONDITION) and is at `generation` (ABORTED).
+  absl::StatusOr<Job*> LiveJobAt(const std::string& id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- job_recovery.cc
@@ -327,17 +327,17 @@ class CoordinatorCore {
   void BeginRecovery(Job& job, const std::string& name, int rank, const std::string& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Job thread: replaces the lost ranks with idle workers (waiting up to the replace timeout) or
-  // re-partitions onto fewer stages (down to min_stages), bumps the epoch and assigns every rank
-  // with the restore state: READY (and journaled) or FAILED.
+  // re-partitions onto fewer stages (down to min_stages), bumps the generation and assigns every
+  // rank with the restore state: READY (and journaled) or FAILED.
   void Recover(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // The workers of the new epoch by rank, once enough are idle; nullopt if the job failed.
+  // The workers of the new generation by rank, once enough are idle; nullopt if the job failed.
   std::optional<std::vector<std::string>> AwaitReplacements(Job& job, bool* shrink)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Plans and partitions `job` anew for `names` (at least `fewest` of them): false if it failed.
   bool Relayout(Job& job, std::vector<std::string>* names, int fewest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // Gives the ranks to `names`, releases the workers left out, and starts a new epoch.
-  void StartEpoch(Job& job, const std::vector<std::string>& names)
+  // Gives the ranks to `names`, releases the workers left out, and starts a new generation.
+  void StartGeneration(Job& job, const std::vector<std::string>& names)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Restores one journal record as a RECOVERING job (or a FAILED one saying why it cannot).
   void RestoreJob(journal::v1::JobRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -345,10 +345,10 @@ class CoordinatorCore {
   void JournalJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- feed_links.cc (job thread only, lock not held)
-  // Makes the job's links to its first and last chunk owners open and healthy for `epoch`.
+  // Makes the job's links to its first and last chunk owners open and healthy for `generation`.
   absl::Status EnsureFeedLinks(Job* job, const FeedTarget& first, const FeedTarget& last)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The feed targets of the job's current epoch (first, last chunk owner).
+  // The feed targets of the job's current generation (first, last chunk owner).
   std::pair<FeedTarget, FeedTarget> FeedTargets(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // After an assignment: tells every rank to dial its neighbours and opens the feed links.

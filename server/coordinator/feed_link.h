@@ -39,7 +39,7 @@ class FeedLink {
 // generation, and the rank it reaches.
 struct FeedTarget {
   std::string job;
-  int64_t epoch = 0;
+  int64_t generation = 0;
   std::string secret;
   int rank = 0;
   std::string address;  // the rank's StageWorker address.

@@ -19,7 +19,7 @@ std::pair<FeedTarget, FeedTarget> CoordinatorCore::FeedTargets(const Job& job) c
   auto target = [&](int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     FeedTarget t;
     t.job = job.id;
-    t.epoch = job.epoch;
+    t.generation = job.generation;
     t.secret = job.link_secret;
     t.rank = rank;
     t.address = addresses[rank];
@@ -41,10 +41,10 @@ void CoordinatorCore::CloseJobLinks(Job* job) {
 absl::Status CoordinatorCore::EnsureFeedLinks(Job* job, const FeedTarget& first,
                                               const FeedTarget& last) {
   std::vector<std::shared_ptr<FeedLink>> stale;
-  if (job->links_epoch != first.epoch) {
+  if (job->links_generation != first.generation) {
     for (auto& [rank, link] : job->links) stale.push_back(link);
     job->links.clear();
-    job->links_epoch = first.epoch;
+    job->links_generation = first.generation;
   }
   for (auto it = job->links.begin(); it != job->links.end();) {
     if (!it->second->status().ok()) {
@@ -84,10 +84,10 @@ void CoordinatorCore::OpenLinksEarly(Job* job) {
     job->mu.AssertHeld();
     if (job->state != JobState::kReady) return;
     targets = FeedTargets(*job);
-    // Every rank accepted this epoch's assignment, so each may dial its neighbours now.
+    // Every rank accepted this generation's assignment, so each may dial its neighbours now.
     v1::WorkerCommand command;
     command.mutable_open_links()->set_job(job->id);
-    command.mutable_open_links()->set_epoch(job->epoch);
+    command.mutable_open_links()->set_generation(job->generation);
     SendToRanks(*job, command);
   }
   const absl::Status opened = EnsureFeedLinks(job, targets.first, targets.second);

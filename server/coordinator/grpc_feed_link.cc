@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<FeedLink>> GrpcFeedLinkFactory::Dial(
   link::PeerHello hello;
   hello.peer = link::kCoordinatorPeer;
   hello.identity.job = target.job;
-  hello.identity.epoch = target.epoch;
+  hello.identity.generation = target.generation;
   hello.secret = target.secret;
   link::LinkSettings settings;
   settings.validation.expected = hello.identity;

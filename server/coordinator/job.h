@@ -83,7 +83,7 @@ struct Job {
 
   // The fencing counter of the current assignment and its data links' secret (new with every
   // Assign): messages of an earlier one are refused.
-  int64_t epoch ABSL_GUARDED_BY(mu) = 1;
+  int64_t generation ABSL_GUARDED_BY(mu) = 1;
   std::string link_secret ABSL_GUARDED_BY(mu);
 
   // Its life (job_state.h) and progress.
@@ -124,9 +124,9 @@ struct Job {
   std::unique_ptr<OpThread> ops ABSL_GUARDED_BY(mu);
 
   // Job thread only, never under mu (a link's Shutdown may wait for a callback that takes it):
-  // the data links to the first and last chunk owners, by rank, for generation `links_epoch`.
+  // the data links to the first and last chunk owners, by rank, for generation `links_generation`.
   std::map<int, std::shared_ptr<FeedLink>> links;
-  int64_t links_epoch = -1;
+  int64_t links_generation = -1;
 };
 
 }  // namespace pipetrain::coordinator

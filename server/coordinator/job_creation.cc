@@ -142,7 +142,7 @@ v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
   v1::WorkerCommand command;
   v1::Assign* a = command.mutable_assign();
   a->set_job(job.id);
-  a->set_epoch(job.epoch);
+  a->set_generation(job.generation);
   a->set_rank(rank);
   *a->mutable_model() = job.model->spec();
   *a->mutable_optimizer() = job.spec.optimizer();
@@ -166,7 +166,7 @@ v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job) {
-  // A new secret for every epoch: streams of an earlier epoch's peers no longer get in.
+  // A new secret for every generation: streams of an earlier generation's peers no longer get in.
   absl::StatusOr<std::string> secret = net::NewSecret();
   absl::MutexLock lock(&mu_);
   job->mu.AssertHeld();
@@ -190,9 +190,9 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job) {
     return waited;
   }
   job->state = JobState::kReady;
-  Log(absl::StrCat("job ", job->id, " ready in epoch ", job->epoch, ": ", job->workers.size(),
-                   " stages (", job->spec.schedule(), ") on ", absl::StrJoin(job->workers, ", "),
-                   " at instruction set ", job->spec.isa()));
+  Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
+                   job->workers.size(), " stages (", job->spec.schedule(), ") on ",
+                   absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));
   if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
 }

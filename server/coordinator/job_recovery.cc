@@ -19,10 +19,10 @@
 namespace pipetrain::coordinator {
 namespace {
 
-// "CAUSE[ of WORKER] at step N", for messages about the recovery in progress.
+// "CAUSE[ of WORKER] after step N", for messages about the recovery in progress.
 std::string RecoveryCause(const v1::RecoveryEvent& r) {
   return absl::StrCat(r.cause(), r.lost_worker().empty() ? "" : " of " + r.lost_worker(),
-                      " at step ", r.failed_step());
+                      " after step ", r.steps_done());
 }
 
 }  // namespace
@@ -40,7 +40,7 @@ void CoordinatorCore::BeginRecovery(Job& job, const std::string& name, int rank,
   job.recovering.set_lost_worker(name);
   job.recovering.set_rank(rank);
   job.recovering.set_cause(cause);
-  job.recovering.set_failed_step(job.steps_done);
+  job.recovering.set_steps_done(job.steps_done);
   if (job.op.error.ok()) {
     job.op.error = absl::AbortedError(
         absl::StrCat("job '", job.id, "': ", WorkerLabel(name, rank), " was lost at step ",
@@ -66,7 +66,7 @@ void CoordinatorCore::Recover(Job* job) {
     if (!names.has_value()) return;
     const int fewest = shrink ? job->spec.min_stages() : static_cast<int>(names->size());
     if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest)) return;
-    StartEpoch(*job, *names);
+    StartGeneration(*job, *names);
   }
   const absl::StatusOr<v1::JobStatus> assigned = Assign(job);  // fails the job on error.
   if (!assigned.ok()) return;
@@ -79,9 +79,9 @@ void CoordinatorCore::Recover(Job* job) {
     job->recoveries.push_back(r);
     const int n = static_cast<int>(job->workers.size());
     Log(absl::StrCat("job ", id, ": recovered (", r.cause(),
-                     r.lost_worker().empty() ? "" : " " + r.lost_worker(), " at step ",
-                     r.failed_step(), ") in ", r.seconds(), " s; restarted from step ",
-                     job->steps_done, " in epoch ", job->epoch, " on ", n,
+                     r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ",
+                     r.steps_done(), ") in ", r.seconds(), " s; restarted from step ",
+                     job->steps_done, " in generation ", job->generation, " on ", n,
                      n < before ? absl::StrCat(" stages (was ", before, "): ") : " stages: ",
                      absl::StrJoin(job->workers, ", ")),
         logging::LogLevel::kWarning);
@@ -177,11 +177,11 @@ bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fe
   return false;
 }
 
-void CoordinatorCore::StartEpoch(Job& job, const std::vector<std::string>& names) {
+void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& names) {
   // Survivors left without a rank (a schedule that needs fewer stages) are released.
   v1::WorkerCommand release;
   release.mutable_release()->set_job(job.id);
-  release.mutable_release()->set_epoch(job.epoch);
+  release.mutable_release()->set_generation(job.generation);
   release.mutable_release()->set_reason("the job shrank to fewer stages");
   for (const std::string& name : job.workers) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
@@ -193,14 +193,14 @@ void CoordinatorCore::StartEpoch(Job& job, const std::vector<std::string>& names
   const int n = static_cast<int>(names.size());
   job.workers = names;
   for (int rank = 0; rank < n; ++rank) workers_.Take(names[rank], job.id, rank);
-  // A new epoch: every rank rebuilds its stages from the restore state; frames and answers of
-  // the old epoch are refused.
-  ++job.epoch;
+  // A new generation: every rank rebuilds its stages from the restore state; frames and answers of
+  // the old generation are refused.
+  ++job.generation;
   job.steps_done = job.restore.has_value() ? job.restore->step : 0;
   job.op.Reset(n);
   job.commit = CommitBook();  // the restore state replaces whatever was applied.
   job.recovering.set_restored_step(job.steps_done);
-  job.recovering.set_epoch(job.epoch);
+  job.recovering.set_generation(job.generation);
   job.recovering.set_stages(n);
   job.recovering.clear_workers();
   for (const std::string& name : job.workers) job.recovering.add_workers(name);
@@ -230,14 +230,14 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   j.mu.AssertHeld();
   j.spec = record.spec();
   j.owner = record.owner();
-  j.epoch = record.epoch();
+  j.generation = record.generation();
   j.created = absl::FromUnixMillis(record.created_unix_ms());
   j.recoveries.assign(record.recoveries().begin(), record.recoveries().end());
   j.state = JobState::kRecovering;
   j.recovery_start = absl::Now();
   j.recovering.set_cause("coordinator restart");
   j.recovering.set_rank(-1);
-  j.recovering.set_failed_step(record.restore_step());
+  j.recovering.set_steps_done(record.restore_step());
   j.lease_expiry = absl::Now() + options_.client_lease;
   j.ops = std::make_unique<OpThread>();
   jobs_[j.id] = std::move(owned);
@@ -295,7 +295,7 @@ void CoordinatorCore::JournalJob(const std::string& id) {
     record.set_job(job.id);
     record.set_owner(job.owner);
     *record.mutable_spec() = job.spec;
-    record.set_epoch(job.epoch);
+    record.set_generation(job.generation);
     if (job.restore.has_value()) {
       record.set_restore_dir(job.restore_dir);
       record.set_restore_step(job.restore->step);

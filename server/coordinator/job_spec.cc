@@ -117,7 +117,7 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
   for (int c = 0; c < plan.num_chunks(); ++c) {
     v1::ChunkSpec chunk;
     chunk.set_chunk(c);
-    chunk.set_worker(plan.placement.OwnerOf(c));
+    chunk.set_rank(plan.placement.OwnerOf(c));
     chunk.set_first_layer(cut.boundaries[c]);
     chunk.set_last_layer(cut.boundaries[c + 1]);
     chunks.push_back(chunk);

@@ -89,33 +89,33 @@ absl::Status CoordinatorCore::RecordJobEvent(const WorkerRecord& worker,
   if (IsTerminal(job.state) || rank < 0 || rank >= static_cast<int>(job.workers.size())) {
     return absl::OkStatus();
   }
-  // Every event names (job, epoch[, step]); anything else is from an earlier assignment.
-  auto current = [&job](const std::string& j, int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-    return j == job.id && epoch == job.epoch;
-  };
+  // Every event names (job, generation[, step]); anything else is from an earlier assignment.
+  auto current = [&job](const std::string& j, int64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                     job.mu) { return j == job.id && generation == job.generation; };
   switch (event.event_case()) {
     case v1::WorkerEvent::kAssigned:
-      if (current(event.assigned().job(), event.assigned().epoch())) job.op.assigned[rank] = true;
+      if (current(event.assigned().job(), event.assigned().generation()))
+        job.op.assigned[rank] = true;
       break;
     case v1::WorkerEvent::kStepDone:
-      if (current(event.step_done().job(), event.step_done().epoch())) {
+      if (current(event.step_done().job(), event.step_done().generation())) {
         RecordStepDone(job, rank, event.step_done());
       }
       break;
     case v1::WorkerEvent::kCommitted: {
       const v1::Committed& c = event.committed();
-      if (current(c.job(), c.epoch()) && c.step() == job.commit.step) {
+      if (current(c.job(), c.generation()) && c.step() == job.commit.step) {
         job.commit.committed[rank] = true;
       }
       break;
     }
     case v1::WorkerEvent::kShardsSaved: {
       const v1::ShardsSaved& s = event.shards_saved();
-      if (current(s.job(), s.epoch()) && s.step() == job.op.step) job.op.saved[rank] = true;
+      if (current(s.job(), s.generation()) && s.step() == job.op.step) job.op.saved[rank] = true;
       break;
     }
     case v1::WorkerEvent::kError:
-      if (current(event.error().job(), event.error().epoch())) {
+      if (current(event.error().job(), event.error().generation())) {
         RecordWorkerError(job, worker, event.error());
       }
       break;

@@ -66,22 +66,23 @@ absl::Status StepRun::AdmitJob() {
   PT_RETURN_IF_ERROR(CheckReady(*job_));
   deadline_ = Deadline();
   PT_RETURN_IF_ERROR(AwaitAbortedRuns());
-  // Step n is the (n+1)-th optimizer update (StepResult.step reports n + 1).
-  step_ = job_->steps_done;
-  if (request_.has_expected_step() && request_.expected_step() != step_) {
+  // Steps are numbered from 1: this batch is step steps_done + 1 (docs/glossary.md).
+  const int64_t done = job_->steps_done;
+  step_ = done + 1;
+  if (request_.has_expected_steps_done() && request_.expected_steps_done() != done) {
     // The job is not where the client thinks: a recovery restored it between two steps (the
-    // client replays from `step`), or the batch was applied already.
+    // client replays from step done + 1), or the batch was applied already.
     const std::string where =
-        absl::StrCat("job '", job_->id, "' has done ", step_, " steps; this batch is for step ",
-                     request_.expected_step() + 1);
-    if (request_.expected_step() > step_) {
+        absl::StrCat("job '", job_->id, "' has done ", done, " steps; this batch is for step ",
+                     request_.expected_steps_done() + 1);
+    if (request_.expected_steps_done() > done) {
       return absl::AbortedError(absl::StrCat(where, ": it was restored from its last checkpoint (",
                                              job_->recoveries.size(),
-                                             " recoveries); replay from step ", step_ + 1));
+                                             " recoveries); replay from step ", step_));
     }
     return absl::FailedPreconditionError(absl::StrCat(where, ", which it has applied"));
   }
-  epoch_ = job_->epoch;
+  generation_ = job_->generation;
   job_->op.step = step_;
   job_->op.error = absl::OkStatus();
   job_->op.reports.assign(job_->workers.size(), std::nullopt);
@@ -132,15 +133,15 @@ absl::Status StepRun::Feed() {
 
 absl::Status StepRun::Start(const absl::Status& feed) {
   // RunStep follows even when the feed failed: the step is then aborted, and each rank's aborted
-  // run drops whatever part of the inputs reached it, so a retry of the step in this epoch is not
-  // refused as a duplicate. Not after a recovery began meanwhile: the new epoch fences this one's
-  // tensors, and its ranks must not hear of this step.
-  const bool run_sent = job_->state == JobState::kTraining && job_->epoch == epoch_;
+  // run drops whatever part of the inputs reached it, so a retry of the step in this generation is
+  // not refused as a duplicate. Not after a recovery began meanwhile: the new generation fences
+  // this one's tensors, and its ranks must not hear of this step.
+  const bool run_sent = job_->state == JobState::kTraining && job_->generation == generation_;
   if (run_sent) {
     v1::WorkerCommand command;
     v1::RunStep* run = command.mutable_run_step();
     run->set_job(job_->id);
-    run->set_epoch(epoch_);
+    run->set_generation(generation_);
     run->set_step(step_);
     run->set_batch_rows(batch_.rows);
     for (int rank = 0; rank < static_cast<int>(job_->workers.size()); ++rank) {
@@ -191,7 +192,7 @@ absl::Status StepRun::AwaitReports() {
 void StepRun::EvictStuckRanks() {
   // A rank waiting for data answers the Abort at once (its wait is cancelled); a stuck or stopped
   // one does not within loss_grace. The job recovers without the evicted ranks, and what they
-  // send later is fenced by the new epoch.
+  // send later is fenced by the new generation.
   core_.AbortStep(*job_, step_, "the step missed its deadline");
   const absl::Time until = absl::Now() + core_.options_.loss_grace;
   while (!core_.shutting_down_ && job_->state == JobState::kTraining &&
@@ -254,7 +255,7 @@ absl::Status StepRun::Commit(float clip) {
   v1::WorkerCommand command;
   v1::Commit* commit = command.mutable_commit();
   commit->set_job(job_->id);
-  commit->set_epoch(epoch_);
+  commit->set_generation(generation_);
   commit->set_step(step_);
   commit->set_clip_scale(clip);
   core_.SendToRanks(*job_, command);
@@ -274,11 +275,11 @@ absl::Status StepRun::Commit(float clip) {
 }
 
 void StepRun::Finish(v1::StepResult* result) {
-  job_->steps_done = step_ + 1;
+  job_->steps_done = step_;
   job_->state = JobState::kReady;
   job_->op.step = -1;
   // Timelines: measured (compute intervals, in ms) and the simulator's replay of the same costs.
-  result->set_step(step_ + 1);
+  result->set_step(step_);
   result->set_step_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
   std::vector<const v1::StepDone*> reports;
   for (const auto& r : job_->op.reports) reports.push_back(&*r);

@@ -90,8 +90,8 @@ class StepRun {
   const absl::Time start_ = absl::Now();
   Job* job_ = nullptr;  // set by Admit; lives while its thread runs this step.
   StepBatch batch_;
-  int64_t step_ = 0;                        // numbered from 0 on the control and data planes.
-  int64_t epoch_ = 0;                       // the epoch the step runs in.
+  int64_t step_ = 0;        // its number: the job's steps_done + 1 (steps are numbered from 1).
+  int64_t generation_ = 0;  // the generation the step runs in.
   std::pair<FeedTarget, FeedTarget> feed_;  // first and last chunk owners.
   absl::Duration deadline_;
 };

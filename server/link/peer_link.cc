@@ -35,7 +35,7 @@ namespace {
 // Call metadata carrying the PeerHello ("-bin": arbitrary bytes, base64 on the wire).
 constexpr char kPeerKey[] = "pipetrain-peer-bin";
 constexpr char kJobKey[] = "pipetrain-job-bin";
-constexpr char kEpochKey[] = "pipetrain-epoch";
+constexpr char kGenerationKey[] = "pipetrain-generation";
 constexpr char kSecretKey[] = "pipetrain-link-secret-bin";  // optional
 
 // The dialling end of an Exchange stream.
@@ -50,7 +50,7 @@ class ClientLinkReactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer,
       : core_(std::move(core)) {
     context_.AddMetadata(kPeerKey, hello.peer);
     context_.AddMetadata(kJobKey, hello.identity.job);
-    context_.AddMetadata(kEpochKey, absl::StrCat(hello.identity.epoch));
+    context_.AddMetadata(kGenerationKey, absl::StrCat(hello.identity.generation));
     if (!hello.secret.empty()) context_.AddMetadata(kSecretKey, hello.secret);
     if (stripe.count > 1) {
       context_.AddMetadata(kStripeKey, absl::StrCat(stripe.index, "/", stripe.count));
@@ -139,15 +139,16 @@ class ServerLinkReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     PeerHello hello;
     std::optional<std::string> peer = value(kPeerKey);
     std::optional<std::string> job = value(kJobKey);
-    std::optional<std::string> epoch = value(kEpochKey);
-    if (!peer || !job || !epoch) {
+    std::optional<std::string> generation = value(kGenerationKey);
+    if (!peer || !job || !generation) {
       return absl::InvalidArgumentError(absl::StrCat("Exchange stream from ", context_->peer(),
                                                      " lacks the ", kPeerKey, ", ", kJobKey,
-                                                     " and ", kEpochKey, " metadata"));
+                                                     " and ", kGenerationKey, " metadata"));
     }
-    if (!absl::SimpleAtoi(*epoch, &hello.identity.epoch) || hello.identity.epoch < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Exchange stream from ", context_->peer(), ": bad epoch '", *epoch, "'"));
+    if (!absl::SimpleAtoi(*generation, &hello.identity.generation) ||
+        hello.identity.generation < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("Exchange stream from ", context_->peer(),
+                                                     ": bad generation '", *generation, "'"));
     }
     hello.peer = *std::move(peer);
     hello.identity.job = *std::move(job);
@@ -233,9 +234,9 @@ absl::StatusOr<std::unique_ptr<PeerLink>> PeerLink::Connect(
   if (!settings.callbacks.on_tensor) {
     return absl::InvalidArgumentError("Connect: LinkCallbacks::on_tensor is required");
   }
-  if (hello.identity.epoch < 0) {
+  if (hello.identity.generation < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Connect: negative epoch ", hello.identity.epoch));
+        absl::StrCat("Connect: negative generation ", hello.identity.generation));
   }
   const int count = static_cast<int>(channels.size());
   std::shared_ptr<internal::StripeGroup> group =

@@ -102,7 +102,7 @@ struct LinkCallbacks {
   std::function<absl::Status(const wire::TensorKey& key, math::Matrix tensor)> on_tensor;
   // Called at most once, when the link fails: the stream broke or ended (UNAVAILABLE unless the
   // peer gave a status), the peer sent a bad frame (its validation code: INVALID_ARGUMENT,
-  // ABORTED for a stale epoch, ...), or on_tensor failed. Not called after Shutdown().
+  // ABORTED for a stale generation, ...), or on_tensor failed. Not called after Shutdown().
   // Optional.
   std::function<void(const absl::Status& status)> on_error;
   // Called once per tensor sent (after its last write completed) and received (just before
@@ -120,8 +120,8 @@ struct LinkSettings {
 // Who opens a stream: sent by the client as call metadata, checked by the server's AcceptFn.
 struct PeerHello {
   std::string peer;               // the dialler's name, e.g. "stage/1" or "coordinator".
-  wire::StreamIdentity identity;  // the job and epoch the dialler will send frames for.
-  std::string secret;             // the (job, epoch)'s link secret (Assign.link_secret); may be "".
+  wire::StreamIdentity identity;  // the job and generation the dialler will send frames for.
+  std::string secret;  // the (job, generation)'s link secret (Assign.link_secret); may be "".
 };
 
 // Counters of one link; a consistent snapshot taken under the link's lock.
@@ -210,8 +210,8 @@ class PeerLink {
 // Decides whether to accept an incoming Exchange stream (called once per stream, on a gRPC thread;
 // must not block). `link` is the server end, not yet reading: keep it to send on it (dropping it
 // shuts the stream down). Return the settings to receive with, or an error to reject the stream
-// with (e.g. ABORTED for a stale epoch, FAILED_PRECONDITION for an unknown job); the error is the
-// client's stream status.
+// with (e.g. ABORTED for a stale generation, FAILED_PRECONDITION for an unknown job); the error is
+// the client's stream status.
 using AcceptFn = std::function<absl::StatusOr<LinkSettings>(const PeerHello& hello,
                                                             std::unique_ptr<PeerLink> link)>;
 

@@ -129,11 +129,11 @@ absl::StatusOr<std::shared_ptr<StripeGroup>> StripeRegistry::JoinLocked(const Pe
   Entry& e = *entry;
   if (e.count != stripe.count || e.hello.peer != hello.peer ||
       e.hello.identity.job != hello.identity.job ||
-      e.hello.identity.epoch != hello.identity.epoch ||
+      e.hello.identity.generation != hello.identity.generation ||
       !net::ConstantTimeEquals(e.hello.secret, hello.secret)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what,
-        ": its hello (peer, job, epoch, link secret) or stripe count differs from that of "
+        ": its hello (peer, job, generation, link secret) or stripe count differs from that of "
         "the link's first stripe"));
   }
   if (!e.rejected.ok()) return e.rejected;

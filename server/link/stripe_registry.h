@@ -6,7 +6,7 @@
 //
 // The first stripe of a link to arrive (any index) creates the StripeGroup and offers it, as one
 // PeerLink, to the server's AcceptFn; the others join that group. Each stripe must repeat the
-// first one's hello (peer, job, epoch, link secret) and count, and each index may arrive once.
+// first one's hello (peer, job, generation, link secret) and count, and each index may arrive once.
 #ifndef PIPETRAIN_SERVER_LINK_STRIPE_REGISTRY_H_
 #define PIPETRAIN_SERVER_LINK_STRIPE_REGISTRY_H_
 

@@ -42,7 +42,7 @@ class CoordinatorMetrics {
 
   // A step of job `job` was applied.
   void RecordStep(const std::string& job, const StepSample& step) ABSL_LOCKS_EXCLUDED(mu_);
-  // Job `job` recovered from a lost worker (it continues in a new epoch).
+  // Job `job` recovered from a lost worker (it continues in a new generation).
   void RecordRecovery(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Job `job` runs its math at instruction-set level `isa` (e.g. "x86-64-v4"):
   // pipetrain_job_isa_info{job_id, isa} = 1 (a level it ran at before is removed).

@@ -15,7 +15,8 @@ namespace {
 // Checks the Assign's scalar fields and the sizes of its lists (INVALID_ARGUMENT, AssignError).
 absl::Status CheckShape(const v1::Assign& a, int threads_max) {
   if (a.job().empty()) return AssignError(a, "empty job id");
-  if (a.epoch() < 0) return AssignError(a, absl::StrCat("epoch ", a.epoch(), " < 0"));
+  if (a.generation() < 0)
+    return AssignError(a, absl::StrCat("generation ", a.generation(), " < 0"));
   if (a.stages() < 1 || a.virtual_stages() < 1 || a.microbatches() < 1) {
     return AssignError(
         a, absl::StrCat("stages (", a.stages(), "), virtual_stages (", a.virtual_stages(),
@@ -59,9 +60,10 @@ absl::StatusOr<math::Isa> JobIsa(const v1::Assign& a, const std::optional<math::
   }
   const std::vector<math::Isa> runnable = math::SupportedIsas(max_isa);
   if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Assign(job ", a.job(), ", epoch ", a.epoch(), "): this worker cannot run instruction set ",
-        math::IsaName(isa), " (it runs ", math::IsaListName(runnable), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Assign(job ", a.job(), ", generation ", a.generation(),
+                     "): this worker cannot run instruction set ", math::IsaName(isa), " (it runs ",
+                     math::IsaListName(runnable), ")"));
   }
   return isa;
 }
@@ -76,9 +78,9 @@ absl::StatusOr<std::vector<int>> ChunkOwners(const v1::Assign& a, int num_chunks
     if (spec.chunk() != c) {
       return AssignError(a, absl::StrCat("chunks[", c, "] has chunk index ", spec.chunk()));
     }
-    if (spec.worker() < 0 || spec.worker() >= a.stages()) {
-      return AssignError(a, absl::StrCat("chunk ", c, " is on worker ", spec.worker(),
-                                         " outside [0, ", a.stages(), ")"));
+    if (spec.rank() < 0 || spec.rank() >= a.stages()) {
+      return AssignError(a, absl::StrCat("chunk ", c, " is on rank ", spec.rank(), " outside [0, ",
+                                         a.stages(), ")"));
     }
     if (spec.first_layer() != expected_first || spec.last_layer() <= spec.first_layer() ||
         spec.last_layer() > layers || (c == num_chunks - 1 && spec.last_layer() != layers)) {
@@ -86,10 +88,10 @@ absl::StatusOr<std::vector<int>> ChunkOwners(const v1::Assign& a, int num_chunks
           a, absl::StrCat("chunk ", c, " has layers [", spec.first_layer(), ", ", spec.last_layer(),
                           "); chunks must tile [0, ", layers, ") in order, each non-empty"));
     }
-    if (a.worker_addresses(spec.worker()).empty()) {
-      return AssignError(a, absl::StrCat("worker ", spec.worker(), " has no address"));
+    if (a.worker_addresses(spec.rank()).empty()) {
+      return AssignError(a, absl::StrCat("rank ", spec.rank(), " has no address"));
     }
-    owner[c] = spec.worker();
+    owner[c] = spec.rank();
   }
   return owner;
 }
@@ -121,7 +123,7 @@ absl::StatusOr<std::vector<schedule::Action>> RankActions(const v1::Assign& a,
 
 absl::Status AssignError(const v1::Assign& assign, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrCat("Assign(job ", assign.job(), ", epoch ", assign.epoch(), "): ", what));
+      absl::StrCat("Assign(job ", assign.job(), ", generation ", assign.generation(), "): ", what));
 }
 
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& a, int threads_max,

@@ -29,13 +29,14 @@ struct JobPlan {
 
 // Checks `assign` for this worker and parses it. `threads_max` (>= 1) bounds Assign.threads;
 // `max_isa` is the highest level this worker runs jobs at (none: any this CPU runs).
-// INVALID_ARGUMENT (AssignError) naming the field, checked in this order: job id, epoch, stages,
-// rank, link_secret, threads, worker addresses, chunk count, isa, model, chunk tiling, actions,
-// optimizer; FAILED_PRECONDITION for an instruction set this worker cannot run. Thread-safe.
+// INVALID_ARGUMENT (AssignError) naming the field, checked in this order: job id, generation,
+// stages, rank, link_secret, threads, worker addresses, chunk count, isa, model, chunk tiling,
+// actions, optimizer; FAILED_PRECONDITION for an instruction set this worker cannot run.
+// Thread-safe.
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& assign, int threads_max,
                                 const std::optional<math::Isa>& max_isa);
 
-// INVALID_ARGUMENT "Assign(job J, epoch E): <what>", the error of every malformed Assign.
+// INVALID_ARGUMENT "Assign(job J, generation E): <what>", the error of every malformed Assign.
 absl::Status AssignError(const v1::Assign& assign, absl::string_view what);
 
 }  // namespace pipetrain::worker

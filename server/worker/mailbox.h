@@ -6,8 +6,9 @@
 // it wakes every waiter with the abort status and fails every later Put and Take until Reset().
 // Leftovers of a finished or abandoned step are dropped with ClearStep() or Reset().
 //
-// Fencing stale senders is not the mailbox's job: frames of an older epoch must be rejected by the
-// link layer before they reach Put (otherwise a re-run of an aborted step could see a duplicate).
+// Fencing stale senders is not the mailbox's job: frames of an older generation must be rejected by
+// the link layer before they reach Put (otherwise a re-run of an aborted step could see a
+// duplicate).
 #ifndef PIPETRAIN_SERVER_WORKER_MAILBOX_H_
 #define PIPETRAIN_SERVER_WORKER_MAILBOX_H_
 

@@ -2,16 +2,17 @@
 
 #include <string>
 
-#include "server/control/control_proto.h"
 #include "pipetrain/v1/worker_control.pb.h"
+#include "server/control/control_proto.h"
 
 namespace pipetrain::worker {
 
-v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report,
+v1::StepDone StepDoneFromReport(const std::string& job, int64_t generation,
+                                const StepReport& report,
                                 const std::vector<LinkSpanTiming>& links) {
   v1::StepDone done;
   done.set_job(job);
-  done.set_epoch(epoch);
+  done.set_generation(generation);
   done.set_step(report.step);
   for (float loss : report.microbatch_losses) done.add_microbatch_losses(loss);
   done.set_update_us(absl::ToDoubleMicroseconds(report.update_time));

@@ -14,10 +14,11 @@
 
 namespace pipetrain::worker {
 
-// StepDone for `report` of (job, epoch): losses, per-layer squared gradient norms, the action
+// StepDone for `report` of (job, generation): losses, per-layer squared gradient norms, the action
 // timings in microseconds (start/end relative to the RunStep's start, wait = ready - start) and
 // the step's tensors sent and received, `links` (LinkSpanLog::TakeStep), in the same time base.
-v1::StepDone StepDoneFromReport(const std::string& job, int64_t epoch, const StepReport& report,
+v1::StepDone StepDoneFromReport(const std::string& job, int64_t generation,
+                                const StepReport& report,
                                 const std::vector<LinkSpanTiming>& links = {});
 
 }  // namespace pipetrain::worker

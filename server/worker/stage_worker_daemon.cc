@@ -275,12 +275,12 @@ void StageWorkerDaemon::Emit(v1::WorkerEvent event) {
   if (stream != nullptr) stream->Write(std::move(event));
 }
 
-void StageWorkerDaemon::LinkFailed(const std::string& job, int64_t epoch,
+void StageWorkerDaemon::LinkFailed(const std::string& job, int64_t generation,
                                    const absl::Status& status, bool coordinator_link) {
   Task task;
   task.kind = Task::Kind::kLinkFailed;
   task.job = job;
-  task.epoch = epoch;
+  task.generation = generation;
   task.status = status;
   task.coordinator_link = coordinator_link;
   Enqueue(std::move(task));
@@ -314,7 +314,7 @@ void StageWorkerDaemon::DropJob(absl::string_view why) {
     job.swap(job_);
   }
   if (job == nullptr) return;
-  Log(absl::StrCat("dropping job ", job->id(), " epoch ", job->epoch(), ": ", why));
+  Log(absl::StrCat("dropping job ", job->id(), " generation ", job->generation(), ": ", why));
   job->Stop(why);
   // Usually the last reference: the job's model, caches and buffers are freed here. Whatever is
   // free now goes back to the kernel (a later job's memory is freed by a later drop).
@@ -322,28 +322,30 @@ void StageWorkerDaemon::DropJob(absl::string_view why) {
   util::ReturnFreeHeapToKernel();
 }
 
-bool StageWorkerDaemon::CheckCurrent(const std::string& job_id, int64_t epoch, int64_t step,
+bool StageWorkerDaemon::CheckCurrent(const std::string& job_id, int64_t generation, int64_t step,
                                      absl::string_view what) {
   std::shared_ptr<WorkerJob> job;
   {
     absl::MutexLock lock(&job_mu_);
     job = job_;
   }
-  if (job != nullptr && job->id() == job_id && job->epoch() == epoch) return true;
-  if (job != nullptr && job->id() == job_id && epoch < job->epoch()) {
-    Log(absl::StrCat("ignoring stale ", what, "(", step, ") of job ", job_id, " epoch ", epoch,
-                     " (current epoch ", job->epoch(), ")"));
-    EmitError(job_id, epoch, step,
-              absl::AbortedError(absl::StrCat(what, "(", step, "): epoch ", epoch,
-                                              " is stale, the job is at epoch ", job->epoch())));
+  if (job != nullptr && job->id() == job_id && job->generation() == generation) return true;
+  if (job != nullptr && job->id() == job_id && generation < job->generation()) {
+    Log(absl::StrCat("ignoring stale ", what, "(", step, ") of job ", job_id, " generation ",
+                     generation, " (current generation ", job->generation(), ")"));
+    EmitError(job_id, generation, step,
+              absl::AbortedError(absl::StrCat(what, "(", step, "): generation ", generation,
+                                              " is stale, the job is at generation ",
+                                              job->generation())));
     return false;
   }
-  EmitError(job_id, epoch, step,
-            absl::FailedPreconditionError(absl::StrCat(
-                what, "(", step, "): this worker has no job '", job_id, "' at epoch ", epoch,
-                job == nullptr
-                    ? std::string(" (no job)")
-                    : absl::StrCat(" (it runs job '", job->id(), "' epoch ", job->epoch(), ")"))));
+  EmitError(
+      job_id, generation, step,
+      absl::FailedPreconditionError(absl::StrCat(
+          what, "(", step, "): this worker has no job '", job_id, "' at generation ", generation,
+          job == nullptr ? std::string(" (no job)")
+                         : absl::StrCat(" (it runs job '", job->id(), "' generation ",
+                                        job->generation(), ")"))));
   return false;
 }
 
@@ -358,7 +360,7 @@ void StageWorkerDaemon::HandleTask(Task task) {
       DropJob(absl::StrCat("control stream lost: ", task.status.ToString()));
       return;
     case Task::Kind::kLinkFailed:
-      if (job != nullptr && job->id() == task.job && job->epoch() == task.epoch) {
+      if (job != nullptr && job->id() == task.job && job->generation() == task.generation) {
         job->OnLinkFailed(task.status, task.coordinator_link);
       }
       return;
@@ -376,28 +378,28 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
       return;
     case v1::WorkerCommand::kRunStep: {
       const v1::RunStep& c = command.run_step();
-      if (CheckCurrent(c.job(), c.epoch(), c.step(), "RunStep")) job->OnRunStep(c);
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "RunStep")) job->OnRunStep(c);
       return;
     }
     case v1::WorkerCommand::kCommit: {
       const v1::Commit& c = command.commit();
-      if (CheckCurrent(c.job(), c.epoch(), c.step(), "Commit")) job->OnCommit(c);
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "Commit")) job->OnCommit(c);
       return;
     }
     case v1::WorkerCommand::kAbort: {
       const v1::Abort& c = command.abort();
-      if (CheckCurrent(c.job(), c.epoch(), c.step(), "Abort")) job->OnAbort(c);
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "Abort")) job->OnAbort(c);
       return;
     }
     case v1::WorkerCommand::kSaveShards: {
       const v1::SaveShards& c = command.save_shards();
-      if (CheckCurrent(c.job(), c.epoch(), c.step(), "SaveShards")) job->OnSaveShards(c);
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "SaveShards")) job->OnSaveShards(c);
       return;
     }
     case v1::WorkerCommand::kRelease: {
-      // Not answered: a worker that does not run (job, epoch) any more has nothing to drop.
+      // Not answered: a worker that does not run (job, generation) any more has nothing to drop.
       const v1::Release& c = command.release();
-      if (job != nullptr && job->id() == c.job() && job->epoch() <= c.epoch()) {
+      if (job != nullptr && job->id() == c.job() && job->generation() <= c.generation()) {
         DropJob(absl::StrCat("released by the coordinator: ", c.reason()));
       }
       return;
@@ -405,7 +407,8 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
     case v1::WorkerCommand::kOpenLinks: {
       // Not answered: a hint the first RunStep would also act on.
       const v1::OpenLinks& c = command.open_links();
-      if (job != nullptr && job->id() == c.job() && job->epoch() == c.epoch()) job->OnOpenLinks();
+      if (job != nullptr && job->id() == c.job() && job->generation() == c.generation())
+        job->OnOpenLinks();
       return;
     }
     case v1::WorkerCommand::COMMAND_NOT_SET:
@@ -415,7 +418,8 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
 }
 
 void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
-  DropJob(absl::StrCat("replaced by Assign(job ", assign.job(), ", epoch ", assign.epoch(), ")"));
+  DropJob(absl::StrCat("replaced by Assign(job ", assign.job(), ", generation ",
+                       assign.generation(), ")"));
   WorkerJobOptions job_options;
   job_options.emulate_gflops = options_.emulate_gflops;
   job_options.threads_max =
@@ -428,20 +432,20 @@ void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
   job_options.max_isa = options_.max_isa;
   absl::StatusOr<std::shared_ptr<WorkerJob>> job = WorkerJob::Create(assign, job_options, this);
   if (!job.ok()) {
-    EmitError(assign.job(), assign.epoch(), 0, job.status());
+    EmitError(assign.job(), assign.generation(), 0, job.status());
     return;
   }
   {
     absl::MutexLock lock(&job_mu_);
     job_ = *job;
   }
-  Log(absl::StrCat("assigned job ", assign.job(), " epoch ", assign.epoch(), " rank ",
+  Log(absl::StrCat("assigned job ", assign.job(), " generation ", assign.generation(), " rank ",
                    assign.rank(), " of ", assign.stages(), " at instruction set ",
                    assign.isa().empty() ? math::IsaName(math::BuiltIsas().front()) : assign.isa()));
   v1::WorkerEvent event;
   v1::Assigned* assigned = event.mutable_assigned();
   assigned->set_job(assign.job());
-  assigned->set_epoch(assign.epoch());
+  assigned->set_generation(assign.generation());
   Emit(std::move(event));
 }
 

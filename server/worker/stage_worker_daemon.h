@@ -5,9 +5,9 @@
 // service and (when built with it) server reflection on one port, and keeps one control stream
 // WorkerControl.Join open to the coordinator, redialling with exponential backoff when it breaks.
 // Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards) are handled on a
-// command thread; each job (job id, epoch) is a WorkerJob (server/worker/worker_job.h) that runs
-// its steps on its own compute thread. The control protocol as implemented here
-// (step numbering, which events answer which commands, link dialling) is in docs/worker.md.
+// command thread; each job (job id, generation) is a WorkerJob (server/worker/worker_job.h) that
+// runs its steps on its own compute thread. The control protocol as implemented here (step
+// numbering, which events answer which commands, link dialling) is in docs/worker.md.
 //
 // Threads: gRPC's callback threads only decode and queue (never block, never compute); the
 // command thread validates and builds jobs; the compute thread runs steps, commits and writes
@@ -30,8 +30,8 @@
 #include "absl/time/time.h"
 #include "common/math/isa.h"
 #include "common/net/transport_security.h"
-#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
@@ -160,8 +160,8 @@ class StageWorkerDaemon final : private JobHost {
     enum class Kind { kCommand, kStreamLost, kLinkFailed };
     Kind kind = Kind::kCommand;
     v1::WorkerCommand command;  // kCommand.
-    std::string job;            // kLinkFailed: the job and epoch whose link failed.
-    int64_t epoch = 0;
+    std::string job;            // kLinkFailed: the job and generation whose link failed.
+    int64_t generation = 0;
     absl::Status status;            // kStreamLost / kLinkFailed.
     bool coordinator_link = false;  // kLinkFailed: the coordinator's feed stream failed.
   };
@@ -183,9 +183,10 @@ class StageWorkerDaemon final : private JobHost {
   void HandleAssign(const v1::Assign& assign);
   // Drops the current job (aborts its step, closes its links, joins its compute thread).
   void DropJob(absl::string_view why);
-  // Checks that a command names the current job and epoch; otherwise answers it (stale epoch:
-  // ABORTED; unknown job: FAILED_PRECONDITION) and returns false.
-  bool CheckCurrent(const std::string& job, int64_t epoch, int64_t step, absl::string_view what);
+  // Checks that a command names the current job and generation; otherwise answers it (stale
+  // generation: ABORTED; unknown job: FAILED_PRECONDITION) and returns false.
+  bool CheckCurrent(const std::string& job, int64_t generation, int64_t step,
+                    absl::string_view what);
 
   // Thread-safe; never blocks on the network.
   void Enqueue(Task task);
@@ -193,7 +194,7 @@ class StageWorkerDaemon final : private JobHost {
   void Emit(v1::WorkerEvent event) override;
   void Log(absl::string_view message,
            logging::LogLevel level = logging::LogLevel::kInfo) const override;
-  void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
+  void LinkFailed(const std::string& job, int64_t generation, const absl::Status& status,
                   bool coordinator_link) override;
   v1::WorkerControl::Stub* coordinator() override { return coordinator_stub_.get(); }
   std::string coordinator_address() const override { return options_.coordinator; }

@@ -113,7 +113,7 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl
   context.set_deadline(absl::ToChronoTime(absl::Now() + request.timeout));
   v1::FetchStateRequest fetch;
   fetch.set_job(request.job);
-  fetch.set_epoch(request.epoch);
+  fetch.set_generation(request.generation);
   fetch.set_worker(request.worker);
   std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader = stub->FetchState(&context, fetch);
   StateReceiver receiver(request);
@@ -141,13 +141,13 @@ absl::StatusOr<std::vector<model::CheckpointShard>> PutState(
   std::vector<model::CheckpointShard> shards = upload.shards;
   v1::PutStateRequest request;
   request.set_job(upload.job);
-  request.set_epoch(upload.epoch);
+  request.set_generation(upload.generation);
   request.set_step(upload.step);
   request.set_worker(upload.worker);
   // The first message names the operation and carries no chunk; the identity is not repeated.
   bool open = writer->Write(request);
   request.clear_job();
-  request.clear_epoch();
+  request.clear_generation();
   request.clear_step();
   request.clear_worker();
   absl::Status local;

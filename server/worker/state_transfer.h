@@ -20,7 +20,7 @@ namespace pipetrain::worker {
 
 struct StateRequest {
   std::string job;
-  int64_t epoch = 0;
+  int64_t generation = 0;
   std::string worker;  // this worker's registered name.
   int64_t step = 0;    // the checkpoint's step (Assign.restore_step).
   // The layer ranges [first, last) of this worker's chunks: every file must lie within one.
@@ -31,8 +31,8 @@ struct StateRequest {
 // Every tensor of the files the coordinator sends for `request`, keyed by global name. Each file
 // is checked as a checkpoint load checks it (model::ParseCheckpointShard: size, SHA-256, step
 // metadata, finite values); chunks must arrive in order and within the file's announced size.
-// Errors: the coordinator's status (e.g. ABORTED for a stale epoch), DATA_LOSS naming the file,
-// INVALID_ARGUMENT for a file outside this worker's layers or a tensor sent twice,
+// Errors: the coordinator's status (e.g. ABORTED for a stale generation), DATA_LOSS naming the
+// file, INVALID_ARGUMENT for a file outside this worker's layers or a tensor sent twice,
 // DEADLINE_EXCEEDED after `timeout`. Blocks; thread-safe.
 absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl::Stub* stub,
                                                                const StateRequest& request);
@@ -41,7 +41,7 @@ absl::StatusOr<std::map<std::string, math::Tensor>> FetchState(v1::WorkerControl
 // with `step` in their metadata, exactly as a checkpoint written to disk.
 struct StateUpload {
   std::string job;
-  int64_t epoch = 0;
+  int64_t generation = 0;
   int64_t step = 0;
   std::string worker;  // this worker's registered name.
   std::vector<model::CheckpointShard> shards;

@@ -8,11 +8,11 @@
 #include "common/model/stage.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
+#include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/worker/job_plan.h"
 #include "server/worker/proto_convert.h"
 #include "server/worker/state_transfer.h"
-#include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::worker {
 
@@ -25,7 +25,7 @@ namespace {
 absl::Status RestoreChunks(const v1::Assign& a, JobHost* host, std::vector<OwnedChunk>* chunks) {
   StateRequest request;
   request.job = a.job();
-  request.epoch = a.epoch();
+  request.generation = a.generation();
   request.worker = host->name();
   request.step = a.restore_step();
   for (const OwnedChunk& c : *chunks) {
@@ -36,7 +36,7 @@ absl::Status RestoreChunks(const v1::Assign& a, JobHost* host, std::vector<Owned
       FetchState(host->coordinator(), request);
   if (!state.ok()) {
     return wire::Annotate(state.status(),
-                          absl::StrCat("Assign(job ", a.job(), ", epoch ", a.epoch(),
+                          absl::StrCat("Assign(job ", a.job(), ", generation ", a.generation(),
                                        "): restoring step ", a.restore_step()));
   }
   for (OwnedChunk& c : *chunks) {
@@ -52,12 +52,12 @@ absl::Status RestoreChunks(const v1::Assign& a, JobHost* host, std::vector<Owned
 
 }  // namespace
 
-void JobHost::EmitError(const std::string& job, int64_t epoch, int64_t step,
+void JobHost::EmitError(const std::string& job, int64_t generation, int64_t step,
                         const absl::Status& status) {
-  Log(absl::StrCat("error (job ", job, ", epoch ", epoch, ", step ", step,
+  Log(absl::StrCat("error (job ", job, ", generation ", generation, ", step ", step,
                    "): ", status.ToString()),
       logging::LogLevel::kWarning);
-  Emit(control::ErrorEvent(job, epoch, step, status));
+  Emit(control::ErrorEvent(job, generation, step, status));
 }
 
 WorkerJob::WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, JobHost* host)
@@ -68,7 +68,7 @@ WorkerJob::WorkerJob(const v1::Assign& assign, const WorkerJobOptions& options, 
                                         : nullptr),
       mailbox_(MailboxOptions{0, pacer_.get()}) {
   job_ = assign.job();
-  epoch_ = assign.epoch();
+  generation_ = assign.generation();
   rank_ = assign.rank();
 }
 
@@ -79,7 +79,8 @@ void WorkerJob::Stop(absl::string_view why) {
     stopping_ = true;
     if (upload_context_ != nullptr) upload_context_->TryCancel();
   }
-  mailbox_.Abort(absl::AbortedError(absl::StrCat("job ", job_, " epoch ", epoch_, ": ", why)));
+  mailbox_.Abort(
+      absl::AbortedError(absl::StrCat("job ", job_, " generation ", generation_, ": ", why)));
   {
     absl::MutexLock lock(&compute_mu_);
     compute_stop_ = true;
@@ -227,7 +228,7 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
     }
     // Clean up before answering, so that the answer tells the coordinator that this worker is
     // ready for the next RunStep (also a re-run of this step): the mailbox is reset after the
-    // coordinator's Abort (unless a link broke: the epoch is over), a failed step's leftovers
+    // coordinator's Abort (unless a link broke: the generation is over), a failed step's leftovers
     // are dropped and the executor discards the failed step at once.
     if (aborted && broken.ok()) {
       mailbox_.Reset();
@@ -245,7 +246,7 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
     RecordStepMetrics(*report);
     v1::WorkerEvent event;
     *event.mutable_step_done() =
-        StepDoneFromReport(job_, epoch_, *report,
+        StepDoneFromReport(job_, generation_, *report,
                            link_spans_.TakeStep(step, report->started, LinkSpanLog::Clock::now()));
     Emit(std::move(event));
   });
@@ -261,8 +262,8 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
       return;
     }
     step_ok_ = false;
-    // Steps are numbered from 0: step n is the (n+1)-th optimizer update.
-    if (absl::Status s = executor_->CheckCommit(step + 1, clip_scale); !s.ok()) {
+    // Steps are numbered from 1: step N is the N-th optimizer update.
+    if (absl::Status s = executor_->CheckCommit(step, clip_scale); !s.ok()) {
       EmitError(step, s);
       return;
     }
@@ -274,7 +275,7 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
     v1::WorkerEvent event;
     v1::Committed* committed = event.mutable_committed();
     committed->set_job(job_);
-    committed->set_epoch(epoch_);
+    committed->set_generation(generation_);
     committed->set_step(step);
     Emit(std::move(event));
     // A rank whose step starts with a forward of a later chunk waits for its first activation
@@ -282,7 +283,7 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
     // plane) that are on the critical path between two steps.
     const bool defer = !actions_.empty() && actions_.front().op == schedule::Op::kForward &&
                        actions_.front().chunk != 0;
-    if (absl::Status s = executor_->Commit(step + 1, clip_scale, defer); !s.ok()) {
+    if (absl::Status s = executor_->Commit(step, clip_scale, defer); !s.ok()) {
       // Unreachable (checked above); fails the next command rather than passing silently.
       EmitError(step, s);
     }
@@ -291,8 +292,8 @@ void WorkerJob::OnCommit(const v1::Commit& commit) {
 
 void WorkerJob::OnAbort(const v1::Abort& abort) {
   if (abort.step() != requested_step_) {
-    host_->Log(absl::StrCat("ignoring Abort(", abort.step(), ") of job ", job_, " epoch ", epoch_,
-                            ": the latest step is ", requested_step_));
+    host_->Log(absl::StrCat("ignoring Abort(", abort.step(), ") of job ", job_, " generation ",
+                            generation_, ": the latest step is ", requested_step_));
     return;
   }
   {
@@ -321,7 +322,7 @@ void WorkerJob::OnSaveShards(const v1::SaveShards& save) {
   Post([this, step] {
     StateUpload upload;
     upload.job = job_;
-    upload.epoch = epoch_;
+    upload.generation = generation_;
     upload.step = step;
     upload.worker = host_->name();
     upload.shards = shards_;
@@ -344,7 +345,7 @@ void WorkerJob::OnSaveShards(const v1::SaveShards& save) {
     v1::WorkerEvent event;
     v1::ShardsSaved* saved = event.mutable_shards_saved();
     saved->set_job(job_);
-    saved->set_epoch(epoch_);
+    saved->set_generation(generation_);
     saved->set_step(step);
     Emit(std::move(event));
   });

@@ -1,4 +1,4 @@
-// WorkerJob: one (job, epoch) assignment on a stage worker — its model chunks, step executor,
+// WorkerJob: one (job, generation) assignment on a stage worker — its model chunks, step executor,
 // compute thread and data-plane links — and JobHost, what it needs from the daemon running it.
 //
 // Threads: the daemon's command thread creates and drives a WorkerJob (Create, OnRunStep,
@@ -31,8 +31,8 @@
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
-#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
 #include "server/logging/log_level.h"
@@ -57,9 +57,9 @@ class JobHost {
   // Writes one log line at `level`.
   virtual void Log(absl::string_view message,
                    logging::LogLevel level = logging::LogLevel::kInfo) const = 0;
-  // A data link of (job, epoch) failed; called on any thread. The daemon answers by calling
+  // A data link of (job, generation) failed; called on any thread. The daemon answers by calling
   // WorkerJob::OnLinkFailed on its command thread if the job is still current.
-  virtual void LinkFailed(const std::string& job, int64_t epoch, const absl::Status& status,
+  virtual void LinkFailed(const std::string& job, int64_t generation, const absl::Status& status,
                           bool coordinator_link) = 0;
   // The coordinator's stub (for FetchState) and this worker's registered name.
   virtual v1::WorkerControl::Stub* coordinator() = 0;
@@ -67,8 +67,9 @@ class JobHost {
   // The coordinator's "host:port", for messages.
   virtual std::string coordinator_address() const { return "the coordinator"; }
 
-  // Logs `status` and emits it as a WorkerError of (job, epoch, step).
-  void EmitError(const std::string& job, int64_t epoch, int64_t step, const absl::Status& status);
+  // Logs `status` and emits it as a WorkerError of (job, generation, step).
+  void EmitError(const std::string& job, int64_t generation, int64_t step,
+                 const absl::Status& status);
 };
 
 // How the daemon runs its jobs (constant for the daemon's life).
@@ -110,19 +111,19 @@ class WorkerJob final : public Sender {
   WorkerJob& operator=(const WorkerJob&) = delete;
 
   const std::string& id() const { return job_; }
-  int64_t epoch() const { return epoch_; }
+  int64_t generation() const { return generation_; }
 
   // Aborts the running step, joins the compute thread and closes every link. Idempotent; not
   // from a gRPC callback or the compute thread.
   void Stop(absl::string_view why);
 
   // An Exchange stream opened to this worker for this job (gRPC threads): from the coordinator
-  // (inputs/targets) or a lower-rank neighbour. ABORTED for another job or epoch,
+  // (inputs/targets) or a lower-rank neighbour. ABORTED for another job or generation,
   // FAILED_PRECONDITION for a peer that has no business here.
   absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
                                             std::unique_ptr<link::PeerLink> link);
 
-  // Commands of this (job, epoch), from the command thread.
+  // Commands of this (job, generation), from the command thread.
   // Dials the higher-rank neighbours unless done already (OpenLinks, or the first RunStep).
   void OnOpenLinks();
   void OnRunStep(const v1::RunStep& run);
@@ -130,7 +131,7 @@ class WorkerJob final : public Sender {
   void OnAbort(const v1::Abort& abort);
   void OnSaveShards(const v1::SaveShards& save);
   // A link of this job failed (reported through JobHost::LinkFailed). `coordinator_link`: the
-  // coordinator's feed stream, which does not break the epoch.
+  // coordinator's feed stream, which does not break the generation.
   void OnLinkFailed(const absl::Status& status, bool coordinator_link);
 
   // Sender: routes an outgoing tensor to this worker's mailbox or the owner's link (compute
@@ -176,7 +177,7 @@ class WorkerJob final : public Sender {
   void ComputeLoop() ABSL_LOCKS_EXCLUDED(compute_mu_);
 
   // Steps of Accept (server/worker/worker_job_links.cc).
-  // ABORTED for another job or epoch, UNAUTHENTICATED without the epoch's link secret.
+  // ABORTED for another job or generation, UNAUTHENTICATED without the generation's link secret.
   absl::Status CheckHello(const link::PeerHello& hello) const;
   // The coordinator's feed stream: FAILED_PRECONDITION if this rank holds neither the first nor
   // the last chunk; otherwise AddCoordinatorLinkLocked's errors. Shuts down the streams that
@@ -201,7 +202,7 @@ class WorkerJob final : public Sender {
   link::LinkSettings SettingsFor(uint32_t kinds, int peer_rank);
   // Validates the ownership of a received key and puts it into the mailbox.
   absl::Status Deliver(int peer_rank, const wire::TensorKey& key, math::Matrix tensor);
-  // Link `peer` failed (any thread): a stage link breaks the epoch (the mailbox is aborted and
+  // Link `peer` failed (any thread): a stage link breaks the generation (the mailbox is aborted and
   // broken_ set); either way it is logged and reported to the host. Nothing once closed.
   void LinkFailed(const std::string& peer, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(links_mu_);
@@ -209,7 +210,7 @@ class WorkerJob final : public Sender {
   void DialPeers() ABSL_LOCKS_EXCLUDED(links_mu_);
   void Emit(v1::WorkerEvent event) { host_->Emit(std::move(event)); }
   void EmitError(int64_t step, const absl::Status& status) {
-    host_->EmitError(job_, epoch_, step, status);
+    host_->EmitError(job_, generation_, step, status);
   }
 
   // Constant after Create.
@@ -217,7 +218,7 @@ class WorkerJob final : public Sender {
   const WorkerJobOptions options_;
   const v1::Assign assign_;
   std::string job_;
-  int64_t epoch_ = 0;
+  int64_t generation_ = 0;
   int rank_ = 0;
   int num_chunks_ = 0;
   int microbatches_ = 0;
@@ -255,7 +256,7 @@ class WorkerJob final : public Sender {
   // Most live coordinator streams a job accepts (one, and its replacement while the old one's
   // failure is still being noticed here).
   static constexpr size_t kMaxCoordinatorLinks = 2;
-  absl::Status broken_ ABSL_GUARDED_BY(links_mu_);  // first link failure of this epoch.
+  absl::Status broken_ ABSL_GUARDED_BY(links_mu_);  // first link failure of this generation.
   bool closed_ ABSL_GUARDED_BY(links_mu_) = false;
 
   // Protects the call of a checkpoint upload in progress, so that Stop can cancel it.

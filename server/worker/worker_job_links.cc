@@ -25,7 +25,7 @@ using wire::TensorKind;
 
 LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   LinkSettings settings;
-  settings.validation.expected = wire::StreamIdentity{job_, epoch_};
+  settings.validation.expected = wire::StreamIdentity{job_, generation_};
   settings.validation.num_microbatches = microbatches_;
   settings.validation.num_chunks = num_chunks_;
   settings.validation.allowed_kinds = kinds;
@@ -45,7 +45,7 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
 }
 
 absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matrix tensor) {
-  // The frame decoder checked job, epoch, ranges and kinds; here: does the tensor belong here,
+  // The frame decoder checked job, generation, ranges and kinds; here: does the tensor belong here,
   // from this peer?
   bool ok = key.chunk >= 0 && key.chunk < num_chunks_ && owner_[key.chunk] == rank_;
   if (ok && peer_rank >= 0) {
@@ -69,22 +69,22 @@ absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matri
 }
 
 void WorkerJob::LinkFailed(const std::string& peer, const absl::Status& status) {
-  const absl::Status annotated =
-      wire::Annotate(status, absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer));
-  // A stage link is part of the epoch: once it failed, the epoch cannot run a step any more. The
-  // coordinator's feed stream is replaceable (it redials it in the same epoch) and its failure
-  // is the coordinator's to handle (it aborts the step it was feeding).
+  const absl::Status annotated = wire::Annotate(
+      status, absl::StrCat("job ", job_, " generation ", generation_, ": link to ", peer));
+  // A stage link is part of the generation: once it failed, the generation cannot run a step any
+  // more. The coordinator's feed stream is replaceable (it redials it in the same generation) and
+  // its failure is the coordinator's to handle (it aborts the step it was feeding).
   const bool coordinator = peer == kCoordinatorPeer;
   {
     absl::MutexLock lock(&links_mu_);
     if (closed_) return;
     if (!coordinator && broken_.ok()) broken_ = annotated;
   }
-  host_->Log(absl::StrCat("job ", job_, " epoch ", epoch_, ": link to ", peer, " at ",
+  host_->Log(absl::StrCat("job ", job_, " generation ", generation_, ": link to ", peer, " at ",
                           PeerAddress(peer), " failed: ", status.ToString()),
              logging::LogLevel::kWarning);
   if (!coordinator) mailbox_.Abort(annotated);
-  host_->LinkFailed(job_, epoch_, annotated, coordinator);
+  host_->LinkFailed(job_, generation_, annotated, coordinator);
 }
 
 std::string WorkerJob::PeerAddress(const std::string& peer) const {
@@ -112,18 +112,18 @@ absl::Status WorkerJob::CheckHello(const PeerHello& hello) const {
     return absl::AbortedError(absl::StrCat("worker rank ", rank_, " runs job '", job_, "', not '",
                                            hello.identity.job, "'"));
   }
-  if (hello.identity.epoch != epoch_) {
-    return absl::AbortedError(absl::StrCat("job ", job_, " is at epoch ", epoch_,
-                                           "; stream for epoch ", hello.identity.epoch, " from '",
-                                           hello.peer, "' is stale"));
+  if (hello.identity.generation != generation_) {
+    return absl::AbortedError(absl::StrCat("job ", job_, " is at generation ", generation_,
+                                           "; stream for generation ", hello.identity.generation,
+                                           " from '", hello.peer, "' is stale"));
   }
-  // Only the peers this epoch's Assign names know its secret; checked before the stream can take
-  // a peer's slot, so an impostor never displaces (or pre-empts) the real neighbour.
+  // Only the peers this generation's Assign names know its secret; checked before the stream can
+  // take a peer's slot, so an impostor never displaces (or pre-empts) the real neighbour.
   if (!net::ConstantTimeEquals(hello.secret, assign_.link_secret())) {
     return absl::UnauthenticatedError(
         absl::StrCat("rank ", rank_, " refuses the Exchange stream of '", hello.peer, "' for job ",
-                     job_, " epoch ", epoch_,
-                     ": it does not present the epoch's link secret (only the peers the "
+                     job_, " generation ", generation_,
+                     ": it does not present the generation's link secret (only the peers the "
                      "coordinator's Assign names may send this job frames)"));
   }
   return absl::OkStatus();
@@ -151,7 +151,7 @@ absl::StatusOr<LinkSettings> WorkerJob::AcceptCoordinator(std::unique_ptr<PeerLi
 absl::Status WorkerJob::AddCoordinatorLinkLocked(std::unique_ptr<PeerLink>* link,
                                                  std::vector<std::unique_ptr<PeerLink>>* ended) {
   if (closed_) return absl::AbortedError(absl::StrCat("job ", job_, " is shutting down"));
-  // The coordinator keeps one stream per rank and epoch, and opens a new one only after the
+  // The coordinator keeps one stream per rank and generation, and opens a new one only after the
   // old one failed: streams that ended are dropped, and beyond kMaxCoordinatorLinks live
   // ones a new stream is refused, so that no client can pile up streams here.
   for (auto it = coordinator_links_.begin(); it != coordinator_links_.end();) {
@@ -164,7 +164,7 @@ absl::Status WorkerJob::AddCoordinatorLinkLocked(std::unique_ptr<PeerLink>* link
   }
   if (coordinator_links_.size() >= kMaxCoordinatorLinks) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("rank ", rank_, " of job ", job_, " epoch ", epoch_, " already has ",
+        absl::StrCat("rank ", rank_, " of job ", job_, " generation ", generation_, " already has ",
                      coordinator_links_.size(), " live coordinator streams (at most ",
                      kMaxCoordinatorLinks, ")"));
   }
@@ -225,7 +225,7 @@ void WorkerJob::DialPeers() {
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
         link::CreateExchangeChannels(address, connections, options_.link_credentials),
         absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
-        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, epoch_},
+        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, generation_},
                   assign_.link_secret()},
         options_.link, std::move(settings));
     if (!link.ok()) {

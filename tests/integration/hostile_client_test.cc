@@ -336,16 +336,17 @@ TEST_F(HostileClientTest, MalformedExchangeStreamsAreRefusedByTheWorkers) {
   const std::string cut = frame.substr(0, frame.size() / 2);
   const std::map<std::string, std::string> stranger = {{"pipetrain-peer-bin", "stage/0"},
                                                        {"pipetrain-job-bin", "job-nope"},
-                                                       {"pipetrain-epoch", "1"}};
-  const std::map<std::string, std::string> bad_epoch = {{"pipetrain-peer-bin", "coordinator"},
-                                                        {"pipetrain-job-bin", "job-nope"},
-                                                        {"pipetrain-epoch", "-5"}};
+                                                       {"pipetrain-generation", "1"}};
+  const std::map<std::string, std::string> bad_generation = {{"pipetrain-peer-bin", "coordinator"},
+                                                             {"pipetrain-job-bin", "job-nope"},
+                                                             {"pipetrain-generation", "-5"}};
   for (size_t w = 0; w < 2; ++w) {
     SCOPED_TRACE(targets_[w]);
     const std::string& worker = targets_[w];
-    // No hello at all, a negative epoch, an unknown job (with a whole frame, a cut one, garbage).
+    // No hello at all, a negative generation, an unknown job (with a whole frame, a cut one,
+    // garbage).
     EXPECT_FALSE(RawStream(worker, link::kExchangeMethod, {}, {frame}).ok());
-    EXPECT_FALSE(RawStream(worker, link::kExchangeMethod, bad_epoch, {frame}).ok());
+    EXPECT_FALSE(RawStream(worker, link::kExchangeMethod, bad_generation, {frame}).ok());
     EXPECT_FALSE(RawStream(worker, link::kExchangeMethod, stranger, {frame, cut}).ok());
     EXPECT_FALSE(RawStream(worker, link::kExchangeMethod, stranger, {cut}).ok());
     EXPECT_FALSE(

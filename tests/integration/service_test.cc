@@ -413,10 +413,10 @@ void RecoveryTest::ExpectBitwiseRecoveryFrom(const Fault& fault) {
   EXPECT_EQ(job->recoveries(0).restored_step() % 20, 0);
   EXPECT_GE(job->recoveries(0).restored_step(), 20);
   EXPECT_LE(job->recoveries(0).restored_step(), fault_step);
-  EXPECT_EQ(job->epoch(), 2);
+  EXPECT_EQ(job->generation(), 2);
   if (fault.signal == SIGSTOP) {
     // The stopped worker was evicted; continued, it finds its job gone (fenced by the new
-    // epoch) and registers again as an idle worker.
+    // generation) and registers again as an idle worker.
     ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
     bool back = false;
     for (int i = 0; i < 3000 && !back; ++i) {
@@ -536,8 +536,8 @@ TEST_F(CoordinatorRestartTest, KilledCoordinatorRestartsAndTheJobContinuesBitwis
 }
 
 // A worker lost *between* two steps: the job recovers before the client's next batch arrives.
-// That batch names its step (TrainRequest.expected_step), so the job refuses it (ABORTED) instead
-// of applying it at the restored step, and the session replays: the losses are a fault-free
+// That batch names its step (TrainRequest.expected_steps_done), so the job refuses it (ABORTED)
+// instead of applying it at the restored step, and the session replays: the losses are a fault-free
 // run's, bit for bit.
 class BetweenStepsRecoveryTest : public ServiceTest {
  protected:

@@ -432,7 +432,7 @@ class Job:
         if self._replay:
             # Names the step the batch is for: a job restored between two steps refuses it
             # (ABORTED, then replayed) instead of applying it at the restored step.
-            request.expected_step = self._next_step + len(self._sent)
+            request.expected_steps_done = self._next_step + len(self._sent)
         self._sent.append(request)
         self._put_unsent()
 
@@ -594,13 +594,13 @@ class Job:
                 "job %s restarted at step %d but this Job can replay only steps %d to %d "
                 "(checkpoint more often to keep fewer batches)"
                 % (self.id, restored, first_kept, self._next_step))
-        if self._stream is not None:  # a fresh stream for the new epoch.
+        if self._stream is not None:  # a fresh stream for the new generation.
             self._stream.cancel()
             self._stream = None
         for kept in self._kept:
             if kept.step < restored:
                 continue
-            kept.request.expected_step = kept.step
+            kept.request.expected_steps_done = kept.step
             replayed = self._step_once(kept.request)
             if (replayed.step != kept.step + 1
                     or _float32_bits(replayed.loss) != _float32_bits(kept.loss)):

@@ -42,7 +42,7 @@ class _ScriptedCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
         status.spec.recover = self.recover
         if self.failed:
             status.recoveries.add(lost_worker="w1", rank=1, cause="lost",
-                                  failed_step=self.fail_at - 1, restored_step=self.restore_to,
+                                  steps_done=self.fail_at - 1, restored_step=self.restore_to,
                                   stages=2, workers=["w0", "w2"])
         return status
 

@@ -26,9 +26,9 @@ namespace pb = ::pipetrain::v1;
 grpc::internal::GrpcLibraryInitializer g_grpc_initializer;
 
 constexpr char kJob[] = "job-7";
-constexpr int64_t kEpoch = 3;
+constexpr int64_t kGeneration = 3;
 
-StreamIdentity Id() { return StreamIdentity{kJob, kEpoch}; }
+StreamIdentity Id() { return StreamIdentity{kJob, kGeneration}; }
 
 FrameValidation Validation() {
   FrameValidation v;
@@ -78,7 +78,7 @@ bool BitwiseEqual(const math::Matrix& a, const math::Matrix& b) {
 pb::FrameHeader Header(const TensorKey& key, int64_t rows, int64_t cols, int64_t offset = 0) {
   pb::FrameHeader h;
   h.set_job(kJob);
-  h.set_epoch(kEpoch);
+  h.set_generation(kGeneration);
   h.set_step(key.step);
   h.set_microbatch(key.microbatch);
   h.set_chunk(key.chunk);
@@ -173,7 +173,7 @@ TEST(FrameCodecTest, EncodingIsAValidProtobufFrame) {
     ASSERT_TRUE(frame.has_header());
     const pb::FrameHeader& h = frame.header();
     EXPECT_EQ(h.job(), kJob);
-    EXPECT_EQ(h.epoch(), kEpoch);
+    EXPECT_EQ(h.generation(), kGeneration);
     EXPECT_EQ(h.step(), kKey.step);
     EXPECT_EQ(h.microbatch(), kKey.microbatch);
     EXPECT_EQ(h.chunk(), kKey.chunk);
@@ -292,9 +292,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadHeaderCase{"WrongJob", [](pb::FrameHeader* h) { h->set_job("other"); },
                       absl::StatusCode::kInvalidArgument, "job 'other'"},
-        BadHeaderCase{"StaleEpoch", [](pb::FrameHeader* h) { h->set_epoch(kEpoch - 1); },
-                      absl::StatusCode::kAborted, "epoch 2"},
-        BadHeaderCase{"FutureEpoch", [](pb::FrameHeader* h) { h->set_epoch(kEpoch + 1); },
+        BadHeaderCase{"StaleGeneration", [](pb::FrameHeader* h) { h->set_generation(kGeneration - 1); },
+                      absl::StatusCode::kAborted, "generation 2"},
+        BadHeaderCase{"FutureGeneration", [](pb::FrameHeader* h) { h->set_generation(kGeneration + 1); },
                       absl::StatusCode::kAborted, "stale frame"},
         BadHeaderCase{"UnspecifiedKind",
                       [](pb::FrameHeader* h) { h->set_kind(pb::TENSOR_KIND_UNSPECIFIED); },

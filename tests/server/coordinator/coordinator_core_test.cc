@@ -51,7 +51,7 @@ v1::JobSpec MakeSpec(int stages, int microbatches, bool recover = false) {
 }
 
 // A batch of `samples` rows of 4 features with class labels 0..2.
-v1::TrainRequest MakeBatch(const std::string& job, int samples, int64_t expected_step = -1) {
+v1::TrainRequest MakeBatch(const std::string& job, int samples, int64_t expected_steps_done = -1) {
   v1::TrainRequest r;
   r.set_job(job);
   r.set_samples(samples);
@@ -69,7 +69,7 @@ v1::TrainRequest MakeBatch(const std::string& job, int samples, int64_t expected
   std::vector<float> ys(static_cast<size_t>(samples));
   for (size_t i = 0; i < ys.size(); ++i) ys[i] = static_cast<float>(i % 3);
   y->set_data(std::string(reinterpret_cast<const char*>(ys.data()), ys.size() * sizeof(float)));
-  if (expected_step >= 0) r.set_expected_step(expected_step);
+  if (expected_steps_done >= 0) r.set_expected_steps_done(expected_steps_done);
   return r;
 }
 
@@ -165,14 +165,14 @@ TEST_F(CoordinatorCoreTest, AStepFeedsRunsReducesAndCommitsInOrder) {
   EXPECT_EQ(job->state(), v1::JOB_STATE_READY);
   absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4));
   ASSERT_TRUE(r.ok()) << r.status();
-  // The last chunk's owner reported 0.25 and 0.5 for step 0: the loss is their sum, in order.
+  // The last chunk's owner reported 0.25 and 0.5 for step 1: the loss is their sum, in order.
   EXPECT_EQ(r->step(), 1);
   EXPECT_EQ(r->loss(), 0.25f + 0.5f);
   EXPECT_THAT(r->microbatch_losses(), ElementsAre(0.25f, 0.5f));
   // Inputs to the first chunk's owner, targets to the last's, two rows per micro-batch.
-  EXPECT_THAT(links_->Sent(0), ElementsAre("input step 0 mb 0 rows 2", "input step 0 mb 1 rows 2"));
+  EXPECT_THAT(links_->Sent(0), ElementsAre("input step 1 mb 0 rows 2", "input step 1 mb 1 rows 2"));
   EXPECT_THAT(links_->Sent(1),
-              ElementsAre("target step 0 mb 0 rows 2", "target step 0 mb 1 rows 2"));
+              ElementsAre("target step 1 mb 0 rows 2", "target step 1 mb 1 rows 2"));
   for (const auto& w : workers_) {
     EXPECT_THAT(w->Received(), ElementsAre("assign", "open_links", "run_step", "commit"))
         << w->name();
@@ -182,9 +182,9 @@ TEST_F(CoordinatorCoreTest, AStepFeedsRunsReducesAndCommitsInOrder) {
   EXPECT_EQ(status->steps_done(), 1);
   EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
   // The next batch is step 2: a batch for step 1 again is refused as applied.
-  absl::StatusOr<v1::StepResult> again = Step(MakeBatch(job->job(), 4, /*expected_step=*/0));
+  absl::StatusOr<v1::StepResult> again = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/0));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
-  r = Step(MakeBatch(job->job(), 4, /*expected_step=*/1));
+  r = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/1));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 2);
   EXPECT_EQ(r->loss(), 1.25f + 1.5f);
@@ -228,7 +228,7 @@ TEST_F(CoordinatorCoreTest, AWorkerErrorFailsTheStepAndLeavesTheJobReady) {
   workers_[1]->FailRunSteps(absl::ResourceExhaustedError("out of memory"));
   absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 0: out of memory"));
+  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 1: out of memory"));
   ASSERT_TRUE(workers_[0]->WaitFor("abort"));
   workers_[1]->FailRunSteps(absl::OkStatus());
   r = Step(MakeBatch(job->job(), 4));
@@ -236,7 +236,7 @@ TEST_F(CoordinatorCoreTest, AWorkerErrorFailsTheStepAndLeavesTheJobReady) {
   EXPECT_EQ(r->step(), 1);
 }
 
-TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewEpoch) {
+TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewGeneration) {
   AddWorkers(3);  // w2 is the spare.
   absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2, /*recover=*/true));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -251,18 +251,18 @@ TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewEpoch) {
   EXPECT_EQ(event.lost_worker(), "w1");
   EXPECT_EQ(event.cause(), "lost");
   EXPECT_EQ(event.rank(), 1);
-  EXPECT_EQ(event.epoch(), 2);
+  EXPECT_EQ(event.generation(), 2);
   EXPECT_THAT(event.workers(), ElementsAre("w0", "w2"));
   // No checkpoint: every rank restarts from the initial weights, step 0.
   EXPECT_EQ(status->steps_done(), 0);
-  EXPECT_EQ(workers_[2]->assign().epoch(), 2);
+  EXPECT_EQ(workers_[2]->assign().generation(), 2);
   EXPECT_EQ(workers_[2]->assign().rank(), 1);
-  EXPECT_EQ(workers_[0]->assign().epoch(), 2);
+  EXPECT_EQ(workers_[0]->assign().generation(), 2);
   // The client replays: a batch for step 2 is refused (ABORTED, replay from step 1).
-  absl::StatusOr<v1::StepResult> stale = Step(MakeBatch(job->job(), 4, /*expected_step=*/1));
+  absl::StatusOr<v1::StepResult> stale = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/1));
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted) << stale.status();
   EXPECT_THAT(stale.status().message(), HasSubstr("replay from step 1"));
-  absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4, /*expected_step=*/0));
+  absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/0));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
 }
@@ -297,7 +297,7 @@ TEST_F(CoordinatorCoreTest, ACheckpointIsUploadedPublishedAndRestoredAfterALoss)
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_EQ(manifest->step, 2);
   EXPECT_EQ(manifest->seed, 1);
-  // A loss now restarts every rank from the checkpoint: step 2, in epoch 2.
+  // A loss now restarts every rank from the checkpoint: step 2, in generation 2.
   workers_[0]->Gone();
   absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
     return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
@@ -310,14 +310,14 @@ TEST_F(CoordinatorCoreTest, ACheckpointIsUploadedPublishedAndRestoredAfterALoss)
   // The new rank fetches the files of its layers from there.
   v1::FetchStateRequest fetch;
   fetch.set_job(job->job());
-  fetch.set_epoch(2);
+  fetch.set_generation(2);
   fetch.set_worker("w2");
   absl::StatusOr<std::vector<StateFile>> files = core_->StateFilesFor(fetch);
   ASSERT_TRUE(files.ok()) << files.status();
   ASSERT_FALSE(files->empty());
   for (const StateFile& f : *files) EXPECT_THAT(f.path, HasSubstr(root_ + "/ck/"));
-  // An earlier epoch's request is fenced.
-  fetch.set_epoch(1);
+  // An earlier generation's request is fenced.
+  fetch.set_generation(1);
   EXPECT_EQ(core_->StateFilesFor(fetch).status().code(), absl::StatusCode::kAborted);
 }
 
@@ -338,7 +338,7 @@ TEST_F(CoordinatorCoreTest, AnUploadOfAnotherRanksLayersIsRefused) {
   ASSERT_TRUE(job.ok()) << job.status();
   v1::PutStateRequest first;
   first.set_job(job->job());
-  first.set_epoch(1);
+  first.set_generation(1);
   first.set_step(0);
   first.set_worker("w0");
   // No checkpoint in progress.

@@ -292,7 +292,7 @@ class FakeWorker {
     mu_.AwaitWithTimeout(absl::Condition(this, &FakeWorker::LinksEnough), absl::Seconds(10));
     return links_.size();
   }
-  // Waits (at most 10 s) until an OpenLinks arrived; returns "job@epoch" of each, in order.
+  // Waits (at most 10 s) until an OpenLinks arrived; returns "job@generation" of each, in order.
   std::vector<std::string> WaitOpenLinks() {
     absl::MutexLock lock(&mu_);
     auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !open_links_.empty(); };
@@ -321,12 +321,12 @@ class FakeWorker {
     PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
     worker::StateUpload upload;
     upload.job = save.job();
-    upload.epoch = save.epoch();
+    upload.generation = save.generation();
     upload.step = save.step();
     upload.worker = name_;
     std::map<std::string, math::Tensor> tensors;
     for (const v1::ChunkSpec& c : a.chunks()) {
-      if (c.worker() != a.rank()) continue;
+      if (c.rank() != a.rank()) continue;
       PT_ASSIGN_OR_RETURN(
           model::Stage stage,
           model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
@@ -353,7 +353,7 @@ class FakeWorker {
           num_chunks_ = a.chunks_size();
         }
         event.mutable_assigned()->set_job(a.job());
-        event.mutable_assigned()->set_epoch(a.epoch());
+        event.mutable_assigned()->set_generation(a.generation());
       } else if (command.has_run_step()) {
         const v1::RunStep& r = command.run_step();
         absl::MutexLock lock(&mu_);
@@ -367,18 +367,18 @@ class FakeWorker {
           fail_step_ = -1;
           v1::WorkerError* e = event.mutable_error();
           e->set_job(r.job());
-          e->set_epoch(r.epoch());
+          e->set_generation(r.generation());
           e->set_step(r.step());
           e->set_code(static_cast<int>(fail_status_.code()));
           e->set_message(std::string(fail_status_.message()));
         } else {
           v1::StepDone* d = event.mutable_step_done();
           d->set_job(r.job());
-          d->set_epoch(r.epoch());
+          d->set_generation(r.generation());
           d->set_step(r.step());
           const int C = assign_.chunks_size();
           for (const v1::ChunkSpec& c : assign_.chunks()) {
-            if (c.worker() != assign_.rank()) continue;
+            if (c.rank() != assign_.rank()) continue;
             if (c.chunk() == C - 1) {
               for (int mb = 0; mb < assign_.microbatches(); ++mb) {
                 d->add_microbatch_losses(0.25f * (mb + 1));
@@ -408,13 +408,13 @@ class FakeWorker {
         if (refuse) {
           v1::WorkerError* e = event.mutable_error();
           e->set_job(command.commit().job());
-          e->set_epoch(command.commit().epoch());
+          e->set_generation(command.commit().generation());
           e->set_step(command.commit().step());
           e->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
           e->set_message("Commit refused by the test");
         } else {
           event.mutable_committed()->set_job(command.commit().job());
-          event.mutable_committed()->set_epoch(command.commit().epoch());
+          event.mutable_committed()->set_generation(command.commit().generation());
           event.mutable_committed()->set_step(command.commit().step());
         }
       } else if (command.has_abort()) {
@@ -423,7 +423,7 @@ class FakeWorker {
         if (!held_.has_value()) continue;
         v1::WorkerError* e = event.mutable_error();
         e->set_job(held_->job());
-        e->set_epoch(held_->epoch());
+        e->set_generation(held_->generation());
         e->set_step(held_->step());
         e->set_code(static_cast<int>(absl::StatusCode::kAborted));
         e->set_message("step aborted by the coordinator");
@@ -440,7 +440,7 @@ class FakeWorker {
       } else if (command.has_open_links()) {
         absl::MutexLock lock(&mu_);
         open_links_.push_back(
-            absl::StrCat(command.open_links().job(), "@", command.open_links().epoch()));
+            absl::StrCat(command.open_links().job(), "@", command.open_links().generation()));
         continue;
       } else if (command.has_save_shards()) {
         bool skip = false;
@@ -454,7 +454,7 @@ class FakeWorker {
           EXPECT_TRUE(written.ok()) << written;
         }
         event.mutable_shards_saved()->set_job(command.save_shards().job());
-        event.mutable_shards_saved()->set_epoch(command.save_shards().epoch());
+        event.mutable_shards_saved()->set_generation(command.save_shards().generation());
         event.mutable_shards_saved()->set_step(command.save_shards().step());
       } else {
         continue;
@@ -510,7 +510,7 @@ class FakeWorker {
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   size_t wait_for_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);    // jobs named by Release commands.
-  std::vector<std::string> open_links_ ABSL_GUARDED_BY(mu_);  // "job@epoch" of OpenLinks.
+  std::vector<std::string> open_links_ ABSL_GUARDED_BY(mu_);  // "job@generation" of OpenLinks.
 };
 
 class CoordinatorServiceTest : public ::testing::Test {
@@ -776,7 +776,7 @@ TEST_F(CoordinatorServiceTest, FeedLinksAreOpenWhenTheJobIsReadyAndKeptForItsSte
   EXPECT_EQ(workers_[0]->WaitLinks(1), 1u);
   EXPECT_EQ(workers_[1]->WaitLinks(1), 1u);
   EXPECT_TRUE(workers_[0]->received().empty());
-  // And every rank was told to dial its neighbours (once all had accepted epoch 1).
+  // And every rank was told to dial its neighbours (once all had accepted generation 1).
   const std::string opened = absl::StrCat(job->job(), "@1");
   EXPECT_THAT(workers_[0]->WaitOpenLinks(), ::testing::ElementsAre(opened));
   EXPECT_THAT(workers_[1]->WaitOpenLinks(), ::testing::ElementsAre(opened));
@@ -912,18 +912,18 @@ TEST_F(CoordinatorServiceTest, ACommitRefusedWhileTheNextBatchWaitsFailsTheJob) 
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->RefuseCommit(0);
+  workers_[1]->RefuseCommit(1);
   const absl::Status failed = FirstFailureOfTwo(job->job(), MakeBatch(4), MakeBatch(4));
   EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed;
-  EXPECT_THAT(failed.message(), HasSubstr("worker 'w1' (rank 1), step 0: Commit refused"));
+  EXPECT_THAT(failed.message(), HasSubstr("worker 'w1' (rank 1), step 1: Commit refused"));
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(status->reason(), HasSubstr("step 0 was not committed everywhere"));
+  EXPECT_THAT(status->reason(), HasSubstr("step 1 was not committed everywhere"));
 }
 
 // A batch refused before it runs (not divisible into its micro-batches) confirms the Commit the
-// step before left to it (or step 0 confirmed it itself, if the bad batch was not queued yet):
+// step before left to it (or step 1 confirmed it itself, if the bad batch was not queued yet):
 // the refusal fails the job either way, and no checkpoint of unequal replicas can follow.
 // (DoCheckpoint also confirms an unconfirmed Commit first, for a checkpoint queued between two
 // steps of a stream; no test here can order the job's operations so.)
@@ -931,7 +931,7 @@ TEST_F(CoordinatorServiceTest, ACommitRefusedBeforeABadBatchFailsTheJobAndNoChec
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[0]->RefuseCommit(0);
+  workers_[0]->RefuseCommit(1);
   EXPECT_FALSE(FirstFailureOfTwo(job->job(), MakeBatch(4), MakeBatch(3)).ok());
   char dir[] = "/tmp/coordinator_confirm_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
@@ -942,7 +942,7 @@ TEST_F(CoordinatorServiceTest, ACommitRefusedBeforeABadBatchFailsTheJobAndNoChec
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(status->reason(), HasSubstr("step 0 was not committed everywhere"));
+  EXPECT_THAT(status->reason(), HasSubstr("step 1 was not committed everywhere"));
   std::filesystem::remove_all(dir);
 }
 
@@ -950,7 +950,7 @@ TEST_F(CoordinatorServiceTest, AFailedStepDropsTheBatchSentBehindIt) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  workers_[1]->FailStep(1, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
   absl::StatusOr<std::unique_ptr<client::TrainSession>> session =
       client_->StartTraining(job->job());
   ASSERT_TRUE(session.ok()) << session.status();
@@ -1007,13 +1007,13 @@ TEST_F(CoordinatorServiceTest, WorkerErrorAbortsTheStepAndTheJobStaysReady) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
-  // Worker 0 is still running step 0 and answers it (ABORTED) only after the Abort, possibly
-  // after the retry of step 0 began: that late answer must not fail the retry.
-  workers_[0]->HoldStepUntilAbort(0);
+  workers_[1]->FailStep(1, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  // Worker 0 is still running step 1 and answers it (ABORTED) only after the Abort, possibly
+  // after the retry of step 1 began: that late answer must not fail the retry.
+  workers_[0]->HoldStepUntilAbort(1);
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 0: out of memory"));
+  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1' (rank 1), step 1: out of memory"));
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
@@ -1033,8 +1033,8 @@ TEST_F(CoordinatorServiceTest, ARefusedDataLinkAbortsTheStepOnEveryRank) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
   // As real workers do without their inputs: no answer until the Abort.
-  workers_[0]->HoldStepUntilAbort(0);
-  workers_[1]->HoldStepUntilAbort(0);
+  workers_[0]->HoldStepUntilAbort(1);
+  workers_[1]->HoldStepUntilAbort(1);
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
@@ -1213,10 +1213,10 @@ TEST_F(CoordinatorServiceTest, PutStateTakesFilesOnlyFromTheJobsWorkersForACheck
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
   auto stub = RawWorkerStub();
-  auto upload = [&](const std::string& job_id, int64_t epoch, const std::string& worker) {
+  auto upload = [&](const std::string& job_id, int64_t generation, const std::string& worker) {
     worker::StateUpload u;
     u.job = job_id;
-    u.epoch = epoch;
+    u.generation = generation;
     u.step = 0;
     u.worker = worker;
     grpc::ClientContext context;
@@ -1298,7 +1298,7 @@ TEST_F(CoordinatorServiceTest, CancelAbortsTheStepInFlightAndFreesTheWorkers) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->HoldStepUntilAbort(0);
+  workers_[1]->HoldStepUntilAbort(1);
   absl::StatusOr<v1::StepResult> step;
   std::thread trainer([&] { step = client_->TrainStep(job->job(), MakeBatch(4).view()); });
   std::optional<v1::JobStatus> training =
@@ -1328,7 +1328,7 @@ TEST_F(CoordinatorServiceTest, JobsOnDifferentWorkersDoNotWaitForEachOther) {
   absl::StatusOr<v1::JobStatus> a = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_EQ(a->stages(1).worker(), "w1");
-  workers_[1]->HoldStepUntilAbort(0);
+  workers_[1]->HoldStepUntilAbort(1);
   absl::StatusOr<v1::StepResult> held;
   std::thread trainer([&] { held = client_->TrainStep(a->job(), MakeBatch(4).view()); });
   ASSERT_EQ(AwaitListedState(*client_, a->job(), v1::JOB_STATE_TRAINING)->state(),
@@ -1474,18 +1474,18 @@ TEST_F(CoordinatorDeadlineTest, AStuckWorkerMissesTheStepDeadlineAndIsNamed) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->HoldStepUntilAbort(0);
+  workers_[1]->HoldStepUntilAbort(1);
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   const absl::Duration took = absl::Now() - start;
   ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("StepDone of step 0 from worker 'w1' (rank 1)"));
+  EXPECT_THAT(r.status().message(), HasSubstr("StepDone of step 1 from worker 'w1' (rank 1)"));
   EXPECT_GE(took, absl::Milliseconds(400));
   EXPECT_LT(took, absl::Seconds(20));
   bool reported = false;
   for (const std::string& line : Log()) {
     reported = reported ||
-               (line.find("step 0: waiting for worker 'w1' (rank 1) for") != std::string::npos &&
+               (line.find("step 1: waiting for worker 'w1' (rank 1) for") != std::string::npos &&
                 line.find("worker 'w0'") == std::string::npos);
   }
   EXPECT_TRUE(reported) << "no progress line names the missing rank";
@@ -1505,8 +1505,8 @@ TEST_F(CoordinatorDeadlineTest, ARetryWaitsForTheAbortedAttemptsAnswersBeforeIts
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->FailStep(0, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
-  workers_[0]->HoldStepUntilAbort(0);
+  workers_[1]->FailStep(1, absl::ResourceExhaustedError("out of memory in F(mb=0, chunk=1)"));
+  workers_[0]->HoldStepUntilAbort(1);
   workers_[0]->HoldAbortedAnswer();
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
@@ -1557,19 +1557,19 @@ TEST_F(CoordinatorDeadlineTest, AWorkerThatDoesNotCommitMissesTheStepDeadline) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(MakeSpec(2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  workers_[1]->IgnoreCommit(1);
+  workers_[1]->IgnoreCommit(2);
   ASSERT_TRUE(client_->TrainStep(job->job(), MakeBatch(4).view()).ok());
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::StepResult> r = client_->TrainStep(job->job(), MakeBatch(4).view());
   const absl::Duration took = absl::Now() - start;
   ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
-  EXPECT_THAT(r.status().message(), HasSubstr("waiting for Committed of step 1"));
+  EXPECT_THAT(r.status().message(), HasSubstr("waiting for Committed of step 2"));
   EXPECT_GE(took, absl::Milliseconds(400));
   EXPECT_LT(took, absl::Seconds(20));
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(status->reason(), HasSubstr("step 1 was not committed everywhere"));
+  EXPECT_THAT(status->reason(), HasSubstr("step 2 was not committed everywhere"));
 }
 
 class CoordinatorRootTest : public CoordinatorServiceTest {

@@ -36,12 +36,12 @@ std::string KindOf(const v1::WorkerCommand& c) {
   }
 }
 
-v1::WorkerEvent ErrorEvent(const std::string& job, int64_t epoch, int64_t step,
+v1::WorkerEvent ErrorEvent(const std::string& job, int64_t generation, int64_t step,
                            const absl::Status& status) {
   v1::WorkerEvent event;
   v1::WorkerError* e = event.mutable_error();
   e->set_job(job);
-  e->set_epoch(epoch);
+  e->set_generation(generation);
   e->set_step(step);
   e->set_code(static_cast<int>(status.code()));
   e->set_message(std::string(status.message()));
@@ -153,7 +153,7 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     absl::MutexLock lock(&mu_);
     assign_ = a;
     event.mutable_assigned()->set_job(a.job());
-    event.mutable_assigned()->set_epoch(a.epoch());
+    event.mutable_assigned()->set_generation(a.generation());
     return event;
   }
   if (command.has_run_step()) {
@@ -163,13 +163,13 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
       held_ = r;
       return std::nullopt;
     }
-    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.epoch(), r.step(), fail_runs_);
+    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
     return StepDone(r);
   }
   if (command.has_commit()) {
     const v1::Commit& c = command.commit();
     event.mutable_committed()->set_job(c.job());
-    event.mutable_committed()->set_epoch(c.epoch());
+    event.mutable_committed()->set_generation(c.generation());
     event.mutable_committed()->set_step(c.step());
     return event;
   }
@@ -178,16 +178,16 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     if (!held_.has_value()) return std::nullopt;
     const v1::RunStep held = *held_;
     held_.reset();
-    return ErrorEvent(held.job(), held.epoch(), held.step(),
+    return ErrorEvent(held.job(), held.generation(), held.step(),
                       absl::AbortedError("step aborted by the coordinator"));
   }
   if (command.has_save_shards()) {
     const v1::SaveShards& s = command.save_shards();
     if (const absl::Status uploaded = UploadShards(s); !uploaded.ok()) {
-      return ErrorEvent(s.job(), s.epoch(), s.step(), uploaded);
+      return ErrorEvent(s.job(), s.generation(), s.step(), uploaded);
     }
     event.mutable_shards_saved()->set_job(s.job());
-    event.mutable_shards_saved()->set_epoch(s.epoch());
+    event.mutable_shards_saved()->set_generation(s.generation());
     event.mutable_shards_saved()->set_step(s.step());
     return event;
   }
@@ -198,14 +198,16 @@ v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
   v1::WorkerEvent event;
   v1::StepDone* d = event.mutable_step_done();
   d->set_job(r.job());
-  d->set_epoch(r.epoch());
+  d->set_generation(r.generation());
   d->set_step(r.step());
   const int C = assign_.chunks_size();
   for (const v1::ChunkSpec& c : assign_.chunks()) {
-    if (c.worker() != assign_.rank() || c.chunk() != C - 1) continue;
-    // Losses that depend on the step and micro-batch, as real ones would.
+    if (c.rank() != assign_.rank() || c.chunk() != C - 1) continue;
+    // Losses that depend on the step and micro-batch, as real ones would: step N's are
+    // 0.25 (mb + 1) + N - 1.
     for (int mb = 0; mb < assign_.microbatches(); ++mb) {
-      d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) + static_cast<float>(r.step()));
+      d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) +
+                               static_cast<float>(r.step() - 1));
     }
   }
   for (int p = 0; p < assign_.actions_size(); ++p) {
@@ -228,7 +230,7 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
   std::map<std::string, math::Tensor> tensors;
   std::vector<model::CheckpointShard> shards;
   for (const v1::ChunkSpec& c : a.chunks()) {
-    if (c.worker() != a.rank()) continue;
+    if (c.rank() != a.rank()) continue;
     PT_ASSIGN_OR_RETURN(
         model::Stage stage,
         model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
@@ -240,7 +242,7 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
   }
   v1::PutStateRequest first;
   first.set_job(save.job());
-  first.set_epoch(save.epoch());
+  first.set_generation(save.generation());
   first.set_step(save.step());
   first.set_worker(registered_);
   PT_ASSIGN_OR_RETURN(UploadTarget target, core_->AcceptUpload(first));

@@ -28,7 +28,7 @@ class JobJournalTest : public ::testing::Test {
     r.set_job(id);
     r.mutable_spec()->set_stages(3);
     r.mutable_spec()->set_schedule("1f1b");
-    r.set_epoch(4);
+    r.set_generation(4);
     r.set_restore_dir(absl::StrCat("/ckpt/", id));
     r.set_restore_step(restore_step);
     r.set_created_unix_ms(1234);

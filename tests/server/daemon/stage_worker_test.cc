@@ -337,11 +337,11 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-v1::WorkerCommand RunStepCommand(int64_t epoch, int64_t step, int64_t rows) {
+v1::WorkerCommand RunStepCommand(int64_t generation, int64_t step, int64_t rows) {
   v1::WorkerCommand c;
   v1::RunStep* r = c.mutable_run_step();
   r->set_job(kJob);
-  r->set_epoch(epoch);
+  r->set_generation(generation);
   r->set_step(step);
   r->set_batch_rows(rows);
   return c;
@@ -405,11 +405,11 @@ class StageWorkerTest : public ::testing::Test {
 
   // The Assign of worker `rank`: the layers cut evenly into the plan's chunks (with S*V = 2:
   // [0, 3) and [3, 6)), placed by the plan.
-  v1::WorkerCommand AssignCommand(int rank, int64_t epoch) {
+  v1::WorkerCommand AssignCommand(int rank, int64_t generation) {
     v1::WorkerCommand c;
     v1::Assign* a = c.mutable_assign();
     a->set_job(kJob);
-    a->set_epoch(epoch);
+    a->set_generation(generation);
     a->set_rank(rank);
     *a->mutable_model() = model_->spec();
     *a->mutable_optimizer() = model::OptimizerToProto(Optimizer());
@@ -423,30 +423,33 @@ class StageWorkerTest : public ::testing::Test {
     for (int chunk = 0; chunk < chunks; ++chunk) {
       v1::ChunkSpec* spec = a->add_chunks();
       spec->set_chunk(chunk);
-      spec->set_worker(plan_.placement.OwnerOf(chunk));
+      spec->set_rank(plan_.placement.OwnerOf(chunk));
       spec->set_first_layer(chunk * layers / chunks);
       spec->set_last_layer((chunk + 1) * layers / chunks);
     }
     for (auto& d : daemons_) a->add_worker_addresses(d->address());
     for (const schedule::Action& act : plan_.actions[rank])
       *a->add_actions() = control::ActionToProto(act);
-    a->set_link_secret(SecretOf(epoch));
+    a->set_link_secret(SecretOf(generation));
     // The level of the in-process reference the results are compared with.
     a->set_isa(std::string(math::IsaName(model_->isa())));
     return c;
   }
 
-  // The link secret the fake coordinator gives `epoch` (Assign.link_secret).
-  static std::string SecretOf(int64_t epoch) { return absl::StrCat("secret-of-epoch-", epoch); }
+  // The link secret the fake coordinator gives `generation` (Assign.link_secret).
+  static std::string SecretOf(int64_t generation) {
+    return absl::StrCat("secret-of-generation-", generation);
+  }
 
-  // Opens an Exchange stream to worker `w` as `peer` for (kJob, epoch) presenting `secret`, and
-  // returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
-  absl::Status StreamEnd(int w, const std::string& peer, int64_t epoch, const std::string& secret) {
+  // Opens an Exchange stream to worker `w` as `peer` for (kJob, generation) presenting `secret`,
+  // and returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
+  absl::Status StreamEnd(int w, const std::string& peer, int64_t generation,
+                         const std::string& secret) {
     absl::Mutex mu;
     absl::Status ended;
     bool done = false;
     LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, epoch};
+    settings.validation.expected = wire::StreamIdentity{kJob, generation};
     settings.validation.num_microbatches = kMicrobatches;
     settings.validation.num_chunks = plan_.num_chunks();
     settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
@@ -457,7 +460,7 @@ class StageWorkerTest : public ::testing::Test {
     };
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
         link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{peer, wire::StreamIdentity{kJob, epoch}, secret}, LinkOptions{}, settings);
+        PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
     if (!link.ok()) return link.status();
     {
       absl::MutexLock lock(&mu);
@@ -470,15 +473,16 @@ class StageWorkerTest : public ::testing::Test {
     return ended;
   }
 
-  // Assigns both workers at `epoch` and waits for both Assigned.
-  void AssignBoth(int64_t epoch) {
-    for (int w = 0; w < 2; ++w) ASSERT_TRUE(coordinator_.Send(Name(w), AssignCommand(w, epoch)));
+  // Assigns both workers at `generation` and waits for both Assigned.
+  void AssignBoth(int64_t generation) {
+    for (int w = 0; w < 2; ++w)
+      ASSERT_TRUE(coordinator_.Send(Name(w), AssignCommand(w, generation)));
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
       ASSERT_TRUE(e.ok()) << e.status();
       ASSERT_TRUE(e->has_assigned()) << e->DebugString();
       EXPECT_EQ(e->assigned().job(), kJob);
-      EXPECT_EQ(e->assigned().epoch(), epoch);
+      EXPECT_EQ(e->assigned().generation(), generation);
     }
   }
 
@@ -494,9 +498,9 @@ class StageWorkerTest : public ::testing::Test {
   }
 
   // Opens the coordinator's feed stream to worker `w` (as peer "coordinator").
-  PeerLink* Feed(int w, int64_t epoch) {
+  PeerLink* Feed(int w, int64_t generation) {
     LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, epoch};
+    settings.validation.expected = wire::StreamIdentity{kJob, generation};
     settings.validation.num_microbatches = kMicrobatches;
     settings.validation.num_chunks = plan_.num_chunks();
     settings.callbacks.on_tensor = [](const TensorKey& key, math::Matrix) {
@@ -504,8 +508,8 @@ class StageWorkerTest : public ::testing::Test {
     };
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
         link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{"coordinator", wire::StreamIdentity{kJob, epoch}, SecretOf(epoch)}, LinkOptions{},
-        settings);
+        PeerHello{"coordinator", wire::StreamIdentity{kJob, generation}, SecretOf(generation)},
+        LinkOptions{}, settings);
     EXPECT_TRUE(link.ok()) << link.status();
     if (!link.ok()) return nullptr;
     feeds_.push_back(*std::move(link));
@@ -568,19 +572,19 @@ INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerScheduleTest,
 // rank 0, which then gets both inputs and targets from the coordinator.
 TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
-  constexpr int64_t kEpoch = 1;
-  AssignBoth(kEpoch);
+  constexpr int64_t kGeneration = 1;
+  AssignBoth(kGeneration);
   const int first_owner = plan_.placement.OwnerOf(0);
   const int last_owner = plan_.placement.OwnerOf(LastChunk());
-  PeerLink* in = Feed(first_owner, kEpoch);
-  PeerLink* target = last_owner == first_owner ? in : Feed(last_owner, kEpoch);
+  PeerLink* in = Feed(first_owner, kGeneration);
+  PeerLink* target = last_owner == first_owner ? in : Feed(last_owner, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
 
   auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
 
-  for (int64_t step = 0; step < 2; ++step) {
+  for (int64_t step = 1; step <= 2; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, static_cast<int>(step));
     absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
@@ -588,7 +592,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
 
     const int64_t rows = batch.inputs.rows();
     for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, step, rows)));
+      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
     }
     FeedBatch(in, target, step, batch);
     std::vector<double> per_layer(model_->num_layers(), 0.0);
@@ -599,7 +603,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
       ASSERT_TRUE(e->has_step_done()) << e->DebugString();
       const v1::StepDone& done = e->step_done();
       EXPECT_EQ(done.step(), step);
-      EXPECT_EQ(done.epoch(), kEpoch);
+      EXPECT_EQ(done.generation(), kGeneration);
       EXPECT_EQ(done.timings_size(), static_cast<int>(plan_.actions[w].size()));
       for (const v1::ActionTiming& t : done.timings()) {
         EXPECT_LE(t.start_us(), t.end_us());
@@ -628,7 +632,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
       v1::WorkerCommand c;
       v1::Commit* commit = c.mutable_commit();
       commit->set_job(kJob);
-      commit->set_epoch(kEpoch);
+      commit->set_generation(kGeneration);
       commit->set_step(step);
       commit->set_clip_scale(clip);
       ASSERT_TRUE(coordinator_.Send(Name(w), c));
@@ -647,7 +651,7 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
     v1::WorkerCommand c;
     v1::SaveShards* save = c.mutable_save_shards();
     save->set_job(kJob);
-    save->set_epoch(kEpoch);
+    save->set_generation(kGeneration);
     save->set_step(2);
     ASSERT_TRUE(coordinator_.Send(Name(w), c));
   }
@@ -683,10 +687,10 @@ class StageWorkerEmulationTest : public StageWorkerTest {
 };
 
 TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact) {
-  constexpr int64_t kEpoch = 1;
-  AssignBoth(kEpoch);
-  PeerLink* in = Feed(0, kEpoch);
-  PeerLink* target = Feed(1, kEpoch);
+  constexpr int64_t kGeneration = 1;
+  AssignBoth(kGeneration);
+  PeerLink* in = Feed(0, kGeneration);
+  PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
   auto reference = Reference();
@@ -718,7 +722,7 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
 
   const absl::Time t0 = absl::Now();
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
   }
   FeedBatch(in, target, 0, batch);
   std::vector<float> losses;
@@ -751,23 +755,23 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   }
 }
 
-TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
-  constexpr int64_t kEpoch = 4;
-  AssignBoth(kEpoch);
-  PeerLink* in = Feed(0, kEpoch);
-  PeerLink* target = Feed(1, kEpoch);
+TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
+  constexpr int64_t kGeneration = 4;
+  AssignBoth(kGeneration);
+  PeerLink* in = Feed(0, kGeneration);
+  PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
   // Step 0 starts without inputs (nothing is in flight), and is aborted.
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
   }
   for (int w = 0; w < 2; ++w) {
     v1::WorkerCommand c;
     c.mutable_abort()->set_job(kJob);
-    c.mutable_abort()->set_epoch(kEpoch);
+    c.mutable_abort()->set_generation(kGeneration);
     c.mutable_abort()->set_step(0);
     c.mutable_abort()->set_reason("test");
     ASSERT_TRUE(coordinator_.Send(Name(w), c));
@@ -785,7 +789,7 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
   absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
   ASSERT_TRUE(want.ok()) << want.status();
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
   }
   FeedBatch(in, target, 0, batch);
   for (int w = 0; w < 2; ++w) {
@@ -801,22 +805,23 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameEpoch) {
   }
 }
 
-// Issue 14: a process that is not one of the epoch's peers opens Exchange streams to rank 1
-// claiming to be rank 0 (and the coordinator) before the real rank 0 dials. Without the epoch's
-// link secret it is refused, takes no slot, and the step runs exactly as without it.
+// Issue 14: a process that is not one of the generation's peers opens Exchange streams to rank 1
+// claiming to be rank 0 (and the coordinator) before the real rank 0 dials. Without the
+// generation's link secret it is refused, takes no slot, and the step runs exactly as without it.
 TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer) {
-  constexpr int64_t kEpoch = 2;
-  AssignBoth(kEpoch);
-  for (const std::string& secret : {std::string(), SecretOf(kEpoch - 1), std::string("guess")}) {
+  constexpr int64_t kGeneration = 2;
+  AssignBoth(kGeneration);
+  for (const std::string& secret :
+       {std::string(), SecretOf(kGeneration - 1), std::string("guess")}) {
     SCOPED_TRACE(absl::StrCat("secret '", secret, "'"));
-    const absl::Status as_peer = StreamEnd(1, "stage/0", kEpoch, secret);
+    const absl::Status as_peer = StreamEnd(1, "stage/0", kGeneration, secret);
     EXPECT_EQ(as_peer.code(), absl::StatusCode::kUnauthenticated) << as_peer;
-    EXPECT_THAT(as_peer.message(), HasSubstr("does not present the epoch's link secret"));
-    EXPECT_EQ(StreamEnd(1, "coordinator", kEpoch, secret).code(),
+    EXPECT_THAT(as_peer.message(), HasSubstr("does not present the generation's link secret"));
+    EXPECT_EQ(StreamEnd(1, "coordinator", kGeneration, secret).code(),
               absl::StatusCode::kUnauthenticated);
   }
-  PeerLink* in = Feed(0, kEpoch);
-  PeerLink* target = Feed(1, kEpoch);
+  PeerLink* in = Feed(0, kGeneration);
+  PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
   auto reference = Reference();
@@ -825,7 +830,7 @@ TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer)
   absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
   ASSERT_TRUE(want.ok()) << want.status();
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, batch.inputs.rows())));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, batch.inputs.rows())));
   }
   FeedBatch(in, target, 0, batch);
   for (int w = 0; w < 2; ++w) {
@@ -841,7 +846,7 @@ TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer)
   }
   // Once rank 0's real stream is in, a second claimant with the secret is still refused: the
   // legitimate stream is never displaced.
-  EXPECT_EQ(StreamEnd(1, "stage/0", kEpoch, SecretOf(kEpoch)).code(),
+  EXPECT_EQ(StreamEnd(1, "stage/0", kGeneration, SecretOf(kGeneration)).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -879,7 +884,7 @@ TEST_F(StageWorkerTest, HealthServiceReportsServing) {
 
 TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   v1::WorkerCommand bad = AssignCommand(0, 3);
-  bad.mutable_assign()->mutable_chunks(1)->set_worker(7);  // no such worker
+  bad.mutable_assign()->mutable_chunks(1)->set_rank(7);  // no such rank
   ASSERT_TRUE(coordinator_.Send(Name(0), bad));
   absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
@@ -887,7 +892,7 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(e->error().message(), HasSubstr("chunk 1"));
   EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_EQ(e->error().epoch(), 3);
+  EXPECT_EQ(e->error().generation(), 3);
 
   v1::WorkerCommand foreign = AssignCommand(0, 3);
   *foreign.mutable_assign()->mutable_actions(0) =
@@ -966,14 +971,14 @@ TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
 
 TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   AssignBoth(9);
-  // A Release of another job or a later epoch's job leaves the job alone...
+  // A Release of another job or a later generation's job leaves the job alone...
   v1::WorkerCommand other;
   other.mutable_release()->set_job("another-job");
-  other.mutable_release()->set_epoch(9);
+  other.mutable_release()->set_generation(9);
   ASSERT_TRUE(coordinator_.Send(Name(0), other));
   v1::WorkerCommand release;
   release.mutable_release()->set_job(kJob);
-  release.mutable_release()->set_epoch(9);
+  release.mutable_release()->set_generation(9);
   release.mutable_release()->set_reason("job done");
   ASSERT_TRUE(coordinator_.Send(Name(1), release));
   // ... Release is not answered, and commands are handled in order: the RunStep behind each
@@ -988,7 +993,7 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   // Worker 0 still runs the job: its step waits for inputs until the Abort fails it.
   v1::WorkerCommand abort;
   abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_epoch(9);
+  abort.mutable_abort()->set_generation(9);
   abort.mutable_abort()->set_step(0);
   ASSERT_TRUE(coordinator_.Send(Name(0), abort));
   e = coordinator_.Next(Name(0));
@@ -1002,21 +1007,21 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   EXPECT_TRUE(e->has_assigned()) << e->DebugString();
 }
 
-TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheEpoch) {
-  constexpr int64_t kEpoch = 8;
-  AssignBoth(kEpoch);
+TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
+  constexpr int64_t kGeneration = 8;
+  AssignBoth(kGeneration);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
-  for (int64_t step = 0; step < 2; ++step) {
+  for (int64_t step = 1; step <= 2; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     // A fresh pair of feed streams per step; the previous pair is closed first.
     for (auto& link : feeds_) link->Shutdown();
-    PeerLink* in = Feed(0, kEpoch);
-    PeerLink* target = Feed(1, kEpoch);
+    PeerLink* in = Feed(0, kGeneration);
+    PeerLink* target = Feed(1, kGeneration);
     ASSERT_NE(in, nullptr);
     ASSERT_NE(target, nullptr);
     for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, step, rows)));
+      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
     }
     FeedBatch(in, target, step, batch);
     for (int w = 0; w < 2; ++w) {
@@ -1027,7 +1032,7 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheEpoch) {
     for (int w = 0; w < 2; ++w) {
       v1::WorkerCommand c;
       c.mutable_commit()->set_job(kJob);
-      c.mutable_commit()->set_epoch(kEpoch);
+      c.mutable_commit()->set_generation(kGeneration);
       c.mutable_commit()->set_step(step);
       c.mutable_commit()->set_clip_scale(1.0f);
       ASSERT_TRUE(coordinator_.Send(Name(w), c));
@@ -1040,7 +1045,7 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheEpoch) {
   }
 }
 
-TEST_F(StageWorkerTest, StaleEpochCommandIsAborted) {
+TEST_F(StageWorkerTest, StaleGenerationCommandIsAborted) {
   AssignBoth(5);
   v1::WorkerCommand stale = RunStepCommand(4, 0, kSamples);
   ASSERT_TRUE(coordinator_.Send(Name(1), stale));
@@ -1048,23 +1053,23 @@ TEST_F(StageWorkerTest, StaleEpochCommandIsAborted) {
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
-  EXPECT_EQ(e->error().epoch(), 4);
+  EXPECT_EQ(e->error().generation(), 4);
 }
 
 TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
-  constexpr int64_t kEpoch = 3;
-  AssignBoth(kEpoch);
-  PeerLink* in = Feed(0, kEpoch);
-  PeerLink* target = Feed(1, kEpoch);
+  constexpr int64_t kGeneration = 3;
+  AssignBoth(kGeneration);
+  PeerLink* in = Feed(0, kGeneration);
+  PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
-  // Step 0 completes: the link between the workers is established.
+  // Step 1 completes: the link between the workers is established.
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 0, rows)));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 1, rows)));
   }
-  FeedBatch(in, target, 0, batch);
+  FeedBatch(in, target, 1, batch);
   for (int w = 0; w < 2; ++w) {
     absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
     ASSERT_TRUE(e.ok()) << e.status();
@@ -1073,8 +1078,8 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
   for (int w = 0; w < 2; ++w) {
     v1::WorkerCommand c;
     c.mutable_commit()->set_job(kJob);
-    c.mutable_commit()->set_epoch(kEpoch);
-    c.mutable_commit()->set_step(0);
+    c.mutable_commit()->set_generation(kGeneration);
+    c.mutable_commit()->set_step(1);
     c.mutable_commit()->set_clip_scale(1.0f);
     ASSERT_TRUE(coordinator_.Send(Name(w), c));
   }
@@ -1083,34 +1088,34 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
     ASSERT_TRUE(e.ok()) << e.status();
     ASSERT_TRUE(e->has_committed()) << e->DebugString();
   }
-  // Step 1: no targets, so worker 1 waits and worker 0 waits for its gradients; then worker 1
+  // Step 2: no targets, so worker 1 waits and worker 0 waits for its gradients; then worker 1
   // goes away and worker 0's established link breaks.
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kEpoch, 1, rows)));
+    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 2, rows)));
   }
-  FeedBatch(in, nullptr, 1, batch);
+  FeedBatch(in, nullptr, 2, batch);
   daemons_[1]->Shutdown();
-  // The link may break before worker 0 reads RunStep(1) (they travel on different streams); it
-  // then first reports the failure against its latest step, 0. Either way step 1 fails.
+  // The link may break before worker 0 reads RunStep(2) (they travel on different streams); it
+  // then first reports the failure against its latest step, 1. Either way step 2 fails.
   absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
-  if (e->error().step() == 0) {
+  if (e->error().step() == 1) {
     EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
     e = coordinator_.Next(Name(0));
     ASSERT_TRUE(e.ok()) << e.status();
     ASSERT_TRUE(e->has_error()) << e->DebugString();
   }
-  EXPECT_EQ(e->error().step(), 1);
+  EXPECT_EQ(e->error().step(), 2);
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
-  // The epoch is broken: a new RunStep fails at once with the link's status.
+  // The generation is broken: a new RunStep fails at once with the link's status.
   v1::WorkerCommand abort;
   abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_epoch(kEpoch);
-  abort.mutable_abort()->set_step(1);
+  abort.mutable_abort()->set_generation(kGeneration);
+  abort.mutable_abort()->set_step(2);
   ASSERT_TRUE(coordinator_.Send(Name(0), abort));
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kEpoch, 1, rows)));
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kGeneration, 2, rows)));
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
@@ -1118,40 +1123,40 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
 }
 
 TEST_F(StageWorkerTest, LostNeighbourFailsTheStep) {
-  constexpr int64_t kEpoch = 2;
-  AssignBoth(kEpoch);
-  PeerLink* in = Feed(0, kEpoch);
+  constexpr int64_t kGeneration = 2;
+  AssignBoth(kGeneration);
+  PeerLink* in = Feed(0, kGeneration);
   ASSERT_NE(in, nullptr);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   // Only worker 0 runs the step: it dials worker 1, sends activations and waits for gradients
   // that never come, because worker 1 goes away.
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kEpoch, 0, batch.inputs.rows())));
+  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kGeneration, 0, batch.inputs.rows())));
   FeedBatch(in, nullptr, 0, batch);
   daemons_[1]->Shutdown();
   absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
   EXPECT_EQ(e->error().step(), 0);
-  EXPECT_EQ(e->error().epoch(), kEpoch);
+  EXPECT_EQ(e->error().generation(), kGeneration);
   EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kOk));
   EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 }
 
-// OpenLinks (the coordinator saw every rank accept the epoch) makes a worker dial its
+// OpenLinks (the coordinator saw every rank accept the generation) makes a worker dial its
 // higher-rank neighbours before any step: a neighbour that is gone is reported then, as an error
-// of the epoch, with no RunStep sent.
+// of the generation, with no RunStep sent.
 TEST_F(StageWorkerTest, OpenLinksDialsTheNeighboursBeforeAnyStep) {
-  constexpr int64_t kEpoch = 2;
-  AssignBoth(kEpoch);
+  constexpr int64_t kGeneration = 2;
+  AssignBoth(kGeneration);
   daemons_[1]->Shutdown();
   v1::WorkerCommand open;
   open.mutable_open_links()->set_job(kJob);
-  open.mutable_open_links()->set_epoch(kEpoch);
+  open.mutable_open_links()->set_generation(kGeneration);
   ASSERT_TRUE(coordinator_.Send(Name(0), open));
   absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().epoch(), kEpoch);
+  EXPECT_EQ(e->error().generation(), kGeneration);
   EXPECT_EQ(e->error().step(), 0);
   EXPECT_NE(e->error().code(), static_cast<int>(absl::StatusCode::kOk));
   EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));

@@ -37,21 +37,21 @@ using wire::TensorKind;
 
 inline constexpr absl::Duration kTimeout = absl::Seconds(30);
 inline constexpr char kJob[] = "job-1";
-inline constexpr int64_t kEpoch = 4;
+inline constexpr int64_t kGeneration = 4;
 inline constexpr int kMicrobatches = 1000;
 inline constexpr int kChunks = 4;
 
-// The hello of a dialler named `peer` for (kJob, epoch), without a link secret.
-inline PeerHello Hello(const std::string& peer, int64_t epoch) {
+// The hello of a dialler named `peer` for (kJob, generation), without a link secret.
+inline PeerHello Hello(const std::string& peer, int64_t generation) {
   PeerHello hello;
   hello.peer = peer;
-  hello.identity = wire::StreamIdentity{kJob, epoch};
+  hello.identity = wire::StreamIdentity{kJob, generation};
   return hello;
 }
 
-inline wire::FrameValidation Validation(int64_t epoch = kEpoch) {
+inline wire::FrameValidation Validation(int64_t generation = kGeneration) {
   wire::FrameValidation v;
-  v.expected = wire::StreamIdentity{kJob, epoch};
+  v.expected = wire::StreamIdentity{kJob, generation};
   v.num_microbatches = kMicrobatches;
   v.num_chunks = kChunks;
   return v;
@@ -183,10 +183,10 @@ class LinkTest : public ::testing::Test {
 
   std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-  std::unique_ptr<PeerLink> Connect(LinkOptions options = {}, int64_t epoch = kEpoch,
+  std::unique_ptr<PeerLink> Connect(LinkOptions options = {}, int64_t generation = kGeneration,
                                     wire::FrameValidation validation = Validation()) {
     auto link =
-        PeerLink::Connect(CreateExchangeChannel(Address()), Address(), Hello("stage/0", epoch),
+        PeerLink::Connect(CreateExchangeChannel(Address()), Address(), Hello("stage/0", generation),
                           options, LinkSettings{validation, client_collector_.Callbacks()});
     EXPECT_TRUE(link.ok()) << link.status();
     return link.ok() ? *std::move(link) : nullptr;
@@ -195,7 +195,7 @@ class LinkTest : public ::testing::Test {
   // A link of `connections` stripes (CreateExchangeChannels) from "stage/0".
   std::unique_ptr<PeerLink> ConnectStriped(int connections, LinkOptions options = {}) {
     auto link = PeerLink::Connect(CreateExchangeChannels(Address(), connections), Address(),
-                                  Hello("stage/0", kEpoch), options,
+                                  Hello("stage/0", kGeneration), options,
                                   LinkSettings{Validation(), client_collector_.Callbacks()});
     EXPECT_TRUE(link.ok()) << link.status();
     return link.ok() ? *std::move(link) : nullptr;
@@ -241,12 +241,12 @@ inline bool WaitClosed(PeerLink* link) {
 class RawClient final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `metadata`: more call metadata (e.g. the stripe handshake's).
-  RawClient(const std::string& address, int64_t epoch, std::vector<std::string> messages,
+  RawClient(const std::string& address, int64_t generation, std::vector<std::string> messages,
             const std::vector<std::pair<std::string, std::string>>& metadata = {})
       : stub_(CreateExchangeChannel(address)), messages_(std::move(messages)) {
     context_.AddMetadata("pipetrain-peer-bin", "raw");
     context_.AddMetadata("pipetrain-job-bin", kJob);
-    context_.AddMetadata("pipetrain-epoch", absl::StrCat(epoch));
+    context_.AddMetadata("pipetrain-generation", absl::StrCat(generation));
     for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
     stub_.PrepareBidiStreamingCall(&context_, kExchangeMethod, grpc::StubOptions(), this);
     StartRead(&read_);

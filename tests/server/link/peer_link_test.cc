@@ -38,7 +38,7 @@ TEST_F(LinkTest, ManyTensorsBothWays) {
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(hellos_[0].peer, "stage/0");
     EXPECT_EQ(hellos_[0].identity.job, kJob);
-    EXPECT_EQ(hellos_[0].identity.epoch, kEpoch);
+    EXPECT_EQ(hellos_[0].identity.generation, kGeneration);
   }
 
   // Activations up (client -> server), gradients down, interleaved; sizes from 4 bytes to 3 MiB
@@ -184,7 +184,7 @@ TEST_F(LinkTest, TransfersAreReportedByBothEnds) {
 TEST_F(LinkTest, BadFrameIsInvalidArgumentOnThatStreamOnly) {
   StartServer();
   // Garbage bytes.
-  RawClient garbage(Address(), kEpoch, {std::string("\xff\xff\xff\xff\x01", 5)});
+  RawClient garbage(Address(), kGeneration, {std::string("\xff\xff\xff\xff\x01", 5)});
   grpc::Status status = garbage.Wait();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_EQ(server_collector_.WaitForError().code(), absl::StatusCode::kInvalidArgument);
@@ -192,14 +192,14 @@ TEST_F(LinkTest, BadFrameIsInvalidArgumentOnThatStreamOnly) {
   // A well-formed frame with an impossible shape.
   auto tensor = Pattern(2, 2, 1);
   grpc::ByteBuffer encoded;
-  ASSERT_TRUE(wire::EncodeFragment({kJob, kEpoch}, TensorKey{0, 0, 0, TensorKind::kActivation},
+  ASSERT_TRUE(wire::EncodeFragment({kJob, kGeneration}, TensorKey{0, 0, 0, TensorKind::kActivation},
                                    tensor, 0, 16, &encoded)
                   .ok());  // activation of chunk 0 is not a thing.
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(encoded.Dump(&slices).ok());
   std::string bytes;
   for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  RawClient bad_chunk(Address(), kEpoch, {bytes});
+  RawClient bad_chunk(Address(), kGeneration, {bytes});
   status = bad_chunk.Wait();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("cannot name chunk 0"));
@@ -212,9 +212,10 @@ TEST_F(LinkTest, BadFrameIsInvalidArgumentOnThatStreamOnly) {
   ASSERT_TRUE(server_collector_.WaitForTensors(1));
 }
 
-TEST_F(LinkTest, StaleEpochFrameIsAborted) {
-  StartServer({}, Validation(/*epoch=*/kEpoch + 1));  // the server moved on to a new epoch.
-  std::unique_ptr<PeerLink> client = Connect({}, /*epoch=*/kEpoch);
+TEST_F(LinkTest, StaleGenerationFrameIsAborted) {
+  StartServer(
+      {}, Validation(/*generation=*/kGeneration + 1));  // the server moved on to a new generation.
+  std::unique_ptr<PeerLink> client = Connect({}, /*generation=*/kGeneration);
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Send(TensorKey{0, 0, 1, TensorKind::kActivation}, Pattern(4, 4, 4)).ok());
   const absl::Status at_client = client_collector_.WaitForError();
@@ -230,13 +231,13 @@ TEST_F(LinkTest, RejectedHelloReachesTheClient) {
   StartServer();
   {
     absl::MutexLock lock(&mu_);
-    reject_ = absl::AbortedError("epoch 4 is stale, the job is at epoch 5");
+    reject_ = absl::AbortedError("generation 4 is stale, the job is at generation 5");
   }
   std::unique_ptr<PeerLink> client = Connect();
   ASSERT_NE(client, nullptr);
   const absl::Status status = client_collector_.WaitForError();
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("epoch 4 is stale"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("generation 4 is stale"));
 }
 
 TEST_F(LinkTest, ServerShutdownFiresTheClientErrorCallback) {
@@ -269,7 +270,7 @@ TEST_F(LinkTest, ConnectingToNobodyIsUnavailable) {
   const std::string address = Address();
   server_->Shutdown(std::chrono::system_clock::now());  // the port is now closed.
   auto link =
-      PeerLink::Connect(CreateExchangeChannel(address), address, Hello("stage/0", kEpoch),
+      PeerLink::Connect(CreateExchangeChannel(address), address, Hello("stage/0", kGeneration),
                         LinkOptions(), LinkSettings{Validation(), client_collector_.Callbacks()});
   ASSERT_TRUE(link.ok());
   EXPECT_EQ(client_collector_.WaitForError().code(), absl::StatusCode::kUnavailable);
@@ -297,7 +298,7 @@ TEST(PeerLinkOptionsTest, BadArgumentsAreRejected) {
   EXPECT_EQ(options.Check().code(), absl::StatusCode::kInvalidArgument);
   auto channel = CreateExchangeChannel("127.0.0.1:1");
   LinkSettings no_callback{Validation(), {}};
-  EXPECT_EQ(PeerLink::Connect(channel, "x", Hello("s", kEpoch), LinkOptions(), no_callback)
+  EXPECT_EQ(PeerLink::Connect(channel, "x", Hello("s", kGeneration), LinkOptions(), no_callback)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

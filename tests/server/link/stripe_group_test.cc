@@ -166,8 +166,8 @@ TEST_F(LinkTest, LosingOneStripeFailsTheWholeLinkAsUnavailable) {
       {internal::kStripeKey, "0/2"}, {internal::kLinkIdKey, "link-a"}};
   const std::vector<std::pair<std::string, std::string>> stripe1 = {
       {internal::kStripeKey, "1/2"}, {internal::kLinkIdKey, "link-a"}};
-  RawClient first(Address(), kEpoch, {}, stripe0);
-  RawClient second(Address(), kEpoch, {}, stripe1);
+  RawClient first(Address(), kGeneration, {}, stripe0);
+  RawClient second(Address(), kGeneration, {}, stripe1);
   PeerLink* server = ServerLink(0);
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->connections(), 2);
@@ -224,7 +224,7 @@ TEST_F(LinkTest, BadStripeHandshakesAreRefused) {
        "without pipetrain-stripe"},
   };
   for (const Case& c : cases) {
-    RawClient raw(Address(), kEpoch, {}, c.metadata);
+    RawClient raw(Address(), kGeneration, {}, c.metadata);
     const grpc::Status status = raw.Wait();
     EXPECT_EQ(status.error_code(), c.code)
         << c.metadata[0].second << ": " << status.error_message();
@@ -235,15 +235,15 @@ TEST_F(LinkTest, BadStripeHandshakesAreRefused) {
     EXPECT_TRUE(hellos_.empty()) << "none of them reached the AcceptFn";
   }
   // A stripe index twice, and a stripe whose count differs from its link's first stripe.
-  RawClient first(Address(), kEpoch, {},
+  RawClient first(Address(), kGeneration, {},
                   {{internal::kStripeKey, "0/2"}, {internal::kLinkIdKey, "L"}});
   ASSERT_NE(ServerLink(0), nullptr);
-  RawClient again(Address(), kEpoch, {},
+  RawClient again(Address(), kGeneration, {},
                   {{internal::kStripeKey, "0/2"}, {internal::kLinkIdKey, "L"}});
   const grpc::Status twice = again.Wait();
   EXPECT_EQ(twice.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << twice.error_message();
   EXPECT_THAT(twice.error_message(), HasSubstr("arrived already"));
-  RawClient other(Address(), kEpoch, {},
+  RawClient other(Address(), kGeneration, {},
                   {{internal::kStripeKey, "1/3"}, {internal::kLinkIdKey, "L"}});
   const grpc::Status mismatch = other.Wait();
   EXPECT_EQ(mismatch.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << mismatch.error_message();
@@ -251,12 +251,12 @@ TEST_F(LinkTest, BadStripeHandshakesAreRefused) {
   // A later stripe of a rejected link gets the rejection.
   {
     absl::MutexLock lock(&mu_);
-    reject_ = absl::AbortedError("stale epoch");
+    reject_ = absl::AbortedError("stale generation");
   }
-  RawClient rejected0(Address(), kEpoch, {},
+  RawClient rejected0(Address(), kGeneration, {},
                       {{internal::kStripeKey, "0/2"}, {internal::kLinkIdKey, "R"}});
   EXPECT_EQ(rejected0.Wait().error_code(), grpc::StatusCode::ABORTED);
-  RawClient rejected1(Address(), kEpoch, {},
+  RawClient rejected1(Address(), kGeneration, {},
                       {{internal::kStripeKey, "1/2"}, {internal::kLinkIdKey, "R"}});
   EXPECT_EQ(rejected1.Wait().error_code(), grpc::StatusCode::ABORTED);
   // Ended and waited for: a reactor must outlive its call.
@@ -277,12 +277,12 @@ TEST(PeerLinkConnectTest, ChannelCountIsChecked) {
   LinkSettings settings{Validation(), {}};
   settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
   EXPECT_EQ(PeerLink::Connect(std::vector<std::shared_ptr<grpc::Channel>>{}, "x",
-                              Hello("stage/0", kEpoch), {}, settings)
+                              Hello("stage/0", kGeneration), {}, settings)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PeerLink::Connect(CreateExchangeChannels("127.0.0.1:1", kMaxLinkConnections + 1), "x",
-                              Hello("stage/0", kEpoch), {}, settings)
+                              Hello("stage/0", kGeneration), {}, settings)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

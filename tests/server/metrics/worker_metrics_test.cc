@@ -33,7 +33,7 @@ TEST(WorkerMetricsTest, LinksAddTheirGrowthPerPeer) {
   m.UpdateLink(&link_a, "stage/1", {100, 10, 2, 1});
   m.UpdateLink(&link_a, "stage/1", {250, 10, 5, 1});  // +150 bytes, +3 tensors sent.
   m.ForgetLink(&link_a);
-  // A new link (next epoch) to the same peer starts its own count.
+  // A new link (next generation) to the same peer starts its own count.
   m.UpdateLink(&link_b, "stage/1", {40, 4, 1, 1});
   m.UpdateLink(&link_a, "coordinator", {0, 8, 0, 2});
   const std::string t = r.TextExposition();

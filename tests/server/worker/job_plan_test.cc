@@ -30,7 +30,7 @@ using ::testing::HasSubstr;
 v1::Assign ValidAssign() {
   v1::Assign a;
   a.set_job("job-a");
-  a.set_epoch(4);
+  a.set_generation(4);
   a.set_rank(0);
   absl::StatusOr<v1::ModelSpec> spec =
       model::ParseModelSpecText(model::testing::kMlpSpec, "kMlpSpec");
@@ -47,7 +47,7 @@ v1::Assign ValidAssign() {
   for (int c = 0; c < 2; ++c) {
     v1::ChunkSpec* chunk = a.add_chunks();
     chunk->set_chunk(c);
-    chunk->set_worker(c);
+    chunk->set_rank(c);
     chunk->set_first_layer(3 * c);
     chunk->set_last_layer(3 * c + 3);
   }
@@ -83,9 +83,9 @@ TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
     const char* message;
   };
   const Case cases[] = {
-      {"job", [](v1::Assign* a) { a->clear_job(); }, "Assign(job , epoch 4): empty job id"},
-      {"epoch", [](v1::Assign* a) { a->set_epoch(-1); },
-       "Assign(job job-a, epoch -1): epoch -1 < 0"},
+      {"job", [](v1::Assign* a) { a->clear_job(); }, "Assign(job , generation 4): empty job id"},
+      {"generation", [](v1::Assign* a) { a->set_generation(-1); },
+       "Assign(job job-a, generation -1): generation -1 < 0"},
       {"stages", [](v1::Assign* a) { a->set_microbatches(0); },
        "stages (2), virtual_stages (1) and microbatches (0) must be >= 1"},
       {"rank", [](v1::Assign* a) { a->set_rank(2); }, "rank 2 is outside [0, 2)"},
@@ -100,7 +100,7 @@ TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
       {"model", [](v1::Assign* a) { a->mutable_model()->clear_layers(); }, "model: "},
       {"tiling", [](v1::Assign* a) { a->mutable_chunks(1)->set_first_layer(2); },
        "chunk 1 has layers [2, 6); chunks must tile [0, 6) in order, each non-empty"},
-      {"placement", [](v1::Assign* a) { a->mutable_chunks(1)->set_worker(7); },
+      {"placement", [](v1::Assign* a) { a->mutable_chunks(1)->set_rank(7); },
        "chunk 1 is on worker 7 outside [0, 2)"},
       {"address", [](v1::Assign* a) { a->set_worker_addresses(1, ""); }, "worker 1 has no address"},
       {"no actions", [](v1::Assign* a) { a->clear_actions(); }, "no actions"},
@@ -139,7 +139,7 @@ TEST(JobPlanTest, AnInstructionSetAboveTheWorkersIsFailedPrecondition) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(plan.status().message(),
-              HasSubstr(absl::StrCat("Assign(job job-a, epoch 4): this worker cannot run "
+              HasSubstr(absl::StrCat("Assign(job job-a, generation 4): this worker cannot run "
                                      "instruction set ",
                                      math::IsaName(runnable.back()))));
 }
