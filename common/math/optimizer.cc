@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,10 +46,42 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
   return false;
 }
 
+// The keys that apply to `kind` (the schedule's apply to both).
+bool KeyAppliesTo(OptimizerKind kind, absl::string_view key) {
+  for (absl::string_view k : {"lr", "weight_decay", "clip_norm"}) {
+    if (key == k) return true;
+  }
+  if (kind == OptimizerKind::kSgd) return key == "momentum" || key == "nesterov";
+  return key == "beta1" || key == "beta2" || key == "eps";
+}
+
 absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_view value) {
   absl::StatusOr<bool> schedule = SetScheduleField(c, key, value);
   if (!schedule.ok()) return schedule.status();
   if (*schedule) return absl::OkStatus();
+  float* field = nullptr;
+  if (key == "lr") field = &c->lr;
+  if (key == "weight_decay") field = &c->weight_decay;
+  if (key == "momentum") field = &c->momentum;
+  if (key == "beta1") field = &c->beta1;
+  if (key == "beta2") field = &c->beta2;
+  if (key == "eps") field = &c->eps;
+  if (key == "clip_norm") field = &c->clip_norm;
+  if (field == nullptr && key != "nesterov") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: unknown key '", key,
+        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm, "
+        "lr_schedule, warmup_steps, decay_steps, lr_min)"));
+  }
+  // A hyper-parameter of the other kind would be ignored: refused, so that it is not mistaken for
+  // one in effect.
+  if (!KeyAppliesTo(c->kind, key)) {
+    const bool sgd = c->kind == OptimizerKind::kSgd;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: ", key, " is not a key of ", sgd ? "sgd" : "adamw", " (it takes ",
+        sgd ? "lr, weight_decay, momentum, nesterov" : "lr, weight_decay, beta1, beta2, eps",
+        ", clip_norm and the schedule's keys)"));
+  }
   if (key == "nesterov") {
     if (value == "1" || value == "true") {
       c->nesterov = true;
@@ -58,20 +92,6 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
           absl::StrCat("optimizer: nesterov must be 0, 1, true or false, got '", value, "'"));
     }
     return absl::OkStatus();
-  }
-  float* field = nullptr;
-  if (key == "lr") field = &c->lr;
-  if (key == "weight_decay") field = &c->weight_decay;
-  if (key == "momentum") field = &c->momentum;
-  if (key == "beta1") field = &c->beta1;
-  if (key == "beta2") field = &c->beta2;
-  if (key == "eps") field = &c->eps;
-  if (key == "clip_norm") field = &c->clip_norm;
-  if (field == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: unknown key '", key,
-        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm, "
-        "lr_schedule, warmup_steps, decay_steps, lr_min)"));
   }
   if (!absl::SimpleAtof(value, field)) {
     return absl::InvalidArgumentError(
@@ -110,24 +130,29 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> kind_and_args =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
+  const absl::string_view kind = absl::StripAsciiWhitespace(kind_and_args.first);
   OptimizerConfig config;
-  if (kind_and_args.first == "sgd") {
+  if (kind == "sgd") {
     config.kind = OptimizerKind::kSgd;
     config.lr = kDefaultSgdLr;
-  } else if (kind_and_args.first == "adamw") {
+  } else if (kind == "adamw") {
     config.kind = OptimizerKind::kAdamW;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer: unknown kind '", kind_and_args.first,
-                                                   "' (expected sgd or adamw)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: unknown kind '", kind, "' (expected sgd or adamw)"));
   }
-  if (!kind_and_args.second.empty()) {
+  if (!absl::StripAsciiWhitespace(kind_and_args.second).empty()) {
     for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {
-      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
-      if (kv.first.empty() || kv.second.empty()) {
+      std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
+      const absl::string_view key =
+          kv.size() == 2 ? absl::StripAsciiWhitespace(kv[0]) : absl::string_view();
+      const absl::string_view value =
+          kv.size() == 2 ? absl::StripAsciiWhitespace(kv[1]) : absl::string_view();
+      if (key.empty() || value.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("optimizer: expected key=value, got '", item, "'"));
       }
-      if (auto s = SetField(&config, kv.first, kv.second); !s.ok()) return s;
+      if (auto s = SetField(&config, key, value); !s.ok()) return s;
     }
   }
   if (auto s = ValidateOptimizerConfig(config); !s.ok()) return s;
