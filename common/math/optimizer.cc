@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +16,44 @@ namespace pipetrain::math {
 namespace {
 
 bool InUnitInterval(float v) { return v >= 0.0f && v < 1.0f; }
+
+// `text` (stripped) as a decimal number: an optional sign, digits with an optional point, an
+// optional exponent ("1e-3", "+.5", "2."), or inf, infinity, nan in any case; rounded once to the
+// nearest float. No hexadecimal ("0x10", which absl::SimpleAtof would read as 16) and no digit
+// separators: the Python client reads exactly these (pipetrain/client.py, _number).
+bool ParseDecimalFloat(absl::string_view text, float* out) {
+  absl::string_view rest = text;
+  if (!rest.empty() && (rest[0] == '+' || rest[0] == '-')) rest.remove_prefix(1);
+  for (absl::string_view special : {"inf", "infinity", "nan"}) {
+    if (absl::EqualsIgnoreCase(rest, special)) return absl::SimpleAtof(text, out);
+  }
+  size_t i = 0, digits = 0;
+  while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++digits;
+  if (i < rest.size() && rest[i] == '.') {
+    ++i;
+    while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < rest.size() && (rest[i] == 'e' || rest[i] == 'E')) {
+    ++i;
+    if (i < rest.size() && (rest[i] == '+' || rest[i] == '-')) ++i;
+    size_t exponent_digits = 0;
+    while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++exponent_digits;
+    if (exponent_digits == 0) return false;
+  }
+  return i == rest.size() && absl::SimpleAtof(text, out);
+}
+
+// `text` as a decimal integer with an optional sign (no hexadecimal, no digit separators).
+bool ParseDecimalInt(absl::string_view text, int64_t* out) {
+  absl::string_view rest = text;
+  if (!rest.empty() && (rest[0] == '+' || rest[0] == '-')) rest.remove_prefix(1);
+  if (rest.empty()) return false;
+  for (char c : rest) {
+    if (!absl::ascii_isdigit(c)) return false;
+  }
+  return absl::SimpleAtoi(text, out);
+}
 
 // Sets a schedule key of `c`; false if `key` is not one.
 absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
@@ -30,14 +69,14 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
                    : key == "decay_steps" ? &s.decay_steps
                                           : nullptr;
   if (steps != nullptr) {
-    if (!absl::SimpleAtoi(value, steps)) {
+    if (!ParseDecimalInt(value, steps)) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: ", key, " must be an integer, got '", value, "'"));
     }
     return true;
   }
   if (key == "lr_min") {
-    if (!absl::SimpleAtof(value, &s.min_lr)) {
+    if (!ParseDecimalFloat(value, &s.min_lr)) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: lr_min must be a number, got '", value, "'"));
     }
@@ -93,7 +132,7 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
     }
     return absl::OkStatus();
   }
-  if (!absl::SimpleAtof(value, field)) {
+  if (!ParseDecimalFloat(value, field)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: ", key, " must be a number, got '", value, "'"));
   }

@@ -239,6 +239,15 @@ TEST(OptimizerTest, ParseIgnoresSpacesAndRefusesWhatWouldBeIgnored) {
               HasSubstr("beta1 is not a key of sgd"));
   EXPECT_THAT(ParseOptimizerConfig("adamw:nesterov=0").status().message(),
               HasSubstr("nesterov is not a key of adamw"));
+  // Numbers are decimal: absl::SimpleAtof alone would read "0x10" as 16.
+  EXPECT_THAT(ParseOptimizerConfig("adamw:lr=0x10").status().message(),
+              HasSubstr("lr must be a number, got '0x10'"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:warmup_steps=0x10").status().message(),
+              HasSubstr("warmup_steps must be an integer"));
+  absl::StatusOr<OptimizerConfig> signs = ParseOptimizerConfig("adamw:lr=+.5E-1,warmup_steps=+2");
+  ASSERT_TRUE(signs.ok()) << signs.status();
+  EXPECT_EQ(signs->lr, 0.05f);
+  EXPECT_EQ(signs->schedule.warmup_steps, 2);
 }
 
 TEST(OptimizerTest, ClipScale) {
