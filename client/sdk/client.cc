@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
@@ -398,9 +399,10 @@ absl::Status TrainSession::Replay(const v1::JobStatus& job, const absl::Status& 
     PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(again));
     const float loss = replayed.loss();
     if (replayed.step() != k.step + 1 || std::memcmp(&loss, &k.loss, sizeof(float)) != 0) {
-      return absl::DataLossError(absl::StrCat(
-          "replaying step ", k.step + 1, " of job ", job_, " gave step ", replayed.step(), " loss ",
-          replayed.loss(), ", the first run loss ", k.loss, ": the recovery is not exact"));
+      return absl::DataLossError(absl::StrFormat(
+          "replaying step %d of job %s gave step %d loss %.9g, the first run loss %.9g: the "
+          "recovery is not exact",
+          k.step + 1, job_, replayed.step(), replayed.loss(), k.loss));
     }
   }
   // The unanswered batches again, behind the replayed ones (their results are Receive's).
