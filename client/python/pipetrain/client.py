@@ -939,10 +939,10 @@ class Client:
         directory on the coordinator's host. lr_schedule: the learning-rate schedule (see
         lr_schedule_spec()), OptimizerSpec.lr_schedule as `pipetrain --lr-schedule KIND
         --warmup-steps N --lr-decay-steps N --lr-min X` sets it: the fields it gives override the
-        optimizer text's (see optimizer_spec()). None: the optimizer's (by default constant). isa: the
-        instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain train
-        --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the job's
-        workers run (the level chosen is job.status().spec.isa).
+        optimizer text's (see optimizer_spec()). None: the optimizer's (by default constant).
+        isa: the instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain
+        train --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the
+        job's workers run (the level chosen is job.status().spec.isa).
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
