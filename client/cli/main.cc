@@ -142,7 +142,7 @@ namespace {
 
 // Each command's flags, in the order `pipetrain COMMAND --help` lists them. A new flag is an
 // ABSL_FLAG above plus its name in the lists of the commands that use it; every other command
-// refuses it (tests/integration/cli_flags_test.cc checks that each flag has a command).
+// refuses it (tests/client/cli/cli_flags_test.cc checks that each flag has a command).
 // clang-format off
 const std::vector<std::string> kTrainingFlags = {
     "model", "data", "data_dir",                                      // what to train on

@@ -74,20 +74,19 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// Checkpoints `job` into `dir` (absolute, on the coordinator's file system) through the
-// coordinator: the workers write the layer files and the coordinator a manifest with what it
+// Checkpoints the session's job into `dir` (absolute, on the coordinator's file system) through
+// the coordinator (TrainSession::Checkpoint: through a recovery that interrupts it, and the kept
+// batches trimmed): the workers write the layer files and the coordinator a manifest with what it
 // knows. Where `dir` is visible here, the client then rewrites that manifest with the fields only
 // it knows (data set, batch size, data cursor `cursor`, the optimizer's canonical text), keeping
 // the coordinator's step and shards: exactly what `pipetrain reference --save` writes. Returns
 // whether `dir` was visible (false: the coordinator's file system is not ours, its manifest stays
 // as written).
-absl::StatusOr<bool> SaveThroughCoordinator(client::Client& client, const std::string& job,
-                                            const std::string& dir, const TrainingOptions& o,
-                                            const TrainingSetup& setup,
+absl::StatusOr<bool> SaveThroughCoordinator(client::TrainSession& session, const std::string& dir,
+                                            const TrainingOptions& o, const TrainingSetup& setup,
                                             const math::OptimizerConfig& optimizer,
                                             const io::DataCursor& cursor, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
-                      client.Checkpoint(job, dir, o.keep_checkpoints));
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, session.Checkpoint(dir, o.keep_checkpoints));
   const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
   if (visible) {
     // The shards are the coordinator's: the files its workers wrote.
@@ -306,16 +305,9 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     // Checkpoint may run while the stream is open.
     if (checkpoint) {
       progress.Clear();
-      absl::StatusOr<bool> saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup,
-                                                          optimizer, sampler.cursor(), out);
-      // A recovery (or a coordinator restart) during the checkpoint: back to this step, again.
-      for (int round = 0; !saved.ok() && round < 3; ++round) {
-        PT_RETURN_IF_ERROR(session->AwaitRecovery(saved.status()));
-        saved = SaveThroughCoordinator(*client, job.job(), save_dir, t, setup, optimizer,
-                                       sampler.cursor(), out);
-      }
-      PT_ASSIGN_OR_RETURN(checkpoint_visible, saved);
-      session->CheckpointDone(last.step());  // a recovery restarts from here at the earliest.
+      PT_ASSIGN_OR_RETURN(
+          checkpoint_visible,
+          SaveThroughCoordinator(*session, save_dir, t, setup, optimizer, sampler.cursor(), out));
       progress.Redraw();
     }
     if (evaluate) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
@@ -99,6 +100,24 @@ v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch
   return request;
 }
 
+absl::Status TrainOptions::Check() const {
+  if (max_kept_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainOptions.max_kept_batches must be >= 1, got ", max_kept_batches));
+  }
+  const std::pair<const char*, absl::Duration> durations[] = {
+      {"recovery_timeout", recovery_timeout},
+      {"reconnect_timeout", reconnect_timeout},
+      {"max_poll_interval", max_poll_interval}};
+  for (const auto& [name, value] : durations) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainOptions.", name, " must be positive, got ", absl::FormatDuration(value)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------- TrainSession
 
 TrainSession::TrainSession(
@@ -120,10 +139,40 @@ absl::Status TrainSession::Fail() {
   if (!done_) {
     done_ = true;
     const grpc::Status status = stream_->Finish();
-    final_ = status.ok() ? absl::UnavailableError("the coordinator ended the Train stream")
+    // The coordinator ends a stream OK only after the client closed its side: an OK end while a
+    // batch waits for its answer is a coordinator that went away (a replaying session then checks
+    // the job before it resends anything).
+    final_ = status.ok() ? absl::UnavailableError(
+                               "the coordinator ended the Train stream without answering the batch")
                          : client_->CallError(status, "");
   }
   return final_;
+}
+
+absl::Status TrainSession::OpenStream() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  auto stream = client_->stub_->Train(context.get());
+  if (stream == nullptr) return absl::UnavailableError("cannot open a Train stream");
+  stream_ = std::move(stream);  // the old stream before its context.
+  context_ = std::move(context);
+  done_ = false;
+  final_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+void TrainSession::CloseInOrder() {
+  if (done_) return;
+  done_ = true;
+  // Never TryCancel here: the coordinator notices a cancelled stream on its own time, and a new
+  // stream's claim could still find the old one holding the job (FAILED_PRECONDITION). A closed
+  // one ends once the batches sent on it are answered, and the coordinator releases the job before
+  // it sends the final status.
+  stream_->WritesDone();
+  v1::StepResult unused;
+  while (stream_->Read(&unused)) {
+  }
+  const grpc::Status status = stream_->Finish();
+  final_ = status.ok() ? absl::OkStatus() : client_->CallError(status, "");
 }
 
 absl::StatusOr<v1::StepResult> TrainSession::Step(const BatchView& batch) {
@@ -161,12 +210,14 @@ absl::Status TrainSession::Send(const BatchView& batch) {
 }
 
 absl::Status TrainSession::Send(const v1::TrainRequest& request) {
-  if (done_ && !final_.ok() && !(options_.replay && Recoverable(final_))) return final_;
-  if (done_ && final_.ok()) return absl::FailedPreconditionError("the Train session is finished");
+  if (finished_) return absl::FailedPreconditionError("the Train session is finished");
   if (sent_.size() >= kMaxInFlight) {
     return absl::FailedPreconditionError(absl::StrCat(
         kMaxInFlight, " batches are sent and unanswered: Receive one before sending another"));
   }
+  // The last stream ended with a failure Receive reported: the job is where it was, continue it
+  // on a new stream. (With batches unanswered on an ended stream, Receive reports or recovers.)
+  if (done_ && sent_.empty()) PT_RETURN_IF_ERROR(OpenStream());
   const int64_t step = next_step_ + static_cast<int64_t>(sent_.size());
   v1::TrainRequest replayable;
   if (options_.replay) {
@@ -178,28 +229,30 @@ absl::Status TrainSession::Send(const v1::TrainRequest& request) {
   sent_.push_back(Sent{step, std::move(replayable)});
   // A write on a broken stream is left to Receive: it reports the stream's status, or recovers
   // and resends this batch.
-  if (!done_ && !stream_->Write(options_.replay ? sent_.back().request : request))
+  if (!done_ && !stream_->Write(options_.replay ? sent_.back().request : request)) {
     Fail().IgnoreError();
-  if (done_ && !(options_.replay && Recoverable(final_))) {
-    sent_.clear();
-    return final_;
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::StepResult> TrainSession::Receive() {
   if (sent_.empty()) return absl::FailedPreconditionError("no batch is sent and unanswered");
-  absl::StatusOr<v1::StepResult> result = ReadOnce();
-  // A recovery may itself be interrupted by another loss: a few rounds, each bounded.
-  for (int round = 0; options_.replay && round < 3 && Recoverable(result.status()); ++round) {
-    if (absl::Status resynced = Resync(result.status()); !resynced.ok()) {
-      result = resynced;
-      break;
-    }
-    result = ReadOnce();
+  absl::StatusOr<v1::StepResult> result =
+      ThroughRecovery<v1::StepResult>([this] { return ReadOnce(); });
+  if (result.ok() && options_.replay && result->step() != sent_.front().step + 1) {
+    // The coordinator recovered the job while the stream was idle and applied the batch at its
+    // restored step (one that ignores TrainRequest.expected_steps_done): the state is no longer the
+    // first run's.
+    result = absl::DataLossError(absl::StrCat(
+        "job ", job_, " applied this batch as step ", result->step(), ", expected step ",
+        sent_.front().step + 1,
+        ": it restarted from an earlier step between two steps without ending the Train stream, "
+        "so the batches since were not replayed"));
   }
   if (!result.ok()) {
     sent_.clear();
+    CloseInOrder();
+    final_ = result.status();
     return result;
   }
   Sent answered = std::move(sent_.front());
@@ -216,23 +269,57 @@ void TrainSession::CheckpointDone(int64_t steps_done) {
   while (!kept_.empty() && kept_.front().step < steps_done) kept_.pop_front();
 }
 
+absl::StatusOr<v1::CheckpointResponse> TrainSession::Checkpoint(const std::string& directory,
+                                                                int keep) {
+  if (!sent_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Checkpoint with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
+  }
+  absl::StatusOr<v1::CheckpointResponse> saved = ThroughRecovery<v1::CheckpointResponse>(
+      [&] { return client_->Checkpoint(job_, directory, keep); });
+  // A recovery restarts from this step at the earliest.
+  if (saved.ok()) CheckpointDone(saved->step());
+  return saved;
+}
+
 absl::Status TrainSession::AwaitRecovery(const absl::Status& why) {
   if (!options_.replay || !Recoverable(why)) return why;
   if (!sent_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot recover with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
   }
-  absl::Status status = Resync(why);
-  for (int round = 1; round < 3 && Recoverable(status); ++round) status = Resync(status);
-  return status;
+  bool first = true;  // the first attempt is the call that failed with `why`; later ones succeed.
+  return ThroughRecovery<bool>([&]() -> absl::StatusOr<bool> {
+           if (!first) return true;
+           first = false;
+           return why;
+         })
+      .status();
 }
 
-absl::Status TrainSession::Resync(const absl::Status& why) {
-  if (options_.on_wait != nullptr) options_.on_wait(why);
-  // Wait (bounded) until the coordinator has re-assigned the job; while it is unreachable
-  // (restarting), keep asking.
+template <typename T>
+absl::StatusOr<T> TrainSession::ThroughRecovery(const std::function<absl::StatusOr<T>()>& attempt) {
+  absl::StatusOr<T> result = attempt();
+  for (int round = 0; options_.replay && round < kRecoveryRounds && Recoverable(result.status());
+       ++round) {
+    const absl::Status why = result.status();
+    if (options_.on_wait != nullptr) options_.on_wait(why);
+    // The wait's own errors (the job ended, the timeouts) end it at once; a replay or an attempt
+    // interrupted by another loss starts the next round.
+    absl::StatusOr<v1::JobStatus> job = AwaitReady(why);
+    if (!job.ok()) return job.status();
+    if (absl::Status replayed = Replay(*job, why); !replayed.ok()) {
+      result = replayed;
+      continue;
+    }
+    result = attempt();
+  }
+  return result;
+}
+
+absl::StatusOr<v1::JobStatus> TrainSession::AwaitReady(const absl::Status& why) {
   const absl::Time deadline = absl::Now() + options_.recovery_timeout;
-  absl::Duration delay = absl::Milliseconds(20);
+  absl::Duration delay = std::min(absl::Milliseconds(20), options_.max_poll_interval);
   // Since when the coordinator has been unreachable (the UNAVAILABLE that began the wait counts).
   absl::Time unreachable_since = absl::IsUnavailable(why) ? absl::Now() : absl::InfiniteFuture();
   // Each poll is short, so that an unreachable coordinator is given up on in time.
@@ -241,20 +328,18 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
                 client_->options().call_timeout, absl::Seconds(5)});
   v1::GetJobRequest get;
   get.set_job(job_);
-  v1::JobStatus job;
   for (;;) {
     absl::StatusOr<v1::JobStatus> got =
         client_->Unary(&v1::Coordinator::Stub::GetJob, get, "GetJob", poll_timeout);
-    if (got.ok()) unreachable_since = absl::InfiniteFuture();
     if (got.ok()) {
-      job = *std::move(got);
-      if (job.state() == v1::JOB_STATE_READY) break;
-      if (job.state() != v1::JOB_STATE_RECOVERING && job.state() != v1::JOB_STATE_TRAINING) {
+      unreachable_since = absl::InfiniteFuture();
+      if (got->state() == v1::JOB_STATE_READY) return got;
+      if (got->state() != v1::JOB_STATE_RECOVERING && got->state() != v1::JOB_STATE_TRAINING) {
         // The job ended: a lost connection's own error says more than "did not recover".
         if (absl::IsUnavailable(why)) return why;
         return absl::FailedPreconditionError(
-            absl::StrCat("job ", job_, " did not recover: ", v1::JobState_Name(job.state()),
-                         job.reason().empty() ? "" : ": ", job.reason()));
+            absl::StrCat("job ", job_, " did not recover: ", v1::JobState_Name(got->state()),
+                         got->reason().empty() ? "" : ": ", got->reason()));
       }
     } else if (absl::IsNotFound(got.status())) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -277,10 +362,17 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
                        absl::FormatDuration(options_.recovery_timeout), " after: ", why.ToString(),
                        got.ok() ? "" : absl::StrCat("; last attempt: ", got.status().ToString())));
     }
-    absl::SleepFor(delay);  // polling interval of a bounded wait.
-    // Short pauses: READY is noticed at most 0.2 s late (a restore takes about a second).
-    delay = std::min(delay * 2, absl::Milliseconds(200));
+    // The polling interval of a bounded wait.
+    if (options_.pause != nullptr) {
+      options_.pause(delay);
+    } else {
+      absl::SleepFor(delay);
+    }
+    delay = std::min(delay * 2, options_.max_poll_interval);
   }
+}
+
+absl::Status TrainSession::Replay(const v1::JobStatus& job, const absl::Status& why) {
   const int64_t restored = job.steps_done();
   const int64_t first_kept = kept_.empty() ? next_step_ : kept_.front().step;
   if (restored > next_step_) {
@@ -296,19 +388,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
         "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
         first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
   }
-  // A stream that is still open (the error came from another call, e.g. a Checkpoint, with no
-  // batch unanswered) serves the replay; an ended one is replaced. (Cancelling an open one would
-  // race with the coordinator's release of the job: the new stream's claim could still find the old
-  // one holding it.)
-  if (done_) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    auto stream = client_->stub_->Train(context.get());
-    if (stream == nullptr) return absl::UnavailableError("cannot reopen the Train stream");
-    context_ = std::move(context);
-    stream_ = std::move(stream);
-    done_ = false;
-    final_ = absl::OkStatus();
-  }
+  // A new stream for the new generation, after the current one (open when another call failed, e.g. a
+  // Checkpoint) ended in order.
+  CloseInOrder();
+  PT_RETURN_IF_ERROR(OpenStream());
   for (const Kept& k : kept_) {
     if (k.step < restored) continue;
     v1::TrainRequest again = k.request;
@@ -316,9 +399,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
     PT_ASSIGN_OR_RETURN(v1::StepResult replayed, StepOnce(again));
     const float loss = replayed.loss();
     if (replayed.step() != k.step + 1 || std::memcmp(&loss, &k.loss, sizeof(float)) != 0) {
-      return absl::DataLossError(absl::StrCat(
-          "replaying step ", k.step + 1, " of job ", job_, " gave step ", replayed.step(), " loss ",
-          replayed.loss(), ", the first run loss ", k.loss, ": the recovery is not exact"));
+      return absl::DataLossError(absl::StrFormat(
+          "replaying step %d of job %s gave step %d loss %.9g, the first run loss %.9g: the "
+          "recovery is not exact",
+          k.step + 1, job_, replayed.step(), replayed.loss(), k.loss));
     }
   }
   // The unanswered batches again, behind the replayed ones (their results are Receive's).
@@ -333,9 +417,10 @@ absl::Status TrainSession::Resync(const absl::Status& why) {
 
 absl::Status TrainSession::Finish() {
   while (!sent_.empty() && !done_) {
-    if (absl::StatusOr<v1::StepResult> r = Receive(); !r.ok()) return r.status();
+    if (absl::StatusOr<v1::StepResult> r = Receive(); !r.ok()) break;
   }
   sent_.clear();
+  finished_ = true;
   if (done_) return final_;
   done_ = true;
   stream_->WritesDone();
@@ -411,6 +496,7 @@ absl::StatusOr<v1::JobStatus> Client::CreateJob(const v1::JobSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<TrainSession>> Client::StartTraining(const std::string& job,
                                                                     TrainOptions options) {
+  PT_RETURN_IF_ERROR(options.Check());
   auto context = std::make_unique<grpc::ClientContext>();
   auto stream = stub_->Train(context.get());
   if (stream == nullptr) return absl::UnavailableError("cannot open a Train stream");

@@ -98,79 +98,107 @@ v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch
 class Client;
 
 // How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover) or a
-// coordinator restart (a coordinator with --state-dir).
+// coordinator restart (a coordinator with --state-dir). The Python client's Job does the same
+// (pipetrain/client.py; both are checked against tests/client/conformance, docs/architecture.md
+// "One client behaviour").
 struct TrainOptions {
-  // Replay: keep every batch sent since the last checkpoint (CheckpointDone trims them), and
-  // when a step fails because the job is recovering (ABORTED) or the coordinator went away
-  // (UNAVAILABLE: crashed, restarting), wait until the job is READY again (polling GetJob while
-  // the coordinator is unreachable), resend the kept batches from the step it restarted at
-  // (checking each replayed loss is bit for bit the first run's) and then the failed one.
-  // Memory: the kept batches' tensors.
+  // Replay: keep every batch sent since the last checkpoint (Checkpoint or CheckpointDone trims
+  // them), and when a step fails because the job is recovering (ABORTED) or the coordinator went
+  // away (UNAVAILABLE: crashed, restarting, or it ended the stream without answering), wait until
+  // the job is READY again (polling GetJob, also while the coordinator is unreachable), resend the
+  // kept batches from the step it restarted at on a new Train stream (checking each replayed loss
+  // is bit for bit the first run's) and then the unanswered ones. Memory: the kept batches'
+  // tensors.
   bool replay = false;
   // The job's steps done when the session starts (the step of its first batch).
   int64_t first_step = 0;
-  // At most this many batches are kept; older ones are dropped (a recovery from before them
+  // At most this many batches are kept, >= 1; older ones are dropped (a recovery from before them
   // then fails with FAILED_PRECONDITION). Checkpoint every N < this steps to stay within it.
   int64_t max_kept_batches = 10000;
-  // Longest wait for the job to be READY again.
+  // Longest wait for the job to be READY again, > 0.
   absl::Duration recovery_timeout = absl::Minutes(5);
-  // Longest time the coordinator may stay unreachable during that wait (a restart); past it the
-  // session gives up with the UNAVAILABLE error that began the wait, saying so. Default 1 min.
+  // Longest time the coordinator may stay unreachable during that wait (a restart), > 0; past it
+  // the session gives up with the UNAVAILABLE error that began the wait, saying so. Default 1 min.
   absl::Duration reconnect_timeout = absl::Minutes(1);
+  // The pauses between two GetJob polls of the wait start at 20 ms and double up to this, > 0.
+  // Default 200 ms: READY is noticed at most that late (a restore takes about a second).
+  absl::Duration max_poll_interval = absl::Milliseconds(200);
   // Called after each recovery the session replayed through (the coordinator's record).
   std::function<void(const v1::RecoveryEvent&)> on_recovery;
   // Called when the session starts waiting for a recovery, with the error that began it.
   std::function<void(const absl::Status&)> on_wait;
+  // Makes each pause between two polls (empty: absl::SleepFor). A test may record the pauses
+  // through it.
+  std::function<void(absl::Duration)> pause;
+
+  // OK if usable; INVALID_ARGUMENT naming the field otherwise.
+  absl::Status Check() const;
 };
 
-// A Train stream: one step per batch, in order. Step() sends a batch and waits for its result;
-// Send() and Receive() split the two, so that a caller may send batch k+1 before it receives
-// result k: the coordinator reads one batch ahead and starts step k+1 as soon as step k is
-// committed, hiding the round trip between two steps (kMaxInFlight batches at most). A failed
-// step ends the stream (its status is returned, and every later call returns it too); the batches
-// sent behind it are applied nowhere; the job stays usable and a new session may be started. A
-// step has no deadline; a coordinator that stops answering ends it UNAVAILABLE through the
-// channel's keepalive (ClientOptions). Not thread-safe (one thread drives a session); the Client
-// must outlive it.
+// A Train session: one step per batch, in order, on a Train stream. Step() sends a batch and
+// waits for its result; Send() and Receive() split the two, so that a caller may send batch k+1
+// before it receives result k: the coordinator reads one batch ahead and starts step k+1 as soon
+// as step k is committed, hiding the round trip between two steps (kMaxInFlight batches at most).
+// A failed step (Receive's error) is applied nowhere, nor are the batches sent behind it; the job
+// stays at the same step, and the next Send continues it on a new Train stream (the batches kept
+// for a replay stay). A step has no deadline; a coordinator that stops answering ends it
+// UNAVAILABLE through the channel's keepalive (ClientOptions). The session never cancels a stream
+// it follows with another: it opens one only after the previous one ended (the coordinator ended
+// it, or the session closed it in order and read its final status), so the coordinator has always
+// released the job when the new one claims it. Not thread-safe (one thread drives a session); the
+// Client must outlive it.
 class TrainSession {
  public:
   // Batches that may be sent and not yet answered: the coordinator's running step and one read
   // ahead (more would wait in the connection's buffers and gain nothing).
   static constexpr int kMaxInFlight = 2;
+  // A recovery may itself be interrupted by another loss: at most this many rounds of waiting and
+  // replaying per call.
+  static constexpr int kRecoveryRounds = 3;
 
   ~TrainSession();  // cancels the stream if Finish() was not called.
   TrainSession(const TrainSession&) = delete;
   TrainSession& operator=(const TrainSession&) = delete;
 
-  // Sends `batch`, waits for and returns its step's result. FAILED_PRECONDITION while batches
-  // sent by Send() are unanswered (Receive them first).
+  // Sends `batch`, waits for and returns its step's result (Send, then Receive).
+  // FAILED_PRECONDITION while batches sent by Send() are unanswered (Receive them first).
   absl::StatusOr<v1::StepResult> Step(const BatchView& batch);
   // Sends a prepared request (its job must be the session's).
   absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
-  // Sends `batch` without waiting for its result (Receive returns it). FAILED_PRECONDITION when
-  // kMaxInFlight batches are unanswered; the session's error once it ended (a broken stream that
-  // replay can recover from is left to Receive, which recovers and resends the batch).
+  // Sends `batch` without waiting for its result (Receive returns it), on a new Train stream if the
+  // last one ended. FAILED_PRECONDITION when kMaxInFlight batches are unanswered or after Finish();
+  // a broken stream is reported (or recovered from) by Receive.
   absl::Status Send(const BatchView& batch);
   absl::Status Send(const v1::TrainRequest& request);
   // Waits for and returns the result of the oldest unanswered batch; FAILED_PRECONDITION if none
-  // is. Recovers as Step does (replay on, ABORTED or UNAVAILABLE: the kept batches are replayed,
-  // then the unanswered ones resent). On any error the unanswered batches are dropped: none of
-  // them was applied after the failed one.
+  // is. With replay on, an ABORTED or UNAVAILABLE step is recovered from (TrainOptions.replay) and
+  // answered after the replay: at most kRecoveryRounds rounds, a recoverable error of the replay
+  // or of the step starting the next one; the wait's own errors end it at once: FAILED_PRECONDITION
+  // if the job ended, is unknown to the coordinator (restarted without its journal), applied steps
+  // whose results never arrived, or restarted before the kept batches; DEADLINE_EXCEEDED after
+  // recovery_timeout; UNAVAILABLE after reconnect_timeout. DATA_LOSS if a replayed loss differs
+  // from the first run's, or the job applied a batch at another step than it was sent for. On any
+  // error the unanswered batches are dropped (none of them was applied after the failed one) and
+  // the stream ends (closed in order if it was still open).
   absl::StatusOr<v1::StepResult> Receive();
   // Batches sent and not yet answered.
   int in_flight() const { return static_cast<int>(sent_.size()); }
   // Receives the results of the batches still unanswered (dropping them), closes the stream and
-  // returns its final status (OK after successful steps). Idempotent.
+  // returns its final status (OK after successful steps; the last error if the last Receive
+  // failed and no batch was sent since). Idempotent; Send fails afterwards.
   absl::Status Finish();
+  // Client::Checkpoint of the job between two steps (the stream stays open): `directory` and
+  // `keep` as there. With replay on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE)
+  // is retried after the replay, as Receive retries a step; a completed one drops the kept batches
+  // of the steps before it (CheckpointDone). FAILED_PRECONDITION while batches are unanswered.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& directory, int keep = 1);
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
-  // After another call on the job (e.g. Checkpoint) failed with `why`: if replay is on and `why`
-  // is ABORTED or UNAVAILABLE, waits for the job to be READY again and replays the kept batches,
-  // so that the job is back at this session's step; OK then. Returns `why` itself when it is not
-  // such an error or replay is off; otherwise the errors of Step's recovery (the job ended,
-  // DEADLINE_EXCEEDED after recovery_timeout, FAILED_PRECONDITION if the kept batches do not
-  // reach back to its restored step, DATA_LOSS if a replayed loss differs). FAILED_PRECONDITION
-  // while batches are unanswered (Receive them first).
+  // After another call on the job failed with `why`: if replay is on and `why` is ABORTED or
+  // UNAVAILABLE, waits for the job to be READY again and replays the kept batches (rounds and
+  // errors as Receive's), so that the job is back at this session's step; OK then. Returns `why`
+  // itself when it is not such an error or replay is off. FAILED_PRECONDITION while batches are
+  // unanswered (Receive them first).
   absl::Status AwaitRecovery(const absl::Status& why);
   // Batches kept for a replay.
   int64_t kept_batches() const { return static_cast<int64_t>(kept_.size()); }
@@ -181,13 +209,24 @@ class TrainSession {
                std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream);
   // Ends the stream after a failed read or write and returns (and remembers) its status.
   absl::Status Fail();
+  // Replaces the ended stream by a new one.
+  absl::Status OpenStream();
+  // Ends the stream in order if it is still open: half-closes it, reads what the coordinator
+  // still sends and waits for its final status.
+  void CloseInOrder();
   // One request on the current stream.
   absl::StatusOr<v1::StepResult> StepOnce(const v1::TrainRequest& request);
   // The next result on the current stream.
   absl::StatusOr<v1::StepResult> ReadOnce();
-  // After a step or call failed with `why` (ABORTED or UNAVAILABLE): waits for the job, reopens
-  // the stream, replays the kept batches and resends the unanswered ones.
-  absl::Status Resync(const absl::Status& why);
+  // attempt()'s value; when it fails ABORTED or UNAVAILABLE and replay is on: waits for the job
+  // (AwaitReady), replays (Replay) and attempts again, at most kRecoveryRounds rounds.
+  template <typename T>
+  absl::StatusOr<T> ThroughRecovery(const std::function<absl::StatusOr<T>()>& attempt);
+  // Polls GetJob until the job is READY again after `why`; returns its status.
+  absl::StatusOr<v1::JobStatus> AwaitReady(const absl::Status& why);
+  // With `job` READY at its steps_done: a new stream, the kept batches from there replayed and
+  // checked, the unanswered ones resent; then on_recovery.
+  absl::Status Replay(const v1::JobStatus& job, const absl::Status& why);
 
   // A batch kept for replay: its step (0-based), the request and the loss it gave.
   struct Kept {
@@ -209,8 +248,9 @@ class TrainSession {
   const std::string job_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::TrainRequest, v1::StepResult>> stream_;
-  absl::Status final_;  // set once the stream is over.
-  bool done_ = false;
+  absl::Status final_;     // the stream's end (or the last failed Receive's error) once done_.
+  bool done_ = false;      // the stream has ended.
+  bool finished_ = false;  // Finish() was called.
 };
 
 // A connection to a coordinator. Thread-safe: the stub may be used from several threads.
@@ -234,8 +274,9 @@ class Client {
   absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec);
   // One training step on its own Train stream.
   absl::StatusOr<v1::StepResult> TrainStep(const std::string& job, const BatchView& batch);
-  // Opens a Train stream for many steps. The coordinator refuses a second concurrent stream of a
-  // job at its first Step (FAILED_PRECONDITION).
+  // Opens a Train stream for many steps. INVALID_ARGUMENT for unusable options
+  // (TrainOptions::Check). The coordinator refuses a second concurrent stream of a job at its
+  // first Step (FAILED_PRECONDITION).
   absl::StatusOr<std::unique_ptr<TrainSession>> StartTraining(const std::string& job,
                                                               TrainOptions options = {});
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);

@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +16,44 @@ namespace pipetrain::math {
 namespace {
 
 bool InUnitInterval(float v) { return v >= 0.0f && v < 1.0f; }
+
+// `text` (stripped) as a decimal number: an optional sign, digits with an optional point, an
+// optional exponent ("1e-3", "+.5", "2."), or inf, infinity, nan in any case; rounded once to the
+// nearest float. No hexadecimal ("0x10", which absl::SimpleAtof would read as 16) and no digit
+// separators: the Python client reads exactly these (pipetrain/client.py, _number).
+bool ParseDecimalFloat(absl::string_view text, float* out) {
+  absl::string_view rest = text;
+  if (!rest.empty() && (rest[0] == '+' || rest[0] == '-')) rest.remove_prefix(1);
+  for (absl::string_view special : {"inf", "infinity", "nan"}) {
+    if (absl::EqualsIgnoreCase(rest, special)) return absl::SimpleAtof(text, out);
+  }
+  size_t i = 0, digits = 0;
+  while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++digits;
+  if (i < rest.size() && rest[i] == '.') {
+    ++i;
+    while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < rest.size() && (rest[i] == 'e' || rest[i] == 'E')) {
+    ++i;
+    if (i < rest.size() && (rest[i] == '+' || rest[i] == '-')) ++i;
+    size_t exponent_digits = 0;
+    while (i < rest.size() && absl::ascii_isdigit(rest[i])) ++i, ++exponent_digits;
+    if (exponent_digits == 0) return false;
+  }
+  return i == rest.size() && absl::SimpleAtof(text, out);
+}
+
+// `text` as a decimal integer with an optional sign (no hexadecimal, no digit separators).
+bool ParseDecimalInt(absl::string_view text, int64_t* out) {
+  absl::string_view rest = text;
+  if (!rest.empty() && (rest[0] == '+' || rest[0] == '-')) rest.remove_prefix(1);
+  if (rest.empty()) return false;
+  for (char c : rest) {
+    if (!absl::ascii_isdigit(c)) return false;
+  }
+  return absl::SimpleAtoi(text, out);
+}
 
 // Sets a schedule key of `c`; false if `key` is not one.
 absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
@@ -28,14 +69,14 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
                    : key == "decay_steps" ? &s.decay_steps
                                           : nullptr;
   if (steps != nullptr) {
-    if (!absl::SimpleAtoi(value, steps)) {
+    if (!ParseDecimalInt(value, steps)) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: ", key, " must be an integer, got '", value, "'"));
     }
     return true;
   }
   if (key == "lr_min") {
-    if (!absl::SimpleAtof(value, &s.min_lr)) {
+    if (!ParseDecimalFloat(value, &s.min_lr)) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: lr_min must be a number, got '", value, "'"));
     }
@@ -44,10 +85,42 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
   return false;
 }
 
+// The keys that apply to `kind` (the schedule's apply to both).
+bool KeyAppliesTo(OptimizerKind kind, absl::string_view key) {
+  for (absl::string_view k : {"lr", "weight_decay", "clip_norm"}) {
+    if (key == k) return true;
+  }
+  if (kind == OptimizerKind::kSgd) return key == "momentum" || key == "nesterov";
+  return key == "beta1" || key == "beta2" || key == "eps";
+}
+
 absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_view value) {
   absl::StatusOr<bool> schedule = SetScheduleField(c, key, value);
   if (!schedule.ok()) return schedule.status();
   if (*schedule) return absl::OkStatus();
+  float* field = nullptr;
+  if (key == "lr") field = &c->lr;
+  if (key == "weight_decay") field = &c->weight_decay;
+  if (key == "momentum") field = &c->momentum;
+  if (key == "beta1") field = &c->beta1;
+  if (key == "beta2") field = &c->beta2;
+  if (key == "eps") field = &c->eps;
+  if (key == "clip_norm") field = &c->clip_norm;
+  if (field == nullptr && key != "nesterov") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: unknown key '", key,
+        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm, "
+        "lr_schedule, warmup_steps, decay_steps, lr_min)"));
+  }
+  // A hyper-parameter of the other kind would be ignored: refused, so that it is not mistaken for
+  // one in effect.
+  if (!KeyAppliesTo(c->kind, key)) {
+    const bool sgd = c->kind == OptimizerKind::kSgd;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: ", key, " is not a key of ", sgd ? "sgd" : "adamw", " (it takes ",
+        sgd ? "lr, weight_decay, momentum, nesterov" : "lr, weight_decay, beta1, beta2, eps",
+        ", clip_norm and the schedule's keys)"));
+  }
   if (key == "nesterov") {
     if (value == "1" || value == "true") {
       c->nesterov = true;
@@ -59,21 +132,7 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
     }
     return absl::OkStatus();
   }
-  float* field = nullptr;
-  if (key == "lr") field = &c->lr;
-  if (key == "weight_decay") field = &c->weight_decay;
-  if (key == "momentum") field = &c->momentum;
-  if (key == "beta1") field = &c->beta1;
-  if (key == "beta2") field = &c->beta2;
-  if (key == "eps") field = &c->eps;
-  if (key == "clip_norm") field = &c->clip_norm;
-  if (field == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: unknown key '", key,
-        "' (known: lr, weight_decay, momentum, nesterov, beta1, beta2, eps, clip_norm, "
-        "lr_schedule, warmup_steps, decay_steps, lr_min)"));
-  }
-  if (!absl::SimpleAtof(value, field)) {
+  if (!ParseDecimalFloat(value, field)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: ", key, " must be a number, got '", value, "'"));
   }
@@ -110,24 +169,29 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> kind_and_args =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
+  const absl::string_view kind = absl::StripAsciiWhitespace(kind_and_args.first);
   OptimizerConfig config;
-  if (kind_and_args.first == "sgd") {
+  if (kind == "sgd") {
     config.kind = OptimizerKind::kSgd;
     config.lr = kDefaultSgdLr;
-  } else if (kind_and_args.first == "adamw") {
+  } else if (kind == "adamw") {
     config.kind = OptimizerKind::kAdamW;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer: unknown kind '", kind_and_args.first,
-                                                   "' (expected sgd or adamw)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: unknown kind '", kind, "' (expected sgd or adamw)"));
   }
-  if (!kind_and_args.second.empty()) {
+  if (!absl::StripAsciiWhitespace(kind_and_args.second).empty()) {
     for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {
-      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
-      if (kv.first.empty() || kv.second.empty()) {
+      std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
+      const absl::string_view key =
+          kv.size() == 2 ? absl::StripAsciiWhitespace(kv[0]) : absl::string_view();
+      const absl::string_view value =
+          kv.size() == 2 ? absl::StripAsciiWhitespace(kv[1]) : absl::string_view();
+      if (key.empty() || value.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("optimizer: expected key=value, got '", item, "'"));
       }
-      if (auto s = SetField(&config, kv.first, kv.second); !s.ok()) return s;
+      if (auto s = SetField(&config, key, value); !s.ok()) return s;
     }
   }
   if (auto s = ValidateOptimizerConfig(config); !s.ok()) return s;

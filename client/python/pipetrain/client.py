@@ -13,10 +13,12 @@ thread-safe: one thread drives a Job; a Client may be shared by several Jobs of 
 
 import collections
 import dataclasses
+import fractions
 import itertools
 import json
 import os
 import queue
+import re
 import sys
 import time
 
@@ -95,20 +97,137 @@ _OPTIMIZER_SCHEDULE_KEYS = {"lr_schedule": "kind", "warmup_steps": "warmup_steps
 _LR_SCHEDULE_KINDS = {"constant": model_pb2.LrScheduleSpec.CONSTANT,
                       "warmup-cosine": model_pb2.LrScheduleSpec.WARMUP_COSINE,
                       "warmup-linear": model_pb2.LrScheduleSpec.WARMUP_LINEAR}
+_LR_SCHEDULE_NAMES = {v: k for k, v in _LR_SCHEDULE_KINDS.items()}
 # lr_schedule_spec() keys; the CLI's flag names (--lr-decay-steps, --lr-min) are accepted too.
 _LR_SCHEDULE_ALIASES = {"lr_decay_steps": "decay_steps", "lr_min": "min_lr"}
 
+# The numbers of the optimizer's text, as the C++ parser reads them (absl::SimpleAtof and
+# SimpleAtoi, around whitespace stripped): decimal, an optional sign, no digit separators.
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
+_SPECIAL = re.compile(r"[+-]?(inf|infinity|nan)\Z", re.IGNORECASE)
+_INTEGER = re.compile(r"[+-]?\d+\Z")
+_FLOAT32_MAX_EXPONENT = 128  # 2**128: the first power of two past the largest float32.
+
+
+def _float32_of_decimal(text):
+    """The float32 nearest to the decimal number `text` (ties to even), rounded once as C++'s
+    strtof does; a float() would round to double first, and the float32 of that double differs
+    for some texts (e.g. "1.00000005960464477539062501": 1.0 instead of 1.0000001)."""
+    negative = text.startswith("-")
+    approximate = abs(float(text))  # fast for any exponent; decides the far ends
+    if approximate > 1e39:  # beyond 2**128: infinite as a float32
+        return float("-inf") if negative else float("inf")
+    if approximate < 1e-47:  # below half of the smallest subnormal (2**-150): zero
+        return -0.0 if negative else 0.0
+    exact = fractions.Fraction(text)
+    magnitude = abs(exact)
+    # 2**e <= magnitude < 2**(e + 1)
+    e = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if fractions.Fraction(2) ** e > magnitude:
+        e -= 1
+    quantum = max(e - 23, -149)  # 24 significant bits; subnormals below 2**-126
+    units = round(magnitude / fractions.Fraction(2) ** quantum)  # Fraction rounds half to even
+    value = units * fractions.Fraction(2) ** quantum
+    result = float("inf") if value >= fractions.Fraction(2) ** _FLOAT32_MAX_EXPONENT \
+        else float(value)
+    return -result if negative else result
+
+
+def _number(value, what):
+    """`value` (a number, or text as the optimizer's) as the float32 the C++ client would use;
+    INVALID_ARGUMENT naming `what` otherwise. Non-finite values pass: the range checks (here or
+    the coordinator's) refuse them."""
+    if isinstance(value, str):
+        text = value.strip()
+        if _DECIMAL.match(text):
+            return _float32_of_decimal(text)
+        if _SPECIAL.match(text):
+            return float(np.float32(float(text)))
+        raise _invalid("%s must be a number, got %r" % (what, value))
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise _invalid("%s must be a number, got %r" % (what, value))
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def _integer(value, what):
+    """`value` (an int, a float without a fraction, or decimal digits) as an int64; INVALID_ARGUMENT
+    naming `what` otherwise."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not _INTEGER.match(text):
+            raise _invalid("%s must be an integer, got %r" % (what, value))
+        number = int(text)
+    elif isinstance(value, (bool, np.bool_)):
+        raise _invalid("%s must be an integer, got %r" % (what, value))
+    elif isinstance(value, (int, np.integer)):
+        number = int(value)
+    elif isinstance(value, (float, np.floating)) and float(value).is_integer():
+        number = int(value)
+    else:
+        raise _invalid("%s must be an integer, got %r" % (what, value))
+    if not -2 ** 63 <= number < 2 ** 63:
+        raise _invalid("%s must be an integer, got %r" % (what, value))
+    return number
+
 
 def _parse_kind_and_keys(text, what):
-    """("kind", {"key": "value", ...}) from "kind:key=value,..." (`what` names it in errors)."""
+    """("kind", {"key": "value", ...}) from "kind:key=value,..." (`what` names it in errors), read
+    as the C++ parser reads it: whitespace around the kind, a key or a value ignored, every item
+    exactly one key=value."""
     kind, _, args = text.partition(":")
     values = {}
-    for item in filter(None, args.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise _invalid("%s %r: %r is not key=value" % (what, text, item))
-        values[key.strip()] = value.strip()
+    if args.strip():
+        for item in args.split(","):
+            parts = item.split("=")
+            if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+                raise _invalid("%s %r: expected key=value, got %r" % (what, text, item))
+            values[parts[0].strip()] = parts[1].strip()
     return kind.strip(), values
+
+
+def _lr_schedule_fields(schedule):
+    """The LrScheduleSpec fields `schedule` gives (see lr_schedule_spec()), by field name: the
+    ones it names, or all of them for a message."""
+    if isinstance(schedule, model_pb2.LrScheduleSpec):
+        return {"kind": schedule.kind, "warmup_steps": schedule.warmup_steps,
+                "decay_steps": schedule.decay_steps, "min_lr": schedule.min_lr}
+    if isinstance(schedule, str):
+        kind, values = _parse_kind_and_keys(schedule, "lr_schedule")
+        if kind:
+            values["kind"] = kind
+    elif isinstance(schedule, dict):
+        values = dict(schedule)
+    else:
+        raise _invalid("lr_schedule must be an LrScheduleSpec, text or a dict, got %s"
+                       % type(schedule).__name__)
+    fields = {}
+    for key, value in values.items():
+        field = _LR_SCHEDULE_ALIASES.get(key, key)
+        if field == "kind":
+            name = str(value).strip().replace("_", "-")
+            if name not in _LR_SCHEDULE_KINDS:
+                raise _invalid("lr_schedule: unknown kind %r (expected constant, warmup-cosine or "
+                               "warmup-linear)" % (value,))
+            fields["kind"] = _LR_SCHEDULE_KINDS[name]
+        elif field == "min_lr":
+            fields["min_lr"] = _number(value, "lr_schedule: %s" % key)
+        elif field in ("warmup_steps", "decay_steps"):
+            fields[field] = _integer(value, "lr_schedule: %s" % key)
+        else:
+            raise _invalid("lr_schedule: unknown key %r (expected kind, warmup_steps, "
+                           "decay_steps, min_lr)" % (key,))
+    return fields
+
+
+def _lr_schedule_message(fields):
+    """The LrScheduleSpec of `fields`; INVALID_ARGUMENT for a decaying kind without decay_steps."""
+    spec = model_pb2.LrScheduleSpec(**fields)
+    if spec.kind != model_pb2.LrScheduleSpec.CONSTANT and spec.decay_steps == 0:
+        raise _invalid("lr_schedule %s: decay_steps is required (the update at which the rate "
+                       "reaches min_lr; `pipetrain` defaults it to --steps)"
+                       % _LR_SCHEDULE_NAMES[spec.kind])
+    return spec
 
 
 def lr_schedule_spec(schedule):
@@ -123,51 +242,27 @@ def lr_schedule_spec(schedule):
     checks the ranges (decay_steps > warmup_steps, 0 <= min_lr <= lr)."""
     if isinstance(schedule, model_pb2.LrScheduleSpec):
         return schedule
-    if isinstance(schedule, str):
-        kind, values = _parse_kind_and_keys(schedule, "lr_schedule")
-        values["kind"] = kind
-    elif isinstance(schedule, dict):
-        values = dict(schedule)
-    else:
-        raise _invalid("lr_schedule must be an LrScheduleSpec, text or a dict, got %s"
-                       % type(schedule).__name__)
-    spec = model_pb2.LrScheduleSpec()
-    kind = str(values.pop("kind", "constant")).replace("_", "-")
-    if kind not in _LR_SCHEDULE_KINDS:
-        raise _invalid("lr_schedule: unknown kind %r (expected constant, warmup-cosine or "
-                       "warmup-linear)" % (kind,))
-    spec.kind = _LR_SCHEDULE_KINDS[kind]
-    for key, value in values.items():
-        field = _LR_SCHEDULE_ALIASES.get(key, key)
-        if field not in ("warmup_steps", "decay_steps", "min_lr"):
-            raise _invalid("lr_schedule: unknown key %r (expected kind, warmup_steps, "
-                           "decay_steps, min_lr)" % (key,))
-        try:
-            if field == "min_lr":
-                spec.min_lr = float(value)
-            else:
-                if isinstance(value, float) and not value.is_integer():
-                    raise ValueError()
-                setattr(spec, field, int(value))
-        except (TypeError, ValueError, OverflowError):
-            raise _invalid("lr_schedule: %s=%r is not %s"
-                           % (key, value, "a number" if field == "min_lr" else "an integer")) \
-                from None
-    if spec.kind != model_pb2.LrScheduleSpec.CONSTANT and spec.decay_steps == 0:
-        raise _invalid("lr_schedule %s: decay_steps is required (the update at which the rate "
-                       "reaches min_lr; `pipetrain` defaults it to --steps)" % (kind,))
-    return spec
+    return _lr_schedule_message(_lr_schedule_fields(schedule))
 
 
-def optimizer_spec(optimizer):
+def optimizer_spec(optimizer, lr_schedule=None):
     """An OptimizerSpec from a message, the CLI's text ("adamw:lr=1e-2,beta1=0", "sgd:lr=0.1,
-    momentum=0.9", keys as `pipetrain --optimizer`) or a dict {"kind": "adamw", "lr": 1e-2, ...}.
-    Keys left out take the coordinator's defaults (model.proto). The text's and dict's schedule
-    keys lr_schedule, warmup_steps, decay_steps and lr_min (as `pipetrain --optimizer`) set
-    OptimizerSpec.lr_schedule (see lr_schedule_spec()). INVALID_ARGUMENT for an unknown kind or
-    key."""
+    momentum=0.9", keys as `pipetrain --optimizer`, read as it reads them) or a dict {"kind":
+    "adamw", "lr": 1e-2, ...}. Keys left out take the coordinator's defaults (model.proto). The
+    text's and dict's schedule keys lr_schedule, warmup_steps, decay_steps and lr_min (as
+    `pipetrain --optimizer`) set OptimizerSpec.lr_schedule; `lr_schedule` (see lr_schedule_spec()),
+    as `pipetrain --lr-schedule/--warmup-steps/--lr-decay-steps/--lr-min`, overrides the fields it
+    gives (a message: all of them). INVALID_ARGUMENT for an unknown kind or key, a key of the other
+    kind, a value that is not a number (an integer for the steps; 0, 1, true or false for
+    nesterov) or a decaying schedule without decay_steps; the coordinator checks the ranges."""
     if isinstance(optimizer, model_pb2.OptimizerSpec):
-        return optimizer
+        spec = model_pb2.OptimizerSpec()
+        spec.CopyFrom(optimizer)
+        if lr_schedule is not None:
+            fields = _lr_schedule_fields(spec.lr_schedule) if spec.HasField("lr_schedule") else {}
+            fields.update(_lr_schedule_fields(lr_schedule))
+            spec.lr_schedule.CopyFrom(_lr_schedule_message(fields))
+        return spec
     if isinstance(optimizer, str):
         kind, values = _parse_kind_and_keys(optimizer, "optimizer")
     elif isinstance(optimizer, dict):
@@ -177,10 +272,10 @@ def optimizer_spec(optimizer):
         raise _invalid("optimizer must be an OptimizerSpec, text or a dict, got %s"
                        % type(optimizer).__name__)
     spec = model_pb2.OptimizerSpec()
-    schedule = {_OPTIMIZER_SCHEDULE_KEYS[k]: values.pop(k) for k in list(values)
-                if k in _OPTIMIZER_SCHEDULE_KEYS}
-    if schedule:
-        spec.lr_schedule.CopyFrom(lr_schedule_spec(schedule))
+    schedule = _lr_schedule_fields({_OPTIMIZER_SCHEDULE_KEYS[k]: values.pop(k)
+                                    for k in list(values) if k in _OPTIMIZER_SCHEDULE_KEYS})
+    if lr_schedule is not None:
+        schedule.update(_lr_schedule_fields(lr_schedule))
     if kind == "sgd":
         target, keys = spec.sgd, _SGD_KEYS
         spec.sgd.SetInParent()
@@ -191,17 +286,25 @@ def optimizer_spec(optimizer):
         raise _invalid("optimizer: unknown kind %r (expected sgd or adamw)" % (kind,))
     for key, value in values.items():
         if key == "clip_norm":
-            spec.clip_norm = float(value)
-        elif key not in keys:
+            spec.clip_norm = _number(value, "optimizer: clip_norm")
+        elif key not in _SGD_KEYS | _ADAMW_KEYS:
             raise _invalid("optimizer %s: unknown key %r (expected %s or clip_norm)"
                            % (kind, key, ", ".join(sorted(keys))))
+        elif key not in keys:
+            raise _invalid("optimizer: %s is not a key of %s (it takes %s, clip_norm and the "
+                           "schedule's keys)" % (key, kind, ", ".join(sorted(keys))))
         elif key == "nesterov":
-            target.nesterov = value in (True, 1, "1", "true")
+            flag = value.strip() if isinstance(value, str) else value
+            if flag in (True, 1, "1", "true"):
+                target.nesterov = True
+            elif flag in (False, 0, "0", "false"):
+                target.nesterov = False
+            else:
+                raise _invalid("optimizer: nesterov must be 0, 1, true or false, got %r" % (value,))
         else:
-            try:
-                setattr(target, key, float(value))
-            except ValueError:
-                raise _invalid("optimizer %s: %s=%r is not a number" % (kind, key, value)) from None
+            setattr(target, key, _number(value, "optimizer %s: %s" % (kind, key)))
+    if schedule:
+        spec.lr_schedule.CopyFrom(_lr_schedule_message(schedule))
     return spec
 
 
@@ -229,6 +332,13 @@ def _rows(a, tokens_per_sample, what):
 
 def _dense(a):
     return pb.DenseTensor(shape=list(a.shape), data=a.tobytes(), dtype=tensor_pb2.DTYPE_F32)
+
+
+# Makes each pause between two GetJob polls of a recovery wait (tests record the pauses here).
+_sleep = time.sleep
+# A recovery may itself be interrupted by another loss: at most this many rounds of waiting and
+# replaying per call (TrainSession::kRecoveryRounds).
+_RECOVERY_ROUNDS = 3
 
 
 def _recoverable(error):
@@ -278,9 +388,14 @@ class _TrainStream:
             self._end()
             raise PipetrainError.from_rpc_error(e, "Train", self._target) from None
         except StopIteration:
+            # The coordinator ends a stream OK only after the client closed its side: an OK end
+            # while a batch waits for its answer is a coordinator that went away (a replaying Job
+            # then checks the job before it resends anything).
             self._end()
-            raise PipetrainError(StatusCode.INTERNAL, "the Train stream ended without an answer",
-                                 "Train") from None
+            raise PipetrainError(
+                StatusCode.UNAVAILABLE,
+                "the coordinator ended the Train stream without answering the batch",
+                "Train") from None
 
     def _end(self):
         """Marks the stream broken and ends its request iterator (gRPC's thread reading it)."""
@@ -288,8 +403,11 @@ class _TrainStream:
         self._requests.put(None)
 
     def close(self):
-        """Half-closes the stream and waits for its end; errors are not reported (the step that
-        met them already was)."""
+        """Ends the stream in order: half-closes it, reads what the coordinator still sends and
+        waits for its end; errors are not reported (the step that met them already was). Never a
+        cancel where another stream follows: the coordinator notices a cancelled stream on its own
+        time, and the next stream's claim could still find the old one holding the job
+        (FAILED_PRECONDITION); it releases a closed one before the end reaches the client."""
         self._requests.put(None)
         try:
             for _ in self._responses:
@@ -311,11 +429,13 @@ class Job:
     send() and train() keep the requests sent since the last completed checkpoint() (at most
     `max_kept_batches`; older ones are dropped). When a step fails with ABORTED (the job is
     recovering from a lost worker) or UNAVAILABLE (the coordinator went away), the job waits until
-    the coordinator has it READY again (polling GetJob with growing pauses up to 1 s; at most
-    `recovery_timeout` s in all and `reconnect_timeout` s while the coordinator is unreachable),
-    resends the kept batches from the step it restarted at, checking each replayed loss is bit
-    for bit the first run's (DATA_LOSS otherwise), then the failed batch: at most 3 rounds per
-    step. `on_wait(error)` (if given) is called when a wait begins, with the error that began it.
+    the coordinator has it READY again (polling GetJob with pauses from 20 ms doubling up to
+    `max_poll_interval` s; at most `recovery_timeout` s in all and `reconnect_timeout` s while the
+    coordinator is unreachable), resends the kept batches from the step it restarted at on a new
+    Train stream, checking each replayed loss is bit for bit the first run's (DATA_LOSS
+    otherwise), then the failed batch: at most 3 rounds per step (a replay or retried step
+    interrupted by another loss starts the next; the wait's own errors end it at once).
+    `on_wait(error)` (if given) is called when a wait begins, with the error that began it.
     Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
     `recoveries` and attached to the StepResult it preceded. A step the coordinator applied at
     an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS."""
@@ -324,9 +444,9 @@ class Job:
     MAX_IN_FLIGHT = 2
 
     def __init__(self, client, status, *, max_kept_batches=10000, recovery_timeout=300.0,
-                 reconnect_timeout=60.0, on_recovery=None, on_wait=None):
-        self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
-                            on_wait)
+                 reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
+        self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout,
+                            max_poll_interval, on_recovery, on_wait)
         self._client = client
         self.id = status.job
         self.spec = status.spec  # as the coordinator runs it: model sizes, V, threads filled in.
@@ -341,6 +461,7 @@ class Job:
         self._max_kept_batches = max_kept_batches
         self._recovery_timeout = recovery_timeout
         self._reconnect_timeout = reconnect_timeout
+        self._max_poll_interval = max_poll_interval
         self._on_recovery = on_recovery
         self._on_wait = on_wait
         self._kept = collections.deque()
@@ -350,13 +471,17 @@ class Job:
         self.recoveries = []  # every RecoveryEvent this Job replayed through, in order.
 
     @staticmethod
-    def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
-                       on_wait):
-        """INVALID_ARGUMENT unless the replay options are usable."""
-        if max_kept_batches < 1 or recovery_timeout <= 0 or reconnect_timeout <= 0:
-            raise _invalid("max_kept_batches must be >= 1 and recovery_timeout, reconnect_timeout "
-                           "> 0 s, got %r, %r, %r"
-                           % (max_kept_batches, recovery_timeout, reconnect_timeout))
+    def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, max_poll_interval,
+                       on_recovery, on_wait):
+        """INVALID_ARGUMENT naming the first replay option that is not usable (as
+        TrainOptions::Check)."""
+        if not isinstance(max_kept_batches, int) or max_kept_batches < 1:
+            raise _invalid("max_kept_batches must be >= 1, got %r" % (max_kept_batches,))
+        for name, value in (("recovery_timeout", recovery_timeout),
+                            ("reconnect_timeout", reconnect_timeout),
+                            ("max_poll_interval", max_poll_interval)):
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise _invalid("%s must be positive, got %r s" % (name, value))
         for name, callback in (("on_recovery", on_recovery), ("on_wait", on_wait)):
             if callback is not None and not callable(callback):
                 raise _invalid("%s must be callable, got %s" % (name, type(callback).__name__))
@@ -479,12 +604,17 @@ class Job:
         return len(self._sent)
 
     def _drop_unanswered(self):
-        """After an error: forgets the unanswered batches and ends the stream that may still
-        carry them (the next batch opens a new one)."""
+        """After an error: forgets the unanswered batches and ends the stream in order if it is
+        still open (the next batch opens a new one)."""
         self._sent.clear()
-        if self._stream is not None:
-            self._stream.cancel()
-            self._stream = None
+        self._end_stream()
+
+    def _end_stream(self):
+        """Ends the current stream in order if it is still open (_TrainStream.close) and forgets
+        it."""
+        if self._stream is not None and not self._stream.broken:
+            self._stream.close()
+        self._stream = None
 
     def _put_unsent(self):
         """Puts the unanswered batches the open Train stream does not carry yet on it (a new
@@ -504,14 +634,14 @@ class Job:
             return attempt()
         except PipetrainError as e:
             error = e
-        for _ in range(3):
+        for _ in range(_RECOVERY_ROUNDS):
             if not (self._replay and _recoverable(error)):
                 break
             if self._on_wait is not None:
                 self._on_wait(error)
             status = self._await_ready(error)
             try:
-                self._replay_kept(status)
+                self._replay_kept(status, error)
                 return attempt()
             except PipetrainError as e:
                 error = e
@@ -532,7 +662,7 @@ class Job:
         """Polls GetJob until the job is READY again and returns its JobStatus; raises what the
         class comment says when it does not get there."""
         deadline = time.monotonic() + self._recovery_timeout
-        delay = 0.02
+        delay = min(0.02, self._max_poll_interval)
         # Since when the coordinator has been unreachable (the UNAVAILABLE that began the wait
         # counts); None while it answers.
         unreachable_since = time.monotonic() if why.code == StatusCode.UNAVAILABLE else None
@@ -579,24 +709,32 @@ class Job:
                     "job %s did not recover within %gs after: %s%s"
                     % (self.id, self._recovery_timeout, why,
                        "; last attempt: %s" % last if last is not None else ""))
-            time.sleep(delay)  # polling interval of a bounded wait.
-            delay = min(delay * 2, 1.0)
+            _sleep(delay)  # polling interval of a bounded wait.
+            delay = min(delay * 2, self._max_poll_interval)
 
-    def _replay_kept(self, status):
-        """With the job READY again (its JobStatus `status`), opens a new Train stream and replays
-        the kept batches from the restored step, checking each loss bit for bit; then reports the
-        recovery. Raises as step() says."""
+    def _replay_kept(self, status, why):
+        """With the job READY again (its JobStatus `status`) after `why`, opens a new Train stream
+        and replays the kept batches from the restored step, checking each loss bit for bit; then
+        reports the recovery. Raises as step() says."""
         restored = status.steps_done
         first_kept = self._kept[0].step if self._kept else self._next_step
-        if restored > self._next_step or restored < first_kept:
+        if restored > self._next_step:
+            # The job applied batches whose results never arrived (the stream broke after their
+            # steps): their losses are unknown here, so the Job cannot continue exactly.
+            raise PipetrainError(
+                StatusCode.FAILED_PRECONDITION,
+                "job %s has done %d steps but this Job received the results of %d: the results "
+                "of the steps after it were lost with the Train stream (%s)"
+                % (self.id, restored, self._next_step, why))
+        if restored < first_kept:
             raise PipetrainError(
                 StatusCode.FAILED_PRECONDITION,
                 "job %s restarted at step %d but this Job can replay only steps %d to %d "
                 "(checkpoint more often to keep fewer batches)"
                 % (self.id, restored, first_kept, self._next_step))
-        if self._stream is not None:  # a fresh stream for the new generation.
-            self._stream.cancel()
-            self._stream = None
+        # A new stream for the new generation, after the current one (open when another call failed,
+        # e.g. a checkpoint) ended in order.
+        self._end_stream()
         for kept in self._kept:
             if kept.step < restored:
                 continue
@@ -646,10 +784,11 @@ class Job:
             if bar is not None:
                 bar.close()
 
-    def checkpoint(self, directory):
+    def checkpoint(self, directory, keep=1):
         """Writes a checkpoint of the job's state to `directory` on the coordinator's host (under
-        its --checkpoint-root; a relative path is made absolute here, as the CLI does). Returns the
-        CheckpointResponse (step, directory). Allowed between steps of an open stream. With
+        its --checkpoint-root; a relative path is made absolute here, as the CLI does), keeping
+        `keep` checkpoints of it (CheckpointRequest.keep). Returns the CheckpointResponse (step,
+        directory). Allowed between steps of an open stream. With
         recovery on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE) is retried
         after the replay (at most 3 rounds), and a completed one drops the kept batches before
         its step."""
@@ -659,7 +798,7 @@ class Job:
                                  "first" % len(self._sent), "Checkpoint")
         if not os.path.isabs(directory):
             directory = os.path.abspath(directory)
-        request = pb.CheckpointRequest(job=self.id, directory=directory)
+        request = pb.CheckpointRequest(job=self.id, directory=directory, keep=keep)
         response = self._through_recovery(
             lambda: self._client._call("Checkpoint", request, long=True))
         # A recovery restarts from this step at the earliest.
@@ -739,6 +878,10 @@ class Client:
 
     def __init__(self, address, token=None, tls=None, *, connect_timeout=10.0, timeout=30.0,
                  long_timeout=600.0, keepalive=5.0):
+        if not isinstance(keepalive, (int, float)) or keepalive < 1:
+            # The coordinator accepts pings every half second or slower (more frequent ones make
+            # it close the connection): as ClientOptions::Check, at least 1 s.
+            raise _invalid("keepalive must be at least 1 s, got %r" % (keepalive,))
         self.address = address
         self._timeout = timeout
         self._long_timeout = long_timeout
@@ -783,9 +926,8 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
-                   isa=None, max_kept_batches=10000,
-                   recovery_timeout=300.0, reconnect_timeout=60.0, on_recovery=None,
-                   on_wait=None):
+                   isa=None, max_kept_batches=10000, recovery_timeout=300.0,
+                   reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
@@ -796,18 +938,19 @@ class Client:
         data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint
         directory on the coordinator's host. lr_schedule: the learning-rate schedule (see
         lr_schedule_spec()), OptimizerSpec.lr_schedule as `pipetrain --lr-schedule KIND
-        --warmup-steps N --lr-decay-steps N --lr-min X` sets it; it replaces a schedule the
-        optimizer text gives. None: the optimizer's (by default constant). isa: the
-        instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain train
-        --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the job's
-        workers run (the level chosen is job.status().spec.isa).
+        --warmup-steps N --lr-decay-steps N --lr-min X` sets it: the fields it gives override the
+        optimizer text's (see optimizer_spec()). None: the optimizer's (by default constant).
+        isa: the instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain
+        train --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the
+        job's workers run (the level chosen is job.status().spec.isa).
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
         the batches since its last checkpoint. replace_timeout: seconds an idle worker is waited
         for to take a lost rank (JobSpec.replace_timeout_ms). min_stages: with recover, shrink
         onto the survivors down to this many stages when none comes (0: never shrink).
-        max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery, on_wait: see Job."""
+        max_kept_batches, recovery_timeout, reconnect_timeout, max_poll_interval, on_recovery,
+        on_wait: see Job."""
         if replace_timeout < 0:
             raise _invalid("replace_timeout must be >= 0 s, got %r" % (replace_timeout,))
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
@@ -819,9 +962,7 @@ class Client:
                 raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))
             spec.isa = isa
         spec.model.CopyFrom(model_spec(model))
-        spec.optimizer.CopyFrom(optimizer_spec(optimizer))
-        if lr_schedule is not None:
-            spec.optimizer.lr_schedule.CopyFrom(lr_schedule_spec(lr_schedule))
+        spec.optimizer.CopyFrom(optimizer_spec(optimizer, lr_schedule))
         if data is not None:
             shape = data.shape if hasattr(data, "shape") and isinstance(data.shape, dict) else data
             try:
@@ -831,7 +972,8 @@ class Client:
         if resume_from:
             spec.resume_from = os.path.abspath(resume_from)
         job_options = dict(max_kept_batches=max_kept_batches, recovery_timeout=recovery_timeout,
-                           reconnect_timeout=reconnect_timeout, on_recovery=on_recovery,
+                           reconnect_timeout=reconnect_timeout,
+                           max_poll_interval=max_poll_interval, on_recovery=on_recovery,
                            on_wait=on_wait)
         Job._check_options(**job_options)  # before the job takes its workers.
         status = self._call("CreateJob", pb.CreateJobRequest(spec=spec), long=True)
@@ -839,9 +981,9 @@ class Client:
 
     def job(self, job_id, **job_options):
         """The Job of an existing id (to train more, check or end it). NOT_FOUND if unknown.
-        job_options: Job's max_kept_batches, recovery_timeout, reconnect_timeout, on_recovery,
-        on_wait (a
-        replay reaches back only to the steps this Job object sent)."""
+        job_options: Job's max_kept_batches, recovery_timeout, reconnect_timeout,
+        max_poll_interval, on_recovery, on_wait (a replay reaches back only to the steps this Job
+        object sent)."""
         return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)), **job_options)
 
     def jobs(self):

@@ -161,7 +161,7 @@ def test_bad_lr_schedule_raises_invalid_argument(daemons, example):
     for bad, says in (({"kind": "warmup-cosine", "warmup_steps": 3}, "decay_steps is required"),
                       ({"kind": "cosine", "decay_steps": 3}, "unknown kind 'cosine'"),
                       ({"warmup": 3}, "unknown key 'warmup'"),
-                      ("warmup-linear:decay_steps=2.5", "decay_steps='2.5' is not an integer")):
+                      ("warmup-linear:decay_steps=2.5", "decay_steps must be an integer, got '2.5'")):
         with pytest.raises(pipetrain.PipetrainError) as e:
             daemons.client.create_job(model=model, stages=2, lr_schedule=bad)
         assert e.value.code == StatusCode.INVALID_ARGUMENT and says in e.value.message, bad

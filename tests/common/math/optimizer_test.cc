@@ -220,6 +220,36 @@ TEST(OptimizerTest, ParseRejectsBadInputWithReasons) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Whitespace around the kind, keys and values is ignored; an item that is not exactly one
+// key=value and a key of the other kind are refused (the Python client reads the text the same
+// way: tests/client/conformance/optimizer_texts.json).
+TEST(OptimizerTest, ParseIgnoresSpacesAndRefusesWhatWouldBeIgnored) {
+  absl::StatusOr<OptimizerConfig> spaced = ParseOptimizerConfig(" sgd : lr = 0.5 , momentum=0.9 ");
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_EQ(spaced->kind, OptimizerKind::kSgd);
+  EXPECT_EQ(spaced->lr, 0.5f);
+  EXPECT_EQ(spaced->momentum, 0.9f);
+  EXPECT_THAT(ParseOptimizerConfig("sgd:lr=1=2").status().message(),
+              HasSubstr("expected key=value, got 'lr=1=2'"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:lr=1,").status().message(),
+              HasSubstr("expected key=value, got ''"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:momentum=0.9").status().message(),
+              HasSubstr("momentum is not a key of adamw"));
+  EXPECT_THAT(ParseOptimizerConfig("sgd:beta1=0.9").status().message(),
+              HasSubstr("beta1 is not a key of sgd"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:nesterov=0").status().message(),
+              HasSubstr("nesterov is not a key of adamw"));
+  // Numbers are decimal: absl::SimpleAtof alone would read "0x10" as 16.
+  EXPECT_THAT(ParseOptimizerConfig("adamw:lr=0x10").status().message(),
+              HasSubstr("lr must be a number, got '0x10'"));
+  EXPECT_THAT(ParseOptimizerConfig("adamw:warmup_steps=0x10").status().message(),
+              HasSubstr("warmup_steps must be an integer"));
+  absl::StatusOr<OptimizerConfig> signs = ParseOptimizerConfig("adamw:lr=+.5E-1,warmup_steps=+2");
+  ASSERT_TRUE(signs.ok()) << signs.status();
+  EXPECT_EQ(signs->lr, 0.05f);
+  EXPECT_EQ(signs->schedule.warmup_steps, 2);
+}
+
 TEST(OptimizerTest, ClipScale) {
   EXPECT_EQ(ClipScale(100.0, 0.0f), 1.0f);  // off
   EXPECT_EQ(ClipScale(0.25, 1.0f), 1.0f);   // norm 0.5 < 1: unchanged
