@@ -172,13 +172,10 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
       absl::StrCat("job ", JobStateName(state), reason.empty() ? "" : ": ", reason));
   SendToRanks(job, command);
   workers_.FreeJob(job.id);
-  if (journal_ != nullptr) {
-    // Under mu_ (an unlink and a directory fsync): an ended job must not come back after a
-    // restart.
-    if (const absl::Status removed = journal_->Remove(job.id); !removed.ok()) {
-      Log(absl::StrCat("job ", job.id, ": cannot remove its journal record: ", removed.ToString()));
-    }
-  }
+  // An ended job must not come back after a restart: no record of it is written from now on, and
+  // the job's thread removes the one on disk (an unlink and a directory fsync: never under the
+  // lock, nor on a gRPC thread that may be the one ending the job).
+  if (journal_ != nullptr) journal_->Untrack(job.id);
   job.state = state;
   job.reason = reason;
   job.ended = absl::Now();
@@ -187,7 +184,16 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
     // The operation in flight (if any) sees the end and returns; then the links close and the
     // thread exits (joined by housekeeping once the job is pruned).
     Job* raw = &job;  // lives until its thread was joined.
-    job.ops->Post([this, raw] { CloseJobLinks(raw); });
+    JobJournal* journal = journal_.get();  // lives as long as the core.
+    const std::string id = job.id;
+    job.ops->Post([this, raw, journal, id] {
+      if (journal != nullptr) {
+        if (const absl::Status removed = journal->Remove(id); !removed.ok()) {
+          Log(absl::StrCat("job ", id, ": cannot remove its journal record: ", removed.ToString()));
+        }
+      }
+      CloseJobLinks(raw);
+    });
     job.ops->Close();
   }
   event_cv_.SignalAll();

@@ -98,6 +98,11 @@ absl::Status JobJournal::Write(const journal::v1::JobRecord& record) {
   return io::WriteFileAtomically(PathOf(record.job()), record.SerializeAsString());
 }
 
+void JobJournal::Untrack(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  tracked_.erase(id);
+}
+
 absl::Status JobJournal::Remove(const std::string& id) {
   absl::MutexLock lock(&mu_);
   tracked_.erase(id);

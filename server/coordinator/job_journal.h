@@ -58,6 +58,9 @@ class JobJournal {
   // the file.
   absl::Status Write(const journal::v1::JobRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Stops tracking job `id` (no I/O): a later Write of it writes nothing.
+  void Untrack(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Stops tracking job `id` and removes its record durably (OK if it has none).
   absl::Status Remove(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 

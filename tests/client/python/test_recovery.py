@@ -62,9 +62,9 @@ def test_a_lost_worker_is_replayed_through_bit_for_bit(cluster, example):
         assert [r.step for r in reference] == list(range(1, STEPS + 1))
         assert all(not r.recoveries for r in reference)
 
-        # The kill must land while step 26 is in flight: a batch sent after the coordinator
+        # The kill must land while a step is in flight: a batch sent after the coordinator
         # recovered the job between two steps would be applied at the restored step (the Job then
-        # raises DATA_LOSS). So the worker is stopped first (step 26 cannot finish without it),
+        # raises DATA_LOSS). So the worker is stopped first (no later step can finish without it),
         # and killed by a thread once the coordinator reports the step running.
         waits = []
         killed = {}
@@ -105,10 +105,14 @@ def test_a_lost_worker_is_replayed_through_bit_for_bit(cluster, example):
     assert event.cause == "lost" and event.lost_worker == killed["name"] and event.rank == 1
     assert event.restored_step == 20 and event.stages == 3 and len(event.workers) == 3
     assert killed["name"] not in event.workers and event.seconds >= 0
-    assert [r.step for r in results if r.recoveries] == [KILL_AFTER + 1]
-    assert results[KILL_AFTER].recoveries == events
+    # The failed step is the first the stopped worker did not finish: step 26, unless the batches
+    # already sent when it was stopped (the running step and one read ahead) finished first — which
+    # of the two happens first is the scheduler's choice, so any of the next few steps qualifies.
+    recovered = [r.step for r in results if r.recoveries]
+    assert len(recovered) == 1 and KILL_AFTER < recovered[0] < KILL_AFTER + 5
+    assert results[recovered[0] - 1].recoveries == events
     assert list(status.recoveries) == events
-    # One wait, begun by the failed step 26.
+    # One wait, begun by the failed step.
     assert [e.code for e in waits] == [StatusCode.ABORTED] and waits[0].method == "Train"
 
 

@@ -78,6 +78,25 @@ TEST_F(JobJournalTest, TrackedRecordsSurviveAReopenAndRemovedOnesDoNot) {
   EXPECT_EQ(contents->records[0].restore_step(), 60);
 }
 
+// An ended job is untracked at once (no I/O, under the coordinator's lock): its record stays on
+// disk until Remove, and a write racing with the end never replaces it.
+TEST_F(JobJournalTest, AnUntrackedJobIsNotWrittenAndItsRecordStaysUntilRemoved) {
+  absl::StatusOr<std::unique_ptr<JobJournal>> journal = JobJournal::Open(dir_ + "/state");
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  (*journal)->Track("job-00000003-1");
+  ASSERT_TRUE((*journal)->Write(Record("job-00000003-1", 10)).ok());
+  (*journal)->Untrack("job-00000003-1");
+  ASSERT_TRUE((*journal)->Write(Record("job-00000003-1", 20)).ok());
+  absl::StatusOr<JobJournal::Contents> contents = (*journal)->Load();
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  ASSERT_EQ(contents->records.size(), 1u);
+  EXPECT_EQ(contents->records[0].restore_step(), 10);
+  ASSERT_TRUE((*journal)->Remove("job-00000003-1").ok());
+  contents = (*journal)->Load();
+  ASSERT_TRUE(contents.ok());
+  EXPECT_TRUE(contents->records.empty());
+}
+
 TEST_F(JobJournalTest, DamagedOrMisnamedFilesAreReportedAndNotLoaded) {
   absl::StatusOr<std::unique_ptr<JobJournal>> journal = JobJournal::Open(dir_);
   ASSERT_TRUE(journal.ok());
