@@ -96,6 +96,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes)
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open", path);
   ScopedFd closer(fd);
+  return ReadOpenFile(fd, path, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadOpenFile(int fd, const std::string& path, int64_t max_bytes) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (S_ISDIR(st.st_mode)) {

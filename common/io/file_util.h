@@ -25,6 +25,11 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // carry the errno text and the path. RESOURCE_EXHAUSTED if the file is larger than `max_bytes`.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = int64_t{1} << 40);
 
+// ReadFile on a file already open as `fd` (read from its current offset to the end; `fd` is
+// neither closed nor owned). `path` names the file in messages.
+absl::StatusOr<std::string> ReadOpenFile(int fd, const std::string& path,
+                                         int64_t max_bytes = int64_t{1} << 40);
+
 // Like ReadFile, but if the file starts with the gzip magic bytes it is decompressed (all
 // concatenated gzip members). A corrupt or truncated gzip stream is DATA_LOSS naming the path;
 // RESOURCE_EXHAUSTED if the decompressed size exceeds `max_bytes`.

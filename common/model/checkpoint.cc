@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/io/confined_path.h"
 #include "common/io/digest.h"
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
@@ -219,11 +220,12 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::st
   return m;
 }
 
-// Reads one shard file and checks it against the manifest (ParseCheckpointShard).
+// Reads one shard file, confined to `dir` (a symbolic link may not lead out), and checks it
+// against the manifest (ParseCheckpointShard).
 absl::StatusOr<io::SafetensorsFile> ReadVerifiedShard(const std::string& dir,
                                                       const CheckpointShard& shard, int64_t step) {
   const std::string path = io::JoinPath(dir, shard.file);
-  PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadFile(path));
+  PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadConfinedFile(dir, shard.file));
   return ParseCheckpointShard(path, shard, bytes, step);
 }
 
@@ -259,8 +261,7 @@ absl::Status CheckDirectoryExists(const std::string& dir) {
 // a checkpoint this version cannot load can still be replaced.
 std::set<std::string> ListedShardFiles(const std::string& dir) {
   std::set<std::string> out;
-  absl::StatusOr<std::string> text =
-      io::ReadFile(io::JoinPath(dir, kManifestName), kMaxManifestBytes);
+  absl::StatusOr<std::string> text = io::ReadConfinedFile(dir, kManifestName, kMaxManifestBytes);
   if (!text.ok()) return out;
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("shards") || !j["shards"].is_array()) return out;
@@ -411,7 +412,8 @@ absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
     const std::string& dir, std::vector<CheckpointShard> shards) {
   for (CheckpointShard& s : shards) {
     PT_RETURN_IF_ERROR(CheckPlainFileName(s.file));
-    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestFile(io::JoinPath(dir, s.file)));
+    PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadConfinedFile(dir, s.file));
+    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
     s.sha256 = std::move(digest.sha256);
     s.bytes = digest.bytes;
   }
@@ -512,7 +514,8 @@ absl::Status CheckCheckpointDestination(const std::string& dir) {
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
   const std::string path = io::JoinPath(dir, kManifestName);
-  PT_ASSIGN_OR_RETURN(std::string text, io::ReadFile(path, kMaxManifestBytes));
+  PT_ASSIGN_OR_RETURN(std::string text,
+                      io::ReadConfinedFile(dir, kManifestName, kMaxManifestBytes));
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   return ManifestFromJson(j, path);
