@@ -18,6 +18,7 @@
 #include "common/io/file_util.h"
 #include "common/io/input_file.h"
 #include "common/util/checked_math.h"
+#include "common/util/decimal_number.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::io {
@@ -155,10 +156,7 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     if (!seen_first_line) {
       seen_first_line = true;
       bool any_number = false;
-      for (absl::string_view f : fields) {
-        float unused;
-        any_number |= absl::SimpleAtof(f, &unused);
-      }
+      for (absl::string_view f : fields) any_number |= util::IsDecimalNumber(f);
       if (!any_number) {  // a header of column names
         if (n < 2) {
           return CsvError(file, line_no, 0,
@@ -190,16 +188,20 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
                             max_rows);
     }
     for (int64_t c = 0; c + 1 < n; ++c) {
+      const absl::string_view field = fields[static_cast<size_t>(c)];
       float v;
-      if (!absl::SimpleAtof(fields[static_cast<size_t>(c)], &v)) {
-        return CsvError(
-            file, line_no, c + 1,
-            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a number"));
+      if (!absl::SimpleAtof(field, &v)) {
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a number"));
       }
+      // SimpleAtof also reads "inf", "nan" and hexadecimal ("0x10"); the format is decimal.
       if (!std::isfinite(v)) {
-        return CsvError(
-            file, line_no, c + 1,
-            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a finite number"));
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a finite number"));
+      }
+      if (!util::IsDecimalNumber(field)) {
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a decimal number"));
       }
       t.values.push_back(v);
     }
@@ -208,6 +210,11 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     if (!absl::SimpleAtod(label_text, &label) || !std::isfinite(label)) {
       return CsvError(file, line_no, n,
                       absl::StrCat("class label '", Shorten(label_text), "' is not a number"));
+    }
+    if (!util::IsDecimalNumber(label_text)) {
+      return CsvError(
+          file, line_no, n,
+          absl::StrCat("class label '", Shorten(label_text), "' is not a decimal number"));
     }
     if (label < 0) {
       return CsvError(file, line_no, n,

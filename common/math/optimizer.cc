@@ -2,12 +2,15 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/util/decimal_number.h"
 
 namespace pipetrain::math {
 namespace {
@@ -38,6 +41,10 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
     if (!absl::SimpleAtof(value, &s.min_lr)) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer: lr_min must be a number, got '", value, "'"));
+    }
+    if (!util::IsDecimalNumber(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: lr_min must be a decimal number, got '", value, "'"));
     }
     return true;
   }
@@ -76,6 +83,10 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
   if (!absl::SimpleAtof(value, field)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: ", key, " must be a number, got '", value, "'"));
+  }
+  if (!util::IsDecimalNumber(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: ", key, " must be a decimal number, got '", value, "'"));
   }
   return absl::OkStatus();
 }
@@ -121,13 +132,19 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
                                                    "' (expected sgd or adamw)"));
   }
   if (!kind_and_args.second.empty()) {
+    // Each key at most once: a repeated key is a mistake, not an override.
+    std::map<absl::string_view, absl::string_view> seen;  // key -> its item
     for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {
-      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
-      if (kv.first.empty() || kv.second.empty()) {
+      const std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
+      if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("optimizer: expected key=value, got '", item, "'"));
       }
-      if (auto s = SetField(&config, kv.first, kv.second); !s.ok()) return s;
+      if (auto [it, inserted] = seen.emplace(kv[0], item); !inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer: key '", kv[0], "' is given twice ('", it->second, "' and '", item, "')"));
+      }
+      if (auto s = SetField(&config, kv[0], kv[1]); !s.ok()) return s;
     }
   }
   if (auto s = ValidateOptimizerConfig(config); !s.ok()) return s;

@@ -44,8 +44,9 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 // Parses "sgd" or "adamw", optionally followed by ":key=value,key=value" with keys lr,
 // weight_decay, momentum, nesterov (0/1/true/false), beta1, beta2, eps, clip_norm, and the
 // schedule's lr_schedule (constant|warmup-cosine|warmup-linear), warmup_steps, decay_steps,
-// lr_min. Unset keys keep the defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT on
-// unknown kinds/keys/values.
+// lr_min. Numbers are decimal ("0.1", "1e-3"; not "0x1p-3", "inf" or "nan"). Unset keys keep the
+// defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT on unknown kinds/keys/values, a key
+// given twice ("adamw:lr=1,lr=2") or an item that is not one key=value.
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text);
 
 // Canonical text of `config` that ParseOptimizerConfig reads back to an equal config. The

@@ -334,6 +334,26 @@ TEST(CsvTest, ErrorsNameFileLineAndColumn) {
   ExpectCsvError("f1,f2,label\n", ": no data rows");
 }
 
+// Numbers are decimal (docs/data.md): the forms strtod also reads -- hexadecimal integers and
+// floats, "inf", "infinity", "nan" -- are refused with file:line:column. Before, '0x10' was read
+// as 16 and a '0x1' label as class 1.
+TEST(CsvTest, NonDecimalNumbersAreRefused) {
+  ExpectCsvError("1,2,0\n0x10,4,1\n", ":2:1: '0x10' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,0X1A,1\n", ":2:2: '0X1A' is not a decimal number");
+  ExpectCsvError("1,0x1p3,0\n", ":1:2: '0x1p3' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,4,0x1\n", ":2:3: class label '0x1' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,inf,1\n", ":2:2: 'inf' is not a finite number");
+  ExpectCsvError("1,2,0\n3,-Infinity,1\n", ":2:2: '-Infinity' is not a finite number");
+  ExpectCsvError("1,2,0\n3,4,nan\n", ":2:3: class label 'nan' is not a number");
+  ExpectCsvError("1,2,0\n3,1e999,1\n", ":2:2: '1e999' is not a finite number");
+  // A first line whose only "numbers" are not decimal is a header.
+  const std::string path = WriteTemp("header.csv", "inf,nan,label\n1, +2.5e0 ,1\n.5,-3.,0\n");
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, Options());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->info().input_features, 2);
+  EXPECT_EQ((*d)->size(Split::kTrain) + (*d)->size(Split::kEval), 2);
+}
+
 TEST(CsvTest, MissingFileAndEmptySpec) {
   absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:/nonexistent/a.csv", Options());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
