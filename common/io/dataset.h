@@ -49,6 +49,17 @@ class Dataset {
   // tokens_per_sample x target_features floats to `targets`, both row-major. Requires
   // 0 <= index < size(split) (aborts otherwise: a programming error, not a data error).
   virtual void GetSample(Split split, int64_t index, float* inputs, float* targets) const = 0;
+
+  // For binding the data set to a model whose loss takes class labels (softmax cross-entropy),
+  // which outputs `model_classes` scores per row: OK if every target of both splits is a class
+  // below `model_classes` (always when info().num_classes <= model_classes). Otherwise
+  // INVALID_ARGUMENT naming the first target beyond it and the model's classes:
+  // "FILE:LINE:COLUMN: class label 7 is out of range for the model, whose last layer outputs 3
+  // classes (labels 0 to 2)" for a CSV file (the first such row in the file), "FILE: byte 16
+  // ('e', token 5) is out of range ..." for a text, else the split and sample index. (Negative
+  // labels never get here: the readers refuse them.) O(1) when the labels fit; else at most one
+  // pass over the samples. Thread-safe.
+  virtual absl::Status CheckLabelsForModel(int64_t model_classes) const;
 };
 
 // How OpenDataset builds a dataset. The model supplies the shape-dependent fields.

@@ -354,6 +354,26 @@ TEST(CsvTest, NonDecimalNumbersAreRefused) {
   EXPECT_EQ((*d)->size(Split::kTrain) + (*d)->size(Split::kEval), 2);
 }
 
+// Binding to a model: the first row in file order whose label the model cannot output, named by
+// file:line:column, whichever label it has.
+TEST(CsvTest, LabelsBeyondTheModelsClassesNameTheFirstSuchRow) {
+  const std::string path = WriteTemp("labels.csv", "1,0\n2,1\n3,9\n4,5\n5,2\n6,9\n7,0\n");
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, Options());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE((*d)->CheckLabelsForModel(10).ok());
+  EXPECT_TRUE((*d)->CheckLabelsForModel(1000).ok());
+  EXPECT_EQ((*d)->CheckLabelsForModel(9).message(),
+            path +
+                ":3:2: class label 9 is out of range for the model, whose last layer outputs "
+                "9 classes (labels 0 to 8)");
+  EXPECT_EQ((*d)->CheckLabelsForModel(3).message(),
+            path +
+                ":3:2: class label 9 is out of range for the model, whose last layer outputs "
+                "3 classes (labels 0 to 2)");
+  EXPECT_EQ((*d)->CheckLabelsForModel(2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT((*d)->CheckLabelsForModel(0).message(), HasSubstr(":1:2: class label 0 "));
+}
+
 TEST(CsvTest, MissingFileAndEmptySpec) {
   absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:/nonexistent/a.csv", Options());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
