@@ -62,6 +62,8 @@ std::string ResolveExisting(const std::string& path) {
 
 absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("empty path");
+  if (absl::Status s = CheckNoNulByte(root); !s.ok()) return s;
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   char buf[PATH_MAX];
   struct stat st;
   if (root.empty() || realpath(root.c_str(), buf) == nullptr || stat(buf, &st) != 0 ||
@@ -102,6 +104,7 @@ absl::Status LeadsOutside(const std::string& path, const std::string& target,
 
 absl::StatusOr<int> OpenConfinedFile(const std::string& dir, const std::string& name) {
   const std::string path = JoinPath(dir, name);
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", name, "' is not a plain file name inside '", dir, "'"));

@@ -13,7 +13,8 @@ namespace pipetrain::io {
 // repeated "/" removed). A relative `path` is taken relative to `root`. The longest existing
 // prefix of the result is resolved with realpath, so a symbolic link cannot lead outside
 // either. Errors: PERMISSION_DENIED naming the path and the root when it lies outside;
-// INVALID_ARGUMENT for an empty path or root, or a root that is not an existing directory.
+// INVALID_ARGUMENT for an empty path or root, a path or root with a NUL byte ("path contains a
+// NUL byte"), or a root that is not an existing directory.
 // Thread-safe.
 absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::string& path);
 
@@ -24,7 +25,7 @@ absl::StatusOr<std::string> ConfinePath(const std::string& root, const std::stri
 // out either. The open never blocks (O_NONBLOCK: a FIFO is refused, not waited on). Returns the
 // file descriptor, which the caller owns and must close. Errors: PERMISSION_DENIED naming the
 // path and where it leads when it leads outside `dir`; INVALID_ARGUMENT for a name that is not
-// plain or a file that is neither regular nor a directory;
+// plain, a NUL byte in `dir` or `name`, or a file that is neither regular nor a directory;
 // FAILED_PRECONDITION for a directory; NOT_FOUND and other errno errors naming the path.
 // Thread-safe.
 absl::StatusOr<int> OpenConfinedFile(const std::string& dir, const std::string& name);

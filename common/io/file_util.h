@@ -14,11 +14,17 @@
 
 namespace pipetrain::io {
 
+// INVALID_ARGUMENT "path contains a NUL byte: '<path, C-escaped (\000)>'" if `path` holds a NUL
+// byte, else OK. The system calls see a path only up to its first NUL ("ckpt\0x" would silently
+// mean "ckpt"), so every function of common/io that takes a path refuses one with a NUL byte first.
+absl::Status CheckNoNulByte(absl::string_view path);
+
 // Replaces the file at `path` with `contents` so that after a crash the path holds either the old
 // or the new contents, never a mix: writes a temporary file in the same directory, fsyncs it,
 // renames it over `path` and fsyncs the directory. The new file's mode is 0666 minus the umask.
-// Errors carry the errno text and the path (e.g. NOT_FOUND when the directory does not exist,
-// PERMISSION_DENIED); on error the temporary file is removed and `path` is left untouched.
+// Errors: CheckNoNulByte's; errno errors carry the errno text and the path (e.g. NOT_FOUND when the
+// directory does not exist, PERMISSION_DENIED); on error the temporary file is removed and `path`
+// is left untouched.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 // Returns the whole contents of the file at `path`. NOT_FOUND if it does not exist; other errors

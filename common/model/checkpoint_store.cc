@@ -68,6 +68,7 @@ CheckpointStore::CheckpointStore(std::string root, const CheckpointStoreOptions&
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
     const std::string& root, const CheckpointStoreOptions& options) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(root));
   if (options.keep < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint store '", root, "': keep = ", options.keep, " must be >= 1"));

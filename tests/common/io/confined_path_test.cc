@@ -125,5 +125,19 @@ TEST_F(ConfinedPathTest, ConfinedOpenRefusesWhatIsNotAPlainRegularFile) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Before: "ckpt\0x" passed (realpath saw only "ckpt") and the coordinator later failed with "Is
+// a directory (the checkpoint was abandoned?)".
+TEST_F(ConfinedPathTest, PathsWithANulByteAreInvalidArgument) {
+  const std::string nul(1, '\0');
+  for (const absl::Status& s : {ConfinePath(root_, "ckpt" + nul + "x").status(),
+                                ConfinePath(root_, root_ + "/ckpt" + nul).status(),
+                                ConfinePath(root_ + nul + "x", "ckpt").status(),
+                                OpenConfinedFile(root_, "file" + nul + "x").status(),
+                                OpenConfinedFile(root_ + nul, "file").status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("path contains a NUL byte")) << s;
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::io

@@ -750,5 +750,23 @@ TEST(DatasetDeathTest, OutOfRangeIndexAborts) {
   EXPECT_DEATH(d->GetSample(Split::kEval, 20, in, out), "eval sample index 20 out of range");
 }
 
+// A data path with a NUL byte would silently name the file before it.
+TEST(CsvTest, PathsWithANulByteAreInvalidArgument) {
+  const std::string path = WriteTemp("nul.csv", "1,2,0\n3,4,1\n");
+  const std::string nul(1, '\0');
+  for (const std::string& spec : {"csv:" + path + nul + ".bak", "text:" + path + nul + ".bak"}) {
+    DatasetOptions options = Options();
+    options.context = 2;
+    absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset(spec, options);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+    EXPECT_THAT(d.status().message(), HasSubstr("path contains a NUL byte")) << d.status();
+  }
+  DatasetOptions options = Options();
+  options.data_dir = ::testing::TempDir() + nul + "x";
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("digits", options);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+  EXPECT_THAT(d.status().message(), HasSubstr("path contains a NUL byte"));
+}
+
 }  // namespace
 }  // namespace pipetrain::io

@@ -680,5 +680,26 @@ TEST_F(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
   EXPECT_THAT(Entries(Dir("old")), ElementsAreArray(CheckpointFiles(*model)));
 }
 
+// Checkpoint paths with a NUL byte: before, "c\0x" loaded (and saved into) "c".
+TEST_F(CheckpointTest, PathsWithANulByteAreInvalidArgument) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2)).ok());
+  const std::string nul = Dir("c") + std::string(1, '\0') + "x";
+  for (const absl::Status& s :
+       {ReadCheckpointManifest(nul).status(), LoadCheckpoint(nul).status(),
+        VerifyCheckpoint(nul).status(), CheckCheckpointDestination(nul),
+        BeginCheckpointStaging(nul).status(),
+        SaveCheckpoint(nul, ManifestFor(*model, 3), TrainedState(*model, 3)),
+        WriteCheckpointManifest(nul, ManifestFor(*model, 3)),
+        DigestCheckpointShards(nul, LayerShards(*model, 0, model->num_layers())).status(),
+        DiscardCheckpointStaging(nul), CheckpointHistory(nul).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("path contains a NUL byte")) << s;
+  }
+  absl::StatusOr<CheckpointManifest> m = ReadCheckpointManifest(Dir("c"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->step, 2);  // not overwritten by the save into "c\0x".
+}
+
 }  // namespace
 }  // namespace pipetrain::model
