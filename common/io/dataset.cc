@@ -489,6 +489,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
   }
+  // Bounded first, so that context + 1 below (and the windows' arithmetic) cannot overflow.
+  if (options.context > kMaxTextContext) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", name, ": context ", options.context,
+                                                   " is out of range [1, ", kMaxTextContext,
+                                                   "] (the largest context of a model)"));
+  }
   // The bundled text ("text" without a path) lives in the data directory.
   PT_ASSIGN_OR_RETURN(std::string text, name == "text" ? ReadBundledFile(path, options)
                                                        : ReadDataFile(path, options));

@@ -67,7 +67,8 @@ struct DatasetOptions {
   // Directory holding the bundled files (digits.csv.gz, gpl-3.txt). Default: $PIPETRAIN_DATA_DIR,
   // else share/pipetrain/data beside the executable's bin/ directory (DefaultDataDir()).
   std::string data_dir = DefaultDataDir();
-  // Text datasets: tokens per sample (the model's context length). Must be > 0 for text.
+  // Text datasets: tokens per sample (the model's context length). Must be in
+  // [1, kMaxTextContext] for text.
   int64_t context = 0;
   // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).
   int64_t input_features = 0;
@@ -83,6 +84,9 @@ struct DatasetOptions {
   // 8-byte index per training sample (512 MiB at the default). More is RESOURCE_EXHAUSTED.
   int64_t max_samples = int64_t{1} << 26;  // 67,108,864
 };
+
+// Largest context of a text data set: a model's largest dimension (docs/numerics.md, "Limits").
+inline constexpr int64_t kMaxTextContext = int64_t{1} << 24;
 
 // Largest batch BatchSampler::Create accepts: samples x tokens_per_sample x (input_features +
 // target_features) x 4 bytes.

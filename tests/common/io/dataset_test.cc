@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -245,6 +246,30 @@ TEST(TextTest, Errors) {
 
   d = OpenDataset("text:", o);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A context beyond any model's (the model's dimensions are at most 2^24) is refused by its range.
+// Before, context 2^63-1 came back as "needs at least -9223372036854775808" (context + 1
+// overflowed).
+TEST(TextTest, ContextOutOfRangeIsRefusedWithoutOverflow) {
+  const std::string path = WriteTemp("context.txt", "hello world\n");
+  DatasetOptions o = Options();
+  for (int64_t context : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 24) + 1}) {
+    o.context = context;
+    absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("text:" + path, o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(d.status().message(),
+              absl::StrCat("dataset text:", path, ": context ", context,
+                           " is out of range [1, 16777216] (the largest context of a model)"))
+        << d.status();
+  }
+  o.context = -1;
+  EXPECT_THAT(OpenDataset("text:" + path, o).status().message(),
+              HasSubstr("context must be > 0 for a text dataset, got -1"));
+  // At the limit, a short text says what it needs, in range.
+  o.context = int64_t{1} << 24;
+  EXPECT_THAT(OpenDataset("text:" + path, o).status().message(),
+              HasSubstr("needs at least 16777217"));
 }
 
 // ----- csv ---------------------------------------------------------------------------------
