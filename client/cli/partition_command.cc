@@ -21,17 +21,16 @@
 namespace pipetrain::cli {
 namespace {
 
-// Comma-separated finite numbers >= 0 (> 0 if `positive`).
+// Comma-separated numbers in [lo, hi] (the partitioner's ranges, partitioner.h).
 absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view flag, absl::string_view text,
-                                                 bool positive) {
+                                                 double lo, double hi) {
   std::vector<double> values;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     double v = 0;
-    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(part), &v) || !std::isfinite(v) || v < 0 ||
-        (positive && v == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs comma-separated numbers ",
-                                                     positive ? "> 0" : ">= 0", " (got \"", part,
-                                                     "\" in \"", text, "\")"));
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(part), &v) || !(v >= lo && v <= hi)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " needs comma-separated numbers in [", lo, ", ", hi, "] (got \"",
+                       part, "\" in \"", text, "\")"));
     }
     values.push_back(v);
   }
@@ -63,10 +62,10 @@ absl::StatusOr<double> ParseBytes(absl::string_view text) {
     }
   }
   double v = 0;
-  if (!absl::SimpleAtod(s, &v) || !std::isfinite(v) || v < 0) {
+  if (!absl::SimpleAtod(s, &v) || !(v >= 0 && v * factor <= partition::kMaxMemoryBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--memory-cap needs byte counts >= 0 with an optional suffix K, M, G, T, KiB, MiB, GiB "
-        "or TiB (got \"",
+        "--memory-cap needs byte counts in [0, 2^53] with an optional suffix K, M, G, T, KiB, "
+        "MiB, GiB or TiB (got \"",
         text, "\")"));
   }
   return v * factor;
@@ -172,7 +171,8 @@ absl::StatusOr<PartitionCommandOptions> ParsePartitionCommandOptions(
     o.layer_costs = model->costs;
     o.layer_memory = model->memory_bytes;
   } else {
-    PT_ASSIGN_OR_RETURN(o.layer_costs, ParseNumbers("costs", costs_csv, false));
+    PT_ASSIGN_OR_RETURN(o.layer_costs,
+                        ParseNumbers("costs", costs_csv, 0.0, partition::kMaxLayerCost));
   }
   if (stages.empty()) return absl::InvalidArgumentError("--stages is required");
   if (!absl::SimpleAtoi(stages, &o.stages) || o.stages < 1) {
@@ -180,7 +180,8 @@ absl::StatusOr<PartitionCommandOptions> ParsePartitionCommandOptions(
         absl::StrCat("--stages must be an integer >= 1 (got \"", stages, "\")"));
   }
   if (!speeds_csv.empty()) {
-    PT_ASSIGN_OR_RETURN(o.speeds, ParseNumbers("speeds", speeds_csv, true));
+    PT_ASSIGN_OR_RETURN(
+        o.speeds, ParseNumbers("speeds", speeds_csv, partition::kMinSpeed, partition::kMaxSpeed));
     if (static_cast<int>(o.speeds.size()) != o.stages) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--speeds has ", o.speeds.size(), " values; need one per stage (", o.stages, ")"));

@@ -29,12 +29,16 @@ struct ModelLayers {
 };
 
 struct PartitionCommandOptions {
-  std::vector<double> layer_costs;   // --costs or ModelLayers::costs. Required, >= 0 each.
+  // --costs or ModelLayers::costs. Required, each in [0, partition::kMaxLayerCost] (1e30).
+  std::vector<double> layer_costs;
   std::vector<double> layer_memory;  // ModelLayers::memory_bytes; required by memory_caps.
   int stages = 0;                    // --stages S, required, >= 1.
-  std::vector<double> speeds;        // --speeds: S values > 0 (default: all 1).
+  // --speeds: S values in [partition::kMinSpeed, partition::kMaxSpeed] (1e-3 to 1e9; default:
+  // all 1).
+  std::vector<double> speeds;
   // --memory-cap: one value for every worker or S values; bytes with an optional suffix
-  // K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024). Default: no cap.
+  // K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), at most
+  // partition::kMaxMemoryBytes (2^53). Default: no cap.
   std::vector<double> memory_caps;
   // Placement of the chunks; optional (default linear, V = 1). main() may expose it as
   // --kind (a schedule kind picks its placement) and --virtual.

@@ -31,12 +31,13 @@ absl::StatusOr<schedule::OpCosts> ParseCosts(absl::string_view text) {
   double v[4];
   bool ok = parts.size() == 4;
   for (size_t i = 0; ok && i < 4; ++i) {
-    ok = absl::SimpleAtod(absl::StripAsciiWhitespace(parts[i]), &v[i]) && std::isfinite(v[i]) &&
-         v[i] >= 0;
+    ok = absl::SimpleAtod(absl::StripAsciiWhitespace(parts[i]), &v[i]) && v[i] >= 0 &&
+         v[i] <= schedule::kMaxSimulatedTime;
   }
   if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--costs needs four numbers >= 0, F,B,I,W (got \"", text, "\")"));
+    return absl::InvalidArgumentError(absl::StrCat("--costs needs four numbers in [0, ",
+                                                   schedule::kMaxSimulatedTime,
+                                                   "], F,B,I,W (got \"", text, "\")"));
   }
   return schedule::OpCosts{v[0], v[1], v[2], v[3]};
 }

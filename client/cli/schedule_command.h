@@ -32,7 +32,7 @@ struct ScheduleCommandOptions {
   schedule::ScheduleParams params;
   // --costs F,B,I,W (default 1,2,1,1): time of one micro-batch through one worker's share of the
   // model (1/S of it) for forward, full backward, input-gradient and weight-gradient; each of a
-  // worker's V chunks costs 1/V of it. All >= 0.
+  // worker's V chunks costs 1/V of it. Each in [0, schedule::kMaxSimulatedTime] (1e33).
   schedule::OpCosts costs;
   ScheduleFormat format = ScheduleFormat::kAscii;  // --format (default ascii).
 };

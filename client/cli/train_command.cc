@@ -180,7 +180,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   }
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
                       io::BatchSampler::Create(data.get(), t.batch, t.seed, cursor));
-  // Step numbers are global: a resumed job goes on from its checkpoint's.
+  // Step numbers are global: a resumed job goes on from its checkpoint's. Both counts are below
+  // 2^53 when they come from a checkpoint and the flags; the coordinator's answer is checked.
+  if (job.steps_done() < 0 || job.steps_done() >= model::kMaxManifestCount) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.job(), " reports ", job.steps_done(), " steps done, outside [0, 2^53)"));
+  }
   const int64_t first_step = job.steps_done() + 1, last_step = job.steps_done() + t.steps;
   if (o.trace_steps.has_value() &&
       (o.trace_steps->last < first_step || o.trace_steps->first > last_step)) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/checkpoint.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
@@ -79,8 +80,10 @@ absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& 
 
 absl::Status CheckTrainingOptions(const TrainingOptions& o) {
   if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
-  if (o.steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
+  // Below 2^53 like every step counter of a checkpoint (steps become doubles), so that the last
+  // step of a resumed run (its checkpoint's step + --steps) cannot overflow either.
+  if (o.steps < 1 || o.steps >= model::kMaxManifestCount) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps must be in [1, 2^53), got ", o.steps));
   }
   if (o.batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--batch must be >= 1, got ", o.batch));

@@ -26,7 +26,7 @@ struct TrainingOptions {
   std::string data = "digits";
   // --data-dir DIR: the bundled data directory; empty: the built-in one.
   std::string data_dir;
-  // --steps N: optimizer steps to run, >= 1.
+  // --steps N: optimizer steps to run, in [1, 2^53).
   int64_t steps = 100;
   // --batch B: samples per step, >= 1.
   int64_t batch = 64;

@@ -41,6 +41,11 @@ absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const
         "the model's loss needs ", s.model->target_features(),
         " target features per row, data set '", info.name, "' has ", info.target_features));
   }
+  // Every label must be a class the model outputs: found here, naming the file and line, rather
+  // than when its batch is trained.
+  if (s.spec.loss().has_softmax_cross_entropy()) {
+    PT_RETURN_IF_ERROR(s.data->CheckLabelsForModel(s.model->output_features()));
+  }
   return s;
 }
 

@@ -25,8 +25,11 @@ struct TrainingSetup {
 
 // Opens the data set `data` (digits | text[:PATH] | csv:PATH | synthetic[:ROWS]) with the options
 // `raw_spec` implies (the text context, the synthetic task's shape), fills the sizes the spec
-// leaves to the data, builds the model and checks its loss fits the data's targets. `data_dir`
-// empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) or is missing.
+// leaves to the data, builds the model and checks its loss fits the data's targets: with a
+// class-label loss, every label of the data must be below the model's output width
+// (io::Dataset::CheckLabelsForModel, naming FILE:LINE:COLUMN of the first row beyond it).
+// `data_dir` empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) or is
+// missing.
 // The model's math runs at instruction-set level `isa` (Model::Build).
 absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
                                             const std::string& data_dir, uint64_t seed,

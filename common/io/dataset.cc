@@ -6,18 +6,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <new>
 #include <optional>
 #include <random>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/io/file_util.h"
 #include "common/io/input_file.h"
 #include "common/util/checked_math.h"
+#include "common/util/decimal_number.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::io {
@@ -64,12 +70,22 @@ int64_t TableRow(Split split, int64_t index) {
 // ----- In-memory table (digits, csv) -------------------------------------------------------
 
 struct Table {
+  std::string file;  // the file it was read from, for messages.
   int64_t rows = 0;
   int64_t features = 0;
   int64_t num_classes = 0;
   std::vector<float> values;  // rows x features, row-major
   std::vector<float> labels;  // rows
+  // The line on which each label value first occurs: enough to name the first row of the file
+  // whose label is beyond any bound, at one entry per distinct label instead of one per row.
+  std::map<int64_t, int64_t> first_line_of_label;
 };
+
+// The tail of every CheckLabelsForModel message.
+std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit) {
+  return absl::StrCat(" is out of range for the model, whose last layer outputs ", model_classes,
+                      " classes (", unit, " 0 to ", model_classes - 1, ")");
+}
 
 class TableDataset : public Dataset {
  public:
@@ -90,6 +106,23 @@ class TableDataset : public Dataset {
     const float* src = table_.values.data() + row * table_.features;
     std::copy(src, src + table_.features, inputs);
     targets[0] = table_.labels[static_cast<size_t>(row)];
+  }
+
+  absl::Status CheckLabelsForModel(int64_t model_classes) const override {
+    if (table_.num_classes <= model_classes) return absl::OkStatus();
+    // The first line (in file order) of any label beyond the model's classes.
+    int64_t label = -1;
+    int64_t line = 0;
+    for (auto it = table_.first_line_of_label.lower_bound(std::max<int64_t>(model_classes, 0));
+         it != table_.first_line_of_label.end(); ++it) {
+      if (label < 0 || it->second < line) {
+        label = it->first;
+        line = it->second;
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(table_.file, ":", line, ":", table_.features + 1,
+                                                   ": class label ", label,
+                                                   OutOfRangeForModel(model_classes, "labels")));
   }
 
  private:
@@ -155,10 +188,7 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     if (!seen_first_line) {
       seen_first_line = true;
       bool any_number = false;
-      for (absl::string_view f : fields) {
-        float unused;
-        any_number |= absl::SimpleAtof(f, &unused);
-      }
+      for (absl::string_view f : fields) any_number |= util::IsDecimalNumber(f);
       if (!any_number) {  // a header of column names
         if (n < 2) {
           return CsvError(file, line_no, 0,
@@ -190,16 +220,20 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
                             max_rows);
     }
     for (int64_t c = 0; c + 1 < n; ++c) {
+      const absl::string_view field = fields[static_cast<size_t>(c)];
       float v;
-      if (!absl::SimpleAtof(fields[static_cast<size_t>(c)], &v)) {
-        return CsvError(
-            file, line_no, c + 1,
-            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a number"));
+      if (!absl::SimpleAtof(field, &v)) {
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a number"));
       }
+      // SimpleAtof also reads "inf", "nan" and hexadecimal ("0x10"); the format is decimal.
       if (!std::isfinite(v)) {
-        return CsvError(
-            file, line_no, c + 1,
-            absl::StrCat("'", Shorten(fields[static_cast<size_t>(c)]), "' is not a finite number"));
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a finite number"));
+      }
+      if (!util::IsDecimalNumber(field)) {
+        return CsvError(file, line_no, c + 1,
+                        absl::StrCat("'", Shorten(field), "' is not a decimal number"));
       }
       t.values.push_back(v);
     }
@@ -208,6 +242,11 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     if (!absl::SimpleAtod(label_text, &label) || !std::isfinite(label)) {
       return CsvError(file, line_no, n,
                       absl::StrCat("class label '", Shorten(label_text), "' is not a number"));
+    }
+    if (!util::IsDecimalNumber(label_text)) {
+      return CsvError(
+          file, line_no, n,
+          absl::StrCat("class label '", Shorten(label_text), "' is not a decimal number"));
     }
     if (label < 0) {
       return CsvError(file, line_no, n,
@@ -223,6 +262,7 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
                                    static_cast<int64_t>(kMaxLabel) - 1));
     }
     t.labels.push_back(static_cast<float>(label));
+    t.first_line_of_label.emplace(static_cast<int64_t>(label), line_no);
     t.num_classes = std::max(t.num_classes, static_cast<int64_t>(label) + 1);
     ++t.rows;
   }
@@ -230,6 +270,7 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     return absl::InvalidArgumentError(absl::StrCat(file, ": no data rows"));
   }
   t.features = columns - 1;
+  t.file = std::string(file);
   return t;
 }
 
@@ -237,7 +278,8 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
 
 class TextDataset : public Dataset {
  public:
-  TextDataset(std::string name, const std::string& text, int64_t context) : context_(context) {
+  TextDataset(std::string name, std::string path, const std::string& text, int64_t context)
+      : path_(std::move(path)), context_(context) {
     std::array<bool, 256> present{};
     for (char c : text) present[static_cast<unsigned char>(c)] = true;
     std::array<uint8_t, 256> id{};
@@ -278,8 +320,29 @@ class TextDataset : public Dataset {
   // First byte of the held-out part.
   int64_t split_point() const { return split_; }
 
+  absl::Status CheckLabelsForModel(int64_t model_classes) const override {
+    if (info_.num_classes <= model_classes) return absl::OkStatus();
+    // The targets are the bytes after the first of each part that has a window.
+    const int64_t length = static_cast<int64_t>(ids_.size());
+    for (const auto& [begin, end, split] :
+         {std::tuple<int64_t, int64_t, Split>{0, split_, Split::kTrain},
+          std::tuple<int64_t, int64_t, Split>{split_, length, Split::kEval}}) {
+      if (size(split) == 0) continue;
+      for (int64_t x = begin + 1; x < end; ++x) {
+        const int64_t id = ids_[static_cast<size_t>(x)];
+        if (id < model_classes) continue;
+        const char byte = info_.vocabulary[static_cast<size_t>(id)];
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ": byte ", x, " ('", absl::CHexEscape(absl::string_view(&byte, 1)),
+                         "', token ", id, ")", OutOfRangeForModel(model_classes, "tokens")));
+      }
+    }
+    return absl::OkStatus();
+  }
+
  private:
   DatasetInfo info_;
+  std::string path_;
   int64_t context_;
   int64_t split_ = 0;
   std::vector<uint8_t> ids_;
@@ -426,11 +489,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
   }
+  // Bounded first, so that context + 1 below (and the windows' arithmetic) cannot overflow.
+  if (options.context > kMaxTextContext) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", name, ": context ", options.context,
+                                                   " is out of range [1, ", kMaxTextContext,
+                                                   "] (the largest context of a model)"));
+  }
   // The bundled text ("text" without a path) lives in the data directory.
   PT_ASSIGN_OR_RETURN(std::string text, name == "text" ? ReadBundledFile(path, options)
                                                        : ReadDataFile(path, options));
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": text is empty"));
-  auto dataset = std::make_unique<TextDataset>(name, text, options.context);
+  auto dataset = std::make_unique<TextDataset>(name, path, text, options.context);
   const int64_t samples = dataset->size(Split::kTrain) + dataset->size(Split::kEval);
   if (samples > options.max_samples) {
     return TooManySamples(absl::StrCat(path, ": text of ", text.size(), " bytes has ", samples,
@@ -534,6 +603,28 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetUnguarded(absl::string_view 
 }  // namespace
 
 Dataset::~Dataset() = default;
+
+absl::Status Dataset::CheckLabelsForModel(int64_t model_classes) const {
+  const DatasetInfo& i = info();
+  // Every data set's targets are below its num_classes.
+  if (i.num_classes <= model_classes) return absl::OkStatus();
+  const int64_t rows = i.tokens_per_sample;
+  std::vector<float> inputs(static_cast<size_t>(rows * i.input_features));
+  std::vector<float> targets(static_cast<size_t>(rows * i.target_features));
+  for (Split split : {Split::kTrain, Split::kEval}) {
+    for (int64_t index = 0; index < size(split); ++index) {
+      GetSample(split, index, inputs.data(), targets.data());
+      for (float t : targets) {
+        if (t < static_cast<float>(model_classes)) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data set ", i.name, ": ", split == Split::kTrain ? "training" : "held-out", " sample ",
+            index, " has class label ", static_cast<int64_t>(t), ", which",
+            OutOfRangeForModel(model_classes, "labels")));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
                                                      const DatasetOptions& options) {

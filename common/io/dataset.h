@@ -49,6 +49,17 @@ class Dataset {
   // tokens_per_sample x target_features floats to `targets`, both row-major. Requires
   // 0 <= index < size(split) (aborts otherwise: a programming error, not a data error).
   virtual void GetSample(Split split, int64_t index, float* inputs, float* targets) const = 0;
+
+  // For binding the data set to a model whose loss takes class labels (softmax cross-entropy),
+  // which outputs `model_classes` scores per row: OK if every target of both splits is a class
+  // below `model_classes` (always when info().num_classes <= model_classes). Otherwise
+  // INVALID_ARGUMENT naming the first target beyond it and the model's classes:
+  // "FILE:LINE:COLUMN: class label 7 is out of range for the model, whose last layer outputs 3
+  // classes (labels 0 to 2)" for a CSV file (the first such row in the file), "FILE: byte 16
+  // ('e', token 5) is out of range ..." for a text, else the split and sample index. (Negative
+  // labels never get here: the readers refuse them.) O(1) when the labels fit; else at most one
+  // pass over the samples. Thread-safe.
+  virtual absl::Status CheckLabelsForModel(int64_t model_classes) const;
 };
 
 // How OpenDataset builds a dataset. The model supplies the shape-dependent fields.
@@ -56,7 +67,8 @@ struct DatasetOptions {
   // Directory holding the bundled files (digits.csv.gz, gpl-3.txt). Default: $PIPETRAIN_DATA_DIR,
   // else share/pipetrain/data beside the executable's bin/ directory (DefaultDataDir()).
   std::string data_dir = DefaultDataDir();
-  // Text datasets: tokens per sample (the model's context length). Must be > 0 for text.
+  // Text datasets: tokens per sample (the model's context length). Must be in
+  // [1, kMaxTextContext] for text.
   int64_t context = 0;
   // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).
   int64_t input_features = 0;
@@ -72,6 +84,9 @@ struct DatasetOptions {
   // 8-byte index per training sample (512 MiB at the default). More is RESOURCE_EXHAUSTED.
   int64_t max_samples = int64_t{1} << 26;  // 67,108,864
 };
+
+// Largest context of a text data set: a model's largest dimension (docs/numerics.md, "Limits").
+inline constexpr int64_t kMaxTextContext = int64_t{1} << 24;
 
 // Largest batch BatchSampler::Create accepts: samples x tokens_per_sample x (input_features +
 // target_features) x 4 bytes.

@@ -77,6 +77,8 @@ int RenameNoReplace(const std::string& from, const std::string& to) {
 }  // namespace
 
 absl::Status SyncDirectory(const std::string& path) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(path));
+
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open directory", path);
   ScopedFd closer(fd);
@@ -85,6 +87,8 @@ absl::Status SyncDirectory(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(path));
+
   DIR* d = ::opendir(path.c_str());
   if (d == nullptr) return ErrnoError(errno, "cannot open directory", path);
   std::vector<std::string> names;
@@ -106,6 +110,8 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path) 
 }
 
 absl::Status RemoveTree(const std::string& path) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(path));
+
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
   if (ec) return ErrnoError(ec.value(), "cannot remove", path);
@@ -113,6 +119,8 @@ absl::Status RemoveTree(const std::string& path) {
 }
 
 absl::StatusOr<std::string> CreateStagingDirectory(const std::string& dir_in) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(dir_in));
+
   const std::string dir = StripTrailingSlashes(dir_in);
   PT_RETURN_IF_ERROR(CheckStageable(dir));
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -143,6 +151,8 @@ std::string StagingTarget(absl::string_view name) {
 
 absl::Status PublishDirectory(const std::string& staging, const std::string& dir_in,
                               const std::string& keep_old_as) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(staging));
+  PT_RETURN_IF_ERROR(CheckNoNulByte(dir_in));
   const std::string dir = StripTrailingSlashes(dir_in);
   PT_RETURN_IF_ERROR(CheckStageable(dir));
   PT_RETURN_IF_ERROR(SyncDirectory(staging));
@@ -182,6 +192,8 @@ absl::Status PublishDirectory(const std::string& staging, const std::string& dir
 }
 
 absl::Status RemoveDirectoryAtomically(const std::string& path_in) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(path_in));
+
   const std::string path = StripTrailingSlashes(path_in);
   PT_RETURN_IF_ERROR(CheckStageable(path));
   struct stat st;
@@ -202,6 +214,8 @@ absl::Status RemoveDirectoryAtomically(const std::string& path_in) {
 }
 
 absl::Status CheckWritableDirectory(const std::string& path) {
+  PT_RETURN_IF_ERROR(CheckNoNulByte(path));
+
   PT_RETURN_IF_ERROR(EnsureDirectory(path));
   std::random_device rd;
   const std::string probe =

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/io/dir_util.h"
@@ -45,6 +46,12 @@ std::string TempPathFor(const std::string& path) {
 
 }  // namespace
 
+absl::Status CheckNoNulByte(absl::string_view path) {
+  if (path.find('\0') == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("path contains a NUL byte: '", absl::CEscape(path), "'"));
+}
+
 std::string DirName(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -62,6 +69,7 @@ std::string JoinPath(absl::string_view a, absl::string_view b) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   if (path.empty() || path.back() == '/') {
     return absl::InvalidArgumentError(absl::StrCat("not a file path: '", path, "'"));
   }
@@ -93,9 +101,14 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open", path);
   ScopedFd closer(fd);
+  return ReadOpenFile(fd, path, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadOpenFile(int fd, const std::string& path, int64_t max_bytes) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (S_ISDIR(st.st_mode)) {
@@ -186,6 +199,7 @@ absl::StatusOr<std::string> ReadFileMaybeGzipped(const std::string& path, int64_
 
 absl::Status EnsureDirectory(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("empty directory path");
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return absl::OkStatus();

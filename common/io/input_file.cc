@@ -23,6 +23,7 @@ const char* FileKind(mode_t mode) {
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
                                             InputCompression compression) {
+  if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;
   // stat, not open: opening a FIFO would block until a writer appears.
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoError(errno, "cannot read", path);

@@ -21,6 +21,12 @@ class ScopedFd {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
+  // Gives up ownership without closing; the caller now owns the descriptor.
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   // Closes now and returns close()'s result (errno set on failure).
   int Close() {
     int fd = fd_;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/util/decimal_number.h"
 
 namespace pipetrain::math {
 namespace {
@@ -78,7 +80,11 @@ absl::StatusOr<bool> SetScheduleField(OptimizerConfig* c, absl::string_view key,
   if (key == "lr_min") {
     if (!ParseDecimalFloat(value, &s.min_lr)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("optimizer: lr_min must be a number, got '", value, "'"));
+          absl::StrCat("optimizer: lr_min must be a decimal number, got '", value, "'"));
+    }
+    if (!util::IsDecimalNumber(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: lr_min must be a decimal number, got '", value, "'"));
     }
     return true;
   }
@@ -134,7 +140,11 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
   }
   if (!ParseDecimalFloat(value, field)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("optimizer: ", key, " must be a number, got '", value, "'"));
+        absl::StrCat("optimizer: ", key, " must be a decimal number, got '", value, "'"));
+  }
+  if (!util::IsDecimalNumber(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: ", key, " must be a decimal number, got '", value, "'"));
   }
   return absl::OkStatus();
 }
@@ -181,6 +191,8 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
         absl::StrCat("optimizer: unknown kind '", kind, "' (expected sgd or adamw)"));
   }
   if (!absl::StripAsciiWhitespace(kind_and_args.second).empty()) {
+    // Each key at most once: a repeated key is a mistake, not an override.
+    std::map<absl::string_view, absl::string_view> seen;  // key -> its item
     for (absl::string_view item : absl::StrSplit(kind_and_args.second, ',')) {
       std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
       const absl::string_view key =
@@ -190,6 +202,10 @@ absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text) {
       if (key.empty() || value.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("optimizer: expected key=value, got '", item, "'"));
+      }
+      if (auto [it, inserted] = seen.emplace(key, item); !inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer: key '", key, "' is given twice ('", it->second, "' and '", item, "')"));
       }
       if (auto s = SetField(&config, key, value); !s.ok()) return s;
     }

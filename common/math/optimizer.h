@@ -45,11 +45,12 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 // weight_decay and clip_norm, SGD's momentum and nesterov (0/1/true/false), AdamW's beta1, beta2
 // and eps, and the schedule's lr_schedule (constant|warmup-cosine|warmup-linear), warmup_steps,
 // decay_steps (integers) and lr_min. ASCII whitespace around the kind, a key or a value is
-// ignored; a number is decimal ("1e-3", "+0.5", "2"), rounded once to the nearest float. Unset
-// keys keep the defaults above (SGD's default lr is 0.1). INVALID_ARGUMENT for an unknown kind or
-// key, a key of the other kind, an item that is not one key=value, a value that does not parse,
-// or a config ValidateOptimizerConfig refuses. The Python client's pipetrain.optimizer_spec
-// reads the same text the same way (tests/client/conformance/optimizer_texts.json).
+// ignored; a number is decimal ("1e-3", "+0.5", "2"; not "0x1p-3", "inf" or "nan"), rounded once
+// to the nearest float. Unset keys keep the defaults above (SGD's default lr is 0.1).
+// INVALID_ARGUMENT for an unknown kind or key, a key of the other kind, a key given twice
+// ("adamw:lr=1,lr=2"), an item that is not one key=value, a value that does not parse, or a
+// config ValidateOptimizerConfig refuses. The Python client's pipetrain.optimizer_spec reads the
+// same text the same way (tests/client/conformance/optimizer_texts.json).
 absl::StatusOr<OptimizerConfig> ParseOptimizerConfig(absl::string_view text);
 
 // Canonical text of `config` that ParseOptimizerConfig reads back to an equal config. The

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/io/confined_path.h"
 #include "common/io/digest.h"
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
@@ -219,16 +220,18 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::st
   return m;
 }
 
-// Reads one shard file and checks it against the manifest (ParseCheckpointShard).
+// Reads one shard file, confined to `dir` (a symbolic link may not lead out), and checks it
+// against the manifest (ParseCheckpointShard).
 absl::StatusOr<io::SafetensorsFile> ReadVerifiedShard(const std::string& dir,
                                                       const CheckpointShard& shard, int64_t step) {
   const std::string path = io::JoinPath(dir, shard.file);
-  PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadFile(path));
+  PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadConfinedFile(dir, shard.file));
   return ParseCheckpointShard(path, shard, bytes, step);
 }
 
 // LoadCheckpoint; with `keep_tensors` false the tensors are checked and dropped.
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, bool keep_tensors) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   LoadedCheckpoint out;
   PT_ASSIGN_OR_RETURN(out.manifest, ReadCheckpointManifest(dir));
   std::set<std::string> names;
@@ -259,8 +262,7 @@ absl::Status CheckDirectoryExists(const std::string& dir) {
 // a checkpoint this version cannot load can still be replaced.
 std::set<std::string> ListedShardFiles(const std::string& dir) {
   std::set<std::string> out;
-  absl::StatusOr<std::string> text =
-      io::ReadFile(io::JoinPath(dir, kManifestName), kMaxManifestBytes);
+  absl::StatusOr<std::string> text = io::ReadConfinedFile(dir, kManifestName, kMaxManifestBytes);
   if (!text.ok()) return out;
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("shards") || !j["shards"].is_array()) return out;
@@ -364,6 +366,7 @@ std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int6
 }
 
 absl::StatusOr<std::string> BeginCheckpointStaging(const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   PT_RETURN_IF_ERROR(CheckCheckpointDestination(dir));
   return io::CreateStagingDirectory(dir);
 }
@@ -398,6 +401,7 @@ absl::StatusOr<std::string> SerializeCheckpointShard(
 absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
     const std::string& dir, const std::vector<CheckpointShard>& shards,
     const std::map<std::string, math::Tensor>& tensors, int64_t step) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
   std::vector<CheckpointShard> out = shards;
   for (CheckpointShard& s : out) {
@@ -409,9 +413,11 @@ absl::StatusOr<std::vector<CheckpointShard>> WriteCheckpointShards(
 
 absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
     const std::string& dir, std::vector<CheckpointShard> shards) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   for (CheckpointShard& s : shards) {
     PT_RETURN_IF_ERROR(CheckPlainFileName(s.file));
-    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestFile(io::JoinPath(dir, s.file)));
+    PT_ASSIGN_OR_RETURN(std::string bytes, io::ReadConfinedFile(dir, s.file));
+    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
     s.sha256 = std::move(digest.sha256);
     s.bytes = digest.bytes;
   }
@@ -419,6 +425,7 @@ absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
 }
 
 absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointManifest& manifest) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
   const std::string path = io::JoinPath(dir, kManifestName);
   const json j = ManifestToJson(manifest);
@@ -435,6 +442,7 @@ std::string CheckpointHistoryPath(const std::string& dir, int64_t step) {
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointHistory(
     const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   std::string base = dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   const std::string parent = io::DirName(base);
@@ -459,9 +467,13 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointHistory(
 
 absl::Status PublishCheckpoint(const std::string& staging, const std::string& dir,
                                const CheckpointManifest& manifest, int keep) {
-  absl::Status status = keep >= 1 ? absl::OkStatus()
-                                  : absl::InvalidArgumentError(absl::StrCat(
-                                        "checkpoints to keep must be >= 1, got ", keep));
+  // A staging path with a NUL byte cannot be named to remove it either.
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(staging));
+  absl::Status status = io::CheckNoNulByte(dir);
+  if (status.ok() && keep < 1) {
+    status =
+        absl::InvalidArgumentError(absl::StrCat("checkpoints to keep must be >= 1, got ", keep));
+  }
   if (status.ok()) status = WriteCheckpointManifest(staging, manifest);
   if (status.ok()) status = VerifyCheckpoint(staging).status();
   if (status.ok()) status = CheckReplaceable(dir);
@@ -487,11 +499,13 @@ absl::Status PublishCheckpoint(const std::string& staging, const std::string& di
 }
 
 absl::Status DiscardCheckpointStaging(const std::string& staging) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(staging));
   return io::RemoveTree(staging);
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
                             const std::map<std::string, math::Tensor>& tensors, int keep) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   PT_ASSIGN_OR_RETURN(const std::string staging, BeginCheckpointStaging(dir));
   absl::StatusOr<std::vector<CheckpointShard>> shards =
       WriteCheckpointShards(staging, manifest.shards, tensors, manifest.step);
@@ -505,14 +519,17 @@ absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& ma
 }
 
 absl::Status CheckCheckpointDestination(const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint directory path");
   PT_RETURN_IF_ERROR(io::CheckWritableDirectory(io::DirName(dir)));
   return CheckReplaceable(dir);
 }
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   const std::string path = io::JoinPath(dir, kManifestName);
-  PT_ASSIGN_OR_RETURN(std::string text, io::ReadFile(path, kMaxManifestBytes));
+  PT_ASSIGN_OR_RETURN(std::string text,
+                      io::ReadConfinedFile(dir, kManifestName, kMaxManifestBytes));
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   return ManifestFromJson(j, path);

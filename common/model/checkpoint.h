@@ -131,7 +131,8 @@ absl::StatusOr<std::string> SerializeCheckpointShard(
 
 // Returns `shards` with sha256 and bytes computed from the files of that name in `dir`, for a
 // manifest writer that shares a file system with the shard writers but did not receive their
-// digests. NOT_FOUND naming a missing file.
+// digests. NOT_FOUND naming a missing file; PERMISSION_DENIED for a symbolic link leading out of
+// `dir`.
 absl::StatusOr<std::vector<CheckpointShard>> DigestCheckpointShards(
     const std::string& dir, std::vector<CheckpointShard> shards);
 
@@ -190,6 +191,12 @@ absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& ma
 // delete a home directory.
 absl::Status CheckCheckpointDestination(const std::string& dir);
 
+// Every file a checkpoint names (the manifest and each shard) is opened confined to its directory
+// (io::OpenConfinedFile): a symbolic link is followed only to a file inside the directory, and one
+// leading out is PERMISSION_DENIED naming the file and its target, by every function here that
+// reads a checkpoint (ReadCheckpointManifest, LoadCheckpoint, VerifyCheckpoint,
+// DigestCheckpointShards, PublishCheckpoint's verification).
+//
 // Reads the manifest of `dir`. NOT_FOUND without a manifest; DATA_LOSS for a file that is not a
 // JSON object; INVALID_ARGUMENT naming the field for a malformed one: a missing or mistyped
 // field, a format other than kCheckpointFormat (a v1 manifest "predates per-shard checksums"),

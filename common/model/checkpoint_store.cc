@@ -1,6 +1,7 @@
 #include "common/model/checkpoint_store.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/confined_path.h"
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
 #include "common/util/status_macros.h"
@@ -42,9 +44,14 @@ absl::Status CheckComplete(const std::string& path, int64_t step) {
   }
   for (const CheckpointShard& shard : manifest.shards) {
     const std::string file = io::JoinPath(path, shard.file);
+    // Opened as a load would: a symbolic link may not lead out of the checkpoint.
+    PT_ASSIGN_OR_RETURN(const int fd, io::OpenConfinedFile(path, shard.file));
     struct stat st;
-    if (::stat(file.c_str(), &st) != 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat '", file, "'"));
+    const int stat_result = ::fstat(fd, &st);
+    const int stat_errno = errno;
+    ::close(fd);
+    if (stat_result != 0) {
+      return absl::ErrnoToStatus(stat_errno, absl::StrCat("cannot stat '", file, "'"));
     }
     if (st.st_size != shard.bytes) {
       return absl::DataLossError(
@@ -61,6 +68,7 @@ CheckpointStore::CheckpointStore(std::string root, const CheckpointStoreOptions&
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
     const std::string& root, const CheckpointStoreOptions& options) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(root));
   if (options.keep < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint store '", root, "': keep = ", options.keep, " must be >= 1"));

@@ -25,8 +25,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMaxVShapeMemoryWork = 2e8;
 // Largest S*L^2 for the V-shape search without caps (64 probes of it; tables of S*L^2 bytes).
 constexpr double kMaxVShapeWork = 6e7;
-// Most layers accepted.
-constexpr int kMaxLayers = 1 << 16;
 
 // Validated inputs with prefix sums. Layer x's cut ("before layer x") has time bt[x]; bt[0] and
 // bt[L] are 0.
@@ -34,9 +32,9 @@ struct Problem {
   int layers = 0;
   Placement placement;
   std::vector<double> cost_prefix;    // L+1
-  std::vector<double> memory_prefix;  // L+1 (zeros without memory)
+  std::vector<double> memory_prefix;  // L+1, whole bytes (each layer's rounded up; zeros without)
   std::vector<double> speed;          // S
-  std::vector<double> cap;            // S (infinite without caps)
+  std::vector<double> cap;            // S, whole bytes (rounded down; infinite without caps)
   std::vector<double> bt;             // L+1
   bool has_caps = false;
 
@@ -46,16 +44,23 @@ struct Problem {
   double Memory(int i, int j) const { return memory_prefix[j] - memory_prefix[i]; }
 };
 
-absl::Status CheckVector(const std::vector<double>& values, const char* what, bool positive) {
+// INVALID_ARGUMENT "<what> <i> must be in <range> (got x)" for the first entry outside [lo, hi]
+// (NaN included); `range` spells [lo, hi] for the message ("" for "[lo, hi]").
+absl::Status CheckVector(const std::vector<double>& values, const char* what, double lo, double hi,
+                         absl::string_view range = "") {
   for (size_t i = 0; i < values.size(); ++i) {
     const double x = values[i];
-    if (!std::isfinite(x) || x < 0 || (positive && x == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " ", i, " must be finite and ",
-                                                     positive ? "> 0" : ">= 0", " (got ", x, ")"));
+    if (!(x >= lo && x <= hi)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", i, " must be in ",
+                       range.empty() ? absl::StrCat("[", lo, ", ", hi, "]") : std::string(range),
+                       " (got ", x, ")"));
     }
   }
   return absl::OkStatus();
 }
+
+constexpr char kMemoryRange[] = "[0, 2^53] bytes";
 
 absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const PartitionOptions& o) {
   PT_ASSIGN_OR_RETURN(Placement placement,
@@ -70,25 +75,30 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
     return absl::InvalidArgumentError(
         absl::StrCat("got ", costs.size(), " layers; at most ", kMaxLayers, " are supported"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(costs, "cost of layer", false));
+  PT_RETURN_IF_ERROR(CheckVector(costs, "cost of layer", 0.0, kMaxLayerCost));
   const int l = static_cast<int>(costs.size());
   const int s = placement.stages;
-  if (l < placement.num_chunks()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot cut ", l, " layers into ",
-                                                   placement.num_chunks(),
-                                                   " chunks: every chunk needs at least one "
-                                                   "layer"));
+  // In 64 bits: S x V can exceed the int range that Placement::num_chunks() computes in.
+  const int64_t chunks = int64_t{placement.stages} * placement.virtual_stages;
+  if (l < chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot cut ", l, " layers into ", chunks, " chunks",
+        placement.virtual_stages > 1 ? absl::StrCat(" (", placement.stages, " stages x ",
+                                                    placement.virtual_stages, " virtual stages)")
+                                     : "",
+        ": every chunk needs at least one layer"));
   }
   if (!o.speeds.empty() && static_cast<int>(o.speeds.size()) != s) {
     return absl::InvalidArgumentError(
         absl::StrCat("got ", o.speeds.size(), " worker speeds for ", s, " workers"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(o.speeds, "speed of worker", true));
+  PT_RETURN_IF_ERROR(CheckVector(o.speeds, "speed of worker", kMinSpeed, kMaxSpeed));
   if (!o.memory_caps.empty() && static_cast<int>(o.memory_caps.size()) != s) {
     return absl::InvalidArgumentError(
         absl::StrCat("got ", o.memory_caps.size(), " memory caps for ", s, " workers"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(o.memory_caps, "memory cap of worker", false));
+  PT_RETURN_IF_ERROR(
+      CheckVector(o.memory_caps, "memory cap of worker", 0.0, kMaxMemoryBytes, kMemoryRange));
   if (!o.memory_caps.empty() && o.layer_memory.empty()) {
     return absl::InvalidArgumentError("memory caps need the memory of every layer");
   }
@@ -96,13 +106,23 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
     return absl::InvalidArgumentError(
         absl::StrCat("got ", o.layer_memory.size(), " layer memory sizes for ", l, " layers"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(o.layer_memory, "memory of layer", false));
+  PT_RETURN_IF_ERROR(
+      CheckVector(o.layer_memory, "memory of layer", 0.0, kMaxMemoryBytes, kMemoryRange));
+  // Whole bytes, rounded up; their total must stay exact too.
+  double total_memory = 0;
+  for (double m : o.layer_memory) total_memory += std::ceil(m);
+  if (total_memory > kMaxMemoryBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", l, " layers' memory totals ",
+                                                   absl::StrFormat("%.0f", total_memory),
+                                                   " bytes, more than 2^53"));
+  }
   if (!o.boundary_times.empty() && static_cast<int>(o.boundary_times.size()) != l - 1) {
     return absl::InvalidArgumentError(absl::StrCat("got ", o.boundary_times.size(),
                                                    " boundary times for ", l - 1,
                                                    " cut positions (layers - 1)"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(o.boundary_times, "boundary time after layer", false));
+  PT_RETURN_IF_ERROR(
+      CheckVector(o.boundary_times, "boundary time after layer", 0.0, kMaxBoundaryTime));
 
   Problem p;
   p.layers = l;
@@ -111,12 +131,14 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
   p.memory_prefix.assign(l + 1, 0.0);
   for (int i = 0; i < l; ++i) {
     p.cost_prefix[i + 1] = p.cost_prefix[i] + costs[i];
+    // Whole bytes below 2^53 (checked above): every prefix sum and difference is exact.
     p.memory_prefix[i + 1] =
-        p.memory_prefix[i] + (o.layer_memory.empty() ? 0.0 : o.layer_memory[i]);
+        p.memory_prefix[i] + (o.layer_memory.empty() ? 0.0 : std::ceil(o.layer_memory[i]));
   }
   p.speed = o.speeds.empty() ? std::vector<double>(s, 1.0) : o.speeds;
   p.has_caps = !o.memory_caps.empty();
-  p.cap = p.has_caps ? o.memory_caps : std::vector<double>(s, kInf);
+  p.cap.assign(s, kInf);
+  for (int w = 0; w < s && p.has_caps; ++w) p.cap[w] = std::floor(o.memory_caps[w]);
   p.bt.assign(l + 1, 0.0);
   for (int x = 1; x < l && !o.boundary_times.empty(); ++x) p.bt[x] = o.boundary_times[x - 1];
   return p;
@@ -161,7 +183,15 @@ Partition Evaluate(const std::vector<double>& costs, const Problem& p, const std
       out.bottleneck_worker = w;
     }
   }
-  out.imbalance = sum > 0 ? out.bottleneck / (sum / s) : 1.0;
+  // bottleneck / mean, which is in [1, S] exactly. Tiny (subnormal) times lose their precision
+  // in the mean (or round it to 0): their ratio is taken after an exact scaling by 2^600. Rounding
+  // is clamped into the range.
+  double bottleneck = out.bottleneck;
+  if (sum > 0 && sum < 0x1p-900) {
+    bottleneck *= 0x1p600;
+    sum *= 0x1p600;
+  }
+  out.imbalance = sum > 0 ? std::clamp(bottleneck / (sum / s), 1.0, static_cast<double>(s)) : 1.0;
   return out;
 }
 
@@ -171,9 +201,14 @@ std::string Bytes(double x) {
   return absl::StrFormat("%g", x);
 }
 
-// RESOURCE_EXHAUSTED explaining why no cut fits the memory caps.
-absl::Status MemoryInfeasible(const Problem& p, const std::vector<double>& layer_memory,
-                              const std::string& note) {
+// RESOURCE_EXHAUSTED explaining why no cut fits the memory caps. Without caps every cut fits, so
+// a search that found none has a bug: INTERNAL.
+absl::Status MemoryInfeasible(const Problem& p, const std::string& note) {
+  if (!p.has_caps) {
+    return absl::InternalError(absl::StrCat("the partitioner found no cut of ", p.layers,
+                                            " layers into ", p.chunks(),
+                                            " chunks without memory caps (a bug)"));
+  }
   double cap_sum = 0;
   double cap_max = 0;
   for (double c : p.cap) {
@@ -181,9 +216,10 @@ absl::Status MemoryInfeasible(const Problem& p, const std::vector<double>& layer
     cap_max = std::max(cap_max, c);
   }
   for (int x = 0; x < p.layers; ++x) {
-    if (layer_memory[x] > cap_max) {
+    const double memory = p.memory_prefix[x + 1] - p.memory_prefix[x];
+    if (memory > cap_max) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("memory caps infeasible: layer ", x, " needs ", Bytes(layer_memory[x]),
+          absl::StrCat("memory caps infeasible: layer ", x, " needs ", Bytes(memory),
                        " bytes, more than the largest cap (", Bytes(cap_max), ")"));
     }
   }
@@ -259,7 +295,12 @@ std::vector<int> ChainPartition(const Problem& p, const std::vector<double>& chu
   }
   std::vector<int> b(c_count + 1);
   b[c_count] = l;
-  for (int k = c_count; k >= 1; --k) b[k - 1] = from[k * width + b[k]];
+  for (int k = c_count; k >= 1; --k) {
+    const int i = from[k * width + b[k]];
+    // Cannot happen within the input ranges (every time and square is finite); guards the index.
+    if (i < 0) return {};
+    b[k - 1] = i;
+  }
   return b;
 }
 
@@ -436,8 +477,7 @@ double FromBits(uint64_t u) {
   return x;
 }
 
-absl::StatusOr<std::vector<int>> VShapePartition(const Problem& p,
-                                                 const std::vector<double>& layer_memory) {
+absl::StatusOr<std::vector<int>> VShapePartition(const Problem& p) {
   if (p.has_caps &&
       static_cast<double>(p.stages()) * p.layers * p.layers * p.layers > kMaxVShapeMemoryWork) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -450,7 +490,7 @@ absl::StatusOr<std::vector<int>> VShapePartition(const Problem& p,
                      " and L=", p.layers, " exceed its limit (S*L^2 <= ", kMaxVShapeWork, ")"));
   }
   VShapeSearch search(p);
-  if (!search.Feasible(kInf)) return MemoryInfeasible(p, layer_memory, "");
+  if (!search.Feasible(kInf)) return MemoryInfeasible(p, "");
   std::vector<int> best = search.Reconstruct(kInf);
   uint64_t hi = Bits(search.Bottleneck(best));
   if (search.Feasible(0.0)) return search.Reconstruct(0.0);
@@ -613,15 +653,17 @@ constexpr int64_t kLoopedSearchBudget = 1 << 21;
 // Looped placement, V >= 2: chunk-level exact start, single-layer boundary moves while the
 // worker-level score improves, then branch and bound from that incumbent. Sets `*proven` if the
 // branch and bound finished.
-absl::StatusOr<std::vector<int>> LoopedPartition(const Problem& p,
-                                                 const std::vector<double>& layer_memory,
-                                                 bool* proven) {
+absl::StatusOr<std::vector<int>> LoopedPartition(const Problem& p, bool* proven) {
   const int c_count = p.chunks();
   const int v = p.placement.virtual_stages;
   std::vector<double> chunk_cap(c_count);
   for (int c = 0; c < c_count; ++c) chunk_cap[c] = p.cap[p.placement.OwnerOf(c)] / v;
   std::vector<int> b = ChainPartition(p, chunk_cap);
   if (b.empty()) b = ChainPartition(p, std::vector<double>(c_count, kInf));
+  if (b.empty()) {
+    return absl::InternalError(absl::StrCat("the partitioner found no chunk-level cut of ",
+                                            p.layers, " layers into ", c_count, " chunks (a bug)"));
+  }
   Score score = ScoreOf(p, b);
   const int64_t max_moves = 100LL * p.layers * c_count;
   int64_t moves = 0;
@@ -647,10 +689,9 @@ absl::StatusOr<std::vector<int>> LoopedPartition(const Problem& p,
   LoopedSearch search(p, score.excess > 0 ? kInf : score.bottleneck, b);
   *proven = search.Run(kLoopedSearchBudget);
   if (search.best() == kInf) {
-    return MemoryInfeasible(p, layer_memory,
-                            *proven ? ""
-                                    : " (found by a search that ran out of its node budget, "
-                                      "so a fitting cut may still exist)");
+    return MemoryInfeasible(p, *proven ? ""
+                                       : " (found by a search that ran out of its node budget, "
+                                         "so a fitting cut may still exist)");
   }
   return search.best_cut();
 }
@@ -686,7 +727,8 @@ void BalanceChunks(const Problem& p, std::vector<int>* cut) {
     if (ok) {
       const Score s = ScoreOf(p, b);
       const double candidate = ChunkSquares(p, b);
-      if (at_most(s.excess, limit.excess) && at_most(s.bottleneck, limit.bottleneck) &&
+      // Memory is exact (whole bytes below 2^53): a move may never add excess over a cap.
+      if (s.excess <= limit.excess && at_most(s.bottleneck, limit.bottleneck) &&
           candidate < squares - 1e-12 * (1 + squares)) {
         squares = candidate;
         return true;
@@ -755,12 +797,12 @@ absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs
   std::vector<int> b;
   bool exact = true;
   if (p.placement.kind == PlacementKind::kVShape) {
-    PT_ASSIGN_OR_RETURN(b, VShapePartition(p, options.layer_memory));
+    PT_ASSIGN_OR_RETURN(b, VShapePartition(p));
   } else if (p.placement.virtual_stages == 1) {
     b = ChainPartition(p, p.cap);
-    if (b.empty()) return MemoryInfeasible(p, options.layer_memory, "");
+    if (b.empty()) return MemoryInfeasible(p, "");
   } else {
-    PT_ASSIGN_OR_RETURN(b, LoopedPartition(p, options.layer_memory, &exact));
+    PT_ASSIGN_OR_RETURN(b, LoopedPartition(p, &exact));
   }
   if (p.placement.virtual_stages > 1) BalanceChunks(p, &b);
   bool valid =

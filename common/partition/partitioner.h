@@ -19,6 +19,11 @@
 //    `proven_optimal` says whether the search finished (it does for small models; for large
 //    ones the answer is the best cut found).
 //
+// Every number is bounded (the constants below; a real deployment stays far inside them): within
+// the ranges every sum, quotient and square the searches form is finite, so no overflow to inf or
+// NaN can steer a search or an index. Outside them the call is INVALID_ARGUMENT naming the value
+// and its range.
+//
 // Pure functions; thread-safe.
 #ifndef PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
 #define PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
@@ -30,15 +35,34 @@
 
 namespace pipetrain::partition {
 
+// A layer's cost (F+B+W FLOPs per micro-batch, or any unit): in [0, kMaxLayerCost].
+inline constexpr double kMaxLayerCost = 1e30;
+// A worker's speed (cost units per time unit; the coordinator passes GFLOP/s with costs in
+// FLOPs): in [kMinSpeed, kMaxSpeed].
+inline constexpr double kMinSpeed = 1e-3;
+inline constexpr double kMaxSpeed = 1e9;
+// A layer's memory and a worker's memory cap, in bytes: in [0, kMaxMemoryBytes] = [0, 2^53]
+// (9 PB), and the layers' memory together at most kMaxMemoryBytes too. Memory is counted in whole
+// bytes: a layer's memory is rounded up and a cap down. Every sum and difference of byte counts
+// below 2^53 is exact in a double, so a cut never exceeds a cap by rounding.
+inline constexpr double kMaxMemoryBytes = 9007199254740992.0;
+// A cut's transfer time (time units): in [0, kMaxBoundaryTime].
+inline constexpr double kMaxBoundaryTime = 1e30;
+// Most layers, and most chunks (stages x virtual stages; every chunk needs a layer).
+inline constexpr int kMaxLayers = 1 << 16;
+
 struct PartitionOptions {
   int stages = 1;  // S >= 1: workers, in pipeline order (speeds and caps follow this order).
   schedule::PlacementKind placement = schedule::PlacementKind::kLinear;
-  int virtual_stages = 1;            // V: chunks per worker (linear 1, V-shape 2, looped >= 1).
-  std::vector<double> speeds;        // [worker] cost units per time unit, > 0. Empty: all 1.
-  std::vector<double> layer_memory;  // [layer] bytes, >= 0. Required with memory_caps.
-  std::vector<double> memory_caps;   // [worker] bytes, >= 0. Empty: no cap.
+  int virtual_stages = 1;  // V: chunks per worker (linear 1, V-shape 2, looped >= 1).
+  // [worker] cost units per time unit, in [kMinSpeed, kMaxSpeed]. Empty: all 1.
+  std::vector<double> speeds;
+  // [layer] bytes, in [0, kMaxMemoryBytes]. Required with memory_caps.
+  std::vector<double> layer_memory;
+  std::vector<double> memory_caps;  // [worker] bytes, in [0, kMaxMemoryBytes]. Empty: no cap.
   // [cut after layer j, j in 0..L-2] time units to move the activation and its gradient across
-  // that cut; added to both workers next to the cut when they differ. Empty: free transfers.
+  // that cut, in [0, kMaxBoundaryTime]; added to both workers next to the cut when they differ.
+  // Empty: free transfers.
   std::vector<double> boundary_times;
 };
 
@@ -55,13 +79,14 @@ struct Partition {
   bool proven_optimal = false;        // False only if the looped search ran out of budget.
 };
 
-// The best cut of `layer_costs` (per-layer cost, e.g. F+B+W FLOPs per micro-batch, >= 0) under
-// `options`. Errors: INVALID_ARGUMENT for an empty or negative cost list, an invalid placement,
-// fewer layers than chunks (every chunk needs a layer), option vectors of the wrong size, speeds
-// <= 0, memory caps without layer memory; RESOURCE_EXHAUSTED if no cut fits the memory caps (the
-// message says why when it can: a layer larger than every cap, or more memory than all caps), or
-// if the exact V-shape search would be too large (S*L^2 > 6e7, or S*L^3 > 2e8 with memory caps).
-// At most 65536 layers.
+// The best cut of `layer_costs` (per-layer cost, e.g. F+B+W FLOPs per micro-batch, in
+// [0, kMaxLayerCost]) under `options`. Errors: INVALID_ARGUMENT for an empty cost list, a number
+// outside its range (NaN and infinities included; the message names the value and the range), an
+// invalid placement, fewer layers than chunks (every chunk needs a layer), option vectors of the
+// wrong size, memory caps without layer memory; RESOURCE_EXHAUSTED if no cut fits the memory caps
+// (the message says why when it can: a layer larger than every cap, or more memory than all
+// caps), or if the exact V-shape search would be too large (S*L^2 > 6e7, or S*L^3 > 2e8 with
+// memory caps). At most kMaxLayers layers.
 absl::StatusOr<Partition> PartitionLayers(const std::vector<double>& layer_costs,
                                           const PartitionOptions& options);
 

@@ -111,6 +111,12 @@ absl::Status ValidatePlacement(const Placement& placement) {
     return absl::InvalidArgumentError(
         absl::StrCat("virtual stages must be >= 1 (got ", placement.virtual_stages, ")"));
   }
+  const int64_t chunks = int64_t{placement.stages} * placement.virtual_stages;
+  if (chunks > kMaxPlacementChunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        placement.stages, " stages x ", placement.virtual_stages, " virtual stages = ", chunks,
+        " chunks, more than the limit of ", kMaxPlacementChunks));
+  }
   if (placement.kind == PlacementKind::kLinear && placement.virtual_stages != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the linear placement holds one chunk per worker: virtual stages must be 1 (got ",

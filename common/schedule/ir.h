@@ -91,8 +91,12 @@ struct Placement {
   int RouteEnd(int mb, int microbatches) const;
 };
 
-// OK if S >= 1, V >= 1, linear has V == 1 and V-shape and bidirectional have V == 2;
-// INVALID_ARGUMENT naming the broken rule otherwise.
+// Most chunks (S x V) a placement may have, so that num_chunks() and every chunk index fit in an
+// int.
+inline constexpr int64_t kMaxPlacementChunks = int64_t{1} << 24;
+
+// OK if S >= 1, V >= 1, S x V <= kMaxPlacementChunks, linear has V == 1 and V-shape and
+// bidirectional have V == 2; INVALID_ARGUMENT naming the broken rule otherwise.
 absl::Status ValidatePlacement(const Placement& placement);
 
 // Builds and validates a placement (see ValidatePlacement).

@@ -30,7 +30,8 @@ struct LinkObservation {
 // pair of workers with opposite signs, so for every pair with tensors both ways the mean of the
 // two directions' median delays is free of it. Returns the median of those over the pairs
 // (clamped at 0), or nullopt when no pair of workers sent tensors both ways. Tensors seen by only
-// one end are ignored.
+// one end are ignored, and so are observations with a time that is not finite and tensors whose
+// delay is not (the result is always finite).
 std::optional<double> EstimateLinkLatency(const std::vector<LinkObservation>& observations);
 
 }  // namespace pipetrain::schedule

@@ -14,19 +14,24 @@
 namespace pipetrain::schedule {
 namespace {
 
-absl::Status CheckNonNegative(double value, const std::string& what) {
-  if (!std::isfinite(value) || value < 0) {
+// INVALID_ARGUMENT "<what> must be in [lo, hi] (got value)" unless lo <= value <= hi (NaN fails).
+absl::Status CheckRange(double value, double lo, double hi, const std::string& what) {
+  if (!(value >= lo && value <= hi)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be finite and >= 0 (got ", value, ")"));
+        absl::StrCat(what, " must be in [", lo, ", ", hi, "] (got ", value, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckOpCosts(const OpCosts& c, const std::string& what) {
-  PT_RETURN_IF_ERROR(CheckNonNegative(c.f, absl::StrCat(what, " F")));
-  PT_RETURN_IF_ERROR(CheckNonNegative(c.b, absl::StrCat(what, " B")));
-  PT_RETURN_IF_ERROR(CheckNonNegative(c.i, absl::StrCat(what, " I")));
-  PT_RETURN_IF_ERROR(CheckNonNegative(c.w, absl::StrCat(what, " W")));
+absl::Status CheckTime(double value, const std::string& what) {
+  return CheckRange(value, 0.0, kMaxSimulatedTime, what);
+}
+
+absl::Status CheckOpCosts(const OpCosts& c, const std::string& what, double max) {
+  PT_RETURN_IF_ERROR(CheckRange(c.f, 0.0, max, absl::StrCat(what, " F")));
+  PT_RETURN_IF_ERROR(CheckRange(c.b, 0.0, max, absl::StrCat(what, " B")));
+  PT_RETURN_IF_ERROR(CheckRange(c.i, 0.0, max, absl::StrCat(what, " I")));
+  PT_RETURN_IF_ERROR(CheckRange(c.w, 0.0, max, absl::StrCat(what, " W")));
   return absl::OkStatus();
 }
 
@@ -39,7 +44,8 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
                                                      " chunks"));
     }
     for (size_t c = 0; c < c_count; ++c) {
-      PT_RETURN_IF_ERROR(CheckOpCosts(costs.chunk_costs[c], absl::StrCat("chunk ", c, " cost")));
+      PT_RETURN_IF_ERROR(CheckOpCosts(costs.chunk_costs[c], absl::StrCat("chunk ", c, " cost"),
+                                      kMaxSimulatedTime));
     }
   } else {
     if (costs.action_durations.size() != plan.actions.size()) {
@@ -55,8 +61,8 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
       }
       for (size_t p = 0; p < plan.actions[w].size(); ++p) {
         PT_RETURN_IF_ERROR(
-            CheckNonNegative(costs.action_durations[w][p],
-                             absl::StrCat("measured duration of worker ", w, " position ", p)));
+            CheckTime(costs.action_durations[w][p],
+                      absl::StrCat("measured duration of worker ", w, " position ", p)));
       }
     }
   }
@@ -74,8 +80,8 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
       }
       for (size_t p = 0; p < costs.action_output_times[w].size(); ++p) {
         const double t = costs.action_output_times[w][p];
-        PT_RETURN_IF_ERROR(CheckNonNegative(
-            t, absl::StrCat("measured output time of worker ", w, " position ", p)));
+        PT_RETURN_IF_ERROR(
+            CheckTime(t, absl::StrCat("measured output time of worker ", w, " position ", p)));
         if (t > costs.action_durations[w][p]) {
           return absl::InvalidArgumentError(
               absl::StrCat("measured output time of worker ", w, " position ", p, " (", t,
@@ -92,7 +98,7 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
     }
     for (size_t w = 0; w < costs.worker_start.size(); ++w) {
       PT_RETURN_IF_ERROR(
-          CheckNonNegative(costs.worker_start[w], absl::StrCat("start time of worker ", w)));
+          CheckTime(costs.worker_start[w], absl::StrCat("start time of worker ", w)));
     }
   }
   for (const auto& [name, bytes] : {std::pair<const char*, const std::vector<double>*>{
@@ -103,11 +109,17 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
           name, " has ", bytes->size(), " entries; the plan has ", c_count, " chunks"));
     }
     for (size_t c = 0; c < bytes->size(); ++c) {
-      PT_RETURN_IF_ERROR(CheckNonNegative((*bytes)[c], absl::StrCat(name, " of chunk ", c)));
+      PT_RETURN_IF_ERROR(
+          CheckRange((*bytes)[c], 0.0, kMaxSimulatedBytes, absl::StrCat(name, " of chunk ", c)));
     }
   }
-  PT_RETURN_IF_ERROR(CheckNonNegative(costs.link.latency, "link latency"));
-  PT_RETURN_IF_ERROR(CheckNonNegative(costs.link.bandwidth, "link bandwidth"));
+  PT_RETURN_IF_ERROR(CheckTime(costs.link.latency, "link latency"));
+  const double bandwidth = costs.link.bandwidth;
+  if (bandwidth != 0 && !(bandwidth >= kMinBandwidth && bandwidth <= kMaxBandwidth)) {
+    return absl::InvalidArgumentError(absl::StrCat("link bandwidth must be 0 (infinite) or in [",
+                                                   kMinBandwidth, ", ", kMaxBandwidth, "] (got ",
+                                                   bandwidth, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -154,16 +166,14 @@ absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
                                                    " workers"));
   }
   for (size_t w = 0; w < worker_speed.size(); ++w) {
-    if (!std::isfinite(worker_speed[w]) || worker_speed[w] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speed of worker ", w, " must be finite and > 0 (got ", worker_speed[w], ")"));
-    }
+    PT_RETURN_IF_ERROR(CheckRange(worker_speed[w], kMinFlopsPerTime, kMaxFlopsPerTime,
+                                  absl::StrCat("speed of worker ", w)));
   }
   CostModel model;
   model.chunk_costs.reserve(chunk_flops.size());
   for (int c = 0; c < placement.num_chunks(); ++c) {
     const OpCosts& fl = chunk_flops[c];
-    PT_RETURN_IF_ERROR(CheckOpCosts(fl, absl::StrCat("chunk ", c, " FLOPs")));
+    PT_RETURN_IF_ERROR(CheckOpCosts(fl, absl::StrCat("chunk ", c, " FLOPs"), kMaxSimulatedFlops));
     const double speed = worker_speed[placement.OwnerOf(c)];
     model.chunk_costs.push_back(OpCosts{fl.f / speed, fl.b / speed, fl.i / speed, fl.w / speed});
   }

@@ -3,6 +3,10 @@
 // sends never block. Costs are per chunk and op (uniform, from FLOPs and worker speeds, or
 // measured per action); a link adds latency + bytes / bandwidth to every message between chunks on
 // different workers. Pure functions; thread-safe.
+//
+// Every number of a cost model is bounded (the constants below; a real deployment stays far inside
+// them): within the ranges every start, end and delay the simulation computes is finite. Outside
+// them Simulate and CostModelFromFlops are INVALID_ARGUMENT naming the value and its range.
 #ifndef PIPETRAIN_COMMON_SCHEDULE_SIMULATOR_H_
 #define PIPETRAIN_COMMON_SCHEDULE_SIMULATOR_H_
 
@@ -13,6 +17,20 @@
 #include "common/schedule/timeline.h"
 
 namespace pipetrain::schedule {
+
+// Any time the simulator takes (a duration, a link latency, a worker's start, an output time), in
+// time units: in [0, kMaxSimulatedTime] (kMaxSimulatedFlops / kMinFlopsPerTime).
+inline constexpr double kMaxSimulatedTime = 1e33;
+// Bytes (activation bytes, boundary bytes): in [0, kMaxSimulatedBytes].
+inline constexpr double kMaxSimulatedBytes = 1e30;
+// A link's bandwidth in bytes per time unit: 0 (infinite) or in [kMinBandwidth, kMaxBandwidth].
+inline constexpr double kMinBandwidth = 1e-3;
+inline constexpr double kMaxBandwidth = 1e30;
+// CostModelFromFlops: FLOPs of one op in [0, kMaxSimulatedFlops]; worker speeds in FLOPs per time
+// unit in [kMinFlopsPerTime, kMaxFlopsPerTime] (1e-3 to 1e9 GFLOP/s is 1e6 to 1e18 FLOP/s).
+inline constexpr double kMaxSimulatedFlops = 1e30;
+inline constexpr double kMinFlopsPerTime = 1e-3;
+inline constexpr double kMaxFlopsPerTime = 1e18;
 
 // Durations (or FLOPs, see CostModelFromFlops) of the four ops for one micro-batch on one chunk.
 // With a split backward, I and W are used; with a full backward, B. Usually b == i + w.
@@ -27,8 +45,10 @@ struct OpCosts {
 
 // Point-to-point link between two workers.
 struct LinkModel {
-  double latency = 0;    // Time units per message.
-  double bandwidth = 0;  // Bytes per time unit; 0 means infinite (no size-dependent term).
+  double latency = 0;  // Time units per message, in [0, kMaxSimulatedTime].
+  // Bytes per time unit, in [kMinBandwidth, kMaxBandwidth]; 0 means infinite (no size-dependent
+  // term).
+  double bandwidth = 0;
 };
 
 // Everything the simulator charges.
@@ -59,8 +79,10 @@ struct CostModel {
 CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage);
 
 // Chunk costs from FLOPs: chunk_costs[c] = chunk_flops[c] / worker_speed[owner(c)].
-// `chunk_flops` has S*V entries (FLOPs of F, B, I, W per micro-batch), `worker_speed` S entries
-// (FLOPs per time unit, > 0). INVALID_ARGUMENT on wrong sizes, negative FLOPs or speeds <= 0.
+// `chunk_flops` has S*V entries (FLOPs of F, B, I, W per micro-batch, each in
+// [0, kMaxSimulatedFlops]), `worker_speed` S entries (FLOPs per time unit, in
+// [kMinFlopsPerTime, kMaxFlopsPerTime]). INVALID_ARGUMENT on wrong sizes or a number outside its
+// range (NaN and infinities included), naming it.
 absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
                                              const std::vector<OpCosts>& chunk_flops,
                                              const std::vector<double>& worker_speed);
@@ -73,7 +95,8 @@ struct SimulationResult {
 
 // Simulates `plan` under `costs`. INVALID_ARGUMENT if the plan fails CheckPlanStructure(), if it
 // deadlocks (naming the blocked workers and actions), or if the cost model's sizes do not match
-// the plan or it holds negative or non-finite numbers. O(number of actions).
+// the plan or it holds a number outside its range (see the constants above; NaN and infinities
+// included), naming it. O(number of actions).
 absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& costs);
 
 }  // namespace pipetrain::schedule

@@ -1,7 +1,7 @@
 // libFuzzer target: the CSV data set reader (common/io/dataset, "csv:PATH"), end to end through
 // OpenDataset (the file is written to a private temporary directory, gzip detection included).
 // A data set that opens must have consistent shapes, finite features and integral labels below
-// num_classes, and a batch sampler over it must work.
+// num_classes (CheckLabelsForModel agrees), and a batch sampler over it must work.
 #include <unistd.h>
 
 #include <cmath>
@@ -59,6 +59,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                     target == std::floor(target));
     }
   }
+  // Every label fits a model of num_classes classes; one class fewer names a row.
+  PT_FUZZ_CHECK((*dataset)->CheckLabelsForModel(info.num_classes).ok());
+  PT_FUZZ_CHECK((*dataset)->CheckLabelsForModel(info.num_classes - 1).code() ==
+                absl::StatusCode::kInvalidArgument);
   absl::StatusOr<pipetrain::io::BatchSampler> sampler =
       pipetrain::io::BatchSampler::Create(dataset->get(), 1 + train / 2, 7);
   PT_FUZZ_CHECK(sampler.ok());

@@ -1,5 +1,6 @@
 // Writes the generated part of the fuzz seed corpus: encoded frames (frame_decoder/), safetensors
-// files (safetensors/) and JobSpecs built from the bundled example models (job_spec/).
+// files (safetensors/), JobSpecs built from the bundled example models (job_spec/) and partitioner
+// and simulator inputs (partition/, the format of partition_input.h).
 // Usage: write_fuzz_seeds SOURCE_DIR (the repository; writes into SOURCE_DIR/tests/fuzz/<target>/).
 // The CSV seeds are written by hand. Run by hand when the formats change; the output is committed.
 #include <google/protobuf/text_format.h>
@@ -15,6 +16,7 @@
 #include "common/model/model.h"
 #include "common/wire/frame_codec.h"
 #include "pipetrain/v1/coordinator.pb.h"
+#include "tests/fuzz/partition_input.h"
 #include "tests/integration/run_command.h"
 
 namespace {
@@ -51,6 +53,25 @@ std::string Frames(wire::TensorKey key, int rows, int cols, int64_t fragment_byt
   if (!wire::EncodeCredit(4096, &credit).ok()) std::abort();
   AppendMessage(credit, &out);
   for (const grpc::ByteBuffer& b : *frames) AppendMessage(b, &out);
+  return out;
+}
+
+// A partition target input (partition_input.h): flags, S, V, L bytes, then the numbers.
+std::string PartitionInput(uint8_t flags, int stages, int virtual_stages, int layers,
+                           const std::vector<double>& numbers, const std::string& tail = "") {
+  std::string out = {static_cast<char>(flags), static_cast<char>(stages - 1),
+                     static_cast<char>(virtual_stages - 1), static_cast<char>(layers - 1)};
+  for (double x : numbers) pipetrain::fuzz::AppendNumber(x, &out);
+  return out + tail;
+}
+
+// The simulation part: kind index, S, M, V bytes, then FLOPs (4 per chunk), S speeds, latency,
+// bandwidth, the extras byte and its numbers.
+std::string SimulationInput(int kind, int stages, int microbatches, int virtual_stages,
+                            const std::vector<double>& numbers) {
+  std::string out = {static_cast<char>(kind), static_cast<char>(stages - 1),
+                     static_cast<char>(microbatches - 1), static_cast<char>(virtual_stages - 1)};
+  for (double x : numbers) pipetrain::fuzz::AppendNumber(x, &out);
   return out;
 }
 
@@ -106,6 +127,35 @@ int main(int argc, char** argv) {
     spec.mutable_optimizer()->mutable_adamw()->set_lr(0.001f);
     ok &= Write(dir + "job_spec/" + name + "_interleaved_binary", spec.SerializeAsString());
   }
+  // Partitioner: the docs' 1..9 over 3 linear stages; ZB-V's V-shape with a worker twice as fast;
+  // looped with memory caps and transfer times, then a simulated 1F1B; and the inputs of issue
+  // 34 (costs of 1e308: a segfault; a speed of 1e-310: a segfault in the memory report; speeds
+  // of 1e200 and 1e-300: "invalid boundaries"), now INVALID_ARGUMENT.
+  ok &= Write(dir + "partition/linear_1_to_9",
+              PartitionInput(0, 3, 1, 9, {1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  ok &= Write(dir + "partition/vshape_speeds",
+              PartitionInput(2 | 4, 2, 2, 9, {5, 1, 1, 1, 1, 1, 1, 1, 5, 1, 2}));
+  std::vector<double> looped = {4, 3, 2, 1, 1, 2, 3, 4};             // costs
+  looped.insert(looped.end(), {1.5, 1});                             // speeds
+  looped.insert(looped.end(), {8, 8, 4, 4, 4, 4, 8, 8});             // layer memory
+  looped.insert(looped.end(), {30, 30});                             // caps
+  looped.insert(looped.end(), {0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5});  // boundary times
+  std::vector<double> sim(8, 2.0);                                   // 1F1B S=2: 2 chunks x F,B,I,W
+  sim.insert(sim.end(), {1e9, 5e8, 1e-3, 1e6, 3, 1, 1, 100, 100});
+  ok &=
+      Write(dir + "partition/looped_caps_times_simulated",
+            PartitionInput(1 | 4 | 8 | 16 | 32, 2, 2, 8, looped, SimulationInput(1, 2, 4, 1, sim)));
+  ok &= Write(dir + "partition/regression_costs_1e308",
+              PartitionInput(0, 2, 1, 3, {1e308, 1e308, 1e308}));
+  ok &= Write(dir + "partition/regression_speed_1e-310",
+              PartitionInput(4, 2, 1, 4, {1, 2, 3, 4, 1e-310, 1}));
+  ok &= Write(dir + "partition/regression_speeds_1e200_1e-300",
+              PartitionInput(2 | 4, 2, 2, 6, {1, 2, 3, 4, 5, 6, 1e200, 1e-300}));
+  std::vector<double> zbv(16, 1e30);  // ZB-V S=2: 4 chunks x F,B,I,W at the FLOP limit
+  zbv.insert(zbv.end(),
+             {1e-3, 1e18, 1e33, 1e-3, 3, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30});
+  ok &= Write(dir + "partition/simulated_zbv_at_the_limits",
+              PartitionInput(32, 1, 1, 1, {1}, SimulationInput(4, 2, 4, 2, zbv)));
   if (!ok) {
     std::fprintf(stderr, "write_fuzz_seeds: could not write under %s\n", dir.c_str());
     return 1;

@@ -174,7 +174,7 @@ def _integer(value, what):
 def _parse_kind_and_keys(text, what):
     """("kind", {"key": "value", ...}) from "kind:key=value,..." (`what` names it in errors), read
     as the C++ parser reads it: whitespace around the kind, a key or a value ignored, every item
-    exactly one key=value."""
+    exactly one key=value, each key at most once."""
     kind, _, args = text.partition(":")
     values = {}
     if args.strip():
@@ -182,7 +182,10 @@ def _parse_kind_and_keys(text, what):
             parts = item.split("=")
             if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
                 raise _invalid("%s %r: expected key=value, got %r" % (what, text, item))
-            values[parts[0].strip()] = parts[1].strip()
+            key = parts[0].strip()
+            if key in values:
+                raise _invalid("%s %r: key %r is given twice" % (what, text, key))
+            values[key] = parts[1].strip()
     return kind.strip(), values
 
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -247,6 +248,30 @@ TEST(TextTest, Errors) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A context beyond any model's (the model's dimensions are at most 2^24) is refused by its range.
+// Before, context 2^63-1 came back as "needs at least -9223372036854775808" (context + 1
+// overflowed).
+TEST(TextTest, ContextOutOfRangeIsRefusedWithoutOverflow) {
+  const std::string path = WriteTemp("context.txt", "hello world\n");
+  DatasetOptions o = Options();
+  for (int64_t context : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 24) + 1}) {
+    o.context = context;
+    absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("text:" + path, o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(d.status().message(),
+              absl::StrCat("dataset text:", path, ": context ", context,
+                           " is out of range [1, 16777216] (the largest context of a model)"))
+        << d.status();
+  }
+  o.context = -1;
+  EXPECT_THAT(OpenDataset("text:" + path, o).status().message(),
+              HasSubstr("context must be > 0 for a text dataset, got -1"));
+  // At the limit, a short text says what it needs, in range.
+  o.context = int64_t{1} << 24;
+  EXPECT_THAT(OpenDataset("text:" + path, o).status().message(),
+              HasSubstr("needs at least 16777217"));
+}
+
 // ----- csv ---------------------------------------------------------------------------------
 
 TEST(CsvTest, ParsesWithHeaderCrLfAndBlankLines) {
@@ -332,6 +357,46 @@ TEST(CsvTest, ErrorsNameFileLineAndColumn) {
   ExpectCsvError("", ": no data rows");
   ExpectCsvError("\n \n", ": no data rows");
   ExpectCsvError("f1,f2,label\n", ": no data rows");
+}
+
+// Numbers are decimal (docs/data.md): the forms strtod also reads -- hexadecimal integers and
+// floats, "inf", "infinity", "nan" -- are refused with file:line:column. Before, '0x10' was read
+// as 16 and a '0x1' label as class 1.
+TEST(CsvTest, NonDecimalNumbersAreRefused) {
+  ExpectCsvError("1,2,0\n0x10,4,1\n", ":2:1: '0x10' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,0X1A,1\n", ":2:2: '0X1A' is not a decimal number");
+  ExpectCsvError("1,0x1p3,0\n", ":1:2: '0x1p3' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,4,0x1\n", ":2:3: class label '0x1' is not a decimal number");
+  ExpectCsvError("1,2,0\n3,inf,1\n", ":2:2: 'inf' is not a finite number");
+  ExpectCsvError("1,2,0\n3,-Infinity,1\n", ":2:2: '-Infinity' is not a finite number");
+  ExpectCsvError("1,2,0\n3,4,nan\n", ":2:3: class label 'nan' is not a number");
+  ExpectCsvError("1,2,0\n3,1e999,1\n", ":2:2: '1e999' is not a finite number");
+  // A first line whose only "numbers" are not decimal is a header.
+  const std::string path = WriteTemp("header.csv", "inf,nan,label\n1, +2.5e0 ,1\n.5,-3.,0\n");
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, Options());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->info().input_features, 2);
+  EXPECT_EQ((*d)->size(Split::kTrain) + (*d)->size(Split::kEval), 2);
+}
+
+// Binding to a model: the first row in file order whose label the model cannot output, named by
+// file:line:column, whichever label it has.
+TEST(CsvTest, LabelsBeyondTheModelsClassesNameTheFirstSuchRow) {
+  const std::string path = WriteTemp("labels.csv", "1,0\n2,1\n3,9\n4,5\n5,2\n6,9\n7,0\n");
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, Options());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE((*d)->CheckLabelsForModel(10).ok());
+  EXPECT_TRUE((*d)->CheckLabelsForModel(1000).ok());
+  EXPECT_EQ((*d)->CheckLabelsForModel(9).message(),
+            path +
+                ":3:2: class label 9 is out of range for the model, whose last layer outputs "
+                "9 classes (labels 0 to 8)");
+  EXPECT_EQ((*d)->CheckLabelsForModel(3).message(),
+            path +
+                ":3:2: class label 9 is out of range for the model, whose last layer outputs "
+                "3 classes (labels 0 to 2)");
+  EXPECT_EQ((*d)->CheckLabelsForModel(2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT((*d)->CheckLabelsForModel(0).message(), HasSubstr(":1:2: class label 0 "));
 }
 
 TEST(CsvTest, MissingFileAndEmptySpec) {
@@ -708,6 +773,24 @@ TEST(DatasetDeathTest, OutOfRangeIndexAborts) {
   std::unique_ptr<Dataset> d = SmallSynthetic(100);
   float in[3], out[1];
   EXPECT_DEATH(d->GetSample(Split::kEval, 20, in, out), "eval sample index 20 out of range");
+}
+
+// A data path with a NUL byte would silently name the file before it.
+TEST(CsvTest, PathsWithANulByteAreInvalidArgument) {
+  const std::string path = WriteTemp("nul.csv", "1,2,0\n3,4,1\n");
+  const std::string nul(1, '\0');
+  for (const std::string& spec : {"csv:" + path + nul + ".bak", "text:" + path + nul + ".bak"}) {
+    DatasetOptions options = Options();
+    options.context = 2;
+    absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset(spec, options);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+    EXPECT_THAT(d.status().message(), HasSubstr("path contains a NUL byte")) << d.status();
+  }
+  DatasetOptions options = Options();
+  options.data_dir = ::testing::TempDir() + nul + "x";
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("digits", options);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+  EXPECT_THAT(d.status().message(), HasSubstr("path contains a NUL byte"));
 }
 
 }  // namespace

@@ -213,5 +213,19 @@ TEST(DirUtilTest, CheckWritableDirectoryReportsPermissionDenied) {
   ASSERT_EQ(::chmod(locked.c_str(), 0755), 0);
 }
 
+TEST(DirUtilTest, PathsWithANulByteAreInvalidArgument) {
+  const std::string dir = MakeTempDir();
+  const std::string nul = dir + std::string(1, '\0') + "x";
+  for (const absl::Status& s :
+       {SyncDirectory(nul), ListDirectory(nul).status(), RemoveTree(nul),
+        CreateStagingDirectory(nul).status(), PublishDirectory(nul, dir + "/p"),
+        PublishDirectory(dir + "/p", nul), RemoveDirectoryAtomically(nul),
+        CheckWritableDirectory(nul)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("path contains a NUL byte")) << s;
+  }
+  EXPECT_TRUE(Names(dir).empty());
+}
+
 }  // namespace
 }  // namespace pipetrain::io

@@ -214,5 +214,21 @@ TEST(FileUtilTest, TruncatedOrCorruptGzipIsDataLoss) {
   EXPECT_THAT(r.status().message(), HasSubstr("bad.gz"));
 }
 
+// A NUL byte ends a path for the system calls, so "dir\0x" would silently mean "dir": every path
+// with one is INVALID_ARGUMENT, before anything is opened or written.
+TEST(FileUtilTest, PathsWithANulByteAreInvalidArgument) {
+  const std::string dir = MakeTempDir();
+  ASSERT_TRUE(WriteFileAtomically(dir + "/f", "data").ok());
+  const std::string nul = dir + "/f" + std::string(1, '\0') + ".bak";
+  for (const absl::Status& s : {ReadFile(nul).status(), ReadFileMaybeGzipped(nul).status(),
+                                WriteFileAtomically(dir + std::string(1, '\0') + "/g", "x"),
+                                EnsureDirectory(dir + "/sub" + std::string(1, '\0') + "x")}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("path contains a NUL byte")) << s;
+  }
+  EXPECT_THAT(ReadFile(nul).status().message(), HasSubstr("/f\\000.bak'"));
+  EXPECT_EQ(*ReadFile(dir + "/f"), "data");  // unchanged
+}
+
 }  // namespace
 }  // namespace pipetrain::io

@@ -241,13 +241,41 @@ TEST(OptimizerTest, ParseIgnoresSpacesAndRefusesWhatWouldBeIgnored) {
               HasSubstr("nesterov is not a key of adamw"));
   // Numbers are decimal: absl::SimpleAtof alone would read "0x10" as 16.
   EXPECT_THAT(ParseOptimizerConfig("adamw:lr=0x10").status().message(),
-              HasSubstr("lr must be a number, got '0x10'"));
+              HasSubstr("lr must be a decimal number, got '0x10'"));
   EXPECT_THAT(ParseOptimizerConfig("adamw:warmup_steps=0x10").status().message(),
               HasSubstr("warmup_steps must be an integer"));
   absl::StatusOr<OptimizerConfig> signs = ParseOptimizerConfig("adamw:lr=+.5E-1,warmup_steps=+2");
   ASSERT_TRUE(signs.ok()) << signs.status();
   EXPECT_EQ(signs->lr, 0.05f);
   EXPECT_EQ(signs->schedule.warmup_steps, 2);
+}
+
+// A key given twice, a value with a second '=', and numbers that are not decimal (hexadecimal
+// floats, which strtof-style parsers accept) are refused, not silently resolved. Before,
+// "adamw:lr=1,lr=2" trained with lr 2 and "sgd:lr=0x1p-3" with lr 0.125.
+TEST(OptimizerTest, ParseRefusesRepeatedKeysAndNonDecimalNumbers) {
+  auto error = [](const char* text) {
+    absl::StatusOr<OptimizerConfig> c = ParseOptimizerConfig(text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    return std::string(c.status().message());
+  };
+  EXPECT_EQ(error("adamw:lr=1,lr=2"), "optimizer: key 'lr' is given twice ('lr=1' and 'lr=2')");
+  EXPECT_EQ(error("sgd:momentum=0.9,lr=0.1,momentum=0.5"),
+            "optimizer: key 'momentum' is given twice ('momentum=0.9' and 'momentum=0.5')");
+  EXPECT_EQ(error("sgd:warmup_steps=5,lr_schedule=warmup-cosine,decay_steps=9,warmup_steps=5"),
+            "optimizer: key 'warmup_steps' is given twice ('warmup_steps=5' and "
+            "'warmup_steps=5')");
+  EXPECT_EQ(error("sgd:lr=1=2"), "optimizer: expected key=value, got 'lr=1=2'");
+  EXPECT_EQ(error("sgd:lr=0x10"), "optimizer: lr must be a decimal number, got '0x10'");
+  EXPECT_EQ(error("sgd:lr=0x1p-3"), "optimizer: lr must be a decimal number, got '0x1p-3'");
+  EXPECT_EQ(error("sgd:lr_min=0x1p-9,lr_schedule=warmup-cosine,decay_steps=9"),
+            "optimizer: lr_min must be a decimal number, got '0x1p-9'");
+  EXPECT_EQ(error("adamw:eps=infinity"), "optimizer: eps must be a decimal number, got 'infinity'");
+  // Decimal forms stay accepted.
+  absl::StatusOr<OptimizerConfig> c = ParseOptimizerConfig("sgd:lr=+1.5e-1,momentum=.5");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->lr, 0.15f);
+  EXPECT_EQ(c->momentum, 0.5f);
 }
 
 TEST(OptimizerTest, ClipScale) {

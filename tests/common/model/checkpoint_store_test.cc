@@ -302,5 +302,13 @@ TEST_F(CheckpointStoreTest, MisuseIsReported) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CheckpointStoreTest, RootWithANulByteIsInvalidArgument) {
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
+      CheckpointStore::Open(root_ + std::string(1, '\0') + "x", CheckpointStoreOptions());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr("path contains a NUL byte"));
+  EXPECT_FALSE(fs::exists(root_));
+}
+
 }  // namespace
 }  // namespace pipetrain::model

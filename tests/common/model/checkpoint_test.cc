@@ -325,6 +325,46 @@ TEST_F(CheckpointTest, FlippedByteOrTruncationIsDataLossNamingTheFile) {
   EXPECT_EQ(LoadCheckpoint(Dir("c")).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A file the manifest names that is a symbolic link leading out of the checkpoint directory is
+// not read, even when its bytes match the manifest (docs/checkpoints.md: links cannot lead out).
+// Before, LoadCheckpoint followed the link and loaded the outside file. A link that stays inside
+// the directory is followed.
+TEST_F(CheckpointTest, SymbolicLinksLeadingOutOfTheCheckpointArePermissionDenied) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2)).ok());
+  const std::string file = Dir("c") + "/layer-00003.safetensors";
+  const std::string outside = Dir("outside.safetensors");
+  // The same bytes outside: only the link's target is wrong.
+  fs::copy_file(file, outside);
+  fs::remove(file);
+  fs::create_symlink(outside, file);
+  for (const absl::Status& s :
+       {LoadCheckpoint(Dir("c")).status(), VerifyCheckpoint(Dir("c")).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(s.message(), HasSubstr(file));
+    EXPECT_THAT(s.message(), HasSubstr(outside));
+  }
+  // A relative link climbing out is the same.
+  fs::remove(file);
+  fs::create_symlink("../outside.safetensors", file);
+  EXPECT_EQ(LoadCheckpoint(Dir("c")).status().code(), absl::StatusCode::kPermissionDenied);
+  // A link to a file inside the directory is followed.
+  fs::remove(file);
+  fs::copy_file(outside, Dir("c") + "/real-layer-3");
+  fs::create_symlink("real-layer-3", file);
+  EXPECT_TRUE(LoadCheckpoint(Dir("c")).ok());
+
+  // The manifest itself, linked from outside.
+  const std::string manifest = Dir("c") + "/manifest.json";
+  fs::copy_file(manifest, Dir("outside.json"));
+  fs::remove(manifest);
+  fs::create_symlink(Dir("outside.json"), manifest);
+  absl::Status s = ReadCheckpointManifest(Dir("c")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(s.message(), HasSubstr(manifest));
+  EXPECT_EQ(LoadCheckpoint(Dir("c")).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
 TEST_F(CheckpointTest, ManifestWithoutChecksumsIsRefused) {
   auto model = testing::BuildOrDie(testing::kMlpSpec);
   ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2)).ok());
@@ -638,6 +678,27 @@ TEST_F(CheckpointTest, RefusesToReplaceADirectoryThatIsNotACheckpoint) {
   ASSERT_TRUE(io::WriteFileAtomically(Dir("old") + "/manifest.json.tmp.1.2.3", "x").ok());
   ASSERT_TRUE(SaveCheckpoint(Dir("old"), ManifestFor(*model, 1), state).ok());
   EXPECT_THAT(Entries(Dir("old")), ElementsAreArray(CheckpointFiles(*model)));
+}
+
+// Checkpoint paths with a NUL byte: before, "c\0x" loaded (and saved into) "c".
+TEST_F(CheckpointTest, PathsWithANulByteAreInvalidArgument) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2)).ok());
+  const std::string nul = Dir("c") + std::string(1, '\0') + "x";
+  for (const absl::Status& s :
+       {ReadCheckpointManifest(nul).status(), LoadCheckpoint(nul).status(),
+        VerifyCheckpoint(nul).status(), CheckCheckpointDestination(nul),
+        BeginCheckpointStaging(nul).status(),
+        SaveCheckpoint(nul, ManifestFor(*model, 3), TrainedState(*model, 3)),
+        WriteCheckpointManifest(nul, ManifestFor(*model, 3)),
+        DigestCheckpointShards(nul, LayerShards(*model, 0, model->num_layers())).status(),
+        DiscardCheckpointStaging(nul), CheckpointHistory(nul).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("path contains a NUL byte")) << s;
+  }
+  absl::StatusOr<CheckpointManifest> m = ReadCheckpointManifest(Dir("c"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->step, 2);  // not overwritten by the save into "c\0x".
 }
 
 }  // namespace

@@ -385,13 +385,13 @@ TEST(PartitionerTest, Errors) {
   EXPECT_EQ(PartitionLayers({1, 1}, options).status().message(),
             "cannot cut 2 layers into 3 chunks: every chunk needs at least one layer");
   EXPECT_EQ(PartitionLayers({1, -1, 1}, options).status().message(),
-            "cost of layer 1 must be finite and >= 0 (got -1)");
+            "cost of layer 1 must be in [0, 1e+30] (got -1)");
   options.speeds = {1, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
             "got 2 worker speeds for 3 workers");
   options.speeds = {1, 0, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
-            "speed of worker 1 must be finite and > 0 (got 0)");
+            "speed of worker 1 must be in [0.001, 1e+09] (got 0)");
   options.speeds = {};
   options.memory_caps = {1, 1, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
@@ -411,6 +411,168 @@ TEST(PartitionerTest, Errors) {
             "got 2 boundaries for 2 chunks (need chunks + 1)");
   EXPECT_EQ(EvaluatePartition({1, 1, 1}, options, {1, 2, 3}).status().message(),
             "boundaries must start at 0 and end at 3");
+}
+
+// Every number has a documented range (partitioner.h); outside it, INVALID_ARGUMENT naming the
+// value and the range, before any arithmetic. (Before the ranges: costs of 1e308 overflowed the
+// prefix sums and the cut was read at index -1, a segfault; a speed of 1e-310 made every time
+// infinite and the "memory caps infeasible" report read layer memory that was not there.)
+TEST(PartitionerTest, NumbersOutsideTheirRangesAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  PartitionOptions options;
+  options.stages = 2;
+  auto message = [&](const std::vector<double>& costs) {
+    absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+    return std::string(p.status().message());
+  };
+  EXPECT_EQ(message({1e308, 1e308, 1e308}), "cost of layer 0 must be in [0, 1e+30] (got 1e+308)");
+  EXPECT_EQ(message({1, 2e30, 1}), "cost of layer 1 must be in [0, 1e+30] (got 2e+30)");
+  EXPECT_EQ(message({1, 1, nan}), "cost of layer 2 must be in [0, 1e+30] (got nan)");
+  EXPECT_EQ(message({1, kInf, 1}), "cost of layer 1 must be in [0, 1e+30] (got inf)");
+  options.speeds = {1e-310, 1};
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [0.001, 1e+09] (got 1e-310)");
+  options.speeds = {1, 1e200};
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 1 must be in [0.001, 1e+09] (got 1e+200)");
+  options.speeds = {1e-300, 1};
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [0.001, 1e+09] (got 1e-300)");
+  options.speeds = {};
+  options.layer_memory = {1, 1, 1};
+  options.memory_caps = {kInf, 1};
+  EXPECT_EQ(message({1, 1, 1}), "memory cap of worker 0 must be in [0, 2^53] bytes (got inf)");
+  options.memory_caps = {1, 1e31};
+  EXPECT_EQ(message({1, 1, 1}), "memory cap of worker 1 must be in [0, 2^53] bytes (got 1e+31)");
+  options.memory_caps = {1, 1};
+  options.layer_memory = {1, 1e300, 1};
+  EXPECT_EQ(message({1, 1, 1}), "memory of layer 1 must be in [0, 2^53] bytes (got 1e+300)");
+  options.layer_memory = {4e15, 4e15, 2e15};
+  EXPECT_EQ(message({1, 1, 1}),
+            "the 3 layers' memory totals 10000000000000000 bytes, more than 2^53");
+  options.memory_caps = {};
+  options.layer_memory = {};
+  options.boundary_times = {1, 1e300};
+  EXPECT_EQ(message({1, 1, 1}), "boundary time after layer 1 must be in [0, 1e+30] (got 1e+300)");
+  options.boundary_times = {};
+  // S x V beyond the int range (65536 x 65536 wrapped to 0 chunks), and at the placement's limit.
+  options.stages = 65536;
+  options.placement = PlacementKind::kLooped;
+  options.virtual_stages = 65536;
+  EXPECT_EQ(message({1, 1, 1}),
+            "65536 stages x 65536 virtual stages = 4294967296 chunks, more than the limit of "
+            "16777216");
+  options.stages = 4096;
+  options.virtual_stages = 4096;
+  EXPECT_EQ(message({1, 1, 1}),
+            "cannot cut 3 layers into 16777216 chunks (4096 stages x 4096 virtual stages): "
+            "every chunk needs at least one layer");
+}
+
+// At the edges of the ranges every placement still finds a valid, finite cut: the largest costs
+// on the slowest workers (times near 1e37, squares near 1e74), the smallest nonzero costs on the
+// fastest (times below the normal doubles), and the largest memory and transfer times.
+TEST(PartitionerTest, ExtremeValuesInsideTheRangesGiveValidCuts) {
+  struct Case {
+    PlacementKind placement;
+    int virtual_stages;
+  };
+  const std::vector<std::vector<double>> cost_lists = {std::vector<double>(8, 1e30),
+                                                       std::vector<double>(8, 1e-300),
+                                                       {1e30, 0, 1e-300, 1e30, 1, 0, 1e30, 1e-300},
+                                                       std::vector<double>(8, 0.0)};
+  for (const Case& c : {Case{PlacementKind::kLinear, 1}, Case{PlacementKind::kLooped, 2},
+                        Case{PlacementKind::kVShape, 2}}) {
+    for (const std::vector<double>& costs : cost_lists) {
+      for (const std::vector<double>& speeds :
+           {std::vector<double>{1e-3, 1e-3}, std::vector<double>{1e9, 1e-3},
+            std::vector<double>{1e9, 1e9}}) {
+        for (bool extras : {false, true}) {
+          PartitionOptions options;
+          options.stages = 2;
+          options.placement = c.placement;
+          options.virtual_stages = c.virtual_stages;
+          options.speeds = speeds;
+          if (extras) {
+            options.layer_memory.assign(costs.size(), 1e15);
+            options.memory_caps = {kMaxMemoryBytes, kMaxMemoryBytes};
+            options.boundary_times.assign(costs.size() - 1, 1e30);
+          }
+          SCOPED_TRACE(absl::StrCat("placement ", static_cast<int>(c.placement), " costs ",
+                                    absl::StrJoin(costs, ","), " speeds ",
+                                    absl::StrJoin(speeds, ","), extras ? " with extras" : ""));
+          absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+          ASSERT_TRUE(p.ok()) << p.status();
+          ASSERT_EQ(p->boundaries.size(), static_cast<size_t>(2 * c.virtual_stages + 1));
+          EXPECT_EQ(p->boundaries.front(), 0);
+          EXPECT_EQ(p->boundaries.back(), 8);
+          for (size_t i = 0; i + 1 < p->boundaries.size(); ++i) {
+            EXPECT_LT(p->boundaries[i], p->boundaries[i + 1]);
+          }
+          EXPECT_TRUE(std::isfinite(p->bottleneck));
+          EXPECT_TRUE(std::isfinite(p->imbalance));
+          EXPECT_GE(p->imbalance, 1.0);
+          EXPECT_LE(p->imbalance, 2.0);
+        }
+      }
+    }
+  }
+}
+
+// Memory is counted in whole bytes (layers rounded up, caps down), so the exact arithmetic of
+// byte counts below 2^53 decides whether a cut fits: no cap is exceeded by rounding. (Found by
+// the partition fuzz target: a cap of 1e-310 bytes and a layer of 1.1e-309 bytes on it passed,
+// within the old absolute tolerance of 1e-12 of the even-chunks pass.)
+TEST(PartitionerTest, MemoryIsCountedInWholeBytes) {
+  PartitionOptions options;
+  options.stages = 2;
+  options.placement = PlacementKind::kLooped;
+  options.virtual_stages = 2;
+  options.speeds = {1, 1};
+  options.layer_memory = {3, 0, 2, 2, 2, 1.12996292512005e-309, 0, 0};
+  options.memory_caps = {101, 1e-310};
+  options.boundary_times = {189, 65, 0.001, 1e6, 3, 1, 1};
+  absl::StatusOr<Partition> p = PartitionLayers({4, 3, 2, 1, 1, 2, 3, 0.5}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->worker_memory[1], 0) << absl::StrJoin(p->boundaries, " ");
+  // 0.5 bytes round up to a whole byte, which a cap of 1.9 (1 byte) holds but one of 0.9 does not.
+  options = PartitionOptions();
+  options.stages = 2;
+  options.layer_memory = {0.5, 0.5, 0.5};
+  options.memory_caps = {1.9, 2};
+  p = PartitionLayers({1, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 1, 3}));
+  options.memory_caps = {0.9, 2};
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Integral byte counts near 2^53 stay exact: 2^53 - 1 and 1 fit a cap of 2^53 exactly.
+  options.layer_memory = {kMaxMemoryBytes - 1, 1, 0};
+  options.memory_caps = {kMaxMemoryBytes, 0};
+  p = PartitionLayers({1, 1, 1}, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 3}));
+}
+
+// The imbalance (max / mean) is in [1, S] even when the times are subnormal, where the mean lost
+// its precision (found by the partition fuzz target: 5.02 for S = 5, from a single layer of
+// 2.26e-319 on one of the workers).
+TEST(PartitionerTest, ImbalanceOfTinyTimesStaysInItsRange) {
+  PartitionOptions options;
+  options.stages = 5;
+  std::vector<double> costs(16, 0.0);
+  costs[0] = 2.26015e-319;
+  for (PlacementKind placement : {PlacementKind::kLinear, PlacementKind::kVShape}) {
+    options.placement = placement;
+    options.virtual_stages = placement == PlacementKind::kVShape ? 2 : 1;
+    absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->imbalance, 5.0);
+  }
+  options.placement = PlacementKind::kLinear;
+  options.virtual_stages = 1;
+  costs.assign(5, 5e-324);  // the smallest subnormal on every worker: perfectly balanced.
+  absl::StatusOr<Partition> p = PartitionLayers(costs, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->imbalance, 1.0);
 }
 
 // Large inputs stay fast: 512 layers on 16 workers (linear), 128 layers on 8 workers (V-shape; 64

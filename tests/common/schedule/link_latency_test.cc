@@ -2,6 +2,7 @@
 // tensors seen by one end only and one-way pairs are ignored.
 #include "common/schedule/link_latency.h"
 
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -83,6 +84,30 @@ TEST(LinkLatencyTest, NeverNegative) {
   const std::optional<double> got = EstimateLinkLatency(obs);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(*got, 0.0);
+}
+
+// Times that are not finite (a corrupt report) are ignored, never sorted: a NaN breaks the
+// ordering std::nth_element relies on. Delays whose difference overflows are ignored too.
+TEST(LinkLatencyTest, NonFiniteTimesAreIgnored) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<LinkObservation> obs;
+  for (int mb = 0; mb < 3; ++mb) {
+    AddTransfer(&obs, 0, 1, kActivation, mb, 0, 10.0 * mb, 10.0 * mb + 0.5);
+    AddTransfer(&obs, 1, 0, kGradient, mb, 0, 10.0 * mb + 5, 10.0 * mb + 5.5);
+  }
+  AddTransfer(&obs, 0, 1, kActivation, 3, 0, nan, 1);
+  AddTransfer(&obs, 0, 1, kActivation, 4, 0, 1, inf);
+  AddTransfer(&obs, 1, 0, kGradient, 5, 0, -1.7e308, 1.7e308);  // the delay overflows.
+  for (int i = 0; i < 16; ++i) AddTransfer(&obs, 1, 0, kGradient, 6 + i, 0, nan, nan);
+  const std::optional<double> latency = EstimateLinkLatency(obs);
+  ASSERT_TRUE(latency.has_value());
+  EXPECT_DOUBLE_EQ(*latency, 0.5);
+
+  std::vector<LinkObservation> only_bad;
+  AddTransfer(&only_bad, 0, 1, kActivation, 0, 0, nan, 1);
+  AddTransfer(&only_bad, 1, 0, kGradient, 0, 0, 1, inf);
+  EXPECT_FALSE(EstimateLinkLatency(only_bad).has_value());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "common/schedule/simulator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -349,10 +351,71 @@ TEST(SimulatorTest, CostsFromFlopsAndWorkerSpeeds) {
               HasSubstr("chunk FLOPs has 1 entries; the placement has 2 chunks"));
   EXPECT_THAT(
       CostModelFromFlops(plan.placement, {{1, 1, 1, 1}, {1, 1, 1, 1}}, {1, 0}).status().message(),
-      HasSubstr("speed of worker 1 must be finite and > 0 (got 0)"));
+      HasSubstr("speed of worker 1 must be in [0.001, 1e+18] (got 0)"));
   EXPECT_THAT(
       CostModelFromFlops(plan.placement, {{1, -1, 1, 1}, {1, 1, 1, 1}}, {1, 1}).status().message(),
-      HasSubstr("chunk 0 FLOPs B must be finite and >= 0"));
+      HasSubstr("chunk 0 FLOPs B must be in [0, 1e+30] (got -1)"));
+}
+
+// Every number of a cost model has a documented range (simulator.h); outside it, INVALID_ARGUMENT
+// naming the value and the range. (Before: a speed of 1e-310 or FLOPs of 1e300 gave infinite
+// durations and an infinite makespan that was reported as a result.)
+TEST(SimulatorTest, NumbersOutsideTheirRangesAreRefused) {
+  const Plan plan = Generated(ScheduleKind::kOneFOneB, 2, 2, 1);
+  const OpCosts one{1, 1, 1, 1};
+  auto from_flops = [&](const std::vector<OpCosts>& flops, const std::vector<double>& speeds) {
+    absl::StatusOr<CostModel> costs = CostModelFromFlops(plan.placement, flops, speeds);
+    EXPECT_EQ(costs.status().code(), absl::StatusCode::kInvalidArgument) << costs.status();
+    return std::string(costs.status().message());
+  };
+  EXPECT_EQ(from_flops({one, one}, {1e-310, 1}),
+            "speed of worker 0 must be in [0.001, 1e+18] (got 1e-310)");
+  EXPECT_EQ(from_flops({one, one}, {1, 1e300}),
+            "speed of worker 1 must be in [0.001, 1e+18] (got 1e+300)");
+  EXPECT_EQ(from_flops({one, {1, 1e300, 1, 1}}, {1, 1}),
+            "chunk 1 FLOPs B must be in [0, 1e+30] (got 1e+300)");
+  // The extremes of the ranges are accepted and simulate to a finite makespan.
+  absl::StatusOr<CostModel> extreme =
+      CostModelFromFlops(plan.placement, {{1e30, 1e30, 1e30, 1e30}, one}, {1e-3, 1e18});
+  ASSERT_TRUE(extreme.ok()) << extreme.status();
+  extreme->link = {1e33, 1e-3};
+  extreme->boundary_bytes = {1e30, 1e30};
+  extreme->activation_bytes = {1e30, 1e30};
+  absl::StatusOr<SimulationResult> r = Simulate(plan, *extreme);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(std::isfinite(r->stats.makespan));
+  EXPECT_GT(r->stats.makespan, 4e33);
+
+  auto simulate = [&](const CostModel& costs) {
+    absl::StatusOr<SimulationResult> result = Simulate(plan, costs);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+    return std::string(result.status().message());
+  };
+  CostModel costs = UniformCostModel(plan.placement, {1, 1e300, 1, 1});
+  EXPECT_EQ(simulate(costs), "chunk 0 cost B must be in [0, 1e+33] (got 1e+300)");
+  costs = UniformCostModel(plan.placement, {1, 2, 1, 1});
+  costs.link.latency = 1e300;
+  EXPECT_EQ(simulate(costs), "link latency must be in [0, 1e+33] (got 1e+300)");
+  costs.link.latency = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(simulate(costs), "link latency must be in [0, 1e+33] (got nan)");
+  costs.link.latency = 0;
+  costs.link.bandwidth = 1e-300;
+  costs.boundary_bytes = {8, 8};
+  EXPECT_EQ(simulate(costs),
+            "link bandwidth must be 0 (infinite) or in [0.001, 1e+30] (got 1e-300)");
+  costs.link.bandwidth = 1;
+  costs.boundary_bytes = {8, 1e300};
+  EXPECT_EQ(simulate(costs), "boundary bytes of chunk 1 must be in [0, 1e+30] (got 1e+300)");
+  costs.boundary_bytes.clear();
+  costs.activation_bytes = {std::numeric_limits<double>::infinity(), 1};
+  EXPECT_EQ(simulate(costs), "activation bytes of chunk 0 must be in [0, 1e+30] (got inf)");
+  costs.activation_bytes.clear();
+  costs.worker_start = {0, 1e34};
+  EXPECT_EQ(simulate(costs), "start time of worker 1 must be in [0, 1e+33] (got 1e+34)");
+  costs.worker_start.clear();
+  costs.action_durations = {{1, 1, 1, 1}, {1, 1, 1, 1e300}};
+  EXPECT_EQ(simulate(costs),
+            "measured duration of worker 1 position 3 must be in [0, 1e+33] (got 1e+300)");
 }
 
 TEST(SimulatorTest, MeasuredDurationsReplaceChunkCosts) {
@@ -402,7 +465,7 @@ TEST(SimulatorTest, MeasuredOutputTimesAndWorkerStarts) {
               HasSubstr("worker start times cover 1 workers; the plan has 2"));
   costs.worker_start = {0, -1};
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("start time of worker 1 must be finite and >= 0"));
+              HasSubstr("start time of worker 1 must be in [0, 1e+33] (got -1)"));
 }
 
 TEST(SimulatorTest, PeakActivationBytes) {
@@ -424,7 +487,7 @@ TEST(SimulatorTest, Errors) {
               HasSubstr("cost model has 1 chunk costs; the plan has 2 chunks"));
   costs = UniformCostModel(plan.placement, {1, -2, 1, 1});
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("chunk 0 cost B must be finite and >= 0 (got -2)"));
+              HasSubstr("chunk 0 cost B must be in [0, 1e+33] (got -2)"));
   costs = UniformCostModel(plan.placement, {1, 2, 1, 1});
   costs.link.latency = -1;
   EXPECT_THAT(Simulate(plan, costs).status().message(), HasSubstr("link latency"));
