@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,14 +46,11 @@ ABSL_FLAG(int64_t, batch, 64, "samples per training step (B)");
 ABSL_FLAG(std::string, format, "",
           "output format (schedule: ascii|json|chrome|svg; "
           "partition: text|json)");
-ABSL_FLAG(int64_t, stages, 0,
-          "pipeline stages (S), >= 1; train/local: 1 if not given; schedule/partition: required");
+ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S), >= 1");
 // reference
 ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
-ABSL_FLAG(std::string, data_dir, "",
-          "directory of the bundled data (default: $PIPETRAIN_DATA_DIR, else "
-          "../share/pipetrain/data from this binary)");
+ABSL_FLAG(std::string, data_dir, "", "directory of the bundled data sets (digits, text)");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
@@ -75,14 +73,14 @@ ABSL_FLAG(std::string, resume, "",
           "host)");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
 ABSL_FLAG(std::string, isa, "",
-          "instruction set of the math, x86-64-v3 or x86-64-v4 (reference: default the highest "
-          "this CPU runs; train/local: the job's, default the highest all its workers run)");
+          "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
+          "every worker must run)");
 ABSL_FLAG(std::string, max_isa, "",
           "reference/local: the highest instruction set to use (local: each worker's --max-isa)");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
-          "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
-          "evaluate, none for train/local (which evaluate the final --save checkpoint)");
+          "held-out samples to evaluate at the end (0: all; train/local: of the final --save "
+          "checkpoint, and only when given)");
 ABSL_FLAG(int64_t, eval_every, 0,
           "held-out evaluation (of --eval-samples samples) after every N-th step; 0: none "
           "(train/local: of the checkpoint then written to --save)");
@@ -94,16 +92,14 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
 // train / local
-ABSL_FLAG(std::string, coordinator, "",
-          "the coordinator's HOST:PORT; if not given, $PIPETRAIN_COORDINATOR");
+ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "",
           "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
 ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
 ABSL_FLAG(std::string, token_file, "",
-          "train/jobs/status/cancel: send the first token of this file to the coordinator "
-          "(default: $PIPETRAIN_TOKEN, with TLS)");
+          "train/jobs/status/cancel: send the first token of this file to the coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|"
           "1f1b-overlap|interleaved-overlap");
@@ -130,7 +126,7 @@ ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded w
 ABSL_FLAG(std::string, kind, "",
           "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
           "interleaved-overlap|dualpipe");
-ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
+ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V)");
 ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
 ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each worker s0,s1,...");
@@ -159,6 +155,9 @@ const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca"
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
                                             "tls_key",     "tls_ca",  "token_file"};
 // clang-format on
+// The defaults `train` and `local` use where the flag's own stands for "not given".
+const std::map<std::string, std::string> kPipelineDefaults = {
+    {"stages", "1"}, {"isa", "the highest all the job's workers run"}};
 
 // `base` followed by `more`.
 std::vector<std::string> Concat(std::vector<std::string> base,
@@ -187,27 +186,35 @@ const ProgramSpec& Program() {
       "pipeline-parallel training: the reference trainer, schedules and partitions, and the "
       "client of a coordinator and its stage workers",
       {
-          {"reference", "", "train in one process with the reference trainer (the oracle)",
-           Concat(kTrainingFlags, {"max_isa"})},
+          {"reference",
+           "",
+           "train in one process with the reference trainer (the oracle)",
+           Concat(kTrainingFlags, {"max_isa"}),
+           {{"isa", "the highest this CPU runs"}, {"eval_samples", "1000"}}},
           {"schedule",
            "",
            "generate, validate, simulate and draw a pipeline schedule",
-           {"kind", "stages", "microbatches", "virtual", "costs", "format"}},
+           {"kind", "stages", "microbatches", "virtual", "costs", "format"},
+           {{"stages", kRequired}, {"format", "ascii"}}},
           {"partition",
            "",
            "split a model's layers across stages (exact min-max)",
            {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
-            "memory_cap", "kind", "virtual", "format"}},
+            "memory_cap", "kind", "virtual", "format"},
+           {{"stages", kRequired}, {"format", "text"}, {"virtual", "the schedule's, else 1"}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
-               kPipelineFlags)},
+               kPipelineFlags),
+           kPipelineDefaults},
           {"local", "", "start a coordinator and --stages workers here, then train on them",
-           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa", "pin_workers"})},
+           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa", "pin_workers"}),
+           kPipelineDefaults},
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
-           {"checkpoint", "data", "data_dir", "eval_samples", "json"}},
+           {"checkpoint", "data", "data_dir", "eval_samples", "json"},
+           {{"eval_samples", "1000"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, steps and stages", kJobFlags},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
@@ -218,7 +225,12 @@ const ProgramSpec& Program() {
       "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
       "given\n"
       "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
-      "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n"};
+      "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n",
+      // Defaults that the flag's own ("" or 0) stands for.
+      {{"data_dir", "$PIPETRAIN_DATA_DIR, else ../share/pipetrain/data beside this binary"},
+       {"coordinator", "$PIPETRAIN_COORDINATOR"},
+       {"token_file", "$PIPETRAIN_TOKEN, with TLS"},
+       {"virtual", "the schedule's"}}};
   return *program;
 }
 

@@ -104,7 +104,7 @@ TEST(CliHelpTest, EachCommandsHelpListsItsFlagsWithDefaultsAndExitsZero) {
   // Defaults and meanings are shown, names with dashes.
   const CommandRun r = Pipetrain("reference --help");
   EXPECT_THAT(r.out, HasSubstr("--batch (default: 64)\n      samples per training step (B)"));
-  EXPECT_THAT(r.out, HasSubstr("--data-dir (default: \"\")"));
+  EXPECT_THAT(r.out, HasSubstr("--data-dir (default: $PIPETRAIN_DATA_DIR, else "));
   EXPECT_THAT(r.out, Not(HasSubstr("data_dir")));
   // Also -h, and --help before the command.
   EXPECT_EQ(Pipetrain("train -h").out, Pipetrain("--help train").out);

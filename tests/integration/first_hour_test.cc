@@ -1,0 +1,138 @@
+// The first hour of a new user (issue 33), through the real binaries: help as a command, help
+// texts whose shown default is the one the command uses, required flags named with what they are,
+// the spellings the commands share, and --version.
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/run_command.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::CommandRun;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+CommandRun RunBinary(const std::string& binary, const std::string& args) {
+  return testing::RunCommand(binary + " " + args + " 2>&1");
+}
+CommandRun Pipetrain(const std::string& args) { return RunBinary(PIPETRAIN_BINARY, args); }
+
+const std::vector<std::string> kCommands = {"reference", "schedule", "partition",
+                                            "train",     "local",    "evaluate",
+                                            "jobs",      "status",   "cancel"};
+
+// One flag of a help text: "  --name (default: X)" or "  --name (required)", and its meaning
+// (the indented lines below it, joined).
+struct FlagEntry {
+  std::string name;     // "--stages"
+  std::string shown;    // "default: 1", "required"
+  std::string meaning;  // "pipeline stages (S), >= 1"
+};
+
+std::vector<FlagEntry> FlagEntries(const std::string& help) {
+  std::vector<FlagEntry> out;
+  const std::regex head(R"(^  (--[a-z][a-z0-9-]*) \((.*)\)$)");
+  for (absl::string_view line : absl::StrSplit(help, '\n')) {
+    std::smatch m;
+    const std::string text(line);
+    if (std::regex_match(text, m, head)) {
+      out.push_back({m[1], m[2], ""});
+    } else if (!out.empty() && absl::StartsWith(line, "      ")) {
+      out.back().meaning += " " + std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  return out;
+}
+
+// The shown default of `flag` in `help` ("" if the flag is not listed).
+std::string Shown(const std::string& help, const std::string& flag) {
+  for (const FlagEntry& e : FlagEntries(help)) {
+    if (e.name == flag) return e.shown;
+  }
+  return "";
+}
+
+// `pipetrain help COMMAND` is `pipetrain COMMAND --help`; `pipetrain help` is `pipetrain --help`.
+TEST(HelpCommandTest, HelpCommandPrintsTheCommandsHelp) {
+  for (const std::string& command : kCommands) {
+    SCOPED_TRACE(command);
+    const CommandRun help = Pipetrain("help " + command);
+    EXPECT_EQ(help.exit_code, 0) << help.out;
+    EXPECT_THAT(help.out, HasSubstr("usage: pipetrain " + command));
+    EXPECT_EQ(help.out, Pipetrain(command + " --help").out);
+  }
+  const CommandRun help = Pipetrain("help");
+  EXPECT_EQ(help.exit_code, 0) << help.out;
+  EXPECT_EQ(help.out, Pipetrain("--help").out);
+  EXPECT_THAT(help.out, HasSubstr("`pipetrain help COMMAND` (or `pipetrain COMMAND --help`)"));
+  // An unknown command is named, with the list of commands, whichever way help was asked for.
+  for (const std::string args : {"help trian", "trian --help"}) {
+    SCOPED_TRACE(args);
+    const CommandRun r = Pipetrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("unknown command 'trian'"));
+    EXPECT_THAT(r.out, HasSubstr("commands:"));
+  }
+}
+
+// Each flag's default is stated once, in "(default: X)", and is what the command does when the
+// flag is not given: no meaning text adds "1 if not given" or "default ..." of its own.
+TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
+  std::vector<std::pair<std::string, std::string>> helps;  // (what, help text)
+  for (const std::string& command : kCommands) {
+    helps.emplace_back("pipetrain " + command, Pipetrain(command + " --help").out);
+  }
+  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR, "--help").out);
+  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_WORKER, "--help").out);
+  const std::regex states_a_default(R"(default|if not given)", std::regex::icase);
+  for (const auto& [what, help] : helps) {
+    SCOPED_TRACE(what);
+    const std::vector<FlagEntry> entries = FlagEntries(help);
+    EXPECT_GT(entries.size(), 3u) << help;
+    for (const FlagEntry& e : entries) {
+      EXPECT_FALSE(std::regex_search(e.meaning, states_a_default))
+          << e.name << " (" << e.shown << "):" << e.meaning;
+    }
+  }
+  // --stages: 1 for the training commands, required where there is nothing to default to.
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--stages"), "default: 1");
+  EXPECT_EQ(Shown(Pipetrain("local --help").out, "--stages"), "default: 1");
+  EXPECT_EQ(Shown(Pipetrain("schedule --help").out, "--stages"), "required");
+  EXPECT_EQ(Shown(Pipetrain("partition --help").out, "--stages"), "required");
+  // --eval-samples: 1000 where an evaluation always runs; none where it runs only when asked.
+  EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--eval-samples"), "default: 1000");
+  EXPECT_EQ(Shown(Pipetrain("evaluate --help").out, "--eval-samples"), "default: 1000");
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--eval-samples"), "default: none");
+  // What an empty flag stands for.
+  EXPECT_EQ(Shown(Pipetrain("jobs --help").out, "--coordinator"),
+            "default: $PIPETRAIN_COORDINATOR");
+  EXPECT_EQ(Shown(Pipetrain("schedule --help").out, "--format"), "default: ascii");
+  EXPECT_EQ(Shown(Pipetrain("partition --help").out, "--format"), "default: text");
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--cpus"),
+            "default: all the process may use");
+  // A flag whose own default is what happens keeps it.
+  EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--batch"), "default: 64");
+}
+
+// The shown default is the one in force: `local` without --stages runs one stage, while the
+// flag's own value (0) given is refused.
+TEST(HelpDefaultsTest, StagesNotGivenIsOneStage) {
+  const std::string model = std::string(PIPETRAIN_SOURCE_DIR) + "/examples/mlp_digits.textproto";
+  const CommandRun zero = Pipetrain("local --model " + model + " --stages 0 --steps 1");
+  EXPECT_EQ(zero.exit_code, 1) << zero.out;
+  EXPECT_THAT(zero.out, HasSubstr("--stages must be >= 1"));
+  const CommandRun one = Pipetrain("local --model " + model + " --steps 1 --batch 8");
+  EXPECT_EQ(one.exit_code, 0) << one.out;
+  EXPECT_THAT(one.out, HasSubstr(": 1 stages, schedule 1f1b"));
+}
+
+}  // namespace
+}  // namespace pipetrain
