@@ -79,7 +79,9 @@ absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
         "interleaved-overlap or dualpipe");
   }
   PT_ASSIGN_OR_RETURN(o.params.kind, schedule::ParseScheduleKind(kind));
-  if (stages.empty()) return absl::InvalidArgumentError("--stages is required");
+  if (stages.empty()) {
+    return absl::InvalidArgumentError("--stages is required: the pipeline's stage count (S)");
+  }
   PT_ASSIGN_OR_RETURN(o.params.stages, ParsePositiveInt("stages", stages));
   if (microbatches.empty()) return absl::InvalidArgumentError("--microbatches is required");
   PT_ASSIGN_OR_RETURN(o.params.microbatches, ParsePositiveInt("microbatches", microbatches));

@@ -78,7 +78,11 @@ absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& 
 }
 
 absl::Status CheckTrainingOptions(const TrainingOptions& o) {
-  if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (o.model_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--model FILE is required: the model to train, a ModelSpec in protobuf text format (e.g. "
+        "examples/mlp_digits.textproto)");
+  }
   if (o.steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 1, got ", o.steps));
   }

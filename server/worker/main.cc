@@ -24,7 +24,9 @@
 #include "server/metrics/worker_metrics.h"
 #include "server/worker/stage_worker_daemon.h"
 
-ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of the coordinator this worker joins: the address it listens on (its "
+          "--listen)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
           "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
@@ -91,7 +93,8 @@ int main(int argc, char** argv) {
       pipetrain::ProgramFlags(),
       "",
       // What the flags' own defaults ("") stand for.
-      {{"name", "the advertised address"},
+      {{"coordinator", pipetrain::kRequired},
+       {"name", "the advertised address"},
        {"advertise", "--listen's host (the host name for a wildcard) and bound port"},
        {"cpus", "all the process may use"},
        {"max_isa", "the highest this CPU runs"}}};
@@ -115,6 +118,13 @@ int main(int argc, char** argv) {
 
   pipetrain::worker::StageWorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    absl::FPrintF(stderr,
+                  "stage_worker: --coordinator HOST:PORT is required: the address the coordinator "
+                  "this worker joins listens on (its --listen; e.g. --coordinator "
+                  "127.0.0.1:7070). `stage_worker --help` lists every flag\n");
+    return 2;
+  }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.name = absl::GetFlag(FLAGS_name);
   options.advertise = absl::GetFlag(FLAGS_advertise);

@@ -25,9 +25,8 @@ CommandRun RunBinary(const std::string& binary, const std::string& args) {
 }
 CommandRun Pipetrain(const std::string& args) { return RunBinary(PIPETRAIN_BINARY, args); }
 
-const std::vector<std::string> kCommands = {"reference", "schedule", "partition",
-                                            "train",     "local",    "evaluate",
-                                            "jobs",      "status",   "cancel"};
+const std::vector<std::string> kCommands = {"reference", "schedule", "partition", "train", "local",
+                                            "evaluate",  "jobs",     "status",    "cancel"};
 
 // One flag of a help text: "  --name (default: X)" or "  --name (required)", and its meaning
 // (the indented lines below it, joined).
@@ -92,7 +91,7 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
   }
   helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR, "--help").out);
   helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_WORKER, "--help").out);
-  const std::regex states_a_default(R"(default|if not given)", std::regex::icase);
+  const std::regex states_a_default(R"(default|if not given|required)", std::regex::icase);
   for (const auto& [what, help] : helps) {
     SCOPED_TRACE(what);
     const std::vector<FlagEntry> entries = FlagEntries(help);
@@ -118,6 +117,7 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
   EXPECT_EQ(Shown(Pipetrain("partition --help").out, "--format"), "default: text");
   EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--cpus"),
             "default: all the process may use");
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--coordinator"), "required");
   // A flag whose own default is what happens keeps it.
   EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--batch"), "default: 64");
 }
@@ -132,6 +132,39 @@ TEST(HelpDefaultsTest, StagesNotGivenIsOneStage) {
   const CommandRun one = Pipetrain("local --model " + model + " --steps 1 --batch 8");
   EXPECT_EQ(one.exit_code, 0) << one.out;
   EXPECT_THAT(one.out, HasSubstr(": 1 stages, schedule 1f1b"));
+}
+
+// A required flag that is missing is named with what it is, not reported as a malformed value.
+TEST(RequiredFlagsTest, MissingRequiredFlagsSayWhatTheyAre) {
+  const CommandRun worker = RunBinary(PIPETRAIN_WORKER, "");
+  EXPECT_EQ(worker.exit_code, 2) << worker.out;
+  EXPECT_THAT(worker.out,
+              HasSubstr("stage_worker: --coordinator HOST:PORT is required: the address "
+                        "the coordinator this worker joins listens on (its --listen"));
+  EXPECT_THAT(worker.out, Not(HasSubstr("got ''")));
+  // A malformed address is still reported as one.
+  const CommandRun bad = RunBinary(PIPETRAIN_WORKER, "--coordinator nowhere");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("must be host:port, got 'nowhere'"));
+
+  const std::string model = std::string(PIPETRAIN_SOURCE_DIR) + "/examples/mlp_digits.textproto";
+  const CommandRun train =
+      testing::RunCommand(std::string("env -u PIPETRAIN_COORDINATOR ") + PIPETRAIN_BINARY +
+                          " train --model " + model + " 2>&1");
+  EXPECT_EQ(train.exit_code, 1) << train.out;
+  EXPECT_THAT(train.out, HasSubstr("--coordinator HOST:PORT is required (or the environment "
+                                   "variable PIPETRAIN_COORDINATOR): the address a running "
+                                   "coordinator listens on (its --listen); `pipetrain local`"));
+  for (const std::string command : {"reference", "train", "local"}) {
+    SCOPED_TRACE(command);
+    const CommandRun r = Pipetrain(command);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("--model FILE is required: the model to train, a ModelSpec in "
+                                 "protobuf text format (e.g. examples/mlp_digits.textproto)"));
+  }
+  const CommandRun partition = Pipetrain("partition --costs 1,2");
+  EXPECT_EQ(partition.exit_code, 1) << partition.out;
+  EXPECT_THAT(partition.out, HasSubstr("--stages is required: how many pipeline stages"));
 }
 
 }  // namespace
