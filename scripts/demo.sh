@@ -60,5 +60,5 @@ phase "4/4 starting a coordinator and 2 stage workers (pipetrain local) and trai
 "$bin" local --stages 2 --schedule 1f1b --model examples/mlp_digits.textproto --data digits \
   --steps 300 --batch 64 --microbatches 4 --seed 1 --optimizer adamw:lr=1e-2 --log-every 25 \
   --save "$checkpoint" "$@"
-"$bin" evaluate --checkpoint "$checkpoint" --eval-samples 0
+"$bin" evaluate --resume "$checkpoint" --eval-samples 0
 phase "done"

@@ -1,7 +1,7 @@
 // The `pipetrain` command-line client. Flags are parsed here only, into each command's options.
 //
 //   pipetrain reference --model FILE --data SPEC --steps N --batch B --microbatches M ...
-//   pipetrain schedule  --kind KIND --stages S --microbatches M [--virtual V] --format FMT
+//   pipetrain schedule  --schedule KIND --stages S --microbatches M [--virtual V] --format FMT
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
@@ -69,9 +69,9 @@ ABSL_FLAG(std::string, save, "",
           "checkpoint directory (created if missing, checked writable before the first step): a "
           "checkpoint at the end, and every --checkpoint-every steps");
 ABSL_FLAG(std::string, resume, "",
-          "continue training from this checkpoint directory (train/local: on the coordinator's "
-          "host)");
-ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
+          "the checkpoint directory to read (what --save wrote): training continues from it "
+          "(train/local: a directory on the coordinator's host); evaluate evaluates it");
+ABSL_FLAG(std::string, checkpoint, "", "evaluate: the former name of --resume, still accepted");
 ABSL_FLAG(std::string, isa, "",
           "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
           "every worker must run)");
@@ -101,8 +101,8 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, token_file, "",
           "train/jobs/status/cancel: send the first token of this file to the coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
-          "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|"
-          "1f1b-overlap|interleaved-overlap");
+          "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
+          "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
 ABSL_FLAG(std::string, trace, "",
           "train/local: write the measured timeline of the last step (or of --trace-steps) as a "
           "Chrome trace for Perfetto: compute, wait, send and receive spans per rank");
@@ -124,8 +124,7 @@ ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
 ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
 ABSL_FLAG(std::string, kind, "",
-          "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
-          "interleaved-overlap|dualpipe");
+          "schedule/partition: the former name of --schedule, still accepted");
 ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V)");
 ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
@@ -194,14 +193,17 @@ const ProgramSpec& Program() {
           {"schedule",
            "",
            "generate, validate, simulate and draw a pipeline schedule",
-           {"kind", "stages", "microbatches", "virtual", "costs", "format"},
-           {{"stages", kRequired}, {"format", "ascii"}}},
+           {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "format"},
+           {{"schedule", kRequired}, {"stages", kRequired}, {"format", "ascii"}}},
           {"partition",
            "",
            "split a model's layers across stages (exact min-max)",
            {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
-            "memory_cap", "kind", "virtual", "format"},
-           {{"stages", kRequired}, {"format", "text"}, {"virtual", "the schedule's, else 1"}}},
+            "memory_cap", "schedule", "kind", "virtual", "format"},
+           {{"stages", kRequired},
+            {"schedule", "none: one chunk per stage"},
+            {"format", "text"},
+            {"virtual", "the schedule's, else 1"}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
@@ -213,8 +215,8 @@ const ProgramSpec& Program() {
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
-           {"checkpoint", "data", "data_dir", "eval_samples", "json"},
-           {{"eval_samples", "1000"}}},
+           {"resume", "checkpoint", "data", "data_dir", "eval_samples", "json"},
+           {{"resume", kRequired}, {"data", "the checkpoint's"}, {"eval_samples", "1000"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, steps and stages", kJobFlags},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
@@ -310,9 +312,30 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& lin
   return o;
 }
 
+// The value of the flag `name`, or of `alias` (its former name) when only that was given; ""
+// when neither was (whatever `name`'s default). Both given: INVALID_ARGUMENT.
+absl::StatusOr<std::string> FlagOrAlias(const CommandLine& line, const char* name,
+                                        const std::string& value, const char* alias,
+                                        const std::string& alias_value) {
+  if (line.Given(name) && line.Given(alias)) {
+    return absl::InvalidArgumentError(absl::StrCat(DashedFlag(alias), " is the former name of ",
+                                                   DashedFlag(name), ": give one of them"));
+  }
+  if (line.Given(name)) return value;
+  return line.Given(alias) ? alias_value : std::string();
+}
+
+// schedule/partition: --schedule, else its former name --kind; "" if neither was given (the
+// flag's default, 1f1b, is train's and local's).
+absl::StatusOr<std::string> ScheduleKindFromFlags(const CommandLine& line) {
+  return FlagOrAlias(line, "schedule", absl::GetFlag(FLAGS_schedule), "kind",
+                     absl::GetFlag(FLAGS_kind));
+}
+
 absl::Status RunEvaluate(const CommandLine& line) {
   EvaluateCommandOptions o;
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
   // --data only when given: by default the data set the checkpoint was trained on.
   if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -355,12 +378,13 @@ std::string GivenInt(const CommandLine& line, const char* name, int64_t v) {
 }
 
 absl::Status RunSchedule(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(const std::string kind, ScheduleKindFromFlags(line));
   PT_ASSIGN_OR_RETURN(
       ScheduleCommandOptions o,
-      ParseScheduleCommandOptions(
-          absl::GetFlag(FLAGS_kind), GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)),
-          absl::StrCat(absl::GetFlag(FLAGS_microbatches)), absl::GetFlag(FLAGS_virtual),
-          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_format)));
+      ParseScheduleCommandOptions(kind, GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)),
+                                  absl::StrCat(absl::GetFlag(FLAGS_microbatches)),
+                                  absl::GetFlag(FLAGS_virtual), absl::GetFlag(FLAGS_costs),
+                                  absl::GetFlag(FLAGS_format)));
   PT_ASSIGN_OR_RETURN(std::string text, RunScheduleCommand(o));
   std::cout << text;
   return absl::OkStatus();
@@ -402,6 +426,7 @@ absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
 }
 
 absl::Status RunPartition(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(const std::string kind, ScheduleKindFromFlags(line));
   const std::string model_path = absl::GetFlag(FLAGS_model);
   ModelLayers layers;
   if (!model_path.empty()) {
@@ -412,8 +437,7 @@ absl::Status RunPartition(const CommandLine& line) {
       ParsePartitionCommandOptions(
           absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_speeds), absl::GetFlag(FLAGS_memory_cap),
           GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)), absl::GetFlag(FLAGS_format),
-          model_path.empty() ? nullptr : &layers, absl::GetFlag(FLAGS_kind),
-          absl::GetFlag(FLAGS_virtual)));
+          model_path.empty() ? nullptr : &layers, kind, absl::GetFlag(FLAGS_virtual)));
   PT_ASSIGN_OR_RETURN(std::string text, RunPartitionCommand(o));
   std::cout << text;
   return absl::OkStatus();

@@ -167,5 +167,63 @@ TEST(RequiredFlagsTest, MissingRequiredFlagsSayWhatTheyAre) {
   EXPECT_THAT(partition.out, HasSubstr("--stages is required: how many pipeline stages"));
 }
 
+// --schedule names the schedule in every command; schedule and partition still take --kind, its
+// former name, with the same result.
+TEST(SpellingsTest, ScheduleIsSpeltScheduleEverywhereAndKindStillWorks) {
+  const std::string shape = " --stages 2 --microbatches 4 --format json";
+  const CommandRun schedule = Pipetrain("schedule --schedule zb-h1" + shape);
+  ASSERT_EQ(schedule.exit_code, 0) << schedule.out;
+  EXPECT_THAT(schedule.out, HasSubstr("\"actions\""));
+  EXPECT_EQ(Pipetrain("schedule --kind zb-h1" + shape).out, schedule.out);
+  EXPECT_NE(Pipetrain("schedule --schedule 1f1b" + shape).out, schedule.out);
+  const CommandRun both = Pipetrain("schedule --schedule zb-h1 --kind zb-h1" + shape);
+  EXPECT_EQ(both.exit_code, 1) << both.out;
+  EXPECT_THAT(both.out, HasSubstr("--kind is the former name of --schedule: give one of them"));
+  const CommandRun none = Pipetrain("schedule" + shape);
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_THAT(none.out, HasSubstr("--schedule is required: gpipe, 1f1b,"));
+  EXPECT_EQ(Shown(Pipetrain("schedule --help").out, "--schedule"), "required");
+
+  // partition: the schedule picks the placement (interleaved: 2 chunks per stage, looped).
+  const std::string costs = "partition --costs 1,1,1,1,1,1,1,1 --stages 2 --format json";
+  const CommandRun interleaved = Pipetrain(costs + " --schedule interleaved");
+  ASSERT_EQ(interleaved.exit_code, 0) << interleaved.out;
+  EXPECT_EQ(Pipetrain(costs + " --kind interleaved").out, interleaved.out);
+  EXPECT_NE(Pipetrain(costs).out, interleaved.out);
+  EXPECT_EQ(Shown(Pipetrain("partition --help").out, "--schedule"),
+            "default: none: one chunk per stage");
+}
+
+// evaluate reads its checkpoint with --resume DIR, as the training commands do (--save writes
+// one); --checkpoint DIR, its former name, still works. Without --data it evaluates on the data
+// set the checkpoint was trained on, as its help says.
+TEST(SpellingsTest, EvaluateTakesResumeAndTheCheckpointsData) {
+  const std::string dir = testing::TempDir("first_hour_evaluate_");
+  ASSERT_FALSE(dir.empty());
+  const std::string model = std::string(PIPETRAIN_SOURCE_DIR) + "/examples/mlp_digits.textproto";
+  const CommandRun trained = Pipetrain("reference --model " + model +
+                                       " --data synthetic:256 --steps 3 --batch 16 --seed 3 "
+                                       "--eval-samples 1 --save " +
+                                       dir + "/ckpt");
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  const CommandRun resume = Pipetrain("evaluate --resume " + dir + "/ckpt --eval-samples 64");
+  ASSERT_EQ(resume.exit_code, 0) << resume.out;
+  EXPECT_THAT(resume.out, HasSubstr(": step 3, model mlp_digits, data synthetic"));
+  EXPECT_EQ(Pipetrain("evaluate --checkpoint " + dir + "/ckpt --eval-samples 64").out, resume.out);
+  const CommandRun digits =
+      Pipetrain("evaluate --resume " + dir + "/ckpt --eval-samples 64 --data digits");
+  ASSERT_EQ(digits.exit_code, 0) << digits.out;
+  EXPECT_THAT(digits.out, HasSubstr(", data digits"));
+  const CommandRun none = Pipetrain("evaluate");
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_THAT(none.out, HasSubstr("--resume DIR is required: the checkpoint directory to "
+                                  "evaluate (what --save wrote)"));
+  const std::string help = Pipetrain("evaluate --help").out;
+  EXPECT_EQ(Shown(help, "--data"), "default: the checkpoint's");
+  EXPECT_EQ(Shown(help, "--resume"), "required");
+  EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--data"), "default: \"digits\"");
+  testing::RunCommand("rm -rf '" + dir + "'");
+}
+
 }  // namespace
 }  // namespace pipetrain
