@@ -19,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/util/build_info.h"
 
 namespace pipetrain {
 namespace {
@@ -28,9 +29,10 @@ constexpr int kMaxFlagfileDepth = 10;
 // Help text is wrapped to this width.
 constexpr size_t kHelpWidth = 100;
 
-// Abseil's own flags that every command accepts (its --help* flags are answered here).
+// Abseil's own flags that every command accepts (its --help* flags and --version are answered
+// here).
 bool IsAbslBuiltin(absl::string_view name) {
-  return name == "fromenv" || name == "tryfromenv" || name == "undefok" || name == "version" ||
+  return name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
          name == "only_check_args";
 }
 
@@ -287,7 +289,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
   std::vector<std::string> for_absl = {argv[0]};
   std::vector<const Arg*> unknown;
   std::vector<std::pair<std::string, const Arg*>> given_flags;  // name, where
-  bool help = false, help_full = false;
+  bool help = false, help_full = false, version = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const Arg& arg = args[i];
     absl::string_view a = arg.text;
@@ -305,6 +307,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
     if (name == "h" || name == "help" || name == "helpshort" || name == "helpfull") {
       help = true;
       help_full = help_full || name == "helpfull";
+      continue;
+    }
+    if (name == "version") {
+      version = true;
       continue;
     }
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -329,6 +335,11 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
     }
     given_flags.emplace_back(flag->Name(), &arg);
     for_absl.push_back(std::move(text));
+  }
+
+  if (version) {
+    result.help = util::VersionLine(program.name) + "\n";
+    return result;
   }
 
   // 3. The command, and help.

@@ -6,6 +6,7 @@
 //    files obey the same rules as the command line;
 //  - per-command help (`pipetrain train --help`, `pipetrain help train`) listing that command's
 //    flags, defaults and meaning; --help / --helpfull exit 0;
+//  - --version: the program's name, version and git commit (build_info.h), exit 0;
 //  - unknown flags and flags the command does not use refused with a "did you mean";
 //  - which flags were given (not: which differ from their default).
 #ifndef PIPETRAIN_COMMON_UTIL_COMMAND_LINE_H_
@@ -56,8 +57,9 @@ struct ProgramSpec {
 // The command line after ParseCommandLine.
 struct CommandLine {
   // Set if --help/-h/--helpshort or --helpfull was given, or the program has commands and the
-  // first argument is `help` (`help COMMAND` is `COMMAND --help`; `help` alone is --help): the
-  // text to print on stdout (then exit 0); nothing else is set or parsed then. Not set for help
+  // first argument is `help` (`help COMMAND` is `COMMAND --help`; `help` alone is --help), or
+  // --version was given (then it is util::VersionLine and a newline, whatever else was given):
+  // the text to print on stdout (then exit 0); nothing else is set or parsed then. Not set for help
   // on an unknown command, which is then the unknown command (`command` null, `command_name` it).
   std::string help;
   // The command (program with commands): nullptr if missing or unknown (`command_name` holds
@@ -75,7 +77,7 @@ struct CommandLine {
 
 // Parses argv for `program` (which must outlive the result): expands --flagfile, normalises flag
 // names, refuses unknown flags and, for a known command, flags it does not list (absl's own flags
-// --fromenv, --tryfromenv, --undefok, --version and --only_check_args are allowed everywhere);
+// --fromenv, --tryfromenv, --undefok and --only_check_args are allowed everywhere);
 // then sets the flag values with absl::ParseCommandLine (which exits 1 with its message on a
 // malformed value). Help requests return CommandLine::help without parsing values. Errors:
 // INVALID_ARGUMENT naming the flag, with a "did you mean" where a listed flag is close; NOT_FOUND
@@ -84,8 +86,8 @@ struct CommandLine {
 absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int argc, char** argv);
 
 // A daemon's command line (`program` has no commands and takes no arguments): nullopt when main()
-// should go on; else the exit code after --help was printed on stdout (0) or the error, prefixed
-// with the program's name, on stderr (2). Call once, from main().
+// should go on; else the exit code after --help or --version was printed on stdout (0) or the
+// error, prefixed with the program's name, on stderr (2). Call once, from main().
 std::optional<int> ParseDaemonCommandLine(const ProgramSpec& program, int argc, char** argv);
 
 // The per-command help `pipetrain COMMAND --help` prints: synopsis, summary and every flag of

@@ -9,8 +9,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/daemons.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -222,6 +225,92 @@ TEST(SpellingsTest, EvaluateTakesResumeAndTheCheckpointsData) {
   EXPECT_EQ(Shown(help, "--data"), "default: the checkpoint's");
   EXPECT_EQ(Shown(help, "--resume"), "required");
   EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--data"), "default: \"digits\"");
+  testing::RunCommand("rm -rf '" + dir + "'");
+}
+
+// The "VERSION (commit X)" or "VERSION" after the name in a --version line; "" if the line is
+// not "NAME VERSION[ (commit 12 hex digits)]\n".
+std::string VersionOf(const std::string& name, const std::string& out) {
+  const std::regex line("^" + name + R"( ([0-9]+\.[0-9]+\.[0-9]+( \(commit [0-9a-f]{12}\))?)\n$)");
+  std::smatch m;
+  return std::regex_match(out, m, line) ? m[1].str() : "";
+}
+
+// `--version` on all three binaries: the CMake project version and, when the build read it from
+// a git checkout, the commit, which is one of this repository's; the same for all three. Given
+// with a command or other flags, --version still only prints the version.
+TEST(VersionTest, EveryBinaryPrintsTheProjectVersionAndCommit) {
+  const CommandRun pipetrain = Pipetrain("--version");
+  EXPECT_EQ(pipetrain.exit_code, 0) << pipetrain.out;
+  const std::string version = VersionOf("pipetrain", pipetrain.out);
+  ASSERT_FALSE(version.empty()) << pipetrain.out;
+  EXPECT_TRUE(absl::StartsWith(version, PIPETRAIN_PROJECT_VERSION)) << version;
+  for (const auto& [name, binary] : std::vector<std::pair<std::string, std::string>>{
+           {"coordinator", PIPETRAIN_COORDINATOR}, {"stage_worker", PIPETRAIN_WORKER}}) {
+    SCOPED_TRACE(name);
+    const CommandRun r = RunBinary(binary, "--version");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(VersionOf(name, r.out), version) << r.out;
+  }
+  EXPECT_EQ(Pipetrain("train --version --stages 3").out, pipetrain.out);
+  EXPECT_EQ(Pipetrain("help --version").out, pipetrain.out);
+  const size_t at = version.find("(commit ");
+  const CommandRun git = testing::RunCommand(std::string("git -C '") + PIPETRAIN_SOURCE_DIR +
+                                             "' rev-parse --git-dir >/dev/null 2>&1");
+  if (at != std::string::npos && git.exit_code == 0) {
+    const std::string commit = version.substr(at + 8, 12);
+    const CommandRun known = testing::RunCommand(std::string("git -C '") + PIPETRAIN_SOURCE_DIR +
+                                                 "' cat-file -e " + commit + "^{commit} 2>&1");
+    EXPECT_EQ(known.exit_code, 0) << commit << " is no commit of " << PIPETRAIN_SOURCE_DIR;
+  }
+}
+
+// The address after "serving /metrics on " in the log `path`, waiting up to 10 s for it.
+std::string MetricsAddress(const std::string& path) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    for (absl::string_view line : absl::StrSplit(testing::ReadFile(path), '\n')) {
+      const size_t at = line.find("serving /metrics on ");
+      if (at == absl::string_view::npos) continue;
+      absl::string_view rest = line.substr(at + 20);
+      return std::string(rest.substr(0, rest.find_first_of("\" \t}")));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return "";
+}
+
+// Both daemons' /metrics carry pipetrain_build_info{daemon, version, commit} 1, with the version
+// and commit their --version prints.
+TEST(VersionTest, BothDaemonsExportTheirBuildInfo) {
+  if (testing::RunCommand("command -v curl >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "curl is not installed (apt-get install curl)";
+  }
+  std::string version = VersionOf("pipetrain", Pipetrain("--version").out);
+  ASSERT_FALSE(version.empty());
+  std::string commit = "unknown";
+  if (const size_t at = version.find(" (commit "); at != std::string::npos) {
+    commit = version.substr(at + 9, 12);
+    version = version.substr(0, at);
+  }
+  const std::string dir = testing::TempDir("first_hour_metrics_");
+  ASSERT_FALSE(dir.empty());
+  testing::Daemons daemons;
+  ASSERT_EQ(daemons.Start(dir, 1, {"--metrics-listen", "127.0.0.1:0"},
+                          {"--metrics-listen", "127.0.0.1:0"}),
+            "");
+  for (const auto& [daemon, log] : std::vector<std::pair<std::string, std::string>>{
+           {"coordinator", "coordinator.log"}, {"stage_worker", "worker-0.log"}}) {
+    SCOPED_TRACE(daemon);
+    const std::string address = MetricsAddress(dir + "/" + log);
+    ASSERT_FALSE(address.empty()) << testing::ReadFile(dir + "/" + log);
+    const CommandRun scrape =
+        testing::RunCommand("curl -sf --max-time 10 http://" + address + "/metrics");
+    ASSERT_EQ(scrape.exit_code, 0) << scrape.out;
+    EXPECT_THAT(scrape.out, HasSubstr("pipetrain_build_info{commit=\"" + commit + "\",daemon=\"" +
+                                      daemon + "\",version=\"" + version + "\"} 1"));
+  }
+  EXPECT_EQ(daemons.Stop(), "");
   testing::RunCommand("rm -rf '" + dir + "'");
 }
 

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/build_info.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -129,6 +131,24 @@ TEST(CommandLineTest, HelpShowsTheDefaultTheCommandUses) {
   const std::string help = ProgramHelp(daemon, false);
   EXPECT_THAT(help, HasSubstr("  --test-data-dir (required)\n"));
   EXPECT_THAT(help, HasSubstr("  --test-json (default: false)\n"));
+}
+
+// --version anywhere prints "NAME VERSION[ (commit X)]" and nothing else is checked or parsed.
+TEST(CommandLineTest, VersionIsAnsweredBeforeAnythingIsChecked) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--version"}, std::vector<std::string>{"run", "--version"},
+        std::vector<std::string>{"bogus", "--bogus", "--version", "--help"}}) {
+    absl::StatusOr<CommandLine> line = Parse(args);
+    ASSERT_TRUE(line.ok()) << line.status();
+    EXPECT_EQ(line->help, util::VersionLine("prog") + "\n");
+  }
+  EXPECT_THAT(
+      util::VersionLine("prog"),
+      ::testing::MatchesRegex("prog [0-9]+\\.[0-9]+\\.[0-9]+( \\(commit [0-9a-f]{12}\\))?"));
+  EXPECT_EQ(util::VersionLine("prog"), util::GitCommit().empty()
+                                           ? absl::StrCat("prog ", util::ProjectVersion())
+                                           : absl::StrCat("prog ", util::ProjectVersion(),
+                                                          " (commit ", util::GitCommit(), ")"));
 }
 
 TEST(CommandLineTest, UnknownAndForeignFlagsAreRefusedWithASuggestion) {
