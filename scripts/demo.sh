@@ -19,7 +19,7 @@ phase() {
   printf 'demo [%d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*" >&2
 }
 
-phase "1/4 packages: checking the $(bash scripts/setup.sh --demo --list | wc -l) the binaries" \
+phase "1/4 checking the $(bash scripts/setup.sh --demo --list | wc -l) packages the binaries" \
   "need (scripts/setup.sh --demo)..."
 bash scripts/setup.sh --demo
 

@@ -45,7 +45,7 @@ for arg in "$@"; do
     --all) set_name=all ;;
     --list) list=true ;;
     -h | --help)
-      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+      awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
       exit 0
       ;;
     *)
