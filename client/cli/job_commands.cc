@@ -33,7 +33,8 @@ std::string Age(int64_t unix_ms, absl::Time now) {
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const JobCommandOptions& o) {
   if (o.coordinator.empty()) {
     return absl::InvalidArgumentError(
-        "--coordinator HOST:PORT is required (or the environment variable PIPETRAIN_COORDINATOR)");
+        "--coordinator HOST:PORT is required (or the environment variable "
+        "PIPETRAIN_COORDINATOR): the address a running coordinator listens on (its --listen)");
   }
   return client::Client::Connect(o.coordinator, o.client);
 }

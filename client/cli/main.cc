@@ -1,7 +1,7 @@
 // The `pipetrain` command-line client. Flags are parsed here only, into each command's options.
 //
 //   pipetrain reference --model FILE --data SPEC --steps N --batch B --microbatches M ...
-//   pipetrain schedule  --kind KIND --stages S --microbatches M [--virtual V] --format FMT
+//   pipetrain schedule  --schedule KIND --stages S --microbatches M [--virtual V] --format FMT
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,14 +46,11 @@ ABSL_FLAG(int64_t, batch, 64, "samples per training step (B)");
 ABSL_FLAG(std::string, format, "",
           "output format (schedule: ascii|json|chrome|svg; "
           "partition: text|json)");
-ABSL_FLAG(int64_t, stages, 0,
-          "pipeline stages (S), >= 1; train/local: 1 if not given; schedule/partition: required");
+ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S), >= 1");
 // reference
 ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
-ABSL_FLAG(std::string, data_dir, "",
-          "directory of the bundled data (default: $PIPETRAIN_DATA_DIR, else "
-          "../share/pipetrain/data from this binary)");
+ABSL_FLAG(std::string, data_dir, "", "directory of the bundled data sets (digits, text)");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
@@ -71,18 +69,18 @@ ABSL_FLAG(std::string, save, "",
           "checkpoint directory (created if missing, checked writable before the first step): a "
           "checkpoint at the end, and every --checkpoint-every steps");
 ABSL_FLAG(std::string, resume, "",
-          "continue training from this checkpoint directory (train/local: on the coordinator's "
-          "host)");
-ABSL_FLAG(std::string, checkpoint, "", "evaluate: the checkpoint directory");
+          "the checkpoint directory to read (what --save wrote): training continues from it "
+          "(train/local: a directory on the coordinator's host); evaluate evaluates it");
+ABSL_FLAG(std::string, checkpoint, "", "evaluate: the former name of --resume, still accepted");
 ABSL_FLAG(std::string, isa, "",
-          "instruction set of the math, x86-64-v3 or x86-64-v4 (reference: default the highest "
-          "this CPU runs; train/local: the job's, default the highest all its workers run)");
+          "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
+          "every worker must run)");
 ABSL_FLAG(std::string, max_isa, "",
           "reference/local: the highest instruction set to use (local: each worker's --max-isa)");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
-          "held-out samples to evaluate at the end (0: all); default 1000 for reference and "
-          "evaluate, none for train/local (which evaluate the final --save checkpoint)");
+          "held-out samples to evaluate at the end (0: all; train/local: of the final --save "
+          "checkpoint, and only when given)");
 ABSL_FLAG(int64_t, eval_every, 0,
           "held-out evaluation (of --eval-samples samples) after every N-th step; 0: none "
           "(train/local: of the checkpoint then written to --save)");
@@ -94,19 +92,17 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
 // train / local
-ABSL_FLAG(std::string, coordinator, "",
-          "the coordinator's HOST:PORT; if not given, $PIPETRAIN_COORDINATOR");
+ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "",
           "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
 ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
           "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
 ABSL_FLAG(std::string, token_file, "",
-          "train/jobs/status/cancel: send the first token of this file to the coordinator "
-          "(default: $PIPETRAIN_TOKEN, with TLS)");
+          "train/jobs/status/cancel: send the first token of this file to the coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
-          "train/local: pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|"
-          "1f1b-overlap|interleaved-overlap");
+          "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
+          "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
 ABSL_FLAG(std::string, trace, "",
           "train/local: write the measured timeline of the last step (or of --trace-steps) as a "
           "Chrome trace for Perfetto: compute, wait, send and receive spans per rank");
@@ -128,9 +124,8 @@ ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
 ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
 ABSL_FLAG(std::string, kind, "",
-          "schedule kind: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
-          "interleaved-overlap|dualpipe");
-ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V); default per schedule kind");
+          "schedule/partition: the former name of --schedule, still accepted");
+ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V)");
 ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
 ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each worker s0,s1,...");
@@ -159,6 +154,9 @@ const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca"
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
                                             "tls_key",     "tls_ca",  "token_file"};
 // clang-format on
+// The defaults `train` and `local` use where the flag's own stands for "not given".
+const std::map<std::string, std::string> kPipelineDefaults = {
+    {"stages", "1"}, {"isa", "the highest all the job's workers run"}};
 
 // `base` followed by `more`.
 std::vector<std::string> Concat(std::vector<std::string> base,
@@ -187,27 +185,38 @@ const ProgramSpec& Program() {
       "pipeline-parallel training: the reference trainer, schedules and partitions, and the "
       "client of a coordinator and its stage workers",
       {
-          {"reference", "", "train in one process with the reference trainer (the oracle)",
-           Concat(kTrainingFlags, {"max_isa"})},
+          {"reference",
+           "",
+           "train in one process with the reference trainer (the oracle)",
+           Concat(kTrainingFlags, {"max_isa"}),
+           {{"isa", "the highest this CPU runs"}, {"eval_samples", "1000"}}},
           {"schedule",
            "",
            "generate, validate, simulate and draw a pipeline schedule",
-           {"kind", "stages", "microbatches", "virtual", "costs", "format"}},
+           {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "format"},
+           {{"schedule", kRequired}, {"stages", kRequired}, {"format", "ascii"}}},
           {"partition",
            "",
            "split a model's layers across stages (exact min-max)",
            {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
-            "memory_cap", "kind", "virtual", "format"}},
+            "memory_cap", "schedule", "kind", "virtual", "format"},
+           {{"stages", kRequired},
+            {"schedule", "none: one chunk per stage"},
+            {"format", "text"},
+            {"virtual", "the schedule's, else 1"}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
-               kPipelineFlags)},
+               kPipelineFlags),
+           kPipelineDefaults},
           {"local", "", "start a coordinator and --stages workers here, then train on them",
-           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa", "pin_workers"})},
+           Concat(Concat(kTrainingFlags, kPipelineFlags), {"max_isa", "pin_workers"}),
+           kPipelineDefaults},
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
-           {"checkpoint", "data", "data_dir", "eval_samples", "json"}},
+           {"resume", "checkpoint", "data", "data_dir", "eval_samples", "json"},
+           {{"resume", kRequired}, {"data", "the checkpoint's"}, {"eval_samples", "1000"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, steps and stages", kJobFlags},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
@@ -218,7 +227,12 @@ const ProgramSpec& Program() {
       "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
       "given\n"
       "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
-      "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n"};
+      "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n",
+      // Defaults that the flag's own ("" or 0) stands for.
+      {{"data_dir", "$PIPETRAIN_DATA_DIR, else ../share/pipetrain/data beside this binary"},
+       {"coordinator", "$PIPETRAIN_COORDINATOR"},
+       {"token_file", "$PIPETRAIN_TOKEN, with TLS"},
+       {"virtual", "the schedule's"}}};
   return *program;
 }
 
@@ -298,9 +312,30 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& lin
   return o;
 }
 
+// The value of the flag `name`, or of `alias` (its former name) when only that was given; ""
+// when neither was (whatever `name`'s default). Both given: INVALID_ARGUMENT.
+absl::StatusOr<std::string> FlagOrAlias(const CommandLine& line, const char* name,
+                                        const std::string& value, const char* alias,
+                                        const std::string& alias_value) {
+  if (line.Given(name) && line.Given(alias)) {
+    return absl::InvalidArgumentError(absl::StrCat(DashedFlag(alias), " is the former name of ",
+                                                   DashedFlag(name), ": give one of them"));
+  }
+  if (line.Given(name)) return value;
+  return line.Given(alias) ? alias_value : std::string();
+}
+
+// schedule/partition: --schedule, else its former name --kind; "" if neither was given (the
+// flag's default, 1f1b, is train's and local's).
+absl::StatusOr<std::string> ScheduleKindFromFlags(const CommandLine& line) {
+  return FlagOrAlias(line, "schedule", absl::GetFlag(FLAGS_schedule), "kind",
+                     absl::GetFlag(FLAGS_kind));
+}
+
 absl::Status RunEvaluate(const CommandLine& line) {
   EvaluateCommandOptions o;
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint);
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
   // --data only when given: by default the data set the checkpoint was trained on.
   if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -343,12 +378,13 @@ std::string GivenInt(const CommandLine& line, const char* name, int64_t v) {
 }
 
 absl::Status RunSchedule(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(const std::string kind, ScheduleKindFromFlags(line));
   PT_ASSIGN_OR_RETURN(
       ScheduleCommandOptions o,
-      ParseScheduleCommandOptions(
-          absl::GetFlag(FLAGS_kind), GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)),
-          absl::StrCat(absl::GetFlag(FLAGS_microbatches)), absl::GetFlag(FLAGS_virtual),
-          absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_format)));
+      ParseScheduleCommandOptions(kind, GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)),
+                                  absl::StrCat(absl::GetFlag(FLAGS_microbatches)),
+                                  absl::GetFlag(FLAGS_virtual), absl::GetFlag(FLAGS_costs),
+                                  absl::GetFlag(FLAGS_format)));
   PT_ASSIGN_OR_RETURN(std::string text, RunScheduleCommand(o));
   std::cout << text;
   return absl::OkStatus();
@@ -390,6 +426,7 @@ absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
 }
 
 absl::Status RunPartition(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(const std::string kind, ScheduleKindFromFlags(line));
   const std::string model_path = absl::GetFlag(FLAGS_model);
   ModelLayers layers;
   if (!model_path.empty()) {
@@ -400,8 +437,7 @@ absl::Status RunPartition(const CommandLine& line) {
       ParsePartitionCommandOptions(
           absl::GetFlag(FLAGS_costs), absl::GetFlag(FLAGS_speeds), absl::GetFlag(FLAGS_memory_cap),
           GivenInt(line, "stages", absl::GetFlag(FLAGS_stages)), absl::GetFlag(FLAGS_format),
-          model_path.empty() ? nullptr : &layers, absl::GetFlag(FLAGS_kind),
-          absl::GetFlag(FLAGS_virtual)));
+          model_path.empty() ? nullptr : &layers, kind, absl::GetFlag(FLAGS_virtual)));
   PT_ASSIGN_OR_RETURN(std::string text, RunPartitionCommand(o));
   std::cout << text;
   return absl::OkStatus();

@@ -174,7 +174,10 @@ absl::StatusOr<PartitionCommandOptions> ParsePartitionCommandOptions(
     PT_ASSIGN_OR_RETURN(o.layer_costs,
                         ParseNumbers("costs", costs_csv, 0.0, partition::kMaxLayerCost));
   }
-  if (stages.empty()) return absl::InvalidArgumentError("--stages is required");
+  if (stages.empty()) {
+    return absl::InvalidArgumentError(
+        "--stages is required: how many pipeline stages to split the layers across");
+  }
   if (!absl::SimpleAtoi(stages, &o.stages) || o.stages < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stages must be an integer >= 1 (got \"", stages, "\")"));

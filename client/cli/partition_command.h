@@ -41,7 +41,7 @@ struct PartitionCommandOptions {
   // partition::kMaxMemoryBytes (2^53). Default: no cap.
   std::vector<double> memory_caps;
   // Placement of the chunks; optional (default linear, V = 1). main() may expose it as
-  // --kind (a schedule kind picks its placement) and --virtual.
+  // --schedule (or --kind: a schedule kind picks its placement) and --virtual.
   schedule::PlacementKind placement = schedule::PlacementKind::kLinear;
   int virtual_stages = 1;
   PartitionFormat format = PartitionFormat::kText;  // --format (default text).

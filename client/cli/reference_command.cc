@@ -136,7 +136,10 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
 }
 
 absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& out) {
-  if (o.checkpoint_dir.empty()) return absl::InvalidArgumentError("--checkpoint is required");
+  if (o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume DIR is required: the checkpoint directory to evaluate (what --save wrote)");
+  }
   if (o.eval_samples < 0) return absl::InvalidArgumentError("--eval-samples must be >= 0");
   PT_ASSIGN_OR_RETURN(model::LoadedCheckpoint ckpt, model::LoadCheckpoint(o.checkpoint_dir));
   const model::CheckpointManifest& m = ckpt.manifest;

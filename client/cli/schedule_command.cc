@@ -76,11 +76,13 @@ absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
   ScheduleCommandOptions o;
   if (kind.empty()) {
     return absl::InvalidArgumentError(
-        "--kind is required: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipe-v, 1f1b-overlap, "
-        "interleaved-overlap or dualpipe");
+        "--schedule is required: gpipe, 1f1b, interleaved, zb-h1, zb-v, dualpipe-v, "
+        "1f1b-overlap, interleaved-overlap or dualpipe");
   }
   PT_ASSIGN_OR_RETURN(o.params.kind, schedule::ParseScheduleKind(kind));
-  if (stages.empty()) return absl::InvalidArgumentError("--stages is required");
+  if (stages.empty()) {
+    return absl::InvalidArgumentError("--stages is required: the pipeline's stage count (S)");
+  }
   PT_ASSIGN_OR_RETURN(o.params.stages, ParsePositiveInt("stages", stages));
   if (microbatches.empty()) return absl::InvalidArgumentError("--microbatches is required");
   PT_ASSIGN_OR_RETURN(o.params.microbatches, ParsePositiveInt("microbatches", microbatches));

@@ -1,7 +1,7 @@
 // `pipetrain schedule`: generate, validate, simulate and draw a pipeline schedule.
 //
-//   pipetrain schedule --kind gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|
-//                             interleaved-overlap|dualpipe --stages S
+//   pipetrain schedule --schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|
+//                                 interleaved-overlap|dualpipe --stages S
 //       --microbatches M [--virtual V] [--costs F,B,I,W] --format ascii|json|chrome|svg
 //
 // main() parses the flags into strings and calls ParseScheduleCommandOptions() once; the run
@@ -26,9 +26,10 @@ enum class ScheduleFormat {
 };
 
 struct ScheduleCommandOptions {
-  // --kind (required), --stages S (required, >= 1), --microbatches M (required, >= 1),
-  // --virtual V (default: 2 for interleaved, interleaved-overlap, zb-v, dualpipe-v and dualpipe,
-  // else 1). Checked against the kind's rules (schedule::CheckScheduleParams).
+  // --schedule (required; or its former name --kind), --stages S (required, >= 1),
+  // --microbatches M (required, >= 1), --virtual V (default: 2 for interleaved,
+  // interleaved-overlap, zb-v, dualpipe-v and dualpipe, else 1). Checked against the kind's
+  // rules (schedule::CheckScheduleParams).
   schedule::ScheduleParams params;
   // --costs F,B,I,W (default 1,2,1,1): time of one micro-batch through one worker's share of the
   // model (1/S of it) for forward, full backward, input-gradient and weight-gradient; each of a

@@ -115,7 +115,9 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
   if (o.coordinator.empty()) {
     return absl::InvalidArgumentError(
-        "--coordinator is required (or the environment variable PIPETRAIN_COORDINATOR)");
+        "--coordinator HOST:PORT is required (or the environment variable "
+        "PIPETRAIN_COORDINATOR): the address a running coordinator listens on (its --listen); "
+        "`pipetrain local` trains on a coordinator and workers it starts here instead");
   }
   const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));

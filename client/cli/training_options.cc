@@ -79,7 +79,11 @@ absl::StatusOr<math::OptimizerConfig> OptimizerConfigFor(const TrainingOptions& 
 }
 
 absl::Status CheckTrainingOptions(const TrainingOptions& o) {
-  if (o.model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (o.model_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--model FILE is required: the model to train, a ModelSpec in protobuf text format (e.g. "
+        "examples/mlp_digits.textproto)");
+  }
   // Below 2^53 like every step counter of a checkpoint (steps become doubles), so that the last
   // step of a resumed run (its checkpoint's step + --steps) cannot overflow either.
   if (o.steps < 1 || o.steps >= model::kMaxManifestCount) {

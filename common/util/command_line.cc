@@ -19,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/util/build_info.h"
 
 namespace pipetrain {
 namespace {
@@ -28,9 +29,10 @@ constexpr int kMaxFlagfileDepth = 10;
 // Help text is wrapped to this width.
 constexpr size_t kHelpWidth = 100;
 
-// Abseil's own flags that every command accepts (its --help* flags are answered here).
+// Abseil's own flags that every command accepts (its --help* flags and --version are answered
+// here).
 bool IsAbslBuiltin(absl::string_view name) {
-  return name == "fromenv" || name == "tryfromenv" || name == "undefok" || name == "version" ||
+  return name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
          name == "only_check_args";
 }
 
@@ -161,18 +163,31 @@ std::string Wrapped(absl::string_view text, absl::string_view indent) {
   return out;
 }
 
-// "  --name (default: X)\n      help...\n" for one flag.
-std::string FlagHelp(absl::string_view name) {
+// "  --name (default: X)\n      help...\n" for one flag; X is `shown` unless it is empty (then
+// the ABSL_FLAG's default); "  --name (required)" if `shown` is kRequired.
+std::string FlagHelp(absl::string_view name, absl::string_view shown) {
   const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
   if (flag == nullptr) return absl::StrCat("  ", DashedFlag(name), " (not defined)\n");
-  std::string value = flag->DefaultValue();
-  if (flag->IsOfType<std::string>()) {
-    value = absl::StrCat("\"", value, "\"");
-  } else if (value.empty()) {
-    value = "none";
+  std::string value(shown);
+  if (value.empty()) {
+    value = flag->DefaultValue();
+    if (flag->IsOfType<std::string>()) {
+      value = absl::StrCat("\"", value, "\"");
+    } else if (value.empty()) {
+      value = "none";
+    }
   }
-  return absl::StrCat("  ", DashedFlag(name), " (default: ", value, ")\n",
-                      Wrapped(flag->Help(), "      "));
+  return absl::StrCat("  ", DashedFlag(name),
+                      shown == kRequired ? " (required)" : absl::StrCat(" (default: ", value, ")"),
+                      "\n", Wrapped(flag->Help(), "      "));
+}
+
+// The default --help shows for `name` in `command` ("" for the ABSL_FLAG's).
+std::string ShownDefault(const ProgramSpec& program, const CommandSpec& command,
+                         const std::string& name) {
+  if (auto it = command.defaults.find(name); it != command.defaults.end()) return it->second;
+  if (auto it = program.defaults.find(name); it != program.defaults.end()) return it->second;
+  return "";
 }
 
 }  // namespace
@@ -212,7 +227,9 @@ std::string CommandHelp(const ProgramSpec& program, const CommandSpec& command) 
                                  command.args.empty() ? "" : " " + command.args, " [flags]\n");
   absl::StrAppend(&out, Wrapped(command.name.empty() ? program.summary : command.summary, "  "));
   absl::StrAppend(&out, "\nflags (--name=VALUE or --name VALUE; dashes or underscores):\n");
-  for (const std::string& name : command.flags) absl::StrAppend(&out, FlagHelp(name));
+  for (const std::string& name : command.flags) {
+    absl::StrAppend(&out, FlagHelp(name, ShownDefault(program, command, name)));
+  }
   absl::StrAppend(&out, "  --flagfile FILE\n",
                   Wrapped("read more flags from FILE, one per line ('#' comments); a "
                           "configuration file for this command",
@@ -235,8 +252,9 @@ std::string ProgramHelp(const ProgramSpec& program, bool full) {
       const std::string head = c.args.empty() ? c.name : absl::StrCat(c.name, " ", c.args);
       absl::StrAppend(&out, "  ", head, std::string(width + 2 - head.size(), ' '), c.summary, "\n");
     }
-    absl::StrAppend(&out, "\n`", program.name, " COMMAND --help` lists a command's flags; `",
-                    program.name, " --helpfull` every command's.\n");
+    absl::StrAppend(&out, "\n`", program.name, " help COMMAND` (or `", program.name,
+                    " COMMAND --help`) lists a command's flags; `", program.name,
+                    " --helpfull` every command's.\n");
     if (full) {
       for (const CommandSpec& c : program.commands) {
         absl::StrAppend(&out, "\n", CommandHelp(program, c));
@@ -271,7 +289,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
   std::vector<std::string> for_absl = {argv[0]};
   std::vector<const Arg*> unknown;
   std::vector<std::pair<std::string, const Arg*>> given_flags;  // name, where
-  bool help = false, help_full = false;
+  bool help = false, help_full = false, version = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const Arg& arg = args[i];
     absl::string_view a = arg.text;
@@ -289,6 +307,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
     if (name == "h" || name == "help" || name == "helpshort" || name == "helpfull") {
       help = true;
       help_full = help_full || name == "helpfull";
+      continue;
+    }
+    if (name == "version") {
+      version = true;
       continue;
     }
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -315,6 +337,11 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
     for_absl.push_back(std::move(text));
   }
 
+  if (version) {
+    result.help = util::VersionLine(program.name) + "\n";
+    return result;
+  }
+
   // 3. The command, and help.
   const CommandSpec* command = nullptr;
   CommandSpec whole{"", "", program.summary, program.flags};
@@ -324,6 +351,18 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
   } else if (!result.args.empty()) {
     result.command_name = result.args.front();
     result.args.erase(result.args.begin());
+    // `help [COMMAND]`, unless the program has a command of that name.
+    const bool help_command = result.command_name == "help" &&
+                              std::none_of(program.commands.begin(), program.commands.end(),
+                                           [](const CommandSpec& c) { return c.name == "help"; });
+    if (help_command) {
+      help = true;
+      result.command_name.clear();
+      if (!result.args.empty()) {
+        result.command_name = result.args.front();
+        result.args.erase(result.args.begin());
+      }
+    }
     for (const CommandSpec& c : program.commands) {
       if (c.name == result.command_name) result.command = command = &c;
     }
@@ -333,12 +372,15 @@ absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int arg
       }
     }
   }
-  if (help) {
+  // Help on an unknown command is the unknown command (the caller names it and lists the
+  // commands); help with no command is the program's.
+  if (help && (command != nullptr || result.command_name.empty())) {
     result.help = help_full || command == nullptr || command == &whole
                       ? ProgramHelp(program, help_full)
                       : CommandHelp(program, *command);
     return result;
   }
+  if (help) return result;
   if (command != nullptr) candidates = command->flags;
   const std::string see =
       command == nullptr

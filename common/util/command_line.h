@@ -4,13 +4,15 @@
 //  - names spelt with dashes or underscores (--data-dir, --data_dir), also inside flag files;
 //  - --flagfile FILE expanded here (absl's format, plus `--name value` lines), so that flag
 //    files obey the same rules as the command line;
-//  - per-command help (`pipetrain train --help`) listing that command's flags, defaults and
-//    meaning; --help / --helpfull exit 0;
+//  - per-command help (`pipetrain train --help`, `pipetrain help train`) listing that command's
+//    flags, defaults and meaning; --help / --helpfull exit 0;
+//  - --version: the program's name, version and git commit (build_info.h), exit 0;
 //  - unknown flags and flags the command does not use refused with a "did you mean";
 //  - which flags were given (not: which differ from their default).
 #ifndef PIPETRAIN_COMMON_UTIL_COMMAND_LINE_H_
 #define PIPETRAIN_COMMON_UTIL_COMMAND_LINE_H_
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -28,7 +30,14 @@ struct CommandSpec {
   std::string summary;  // one line: what it does.
   // Names of the flags it takes, as defined (underscores), in the order --help lists them.
   std::vector<std::string> flags;
+  // The default --help shows for a flag (by name, underscores) whose ABSL_FLAG default is not what
+  // this command does when the flag is not given: {"stages", "1"} shows "--stages (default: 1)",
+  // {"stages", kRequired} shows "--stages (required)". Overrides ProgramSpec::defaults.
+  std::map<std::string, std::string> defaults = {};
 };
+
+// The CommandSpec::defaults / ProgramSpec::defaults text that shows a flag as required.
+inline constexpr char kRequired[] = "required";
 
 // A binary's commands and help texts.
 struct ProgramSpec {
@@ -39,12 +48,19 @@ struct ProgramSpec {
   std::vector<CommandSpec> commands;
   std::vector<std::string> flags;
   std::string footer;  // printed at the end of --help / --helpfull (environment, files); may be "".
+  // The default --help shows for a flag in every command (or the daemon), where its ABSL_FLAG
+  // default is a placeholder: {"data_dir", "$PIPETRAIN_DATA_DIR, else ..."}. See
+  // CommandSpec::defaults.
+  std::map<std::string, std::string> defaults = {};
 };
 
 // The command line after ParseCommandLine.
 struct CommandLine {
-  // Set if --help/-h/--helpshort or --helpfull was given: the text to print on stdout (then
-  // exit 0); nothing else is set or parsed then.
+  // Set if --help/-h/--helpshort or --helpfull was given, or the program has commands and the
+  // first argument is `help` (`help COMMAND` is `COMMAND --help`; `help` alone is --help), or
+  // --version was given (then it is util::VersionLine and a newline, whatever else was given):
+  // the text to print on stdout (then exit 0); nothing else is set or parsed then. Not set for help
+  // on an unknown command, which is then the unknown command (`command` null, `command_name` it).
   std::string help;
   // The command (program with commands): nullptr if missing or unknown (`command_name` holds
   // what was given, "" if nothing).
@@ -61,7 +77,7 @@ struct CommandLine {
 
 // Parses argv for `program` (which must outlive the result): expands --flagfile, normalises flag
 // names, refuses unknown flags and, for a known command, flags it does not list (absl's own flags
-// --fromenv, --tryfromenv, --undefok, --version and --only_check_args are allowed everywhere);
+// --fromenv, --tryfromenv, --undefok and --only_check_args are allowed everywhere);
 // then sets the flag values with absl::ParseCommandLine (which exits 1 with its message on a
 // malformed value). Help requests return CommandLine::help without parsing values. Errors:
 // INVALID_ARGUMENT naming the flag, with a "did you mean" where a listed flag is close; NOT_FOUND
@@ -70,12 +86,13 @@ struct CommandLine {
 absl::StatusOr<CommandLine> ParseCommandLine(const ProgramSpec& program, int argc, char** argv);
 
 // A daemon's command line (`program` has no commands and takes no arguments): nullopt when main()
-// should go on; else the exit code after --help was printed on stdout (0) or the error, prefixed
-// with the program's name, on stderr (2). Call once, from main().
+// should go on; else the exit code after --help or --version was printed on stdout (0) or the
+// error, prefixed with the program's name, on stderr (2). Call once, from main().
 std::optional<int> ParseDaemonCommandLine(const ProgramSpec& program, int argc, char** argv);
 
 // The per-command help `pipetrain COMMAND --help` prints: synopsis, summary and every flag of
-// `command` with its default and meaning. Flags must be registered.
+// `command` with its default (CommandSpec::defaults, else ProgramSpec::defaults, else the
+// ABSL_FLAG's) and meaning. Flags must be registered.
 std::string CommandHelp(const ProgramSpec& program, const CommandSpec& command);
 
 // The program's help: its commands (or, without commands, its flags) and the footer; with

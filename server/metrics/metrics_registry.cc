@@ -12,22 +12,24 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-
-#ifndef PIPETRAIN_VERSION
-#define PIPETRAIN_VERSION "unknown"
-#endif
+#include "common/util/build_info.h"
 
 namespace pipetrain::metrics {
 
-const char* BuildVersion() { return PIPETRAIN_VERSION; }
+std::string BuildVersion() { return std::string(util::ProjectVersion()); }
+
+std::string BuildCommit() {
+  const absl::string_view commit = util::GitCommit();
+  return commit.empty() ? "unknown" : std::string(commit);
+}
 
 MetricsRegistry::MetricsRegistry(const std::string& daemon)
     : registry_(std::make_shared<prometheus::Registry>()) {
   prometheus::BuildGauge()
       .Name("pipetrain_build_info")
-      .Help("Always 1; the labels say which daemon and version this is")
+      .Help("Always 1; the labels say which daemon, version and git commit this is")
       .Register(*registry_)
-      .Add({{"daemon", daemon}, {"version", BuildVersion()}})
+      .Add({{"daemon", daemon}, {"version", BuildVersion()}, {"commit", BuildCommit()}})
       .Set(1);
 }
 

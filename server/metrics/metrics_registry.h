@@ -2,8 +2,8 @@
 // the HTTP endpoint (MetricsServer) so that the services and their tests record and read metrics
 // without a network.
 //
-// Every registry carries pipetrain_build_info{daemon, version} = 1. Thread-safe: prometheus-cpp's
-// families and metrics may be used from any thread.
+// Every registry carries pipetrain_build_info{daemon, version, commit} = 1. Thread-safe:
+// prometheus-cpp's families and metrics may be used from any thread.
 #ifndef PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
 #define PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
 
@@ -16,8 +16,12 @@
 
 namespace pipetrain::metrics {
 
-// The version the daemons report in pipetrain_build_info (the CMake project version).
-const char* BuildVersion();
+// The version the daemons report in pipetrain_build_info: the CMake project version, as
+// `--version` prints it (util::ProjectVersion).
+std::string BuildVersion();
+
+// The commit label of pipetrain_build_info: util::GitCommit(), or "unknown" when not known.
+std::string BuildCommit();
 
 class MetricsRegistry {
  public:

@@ -24,20 +24,21 @@
 #include "server/metrics/worker_metrics.h"
 #include "server/worker/stage_worker_daemon.h"
 
-ABSL_FLAG(std::string, coordinator, "", "The coordinator's host:port (required).");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of the coordinator this worker joins: the address it listens on (its "
+          "--listen)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
           "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
-ABSL_FLAG(std::string, name, "", "Stable worker name (default: the advertised address).");
-ABSL_FLAG(std::string, advertise, "",
-          "host:port peers use to reach this worker (default: derived from --listen).");
+ABSL_FLAG(std::string, name, "", "Stable worker name.");
+ABSL_FLAG(std::string, advertise, "", "host:port peers use to reach this worker.");
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
 ABSL_FLAG(int, threads_max, 0,
           "Most compute threads a job may ask for (0: every CPU this worker may run on).");
 ABSL_FLAG(std::string, cpus, "",
-          "CPUs every thread of this worker runs on, as a list like 0-3,8 (default: all the "
-          "process may use). Several workers on one host each on their own CPUs transfer "
+          "CPUs every thread of this worker runs on, as a list like 0-3,8. Several workers on one "
+          "host each on their own CPUs transfer "
           "tensors faster (docs/performance.md, \"One core per worker\"); `pipetrain local` "
           "does this for its workers");
 ABSL_FLAG(std::string, log_format, "text",
@@ -60,10 +61,8 @@ ABSL_FLAG(int64_t, max_message_size, int64_t{16} << 20,
           "largest message (bytes) accepted from the coordinator on the control channel");
 ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{512} << 20,
           "largest tensor (bytes) a peer may send on an Exchange stream");
-ABSL_FLAG(
-    std::string, max_isa, "",
-    "Highest instruction set of the math this worker offers: x86-64-v3 or x86-64-v4 (default: "
-    "the highest this CPU runs)");
+ABSL_FLAG(std::string, max_isa, "",
+          "Highest instruction set of the math this worker offers: x86-64-v3 or x86-64-v4");
 ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "most concurrent gRPC streams one connection may open to this worker");
 ABSL_FLAG(std::string, link_connections, "auto",
@@ -109,6 +108,12 @@ absl::Status ConfigureProcess() {
 absl::StatusOr<pipetrain::worker::StageWorkerOptions> OptionsFromFlags() {
   pipetrain::worker::StageWorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator HOST:PORT is required: the address the coordinator this worker joins "
+        "listens on (its --listen; e.g. --coordinator 127.0.0.1:7070). `stage_worker --help` lists "
+        "every flag");
+  }
   options.listen = absl::GetFlag(FLAGS_listen);
   options.name = absl::GetFlag(FLAGS_name);
   options.advertise = absl::GetFlag(FLAGS_advertise);
@@ -162,7 +167,13 @@ int main(int argc, char** argv) {
       "pipetrain.v1.StageWorker, health and reflection",
       {},
       pipetrain::ProgramFlags(),
-      ""};
+      "",
+      // What the flags' own defaults ("") stand for.
+      {{"coordinator", pipetrain::kRequired},
+       {"name", "the advertised address"},
+       {"advertise", "--listen's host (the host name for a wildcard) and bound port"},
+       {"cpus", "all the process may use"},
+       {"max_isa", "the highest this CPU runs"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return *exit_code;

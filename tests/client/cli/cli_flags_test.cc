@@ -64,14 +64,17 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
                                                "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{
         {"reference", with(training, {"--max-isa"})},
-        {"schedule", {"--kind", "--stages", "--microbatches", "--virtual", "--costs", "--format"}},
+        {"schedule",
+         {"--schedule", "--kind", "--stages", "--microbatches", "--virtual", "--costs",
+          "--format"}},
         {"partition",
          {"--costs", "--model", "--data", "--data-dir", "--batch", "--microbatches", "--stages",
-          "--speeds", "--memory-cap", "--kind", "--virtual", "--format"}},
+          "--speeds", "--memory-cap", "--schedule", "--kind", "--virtual", "--format"}},
         {"train",
          with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
         {"local", with(with(training, pipeline), {"--max-isa", "--pin-workers"})},
-        {"evaluate", {"--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
+        {"evaluate",
+         {"--resume", "--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
         {"cancel", with({"--coordinator", "--json", "--reason"}, security)},
@@ -104,7 +107,7 @@ TEST(CliHelpTest, EachCommandsHelpListsItsFlagsWithDefaultsAndExitsZero) {
   // Defaults and meanings are shown, names with dashes.
   const CommandRun r = Pipetrain("reference --help");
   EXPECT_THAT(r.out, HasSubstr("--batch (default: 64)\n      samples per training step (B)"));
-  EXPECT_THAT(r.out, HasSubstr("--data-dir (default: \"\")"));
+  EXPECT_THAT(r.out, HasSubstr("--data-dir (default: $PIPETRAIN_DATA_DIR, else "));
   EXPECT_THAT(r.out, Not(HasSubstr("data_dir")));
   // Also -h, and --help before the command.
   EXPECT_EQ(Pipetrain("train -h").out, Pipetrain("--help train").out);

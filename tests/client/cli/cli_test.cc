@@ -187,7 +187,7 @@ TEST(EvaluateCliTest, ReproducesTheReferencesFinalEvaluation) {
   EXPECT_THAT(missing.out, HasSubstr("[NOT_FOUND]"));
   const CliRun none = Pipetrain("evaluate");
   EXPECT_EQ(none.exit_code, 1);
-  EXPECT_THAT(none.out, HasSubstr("--checkpoint is required"));
+  EXPECT_THAT(none.out, HasSubstr("--resume DIR is required"));
 }
 
 // The "step" of the checkpoint manifest in `dir` (-1 if there is none).
@@ -238,7 +238,7 @@ TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
                   "end workers");
   }
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --resume /tmp/ckpt",
-                "--resume not used by `pipetrain evaluate`");
+                "--checkpoint is the former name of --resume: give one of them");
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --checkpoint-every 2",
                 "--checkpoint-every not used by `pipetrain evaluate`");
   ExpectRefused("schedule --kind 1f1b --stages 2 --microbatches 4 --keep-checkpoints 3",

@@ -45,7 +45,8 @@ TEST(PartitionCommandTest, RefusesBadFlags) {
             "give exactly one of --costs and --model");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,x", "", "", "2", "")),
             "--costs needs comma-separated numbers in [0, 1e+30] (got \"x\" in \"1,x\")");
-  EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "", "", "", "")), "--stages is required");
+  EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "", "", "", "")),
+            "--stages is required: how many pipeline stages to split the layers across");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "1,0", "", "2", "")),
             "--speeds needs comma-separated numbers in [0.001, 1e+09] (got \"0\" in \"1,0\")");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "1", "", "2", "")),

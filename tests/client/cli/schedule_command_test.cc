@@ -41,7 +41,7 @@ TEST(ScheduleCommandTest, ParsesAndDefaults) {
 }
 
 TEST(ScheduleCommandTest, RefusesBadFlagsWithTheRule) {
-  EXPECT_THAT(ParseError("", "4", "8", "", "", ""), HasSubstr("--kind is required"));
+  EXPECT_THAT(ParseError("", "4", "8", "", "", ""), HasSubstr("--schedule is required"));
   EXPECT_THAT(ParseError("zb-h2", "4", "8", "", "", ""), HasSubstr("unknown schedule kind"));
   EXPECT_EQ(ParseError("1f1b", "0", "8", "", "", ""),
             "--stages must be an integer >= 1 (got \"0\")");

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/build_info.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -78,6 +80,75 @@ TEST(CommandLineTest, HelpIsAnsweredBeforeAnythingIsChecked) {
   line = Parse({"run", "--helpfull"});
   ASSERT_TRUE(line.ok());
   EXPECT_EQ(line->help, ProgramHelp(Program(), true));
+}
+
+// `prog help COMMAND` is `prog COMMAND --help`; `prog help` is `prog --help`; help on an unknown
+// command is that unknown command, for the caller to name.
+TEST(CommandLineTest, HelpCommandIsTheCommandsHelp) {
+  absl::StatusOr<CommandLine> line = Parse({"help", "run"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->help, CommandHelp(Program(), Program().commands[0]));
+  line = Parse({"help", "plan", "--test-steps=3"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->help, CommandHelp(Program(), Program().commands[1]));
+  line = Parse({"help"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->help, ProgramHelp(Program(), false));
+  EXPECT_THAT(line->help, HasSubstr("`prog help COMMAND` (or `prog COMMAND --help`)"));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"help", "bogus"}, std::vector<std::string>{"bogus", "--help"}}) {
+    line = Parse(args);
+    ASSERT_TRUE(line.ok()) << line.status();
+    EXPECT_TRUE(line->help.empty());
+    EXPECT_EQ(line->command, nullptr);
+    EXPECT_EQ(line->command_name, "bogus");
+  }
+}
+
+// The default --help shows: the command's, else the program's, else the flag's own; "required".
+TEST(CommandLineTest, HelpShowsTheDefaultTheCommandUses) {
+  const ProgramSpec program{"prog",
+                            "a test program",
+                            {{"run",
+                              "",
+                              "runs",
+                              {"test_steps", "test_data_dir", "test_kind"},
+                              {{"test_kind", kRequired}, {"test_steps", "the data's"}}},
+                             {"plan", "", "plans", {"test_steps", "test_data_dir"}}},
+                            {},
+                            "",
+                            {{"test_data_dir", "$TEST_DATA_DIR"}, {"test_steps", "never shown"}}};
+  const std::string run = CommandHelp(program, program.commands[0]);
+  EXPECT_THAT(run, HasSubstr("  --test-steps (default: the data's)\n      optimizer steps\n"));
+  EXPECT_THAT(run, HasSubstr("  --test-data-dir (default: $TEST_DATA_DIR)\n"));
+  EXPECT_THAT(run, HasSubstr("  --test-kind (required)\n      schedule kind\n"));
+  const std::string plan = CommandHelp(program, program.commands[1]);
+  EXPECT_THAT(plan, HasSubstr("  --test-steps (default: never shown)\n"));
+  EXPECT_THAT(plan, HasSubstr("  --test-data-dir (default: $TEST_DATA_DIR)\n"));
+  // A daemon's (no commands): the program's.
+  const ProgramSpec daemon{
+      "d", "a daemon", {}, {"test_data_dir", "test_json"}, "", {{"test_data_dir", kRequired}}};
+  const std::string help = ProgramHelp(daemon, false);
+  EXPECT_THAT(help, HasSubstr("  --test-data-dir (required)\n"));
+  EXPECT_THAT(help, HasSubstr("  --test-json (default: false)\n"));
+}
+
+// --version anywhere prints "NAME VERSION[ (commit X)]" and nothing else is checked or parsed.
+TEST(CommandLineTest, VersionIsAnsweredBeforeAnythingIsChecked) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--version"}, std::vector<std::string>{"run", "--version"},
+        std::vector<std::string>{"bogus", "--bogus", "--version", "--help"}}) {
+    absl::StatusOr<CommandLine> line = Parse(args);
+    ASSERT_TRUE(line.ok()) << line.status();
+    EXPECT_EQ(line->help, util::VersionLine("prog") + "\n");
+  }
+  EXPECT_THAT(
+      util::VersionLine("prog"),
+      ::testing::MatchesRegex("prog [0-9]+\\.[0-9]+\\.[0-9]+( \\(commit [0-9a-f]{12}\\))?"));
+  EXPECT_EQ(util::VersionLine("prog"), util::GitCommit().empty()
+                                           ? absl::StrCat("prog ", util::ProjectVersion())
+                                           : absl::StrCat("prog ", util::ProjectVersion(),
+                                                          " (commit ", util::GitCommit(), ")"));
 }
 
 TEST(CommandLineTest, UnknownAndForeignFlagsAreRefusedWithASuggestion) {

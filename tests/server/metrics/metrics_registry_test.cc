@@ -11,16 +11,22 @@ namespace pipetrain::metrics {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::Optional;
 
 TEST(MetricsRegistryTest, CarriesBuildInfo) {
   MetricsRegistry r("coordinator");
   const std::string text = r.TextExposition();
   EXPECT_THAT(text, HasSubstr("# TYPE pipetrain_build_info gauge"));
-  EXPECT_THAT(SampleValue(text, "pipetrain_build_info",
-                          {{"daemon", "coordinator"}, {"version", BuildVersion()}}),
-              Optional(1.0));
-  EXPECT_NE(std::string(BuildVersion()), "unknown");
+  EXPECT_THAT(
+      SampleValue(
+          text, "pipetrain_build_info",
+          {{"daemon", "coordinator"}, {"version", BuildVersion()}, {"commit", BuildCommit()}}),
+      Optional(1.0));
+  // The CMake project version, and the source tree's commit (12 hex digits) when the build knew
+  // it.
+  EXPECT_THAT(BuildVersion(), MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
+  EXPECT_THAT(BuildCommit(), MatchesRegex("[0-9a-f]{12}|unknown"));
 }
 
 TEST(SampleValueTest, MatchesNameAndExactLabels) {
