@@ -183,7 +183,7 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
   if (job.ops != nullptr) {
     // The operation in flight (if any) sees the end and returns; then the links close and the
     // thread exits (joined by housekeeping once the job is pruned).
-    Job* raw = &job;  // lives until its thread was joined.
+    Job* raw = &job;                       // lives until its thread was joined.
     JobJournal* journal = journal_.get();  // lives as long as the core.
     const std::string id = job.id;
     job.ops->Post([this, raw, journal, id] {

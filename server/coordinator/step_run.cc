@@ -16,6 +16,12 @@
 #include "server/coordinator/step_timeline.h"
 
 namespace pipetrain::coordinator {
+namespace {
+
+// Step counts stay below 2^53, as in checkpoints (whose counters are JSON numbers).
+constexpr int64_t kMaxStep = int64_t{1} << 53;
+
+}  // namespace
 
 absl::StatusOr<v1::StepResult> CoordinatorCore::TrainStep(
     const v1::TrainRequest& request, const std::function<bool()>& next_queued) {
@@ -69,6 +75,11 @@ absl::Status StepRun::AdmitJob() {
   // Steps are numbered from 1: this batch is step steps_done + 1 (docs/glossary.md).
   const int64_t done = job_->steps_done;
   step_ = done + 1;
+  if (request_.has_expected_steps_done() &&
+      (request_.expected_steps_done() < 0 || request_.expected_steps_done() >= kMaxStep)) {
+    return absl::InvalidArgumentError(absl::StrCat("expected_steps_done must be in [0, 2^53), got ",
+                                                   request_.expected_steps_done()));
+  }
   if (request_.has_expected_steps_done() && request_.expected_steps_done() != done) {
     // The job is not where the client thinks: a recovery restored it between two steps (the
     // client replays from step done + 1), or the batch was applied already.

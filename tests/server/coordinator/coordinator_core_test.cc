@@ -5,6 +5,7 @@
 #include "server/coordinator/coordinator_core.h"
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,6 +185,11 @@ TEST_F(CoordinatorCoreTest, AStepFeedsRunsReducesAndCommitsInOrder) {
   // The next batch is step 2: a batch for step 1 again is refused as applied.
   absl::StatusOr<v1::StepResult> again = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/0));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  // A step count past 2^53 is no step (and no overflow in the message).
+  absl::StatusOr<v1::StepResult> huge =
+      Step(MakeBatch(job->job(), 4, std::numeric_limits<int64_t>::max()));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.status().message(), HasSubstr("must be in [0, 2^53), got 9223372036854775807"));
   r = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/1));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 2);
