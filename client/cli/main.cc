@@ -104,8 +104,9 @@ ABSL_FLAG(std::string, schedule, "1f1b",
           "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
           "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
 ABSL_FLAG(std::string, trace, "",
-          "train/local: write the measured timeline of the last step (or of --trace-steps) as a "
-          "Chrome trace for Perfetto: compute, wait, send and receive spans per rank");
+          "train/local: write the measured timeline of the last step (or of --trace-steps) to "
+          "FILE: FILE.svg an SVG picture, FILE.txt an ASCII picture, any other name a Chrome "
+          "trace for Perfetto (compute, wait, send and receive spans per rank)");
 ABSL_FLAG(std::string, trace_steps, "",
           "train/local: with --trace, the steps A:B (or A) to trace instead of the last one");
 ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),

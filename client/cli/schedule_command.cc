@@ -68,6 +68,15 @@ std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::Simulat
   return out;
 }
 
+// The SVG's title: the schedule, its shape and the simulator's bubble.
+std::string SvgTitle(const ScheduleCommandOptions& o, const schedule::SimulationResult& r) {
+  const schedule::ScheduleParams& p = o.params;
+  return absl::StrCat(schedule::ScheduleKindName(p.kind), ": S=", p.stages, " M=", p.microbatches,
+                      " V=", p.virtual_stages, ", predicted bubble ", Num(r.stats.bubble_fraction),
+                      " (costs F=", Num(o.costs.f), " B=", Num(o.costs.b), " I=", Num(o.costs.i),
+                      " W=", Num(o.costs.w), ")");
+}
+
 }  // namespace
 
 absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
@@ -125,8 +134,11 @@ absl::StatusOr<std::string> RunScheduleCommand(const ScheduleCommandOptions& opt
       return schedule::ScheduleReportToJson(plan, result.stats).dump() + "\n";
     case ScheduleFormat::kChrome:
       return schedule::RenderChromeTrace(result.timeline, 1000);
-    case ScheduleFormat::kSvg:
-      return schedule::RenderSvg(result.timeline);
+    case ScheduleFormat::kSvg: {
+      schedule::SvgOptions svg;
+      svg.title = SvgTitle(options, result);
+      return schedule::RenderSvg(result.timeline, svg);
+    }
   }
   return absl::InvalidArgumentError("unknown output format");
 }

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/schedule/timeline_render.h"
 #include "common/wire/tensor_key.h"
@@ -60,6 +62,17 @@ const char* KindName(v1::TensorKind kind) {
 
 // A finite, non-negative time in microseconds (measured times can be anything on the wire).
 double Clean(double us) { return std::isfinite(us) && us > 0 ? us : 0.0; }
+
+// How long step `r` lasts in the traces, in microseconds: its step time, or longer if an action
+// or a link span ends later (each rank's times start at its receipt of RunStep).
+double StepLength(const v1::StepResult& r) {
+  double length = Clean(r.step_ms() * 1000);
+  for (const v1::WorkerTimeline& w : r.workers()) {
+    for (const v1::ActionTiming& t : w.timings()) length = std::max(length, Clean(t.end_us()));
+    for (const v1::LinkSpan& l : w.links()) length = std::max(length, Clean(l.end_us()));
+  }
+  return length;
+}
 
 // Metadata naming and ordering a track: `what` "thread" (thread `tid` of process `pid`) or
 // "process" (process `pid`).
@@ -134,11 +147,7 @@ absl::StatusOr<std::string> RenderStepTrace(const std::vector<v1::StepResult>& s
   }
   double offset = 0;  // where the current step starts, in microseconds.
   for (const v1::StepResult& r : steps) {
-    double length = Clean(r.step_ms() * 1000);
-    for (const v1::WorkerTimeline& w : r.workers()) {
-      for (const v1::ActionTiming& t : w.timings()) length = std::max(length, Clean(t.end_us()));
-      for (const v1::LinkSpan& l : w.links()) length = std::max(length, Clean(l.end_us()));
-    }
+    const double length = StepLength(r);
     events.push_back(
         Span(absl::StrCat("step ", r.step()), "step", steps_pid, 0, offset, length,
              {{"step", r.step()},
@@ -195,6 +204,112 @@ absl::StatusOr<std::string> RenderStepTrace(const std::vector<v1::StepResult>& s
   }
   json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   return trace.dump() + "\n";
+}
+
+TraceFormat TraceFormatOf(absl::string_view path) {
+  if (absl::EndsWithIgnoreCase(path, ".svg")) return TraceFormat::kSvg;
+  if (absl::EndsWithIgnoreCase(path, ".txt")) return TraceFormat::kAscii;
+  return TraceFormat::kChrome;
+}
+
+absl::StatusOr<schedule::Timeline> MeasuredTimeline(const std::vector<v1::StepResult>& steps,
+                                                    const schedule::Placement& placement) {
+  schedule::Timeline timeline;
+  timeline.placement = placement;
+  double offset = 0;  // where the current step starts, in microseconds.
+  for (const v1::StepResult& r : steps) {
+    if (timeline.workers.size() < static_cast<size_t>(r.workers_size())) {
+      timeline.workers.resize(r.workers_size());
+    }
+    for (int rank = 0; rank < r.workers_size(); ++rank) {
+      for (const v1::ActionTiming& t : r.workers(rank).timings()) {
+        absl::StatusOr<schedule::Action> action = ActionOf(t.action());
+        if (!action.ok()) return action.status();
+        // As in the Chrome trace's compute spans: from the end of the wait to the end.
+        const double start = Clean(t.start_us());
+        const double ready = std::max(start, Clean(t.start_us() + t.wait_us()));
+        const double end = std::max(ready, Clean(t.end_us()));
+        timeline.workers[rank].push_back({*action, (offset + ready) / 1000, (offset + end) / 1000});
+      }
+    }
+    offset += StepLength(r);
+  }
+  return timeline;
+}
+
+namespace {
+
+// "1f1b S=2 M=4 V=1, step 4 measured: bubble 0.310 (predicted 0.286)", or for several steps
+// "..., steps 2 to 3 measured: mean bubble 0.310 (predicted 0.286)".
+std::string PictureTitle(const std::vector<v1::StepResult>& steps,
+                         const schedule::ScheduleParams& params) {
+  std::string title = absl::StrCat(schedule::ScheduleKindName(params.kind), ": S=", params.stages,
+                                   " M=", params.microbatches, " V=", params.virtual_stages, ", ");
+  if (steps.empty()) return title + "no steps";
+  double bubble = 0;
+  double predicted = 0;
+  for (const v1::StepResult& r : steps) {
+    bubble += r.bubble_fraction();
+    predicted += r.predicted_bubble_fraction();
+  }
+  const double n = static_cast<double>(steps.size());
+  if (steps.size() == 1) {
+    absl::StrAppend(&title, "step ", steps[0].step(), " measured: bubble ");
+  } else {
+    absl::StrAppend(&title, "steps ", steps.front().step(), " to ", steps.back().step(),
+                    " measured: mean bubble ");
+  }
+  absl::StrAppend(&title, absl::StrFormat("%.3f (predicted %.3f)", bubble / n, predicted / n));
+  return title;
+}
+
+// ASCII cells of a measured picture: about this many across (a terminal's worth, two screens).
+constexpr double kAsciiCells = 150;
+
+// The smallest 1, 2 or 5 times a power of ten that is >= `x` (> 0), so the ruler reads 0.05,
+// 0.1, ... rather than 0.0592754; 1 for anything else.
+double NiceAtLeast(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return 1;
+  const double power = std::pow(10.0, std::floor(std::log10(x)));
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * power >= x) return m * power;
+  }
+  return 10 * power;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RenderStepTraceAs(TraceFormat format,
+                                              const std::vector<v1::StepResult>& steps,
+                                              const schedule::ScheduleParams& params) {
+  absl::StatusOr<schedule::Placement> placement = schedule::PlacementFor(params);
+  if (!placement.ok()) return placement.status();
+  if (format == TraceFormat::kChrome) return RenderStepTrace(steps, *placement);
+  absl::StatusOr<schedule::Timeline> timeline = MeasuredTimeline(steps, *placement);
+  if (!timeline.ok()) return timeline.status();
+  const std::string title = PictureTitle(steps, params);
+  if (format == TraceFormat::kSvg) {
+    schedule::SvgOptions svg;
+    svg.title = title;
+    svg.time_unit = "ms";
+    double offset = 0;
+    for (const v1::StepResult& r : steps) {
+      svg.marks.push_back({offset / 1000, absl::StrCat("step ", r.step())});
+      offset += StepLength(r);
+    }
+    return schedule::RenderSvg(*timeline, svg);
+  }
+  schedule::AsciiOptions ascii;
+  ascii.time_unit = "ms";
+  ascii.time_per_cell = NiceAtLeast(timeline->Makespan() / kAsciiCells);
+  std::string out = absl::StrCat(title, "\n", schedule::RenderAscii(*timeline, ascii));
+  for (const v1::StepResult& r : steps) {
+    absl::StrAppend(&out, absl::StrFormat("step %d: %.3f ms, loss %.6g, bubble %.3f (predicted "
+                                          "%.3f)\n",
+                                          r.step(), r.step_ms(), r.loss(), r.bubble_fraction(),
+                                          r.predicted_bubble_fraction()));
+  }
+  return out;
 }
 
 }  // namespace pipetrain::cli

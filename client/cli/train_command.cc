@@ -344,8 +344,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     schedule::ScheduleParams params{
         kind, o.stages, static_cast<int>(t.microbatches),
         o.virtual_stages > 0 ? o.virtual_stages : schedule::DefaultVirtualStages(kind)};
-    PT_ASSIGN_OR_RETURN(schedule::Placement placement, schedule::PlacementFor(params));
-    PT_ASSIGN_OR_RETURN(std::string trace, RenderStepTrace(traced, placement));
+    PT_ASSIGN_OR_RETURN(std::string trace,
+                        RenderStepTraceAs(TraceFormatOf(o.trace_path), traced, params));
     PT_RETURN_IF_ERROR(WriteTextFile(o.trace_path, trace));
     if (!t.json) {
       out << (traced.size() == 1 ? absl::StrCat("trace of step ", traced[0].step())

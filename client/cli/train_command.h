@@ -27,8 +27,9 @@ struct TrainCommandOptions {
   // (dualpipe is refused: see schedule::CheckExecutable).
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
-  // --trace FILE: Chrome trace (client/cli/step_trace.h) of the last step, or of the steps
-  // --trace-steps selects; empty: none.
+  // --trace FILE: the measured timeline (client/cli/step_trace.h) of the last step, or of the
+  // steps --trace-steps selects — an SVG for FILE.svg, ASCII for FILE.txt, else a Chrome trace;
+  // empty: none.
   std::string trace_path;
   // --trace-steps A:B: the steps (1-based, inclusive) --trace writes; unset: the last step. Needs
   // --trace, and must meet the steps the run makes.

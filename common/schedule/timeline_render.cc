@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::schedule {
@@ -51,6 +53,48 @@ const char* OpColor(Op op) {
   }
   return "#999999";
 }
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return "forward";
+    case Op::kBackward:
+      return "backward";
+    case Op::kInputGrad:
+      return "input grad";
+    case Op::kWeightGrad:
+      return "weight grad";
+  }
+  return "unknown";
+}
+
+// `text` with the XML special characters escaped, for element content and attribute values.
+std::string XmlEscape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// " ms" for unit "ms"; "" for none.
+std::string UnitSuffix(const std::string& unit) { return unit.empty() ? "" : " " + unit; }
 
 // A "nice" axis step (1, 2 or 5 times a power of ten) giving about `ticks` ticks over `span`.
 double NiceStep(double span, int ticks) {
@@ -140,8 +184,10 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
     name.resize(name_width, ' ');
     absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(absl::StrCat(name, "|", row)), "\n");
   }
-  absl::StrAppend(&out, "1 cell = ", per_cell, per_cell == 1 ? " time unit" : " time units",
-                  "; makespan ", makespan,
+  const std::string unit =
+      options.time_unit.empty() ? (per_cell == 1 ? "time unit" : "time units") : options.time_unit;
+  absl::StrAppend(&out, "1 cell = ", per_cell, " ", unit, "; makespan ", makespan,
+                  UnitSuffix(options.time_unit),
                   "; F forward, B backward, I input grad, W weight grad, . idle");
   if (timeline.placement.virtual_stages > 1) {
     absl::StrAppend(&out, "; a, b, ... = the worker's chunks in model order");
@@ -199,7 +245,11 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
   const double top = 34;
   const int workers = static_cast<int>(timeline.workers.size());
   const double plot_width = makespan * px;
-  const double width = left + plot_width + 20;
+  const std::string unit = UnitSuffix(options.time_unit);
+  const std::string header = absl::StrCat(options.title, options.title.empty() ? "" : "; ",
+                                          absl::StrFormat("makespan %g", makespan), unit);
+  // The header line (12 px monospace: about 7.2 px a character) fits in the picture.
+  const double width = std::max(left + plot_width + 20, left + 7.5 * header.size() + 20);
   const double height = top + workers * row + 50;
   const int v = std::max(1, timeline.placement.virtual_stages);
 
@@ -208,11 +258,17 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
                   absl::StrFormat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
                                   "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
                                   "font-family=\"monospace\" font-size=\"10\">\n",
-                                  width, height, width, height),
-                  "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-                  absl::StrFormat("<text x=\"%.1f\" y=\"14\" font-size=\"12\">makespan %g"
-                                  "</text>\n",
-                                  left, makespan));
+                                  width, height, width, height));
+  if (!options.title.empty()) {
+    absl::StrAppend(&out, "<title>", XmlEscape(options.title), "</title>\n");
+  }
+  absl::StrAppend(&out, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+                  absl::StrFormat("<text x=\"%.1f\" y=\"14\" font-size=\"12\">%s</text>\n", left,
+                                  XmlEscape(header)));
+  if (!options.time_unit.empty()) {
+    absl::StrAppend(&out, absl::StrFormat("<text x=\"4\" y=\"%.1f\">%s</text>\n", top - 7,
+                                          XmlEscape(options.time_unit)));
+  }
   // Time axis with grid lines.
   const double step = NiceStep(makespan, 10);
   for (double t = 0; t <= makespan + step * 1e-9; t += step) {
@@ -225,6 +281,7 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
                                     "</text>\n",
                                     x, top - 7, t));
   }
+  std::set<Op> drawn;
   for (int w = 0; w < workers; ++w) {
     const double y = top + w * row;
     absl::StrAppend(&out, absl::StrFormat("<text x=\"4\" y=\"%.1f\">worker %d</text>\n",
@@ -238,12 +295,14 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
                             : 0;
       const double opacity = v > 1 ? 1.0 - 0.5 * local / (v - 1) : 1.0;
       const std::string label = ActionLabel(timeline.placement, t.action);
-      absl::StrAppend(&out, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
-                                            "height=\"%d\" fill=\"%s\" fill-opacity=\"%.2f\" "
-                                            "stroke=\"white\" stroke-width=\"0.5\"><title>%s "
-                                            "chunk %d [%g, %g)</title></rect>\n",
-                                            x, y + 1, wd, row - 2, OpColor(t.action.op), opacity,
-                                            label, t.action.chunk, t.start, t.end));
+      drawn.insert(t.action.op);
+      absl::StrAppend(&out,
+                      absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                      "height=\"%d\" fill=\"%s\" fill-opacity=\"%.2f\" "
+                                      "stroke=\"white\" stroke-width=\"0.5\"><title>%s "
+                                      "chunk %d [%g, %g)%s</title></rect>\n",
+                                      x, y + 1, wd, row - 2, OpColor(t.action.op), opacity, label,
+                                      t.action.chunk, t.start, t.end, XmlEscape(unit)));
       if (wd >= 6.5 * static_cast<double>(label.size())) {
         absl::StrAppend(&out, absl::StrFormat("<text x=\"%.2f\" y=\"%.1f\" "
                                               "text-anchor=\"middle\">%s</text>\n",
@@ -251,21 +310,35 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
       }
     }
   }
-  // Legend.
-  const double ly = top + workers * row + 22;
+  // Marks: a dashed line over the rows, its label above the axis labels' line.
+  for (const TimeMark& mark : options.marks) {
+    if (!std::isfinite(mark.time) || mark.time < 0 || mark.time > makespan) continue;
+    const double x = left + mark.time * px;
+    absl::StrAppend(&out,
+                    absl::StrFormat("<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" "
+                                    "stroke=\"#555555\" stroke-dasharray=\"4 3\"/>\n",
+                                    x, top - 4, x, top + workers * row),
+                    absl::StrFormat("<text x=\"%.2f\" y=\"%.1f\" fill=\"#555555\">%s</text>\n",
+                                    x + 2, top + workers * row + 10, XmlEscape(mark.label)));
+  }
+  // Legend: the kinds of action drawn.
+  const double ly = top + workers * row + 30;
   double lx = left;
+  absl::StrAppend(&out, "<g id=\"legend\">\n");
   for (Op op : {Op::kForward, Op::kBackward, Op::kInputGrad, Op::kWeightGrad}) {
+    if (drawn.count(op) == 0) continue;
+    const std::string entry = absl::StrCat(OpLetter(op), " ", OpName(op));
     absl::StrAppend(&out, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" "
                                           "fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
-                                          lx, ly - 10, OpColor(op), lx + 16, ly, OpLetter(op)));
-    lx += 40;
+                                          lx, ly - 10, OpColor(op), lx + 16, ly, entry));
+    lx += 16 + 6.5 * entry.size() + 14;
   }
   if (v > 1) {
     absl::StrAppend(&out, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\">a, b, ... = the worker's "
                                           "chunks in model order (later ones lighter)</text>\n",
                                           lx, ly));
   }
-  absl::StrAppend(&out, "</svg>\n");
+  absl::StrAppend(&out, "</g>\n</svg>\n");
   return out;
 }
 

@@ -505,6 +505,7 @@ void CoordinatorCore::RecordStepMetrics(const std::string& job, int64_t samples,
   s.bubble = result.bubble_fraction();
   s.predicted_bubble = result.predicted_bubble_fraction();
   s.samples_per_second = s.seconds > 0 ? static_cast<double>(samples) / s.seconds : 0;
+  s.samples = samples;
   options_.metrics->RecordStep(job, s);
 }
 

@@ -1,5 +1,6 @@
 #include "server/metrics/coordinator_metrics.h"
 
+#include <utility>
 #include <vector>
 
 namespace pipetrain::metrics {
@@ -38,6 +39,10 @@ CoordinatorMetrics::CoordinatorMetrics(MetricsRegistry& registry)
                               .Help("Training samples per second "
                                     "in the last step")
                               .Register(registry.registry())),
+      samples_(prometheus::BuildCounter()
+                   .Name("pipetrain_job_samples_total")
+                   .Help("Training samples (batch rows) of the applied steps, per job")
+                   .Register(registry.registry())),
       recoveries_(prometheus::BuildCounter()
                       .Name("pipetrain_job_recoveries_total")
                       .Help("Times the job recovered from a lost worker")
@@ -55,19 +60,35 @@ CoordinatorMetrics::CoordinatorMetrics(MetricsRegistry& registry)
                    .Help("Registered workers, by state (idle, busy: holding a job's stage)")
                    .Register(registry.registry())) {}
 
+template <typename T, typename... Args>
+T* CoordinatorMetrics::Track(JobSeries& s, prometheus::Family<T>& family,
+                             const prometheus::Labels& labels, Args&&... args) {
+  T* series = &family.Add(labels, std::forward<Args>(args)...);
+  s.remove[series] = [&family, series] { family.Remove(series); };
+  return series;
+}
+
+void CoordinatorMetrics::Drop(JobSeries& s, const void* series) {
+  auto it = s.remove.find(series);
+  if (it == s.remove.end()) return;
+  it->second();
+  s.remove.erase(it);
+}
+
 CoordinatorMetrics::JobSeries& CoordinatorMetrics::SeriesOf(const std::string& job) {
   auto it = series_.find(job);
   if (it != series_.end()) return it->second;
+  JobSeries& s = series_[job];
   const prometheus::Labels labels = {{"job_id", job}};
-  JobSeries s;
-  s.steps = &steps_.Add(labels);
-  s.step_seconds = &step_seconds_.Add(labels, StepBuckets());
-  s.loss = &loss_.Add(labels);
-  s.bubble = &bubble_.Add({{"job_id", job}, {"source", "measured"}});
-  s.predicted_bubble = &bubble_.Add({{"job_id", job}, {"source", "predicted"}});
-  s.samples_per_second = &samples_per_second_.Add(labels);
-  s.recoveries = &recoveries_.Add(labels);
-  return series_.emplace(job, s).first->second;
+  s.steps = Track(s, steps_, labels);
+  s.step_seconds = Track(s, step_seconds_, labels, StepBuckets());
+  s.loss = Track(s, loss_, labels);
+  s.bubble = Track(s, bubble_, {{"job_id", job}, {"source", "measured"}});
+  s.predicted_bubble = Track(s, bubble_, {{"job_id", job}, {"source", "predicted"}});
+  s.samples_per_second = Track(s, samples_per_second_, labels);
+  s.samples = Track(s, samples_, labels);
+  s.recoveries = Track(s, recoveries_, labels);
+  return s;
 }
 
 void CoordinatorMetrics::RecordStep(const std::string& job, const StepSample& step) {
@@ -79,6 +100,7 @@ void CoordinatorMetrics::RecordStep(const std::string& job, const StepSample& st
   s.bubble->Set(step.bubble);
   s.predicted_bubble->Set(step.predicted_bubble);
   s.samples_per_second->Set(step.samples_per_second);
+  if (step.samples > 0) s.samples->Increment(static_cast<double>(step.samples));
 }
 
 void CoordinatorMetrics::RecordRecovery(const std::string& job) {
@@ -89,8 +111,8 @@ void CoordinatorMetrics::RecordRecovery(const std::string& job) {
 void CoordinatorMetrics::RecordIsa(const std::string& job, const std::string& isa) {
   absl::MutexLock lock(&mu_);
   JobSeries& s = SeriesOf(job);
-  if (s.isa != nullptr) isa_.Remove(s.isa);
-  s.isa = &isa_.Add({{"job_id", job}, {"isa", isa}});
+  Drop(s, s.isa);
+  s.isa = Track(s, isa_, {{"job_id", job}, {"isa", isa}});
   s.isa->Set(1);
 }
 
@@ -105,15 +127,7 @@ void CoordinatorMetrics::RecordState(const std::map<std::string, int>& jobs_by_s
       ++it;
       continue;
     }
-    const JobSeries& s = it->second;
-    steps_.Remove(s.steps);
-    step_seconds_.Remove(s.step_seconds);
-    loss_.Remove(s.loss);
-    bubble_.Remove(s.bubble);
-    bubble_.Remove(s.predicted_bubble);
-    samples_per_second_.Remove(s.samples_per_second);
-    recoveries_.Remove(s.recoveries);
-    if (s.isa != nullptr) isa_.Remove(s.isa);
+    for (auto& [series, remove] : it->second.remove) remove();
     it = series_.erase(it);
   }
 }

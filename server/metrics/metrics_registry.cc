@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -13,8 +14,30 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/util/build_info.h"
+#include "server/metrics/process_metrics.h"
 
 namespace pipetrain::metrics {
+
+namespace {
+
+// A registry's families followed by the process metrics.
+class DaemonCollectable : public prometheus::Collectable {
+ public:
+  explicit DaemonCollectable(std::shared_ptr<prometheus::Registry> registry)
+      : registry_(std::move(registry)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    for (prometheus::MetricFamily& f : process_.Collect()) families.push_back(std::move(f));
+    return families;
+  }
+
+ private:
+  const std::shared_ptr<prometheus::Registry> registry_;
+  const ProcessCollector process_;
+};
+
+}  // namespace
 
 std::string BuildVersion() { return std::string(util::ProjectVersion()); }
 
@@ -24,7 +47,8 @@ std::string BuildCommit() {
 }
 
 MetricsRegistry::MetricsRegistry(const std::string& daemon)
-    : registry_(std::make_shared<prometheus::Registry>()) {
+    : registry_(std::make_shared<prometheus::Registry>()),
+      collectable_(std::make_shared<DaemonCollectable>(registry_)) {
   prometheus::BuildGauge()
       .Name("pipetrain_build_info")
       .Help("Always 1; the labels say which daemon, version and git commit this is")
@@ -34,7 +58,7 @@ MetricsRegistry::MetricsRegistry(const std::string& daemon)
 }
 
 std::string MetricsRegistry::TextExposition() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  return prometheus::TextSerializer().Serialize(collectable_->Collect());
 }
 
 std::optional<double> SampleValue(const std::string& exposition, const std::string& name,

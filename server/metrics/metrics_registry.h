@@ -2,11 +2,14 @@
 // the HTTP endpoint (MetricsServer) so that the services and their tests record and read metrics
 // without a network.
 //
-// Every registry carries pipetrain_build_info{daemon, version, commit} = 1. Thread-safe:
-// prometheus-cpp's families and metrics may be used from any thread.
+// Every registry carries pipetrain_build_info{daemon, version, commit} = 1 and the standard
+// process metrics (process_cpu_seconds_total, process_resident_memory_bytes, ...:
+// process_metrics.h), read from /proc at each collection. Thread-safe: prometheus-cpp's families
+// and metrics may be used from any thread.
 #ifndef PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
 #define PIPETRAIN_SERVER_METRICS_METRICS_REGISTRY_H_
 
+#include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
 #include <map>
@@ -32,14 +35,16 @@ class MetricsRegistry {
 
   // The prometheus-cpp registry to add families to; lives as long as this object.
   prometheus::Registry& registry() { return *registry_; }
-  // The same registry, shared with a MetricsServer that exposes it.
-  std::shared_ptr<prometheus::Registry> shared() const { return registry_; }
+  // Everything /metrics serves — the registry's families, then the process metrics — as one
+  // collectable for a MetricsServer; lives as long as its longest holder.
+  std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
 
   // Every metric now in the Prometheus text exposition format (what /metrics serves).
   std::string TextExposition() const;
 
  private:
   const std::shared_ptr<prometheus::Registry> registry_;
+  const std::shared_ptr<prometheus::Collectable> collectable_;
 };
 
 // The value of the sample `name{labels}` (labels exactly, in any order) in a text exposition, or

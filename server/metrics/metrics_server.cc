@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
   }
-  exposer->RegisterCollectable(registry.shared());
+  exposer->RegisterCollectable(registry.collectable());
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));

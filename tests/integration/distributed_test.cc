@@ -379,6 +379,64 @@ TEST_F(DistributedTest, TraceStepsHaveComputeWaitSendAndReceiveSpansOfEveryRank)
   EXPECT_THAT(alone.out, ::testing::HasSubstr("--trace-steps needs --trace"));
 }
 
+// How often `needle` occurs in `text`.
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// --trace FILE.svg and FILE.txt draw the measured timeline as pictures, titled with the schedule,
+// S, M, V, the steps and their bubbles: the SVG has one rectangle per action of the traced steps
+// (2 ranks x 4 micro-batches x F and B x 2 steps), a mark where each step starts and a legend of
+// F and B only; the ASCII picture one row per rank and one summary line per step.
+TEST_F(DistributedTest, TracePicturesBySuffix) {
+  const std::string svg_path = *dir_ + "/trace.svg";
+  const std::string flags =
+      absl::StrCat("local --stages 2 --schedule 1f1b --model ", Example("mlp_digits.textproto"),
+                   " --batch 16 --microbatches 4 --steps 3 --seed 7 --trace-steps 2:3 --trace ");
+  const CliRun svg_run = Pipetrain(flags + svg_path, "");
+  ASSERT_EQ(svg_run.exit_code, 0) << svg_run.out;
+  EXPECT_THAT(svg_run.out, ::testing::HasSubstr("trace of steps 2 to 3 written to " + svg_path));
+  const std::string svg = ReadFile(svg_path);
+  ASSERT_THAT(svg, ::testing::StartsWith("<?xml"));
+  EXPECT_THAT(
+      svg, ::testing::HasSubstr("<title>1f1b: S=2 M=4 V=1, steps 2 to 3 measured: mean bubble "));
+  EXPECT_THAT(svg, ::testing::HasSubstr(" ms</text>"));  // "; makespan X ms" on the first line.
+  EXPECT_EQ(Count(svg, " ms</title></rect>"), 2 * 4 * 2 * 2);
+  for (int mb = 0; mb < 4; ++mb) {
+    EXPECT_EQ(Count(svg, absl::StrCat("<title>F", mb, " chunk ")), 2 * 2) << mb;
+    EXPECT_EQ(Count(svg, absl::StrCat("<title>B", mb, " chunk ")), 2 * 2) << mb;
+  }
+  EXPECT_EQ(Count(svg, ">step 2</text>"), 1);
+  EXPECT_EQ(Count(svg, ">step 3</text>"), 1);
+  const std::string legend = svg.substr(svg.find("<g id=\"legend\">"));
+  EXPECT_THAT(legend, ::testing::HasSubstr(">F forward</text>"));
+  EXPECT_THAT(legend, ::testing::HasSubstr(">B backward</text>"));
+  EXPECT_THAT(legend, ::testing::Not(::testing::HasSubstr("grad</text>")));
+
+  const std::string txt_path = *dir_ + "/trace.txt";
+  const CliRun txt_run = Pipetrain(flags + txt_path, "");
+  ASSERT_EQ(txt_run.exit_code, 0) << txt_run.out;
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadFile(txt_path), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u + 1 + 2 + 1 + 2)
+      << ReadFile(txt_path);  // title, ruler, rows, scale, steps
+  EXPECT_THAT(lines[0], ::testing::StartsWith("1f1b: S=2 M=4 V=1, steps 2 to 3 measured: mean "
+                                              "bubble "));
+  EXPECT_THAT(lines[1], ::testing::StartsWith("time |0"));
+  for (int rank : {0, 1}) {
+    EXPECT_THAT(lines[2 + rank], ::testing::StartsWith(absl::StrCat("w", rank, "   |")));
+    EXPECT_THAT(lines[2 + rank], ::testing::ContainsRegex("F[0-3]"));
+    EXPECT_THAT(lines[2 + rank], ::testing::ContainsRegex("B[0-3]"));
+  }
+  EXPECT_THAT(lines[4], ::testing::StartsWith("1 cell = "));
+  EXPECT_THAT(lines[4], ::testing::HasSubstr(" ms; makespan "));
+  EXPECT_THAT(lines[5], ::testing::MatchesRegex("step 2: [0-9.]+ ms, loss .*, bubble [0-9.]+ "
+                                                "\\(predicted [0-9.]+\\)"));
+  EXPECT_THAT(lines[6], ::testing::StartsWith("step 3: "));
+}
+
 TEST_F(DistributedTest, TrainWithoutReachableCoordinatorIsUnavailable) {
   const CliRun run = Pipetrain(absl::StrCat("train --coordinator 127.0.0.1:1 --model ",
                                             Example("mlp_digits.textproto"), " --steps 1"),

@@ -189,6 +189,16 @@ TEST_F(MetricsTest, PrometheusScrapesBothDaemonsDuringAJob) {
   EXPECT_EQ(WaitForValue(prometheus, "pipetrain_jobs{state=\"done\"}", 1), 1);
   EXPECT_EQ(WaitForValue(prometheus, "pipetrain_workers{state=\"idle\"}", 2), 2);
   EXPECT_EQ(WaitForValue(prometheus, "count(pipetrain_build_info)", 3), 3);
+  // Samples as a counter: 32 rows a step.
+  EXPECT_EQ(WaitForValue(prometheus, "sum(pipetrain_job_samples_total)", 32 * kSteps), 32 * kSteps);
+  // Process metrics on all three daemons: CPU spent, memory held, descriptors open, and a start
+  // time in the last hour.
+  for (const char* q :
+       {"count(process_cpu_seconds_total > 0)", "count(process_resident_memory_bytes > 1e6)",
+        "count(process_open_fds > 3)", "count(process_open_fds < process_max_fds)",
+        "count(time() - process_start_time_seconds < 3600)"}) {
+    EXPECT_EQ(WaitForValue(prometheus, q, 3), 3) << q;
+  }
   // Workers: both computed forwards and sent tensors to their neighbour; the coordinator fed them.
   EXPECT_EQ(
       WaitForValue(prometheus, "count(pipetrain_worker_busy_seconds_total{kind=\"F\"} > 0)", 2), 2);

@@ -10,6 +10,7 @@ namespace pipetrain::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 std::string ParseError(absl::string_view kind, absl::string_view stages, absl::string_view m,
@@ -118,6 +119,46 @@ TEST(ScheduleCommandTest, ChromeAndSvg) {
   out = RunScheduleCommand(*o);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(*out, StartsWith("<?xml"));
+}
+
+// The text of the SVG's legend group.
+std::string Legend(const std::string& svg) {
+  const size_t begin = svg.find("<g id=\"legend\">");
+  if (begin == std::string::npos) return "";
+  return svg.substr(begin, svg.find("</g>", begin) - begin);
+}
+
+// The SVG names the schedule, S, M, V and the predicted bubble in its title, and its legend lists
+// only the kinds of action the schedule has.
+TEST(ScheduleCommandTest, SvgTitleAndLegend) {
+  absl::StatusOr<ScheduleCommandOptions> o =
+      ParseScheduleCommandOptions("1f1b", "4", "8", "", "", "svg");
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::StatusOr<std::string> svg = RunScheduleCommand(*o);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  // 1F1B's bubble (S-1)/(M+S-1) = 3/11.
+  const std::string title = "1f1b: S=4 M=8 V=1, predicted bubble 0.272727 (costs F=1 B=2 I=1 W=1)";
+  EXPECT_THAT(*svg, HasSubstr("<title>" + title + "</title>"));
+  EXPECT_THAT(*svg, HasSubstr(">" + title + "; makespan 33</text>"));
+  std::string legend = Legend(*svg);
+  EXPECT_THAT(legend, HasSubstr(">F forward</text>"));
+  EXPECT_THAT(legend, HasSubstr(">B backward</text>"));
+  EXPECT_THAT(legend, Not(HasSubstr("input grad")));
+  EXPECT_THAT(legend, Not(HasSubstr("weight grad")));
+  EXPECT_THAT(legend, Not(HasSubstr("chunks in model order")));
+
+  // ZB-H1 splits every backward: F, I and W, no B. ZB-V has two chunks per worker (V=2).
+  o = ParseScheduleCommandOptions("zb-v", "2", "4", "", "", "svg");
+  ASSERT_TRUE(o.ok()) << o.status();
+  svg = RunScheduleCommand(*o);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  EXPECT_THAT(*svg, HasSubstr("<title>zb-v: S=2 M=4 V=2, predicted bubble "));
+  legend = Legend(*svg);
+  EXPECT_THAT(legend, HasSubstr(">F forward</text>"));
+  EXPECT_THAT(legend, Not(HasSubstr("backward")));
+  EXPECT_THAT(legend, HasSubstr(">I input grad</text>"));
+  EXPECT_THAT(legend, HasSubstr(">W weight grad</text>"));
+  EXPECT_THAT(legend, HasSubstr("chunks in model order"));
 }
 
 // Runs `pipetrain schedule --kind K --stages S --microbatches M --format json` and parses it.

@@ -14,6 +14,7 @@ namespace pipetrain::schedule {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 Timeline Simulated(ScheduleKind kind, int s, int m, int v, const OpCosts& per_stage) {
@@ -129,13 +130,14 @@ TEST(RenderAsciiTest, MeasuredTimelineAndScale) {
             "w1   |......F0 B0------ ............\n"
             "1 cell = 0.5 time units; makespan 4.9; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
-  EXPECT_EQ(RenderAscii(t, {/*time_per_cell=*/1, /*max_cells=*/0}),
+  EXPECT_EQ(RenderAscii(t, {/*time_per_cell=*/1, /*max_cells=*/0, /*time_unit=*/""}),
             "time |0\n"
             "w0   |F0 ......B0---\n"
             "w1   |...F0 B0 ......\n"
             "1 cell = 1 time unit; makespan 4.9; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
-  const std::string coarse = RenderAscii(t, {/*time_per_cell=*/0, /*max_cells=*/5});
+  const std::string coarse =
+      RenderAscii(t, {/*time_per_cell=*/0, /*max_cells=*/5, /*time_unit=*/""});
   EXPECT_THAT(coarse, HasSubstr("1 cell = 0.98 time units"));
 }
 
@@ -207,9 +209,84 @@ TEST(SvgTest, OneRectanglePerAction) {
   for (size_t at = svg.find("<rect "); at != std::string::npos; at = svg.find("<rect ", at + 1)) {
     ++rects;
   }
-  EXPECT_EQ(rects, 1 + 64 + 4);  // Background, 4 workers x 16 actions, legend.
+  EXPECT_EQ(rects, 1 + 64 + 2);  // Background, 4 workers x 16 actions, legend (F and B only).
   // Every action has a tooltip with its chunk and interval; F0 on worker 3 runs [3, 4).
   EXPECT_THAT(svg, HasSubstr("<title>F0 chunk 3 [3, 4)</title>"));
+}
+
+// The text of the SVG's legend group.
+std::string Legend(const std::string& svg) {
+  const size_t begin = svg.find("<g id=\"legend\">");
+  if (begin == std::string::npos) return "";
+  return svg.substr(begin, svg.find("</g>", begin) - begin);
+}
+
+// A measured-looking timeline in ms: two workers, F and W only (no B, no I), two steps.
+Timeline Measured() {
+  Timeline t;
+  t.placement = Placement{PlacementKind::kLinear, 2, 1};
+  t.workers = {{{{Op::kForward, 0, 0}, 0, 1.5},
+                {{Op::kWeightGrad, 0, 0}, 2, 2.5},
+                {{Op::kForward, 0, 0}, 4, 5.5}},
+               {{{Op::kForward, 0, 1}, 1.5, 3}, {{Op::kForward, 0, 1}, 5.5, 7}}};
+  return t;
+}
+
+TEST(SvgTest, TitleUnitMarksAndLegendOfDrawnKinds) {
+  SvgOptions o;
+  o.title = "steps 1 & 2 <measured>";
+  o.time_unit = "ms";
+  o.marks = {{0, "step 1"}, {4, "step 2"}, {99, "beyond"}, {-1, "before"}};
+  const std::string svg = RenderSvg(Measured(), o);
+  // The title is the document's <title> and starts the first line; text is escaped.
+  EXPECT_THAT(svg, HasSubstr("<title>steps 1 &amp; 2 &lt;measured&gt;</title>"));
+  EXPECT_THAT(svg, HasSubstr(">steps 1 &amp; 2 &lt;measured&gt;; makespan 7 ms</text>"));
+  EXPECT_THAT(svg, Not(HasSubstr("<measured>")));
+  // Tooltips carry the unit.
+  EXPECT_THAT(svg, HasSubstr("<title>W0 chunk 0 [2, 2.5) ms</title>"));
+  // A dashed line per mark within the picture, labelled.
+  size_t dashed = 0;
+  for (size_t at = svg.find("stroke-dasharray"); at != std::string::npos;
+       at = svg.find("stroke-dasharray", at + 1)) {
+    ++dashed;
+  }
+  EXPECT_EQ(dashed, 2u);
+  EXPECT_THAT(svg, HasSubstr(">step 1</text>"));
+  EXPECT_THAT(svg, HasSubstr(">step 2</text>"));
+  EXPECT_THAT(svg, Not(HasSubstr("beyond")));
+  EXPECT_THAT(svg, Not(HasSubstr("before")));
+  // The legend lists F and W, the kinds drawn, and neither B nor I.
+  const std::string legend = Legend(svg);
+  EXPECT_THAT(legend, HasSubstr(">F forward</text>"));
+  EXPECT_THAT(legend, HasSubstr(">W weight grad</text>"));
+  EXPECT_THAT(legend, Not(HasSubstr("backward")));
+  EXPECT_THAT(legend, Not(HasSubstr("input grad")));
+  size_t swatches = 0;
+  for (size_t at = legend.find("<rect "); at != std::string::npos;
+       at = legend.find("<rect ", at + 1)) {
+    ++swatches;
+  }
+  EXPECT_EQ(swatches, 2u);
+}
+
+TEST(SvgTest, NoTitleNoUnitKeepsTheMakespanLine) {
+  const std::string svg = RenderSvg(Measured());
+  EXPECT_THAT(svg, Not(HasSubstr("<title>steps")));
+  EXPECT_THAT(svg, HasSubstr(">makespan 7</text>"));
+  EXPECT_THAT(svg, HasSubstr("<title>F0 chunk 0 [0, 1.5)</title>"));
+  // Nothing drawn: an empty legend.
+  EXPECT_THAT(Legend(RenderSvg(Timeline{})), Not(HasSubstr("<rect")));
+}
+
+TEST(RenderAsciiTest, TimeUnitInTheLegend) {
+  AsciiOptions o;
+  o.time_unit = "ms";
+  EXPECT_EQ(RenderAscii(Measured(), o),
+            "time |0              2.5            5\n"
+            "w0   |F0------ ...W0 .........F0------ .........\n"
+            "w1   |.........F0------ ...............F0------\n"
+            "1 cell = 0.5 ms; makespan 7 ms; F forward, B backward, I input grad, W weight grad, "
+            ". idle\n");
 }
 
 }  // namespace
