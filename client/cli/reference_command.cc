@@ -71,6 +71,8 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
           absl::StrCat(o.resume_dir, ": checkpoint was written with --data ", m.data, " --seed ",
                        m.seed, " --batch ", m.batch_size, "; resume with the same values"));
     }
+    // The optimizer kind decides the state tensors: it must be the checkpoint's.
+    PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(o.resume_dir, m, optimizer));
     // Mid-schedule, the rate of every later update must be the one the first run would have used.
     PT_ASSIGN_OR_RETURN(math::OptimizerConfig saved, math::ParseOptimizerConfig(m.optimizer));
     if (saved.schedule != optimizer.schedule) {

@@ -156,6 +156,16 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_min_stages(o.min_stages);
   job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
   if (!t.resume_dir.empty()) {
+    // On loopback the checkpoint is on this host too: its optimizer kind (which decides the state
+    // tensors) must be this run's. Elsewhere the coordinator's host has it.
+    if (net::IsLoopbackAddress(o.coordinator)) {
+      absl::StatusOr<model::CheckpointManifest> resumed =
+          model::ReadCheckpointManifest(t.resume_dir);
+      // An unreadable manifest is the coordinator's to report, with the rest of its checks.
+      if (resumed.ok()) {
+        PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(t.resume_dir, *resumed, optimizer));
+      }
+    }
     // Like --save, a directory on the coordinator's host, which verifies and loads it.
     std::error_code ec;
     job_spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());

@@ -151,6 +151,10 @@ absl::Status SetField(OptimizerConfig* c, absl::string_view key, absl::string_vi
 
 }  // namespace
 
+absl::string_view OptimizerKindName(OptimizerKind kind) {
+  return kind == OptimizerKind::kSgd ? "sgd" : "adamw";
+}
+
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   auto bad = [](absl::string_view what, float v, absl::string_view rule) {
     return absl::InvalidArgumentError(

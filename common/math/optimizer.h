@@ -38,6 +38,9 @@ struct OptimizerConfig {
   LrSchedule schedule;
 };
 
+// "sgd" or "adamw": the kind as ParseOptimizerConfig spells it.
+absl::string_view OptimizerKindName(OptimizerKind kind);
+
 // INVALID_ARGUMENT naming the first out-of-range hyper-parameter.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 

@@ -535,6 +535,23 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir
   return ManifestFromJson(j, path);
 }
 
+absl::Status CheckOptimizerResumes(const std::string& dir, const CheckpointManifest& manifest,
+                                   const math::OptimizerConfig& optimizer) {
+  absl::StatusOr<math::OptimizerConfig> saved = math::ParseOptimizerConfig(manifest.optimizer);
+  if (!saved.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the manifest's optimizer '",
+                                                   manifest.optimizer,
+                                                   "' does not parse: ", saved.status().message()));
+  }
+  if (saved->kind == optimizer.kind) return absl::OkStatus();
+  const absl::string_view had = math::OptimizerKindName(saved->kind);
+  return absl::FailedPreconditionError(
+      absl::StrCat(dir, ": the checkpoint was trained with optimizer ", had, ", this run asks for ",
+                   math::OptimizerKindName(optimizer.kind), "; its state tensors are ", had,
+                   "'s, so resume with --optimizer ", had,
+                   "[:key=value,...] (the hyper-parameters may change, the kind may not)"));
+}
+
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   return ReadCheckpoint(dir, /*keep_tensors=*/true);
 }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "common/io/dataset.h"
 #include "common/io/safetensors.h"
+#include "common/math/optimizer.h"
 #include "common/math/tensor.h"
 #include "common/model/model.h"
 #include "pipetrain/v1/model.pb.h"
@@ -204,6 +205,17 @@ absl::Status CheckCheckpointDestination(const std::string& dir);
 // name that is not plain or appears twice, a shard layer range empty or beyond the model's
 // layers, a sha256 that is not 64 lowercase hex digits.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
+
+// OK if a run with `optimizer` may resume the checkpoint `manifest` (read from `dir`): the
+// optimizer kinds must match, since the kind decides which state tensors the checkpoint holds per
+// parameter (AdamW: exp_avg and exp_avg_sq; SGD: momentum_buffer or none) -- resuming AdamW state
+// with SGD would drop the moments silently. The hyper-parameters (lr, weight decay, betas, eps,
+// momentum, clip_norm) may change on resume; the learning-rate schedule is compared by the caller.
+// Errors: FAILED_PRECONDITION naming `dir` and both kinds ("DIR: the checkpoint was trained with
+// optimizer adamw, this run asks for sgd; ..."); INVALID_ARGUMENT naming `dir` if the manifest's
+// optimizer text does not parse. Thread-safe.
+absl::Status CheckOptimizerResumes(const std::string& dir, const CheckpointManifest& manifest,
+                                   const math::OptimizerConfig& optimizer);
 
 struct LoadedCheckpoint {
   CheckpointManifest manifest;

@@ -363,6 +363,19 @@ TEST(LocalCliTest, CheckpointEveryAndEvalSamplesMatchTheReference) {
     EXPECT_FALSE(x.empty()) << f;
     EXPECT_TRUE(x == ReadAll(dir + "/local/" + f)) << f << " differs";
   }
+  // Resuming the AdamW checkpoint with SGD would drop its moment tensors and train on silently:
+  // refused by both (docs/training.md, "Resume"); a different AdamW lr is fine.
+  const std::string resume = " --model " + Example("mlp_digits.textproto") +
+                             " --batch 16 --microbatches 4 --seed 3 --steps 1 --resume ";
+  for (const std::string command : {"reference", "local --stages 2 --schedule 1f1b"}) {
+    const CliRun sgd = Pipetrain(command + resume + dir + "/local --optimizer sgd:lr=0.1");
+    EXPECT_EQ(sgd.exit_code, 1) << command << "\n" << sgd.out;
+    EXPECT_THAT(sgd.out, HasSubstr(dir + "/local: the checkpoint was trained with optimizer "
+                                         "adamw, this run asks for sgd"));
+    EXPECT_THAT(sgd.out, HasSubstr("[FAILED_PRECONDITION]"));
+    const CliRun other_lr = Pipetrain(command + resume + dir + "/local --optimizer adamw:lr=0.5");
+    EXPECT_EQ(other_lr.exit_code, 0) << command << "\n" << other_lr.out;
+  }
 }
 
 // Learning-rate schedules: a run stopped and resumed mid-schedule is bitwise the run that never

@@ -701,5 +701,31 @@ TEST_F(CheckpointTest, PathsWithANulByteAreInvalidArgument) {
   EXPECT_EQ(m->step, 2);  // not overwritten by the save into "c\0x".
 }
 
+// Resuming: the optimizer kind (which decides the state tensors) must be the checkpoint's; its
+// hyper-parameters may change.
+TEST(CheckOptimizerResumesTest, KindMustMatchHyperParametersMayChange) {
+  CheckpointManifest m;
+  m.optimizer =
+      "adamw:lr=0.00999999978,weight_decay=0,beta1=0.899999976,beta2=0.999000013,"
+      "eps=9.99999994e-09,clip_norm=0";
+  math::OptimizerConfig sgd = *math::ParseOptimizerConfig("sgd:lr=0.1,momentum=0.9");
+  math::OptimizerConfig adamw = *math::ParseOptimizerConfig("adamw:lr=0.5,weight_decay=0.1");
+  EXPECT_TRUE(CheckOptimizerResumes("ckpt", m, adamw).ok());
+  absl::Status s = CheckOptimizerResumes("ckpt", m, sgd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "ckpt: the checkpoint was trained with optimizer adamw, this run asks for sgd; its "
+            "state tensors are adamw's, so resume with --optimizer adamw[:key=value,...] (the "
+            "hyper-parameters may change, the kind may not)");
+  m.optimizer = "sgd:lr=0.1";
+  EXPECT_TRUE(CheckOptimizerResumes("ckpt", m, sgd).ok());
+  EXPECT_THAT(CheckOptimizerResumes("ckpt", m, adamw).message(),
+              HasSubstr("trained with optimizer sgd, this run asks for adamw"));
+  m.optimizer = "rmsprop";
+  s = CheckOptimizerResumes("ckpt", m, sgd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ckpt: the manifest's optimizer 'rmsprop' does not parse"));
+}
+
 }  // namespace
 }  // namespace pipetrain::model
