@@ -52,13 +52,13 @@ owners_of() {
 }
 
 # Every absolute path the configure found (CMake package directories, programs, libraries,
-# include directories), except the optional finds: ccache (CCACHE_PROGRAM) and a BLAS (only for
-# -DPIPETRAIN_USE_BLAS=ON).
+# include directories), except the optional finds: ccache (CCACHE_PROGRAM), a BLAS (only for
+# -DPIPETRAIN_USE_BLAS=ON) and git (GIT_EXECUTABLE: the commit --version prints, when there is one).
 checked=0
 while IFS='=' read -r entry path; do
   name=${entry%%:*}
   case "$name" in
-    CCACHE_PROGRAM | BLAS_* | CMAKE_INSTALL_*) continue ;;
+    CCACHE_PROGRAM | BLAS_* | GIT_EXECUTABLE | CMAKE_INSTALL_*) continue ;;
   esac
   [[ -e $path ]] || continue
   # The package of the path as found (libz.so: zlib1g-dev), else of what it resolves to (a
