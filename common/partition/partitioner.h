@@ -39,7 +39,7 @@ namespace pipetrain::partition {
 inline constexpr double kMaxLayerCost = 1e30;
 // A worker's speed (cost units per time unit; the coordinator passes GFLOP/s with costs in
 // FLOPs): in [kMinSpeed, kMaxSpeed].
-inline constexpr double kMinSpeed = 1e-3;
+inline constexpr double kMinSpeed = 1e-6;
 inline constexpr double kMaxSpeed = 1e9;
 // A layer's memory and a worker's memory cap, in bytes: in [0, kMaxMemoryBytes] = [0, 2^53]
 // (9 PB), and the layers' memory together at most kMaxMemoryBytes too. Memory is counted in whole

@@ -143,9 +143,9 @@ def _number(value, what):
             return _float32_of_decimal(text)
         if _SPECIAL.match(text):
             return float(np.float32(float(text)))
-        raise _invalid("%s must be a number, got %r" % (what, value))
+        raise _invalid("%s must be a decimal number, got %r" % (what, value))
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise _invalid("%s must be a number, got %r" % (what, value))
+        raise _invalid("%s must be a decimal number, got %r" % (what, value))
     with np.errstate(over="ignore"):
         return float(np.float32(value))
 

@@ -48,7 +48,7 @@ TEST(PartitionCommandTest, RefusesBadFlags) {
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "", "", "", "")),
             "--stages is required: how many pipeline stages to split the layers across");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "1,0", "", "2", "")),
-            "--speeds needs comma-separated numbers in [0.001, 1e+09] (got \"0\" in \"1,0\")");
+            "--speeds needs comma-separated numbers in [1e-06, 1e+09] (got \"0\" in \"1,0\")");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "1", "", "2", "")),
             "--speeds has 1 values; need one per stage (2)");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,2", "", "1GiB", "2", "")),
@@ -108,10 +108,10 @@ TEST(PartitionCommandTest, RefusesNumbersOutsideThePartitionersRanges) {
             "--costs needs comma-separated numbers in [0, 1e+30] (got \"1e308\" in "
             "\"1e308,1e308,1e308\")");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,1,1", "1e-310,1", "", "2", "")),
-            "--speeds needs comma-separated numbers in [0.001, 1e+09] (got \"1e-310\" in "
+            "--speeds needs comma-separated numbers in [1e-06, 1e+09] (got \"1e-310\" in "
             "\"1e-310,1\")");
   EXPECT_EQ(error(ParsePartitionCommandOptions("1,1,1", "1e200,1", "", "2", "")),
-            "--speeds needs comma-separated numbers in [0.001, 1e+09] (got \"1e200\" in "
+            "--speeds needs comma-separated numbers in [1e-06, 1e+09] (got \"1e200\" in "
             "\"1e200,1\")");
   const ModelLayers model{{1, 1, 1}, {2, 3, 2}};
   EXPECT_THAT(error(ParsePartitionCommandOptions("", "", "8193TiB", "2", "", &model)),

@@ -207,7 +207,7 @@ TEST(OptimizerTest, ParseRejectsBadInputWithReasons) {
   EXPECT_THAT(ParseOptimizerConfig("rmsprop").status().message(), HasSubstr("unknown kind"));
   EXPECT_THAT(ParseOptimizerConfig("sgd:foo=1").status().message(), HasSubstr("unknown key 'foo'"));
   EXPECT_THAT(ParseOptimizerConfig("sgd:lr=abc").status().message(),
-              HasSubstr("lr must be a number"));
+              HasSubstr("lr must be a decimal number"));
   EXPECT_THAT(ParseOptimizerConfig("sgd:lr").status().message(), HasSubstr("key=value"));
   EXPECT_THAT(ParseOptimizerConfig("sgd:lr=-1").status().message(), HasSubstr("lr = -1"));
   EXPECT_THAT(ParseOptimizerConfig("sgd:momentum=1").status().message(),

@@ -391,7 +391,7 @@ TEST(PartitionerTest, Errors) {
             "got 2 worker speeds for 3 workers");
   options.speeds = {1, 0, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
-            "speed of worker 1 must be in [0.001, 1e+09] (got 0)");
+            "speed of worker 1 must be in [1e-06, 1e+09] (got 0)");
   options.speeds = {};
   options.memory_caps = {1, 1, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
@@ -431,11 +431,11 @@ TEST(PartitionerTest, NumbersOutsideTheirRangesAreRefused) {
   EXPECT_EQ(message({1, 1, nan}), "cost of layer 2 must be in [0, 1e+30] (got nan)");
   EXPECT_EQ(message({1, kInf, 1}), "cost of layer 1 must be in [0, 1e+30] (got inf)");
   options.speeds = {1e-310, 1};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [0.001, 1e+09] (got 1e-310)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [1e-06, 1e+09] (got 1e-310)");
   options.speeds = {1, 1e200};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 1 must be in [0.001, 1e+09] (got 1e+200)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 1 must be in [1e-06, 1e+09] (got 1e+200)");
   options.speeds = {1e-300, 1};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [0.001, 1e+09] (got 1e-300)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [1e-06, 1e+09] (got 1e-300)");
   options.speeds = {};
   options.layer_memory = {1, 1, 1};
   options.memory_caps = {kInf, 1};

@@ -723,7 +723,7 @@ TEST_F(CoordinatorServiceTest, StepSumsLossesAndFeedsMicrobatches) {
   for (const wire::TensorKey& k : workers_[0]->received()) {
     EXPECT_EQ(k.kind, wire::TensorKind::kInput);
     EXPECT_EQ(k.chunk, 0);
-    EXPECT_EQ(k.step, 0);
+    EXPECT_EQ(k.step, 1);  // steps are numbered from 1.
   }
   for (const wire::TensorKey& k : workers_[1]->received()) {
     EXPECT_EQ(k.kind, wire::TensorKind::kTarget);
@@ -898,7 +898,7 @@ TEST_F(CoordinatorServiceTest, BatchesSentAheadAreTrainedInOrder) {
   EXPECT_EQ(workers_[0]->WaitReceived(8), 20);
   std::vector<int64_t> steps;
   for (const wire::TensorKey& k : workers_[0]->received()) steps.push_back(k.step);
-  EXPECT_THAT(steps, ::testing::ElementsAre(0, 0, 1, 1, 2, 2, 3, 3));
+  EXPECT_THAT(steps, ::testing::ElementsAre(1, 1, 2, 2, 3, 3, 4, 4));
   absl::StatusOr<v1::JobStatus> status = client_->GetJob(job->job());
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->steps_done(), 4);

@@ -169,9 +169,11 @@ TEST(ProcessSampleTest, EveryRegistryServesTheProcessMetrics) {
         "process_virtual_memory_bytes", "process_open_fds", "process_start_time_seconds"}) {
     EXPECT_TRUE(SampleValue(text, name).has_value()) << name << " in\n" << text;
   }
-  EXPECT_THAT(SampleValue(text, "pipetrain_build_info",
-                          {{"daemon", "stage_worker"}, {"version", BuildVersion()}}),
-              Optional(1.0));
+  EXPECT_THAT(
+      SampleValue(
+          text, "pipetrain_build_info",
+          {{"daemon", "stage_worker"}, {"version", BuildVersion()}, {"commit", BuildCommit()}}),
+      Optional(1.0));
 }
 
 }  // namespace

@@ -101,8 +101,8 @@ TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
       {"tiling", [](v1::Assign* a) { a->mutable_chunks(1)->set_first_layer(2); },
        "chunk 1 has layers [2, 6); chunks must tile [0, 6) in order, each non-empty"},
       {"placement", [](v1::Assign* a) { a->mutable_chunks(1)->set_rank(7); },
-       "chunk 1 is on worker 7 outside [0, 2)"},
-      {"address", [](v1::Assign* a) { a->set_worker_addresses(1, ""); }, "worker 1 has no address"},
+       "chunk 1 is on rank 7 outside [0, 2)"},
+      {"address", [](v1::Assign* a) { a->set_worker_addresses(1, ""); }, "rank 1 has no address"},
       {"no actions", [](v1::Assign* a) { a->clear_actions(); }, "no actions"},
       {"foreign action",
        [](v1::Assign* a) {
