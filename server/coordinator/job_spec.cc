@@ -13,23 +13,59 @@
 
 namespace pipetrain::coordinator {
 
-absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
-  // The caps first: counting is cheap, building a model of a million layers is not.
-  if (spec->model().layers_size() > limits.max_layers) {
+namespace {
+
+// The caps of a spec, first: counting is cheap, building a model of a million layers is not.
+absl::Status CheckCaps(const JobLimits& limits, const v1::JobSpec& spec) {
+  if (spec.model().layers_size() > limits.max_layers) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the model has ", spec->model().layers_size(), " layers, more than the limit of ",
+        "the model has ", spec.model().layers_size(), " layers, more than the limit of ",
         limits.max_layers, " (coordinator flag --max-layers)"));
   }
-  if (const size_t bytes = spec->model().ByteSizeLong();
+  if (const size_t bytes = spec.model().ByteSizeLong();
       bytes > static_cast<size_t>(kMaxModelSpecBytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model spec has ", bytes, " bytes, more than the limit of ", kMaxModelSpecBytes));
   }
-  if (spec->microbatches() > limits.max_microbatches) {
+  if (spec.microbatches() > limits.max_microbatches) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("microbatches ", spec->microbatches(), " is more than the limit of ",
+        absl::StrCat("microbatches ", spec.microbatches(), " is more than the limit of ",
                      limits.max_microbatches, " (coordinator flag --max-microbatches)"));
   }
+  return absl::OkStatus();
+}
+
+// The model the spec describes, its sizes left 0 filled from its data shape.
+absl::StatusOr<std::unique_ptr<model::Model>> BuildModel(const JobLimits& limits,
+                                                         v1::JobSpec* spec) {
+  const v1::DataShape& data = spec->data_shape();
+  PT_ASSIGN_OR_RETURN(
+      *spec->mutable_model(),
+      model::ResolveModelSpec(spec->model(),
+                              model::DataShape{data.input_features(), data.target_features(),
+                                               data.num_classes(), data.tokens_per_sample()}));
+  absl::StatusOr<std::unique_ptr<model::Model>> built =
+      model::Model::Build(spec->model(), limits.model);
+  if (!built.ok()) {
+    if (!spec->has_data_shape()) {
+      return wire::Annotate(built.status(),
+                            "model (sizes left 0 are filled from JobSpec.data_shape, which is "
+                            "not set)");
+    }
+    return built.status();
+  }
+  if (data.target_features() > 0 && (*built)->target_features() != data.target_features()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's loss needs ", (*built)->target_features(),
+                     " target features per row, the data shape has ", data.target_features()));
+  }
+  return built;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
+  PT_RETURN_IF_ERROR(CheckCaps(limits, *spec));
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
   if (spec->virtual_stages() == 0) {
     spec->set_virtual_stages(schedule::DefaultVirtualStages(kind));
@@ -56,29 +92,8 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
   PT_RETURN_IF_ERROR(CheckJobIsa(*spec));
   // The model as its author wrote it: sizes left 0 come from the client's data shape.
-  const v1::DataShape& data = spec->data_shape();
-  PT_ASSIGN_OR_RETURN(
-      *spec->mutable_model(),
-      model::ResolveModelSpec(spec->model(),
-                              model::DataShape{data.input_features(), data.target_features(),
-                                               data.num_classes(), data.tokens_per_sample()}));
-  absl::StatusOr<std::unique_ptr<model::Model>> built =
-      model::Model::Build(spec->model(), limits.model);
-  if (!built.ok()) {
-    if (!spec->has_data_shape()) {
-      return wire::Annotate(built.status(),
-                            "model (sizes left 0 are filled from JobSpec.data_shape, which is "
-                            "not set)");
-    }
-    return built.status();
-  }
-  if (data.target_features() > 0 && (*built)->target_features() != data.target_features()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model's loss needs ", (*built)->target_features(),
-                     " target features per row, the data shape has ", data.target_features()));
-  }
   CheckedJobSpec checked;
-  checked.model = *std::move(built);
+  PT_ASSIGN_OR_RETURN(checked.model, BuildModel(limits, spec));
   PT_ASSIGN_OR_RETURN(checked.plan, PlanFor(*spec, *checked.model));
   return checked;
 }
