@@ -33,7 +33,7 @@ struct PartitionCommandOptions {
   std::vector<double> layer_costs;
   std::vector<double> layer_memory;  // ModelLayers::memory_bytes; required by memory_caps.
   int stages = 0;                    // --stages S, required, >= 1.
-  // --speeds: S values in [partition::kMinSpeed, partition::kMaxSpeed] (1e-3 to 1e9; default:
+  // --speeds: S values in [partition::kMinSpeed, partition::kMaxSpeed] (1e-6 to 1e9; default:
   // all 1).
   std::vector<double> speeds;
   // --memory-cap: one value for every worker or S values; bytes with an optional suffix

@@ -38,7 +38,8 @@ namespace pipetrain::partition {
 // A layer's cost (F+B+W FLOPs per micro-batch, or any unit): in [0, kMaxLayerCost].
 inline constexpr double kMaxLayerCost = 1e30;
 // A worker's speed (cost units per time unit; the coordinator passes GFLOP/s with costs in
-// FLOPs): in [kMinSpeed, kMaxSpeed].
+// FLOPs): in [kMinSpeed, kMaxSpeed]. The low end admits the emulated slow workers of tests
+// (stage_worker --emulate-gflops 0.0003).
 inline constexpr double kMinSpeed = 1e-6;
 inline constexpr double kMaxSpeed = 1e9;
 // A layer's memory and a worker's memory cap, in bytes: in [0, kMaxMemoryBytes] = [0, 2^53]

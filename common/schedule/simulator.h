@@ -27,7 +27,8 @@ inline constexpr double kMaxSimulatedBytes = 1e30;
 inline constexpr double kMinBandwidth = 1e-3;
 inline constexpr double kMaxBandwidth = 1e30;
 // CostModelFromFlops: FLOPs of one op in [0, kMaxSimulatedFlops]; worker speeds in FLOPs per time
-// unit in [kMinFlopsPerTime, kMaxFlopsPerTime] (1e-3 to 1e9 GFLOP/s is 1e6 to 1e18 FLOP/s).
+// unit in [kMinFlopsPerTime, kMaxFlopsPerTime] (the partitioner's 1e-6 to 1e9 GFLOP/s are 1e3 to
+// 1e18 FLOP/s).
 inline constexpr double kMaxSimulatedFlops = 1e30;
 inline constexpr double kMinFlopsPerTime = 1e-3;
 inline constexpr double kMaxFlopsPerTime = 1e18;

@@ -53,6 +53,8 @@ inline constexpr double kInterestingValues[] = {
     std::numeric_limits<double>::quiet_NaN(),
     9.99e-4,
     1.0000001e30,
+    1e-6,  // appended: the seeds' tags keep their values
+    9.99e-7,
 };
 inline constexpr int kInterestingCount =
     static_cast<int>(sizeof(kInterestingValues) / sizeof(kInterestingValues[0]));

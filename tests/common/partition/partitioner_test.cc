@@ -468,7 +468,7 @@ TEST(PartitionerTest, NumbersOutsideTheirRangesAreRefused) {
 }
 
 // At the edges of the ranges every placement still finds a valid, finite cut: the largest costs
-// on the slowest workers (times near 1e37, squares near 1e74), the smallest nonzero costs on the
+// on the slowest workers (times near 1e40, squares near 1e80), the smallest nonzero costs on the
 // fastest (times below the normal doubles), and the largest memory and transfer times.
 TEST(PartitionerTest, ExtremeValuesInsideTheRangesGiveValidCuts) {
   struct Case {
@@ -483,7 +483,7 @@ TEST(PartitionerTest, ExtremeValuesInsideTheRangesGiveValidCuts) {
                         Case{PlacementKind::kVShape, 2}}) {
     for (const std::vector<double>& costs : cost_lists) {
       for (const std::vector<double>& speeds :
-           {std::vector<double>{1e-3, 1e-3}, std::vector<double>{1e9, 1e-3},
+           {std::vector<double>{1e-6, 1e-6}, std::vector<double>{1e9, 1e-6},
             std::vector<double>{1e9, 1e9}}) {
         for (bool extras : {false, true}) {
           PartitionOptions options;
