@@ -228,7 +228,8 @@ absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
     for (const v1::ChunkSpec& c : job->chunks) {
       if (c.rank() == rank && shard.first_layer >= c.first_layer() &&
           shard.last_layer <= c.last_layer()) {
-        files.push_back(StateFile{shard, io::JoinPath(job->restore_dir, shard.file)});
+        files.push_back(
+            StateFile{shard, io::JoinPath(job->restore_dir, shard.file), job->restore_dir});
         break;
       }
     }

@@ -104,10 +104,13 @@ struct CoordinatorOptions {
   absl::Status Check() const;
 };
 
-// One checkpoint file a worker fetches (FetchState): its manifest entry and its path here.
+// One checkpoint file a worker fetches (FetchState): its manifest entry, and where it is here:
+// `shard.file` in the checkpoint directory `dir` (`path` joins them, for messages; with `dir`
+// empty, `path` is opened as it is).
 struct StateFile {
   model::CheckpointShard shard;
   std::string path;
+  std::string dir;
 };
 
 // Where a PutState stream may store its files: the staging directory of the checkpoint in

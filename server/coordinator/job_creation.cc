@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/checkpoint.h"
+#include "common/model/optimizer_proto.h"
 #include "common/net/secret.h"
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
@@ -39,6 +40,10 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
         absl::StrCat("resume_from ", confined, ": the checkpoint was trained with seed ",
                      manifest.seed, ", the job has seed ", spec.seed()));
   }
+  // The optimizer kind decides which state tensors the checkpoint holds per parameter.
+  PT_ASSIGN_OR_RETURN(const math::OptimizerConfig optimizer,
+                      model::OptimizerFromProto(spec.optimizer()));
+  PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(confined, manifest, optimizer));
   return std::optional<model::CheckpointManifest>(std::move(manifest));
 }
 

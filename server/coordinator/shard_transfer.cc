@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/confined_path.h"
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
 #include "common/util/status_macros.h"
@@ -129,9 +130,14 @@ absl::StatusOr<bool> ShardDownload::Next(v1::StateChunk* chunk) {
   chunk->Clear();
   chunk->set_file(f.shard.file);
   if (fd_ < 0) {
-    fd_ = open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      return absl::UnavailableError(absl::StrCat("cannot open ", f.path, ": ", strerror(errno)));
+    if (!f.dir.empty()) {
+      // Confined to the checkpoint's directory: a link in it leads nowhere outside.
+      PT_ASSIGN_OR_RETURN(fd_, io::OpenConfinedFile(f.dir, f.shard.file));
+    } else {
+      fd_ = open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) {
+        return absl::UnavailableError(absl::StrCat("cannot open ", f.path, ": ", strerror(errno)));
+      }
     }
     offset_ = 0;
     chunk->set_first_layer(f.shard.first_layer);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/partition/partitioner.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/job_isa.h"
 
@@ -13,8 +14,11 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorker& r) {
   if (r.name().empty()) return absl::InvalidArgumentError("RegisterWorker: empty name");
   const std::string who = absl::StrCat("RegisterWorker '", r.name(), "': ");
   if (r.address().empty()) return absl::InvalidArgumentError(absl::StrCat(who, "empty address"));
-  if (!(r.gflops() > 0) || !std::isfinite(r.gflops())) {
-    return absl::InvalidArgumentError(absl::StrCat(who, "gflops must be > 0, got ", r.gflops()));
+  // The partitioner's range: a worker whose speed it would refuse cannot take a rank.
+  if (!(r.gflops() >= partition::kMinSpeed && r.gflops() <= partition::kMaxSpeed)) {
+    return absl::InvalidArgumentError(absl::StrCat(who, "gflops must be in [", partition::kMinSpeed,
+                                                   ", ", partition::kMaxSpeed, "], got ",
+                                                   r.gflops()));
   }
   if (r.cores() < 0 || r.memory_bytes() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(who, "negative cores or memory"));

@@ -29,7 +29,8 @@ struct WorkerRecord {
 
 class WorkerRegistry {
  public:
-  // OK if `r` is a well-formed registration: a name, an address, a finite positive speed,
+  // OK if `r` is a well-formed registration: a name, an address, a speed the partitioner takes
+  // (partition::kMinSpeed to kMaxSpeed GFLOP/s),
   // non-negative cores and memory, at most 8 instruction-set names of at most 32 bytes each.
   // INVALID_ARGUMENT naming the worker and the field otherwise.
   static absl::Status CheckRegistration(const v1::RegisterWorker& r);

@@ -119,11 +119,11 @@ TEST_F(ShardTransferTest, ADownloadReadsTheFilesBackInChunksWithTheirEntries) {
   const std::string big(static_cast<size_t>(ShardDownload::kChunkBytes) + 5, 'x');
   ASSERT_TRUE(io::WriteFileAtomically(dir_ + "/a", big).ok());
   ASSERT_TRUE(io::WriteFileAtomically(dir_ + "/b", "").ok());
-  StateFile a{model::CheckpointShard(), dir_ + "/a"};
+  StateFile a{model::CheckpointShard(), dir_ + "/a", dir_};
   a.shard.file = "a";
   a.shard.bytes = static_cast<int64_t>(big.size());
   a.shard.sha256 = io::DigestBytes(big)->sha256;
-  StateFile b{model::CheckpointShard(), dir_ + "/b"};
+  StateFile b{model::CheckpointShard(), dir_ + "/b", dir_};
   b.shard.file = "b";
   ShardDownload download({a, b});
   v1::StateChunk chunk;
@@ -140,9 +140,24 @@ TEST_F(ShardTransferTest, ADownloadReadsTheFilesBackInChunksWithTheirEntries) {
   EXPECT_THAT(files, ::testing::ElementsAre("a:" + std::to_string(big.size()), "b:0"));
 }
 
+// A download opens its files confined to the checkpoint's directory: a link leading out of it is
+// PERMISSION_DENIED, not read.
+TEST_F(ShardTransferTest, ALinkLeadingOutOfTheCheckpointIsNotRead) {
+  const std::string outside = dir_ + "_outside";
+  ASSERT_TRUE(io::WriteFileAtomically(outside, "secret").ok());
+  std::filesystem::create_symlink(outside, dir_ + "/a");
+  StateFile a{model::CheckpointShard(), dir_ + "/a", dir_};
+  a.shard.file = "a";
+  a.shard.bytes = 6;
+  ShardDownload download({a});
+  v1::StateChunk chunk;
+  EXPECT_EQ(download.Next(&chunk).status().code(), absl::StatusCode::kPermissionDenied);
+  std::filesystem::remove(outside);
+}
+
 TEST_F(ShardTransferTest, AFileShorterThanItsManifestIsDataLoss) {
   ASSERT_TRUE(io::WriteFileAtomically(dir_ + "/a", "abc").ok());
-  StateFile a{model::CheckpointShard(), dir_ + "/a"};
+  StateFile a{model::CheckpointShard(), dir_ + "/a", dir_};
   a.shard.file = "a";
   a.shard.bytes = 10;
   ShardDownload download({a});
