@@ -388,8 +388,8 @@ absl::Status TrainSession::Replay(const v1::JobStatus& job, const absl::Status& 
         "job ", job_, " restarted at step ", restored, " but this session can replay only steps ",
         first_kept, " to ", next_step_, " (checkpoint more often to keep fewer batches)"));
   }
-  // A new stream for the new generation, after the current one (open when another call failed, e.g. a
-  // Checkpoint) ended in order.
+  // A new stream for the new generation, after the current one (open when another call failed, e.g.
+  // a Checkpoint) ended in order.
   CloseInOrder();
   PT_RETURN_IF_ERROR(OpenStream());
   for (const Kept& k : kept_) {

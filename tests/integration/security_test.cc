@@ -228,8 +228,9 @@ TEST_F(SecurityTest, AJobBelongsToItsPrincipalAndTheTokenFileReloads) {
   const std::string tokens = dir_ + "/principals";
   const std::string admin = "admin-token-0123456789", alice = "alice-token-0123456789",
                     bob = "bob-token-0123456789", carol = "carol-token-0123456789";
-  ASSERT_TRUE(io::WriteFileAtomically(tokens, absl::StrCat("# principals\nalice:", alice, "\nbob:", bob, "\nadmin:", admin,
-                                 "\n")).ok());
+  ASSERT_TRUE(io::WriteFileAtomically(tokens, absl::StrCat("# principals\nalice:", alice,
+                                                           "\nbob:", bob, "\nadmin:", admin, "\n"))
+                  .ok());
   std::vector<std::string> flags = TlsFlags("coordinator");
   flags.insert(flags.end(), {"--auth-token-file", tokens, "--auth-token-reload", "100ms",
                              "--checkpoint-root", dir_});

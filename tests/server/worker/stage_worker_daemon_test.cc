@@ -5,6 +5,8 @@
 // with the reference trainer. Plus: a bad Assign is answered with INVALID_ARGUMENT, and a lost
 // neighbour fails the step. Synchronisation waits on conditions (AwaitWithTimeout), never sleeps;
 // the timeouts only bound a failing test.
+#include "server/worker/stage_worker_daemon.h"
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -43,7 +45,6 @@
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/control/control_proto.h"
 #include "server/link/peer_link.h"
-#include "server/worker/stage_worker_daemon.h"
 #include "tests/common/model/test_models.h"
 
 namespace pipetrain::worker {
@@ -1001,9 +1002,8 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_THAT(e->error().code(),
-              ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
-                               static_cast<int>(absl::StatusCode::kUnavailable)))
+  EXPECT_THAT(e->error().code(), ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
+                                                  static_cast<int>(absl::StatusCode::kUnavailable)))
       << e->DebugString();
   EXPECT_EQ(e->error().job(), kJob);
   EXPECT_THAT(e->error().message(), ::testing::Not(HasSubstr("no job")));
