@@ -1357,10 +1357,16 @@ TEST_F(CoordinatorServiceTest, AStreamCancelledWithBatchesInFlightLeavesTheJobUs
     grpc::ClientContext context;
     auto stream = stub->Train(&context);
     const TestBatch batch = MakeBatch(4);
-    ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
-    ASSERT_TRUE(stream->Write(client::MakeTrainRequest(job->job(), batch.view())));
+    // A write may find the stream ended already: the coordinator refuses its claim while the
+    // cancelled stream of an earlier round still holds the job (which of the two comes first,
+    // the refusal or this write, is the scheduler's choice).
+    if (stream->Write(client::MakeTrainRequest(job->job(), batch.view()))) {
+      stream->Write(client::MakeTrainRequest(job->job(), batch.view()));
+    }
     context.TryCancel();
-    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_THAT(
+        stream->Finish().error_code(),
+        ::testing::AnyOf(grpc::StatusCode::CANCELLED, grpc::StatusCode::FAILED_PRECONDITION));
   }
   // Whatever ran of those batches ran whole: a new stream trains the next step (once the
   // cancelled streams released the job), and its number is the job's count.

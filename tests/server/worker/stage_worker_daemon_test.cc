@@ -992,8 +992,8 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(e->error().message(), HasSubstr("no job"));
   // Worker 0 still runs the job: its step fails only by the Abort (ABORTED) or by its released
-  // neighbour refusing the link it dials at the step (UNAVAILABLE) — whichever comes first is
-  // the scheduler's choice — never with "no job".
+  // neighbour refusing the link it dials at the step (ABORTED or UNAVAILABLE naming the link) —
+  // whichever comes first is the scheduler's choice — never with its own "no job".
   v1::WorkerCommand abort;
   abort.mutable_abort()->set_job(kJob);
   abort.mutable_abort()->set_generation(9);
@@ -1006,7 +1006,7 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
                                                   static_cast<int>(absl::StatusCode::kUnavailable)))
       << e->DebugString();
   EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_THAT(e->error().message(), ::testing::Not(HasSubstr("no job")));
+  EXPECT_THAT(e->error().message(), ::testing::Not(HasSubstr("this worker has no job")));
   // The released worker takes a new job.
   ASSERT_TRUE(coordinator_.Send(Name(1), AssignCommand(1, 10)));
   e = coordinator_.Next(Name(1));
