@@ -294,8 +294,10 @@ class CoordinatorCore {
   absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends Assign to every rank and waits for every Assigned: READY, or FAILED with the error.
-  absl::StatusOr<v1::JobStatus> Assign(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends Assign to every rank and waits for every Assigned: READY, or FAILED with the error. A
+  // recovering job's recovery is recorded in the same step as it becomes READY (RecordRecovery;
+  // `stages_before`: its stage count before the recovery, for the log).
+  absl::StatusOr<v1::JobStatus> Assign(Job* job, int stages_before = 0) ABSL_LOCKS_EXCLUDED(mu_);
   v1::WorkerCommand AssignCommand(const Job& job, int rank,
                                   const std::vector<std::string>& addresses) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
@@ -339,6 +341,9 @@ class CoordinatorCore {
   // Plans and partitions `job` anew for `names` (at least `fewest` of them): false if it failed.
   bool Relayout(Job& job, std::vector<std::string>* names, int fewest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // Appends the recovery in progress to the job's recoveries (its duration now), logs it and
+  // counts it in the metrics.
+  void RecordRecovery(Job& job, int stages_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Gives the ranks to `names`, releases the workers left out, and starts a new generation.
   void StartGeneration(Job& job, const std::vector<std::string>& names)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);

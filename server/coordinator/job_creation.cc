@@ -170,7 +170,7 @@ v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
   return command;
 }
 
-absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job) {
+absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_before) {
   // A new secret for every generation: streams of an earlier generation's peers no longer get in.
   absl::StatusOr<std::string> secret = net::NewSecret();
   absl::MutexLock lock(&mu_);
@@ -194,6 +194,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job) {
     if (!IsTerminal(job->state)) FailJob(*job, waited.ToString());
     return waited;
   }
+  if (job->state == JobState::kRecovering) RecordRecovery(*job, stages_before);
   job->state = JobState::kReady;
   Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
                    job->workers.size(), " stages (", job->spec.schedule(), ") on ",

@@ -68,26 +68,28 @@ void CoordinatorCore::Recover(Job* job) {
     if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest)) return;
     StartGeneration(*job, *names);
   }
-  const absl::StatusOr<v1::JobStatus> assigned = Assign(job);  // fails the job on error.
+  // Assign records the recovery as the job becomes READY (RecordRecovery): a client that sees
+  // it READY again sees the recovery too.
+  const absl::StatusOr<v1::JobStatus> assigned = Assign(job, before);  // fails the job on error.
   if (!assigned.ok()) return;
   OpenLinksEarly(job);
-  {
-    absl::MutexLock lock(&mu_);
-    job->mu.AssertHeld();
-    v1::RecoveryEvent& r = job->recovering;
-    r.set_seconds(absl::ToDoubleSeconds(absl::Now() - job->recovery_start));
-    job->recoveries.push_back(r);
-    const int n = static_cast<int>(job->workers.size());
-    Log(absl::StrCat("job ", id, ": recovered (", r.cause(),
-                     r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ",
-                     r.steps_done(), ") in ", r.seconds(), " s; restarted from step ",
-                     job->steps_done, " in generation ", job->generation, " on ", n,
-                     n < before ? absl::StrCat(" stages (was ", before, "): ") : " stages: ",
-                     absl::StrJoin(job->workers, ", ")),
-        logging::LogLevel::kWarning);
-    if (options_.metrics != nullptr) options_.metrics->RecordRecovery(id);
-  }
   JournalJob(id);
+}
+
+void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
+  v1::RecoveryEvent& r = job.recovering;
+  r.set_seconds(absl::ToDoubleSeconds(absl::Now() - job.recovery_start));
+  job.recoveries.push_back(r);
+  const int n = static_cast<int>(job.workers.size());
+  Log(absl::StrCat(
+          "job ", job.id, ": recovered (", r.cause(),
+          r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ", r.steps_done(),
+          ") in ", r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
+          job.generation, " on ", n,
+          n < stages_before ? absl::StrCat(" stages (was ", stages_before, "): ") : " stages: ",
+          absl::StrJoin(job.workers, ", ")),
+      logging::LogLevel::kWarning);
+  if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job.id);
 }
 
 std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& job, bool* shrink) {
