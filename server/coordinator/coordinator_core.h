@@ -105,8 +105,7 @@ struct CoordinatorOptions {
 };
 
 // One checkpoint file a worker fetches (FetchState): its manifest entry, and where it is here:
-// `shard.file` in the checkpoint directory `dir` (`path` joins them, for messages; with `dir`
-// empty, `path` is opened as it is).
+// `shard.file` in the checkpoint directory `dir` (`path` joins them, for messages).
 struct StateFile {
   model::CheckpointShard shard;
   std::string path;

@@ -130,15 +130,8 @@ absl::StatusOr<bool> ShardDownload::Next(v1::StateChunk* chunk) {
   chunk->Clear();
   chunk->set_file(f.shard.file);
   if (fd_ < 0) {
-    if (!f.dir.empty()) {
-      // Confined to the checkpoint's directory: a link in it leads nowhere outside.
-      PT_ASSIGN_OR_RETURN(fd_, io::OpenConfinedFile(f.dir, f.shard.file));
-    } else {
-      fd_ = open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd_ < 0) {
-        return absl::UnavailableError(absl::StrCat("cannot open ", f.path, ": ", strerror(errno)));
-      }
-    }
+    // Confined to the checkpoint's directory: a link in it leads nowhere outside.
+    PT_ASSIGN_OR_RETURN(fd_, io::OpenConfinedFile(f.dir, f.shard.file));
     offset_ = 0;
     chunk->set_first_layer(f.shard.first_layer);
     chunk->set_last_layer(f.shard.last_layer);

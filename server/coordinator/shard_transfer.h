@@ -81,7 +81,8 @@ class ShardDownload {
   ShardDownload& operator=(const ShardDownload&) = delete;
 
   // Fills `chunk` with the next piece and returns true, or returns false after the last one.
-  // UNAVAILABLE if a file cannot be opened, DATA_LOSS if it is shorter than its manifest says.
+  // io::OpenConfinedFile's errors if a file cannot be opened in its directory (PERMISSION_DENIED
+  // for a link leading out), DATA_LOSS if it is shorter than its manifest says.
   absl::StatusOr<bool> Next(v1::StateChunk* chunk);
 
  private:
