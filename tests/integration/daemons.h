@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -42,7 +43,37 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log)
   _exit(127);
 }
 
-// A coordinator and its workers, stopped when destroyed. Not thread-safe.
+// The {"step": ...} lines of --json output, comparable between a pipeline and the reference: a
+// pipeline's up to its timings (from "step_ms" on), the reference's without the closing brace.
+inline std::vector<std::string> StepLines(const std::string& out, bool pipeline) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "{\"step\"")) continue;
+    lines.emplace_back(pipeline ? line.substr(0, line.find(", \"step_ms"))
+                                : line.substr(0, line.size() - 1));
+  }
+  return lines;
+}
+
+// The checkpoint layer files (layer-NNNNN.safetensors, first 16 layers) `want_dir` holds, and
+// those of them that `got_dir` lacks or holds with other bytes.
+struct LayerFiles {
+  int compared = 0;
+  std::vector<std::string> differ;
+};
+inline LayerFiles CompareLayerFiles(const std::string& want_dir, const std::string& got_dir) {
+  LayerFiles files;
+  for (int l = 0; l < 16; ++l) {
+    const std::string f = absl::StrCat("layer-", std::string(5 - std::to_string(l).size(), '0'),
+                                       l, ".safetensors");
+    const std::string want = ReadFile(want_dir + "/" + f);
+    if (want.empty()) continue;
+    ++files.compared;
+    if (ReadFile(got_dir + "/" + f) != want) files.differ.push_back(f);
+  }
+  return files;
+}
+
 // `pipetrain train` of the example digits MLP over 2 stages for a million steps (--json, and
 // `extra` flags) against the coordinator at `address`, stdout piped, stderr into `stderr_path`: a
 // run that only ends when something stops it.
@@ -73,6 +104,7 @@ inline absl::StatusOr<v1::JobSpec> DigitsJobSpec(int stages) {
   return job;
 }
 
+// A coordinator and its workers, stopped when destroyed. Not thread-safe.
 class Daemons {
  public:
   Daemons() = default;
