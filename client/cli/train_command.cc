@@ -250,17 +250,22 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   };
   train_options.on_recovery = [&out, &t, &failed_at, &progress](const v1::RecoveryEvent& r) {
     progress.Clear();
-    const std::string lost =
+    std::string lost =
         r.lost_worker().empty()
             ? r.cause()
             : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(), r.rank(), r.cause());
+    if (!r.also_lost().empty()) {
+      absl::StrAppend(&lost, ", then ", absl::StrJoin(r.also_lost(), ", "), " during the recovery");
+    }
     if (t.json) {
+      const std::string also =
+          r.also_lost().empty() ? "" : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
       out << absl::StrFormat(
           "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
           "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
-          "\"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
+          "\"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
           r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
-          r.stages(), absl::StrJoin(r.workers(), "\", \""), r.seconds());
+          r.stages(), absl::StrJoin(r.workers(), "\", \""), also, r.seconds());
     } else {
       out << absl::StrFormat(
           "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "

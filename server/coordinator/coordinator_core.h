@@ -297,6 +297,10 @@ class CoordinatorCore {
   // recovering job's recovery is recorded in the same step as it becomes READY (RecordRecovery;
   // `stages_before`: its stage count before the recovery, for the log).
   absl::StatusOr<v1::JobStatus> Assign(Job* job, int stages_before = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Assign's wait ended without every Assigned: `waited`, after the job was failed, or (a
+  // recovery whose new layout lost a worker, or did not answer: evicted) left RECOVERING with
+  // Recover queued again.
+  absl::Status AssignFailed(Job& job, absl::Status waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   v1::WorkerCommand AssignCommand(const Job& job, int rank,
                                   const std::vector<std::string>& addresses) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);

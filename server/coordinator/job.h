@@ -116,6 +116,9 @@ struct Job {
   std::vector<v1::RecoveryEvent> recoveries ABSL_GUARDED_BY(mu);
   v1::RecoveryEvent recovering ABSL_GUARDED_BY(mu);
   absl::Time recovery_start ABSL_GUARDED_BY(mu);
+  // A worker of the layout the recovery in progress assigns was lost: the recovery starts over
+  // (Recover is queued again) rather than wait for that worker's Assigned.
+  bool recovery_restart ABSL_GUARDED_BY(mu) = false;
 
   OperationBook op ABSL_GUARDED_BY(mu);
   CommitBook commit ABSL_GUARDED_BY(mu);

@@ -188,12 +188,12 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
   }
   job->op.error = absl::OkStatus();
   const absl::Status waited = AwaitOp(
-      *job, [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) { return job->op.AllAssigned(); },
+      *job,
+      [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
+        return job->op.AllAssigned() || job->recovery_restart;
+      },
       options_.assign_timeout, "every worker's Assigned");
-  if (!waited.ok()) {
-    if (!IsTerminal(job->state)) FailJob(*job, waited.ToString());
-    return waited;
-  }
+  if (!waited.ok() || job->recovery_restart) return AssignFailed(*job, waited);
   if (job->state == JobState::kRecovering) RecordRecovery(*job, stages_before);
   job->state = JobState::kReady;
   Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
@@ -201,6 +201,28 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
                    absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));
   if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
+}
+
+absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {
+  if (job.state == JobState::kRecovering && job.recovery_restart) {
+    // A worker of this layout was lost meanwhile: Recover is queued again and starts over.
+    return absl::AbortedError(absl::StrCat("job '", job.id, "': a worker was lost while generation ",
+                                           job.generation, " was assigned; the recovery restarts"));
+  }
+  if (job.state == JobState::kRecovering && job.spec.recover() &&
+      absl::IsDeadlineExceeded(waited)) {
+    // Ranks that never answered (a replacement that hangs) are evicted like a rank that misses a
+    // step's deadline; the recovery starts over with the idle workers left.
+    std::vector<int> silent;
+    for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+      if (!job.op.assigned[rank]) silent.push_back(rank);
+    }
+    EvictRanks(job, silent, absl::StrCat("no Assigned for generation ", job.generation, " within ",
+                                         absl::FormatDuration(options_.assign_timeout)));
+    if (job.recovery_restart) return waited;
+  }
+  if (!IsTerminal(job.state)) FailJob(job, waited.ToString());
+  return waited;
 }
 
 }  // namespace pipetrain::coordinator

@@ -29,18 +29,26 @@ std::string RecoveryCause(const v1::RecoveryEvent& r) {
 
 void CoordinatorCore::BeginRecovery(Job& job, const std::string& name, int rank,
                                     const std::string& cause) {
+  const bool again = job.state == JobState::kRecovering;
   Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was ",
                    cause == "deadline" ? "evicted (step deadline)" : "lost", " at step ",
-                   job.steps_done, "; recovering"),
+                   job.steps_done,
+                   again ? "; the recovery in progress starts over without it" : "; recovering"),
       logging::LogLevel::kWarning);
-  if (job.state == JobState::kRecovering) return;  // the recovery in progress replaces it too.
-  job.state = JobState::kRecovering;
-  job.recovery_start = absl::Now();
-  job.recovering = v1::RecoveryEvent();
-  job.recovering.set_lost_worker(name);
-  job.recovering.set_rank(rank);
-  job.recovering.set_cause(cause);
-  job.recovering.set_steps_done(job.steps_done);
+  if (again) {
+    // A fault during the recovery: whatever it waits for (an idle worker, the Assigned of the
+    // layout it chose) is re-decided with what is left.
+    job.recovery_restart = true;
+    job.recovering.add_also_lost(name);
+  } else {
+    job.state = JobState::kRecovering;
+    job.recovery_start = absl::Now();
+    job.recovering = v1::RecoveryEvent();
+    job.recovering.set_lost_worker(name);
+    job.recovering.set_rank(rank);
+    job.recovering.set_cause(cause);
+    job.recovering.set_steps_done(job.steps_done);
+  }
   if (job.op.error.ok()) {
     job.op.error = absl::AbortedError(
         absl::StrCat("job '", job.id, "': ", WorkerLabel(name, rank), " was lost at step ",
@@ -64,13 +72,16 @@ void CoordinatorCore::Recover(Job* job) {
     bool shrink = false;
     std::optional<std::vector<std::string>> names = AwaitReplacements(*job, &shrink);
     if (!names.has_value()) return;
+    job->recovery_restart = false;  // `names` holds no lost worker; a later loss restarts.
     const int fewest = shrink ? job->spec.min_stages() : static_cast<int>(names->size());
     if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest)) return;
     StartGeneration(*job, *names);
   }
   // Assign records the recovery as the job becomes READY (RecordRecovery): a client that sees
   // it READY again sees the recovery too.
-  const absl::StatusOr<v1::JobStatus> assigned = Assign(job, before);  // fails the job on error.
+  // On error Assign fails the job, or leaves it RECOVERING with Recover queued again (a worker of
+  // the new layout was lost or did not answer).
+  const absl::StatusOr<v1::JobStatus> assigned = Assign(job, before);
   if (!assigned.ok()) return;
   OpenLinksEarly(job);
   JournalJob(id);
@@ -84,7 +95,7 @@ void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
   Log(absl::StrCat(
           "job ", job.id, ": recovered (", r.cause(),
           r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ", r.steps_done(),
-          ") in ", r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
+          r.also_lost().empty() ? "" : "; then " + absl::StrJoin(r.also_lost(), ", "), ") in ", r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
           job.generation, " on ", n,
           n < stages_before ? absl::StrCat(" stages (was ", stages_before, "): ") : " stages: ",
           absl::StrJoin(job.workers, ", ")),
