@@ -46,6 +46,8 @@
 #include "server/coordinator/job_journal.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/op_thread.h"
+#include "server/coordinator/staging_ledger.h"
+#include "server/coordinator/state_dir_lock.h"
 #include "server/coordinator/worker_channel.h"
 #include "server/coordinator/worker_registry.h"
 #include "server/logging/log_level.h"
@@ -139,12 +141,19 @@ class CoordinatorCore {
   // stops accepting work. Idempotent. Jobs stay in the journal (a restart continues them).
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Opens the durable journal in `state_dir` and restores every job recorded there: each is
-  // RECOVERING, in a new generation, until enough workers have registered, then READY at its last
-  // checkpoint (or step 0), for its client to reconnect and replay. A record that cannot be
-  // restored becomes a FAILED job saying why. Call once, before serving. Errors: the journal
-  // cannot be opened or listed; FAILED_PRECONDITION if one is open already.
-  absl::Status OpenJournal(const std::string& state_dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the state directory `state_dir` for this core's life (StateDirLock, recording `address`
+  // as where this coordinator serves), removes the checkpoint staging directories a coordinator
+  // that died there left (StagingLedger), opens the durable journal and restores every job
+  // recorded there: each is RECOVERING, in a new generation, until enough workers have
+  // registered, then READY at its last checkpoint (or step 0), for its client to reconnect and
+  // replay. A record that cannot be restored becomes a FAILED job saying why. Call once, before
+  // serving. Errors: FAILED_PRECONDITION naming the holder if another coordinator holds the
+  // directory, or if a journal is open already; the journal or ledger cannot be opened or listed.
+  absl::Status OpenJournal(const std::string& state_dir, const std::string& address = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records `address` (HOST:PORT, once the port is bound) as where the holder of the state
+  // directory serves, for the error another coordinator gets. No-op without a state directory.
+  void RecordListenAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Membership (a worker's Join stream). Non-blocking, thread-safe.
   // Handles one event from `channel`. `*name` is empty until the stream registered (the first
@@ -314,6 +323,17 @@ class CoordinatorCore {
   // ---- checkpoint_operation.cc
   // `path` (a client's checkpoint directory, named by `what`) confined to the checkpoint root.
   absl::StatusOr<std::string> CheckpointPath(const std::string& path, absl::string_view what) const;
+  // Job thread: writes the checkpoint `manifest` describes into `directory` (StageCheckpoint),
+  // its staging directory recorded in the staging ledger while it may exist.
+  absl::Status RecordedCheckpoint(Job& job, const std::string& directory, int keep,
+                                  const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread: every rank uploads its shards into a fresh staging directory beside `directory`,
+  // which is verified and published (keeping `keep` checkpoints); fills manifest->shards. The
+  // staging directory is removed on every error.
+  absl::Status StageCheckpoint(Job& job, const std::string& directory, int keep,
+                               const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Tells every rank to save and waits for every ShardsSaved into `staging`; evicts the silent
   // ranks of a recoverable job past the deadline.
   absl::Status CollectShards(Job& job, int64_t step, const std::string& staging)
@@ -378,8 +398,11 @@ class CoordinatorCore {
   // Signalled whenever a worker event, a lost worker, a link failure, an ended job or Shutdown
   // changes what a waiting operation looks at.
   absl::CondVar event_cv_;
-  // The durable journal (OpenJournal); null without a state directory.
+  // The state directory's lock, the durable journal and the staging ledger (OpenJournal); null
+  // without a state directory. Each lives as long as the core once set.
+  std::unique_ptr<StateDirLock> state_lock_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobJournal> journal_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StagingLedger> staging_ ABSL_GUARDED_BY(mu_);
 
   // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
   std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();

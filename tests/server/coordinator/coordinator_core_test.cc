@@ -1,10 +1,14 @@
 // CoordinatorCore against fake workers and feed links, without sockets: the step protocol (what
 // each rank hears, in which order; what is fed; the loss), a refused data link, a lost worker's
-// recovery onto a spare, a checkpoint's upload and publication, and a job restored from it. Each
-// test runs in milliseconds; the gRPC shell is covered by coordinator_service_test.
+// recovery onto a spare, a checkpoint's upload and publication, and a job restored from it; the
+// state directory (one core per directory, a killed coordinator's staging directories removed).
+// Each test runs in milliseconds; the gRPC shell is covered by coordinator_service_test.
 #include "server/coordinator/coordinator_core.h"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -17,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/worker_control.pb.h"
+#include "server/coordinator/staging_ledger.h"
 #include "tests/server/coordinator/fake_worker.h"
 
 namespace pipetrain::coordinator {
@@ -81,17 +86,29 @@ class CoordinatorCoreTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_);
-    CoordinatorOptions options;
-    options.checkpoint_root = root_;
-    options.loss_grace = absl::Milliseconds(200);
-    options.log = [](logging::LogLevel, const std::string&) {};
     links_ = std::make_shared<FakeFeedLinks>();
-    core_ = std::make_unique<CoordinatorCore>(options, links_);
+    core_ = std::make_unique<CoordinatorCore>(Options(), links_);
   }
   void TearDown() override {
     workers_.clear();  // their streams end before the core goes.
     core_.reset();
     std::filesystem::remove_all(root_);
+  }
+
+  // The options of every test's core: checkpoints under root_, no log lines.
+  CoordinatorOptions Options() const {
+    CoordinatorOptions options;
+    options.checkpoint_root = root_;
+    options.loss_grace = absl::Milliseconds(200);
+    options.log = [](logging::LogLevel, const std::string&) {};
+    return options;
+  }
+
+  // Replaces the core (with no workers registered yet) by one with `options`.
+  void ReplaceCore(const CoordinatorOptions& options) {
+    workers_.clear();
+    core_.reset();
+    core_ = std::make_unique<CoordinatorCore>(options, links_);
   }
 
   void AddWorkers(int n) {
@@ -427,6 +444,63 @@ TEST_F(CoordinatorCoreTest, TooFewIdleWorkersIsFailedPrecondition) {
   absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(job.status().message(), HasSubstr("job needs 2 workers, 1 idle: 1 missing"));
+}
+
+// ------------------------------------------------------------------ the state directory
+
+// A coordinator killed while its workers uploaded a checkpoint left the staging ledger's record
+// and the staging directory; the next coordinator on the state directory removes that directory
+// and nothing else beside the checkpoint. Its own checkpoints leave no record behind.
+TEST_F(CoordinatorCoreTest, ARestartRemovesTheStagingDirectoryAKilledCoordinatorLeft) {
+  const std::string state = root_ + "/state";
+  const std::string ck = root_ + "/ck";
+  std::string staging;
+  {
+    // What the killed coordinator had done (CoordinatorCore::RecordedCheckpoint): the record,
+    // then the staging directory, half uploaded.
+    absl::StatusOr<std::unique_ptr<StagingLedger>> ledger = StagingLedger::Open(state);
+    ASSERT_TRUE(ledger.ok()) << ledger.status();
+    ASSERT_TRUE((*ledger)->Begin("job-0123abcd-1", ck).ok());
+    absl::StatusOr<std::string> made = model::BeginCheckpointStaging(ck);
+    ASSERT_TRUE(made.ok()) << made.status();
+    staging = *made;
+    std::ofstream(staging + "/layer-00000.safetensors") << "half a layer";
+  }
+  // Not its own: another process's staging directory of the same checkpoint, a user's directory.
+  const std::string others = absl::StrCat(ck, ".tmp-", getpid() + 1, "-0123456789abcdef");
+  const std::string users = ck + ".tmp-mine";
+  std::filesystem::create_directories(others);
+  std::filesystem::create_directories(users);
+  ASSERT_TRUE(core_->OpenJournal(state).ok());
+  EXPECT_FALSE(std::filesystem::exists(staging));
+  EXPECT_TRUE(std::filesystem::exists(others));
+  EXPECT_TRUE(std::filesystem::exists(users));
+  EXPECT_TRUE(std::filesystem::is_empty(state + "/staging"));
+  // A checkpoint that completes drops its record.
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Checkpoint(job->job(), ck).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(state + "/staging"));
+  EXPECT_TRUE(model::VerifyCheckpoint(ck).ok());
+}
+
+// Two coordinators on one state directory would both continue its jobs, and the first to end one
+// would delete the other's journal record: the second is refused, naming the first.
+TEST_F(CoordinatorCoreTest, ASecondCoreOnTheSameStateDirectoryIsRefused) {
+  const std::string state = root_ + "/state";
+  ASSERT_TRUE(core_->OpenJournal(state, "127.0.0.1:0").ok());
+  core_->RecordListenAddress("127.0.0.1:7070");
+  CoordinatorCore second(Options(), links_);
+  const absl::Status refused = second.OpenJournal(state, "127.0.0.1:7071");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr(absl::StrCat("state directory ", state,
+                                     " is in use by another coordinator (pid ", getpid())));
+  EXPECT_THAT(refused.message(), HasSubstr("serving on 127.0.0.1:7070"));
+  EXPECT_THAT(refused.message(), HasSubstr("one coordinator per state directory"));
+  ReplaceCore(Options());  // the first one is gone: its lock with it.
+  EXPECT_TRUE(second.OpenJournal(state).ok());
 }
 
 }  // namespace
