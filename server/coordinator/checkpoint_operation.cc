@@ -88,12 +88,17 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     PT_RETURN_IF_ERROR(ConfirmCommit(*job));
     manifest = ManifestOf(*job, job->steps_done);
     net = job->model;
+    job->checkpointing = true;  // the client's call: its lease stops until the call is over.
+    RestartLease(*job);
   }
-  PT_RETURN_IF_ERROR(
-      RecordedCheckpoint(*job, directory, std::max(1, request.keep()), *net, &manifest));
+  const absl::Status written =
+      RecordedCheckpoint(*job, directory, std::max(1, request.keep()), *net, &manifest);
   {
     absl::MutexLock lock(&mu_);
     job->mu.AssertHeld();
+    job->checkpointing = false;
+    RestartLease(*job);
+    if (!written.ok()) return written;
     job->restore_dir = directory;  // the newest state a recovery restarts from.
     job->restore = manifest;
   }

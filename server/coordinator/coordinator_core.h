@@ -90,9 +90,15 @@ struct CoordinatorOptions {
   // Where log lines go, with their level; null: logging::Log("coordinator", ...) (spdlog, as
   // configured in main by --log-format / --log-level).
   std::function<void(logging::LogLevel, const std::string&)> log;
-  // A job with no Train stream and no client call naming it for this long is cancelled
-  // ("client gone"). Default 5 minutes.
+  // The client lease: a READY job that no Train stream holds and that no Checkpoint is writing is
+  // cancelled ("client gone") once this long has passed since it became READY, its last Train
+  // stream ended or its last Checkpoint finished, whichever is latest. Read-only calls (GetJob,
+  // ListJobs, ListWorkers) never renew it; neither does anything while the job is assigning or
+  // recovering (the coordinator's doing, not the client's). Default 5 minutes.
   absl::Duration client_lease = absl::Minutes(5);
+  // The clock of the client lease and of the retention of ended jobs; null: absl::Now. Tests pass
+  // a fake one (with RunHousekeeping).
+  std::function<absl::Time()> clock;
   // Ended jobs stay listed (ListJobs, GetJob) this long, at most `max_ended_jobs` of them (the
   // oldest go first). Defaults: 1 hour, 1000.
   absl::Duration job_retention = absl::Hours(1);
@@ -136,6 +142,11 @@ class CoordinatorCore {
   // Writes one log line through options().log (thread-safe; never called under a lock a log
   // sink could need).
   void Log(const std::string& message, logging::LogLevel level = logging::LogLevel::kInfo) const;
+
+  // One housekeeping pass now, as the housekeeping thread makes every housekeeping_interval:
+  // cancels the jobs whose client lease ran out (by options().clock) and prunes ended jobs past
+  // their retention. Thread-safe.
+  void RunHousekeeping() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every waiting operation with CANCELLED, closes every worker's channel (CANCELLED) and
   // stops accepting work. Idempotent. Jobs stay in the journal (a restart continues them).
@@ -228,11 +239,18 @@ class CoordinatorCore {
   // be joined outside the lock.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise); renews its client lease.
+  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise). Never renews the lease.
   absl::StatusOr<Job*> FindJob(const std::string& id, const std::string& caller = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindJob, and CheckReady's error unless it is READY.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options().clock's time.
+  absl::Time Now() const;
+  // Whether `job`'s client lease is stopped: it ended, is assigning or recovering, a Train stream
+  // holds it or a Checkpoint is writing it.
+  static bool LeaseHeld(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+  // Starts `job`'s client lease again from now (a full --client-lease), unless it is held.
+  void RestartLease(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
   // Moves a job that has not ended into terminal `state` with `reason`: aborts a step in flight,
   // releases and frees its workers, drops its journal record, wakes its waiting operation and
   // closes its thread behind a task that closes its links.

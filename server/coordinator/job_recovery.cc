@@ -276,7 +276,6 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   j.recovering.set_cause("coordinator restart");
   j.recovering.set_rank(-1);
   j.recovering.set_steps_done(record.restore_step());
-  j.lease_expiry = absl::Now() + options_.client_lease;
   j.ops = std::make_unique<OpThread>();
   jobs_[j.id] = std::move(owned);
   // What the record promises is checked again: the spec (and so the plan), the checkpoint.

@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, client_listen, "",
           "optional second host:port serving the same service, e.g. for clients");
 ABSL_FLAG(std::string, port_file, "", "write the chosen --listen port here (atomically)");
 ABSL_FLAG(absl::Duration, client_lease, absl::Minutes(5),
-          "cancel a job that has had no Train stream and no client call for this long");
+          "cancel a ready job that has had no Train stream and no Checkpoint for this long "
+          "(status queries do not count)");
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
           "keep ended jobs listed (ListJobs/GetJob) this long");
 ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs listed");
