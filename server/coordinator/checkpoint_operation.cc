@@ -88,34 +88,17 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     PT_RETURN_IF_ERROR(ConfirmCommit(*job));
     manifest = ManifestOf(*job, job->steps_done);
     net = job->model;
+    job->checkpointing = true;  // the client's call: its lease stops until the call is over.
+    RestartLease(*job);
   }
-  // The workers write into a staging directory, published as `directory` when complete (file
-  // I/O outside the lock; only this job's thread runs operations on the job).
-  PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
-  absl::Status collected;
+  const absl::Status written =
+      RecordedCheckpoint(*job, directory, std::max(1, request.keep()), *net, &manifest);
   {
     absl::MutexLock lock(&mu_);
     job->mu.AssertHeld();
-    collected = CollectShards(*job, manifest.step, staging);
-  }
-  if (!collected.ok()) {
-    model::DiscardCheckpointStaging(staging).IgnoreError();
-    return collected;
-  }
-  // Every worker uploaded its files and answered ShardsSaved: digest what is there (a missing
-  // file is NOT_FOUND), then publish after verifying the whole checkpoint.
-  absl::StatusOr<std::vector<model::CheckpointShard>> shards =
-      model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
-  if (!shards.ok()) {
-    model::DiscardCheckpointStaging(staging).IgnoreError();
-    return shards.status();
-  }
-  manifest.shards = *std::move(shards);
-  PT_RETURN_IF_ERROR(
-      model::PublishCheckpoint(staging, directory, manifest, std::max(1, request.keep())));
-  {
-    absl::MutexLock lock(&mu_);
-    job->mu.AssertHeld();
+    job->checkpointing = false;
+    RestartLease(*job);
+    if (!written.ok()) return written;
     job->restore_dir = directory;  // the newest state a recovery restarts from.
     job->restore = manifest;
   }
@@ -124,6 +107,63 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
   response.set_step(manifest.step);
   response.set_directory(directory);
   return response;
+}
+
+absl::Status CoordinatorCore::RecordedCheckpoint(Job& job, const std::string& directory, int keep,
+                                                 const model::Model& net,
+                                                 model::CheckpointManifest* manifest) {
+  StagingLedger* ledger = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    ledger = staging_.get();  // lives as long as the core once set.
+  }
+  // Recorded before the staging directory exists: if this coordinator dies before the record is
+  // dropped, the next one on the state directory removes what it staged (staging_ledger.h).
+  if (ledger != nullptr) {
+    if (const absl::Status s = ledger->Begin(job.id, directory); !s.ok()) {
+      Log(absl::StrCat("job ", job.id,
+                       ": cannot record its checkpoint's staging directory (a "
+                       "crash now would leave it behind): ",
+                       s.ToString()),
+          logging::LogLevel::kWarning);
+    }
+  }
+  const absl::Status written = StageCheckpoint(job, directory, keep, net, manifest);
+  // Published or discarded: the staging directory is gone either way.
+  if (ledger != nullptr) {
+    if (const absl::Status s = ledger->End(job.id); !s.ok()) {
+      Log(absl::StrCat("job ", job.id, ": ", s.ToString()), logging::LogLevel::kWarning);
+    }
+  }
+  return written;
+}
+
+absl::Status CoordinatorCore::StageCheckpoint(Job& job, const std::string& directory, int keep,
+                                              const model::Model& net,
+                                              model::CheckpointManifest* manifest) {
+  // The workers write into a staging directory, published as `directory` when complete (file
+  // I/O outside the lock; only this job's thread runs operations on the job).
+  PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
+  absl::Status collected;
+  {
+    absl::MutexLock lock(&mu_);
+    job.mu.AssertHeld();
+    collected = CollectShards(job, manifest->step, staging);
+  }
+  if (!collected.ok()) {
+    model::DiscardCheckpointStaging(staging).IgnoreError();
+    return collected;
+  }
+  // Every worker uploaded its files and answered ShardsSaved: digest what is there (a missing
+  // file is NOT_FOUND), then publish after verifying the whole checkpoint.
+  absl::StatusOr<std::vector<model::CheckpointShard>> shards =
+      model::DigestCheckpointShards(staging, model::LayerShards(net, 0, net.num_layers()));
+  if (!shards.ok()) {
+    model::DiscardCheckpointStaging(staging).IgnoreError();
+    return shards.status();
+  }
+  manifest->shards = *std::move(shards);
+  return model::PublishCheckpoint(staging, directory, *manifest, keep);
 }
 
 absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::string& staging) {

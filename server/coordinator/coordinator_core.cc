@@ -178,7 +178,7 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
   if (journal_ != nullptr) journal_->Untrack(job.id);
   job.state = state;
   job.reason = reason;
-  job.ended = absl::Now();
+  job.ended = Now();
   job.lease_expiry = absl::InfiniteFuture();
   if (job.ops != nullptr) {
     // The operation in flight (if any) sees the end and returns; then the links close and the
@@ -278,14 +278,18 @@ void CoordinatorCore::HousekeepingLoop() {
         return;
       }
     }
-    std::vector<std::unique_ptr<OpThread>> finished;
-    {
-      absl::MutexLock lock(&mu_);
-      finished = Housekeep(absl::Now());
-      RecordStateMetrics();
-    }
-    finished.clear();  // joins the pruned jobs' threads, outside mu_.
+    RunHousekeeping();
   }
+}
+
+void CoordinatorCore::RunHousekeeping() {
+  std::vector<std::unique_ptr<OpThread>> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = Housekeep(Now());
+    RecordStateMetrics();
+  }
+  finished.clear();  // joins the pruned jobs' threads, outside mu_.
 }
 
 std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now) {
@@ -294,9 +298,9 @@ std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now
   std::vector<Job*> ended;
   for (auto& [id, job] : jobs_) {
     job->mu.AssertHeld();
-    if (!IsTerminal(job->state) && job->train_owner == nullptr && now >= job->lease_expiry) {
+    if (!LeaseHeld(*job) && now >= job->lease_expiry) {
       EndJob(*job, JobState::kCancelled,
-             absl::StrCat("client gone: no Train stream or client call for ",
+             absl::StrCat("client gone: no Train stream or Checkpoint for ",
                           absl::FormatDuration(options_.client_lease), " (the client lease)"));
     }
     if (IsTerminal(job->state)) ended.push_back(job.get());

@@ -46,6 +46,8 @@
 #include "server/coordinator/job_journal.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/op_thread.h"
+#include "server/coordinator/staging_ledger.h"
+#include "server/coordinator/state_dir_lock.h"
 #include "server/coordinator/worker_channel.h"
 #include "server/coordinator/worker_registry.h"
 #include "server/logging/log_level.h"
@@ -88,9 +90,15 @@ struct CoordinatorOptions {
   // Where log lines go, with their level; null: logging::Log("coordinator", ...) (spdlog, as
   // configured in main by --log-format / --log-level).
   std::function<void(logging::LogLevel, const std::string&)> log;
-  // A job with no Train stream and no client call naming it for this long is cancelled
-  // ("client gone"). Default 5 minutes.
+  // The client lease: a READY job that no Train stream holds and that no Checkpoint is writing is
+  // cancelled ("client gone") once this long has passed since it became READY, its last Train
+  // stream ended or its last Checkpoint finished, whichever is latest. Read-only calls (GetJob,
+  // ListJobs, ListWorkers) never renew it; neither does anything while the job is assigning or
+  // recovering (the coordinator's doing, not the client's). Default 5 minutes.
   absl::Duration client_lease = absl::Minutes(5);
+  // The clock of the client lease and of the retention of ended jobs; null: absl::Now. Tests pass
+  // a fake one (with RunHousekeeping).
+  std::function<absl::Time()> clock;
   // Ended jobs stay listed (ListJobs, GetJob) this long, at most `max_ended_jobs` of them (the
   // oldest go first). Defaults: 1 hour, 1000.
   absl::Duration job_retention = absl::Hours(1);
@@ -135,16 +143,28 @@ class CoordinatorCore {
   // sink could need).
   void Log(const std::string& message, logging::LogLevel level = logging::LogLevel::kInfo) const;
 
+  // One housekeeping pass now, as the housekeeping thread makes every housekeeping_interval:
+  // cancels the jobs whose client lease ran out (by options().clock) and prunes ended jobs past
+  // their retention. Thread-safe.
+  void RunHousekeeping() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Fails every waiting operation with CANCELLED, closes every worker's channel (CANCELLED) and
   // stops accepting work. Idempotent. Jobs stay in the journal (a restart continues them).
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Opens the durable journal in `state_dir` and restores every job recorded there: each is
-  // RECOVERING, in a new generation, until enough workers have registered, then READY at its last
-  // checkpoint (or step 0), for its client to reconnect and replay. A record that cannot be
-  // restored becomes a FAILED job saying why. Call once, before serving. Errors: the journal
-  // cannot be opened or listed; FAILED_PRECONDITION if one is open already.
-  absl::Status OpenJournal(const std::string& state_dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the state directory `state_dir` for this core's life (StateDirLock, recording `address`
+  // as where this coordinator serves), removes the checkpoint staging directories a coordinator
+  // that died there left (StagingLedger), opens the durable journal and restores every job
+  // recorded there: each is RECOVERING, in a new generation, until enough workers have
+  // registered, then READY at its last checkpoint (or step 0), for its client to reconnect and
+  // replay. A record that cannot be restored becomes a FAILED job saying why. Call once, before
+  // serving. Errors: FAILED_PRECONDITION naming the holder if another coordinator holds the
+  // directory, or if a journal is open already; the journal or ledger cannot be opened or listed.
+  absl::Status OpenJournal(const std::string& state_dir, const std::string& address = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records `address` (HOST:PORT, once the port is bound) as where the holder of the state
+  // directory serves, for the error another coordinator gets. No-op without a state directory.
+  void RecordListenAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Membership (a worker's Join stream). Non-blocking, thread-safe.
   // Handles one event from `channel`. `*name` is empty until the stream registered (the first
@@ -219,11 +239,18 @@ class CoordinatorCore {
   // be joined outside the lock.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise); renews its client lease.
+  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise). Never renews the lease.
   absl::StatusOr<Job*> FindJob(const std::string& id, const std::string& caller = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindJob, and CheckReady's error unless it is READY.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options().clock's time.
+  absl::Time Now() const;
+  // Whether `job`'s client lease is stopped: it ended, is assigning or recovering, a Train stream
+  // holds it or a Checkpoint is writing it.
+  static bool LeaseHeld(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+  // Starts `job`'s client lease again from now (a full --client-lease), unless it is held.
+  void RestartLease(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
   // Moves a job that has not ended into terminal `state` with `reason`: aborts a step in flight,
   // releases and frees its workers, drops its journal record, wakes its waiting operation and
   // closes its thread behind a task that closes its links.
@@ -318,6 +345,17 @@ class CoordinatorCore {
   // ---- checkpoint_operation.cc
   // `path` (a client's checkpoint directory, named by `what`) confined to the checkpoint root.
   absl::StatusOr<std::string> CheckpointPath(const std::string& path, absl::string_view what) const;
+  // Job thread: writes the checkpoint `manifest` describes into `directory` (StageCheckpoint),
+  // its staging directory recorded in the staging ledger while it may exist.
+  absl::Status RecordedCheckpoint(Job& job, const std::string& directory, int keep,
+                                  const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread: every rank uploads its shards into a fresh staging directory beside `directory`,
+  // which is verified and published (keeping `keep` checkpoints); fills manifest->shards. The
+  // staging directory is removed on every error.
+  absl::Status StageCheckpoint(Job& job, const std::string& directory, int keep,
+                               const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Tells every rank to save and waits for every ShardsSaved into `staging`; evicts the silent
   // ranks of a recoverable job past the deadline.
   absl::Status CollectShards(Job& job, int64_t step, const std::string& staging)
@@ -382,8 +420,11 @@ class CoordinatorCore {
   // Signalled whenever a worker event, a lost worker, a link failure, an ended job or Shutdown
   // changes what a waiting operation looks at.
   absl::CondVar event_cv_;
-  // The durable journal (OpenJournal); null without a state directory.
+  // The state directory's lock, the durable journal and the staging ledger (OpenJournal); null
+  // without a state directory. Each lives as long as the core once set.
+  std::unique_ptr<StateDirLock> state_lock_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobJournal> journal_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StagingLedger> staging_ ABSL_GUARDED_BY(mu_);
 
   // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
   std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();

@@ -97,10 +97,11 @@ struct Job {
   // see the job (net::MaySee).
   std::string owner ABSL_GUARDED_BY(mu);
 
-  // The client: the Train stream holding the job, if any; with none, the job is cancelled at
-  // lease_expiry unless a client call renews it (InfiniteFuture while a stream is open or once
-  // the job ended).
+  // The client lease (CoordinatorOptions::client_lease): the Train stream holding the job, if any,
+  // and whether a Checkpoint is writing it; while neither holds a READY job, it is cancelled at
+  // lease_expiry (restarted when the job becomes READY, a stream ends or a Checkpoint finishes).
   const void* train_owner ABSL_GUARDED_BY(mu) = nullptr;
+  bool checkpointing ABSL_GUARDED_BY(mu) = false;
   absl::Time lease_expiry ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
 
   // Checkpoints: the one it started from (JobSpec.resume_from, verified at creation), the one a

@@ -135,7 +135,6 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
     job.resume = std::move(resume);
   }
   job.created = absl::Now();
-  job.lease_expiry = job.created + options_.client_lease;
   job.ops = std::make_unique<OpThread>();
   if (journal_ != nullptr) journal_->Track(job.id);
   jobs_[job.id] = std::move(owned);
@@ -196,6 +195,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
   if (!waited.ok() || job->recovery_restart) return AssignFailed(*job, waited);
   if (job->state == JobState::kRecovering) RecordRecovery(*job, stages_before);
   job->state = JobState::kReady;
+  RestartLease(*job);  // the lease runs from here (and again after every recovery).
   Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
                    job->workers.size(), " stages (", job->spec.schedule(), ") on ",
                    absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));

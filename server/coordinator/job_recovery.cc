@@ -221,7 +221,27 @@ void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& 
 
 // ---------------------------------------------------------------- journal
 
-absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
+absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir,
+                                          const std::string& address) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
+  }
+  // One coordinator per state directory: its lock comes before anything in it is read or removed.
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<StateDirLock> state_lock,
+                      StateDirLock::Acquire(state_dir, address));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<StagingLedger> staging, StagingLedger::Open(state_dir));
+  PT_ASSIGN_OR_RETURN(StagingLedger::Cleanup cleanup, staging->RemoveLeftovers());
+  for (const std::string& path : cleanup.removed) {
+    Log(absl::StrCat("removed ", path,
+                     ": the staging directory of a checkpoint a coordinator did not finish (it "
+                     "died or was killed)"),
+        logging::LogLevel::kWarning);
+  }
+  for (const auto& [path, why] : cleanup.problems) {
+    Log(absl::StrCat("staging ledger: keeping ", path, ": ", why.ToString()),
+        logging::LogLevel::kWarning);
+  }
   PT_ASSIGN_OR_RETURN(std::unique_ptr<JobJournal> journal, JobJournal::Open(state_dir));
   PT_ASSIGN_OR_RETURN(JobJournal::Contents contents, journal->Load());
   for (const auto& [path, why] : contents.problems) {
@@ -229,11 +249,27 @@ absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
   }
   absl::MutexLock lock(&mu_);
   if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
+  state_lock_ = std::move(state_lock);
+  staging_ = std::move(staging);
   journal_ = std::move(journal);
   for (journal::v1::JobRecord& record : contents.records) RestoreJob(std::move(record));
   Log(absl::StrCat("journal ", journal_->directory(), ": ", contents.records.size(),
                    " job(s) to continue"));
   return absl::OkStatus();
+}
+
+void CoordinatorCore::RecordListenAddress(const std::string& address) {
+  StateDirLock* state_lock = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    state_lock = state_lock_.get();  // lives as long as the core once set.
+  }
+  if (state_lock == nullptr) return;
+  if (const absl::Status s = state_lock->SetAddress(address); !s.ok()) {
+    Log(absl::StrCat("cannot record the listen address in the state directory's lock file: ",
+                     s.ToString()),
+        logging::LogLevel::kWarning);
+  }
 }
 
 void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
@@ -251,7 +287,6 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   j.recovering.set_cause("coordinator restart");
   j.recovering.set_rank(-1);
   j.recovering.set_steps_done(record.restore_step());
-  j.lease_expiry = absl::Now() + options_.client_lease;
   j.ops = std::make_unique<OpThread>();
   jobs_[j.id] = std::move(owned);
   // What the record promises is checked again: the spec (and so the plan), the checkpoint.

@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, client_listen, "",
           "optional second host:port serving the same service, e.g. for clients");
 ABSL_FLAG(std::string, port_file, "", "write the chosen --listen port here (atomically)");
 ABSL_FLAG(absl::Duration, client_lease, absl::Minutes(5),
-          "cancel a job that has had no Train stream and no client call for this long");
+          "cancel a ready job that has had no Train stream and no Checkpoint for this long "
+          "(status queries do not count)");
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
           "keep ended jobs listed (ListJobs/GetJob) this long");
 ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs listed");
@@ -66,8 +67,9 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "empty: this coordinator keeps no checkpoints");
 ABSL_FLAG(std::string, state_dir, "",
           "keep a durable journal of the unfinished jobs here; a coordinator restarted on the "
-          "same directory continues them from their last checkpoint (docs/recovery.md); empty: "
-          "jobs do not survive a restart");
+          "same directory continues them from their last checkpoint (docs/recovery.md); one "
+          "coordinator per directory (a second one refuses to start); empty: jobs do not "
+          "survive a restart");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info",
@@ -295,6 +297,7 @@ int Serve(const DaemonConfig& c, const Credentials& credentials, CoordinatorServ
     return 1;
   }
   const std::string bound = absl::StrCat(HostOf(c.listen), ":", port);
+  service.RecordListenAddress(bound);  // names this process in the state directory's lock file.
   std::cout << "coordinator listening on " << bound << std::endl;
   pipetrain::logging::Log(
       "coordinator", pipetrain::logging::LogLevel::kInfo,
@@ -388,8 +391,9 @@ int main(int argc, char** argv) {
   }
   auto service = std::make_unique<CoordinatorService>(config->core, config->transport);
   if (!config->state_dir.empty()) {
-    if (const absl::Status s = service->OpenJournal(config->state_dir); !s.ok()) {
-      std::cerr << "coordinator: --state-dir " << config->state_dir << ": " << s << "\n";
+    // One coordinator per state directory: a second one stops here, naming the holder.
+    if (const absl::Status s = service->OpenJournal(config->state_dir, config->listen); !s.ok()) {
+      std::cerr << "coordinator: --state-dir " << config->state_dir << ": " << s.message() << "\n";
       return 1;
     }
   }

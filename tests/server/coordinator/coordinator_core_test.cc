@@ -1,10 +1,15 @@
 // CoordinatorCore against fake workers and feed links, without sockets: the step protocol (what
 // each rank hears, in which order; what is fed; the loss), a refused data link, a lost worker's
-// recovery onto a spare, a checkpoint's upload and publication, and a job restored from it. Each
-// test runs in milliseconds; the gRPC shell is covered by coordinator_service_test.
+// recovery onto a spare, a checkpoint's upload and publication, and a job restored from it; the
+// state directory (one core per directory, a killed coordinator's staging directories removed)
+// and the client lease on a fake clock. Each test runs in milliseconds; the gRPC shell is covered
+// by coordinator_service_test.
 #include "server/coordinator/coordinator_core.h"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -17,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/worker_control.pb.h"
+#include "server/coordinator/staging_ledger.h"
 #include "tests/server/coordinator/core_test_fixture.h"
 #include "tests/server/coordinator/fake_worker.h"
 
@@ -300,6 +306,168 @@ TEST_F(CoordinatorCoreTest, TooFewIdleWorkersIsFailedPrecondition) {
   absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(job.status().message(), HasSubstr("job needs 2 workers, 1 idle: 1 missing"));
+}
+
+// ------------------------------------------------------------------ the state directory
+
+// A coordinator killed while its workers uploaded a checkpoint left the staging ledger's record
+// and the staging directory; the next coordinator on the state directory removes that directory
+// and nothing else beside the checkpoint. Its own checkpoints leave no record behind.
+TEST_F(CoordinatorCoreTest, ARestartRemovesTheStagingDirectoryAKilledCoordinatorLeft) {
+  const std::string state = root_ + "/state";
+  const std::string ck = root_ + "/ck";
+  std::string staging;
+  {
+    // What the killed coordinator had done (CoordinatorCore::RecordedCheckpoint): the record,
+    // then the staging directory, half uploaded.
+    absl::StatusOr<std::unique_ptr<StagingLedger>> ledger = StagingLedger::Open(state);
+    ASSERT_TRUE(ledger.ok()) << ledger.status();
+    ASSERT_TRUE((*ledger)->Begin("job-0123abcd-1", ck).ok());
+    absl::StatusOr<std::string> made = model::BeginCheckpointStaging(ck);
+    ASSERT_TRUE(made.ok()) << made.status();
+    staging = *made;
+    std::ofstream(staging + "/layer-00000.safetensors") << "half a layer";
+  }
+  // Not its own: another process's staging directory of the same checkpoint, a user's directory.
+  const std::string others = absl::StrCat(ck, ".tmp-", getpid() + 1, "-0123456789abcdef");
+  const std::string users = ck + ".tmp-mine";
+  std::filesystem::create_directories(others);
+  std::filesystem::create_directories(users);
+  ASSERT_TRUE(core_->OpenJournal(state).ok());
+  EXPECT_FALSE(std::filesystem::exists(staging));
+  EXPECT_TRUE(std::filesystem::exists(others));
+  EXPECT_TRUE(std::filesystem::exists(users));
+  EXPECT_TRUE(std::filesystem::is_empty(state + "/staging"));
+  // A checkpoint that completes drops its record.
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Checkpoint(job->job(), ck).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(state + "/staging"));
+  EXPECT_TRUE(model::VerifyCheckpoint(ck).ok());
+}
+
+// Two coordinators on one state directory would both continue its jobs, and the first to end one
+// would delete the other's journal record: the second is refused, naming the first.
+TEST_F(CoordinatorCoreTest, ASecondCoreOnTheSameStateDirectoryIsRefused) {
+  const std::string state = root_ + "/state";
+  ASSERT_TRUE(core_->OpenJournal(state, "127.0.0.1:0").ok());
+  core_->RecordListenAddress("127.0.0.1:7070");
+  CoordinatorCore second(Options(), links_);
+  const absl::Status refused = second.OpenJournal(state, "127.0.0.1:7071");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr(absl::StrCat("state directory ", state,
+                                     " is in use by another coordinator (pid ", getpid())));
+  EXPECT_THAT(refused.message(), HasSubstr("serving on 127.0.0.1:7070"));
+  EXPECT_THAT(refused.message(), HasSubstr("one coordinator per state directory"));
+  ReplaceCore(Options());  // the first one is gone: its lock with it.
+  EXPECT_TRUE(second.OpenJournal(state).ok());
+}
+
+// ------------------------------------------------------------------ the client lease
+
+// A clock that moves only when the test moves it.
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1800000000);
+};
+
+// The lease on a fake clock, looked at only when the test runs a housekeeping pass.
+class CoordinatorLeaseCoreTest : public CoordinatorCoreTest {
+ protected:
+  void SetUp() override {
+    CoordinatorCoreTest::SetUp();
+    CoordinatorOptions options = Options();
+    options.client_lease = absl::Minutes(5);
+    options.housekeeping_interval = absl::Hours(24);
+    options.clock = [this] { return clock_.Now(); };
+    ReplaceCore(options);
+  }
+
+  // The job's state after a housekeeping pass at the clock's time.
+  v1::JobState StateAfterHousekeeping(const std::string& job) {
+    core_->RunHousekeeping();
+    absl::StatusOr<v1::JobStatus> status = core_->GetJob(job);
+    return status.ok() ? status->state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+
+  FakeClock clock_;
+};
+
+// `pipetrain status` polled every 10 s kept a dead client's job and its workers forever.
+TEST_F(CoordinatorLeaseCoreTest, ReadOnlyQueriesDoNotRenewTheClientLease) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int poll = 1; poll < 30; ++poll) {
+    clock_.Advance(absl::Seconds(10));
+    ASSERT_TRUE(core_->GetJob(job->job()).ok());
+    EXPECT_EQ(core_->ListJobs().size(), 1u);
+    EXPECT_EQ(core_->ListWorkers().size(), 2u);
+    ASSERT_EQ(StateAfterHousekeeping(job->job()), v1::JOB_STATE_READY) << poll * 10 << " s";
+  }
+  clock_.Advance(absl::Seconds(10));  // 5 minutes since it became READY.
+  EXPECT_EQ(StateAfterHousekeeping(job->job()), v1::JOB_STATE_CANCELLED);
+  absl::StatusOr<v1::JobStatus> ended = core_->GetJob(job->job());
+  ASSERT_TRUE(ended.ok());
+  EXPECT_THAT(ended->reason(), HasSubstr("client gone: no Train stream or Checkpoint for 5m"));
+  for (const auto& w : workers_) EXPECT_TRUE(w->WaitFor("release")) << w->name();
+}
+
+// The training client's own calls hold the lease while they last and renew it when they end.
+TEST_F(CoordinatorLeaseCoreTest, TheClientsTrainStreamAndCheckpointsHoldAndRenewTheLease) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job();
+  clock_.Advance(absl::Minutes(4));
+  int stream = 0;  // a Train stream's identity.
+  ASSERT_TRUE(core_->ClaimJob(id, &stream).ok());
+  clock_.Advance(absl::Hours(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_READY);  // held by the open stream.
+  core_->ReleaseJob(id, &stream);
+  clock_.Advance(absl::Minutes(5) - absl::Seconds(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_READY);
+  ASSERT_TRUE(Checkpoint(id, root_ + "/ck").ok());  // renews the lease when it is over.
+  clock_.Advance(absl::Minutes(5) - absl::Seconds(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_READY);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_CANCELLED);
+}
+
+// While a job recovers, its client can only wait (polling GetJob, which renews nothing): the
+// lease stops, and starts again in full when the job is READY.
+TEST_F(CoordinatorLeaseCoreTest, ARecoveringJobsLeaseStartsAgainWhenItIsReady) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2, /*recover=*/true));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job();
+  clock_.Advance(absl::Minutes(4));
+  workers_[1]->Gone();  // no spare yet: the job waits for one.
+  clock_.Advance(absl::Hours(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_RECOVERING);
+  AddWorkers(1);
+  absl::StatusOr<v1::JobStatus> status = AwaitJob(id, [](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
+  });
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->state(), v1::JOB_STATE_READY);
+  clock_.Advance(absl::Minutes(5) - absl::Seconds(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_READY);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

@@ -61,12 +61,22 @@ void CoreTest::SetUp() {
           ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(root_);
   std::filesystem::create_directories(root_);
+  links_ = std::make_shared<FakeFeedLinks>();
+  core_ = std::make_unique<CoordinatorCore>(Options(), links_);
+}
+
+CoordinatorOptions CoreTest::Options() const {
   CoordinatorOptions options;
   options.checkpoint_root = root_;
   options.loss_grace = absl::Milliseconds(200);
   options.log = [](logging::LogLevel, const std::string&) {};
   Adjust(options);
-  links_ = std::make_shared<FakeFeedLinks>();
+  return options;
+}
+
+void CoreTest::ReplaceCore(const CoordinatorOptions& options) {
+  workers_.clear();
+  core_.reset();
   core_ = std::make_unique<CoordinatorCore>(options, links_);
 }
 

@@ -33,6 +33,10 @@ class CoreTest : public ::testing::Test {
   void TearDown() override;
   // The core's options for this test (SetUp's defaults adjusted).
   virtual void Adjust(CoordinatorOptions& options) const {}
+  // The options of every test's core: checkpoints under root_, no log lines; then Adjust.
+  CoordinatorOptions Options() const;
+  // Replaces the core (with no workers registered yet) by one with `options`.
+  void ReplaceCore(const CoordinatorOptions& options);
 
   // Starts n fake workers named w<index> and registers them.
   void AddWorkers(int n);
