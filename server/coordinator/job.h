@@ -99,8 +99,11 @@ struct Job {
 
   // The client: the Train stream holding the job, if any; with none, the job is cancelled at
   // lease_expiry unless a client call renews it (InfiniteFuture while a stream is open or once
-  // the job ended).
+  // the job ended). `train_generation`: the generation the stream claimed the job at; once a
+  // recovery started another, the stream's batches and its client's checkpoints are refused
+  // (CheckClaimCurrent), so that the client hears of the recovery and replays.
   const void* train_owner ABSL_GUARDED_BY(mu) = nullptr;
+  int64_t train_generation ABSL_GUARDED_BY(mu) = 0;
   absl::Time lease_expiry ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
 
   // Checkpoints: the one it started from (JobSpec.resume_from, verified at creation), the one a

@@ -132,6 +132,7 @@ absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner,
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is not ready yet"));
   }
   job->train_owner = owner;
+  job->train_generation = job->generation;
   job->lease_expiry = absl::InfiniteFuture();
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include "server/coordinator/coordinator_core.h"
 
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -142,6 +143,33 @@ class CoordinatorCoreTest : public ::testing::Test {
     return result;
   }
 
+  // A client's request as the gRPC shell posts it (PostClientRequest): `run` on the job's thread
+  // and its result, or the refusal of the post (then `run` never runs).
+  template <typename T>
+  absl::StatusOr<T> ClientRequest(const std::string& job,
+                                  const std::function<absl::StatusOr<T>()>& run) {
+    absl::Notification done;
+    absl::StatusOr<T> result = absl::UnknownError("not run");
+    const absl::Status posted = core_->PostClientRequest(job, [&] {
+      result = run();
+      done.Notify();
+    });
+    if (!posted.ok()) return posted;
+    done.WaitForNotification();
+    return result;
+  }
+  absl::StatusOr<v1::StepResult> ClientStep(const v1::TrainRequest& request) {
+    return ClientRequest<v1::StepResult>(
+        request.job(), [&] { return core_->TrainStep(request, [] { return false; }); });
+  }
+  absl::StatusOr<v1::CheckpointResponse> ClientCheckpoint(const std::string& job,
+                                                          const std::string& dir) {
+    v1::CheckpointRequest request;
+    request.set_job(job);
+    request.set_directory(dir);
+    return ClientRequest<v1::CheckpointResponse>(job, [&] { return core_->Checkpoint(request); });
+  }
+
   // Polls the job's status until `ready` holds (at most 10 s).
   absl::StatusOr<v1::JobStatus> AwaitJob(const std::string& job,
                                          const std::function<bool(const v1::JobStatus&)>& ready) {
@@ -271,6 +299,58 @@ TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewGeneration) {
   absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/0));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+// A client's batch or checkpoint that arrives while the job recovers is refused at once (ABORTED,
+// naming the lost worker), not queued behind the recovery, which may wait long for a
+// replacement: the client reports the wait and polls. The recovery restores the step the client
+// is at (a loss right after a checkpoint), yet the stream that predates it is refused too, so
+// that the client hears of it; a new stream continues.
+TEST_F(CoordinatorCoreTest, ARecoveryAtACheckpointIsNeverHiddenFromTheClient) {
+  AddWorkers(2);  // no spare: the recovery waits for one.
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2, /*recover=*/true));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job();
+  int stream = 0, next_stream = 0;  // two Train streams' identities.
+  ASSERT_TRUE(core_->ClaimJob(id, &stream).ok());
+  ASSERT_TRUE(ClientStep(MakeBatch(id, 4, 0)).ok());
+  absl::StatusOr<v1::CheckpointResponse> saved = ClientCheckpoint(id, root_ + "/ck");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step(), 1);
+  workers_[1]->Gone();
+  absl::StatusOr<v1::JobStatus> status = core_->GetJob(id);
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->state(), v1::JOB_STATE_RECOVERING);
+  for (const absl::Status& refused :
+       {ClientStep(MakeBatch(id, 4, 1)).status(), ClientCheckpoint(id, root_ + "/ck").status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("is recovering (worker 'w1' lost)"));
+  }
+  AddWorkers(1);  // the replacement.
+  status = AwaitJob(id, [](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
+  });
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->steps_done(), 1);  // the client's step: nothing to replay.
+  // The old stream's next batch names the right step and is still refused, as is a checkpoint
+  // while it holds the job; posted or already queued, both are checked.
+  const std::string recovered = absl::StrCat(
+      "job '", id, "' went through a recovery (lost: worker 'w1', after step 1) since its Train ",
+      "stream began: it restarted from step 1 in generation 2");
+  for (const absl::Status& refused :
+       {ClientStep(MakeBatch(id, 4, 1)).status(), Step(MakeBatch(id, 4, 1)).status(),
+        ClientCheckpoint(id, root_ + "/ck").status(), Checkpoint(id, root_ + "/ck").status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(recovered));
+  }
+  core_->ReleaseJob(id, &stream);
+  ASSERT_TRUE(core_->ClaimJob(id, &next_stream).ok());
+  absl::StatusOr<v1::StepResult> r = ClientStep(MakeBatch(id, 4, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 2);
+  saved = ClientCheckpoint(id, root_ + "/ck");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step(), 2);
 }
 
 TEST_F(CoordinatorCoreTest, ALostWorkerFailsAJobThatDoesNotRecover) {
