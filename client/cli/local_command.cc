@@ -229,6 +229,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
       out << "  workers not pinned: " << S << " x " << o.train.training.threads
           << " compute threads > the " << allowed.size() << " CPUs here\n";
     }
+    out.flush();
   }
   TrainCommandOptions train = o.train;
   train.coordinator = *address;

@@ -104,8 +104,48 @@ absl::StatusOr<bool> SaveThroughCoordinator(client::TrainSession& session, const
       out << " on the coordinator's host (its manifest lacks --data, --batch and the data cursor)";
     }
     out << "\n";
+    out.flush();
   }
   return visible;
+}
+
+// The line `pipetrain train` prints when its session starts waiting after `why` at `step`: what
+// failed, and what it waits for.
+std::string WaitingLine(const absl::Status& why, int64_t step, const std::string& job,
+                        absl::Duration reconnect_timeout, bool json) {
+  const bool unreachable = absl::IsUnavailable(why);
+  if (json) {
+    return absl::StrFormat(
+        "{\"waiting\": {\"after_step\": %d, \"code\": \"%s\", \"for\": \"%s\"%s}}\n", step,
+        absl::StatusCodeToString(why.code()), unreachable ? "coordinator" : "recovery",
+        unreachable ? absl::StrFormat(", \"reconnect_timeout_s\": %.3f",
+                                      absl::ToDoubleSeconds(reconnect_timeout))
+                    : "");
+  }
+  if (unreachable) {
+    return absl::StrFormat(
+        "after step %d: %s; waiting up to %s for the coordinator to answer again "
+        "(--reconnect-timeout), then for job %s to be ready\n",
+        step, why.message(), absl::FormatDuration(reconnect_timeout), job);
+  }
+  return absl::StrFormat(
+      "after step %d: %s; waiting for job %s to recover (a replacement worker, then a restart "
+      "from its last checkpoint)\n",
+      step, why.message(), job);
+}
+
+// `error`, the reason a run stops after its job was created: the job is cancelled now (so that
+// its workers are free at once; best effort, within `timeout`); if the coordinator cannot be
+// told, the error says that the job is left to its client lease.
+absl::Status AbandonJob(client::ScopedJob& job, const absl::Status& error, absl::Duration timeout) {
+  job.set_cancel_reason(absl::StrCat("the client stopped: ", error.message()));
+  const absl::Status cancelled = job.Cancel(timeout);
+  if (cancelled.ok()) return error;
+  return absl::Status(
+      error.code(), absl::StrCat(error.message(), "; job ", job.job(), " could not be cancelled (",
+                                 cancelled.message(),
+                                 "): the coordinator cancels it once it has had no client for its "
+                                 "--client-lease, counted from when it runs again"));
 }
 
 }  // namespace
@@ -220,6 +260,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       }
       out << "\n";
     }
+    out.flush();
   }
 
   // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
@@ -229,22 +270,19 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   train_options.replay = true;
   train_options.first_step = job.steps_done();
   train_options.reconnect_timeout = o.reconnect_timeout;
+  // Ctrl-C also ends a wait for the job or the coordinator (CANCELLED; the job is cancelled).
+  train_options.interrupted = interrupted;
   // The step the session was at when a recovery began (the coordinator does not know it after a
   // restart).
   int64_t failed_at = 0;
   // Lines of their own (waits, recoveries, checkpoints, evaluations) erase the live progress
   // line first and draw it again after.
   ProgressLine progress(out, ProgressOptionsFor(t, /*pipeline=*/true));
-  train_options.on_wait = [&out, &t, &failed_at, &last, &job, &progress](const absl::Status& why) {
+  train_options.on_wait = [&out, &t, &o, &failed_at, &last, &job,
+                           &progress](const absl::Status& why) {
     failed_at = last.step();
     progress.Clear();
-    if (t.json) {
-      out << absl::StrFormat("{\"waiting\": {\"after_step\": %d, \"code\": \"%s\"}}\n", last.step(),
-                             absl::StatusCodeToString(why.code()));
-    } else {
-      out << absl::StrFormat("after step %d: %s; waiting for job %s to recover\n", last.step(),
-                             why.message(), job.job());
-    }
+    out << WaitingLine(why, last.step(), job.job(), o.reconnect_timeout, t.json);
     out.flush();
     progress.Redraw();
   };
@@ -304,7 +342,9 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     // then, and the sampler's cursor (in the manifest) at that step.
     if (samples_sent.empty()) PT_RETURN_IF_ERROR(send_next());
     if (i + 1 < t.steps && !checkpoint) PT_RETURN_IF_ERROR(send_next());
-    PT_ASSIGN_OR_RETURN(last, session->Receive());
+    absl::StatusOr<v1::StepResult> received = session->Receive();
+    if (!received.ok()) return AbandonJob(scoped, received.status(), o.client.cleanup_timeout);
+    last = *std::move(received);
     const int64_t samples = samples_sent.front();
     samples_sent.pop_front();
     if (!o.trace_path.empty() &&
@@ -327,9 +367,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     // Checkpoint may run while the stream is open.
     if (checkpoint) {
       progress.Clear();
-      PT_ASSIGN_OR_RETURN(
-          checkpoint_visible,
-          SaveThroughCoordinator(*session, save_dir, t, setup, optimizer, sampler.cursor(), out));
+      absl::StatusOr<bool> saved =
+          SaveThroughCoordinator(*session, save_dir, t, setup, optimizer, sampler.cursor(), out);
+      if (!saved.ok()) return AbandonJob(scoped, saved.status(), o.client.cleanup_timeout);
+      checkpoint_visible = *saved;
       progress.Redraw();
     }
     if (evaluate) {
@@ -367,6 +408,7 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                                  : absl::StrCat("trace of steps ", traced.front().step(), " to ",
                                                 traced.back().step()))
           << " written to " << o.trace_path << "\n";
+      out.flush();
     }
   }
   if (t.eval_samples.has_value()) {

@@ -44,8 +44,10 @@ struct TrainCommandOptions {
   // (client::TrainOptions::reconnect_timeout), > 0. Default 1 min.
   absl::Duration reconnect_timeout = absl::Minutes(1);
   // Keepalive and deadlines of the connection to the coordinator: the SDK's defaults, so a
-  // coordinator that stops answering ends the run within about 15 s (10 s to notice it, 5 s for
-  // the best-effort CancelJob of the job).
+  // coordinator that stops answering is noticed within about 10 s; the run then waits up to
+  // reconnect_timeout for it to answer again (a frozen or restarting coordinator that comes back
+  // continues the job) and otherwise ends, after at most 5 s more for the best-effort CancelJob
+  // of its job (ClientOptions::cleanup_timeout): about 75 s with the defaults.
   client::ClientOptions client;
 };
 
@@ -68,7 +70,12 @@ using InterruptFn = std::function<bool()>;
 // this file system, so --save is then checked writable before the first step
 // (FAILED_PRECONDITION). --trace-steps outside the steps the run makes (known once the job exists:
 // it may resume) is INVALID_ARGUMENT before the first step. Returns the first error (bad options,
-// data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true.
+// data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true. Each line
+// is flushed as it is written (stdout may be a pipe). While the job recovers, or the coordinator
+// cannot be reached, it prints what failed and what it waits for, then the recovery (the step the
+// job restarted from, the workers, the time); a run that fails after its job was created cancels
+// the job, and its error says so when the coordinator could not be told (the job then ends by the
+// coordinator's client lease).
 absl::Status RunTrainCommand(const TrainCommandOptions& options, std::ostream& out,
                              const InterruptFn& interrupted = nullptr);
 

@@ -362,6 +362,10 @@ absl::StatusOr<v1::JobStatus> TrainSession::AwaitReady(const absl::Status& why) 
                        absl::FormatDuration(options_.recovery_timeout), " after: ", why.ToString(),
                        got.ok() ? "" : absl::StrCat("; last attempt: ", got.status().ToString())));
     }
+    if (options_.interrupted != nullptr && options_.interrupted()) {
+      return absl::CancelledError(
+          absl::StrCat("interrupted while waiting for job ", job_, " after: ", why.ToString()));
+    }
     // The polling interval of a bounded wait.
     if (options_.pause != nullptr) {
       options_.pause(delay);
@@ -588,9 +592,9 @@ absl::Status ScopedJob::Finish() {
   return client_->FinishJob(job_).status();
 }
 
-absl::Status ScopedJob::Cancel() {
+absl::Status ScopedJob::Cancel(absl::Duration timeout) {
   ended_ = true;
-  return client_->CancelJob(job_, cancel_reason_).status();
+  return client_->CancelJob(job_, cancel_reason_, timeout).status();
 }
 
 }  // namespace pipetrain::client

@@ -130,6 +130,9 @@ struct TrainOptions {
   // Makes each pause between two polls (empty: absl::SleepFor). A test may record the pauses
   // through it.
   std::function<void(absl::Duration)> pause;
+  // Asked before each pause of the wait (empty: never): true ends the wait with CANCELLED
+  // ("interrupted while waiting ..."), e.g. on Ctrl-C.
+  std::function<bool()> interrupted;
 
   // OK if usable; INVALID_ARGUMENT naming the field otherwise.
   absl::Status Check() const;
@@ -342,8 +345,9 @@ class ScopedJob {
   void set_cancel_reason(std::string reason) { cancel_reason_ = std::move(reason); }
   // FinishJob (DONE). Returns its status; the destructor does nothing afterwards.
   absl::Status Finish();
-  // CancelJob with the cancel reason now; the destructor does nothing afterwards.
-  absl::Status Cancel();
+  // CancelJob with the cancel reason now, with `timeout` as its deadline (zero: the client's
+  // call_timeout); the destructor does nothing afterwards.
+  absl::Status Cancel(absl::Duration timeout = absl::ZeroDuration());
 
  private:
   Client* const client_;

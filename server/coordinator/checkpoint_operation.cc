@@ -83,6 +83,8 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     if (shutting_down_) return absl::CancelledError("coordinator shutting down");
     PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
     job->mu.AssertHeld();
+    // After a recovery its client has not heard of, the job's step may not be the client's.
+    PT_RETURN_IF_ERROR(CheckClaimCurrent(*job));
     // The shards must hold the last step everywhere (SaveShards follows its Commit on every
     // rank's stream; a rank that refused it would save the step before).
     PT_RETURN_IF_ERROR(ConfirmCommit(*job));

@@ -58,7 +58,7 @@ grpc::ServerUnaryReactor* ClientService::Checkpoint(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status posted = core_->CheckCaller(request->job(), CallerOf(context));
   if (posted.ok())
-    posted = core_->PostToJob(request->job(), [this, reactor, request, response] {
+    posted = core_->PostClientRequest(request->job(), [this, reactor, request, response] {
       absl::StatusOr<v1::CheckpointResponse> result = core_->Checkpoint(*request);
       if (result.ok()) *response = *std::move(result);
       reactor->Finish(wire::ToGrpcStatus(result.status()));

@@ -89,6 +89,23 @@ absl::Status CheckReady(const Job& job) {
       absl::StrCat("job '", job.id, "' is ", JobStateName(job.state)));
 }
 
+absl::Status CheckClaimCurrent(const Job& job) {
+  if (job.train_owner == nullptr || job.train_generation == job.generation) {
+    return absl::OkStatus();
+  }
+  std::string what = "a recovery";
+  if (!job.recoveries.empty()) {
+    const v1::RecoveryEvent& r = job.recoveries.back();
+    what = absl::StrCat("a recovery (", r.cause(),
+                        r.lost_worker().empty() ? "" : ": worker '" + r.lost_worker() + "'",
+                        ", after step ", r.steps_done(), ")");
+  }
+  return absl::AbortedError(absl::StrCat("job '", job.id, "' went through ", what,
+                                         " since its Train stream began: it restarted from step ",
+                                         job.steps_done, " in generation ", job.generation,
+                                         "; replay from there on a new stream"));
+}
+
 absl::Status EndedError(const Job& job) { return absl::FailedPreconditionError(EndedMessage(job)); }
 
 absl::Status InterruptedError(const Job& job) {
@@ -152,6 +169,23 @@ absl::Status CoordinatorCore::PostToJob(const std::string& id, std::function<voi
   Job& job = *it->second;
   job.mu.AssertHeld();
   if (IsTerminal(job.state)) return EndedError(job);
+  if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorCore::PostClientRequest(const std::string& id, std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  Job& job = *it->second;
+  job.mu.AssertHeld();
+  if (IsTerminal(job.state)) return EndedError(job);
+  // Checked under the lock that BeginRecovery takes: a recovery that starts later is posted
+  // behind `task`, which then finds the job RECOVERING and is refused when it runs.
+  if (job.state == JobState::kRecovering) return CheckReady(job);
+  PT_RETURN_IF_ERROR(CheckClaimCurrent(job));
   if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
   }

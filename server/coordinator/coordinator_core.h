@@ -202,6 +202,12 @@ class CoordinatorCore {
   // Runs `task` on job `id`'s thread: NOT_FOUND, or FAILED_PRECONDITION once it ended.
   absl::Status PostToJob(const std::string& id, std::function<void()> task)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // PostToJob for a client's request (a Train stream's batch, a Checkpoint), refused at once when
+  // it could only run on a state its client has not seen: CheckReady's ABORTED while the job
+  // recovers (instead of waiting, unseen, behind the recovery: the client reports the wait and
+  // polls), CheckClaimCurrent's ABORTED once it recovered since its stream's claim.
+  absl::Status PostClientRequest(const std::string& id, std::function<void()> task)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Claims job `id` for the Train stream `owner`: NOT_FOUND; FAILED_PRECONDITION if another
   // stream holds it, it ended or it is not assigned yet. The lease stops while it is held.
   absl::Status ClaimJob(const std::string& id, const void* owner, const std::string& caller = "")
@@ -436,6 +442,11 @@ class CoordinatorCore {
 
 // OK if `job` is READY, else FAILED_PRECONDITION naming its state (ABORTED while it recovers).
 absl::Status CheckReady(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+// OK unless a recovery started a new generation of `job` since its Train stream claimed it:
+// then ABORTED naming the recovery, for that stream's batches and its client's checkpoints (the
+// job may be back at the client's step, but the client must hear of the recovery: it replays on
+// a new stream, whose claim is current).
+absl::Status CheckClaimCurrent(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // What new work on an ended job gets: FAILED_PRECONDITION "job 'ID' is STATE[: REASON]".
 absl::Status EndedError(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // What an operation in flight gets when its job ends: CANCELLED for a cancelled job,

@@ -100,8 +100,12 @@ struct Job {
   // The client lease (CoordinatorOptions::client_lease): the Train stream holding the job, if any,
   // and whether a Checkpoint is writing it; while neither holds a READY job, it is cancelled at
   // lease_expiry (restarted when the job becomes READY, a stream ends or a Checkpoint finishes).
+  // `train_generation`: the generation the stream claimed the job at; once a recovery started
+  // another, the stream's batches and its client's checkpoints are refused (CheckClaimCurrent),
+  // so that the client hears of the recovery and replays.
   const void* train_owner ABSL_GUARDED_BY(mu) = nullptr;
   bool checkpointing ABSL_GUARDED_BY(mu) = false;
+  int64_t train_generation ABSL_GUARDED_BY(mu) = 0;
   absl::Time lease_expiry ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
 
   // Checkpoints: the one it started from (JobSpec.resume_from, verified at creation), the one a

@@ -142,6 +142,7 @@ absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner,
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is not ready yet"));
   }
   job->train_owner = owner;
+  job->train_generation = job->generation;
   RestartLease(*job);  // held while the stream is.
   return absl::OkStatus();
 }

@@ -93,6 +93,7 @@ absl::Status StepRun::AdmitJob() {
     }
     return absl::FailedPreconditionError(absl::StrCat(where, ", which it has applied"));
   }
+  PT_RETURN_IF_ERROR(CheckClaimCurrent(*job_));
   generation_ = job_->generation;
   job_->op.step = step_;
   job_->op.error = absl::OkStatus();

@@ -30,7 +30,8 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
           "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
-ABSL_FLAG(std::string, name, "", "Stable worker name.");
+ABSL_FLAG(std::string, name, "",
+          "Stable worker name; with TLS, one its certificate vouches for (docs/security.md).");
 ABSL_FLAG(std::string, advertise, "", "host:port peers use to reach this worker.");
 ABSL_FLAG(double, emulate_gflops, 0,
           "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");

@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -113,22 +114,30 @@ class Daemons {
   Daemons& operator=(const Daemons&) = delete;
 
   // Starts the coordinator (--listen 127.0.0.1:0 and `coordinator_flags`) and `workers` workers
-  // named w0, w1, … (--coordinator, --listen 127.0.0.1:0, --name and `worker_flags`) with their
-  // logs in `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s)
-  // until every worker has registered. `client_options` are the client()'s (e.g. its TLS and
-  // token). Returns "" on success, else what failed and the log that says why.
+  // named `name_prefix` + N (w0, w1, … by default; --coordinator, --listen 127.0.0.1:0, --name and
+  // `worker_flags`, in which "{w}" stands for N, e.g. a certificate per worker) with their logs in
+  // `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s) until every
+  // worker has registered. `client_options` are the client()'s (e.g. its TLS and token). Returns
+  // "" on success, else what failed and the log that says why.
   std::string Start(const std::string& dir, int workers,
                     const std::vector<std::string>& coordinator_flags = {},
                     const std::vector<std::string>& worker_flags = {},
-                    const client::ClientOptions& client_options = {}) {
+                    const client::ClientOptions& client_options = {},
+                    const std::string& name_prefix = "w") {
     dir_ = dir;
     coordinator_flags_ = coordinator_flags;
     if (std::string error = StartCoordinator("127.0.0.1:0"); !error.empty()) return error;
     for (int w = 0; w < workers; ++w) {
-      std::vector<std::string> worker = {PIPETRAIN_WORKER,    "--coordinator", address_,
-                                         "--listen",          "127.0.0.1:0",   "--name",
-                                         absl::StrCat("w", w)};
-      worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
+      std::vector<std::string> worker = {PIPETRAIN_WORKER,
+                                         "--coordinator",
+                                         address_,
+                                         "--listen",
+                                         "127.0.0.1:0",
+                                         "--name",
+                                         absl::StrCat(name_prefix, w)};
+      for (const std::string& flag : worker_flags) {
+        worker.push_back(absl::StrReplaceAll(flag, {{"{w}", absl::StrCat(w)}}));
+      }
       const pid_t pid = Spawn(worker, absl::StrCat(dir, "/worker-", w, ".log"));
       if (pid <= 0) return "cannot start a worker";
       workers_.push_back(pid);

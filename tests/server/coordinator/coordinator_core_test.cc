@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -150,6 +151,58 @@ TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewGeneration) {
   absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4, /*expected_steps_done=*/0));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step(), 1);
+}
+
+// A client's batch or checkpoint that arrives while the job recovers is refused at once (ABORTED,
+// naming the lost worker), not queued behind the recovery, which may wait long for a
+// replacement: the client reports the wait and polls. The recovery restores the step the client
+// is at (a loss right after a checkpoint), yet the stream that predates it is refused too, so
+// that the client hears of it; a new stream continues.
+TEST_F(CoordinatorCoreTest, ARecoveryAtACheckpointIsNeverHiddenFromTheClient) {
+  AddWorkers(2);  // no spare: the recovery waits for one.
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2, /*recover=*/true));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job();
+  int stream = 0, next_stream = 0;  // two Train streams' identities.
+  ASSERT_TRUE(core_->ClaimJob(id, &stream).ok());
+  ASSERT_TRUE(ClientStep(MakeBatch(id, 4, 0)).ok());
+  absl::StatusOr<v1::CheckpointResponse> saved = ClientCheckpoint(id, root_ + "/ck");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step(), 1);
+  workers_[1]->Gone();
+  absl::StatusOr<v1::JobStatus> status = core_->GetJob(id);
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->state(), v1::JOB_STATE_RECOVERING);
+  for (const absl::Status& refused :
+       {ClientStep(MakeBatch(id, 4, 1)).status(), ClientCheckpoint(id, root_ + "/ck").status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("is recovering (worker 'w1' lost)"));
+  }
+  AddWorkers(1);  // the replacement.
+  status = AwaitJob(id, [](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
+  });
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->steps_done(), 1);  // the client's step: nothing to replay.
+  // The old stream's next batch names the right step and is still refused, as is a checkpoint
+  // while it holds the job; posted or already queued, both are checked.
+  const std::string recovered = absl::StrCat(
+      "job '", id, "' went through a recovery (lost: worker 'w1', after step 1) since its Train ",
+      "stream began: it restarted from step 1 in generation 2");
+  for (const absl::Status& refused :
+       {ClientStep(MakeBatch(id, 4, 1)).status(), Step(MakeBatch(id, 4, 1)).status(),
+        ClientCheckpoint(id, root_ + "/ck").status(), Checkpoint(id, root_ + "/ck").status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(recovered));
+  }
+  core_->ReleaseJob(id, &stream);
+  ASSERT_TRUE(core_->ClaimJob(id, &next_stream).ok());
+  absl::StatusOr<v1::StepResult> r = ClientStep(MakeBatch(id, 4, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 2);
+  saved = ClientCheckpoint(id, root_ + "/ck");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->step(), 2);
 }
 
 TEST_F(CoordinatorCoreTest, ALostWorkerFailsAJobThatDoesNotRecover) {

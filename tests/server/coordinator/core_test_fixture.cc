@@ -134,6 +134,19 @@ absl::StatusOr<v1::CheckpointResponse> CoreTest::Checkpoint(const std::string& j
   return result;
 }
 
+absl::StatusOr<v1::StepResult> CoreTest::ClientStep(const v1::TrainRequest& request) {
+  return ClientRequest<v1::StepResult>(
+      request.job(), [&] { return core_->TrainStep(request, [] { return false; }); });
+}
+
+absl::StatusOr<v1::CheckpointResponse> CoreTest::ClientCheckpoint(const std::string& job,
+                                                                  const std::string& dir) {
+  v1::CheckpointRequest request;
+  request.set_job(job);
+  request.set_directory(dir);
+  return ClientRequest<v1::CheckpointResponse>(job, [&] { return core_->Checkpoint(request); });
+}
+
 absl::StatusOr<v1::JobStatus> CoreTest::AwaitJob(
     const std::string& job, const std::function<bool(const v1::JobStatus&)>& ready) {
   const absl::Time until = absl::Now() + absl::Seconds(10);

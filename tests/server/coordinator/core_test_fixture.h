@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "server/coordinator/coordinator_core.h"
@@ -45,6 +46,24 @@ class CoreTest : public ::testing::Test {
   absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
                                                     const std::string& dir);
+  // A client's request as the gRPC shell posts it (PostClientRequest): `run` on the job's thread
+  // and its result, or the refusal of the post (then `run` never runs).
+  template <typename T>
+  absl::StatusOr<T> ClientRequest(const std::string& job,
+                                  const std::function<absl::StatusOr<T>()>& run) {
+    absl::Notification done;
+    absl::StatusOr<T> result = absl::UnknownError("not run");
+    const absl::Status posted = core_->PostClientRequest(job, [&] {
+      result = run();
+      done.Notify();
+    });
+    if (!posted.ok()) return posted;
+    done.WaitForNotification();
+    return result;
+  }
+  absl::StatusOr<v1::StepResult> ClientStep(const v1::TrainRequest& request);
+  absl::StatusOr<v1::CheckpointResponse> ClientCheckpoint(const std::string& job,
+                                                          const std::string& dir);
   // Polls the job's status until `ready` holds (at most 10 s).
   absl::StatusOr<v1::JobStatus> AwaitJob(const std::string& job,
                                          const std::function<bool(const v1::JobStatus&)>& ready);
