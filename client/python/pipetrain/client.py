@@ -440,11 +440,11 @@ class Job:
     """A job on the coordinator (made by Client.create_job or Client.job). As a context manager
     it ends the job on leaving: FinishJob (DONE) normally, CancelJob when an exception leaves the
     block, so its workers are freed at once either way — except when the job's last checkpoint()
-    failed (failed_checkpoint): its weights are then unsaved, so the job is left to the coordinator
-    with them (its Train stream cancelled) for a retry of the save (client.job(id).checkpoint(DIR) or
-    `pipetrain checkpoint ID --save DIR`), until a client ends it or the coordinator's client lease
-    does (no call naming the job for --client-lease, 5 min by default); a note on the exception
-    says so. The C++ SDK's ScopedJob does the same.
+    failed (failed_checkpoint): its weights are then unsaved, so the job is left to the
+    coordinator with them (its Train stream cancelled) for a retry of the save
+    (client.job(id).checkpoint(DIR) or `pipetrain checkpoint ID --save DIR`), until a client ends
+    it or the coordinator's client lease does (no call naming the job for --client-lease, 5 min by
+    default); a note on the exception says so. The C++ SDK's ScopedJob does the same.
 
     Recovery (a job created with recover=True, the default; docs/python.md "Recovery"): step(),
     send() and train() keep the requests sent since the last completed checkpoint() (at most
