@@ -3,7 +3,8 @@
 //  - `pipetrain train --save DIR` with DIR outside the coordinator's --checkpoint-root is refused
 //    when the job is created, before step 1, with the coordinator's reason (PERMISSION_DENIED
 //    naming DIR and the root), whatever the coordinator's address;
-//  - a second job saving into a directory another job writes is refused before step 1, naming it;
+//  - so is a directory a save could not write, and a second job saving into a directory another
+//    job writes (naming it);
 //  - a final save that fails all the same (the directory removed mid-run) leaves the job with its
 //    weights; `pipetrain train` prints the command that saves them, which does, and the checkpoint
 //    it writes resumes bit for bit as the reference's of the same step;
@@ -155,6 +156,23 @@ TEST_F(SaveTest, ASaveOutsideTheRootIsRefusedBeforeStepOne) {
   EXPECT_THAT(*jobs, ::testing::IsEmpty());
   EXPECT_NE(testing::RunCommand("test -e /etc/pipetrain-save-test-ck").exit_code, 0);
   testing::RunCommand(absl::StrCat("rm -rf ", outside));
+}
+
+// A --save under the root that a save could not write (below a regular file) is refused by the
+// coordinator before step 1 too, naming the path.
+TEST_F(SaveTest, ASaveThatCannotBeWrittenIsRefusedBeforeStepOne) {
+  ASSERT_EQ(testing::RunCommand(absl::StrCat(": > ", root_, "/file")).exit_code, 0);
+  const std::string save = root_ + "/file/sub", err = dir_ + "/unwritable.err";
+  const testing::CommandRun run =
+      Pipetrain(absl::StrCat(TrainFlags(daemons_.address(), 50), " --save ", save), err);
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_THAT(StepLines(run.out), ::testing::IsEmpty());
+  const std::string message = ReadFile(err);
+  EXPECT_THAT(message, HasSubstr("[FAILED_PRECONDITION]"));
+  EXPECT_THAT(message, HasSubstr(root_ + "/file"));
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_THAT(*jobs, ::testing::IsEmpty());
 }
 
 // Issue 34: two runs saving into one directory. The second is refused when its job is created,
