@@ -1,6 +1,8 @@
 #include "client/cli/job_commands.h"
 
+#include <filesystem>
 #include <memory>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +48,32 @@ absl::Status RequireJob(const JobCommandOptions& o, const char* command) {
                                                    "`pipetrain jobs` lists it)"));
   }
   return absl::OkStatus();
+}
+
+// What `checkpoint` did, as text or one JSON object.
+void PrintCheckpoint(const JobCommandOptions& o, const v1::CheckpointResponse& saved,
+                     const v1::JobStatus& job, std::ostream& out) {
+  const bool finished = job.state() == v1::JOB_STATE_DONE;
+  if (o.json) {
+    const nlohmann::ordered_json j = {{"job", job.job()},
+                                      {"step", saved.step()},
+                                      {"directory", saved.directory()},
+                                      {"state", StateName(job.state())},
+                                      {"data_position", saved.has_data_position()}};
+    out << j.dump() << "\n";
+    return;
+  }
+  out << absl::StrFormat("checkpoint of step %d written to %s\n", saved.step(), saved.directory());
+  if (!saved.has_data_position()) {
+    out << "  its manifest has no data set or data cursor (no client gave them for this step): "
+           "`pipetrain evaluate` reads it, `pipetrain train --resume` does not\n";
+  }
+  if (finished) {
+    out << absl::StrFormat("job %s finished; its workers are free\n", job.job());
+  } else {
+    out << absl::StrFormat("job %s left %s: a client is training it\n", job.job(),
+                           StateName(job.state()));
+  }
 }
 
 void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
@@ -151,6 +179,34 @@ absl::Status RunCancelCommand(const JobCommandOptions& o, std::ostream& out) {
     out << absl::StrFormat("job %s cancelled after %d steps; its %d workers are free\n", job.job(),
                            job.steps_done(), job.stages_size());
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunCheckpointCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(RequireJob(o, "checkpoint"));
+  if (o.save_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "usage: pipetrain checkpoint JOB --save DIR --coordinator HOST:PORT (DIR on the "
+        "coordinator's host, under its --checkpoint-root)");
+  }
+  if (o.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep-checkpoints must be >= 1, got ", o.keep_checkpoints));
+  }
+  std::error_code ec;
+  const std::string dir = std::filesystem::absolute(o.save_dir, ec).string();
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("--save ", o.save_dir, ": ", ec.message()));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  // The coordinator keeps the data position the job's client gave for this step.
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      client->Checkpoint(o.job, dir, o.keep_checkpoints));
+  PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->GetJob(o.job));
+  // A job no client trains is done once its weights are saved; one that a client trains is its.
+  if (!job.client_attached() && job.state() == v1::JOB_STATE_READY) {
+    PT_ASSIGN_OR_RETURN(job, client->FinishJob(o.job));
+  }
+  PrintCheckpoint(o, saved, job, out);
   return absl::OkStatus();
 }
 

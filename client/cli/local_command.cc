@@ -233,6 +233,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   }
   TrainCommandOptions train = o.train;
   train.coordinator = *address;
+  train.own_coordinator = true;  // it stops with this run.
   absl::Status status = RunTrainCommand(train, out, [] { return InterruptScope::Interrupted(); });
   if (!status.ok()) {
     // A daemon that died explains the failure better than the RPC error it caused.

@@ -5,6 +5,7 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
+//   pipetrain jobs | status JOB | cancel JOB | checkpoint JOB --save DIR  --coordinator HOST:PORT
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -66,8 +67,9 @@ ABSL_FLAG(int64_t, lr_decay_steps, 0,
           "it to stop and resume mid-schedule)");
 ABSL_FLAG(double, lr_min, 0, "warmup-cosine/-linear: the final learning rate, in [0, lr]");
 ABSL_FLAG(std::string, save, "",
-          "checkpoint directory (created if missing, checked writable before the first step): a "
-          "checkpoint at the end, and every --checkpoint-every steps");
+          "checkpoint directory: a checkpoint at the end, and every --checkpoint-every steps "
+          "(train/local: on the coordinator's host, checked when the job is created; checkpoint: "
+          "where the job's weights go)");
 ABSL_FLAG(std::string, resume, "",
           "the checkpoint directory to read (what --save wrote): training continues from it "
           "(train/local: a directory on the coordinator's host); evaluate evaluates it");
@@ -94,12 +96,16 @@ ABSL_FLAG(int32_t, keep_checkpoints, 2,
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "",
-          "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
-ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
+          "train/jobs/status/cancel/checkpoint: this client's PEM certificate (mTLS to the "
+          "coordinator)");
+ABSL_FLAG(std::string, tls_key, "",
+          "train/jobs/status/cancel/checkpoint: the private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "",
-          "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
+          "train/jobs/status/cancel/checkpoint: PEM CA certificate that signs the coordinator's "
+          "(TLS on)");
 ABSL_FLAG(std::string, token_file, "",
-          "train/jobs/status/cancel: send the first token of this file to the coordinator");
+          "train/jobs/status/cancel/checkpoint: send the first token of this file to the "
+          "coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
           "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
@@ -221,6 +227,11 @@ const ProgramSpec& Program() {
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, steps and stages", kJobFlags},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
+          {"checkpoint",
+           "JOB",
+           "save a job's weights (e.g. after train's final save failed), then finish it",
+           Concat(kJobFlags, {"save", "keep_checkpoints"}),
+           {{"save", kRequired}}},
       },
       {},
       "environment:\n"
@@ -352,7 +363,7 @@ absl::Status RunTrain(const CommandLine& line) {
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
 
-// `jobs`, `status JOB`, `cancel JOB`: `job` is the JOB argument ("" for jobs).
+// `jobs`, `status JOB`, `cancel JOB`, `checkpoint JOB`: `job` is the JOB argument ("" for jobs).
 absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   const std::string& command = line.command->name;
   JobCommandOptions o;
@@ -361,8 +372,11 @@ absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   o.job = job;
   o.reason = absl::GetFlag(FLAGS_reason);
   o.json = absl::GetFlag(FLAGS_json);
+  o.save_dir = absl::GetFlag(FLAGS_save);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (command == "jobs") return RunJobsCommand(o, std::cout);
   if (command == "status") return RunStatusCommand(o, std::cout);
+  if (command == "checkpoint") return RunCheckpointCommand(o, std::cout);
   return RunCancelCommand(o, std::cout);
 }
 
@@ -473,7 +487,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string& command = line.command->name;
-  // `status` and `cancel` take the job as their one argument; every other command takes none.
+  // `status`, `cancel` and `checkpoint` take the job as their one argument; the others none.
   const size_t arity = line.command->args.empty() ? 0 : 1;
   // A missing JOB is the command's error (it names its usage); an extra argument is ours.
   if (line.args.size() > arity) {
@@ -494,7 +508,7 @@ int Main(int argc, char** argv) {
     status = RunTrain(line);
   } else if (command == "local") {
     status = RunLocal(line);
-  } else {  // jobs, status, cancel
+  } else {  // jobs, status, cancel, checkpoint
     status = RunJobCommand(line, line.args.empty() ? "" : line.args[0]);
   }
   std::cout.flush();

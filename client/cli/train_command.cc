@@ -76,34 +76,24 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 
 // Checkpoints the session's job into `dir` (absolute, on the coordinator's file system) through
 // the coordinator (TrainSession::Checkpoint: through a recovery that interrupts it, and the kept
-// batches trimmed): the workers write the layer files and the coordinator a manifest with what it
-// knows. Where `dir` is visible here, the client then rewrites that manifest with the fields only
-// it knows (data set, batch size, data cursor `cursor`, the optimizer's canonical text), keeping
-// the coordinator's step and shards: exactly what `pipetrain reference --save` writes. Returns
-// whether `dir` was visible (false: the coordinator's file system is not ours, its manifest stays
-// as written).
+// batches trimmed): the workers write the layer files and the coordinator the manifest, with the
+// data set, batch size and data cursor `cursor` this client gives it — exactly what `pipetrain
+// reference --save` writes. Returns whether `dir` is visible here (false: the coordinator's file
+// system is not ours).
 absl::StatusOr<bool> SaveThroughCoordinator(client::TrainSession& session, const std::string& dir,
-                                            const TrainingOptions& o, const TrainingSetup& setup,
-                                            const math::OptimizerConfig& optimizer,
-                                            const io::DataCursor& cursor, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, session.Checkpoint(dir, o.keep_checkpoints));
+                                            const TrainingOptions& o, const io::DataCursor& cursor,
+                                            std::ostream& out) {
+  v1::DataPosition position;
+  position.set_data(o.data);
+  position.set_batch_size(o.batch);
+  position.set_cursor_epoch(cursor.epoch);
+  position.set_cursor_batch(cursor.batch);
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      session.Checkpoint(dir, o.keep_checkpoints, position));
   const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
-  if (visible) {
-    // The shards are the coordinator's: the files its workers wrote.
-    PT_ASSIGN_OR_RETURN(model::CheckpointManifest written, model::ReadCheckpointManifest(dir));
-    model::CheckpointManifest m = CheckpointManifestFor(o, setup, optimizer, saved.step(), cursor);
-    m.shards = std::move(written.shards);
-    // The job's instruction-set level and history are the coordinator's.
-    m.isa = std::move(written.isa);
-    m.isa_note = std::move(written.isa_note);
-    PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(dir, m));
-  }
   if (!o.json) {
-    out << "checkpoint of step " << saved.step() << " written to " << dir;
-    if (!visible) {
-      out << " on the coordinator's host (its manifest lacks --data, --batch and the data cursor)";
-    }
-    out << "\n";
+    out << "checkpoint of step " << saved.step() << " written to " << dir
+        << (visible ? "" : " on the coordinator's host") << "\n";
     out.flush();
   }
   return visible;
@@ -148,6 +138,93 @@ absl::Status AbandonJob(client::ScopedJob& job, const absl::Status& error, absl:
                                  "--client-lease, counted from when it runs again"));
 }
 
+// The command that saves a job's weights after its save into `dir` failed (`pipetrain
+// checkpoint`), with the flags of this run that it needs.
+std::string RetryCommand(const TrainCommandOptions& o, const std::string& job,
+                         const std::string& dir) {
+  std::string command =
+      absl::StrCat("pipetrain checkpoint ", job, " --save ", dir, " --coordinator ", o.coordinator);
+  if (o.training.keep_checkpoints != 2) {
+    absl::StrAppend(&command, " --keep-checkpoints ", o.training.keep_checkpoints);
+  }
+  if (o.client.tls.enabled() || !o.client.token.empty()) {
+    absl::StrAppend(&command, " (with this run's --tls-* and --token-file flags)");
+  }
+  return command;
+}
+
+// `failed` (the error of the job's save into `dir`) and what became of the job's weights: a job
+// that has not ended keeps them (ScopedJob leaves a job whose checkpoint failed) and says how to
+// save them; the Train stream is ended in order first, so that the job has no client left.
+absl::Status SaveFailed(const absl::Status& failed, client::Client& client,
+                        client::TrainSession& session, const TrainCommandOptions& o,
+                        const std::string& job, const std::string& dir) {
+  session.Finish().IgnoreError();  // the save's error says what went wrong.
+  absl::StatusOr<v1::JobStatus> status = client.GetJob(job);
+  if (!status.ok() || status->state() == v1::JOB_STATE_DONE ||
+      status->state() == v1::JOB_STATE_FAILED || status->state() == v1::JOB_STATE_CANCELLED) {
+    return failed;  // nothing is left to save.
+  }
+  const std::string what = absl::StrCat("saving step ", status->steps_done(), " into ", dir,
+                                        " failed: ", failed.message());
+  if (o.own_coordinator) {
+    return absl::Status(failed.code(), absl::StrCat(what, "; the weights of job ", job,
+                                                    " end with this run's coordinator"));
+  }
+  return absl::Status(
+      failed.code(),
+      absl::StrCat(what, "\njob ", job, " keeps the weights of its ", status->steps_done(),
+                   " steps: save them with\n  ", RetryCommand(o, job, dir),
+                   "\n(the job then ends), or free its workers with `pipetrain cancel ", job,
+                   "`; the coordinator cancels it after its --client-lease (default 5m) with no "
+                   "call naming it"));
+}
+
+// The JobSpec of a `train` run: the resolved model, the optimizer, the pipeline's flags, and the
+// directories it saves into and resumes from (absolute, on the coordinator's host: the
+// coordinator checks them before the job takes its workers).
+absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const TrainingSetup& setup,
+                                       const math::OptimizerConfig& optimizer,
+                                       schedule::ScheduleKind kind, const std::string& save_dir) {
+  const TrainingOptions& t = o.training;
+  v1::JobSpec job_spec;
+  *job_spec.mutable_model() = setup.spec;
+  *job_spec.mutable_optimizer() = model::OptimizerToProto(optimizer);
+  job_spec.set_schedule(std::string(schedule::ScheduleKindName(kind)));
+  job_spec.set_stages(o.stages);
+  job_spec.set_microbatches(static_cast<int32_t>(t.microbatches));
+  job_spec.set_virtual_stages(o.virtual_stages);
+  job_spec.set_seed(t.seed);
+  job_spec.set_threads(t.threads);
+  job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
+  job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
+  job_spec.set_min_stages(o.min_stages);
+  job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
+  if (!save_dir.empty()) {
+    job_spec.set_save_to(save_dir);
+    job_spec.set_keep_checkpoints(t.keep_checkpoints);
+  }
+  if (!t.resume_dir.empty()) {
+    // On loopback the checkpoint is on this host too: its optimizer kind (which decides the state
+    // tensors) must be this run's. Elsewhere the coordinator's host has it.
+    if (net::IsLoopbackAddress(o.coordinator)) {
+      absl::StatusOr<model::CheckpointManifest> resumed =
+          model::ReadCheckpointManifest(t.resume_dir);
+      // An unreadable manifest is the coordinator's to report, with the rest of its checks.
+      if (resumed.ok()) {
+        PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(t.resume_dir, *resumed, optimizer));
+      }
+    }
+    std::error_code ec;
+    job_spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--resume ", t.resume_dir, ": ", ec.message()));
+    }
+  }
+  return job_spec;
+}
+
 }  // namespace
 
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
@@ -162,11 +239,9 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   const TrainingOptions& t = o.training;
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(t));
-  // --save is a directory on the coordinator's host: checkable here only when that is this host.
+  // --save is a directory on the coordinator's host, which checks it when it creates the job.
   std::string save_dir;
   if (!t.save_dir.empty()) {
-    // On loopback, the coordinator and its workers share this process's file system.
-    if (net::IsLoopbackAddress(o.coordinator)) PT_RETURN_IF_ERROR(CheckSaveDirectory(t));
     std::error_code ec;
     save_dir = std::filesystem::absolute(t.save_dir, ec).string();
     if (ec) {
@@ -182,41 +257,11 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
 
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                       client::Client::Connect(o.coordinator, o.client));
-  v1::JobSpec job_spec;
-  *job_spec.mutable_model() = spec;
-  *job_spec.mutable_optimizer() = model::OptimizerToProto(optimizer);
-  job_spec.set_schedule(std::string(schedule::ScheduleKindName(kind)));
-  job_spec.set_stages(o.stages);
-  job_spec.set_microbatches(static_cast<int32_t>(t.microbatches));
-  job_spec.set_virtual_stages(o.virtual_stages);
-  job_spec.set_seed(t.seed);
-  job_spec.set_threads(t.threads);
-  job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
-  job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
-  job_spec.set_min_stages(o.min_stages);
-  job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
-  if (!t.resume_dir.empty()) {
-    // On loopback the checkpoint is on this host too: its optimizer kind (which decides the state
-    // tensors) must be this run's. Elsewhere the coordinator's host has it.
-    if (net::IsLoopbackAddress(o.coordinator)) {
-      absl::StatusOr<model::CheckpointManifest> resumed =
-          model::ReadCheckpointManifest(t.resume_dir);
-      // An unreadable manifest is the coordinator's to report, with the rest of its checks.
-      if (resumed.ok()) {
-        PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(t.resume_dir, *resumed, optimizer));
-      }
-    }
-    // Like --save, a directory on the coordinator's host, which verifies and loads it.
-    std::error_code ec;
-    job_spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
-    if (ec) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--resume ", t.resume_dir, ": ", ec.message()));
-    }
-  }
+  PT_ASSIGN_OR_RETURN(v1::JobSpec job_spec, JobSpecFor(o, setup, optimizer, kind, save_dir));
   PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->CreateJob(job_spec));
   // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on an
-  // error or an interrupt, so that its workers are freed at once.
+  // error or an interrupt, so that its workers are freed at once — but for a failed checkpoint,
+  // which leaves the job and its weights for a retry of the save (SaveFailed).
   client::ScopedJob scoped(client.get(), job.job());
   // The data stream continues where the checkpoint's left off, as `reference --resume` does.
   io::DataCursor cursor;
@@ -368,8 +413,10 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     if (checkpoint) {
       progress.Clear();
       absl::StatusOr<bool> saved =
-          SaveThroughCoordinator(*session, save_dir, t, setup, optimizer, sampler.cursor(), out);
-      if (!saved.ok()) return AbandonJob(scoped, saved.status(), o.client.cleanup_timeout);
+          SaveThroughCoordinator(*session, save_dir, t, sampler.cursor(), out);
+      if (!saved.ok()) {
+        return SaveFailed(saved.status(), *client, *session, o, job.job(), save_dir);
+      }
       checkpoint_visible = *saved;
       progress.Redraw();
     }

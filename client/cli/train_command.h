@@ -43,6 +43,9 @@ struct TrainCommandOptions {
   // --reconnect-timeout: how long the run waits for a coordinator that went away to answer again
   // (client::TrainOptions::reconnect_timeout), > 0. Default 1 min.
   absl::Duration reconnect_timeout = absl::Minutes(1);
+  // The coordinator stops when the run ends (`local` started it): a job whose save failed then
+  // has no coordinator to keep it for a retry, and the error says so instead of how to retry.
+  bool own_coordinator = false;
   // Keepalive and deadlines of the connection to the coordinator: the SDK's defaults, so a
   // coordinator that stops answering is noticed within about 10 s; the run then waits up to
   // reconnect_timeout for it to answer again (a frozen or restarting coordinator that comes back
@@ -52,8 +55,7 @@ struct TrainCommandOptions {
 };
 
 // OK if the options are usable (everything but the coordinator address, which `local` fills in);
-// INVALID_ARGUMENT naming the flag otherwise, UNIMPLEMENTED for --resume (the service cannot load
-// a checkpoint into its workers yet) and INVALID_ARGUMENT for --eval-samples without --save (the
+// INVALID_ARGUMENT naming the flag otherwise, also for --eval-samples without --save (the
 // evaluation reads the final checkpoint) or --trace-steps without --trace.
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
 
@@ -63,19 +65,22 @@ using InterruptFn = std::function<bool()>;
 // Trains as `options` says on the coordinator at `options.coordinator`, writing progress to `out`
 // (JSON lines `{"step", "loss", "step_ms", "bubble_fraction", "predicted_bubble_fraction"}` with
 // --json, loss with 9 significant digits). With --save, the coordinator's Checkpoint writes into
-// that directory on the coordinator's and workers' file system every --checkpoint-every steps and
-// at the end, and, where the directory is visible here too, the manifest is completed with the
-// data set fields; with --eval-samples the final checkpoint is then evaluated as `pipetrain
-// evaluate` does (FAILED_PRECONDITION if it is not visible here). A loopback coordinator shares
-// this file system, so --save is then checked writable before the first step
-// (FAILED_PRECONDITION). --trace-steps outside the steps the run makes (known once the job exists:
-// it may resume) is INVALID_ARGUMENT before the first step. Returns the first error (bad options,
-// data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true. Each line
-// is flushed as it is written (stdout may be a pipe). While the job recovers, or the coordinator
-// cannot be reached, it prints what failed and what it waits for, then the recovery (the step the
-// job restarted from, the workers, the time); a run that fails after its job was created cancels
-// the job, and its error says so when the coordinator could not be told (the job then ends by the
-// coordinator's client lease).
+// that directory on the coordinator's host every --checkpoint-every steps and at the end, its
+// manifest with this run's data set, batch size and data cursor; with --eval-samples the final
+// checkpoint is then evaluated as `pipetrain evaluate` does (FAILED_PRECONDITION if it is not
+// visible here). The coordinator checks --save and --resume when it creates the job, before the
+// first step (JobSpec.save_to, resume_from: PERMISSION_DENIED outside its --checkpoint-root,
+// FAILED_PRECONDITION for a directory another job writes or a save could not replace). A save
+// that fails all the same leaves the job running with its weights: the error says how to save
+// them (`pipetrain checkpoint JOB --save DIR`). --trace-steps outside the steps the run makes
+// (known once the job exists: it may resume) is INVALID_ARGUMENT before the first step. Returns
+// the first error (bad options, data, model, the coordinator's statuses); CANCELLED if
+// `interrupted` returned true. Each line is flushed as it is written (stdout may be a pipe).
+// While the job recovers, or the coordinator cannot be reached, it prints what failed and what
+// it waits for, then the recovery (the step the job restarted from, the workers, the time); a
+// run that fails after its job was created (other than by its save) cancels the job, and its
+// error says so when the coordinator could not be told (the job then ends by the coordinator's
+// client lease).
 absl::Status RunTrainCommand(const TrainCommandOptions& options, std::ostream& out,
                              const InterruptFn& interrupted = nullptr);
 

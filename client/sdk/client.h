@@ -27,12 +27,16 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
 #include "common/net/transport_security.h"
@@ -190,11 +194,14 @@ class TrainSession {
   // returns its final status (OK after successful steps; the last error if the last Receive
   // failed and no batch was sent since). Idempotent; Send fails afterwards.
   absl::Status Finish();
-  // Client::Checkpoint of the job between two steps (the stream stays open): `directory` and
-  // `keep` as there. With replay on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE)
-  // is retried after the replay, as Receive retries a step; a completed one drops the kept batches
-  // of the steps before it (CheckpointDone). FAILED_PRECONDITION while batches are unanswered.
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& directory, int keep = 1);
+  // Client::Checkpoint of the job between two steps (the stream stays open): `directory`, `keep`
+  // and `position` as there. With replay on, a checkpoint interrupted by a recovery (ABORTED,
+  // UNAVAILABLE) is retried after the replay, as Receive retries a step; a completed one drops the
+  // kept batches of the steps before it (CheckpointDone). FAILED_PRECONDITION while batches are
+  // unanswered.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(
+      const std::string& directory, int keep = 1,
+      const std::optional<v1::DataPosition>& position = std::nullopt);
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
   // After another call on the job failed with `why`: if replay is on and `why` is ABORTED or
@@ -298,9 +305,15 @@ class Client {
   // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
   // long_call_timeout.
   // `keep` (>= 1): checkpoints of `directory` kept, the newest in it and earlier ones beside it
-  // (CheckpointRequest.keep).
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
-                                                    const std::string& directory, int keep = 1);
+  // (CheckpointRequest.keep). `position`: the client's data set and next batch, for the manifest
+  // (CheckpointRequest.data_position). A failed Checkpoint is remembered (failed_checkpoint) until
+  // one of the job succeeds or the job is finished or cancelled through this Client.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(
+      const std::string& job, const std::string& directory, int keep = 1,
+      const std::optional<v1::DataPosition>& position = std::nullopt);
+  // The directory of `job`'s last Checkpoint through this Client if it failed (its weights are
+  // unsaved: ScopedJob then leaves the job running, for a retry); nullopt otherwise. Thread-safe.
+  std::optional<std::string> failed_checkpoint(const std::string& job) const;
 
  private:
   friend class TrainSession;
@@ -326,12 +339,20 @@ class Client {
   const std::string target_;
   const ClientOptions options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // Guards failed_checkpoints_.
+  mutable absl::Mutex mu_;
+  // By job: the directory of its last Checkpoint, which failed.
+  std::map<std::string, std::string> failed_checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 // Ends a job when it goes out of scope, so that a client that stops early (an error, Ctrl-C)
 // never leaves workers held until the coordinator's client lease runs out: CancelJob with the
-// cancel reason and the client's cleanup_timeout unless Finish() or Cancel() ended it first. Not
-// thread-safe; `client` must outlive it.
+// cancel reason and the client's cleanup_timeout unless Finish() or Cancel() ended it first —
+// or the job's last Checkpoint through `client` failed (Client::failed_checkpoint): the job then
+// keeps its weights for a retry of the save (`pipetrain checkpoint JOB --save DIR`, or
+// Client::Checkpoint) until that client or `pipetrain cancel` ends it, or the coordinator's
+// client lease does (no call naming the job for --client-lease, 5 min by default). The Python
+// client's Job does the same. Not thread-safe; `client` must outlive it.
 class ScopedJob {
  public:
   ScopedJob(Client* client, std::string job) : client_(client), job_(std::move(job)) {}

@@ -322,6 +322,11 @@ class CoordinatorCore {
   // The verified checkpoint `spec` resumes from, if any (confined, checksummed, same model/seed).
   absl::StatusOr<std::optional<model::CheckpointManifest>> VerifyResume(
       v1::JobSpec& spec, const model::Model& net) const;
+  // `spec.save_to`, if set, checked as a Checkpoint into it by a job of `owner` would be
+  // (SaveTarget, CheckSoleWriter, then model::CheckCheckpointDestination on this file system)
+  // and replaced by its confined path.
+  absl::Status VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A new job on S idle workers (under the lock); returns its id and the workers' speeds.
   absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
@@ -351,6 +356,22 @@ class CoordinatorCore {
   // ---- checkpoint_operation.cc
   // `path` (a client's checkpoint directory, named by `what`) confined to the checkpoint root.
   absl::StatusOr<std::string> CheckpointPath(const std::string& path, absl::string_view what) const;
+  // CheckpointPath, and `keep` checkpoints of it can be kept under the root (INVALID_ARGUMENT).
+  absl::StatusOr<std::string> SaveTarget(const std::string& path, int keep,
+                                         absl::string_view what) const;
+  // OK unless a job that has not ended, other than `self` (null: none), holds a directory that a
+  // save into `path` (confined) would touch (Job::checkpoint_dir): FAILED_PRECONDITION naming
+  // the job, or "another client's job" if `caller` may not see it; `what` names `path`.
+  absl::Status CheckSoleWriter(const Job* self, const std::string& path, absl::string_view what,
+                               const std::string& caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The start of a Checkpoint into `directory` (confined): the job READY, its data position kept,
+  // the directory its own (CheckSoleWriter), its last Commit confirmed; returns the job with its
+  // model and the manifest so far in `*net` and `*manifest`.
+  absl::StatusOr<Job*> StartCheckpoint(const v1::CheckpointRequest& request,
+                                       const std::string& directory,
+                                       std::shared_ptr<const model::Model>* net,
+                                       model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Job thread: writes the checkpoint `manifest` describes into `directory` (StageCheckpoint),
   // its staging directory recorded in the staging ledger while it may exist.
   absl::Status RecordedCheckpoint(Job& job, const std::string& directory, int keep,

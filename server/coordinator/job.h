@@ -116,6 +116,14 @@ struct Job {
   std::string restore_dir ABSL_GUARDED_BY(mu);
   std::optional<model::CheckpointManifest> restore ABSL_GUARDED_BY(mu);
   std::string checkpoint_staging ABSL_GUARDED_BY(mu);
+  // The directory of its last Checkpoint request (in progress, written, or failed: a retry writes
+  // it there). With spec.save_to, the directories it holds until it ends: no other job may write
+  // them (one writer per checkpoint directory).
+  std::string checkpoint_dir ABSL_GUARDED_BY(mu);
+  // The client's data position (CheckpointRequest.data_position) at step data_position_step:
+  // written into the manifest of every checkpoint of that step, a retry's too.
+  std::optional<v1::DataPosition> data_position ABSL_GUARDED_BY(mu);
+  int64_t data_position_step ABSL_GUARDED_BY(mu) = -1;
 
   // Recoveries so far, and the one in progress (state RECOVERING).
   std::vector<v1::RecoveryEvent> recoveries ABSL_GUARDED_BY(mu);

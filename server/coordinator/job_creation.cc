@@ -47,6 +47,26 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
   return std::optional<model::CheckpointManifest>(std::move(manifest));
 }
 
+absl::Status CoordinatorCore::VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const {
+  if (spec.save_to().empty()) return absl::OkStatus();
+  if (spec.keep_checkpoints() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
+  }
+  PT_ASSIGN_OR_RETURN(const std::string confined,
+                      SaveTarget(spec.save_to(), spec.keep_checkpoints(), "save_to"));
+  {
+    // Another job's directory is refused before this request touches the file system there
+    // (AdmitJob checks again as it takes the workers).
+    absl::MutexLock lock(&mu_);
+    PT_RETURN_IF_ERROR(CheckSoleWriter(nullptr, confined, "save_to", owner));
+  }
+  // The save at the end must not be where the run is lost: what would refuse it is refused now.
+  PT_RETURN_IF_ERROR(util::Annotate(model::CheckCheckpointDestination(confined), "save_to"));
+  spec.set_save_to(confined);
+  return absl::OkStatus();
+}
+
 void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& owner,
                                const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
   v1::JobSpec spec = request;
@@ -55,10 +75,17 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
   absl::StatusOr<std::optional<model::CheckpointManifest>> resume =
       VerifyResume(spec, *checked->model);
   if (!resume.ok()) return done(resume.status());
+  if (absl::Status save = VerifySaveTo(spec, owner); !save.ok()) return done(save);
   Job* job = nullptr;
   std::vector<double> speeds;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status sole = spec.save_to().empty()
+                                ? absl::OkStatus()
+                                : CheckSoleWriter(nullptr, spec.save_to(), "save_to", owner);
+        !sole.ok()) {
+      return done(sole);
+    }
     absl::StatusOr<Job*> taken = TakeWorkersForJob(spec, *checked, *std::move(resume));
     if (!taken.ok()) return done(taken.status());
     job = *taken;

@@ -320,6 +320,8 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
         model::ReadCheckpointManifest(record.resume_dir());
     if (resumed.ok()) j.resume = *std::move(resumed);
   }
+  // A checkpoint it wrote stays its own (one writer per directory).
+  if (j.restore_dir != j.resume_dir) j.checkpoint_dir = j.restore_dir;
   // No layout yet (Recover partitions for the workers that register): every rank is lost.
   j.workers.assign(j.spec.stages(), "");
   if (journal_ != nullptr) journal_->Track(j.id);

@@ -78,6 +78,8 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
         {"cancel", with({"--coordinator", "--json", "--reason"}, security)},
+        {"checkpoint",
+         with(with({"--coordinator", "--json"}, security), {"--save", "--keep-checkpoints"})},
     };
   }();
   return *flags;
@@ -158,6 +160,8 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
        "--reason not used by `pipetrain status`"},
       {"cancel job-1 --coordinator 127.0.0.1:1 --model ''",
        "--model not used by `pipetrain cancel`"},
+      {"checkpoint job-1 --coordinator 127.0.0.1:1 --save /tmp/x --steps 100",
+       "--steps not used by `pipetrain checkpoint`"},
   };
   std::set<std::string> covered;
   for (const auto& [args, message] : cases) {

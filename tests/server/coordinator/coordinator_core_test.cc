@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,7 @@ using ::testing::ElementsAre;
 using testing::FakeFeedLinks;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using CoordinatorCoreTest = testing::CoreTest;
 using testing::MakeBatch;
@@ -521,6 +523,156 @@ TEST_F(CoordinatorLeaseCoreTest, ARecoveringJobsLeaseStartsAgainWhenItIsReady) {
   EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_READY);
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_CANCELLED);
+}
+
+// ---------------------------------------------------------------- where a job saves
+
+// A Checkpoint of `request` on its job's thread, as the service runs it.
+absl::StatusOr<v1::CheckpointResponse> RunCheckpoint(CoordinatorCore* core,
+                                                     const v1::CheckpointRequest& request) {
+  absl::Notification done;
+  absl::StatusOr<v1::CheckpointResponse> result = absl::UnknownError("not run");
+  const absl::Status posted = core->PostToJob(request.job(), [&] {
+    result = core->Checkpoint(request);
+    done.Notify();
+  });
+  if (!posted.ok()) return posted;
+  done.WaitForNotification();
+  return result;
+}
+
+// JobSpec.save_to is checked when the job is created, as a Checkpoint into it would be, before
+// any worker hears of the job: a run is refused before it trains, never when it saves.
+TEST_F(CoordinatorCoreTest, ASaveDirectoryIsCheckedWhenTheJobIsCreated) {
+  AddWorkers(2);
+  v1::JobSpec spec = MakeSpec(2, 2);
+  spec.set_save_to("/etc/ck");
+  absl::StatusOr<v1::JobStatus> job = CreateJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kPermissionDenied) << job.status();
+  EXPECT_THAT(job.status().message(),
+              HasSubstr(absl::StrCat("save_to: '/etc/ck' is outside the checkpoint root ")));
+  EXPECT_THAT(job.status().message(), HasSubstr(std::filesystem::canonical(root_).string()));
+  spec.set_save_to(root_);  // earlier checkpoints would go beside the root, outside it.
+  spec.set_keep_checkpoints(2);
+  EXPECT_EQ(CreateJob(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::create_directories(root_ + "/busy");
+  std::ofstream(root_ + "/busy/notes.txt") << "mine";
+  spec.set_save_to(root_ + "/busy");  // a save would delete notes.txt.
+  job = CreateJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr("notes.txt"));
+  spec.set_save_to(std::string("/etc/ck\0x", 9));  // the system calls would use "/etc/ck".
+  EXPECT_EQ(CreateJob(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const auto& w : workers_) EXPECT_THAT(w->Received(), ::testing::IsEmpty());
+  EXPECT_THAT(core_->ListJobs(), ::testing::IsEmpty());
+  // A relative path is under the root; the job runs with the confined path.
+  spec.set_save_to("runs/ck");
+  job = CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().save_to(), root_ + "/runs/ck");
+  EXPECT_EQ(job->spec().keep_checkpoints(), 2);
+}
+
+// One job writes a checkpoint directory at a time: the one it declared (save_to) and the one it
+// last checkpointed into are its own until it ends; a CreateJob or Checkpoint naming them, a
+// directory inside them, one they lie in or their kept checkpoints is refused, naming the job
+// (unless the caller may not see it).
+TEST_F(CoordinatorCoreTest, OneJobWritesACheckpointDirectoryAtATime) {
+  AddWorkers(3);
+  const std::string d = root_ + "/d";
+  v1::JobSpec spec = MakeSpec(1, 2);
+  spec.set_save_to(d);
+  absl::StatusOr<v1::JobStatus> a = CreateJob(spec, "alice");
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {d, "is written by job " + a->job() + " (its save_to)"},
+      {d + "/x", "lies inside '" + d + "', written by job " + a->job()},
+      {root_, "holds '" + d + "'"},
+      {d + ".step-000000000003", "is a kept checkpoint or staging directory of '" + d + "'"}};
+  for (const auto& [path, words] : refused) {
+    SCOPED_TRACE(path);
+    spec.set_save_to(path);
+    const absl::Status second = CreateJob(spec, "alice").status();
+    EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+    EXPECT_THAT(std::string(second.message()), HasSubstr(words));
+    EXPECT_THAT(std::string(second.message()),
+                HasSubstr("one job writes a checkpoint directory at a time"));
+  }
+  spec.set_save_to(d);
+  const absl::Status hidden = CreateJob(spec, "bob").status();
+  EXPECT_THAT(std::string(hidden.message()), HasSubstr("written by another client's job"));
+  EXPECT_THAT(std::string(hidden.message()), Not(HasSubstr(a->job())));
+
+  spec.set_save_to(root_ + "/e");
+  absl::StatusOr<v1::JobStatus> b = CreateJob(spec, "alice");
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(Step(MakeBatch(b->job(), 4)).ok());
+  const absl::Status into_a = Checkpoint(b->job(), d + "/x").status();
+  EXPECT_EQ(into_a.code(), absl::StatusCode::kFailedPrecondition) << into_a;
+  EXPECT_THAT(std::string(into_a.message()), HasSubstr("written by job " + a->job()));
+  // A directory a job checkpointed into without declaring it is its own too.
+  ASSERT_TRUE(Checkpoint(b->job(), root_ + "/f").ok());
+  spec.set_save_to(root_ + "/f");
+  const absl::Status into_b = CreateJob(spec, "alice").status();
+  EXPECT_THAT(std::string(into_b.message()),
+              HasSubstr("written by job " + b->job() + " (its last checkpoint)"));
+  ASSERT_TRUE(Step(MakeBatch(a->job(), 4)).ok());
+  EXPECT_TRUE(Checkpoint(a->job(), d).ok());
+  // Once the job ended, its directories are free.
+  ASSERT_TRUE(core_->CancelJob(a->job(), "done").ok());
+  absl::StatusOr<v1::CheckpointResponse> taken = Checkpoint(b->job(), d);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->step(), 1);
+}
+
+// The client's data position goes into the manifest, and stays with the job for that step: a
+// retry of a failed save without one (`pipetrain checkpoint`) writes it too; a later step's
+// checkpoint does not.
+TEST_F(CoordinatorCoreTest, ACheckpointKeepsTheClientsDataPositionForARetry) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Step(MakeBatch(job->job(), 4)).ok());
+  v1::CheckpointRequest request;
+  request.set_job(job->job());
+  request.set_directory(root_ + "/gone/ck");
+  request.mutable_data_position()->set_data("digits");
+  request.mutable_data_position()->set_batch_size(16);
+  request.mutable_data_position()->set_cursor_epoch(2);
+  request.mutable_data_position()->set_cursor_batch(-1);
+  absl::StatusOr<v1::CheckpointResponse> saved = RunCheckpoint(core_.get(), request);
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument) << saved.status();
+  EXPECT_THAT(saved.status().message(), HasSubstr("data_position.cursor_batch"));
+  request.mutable_data_position()->set_cursor_batch(5);
+  std::ofstream(root_ + "/gone") << "not a directory";
+  saved = RunCheckpoint(core_.get(), request);
+  EXPECT_FALSE(saved.ok());
+  absl::StatusOr<v1::JobStatus> status = core_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);  // the weights are still there.
+
+  std::filesystem::remove(root_ + "/gone");
+  request.clear_data_position();
+  saved = RunCheckpoint(core_.get(), request);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->data_position().data(), "digits");
+  absl::StatusOr<model::CheckpointManifest> manifest = model::VerifyCheckpoint(root_ + "/gone/ck");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step, 1);
+  EXPECT_EQ(manifest->data, "digits");
+  EXPECT_EQ(manifest->batch_size, 16);
+  EXPECT_EQ(manifest->data_cursor.epoch, 2);
+  EXPECT_EQ(manifest->data_cursor.batch, 5);
+
+  ASSERT_TRUE(Step(MakeBatch(job->job(), 4)).ok());
+  saved = RunCheckpoint(core_.get(), request);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_FALSE(saved->has_data_position());
+  manifest = model::VerifyCheckpoint(root_ + "/gone/ck");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step, 2);
+  EXPECT_EQ(manifest->data, "");
+  EXPECT_EQ(manifest->batch_size, 0);
 }
 
 }  // namespace
