@@ -118,6 +118,12 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     job->mu.AssertHeld();
     job->restore_dir = directory;  // the newest state a recovery restarts from.
     job->restore = manifest;
+    if (!IsTerminal(job->state)) {  // `ended` stays the last event.
+      v1::JobEvent written;
+      written.mutable_checkpoint()->set_step(manifest.step);
+      written.mutable_checkpoint()->set_directory(directory);
+      RecordEvent(*job, std::move(written));
+    }
   }
   JournalJob(request.job());
   v1::CheckpointResponse response;

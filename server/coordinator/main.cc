@@ -54,6 +54,9 @@ ABSL_FLAG(absl::Duration, client_lease, absl::Minutes(5),
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
           "keep ended jobs listed (ListJobs/GetJob) this long");
 ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs listed");
+ABSL_FLAG(int32_t, job_events, 256,
+          "events of each job kept for `pipetrain watch` (WatchJob): its recent history; a slower "
+          "watcher skips older ones");
 ABSL_FLAG(absl::Duration, step_deadline_floor, absl::Seconds(60),
           "a step's workers must all answer within max(this, --step-deadline-factor x the plan's "
           "predicted step time)");
@@ -188,6 +191,7 @@ absl::StatusOr<DaemonConfig> Config() {
   c.core.client_lease = absl::GetFlag(FLAGS_client_lease);
   c.core.job_retention = absl::GetFlag(FLAGS_job_retention);
   c.core.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
+  c.core.job_events = absl::GetFlag(FLAGS_job_events);
   c.core.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   c.core.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
   c.core.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
