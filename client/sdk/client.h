@@ -96,6 +96,7 @@ struct BatchView {
 v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch);
 
 class Client;
+class JobWatch;
 
 // How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover) or a
 // coordinator restart (a coordinator with --state-dir). The Python client's Job does the same
@@ -298,9 +299,16 @@ class Client {
   // (CheckpointRequest.keep).
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
                                                     const std::string& directory, int keep = 1);
+  // Follows job `job` (client/sdk/job_watch.h): its status, the events its log keeps after number
+  // `after_sequence` (0: all it keeps), then each event until the job ended. No deadline (a job
+  // may run for days): keepalive notices a coordinator that stops answering. Does not keep the
+  // job alive. The stream's errors come from JobWatch::Next.
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job,
+                                                     int64_t after_sequence = 0) const;
 
  private:
   friend class TrainSession;
+  friend class JobWatch;
   Client(std::string target, const ClientOptions& options,
          std::unique_ptr<v1::Coordinator::Stub> stub)
       : target_(std::move(target)), options_(options), stub_(std::move(stub)) {}
