@@ -154,7 +154,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
   job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   job_spec.set_min_stages(o.min_stages);
-  job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
+  job_spec.set_isa(t.isa);              // empty: the highest level every worker runs.
+  job_spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
   if (!t.resume_dir.empty()) {
     // On loopback the checkpoint is on this host too: its optimizer kind (which decides the state
     // tensors) must be this run's. Elsewhere the coordinator's host has it.
