@@ -65,18 +65,16 @@ ABSL_FLAG(absl::Duration, peer_keepalive, absl::Seconds(5),
           "not answer within max(this, 10s) is closed, so a stopped or cut-off worker is "
           "noticed as lost (its job recovers)");
 ABSL_FLAG(std::string, checkpoint_root, "",
-          "checkpoint and resume directories that clients name must lie under this directory; "
-          "empty: this coordinator keeps no checkpoints");
+          "checkpoint and resume directories that clients name must lie under this directory");
 ABSL_FLAG(std::string, state_dir, "",
           "keep a durable journal of the unfinished jobs here; a coordinator restarted on the "
-          "same directory continues them from their last checkpoint (docs/recovery.md); empty: "
-          "jobs do not survive a restart");
+          "same directory continues them from their last checkpoint (docs/recovery.md)");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info",
           "least severe log lines written: debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
+          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the coordinator (mTLS on every hop)");
@@ -324,7 +322,10 @@ std::optional<int> ParseCommandLine(int argc, char** argv) {
       "steps; serves pipetrain.v1.Coordinator, health and reflection",
       {},
       pipetrain::ProgramFlags(),
-      ""};
+      "",
+      // What the flags' own defaults ("") stand for.
+      {{"checkpoint_root", "none: this coordinator keeps no checkpoints"},
+       {"state_dir", "none: jobs do not survive a restart"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return exit_code;
