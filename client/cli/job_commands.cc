@@ -1,5 +1,6 @@
 #include "client/cli/job_commands.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <system_error>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/progress.h"
 #include "client/sdk/client.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -22,6 +24,20 @@ std::string StateName(v1::JobState state) {
   if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return name;
+}
+
+// The ETA of `job`'s progress: "0:07"; "unknown" for a live job whose client did not say how many
+// steps it runs (JobSpec.planned_steps) or that has no pace yet; "-" once it ended.
+std::string EtaText(const v1::JobStatus& job) {
+  if (job.ended_unix_ms() > 0) return "-";
+  if (!job.progress().has_eta_seconds()) return "unknown";
+  return FormatClock(absl::Seconds(job.progress().eta_seconds()));
+}
+
+// Steps done, "/target" when the target is known: "30/100".
+std::string StepsText(const v1::JobStatus& job) {
+  const int64_t target = job.progress().target_step();
+  return target > 0 ? absl::StrCat(job.steps_done(), "/", target) : absl::StrCat(job.steps_done());
 }
 
 // Whole seconds, minutes or hours since `unix_ms`: "42s", "7m", "3h".
@@ -83,6 +99,15 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
                          job.generation(), Age(job.created_unix_ms(), now));
   if (job.ended_unix_ms() > 0) out << ", ended " << Age(job.ended_unix_ms(), now) << " ago";
   out << (job.client_attached() ? ", a client is training it" : "") << "\n";
+  const v1::JobProgress& p = job.progress();
+  if (p.step() > 0) {
+    out << absl::StrFormat("  step %d: loss %.6f, %.0f samples/s, step %.1f ms; ETA %s\n", p.step(),
+                           p.loss(), p.samples_per_second(), p.step_ms(), EtaText(job));
+  }
+  if (p.target_step() > 0) {
+    out << absl::StrFormat("  target step %d (%d to go)\n", p.target_step(),
+                           std::max<int64_t>(0, p.target_step() - job.steps_done()));
+  }
   const v1::JobSpec& s = job.spec();
   out << absl::StrFormat(
       "  %d stages x %d virtual, schedule %s, %d micro-batches, seed %d, %d threads, imbalance "
@@ -97,6 +122,19 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
     out << absl::StrFormat("  rank %d  %-16s %-22s layers %s\n", st.rank(), st.worker(),
                            st.address(), absl::StrJoin(layers, " "));
   }
+}
+
+// The "progress" object of a job's JSON: nulls where there is no figure yet (no step, no target,
+// no ETA).
+nlohmann::ordered_json ProgressJson(const v1::JobProgress& p) {
+  const nlohmann::ordered_json none;
+  return {
+      {"step", p.step()},
+      {"loss", p.step() > 0 ? nlohmann::ordered_json(p.loss()) : none},
+      {"samples_per_second", p.step() > 0 ? nlohmann::ordered_json(p.samples_per_second()) : none},
+      {"step_ms", p.step() > 0 ? nlohmann::ordered_json(p.step_ms()) : none},
+      {"target_step", p.target_step() > 0 ? nlohmann::ordered_json(p.target_step()) : none},
+      {"eta_s", p.has_eta_seconds() ? nlohmann::ordered_json(p.eta_seconds()) : none}};
 }
 
 }  // namespace
@@ -123,6 +161,7 @@ std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
       {"age_s", absl::ToInt64Seconds(now - absl::FromUnixMillis(job.created_unix_ms()))},
       {"client_attached", job.client_attached()},
       {"workers", stages},
+      {"progress", ProgressJson(job.progress())},
   };
   return j.dump();
 }
@@ -139,12 +178,18 @@ absl::Status RunJobsCommand(const JobCommandOptions& o, std::ostream& out) {
     out << "no jobs\n";
     return absl::OkStatus();
   }
-  out << absl::StrFormat("%-22s %-10s %7s %6s %-11s %5s  %s\n", "JOB", "STATE", "STEPS", "STAGES",
-                         "SCHEDULE", "AGE", "REASON");
+  constexpr char kRow[] = "%-22s %-10s %13s %6s %-11s %5s %10s %9s %8s %8s  %s\n";
+  out << absl::StrFormat(kRow, "JOB", "STATE", "STEPS", "STAGES", "SCHEDULE", "AGE", "LOSS",
+                         "SAMPLES/S", "STEP_MS", "ETA", "REASON");
   for (const v1::JobStatus& job : jobs) {
-    out << absl::StrFormat("%-22s %-10s %7d %6d %-11s %5s  %s\n", job.job(), StateName(job.state()),
-                           job.steps_done(), job.spec().stages(), job.spec().schedule(),
-                           Age(job.created_unix_ms(), now), job.reason());
+    const v1::JobProgress& p = job.progress();
+    const bool stepped = p.step() > 0;
+    out << absl::StrFormat(
+        kRow, job.job(), StateName(job.state()), StepsText(job), absl::StrCat(job.spec().stages()),
+        job.spec().schedule(), Age(job.created_unix_ms(), now),
+        stepped ? absl::StrFormat("%.6f", p.loss()) : "-",
+        stepped ? absl::StrFormat("%.0f", p.samples_per_second()) : "-",
+        stepped ? absl::StrFormat("%.1f", p.step_ms()) : "-", EtaText(job), job.reason());
   }
   return absl::OkStatus();
 }

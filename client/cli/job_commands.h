@@ -27,11 +27,13 @@ struct JobCommandOptions {
 };
 
 // `jobs`: one line per job the coordinator knows (ended ones for its retention period), oldest
-// first: id, state, steps done, stages, schedule, age and the reason of an ended job.
+// first: id, state, steps done (of the target step, when its client said how many it runs),
+// stages, schedule, age, the last step's loss, samples/s and step time, the ETA ("unknown" without
+// a target, "-" once ended) and the reason of an ended job.
 absl::Status RunJobsCommand(const JobCommandOptions& options, std::ostream& out);
 
-// `status JOB`: the job's state, steps, spec and stages (worker, address, layers). NOT_FOUND for
-// an unknown job.
+// `status JOB`: the job's state, steps, progress (as `jobs`), spec and stages (worker, address,
+// layers). NOT_FOUND for an unknown job.
 absl::Status RunStatusCommand(const JobCommandOptions& options, std::ostream& out);
 
 // `cancel JOB`: cancels the job (a step in flight is aborted, its workers freed) and prints its

@@ -200,6 +200,7 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Train
   job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   job_spec.set_min_stages(o.min_stages);
   job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
+  job_spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
   if (!save_dir.empty()) {
     job_spec.set_save_to(save_dir);
     job_spec.set_keep_checkpoints(t.keep_checkpoints);

@@ -100,6 +100,7 @@ struct BatchView {
 v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch);
 
 class Client;
+class JobWatch;
 
 // How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover) or a
 // coordinator restart (a coordinator with --state-dir). The Python client's Job does the same
@@ -314,9 +315,16 @@ class Client {
   // The directory of `job`'s last Checkpoint through this Client if it failed (its weights are
   // unsaved: ScopedJob then leaves the job running, for a retry); nullopt otherwise. Thread-safe.
   std::optional<std::string> failed_checkpoint(const std::string& job) const;
+  // Follows job `job` (client/sdk/job_watch.h): its status, the events its log keeps after number
+  // `after_sequence` (0: all it keeps), then each event until the job ended. No deadline (a job
+  // may run for days): keepalive notices a coordinator that stops answering. Does not keep the
+  // job alive. The stream's errors come from JobWatch::Next.
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job,
+                                                     int64_t after_sequence = 0) const;
 
  private:
   friend class TrainSession;
+  friend class JobWatch;
   Client(std::string target, const ClientOptions& options,
          std::unique_ptr<v1::Coordinator::Stub> stub)
       : target_(std::move(target)), options_(options), stub_(std::move(stub)) {}

@@ -165,6 +165,12 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     if (!written.ok()) return written;
     job->restore_dir = directory;  // the newest state a recovery restarts from.
     job->restore = manifest;
+    if (!IsTerminal(job->state)) {  // `ended` stays the last event.
+      v1::JobEvent event;
+      event.mutable_checkpoint()->set_step(manifest.step);
+      event.mutable_checkpoint()->set_directory(directory);
+      RecordEvent(*job, std::move(event));
+    }
   }
   JournalJob(request.job());
   return ResponseOf(manifest, directory);

@@ -10,6 +10,7 @@
 #include "common/net/principal.h"
 #include "common/wire/grpc_status.h"
 #include "server/coordinator/train_reactor.h"
+#include "server/coordinator/watch_reactor.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -38,6 +39,11 @@ std::string CallerOf(grpc::CallbackServerContext* context) {
 grpc::ServerBidiReactor<v1::TrainRequest, v1::StepResult>* ClientService::Train(
     grpc::CallbackServerContext* context) {
   return new TrainReactor(core_, CallerOf(context));
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* ClientService::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(core_, *request, CallerOf(context));
 }
 
 grpc::ServerUnaryReactor* ClientService::CreateJob(grpc::CallbackServerContext* context,

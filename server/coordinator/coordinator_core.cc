@@ -57,6 +57,11 @@ absl::Status CoordinatorOptions::Check() const {
   if (housekeeping_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("housekeeping_interval must be > 0");
   }
+  if (job_events < 1 || max_watches_per_job < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--job-events and max_watches_per_job must be >= 1, got ", job_events, " and ",
+                     max_watches_per_job));
+  }
   if (job_limits.max_layers < 1 || job_limits.max_microbatches < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-layers and --max-microbatches must be >= 1, got ",
@@ -159,6 +164,10 @@ void CoordinatorCore::Shutdown() {
   for (const WorkerRecord* w : workers_.InOrder()) {
     w->channel->Close(absl::CancelledError("coordinator shutting down"));
   }
+  for (auto& [id, job] : jobs_) {
+    job->mu.AssertHeld();
+    job->events.CloseWatches(absl::CancelledError("coordinator shutting down"));
+  }
   event_cv_.SignalAll();
 }
 
@@ -214,6 +223,11 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
   job.reason = reason;
   job.ended = Now();
   job.lease_expiry = absl::InfiniteFuture();
+  v1::JobEvent ended;
+  ended.mutable_ended()->set_state(JobStateToProto(state));
+  ended.mutable_ended()->set_reason(reason);
+  ended.mutable_ended()->set_steps_done(job.steps_done);
+  RecordEvent(job, std::move(ended));
   if (job.ops != nullptr) {
     // The operation in flight (if any) sees the end and returns; then the links close and the
     // thread exits (joined by housekeeping once the job is pruned).
@@ -353,6 +367,8 @@ std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now
     job->mu.AssertHeld();
     if (i >= excess && now - job->ended < options_.job_retention) continue;
     if (job->ops != nullptr && !job->ops->Finished()) continue;
+    job->events.CloseWatches(absl::NotFoundError(
+        absl::StrCat("job '", job->id, "' was pruned (it ended longer ago than the retention)")));
     finished.push_back(std::move(job->ops));
     const std::string id = job->id;
     jobs_.erase(id);

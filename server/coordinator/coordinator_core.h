@@ -43,6 +43,7 @@
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
 #include "server/coordinator/job.h"
+#include "server/coordinator/job_event_log.h"
 #include "server/coordinator/job_journal.h"
 #include "server/coordinator/job_spec.h"
 #include "server/coordinator/op_thread.h"
@@ -107,6 +108,11 @@ struct CoordinatorOptions {
   absl::Duration housekeeping_interval = absl::Seconds(1);
   // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
   JobLimits job_limits;
+  // Events each job's log keeps for WatchJob (its recent history; a slower watcher skips the
+  // older ones), >= 1. Default 256.
+  int job_events = 256;
+  // Most WatchJob streams open on one job at a time (RESOURCE_EXHAUSTED beyond), >= 1. Default 64.
+  int max_watches_per_job = 64;
 
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;
@@ -227,6 +233,25 @@ class CoordinatorCore {
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const v1::CheckpointRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Watching a job (WatchJob; job_events.cc). Non-blocking, thread-safe; never a client call
+  // for the job's lease.
+  struct WatchStart {
+    int64_t watch = 0;     // the watch's id in its job.
+    v1::JobStatus status;  // the job as the watch began.
+  };
+  // Opens a watch of job `id` for `caller` (NOT_FOUND as GetJob; RESOURCE_EXHAUSTED beyond
+  // options().max_watches_per_job) that reads the events of the job's log after number `after`
+  // (JobEventLog::AddWatch). `watcher` must stay valid until CloseWatch returns or it heard
+  // OnWatchClosed; it hears OnJobEvent only after NextWatchEvent returned none.
+  absl::StatusOr<WatchStart> OpenWatch(const std::string& id, const std::string& caller,
+                                       int64_t after, JobWatcher* watcher) ABSL_LOCKS_EXCLUDED(mu_);
+  // The watch's next event (JobEventLog::Next), or none (then its watcher's OnJobEvent gets the
+  // next). NOT_FOUND once the watch or its job is gone.
+  absl::StatusOr<std::optional<v1::JobEvent>> NextWatchEvent(const std::string& id, int64_t watch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the watch: its watcher hears nothing after this returns. No-op for an unknown one.
+  void CloseWatch(const std::string& id, int64_t watch) ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Checkpoint transfer (PutState, FetchState). Non-blocking, thread-safe.
   // Where the first message of a PutState stream may store its files, or FAILED_PRECONDITION /
   // PERMISSION_DENIED / NOT_FOUND / ABORTED.
@@ -292,6 +317,18 @@ class CoordinatorCore {
   void RecordStepMetrics(const std::string& job, int64_t samples,
                          const v1::StepResult& result) const;
   void RecordStateMetrics() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- job_events.cc: each job's event log and pace.
+  // Appends `event` to the job's log (its watches waiting for one get it).
+  void RecordEvent(Job& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // A step committed: its figures into the job's pace and log.
+  void RecordStepCommitted(Job& job, int64_t samples, const v1::StepResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // The job is READY again after a recovery from `stages_before` stages: its log gets the
+  // recovery and the new layout, and its pace starts afresh.
+  void RecordRecovered(Job& job, int stages_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // JobStatus.progress of `job`.
+  v1::JobProgress ProgressOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
 
   // ---- membership.cc
   absl::Status RegisterWorker(WorkerChannel* channel, const v1::RegisterWorker& r,

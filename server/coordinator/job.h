@@ -21,6 +21,8 @@
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
+#include "server/coordinator/job_event_log.h"
+#include "server/coordinator/job_pace.h"
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
 
@@ -65,7 +67,9 @@ struct CommitBook {
 };
 
 struct Job {
-  Job(absl::Mutex& core_mu, std::string job_id) : mu(core_mu), id(std::move(job_id)) {}
+  // `event_capacity`: how many events its log keeps (CoordinatorOptions::job_events).
+  Job(absl::Mutex& core_mu, std::string job_id, size_t event_capacity = 256)
+      : mu(core_mu), id(std::move(job_id)), events(event_capacity) {}
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
@@ -135,6 +139,11 @@ struct Job {
 
   OperationBook op ABSL_GUARDED_BY(mu);
   CommitBook commit ABSL_GUARDED_BY(mu);
+
+  // Its recent history and the watches reading it (WatchJob), and its training pace
+  // (JobStatus.progress), both updated as steps commit.
+  JobEventLog events ABSL_GUARDED_BY(mu);
+  JobPace pace ABSL_GUARDED_BY(mu);
 
   // Runs the job's blocking operations one at a time (null only while it is being created).
   std::unique_ptr<OpThread> ops ABSL_GUARDED_BY(mu);

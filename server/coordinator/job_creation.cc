@@ -143,7 +143,8 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
                      resume->isa.empty() ? "(unrecorded)" : resume->isa, " and runs at ",
                      spec.isa(), ": its bits will differ from a run that stayed on one level"));
   }
-  auto owned = std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++));
+  auto owned =
+      std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++), options_.job_events);
   Job& job = *owned;
   job.mu.AssertHeld();
   for (int rank = 0; rank < S; ++rank) {

@@ -171,6 +171,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   *s.mutable_spec() = job.spec;
   s.set_client_attached(job.train_owner != nullptr);
   s.set_owner(job.owner);
+  *s.mutable_progress() = ProgressOf(job);
   for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
   if (job.resume.has_value()) {
     v1::ResumedFrom* r = s.mutable_resumed_from();

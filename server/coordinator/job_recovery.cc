@@ -48,6 +48,9 @@ void CoordinatorCore::BeginRecovery(Job& job, const std::string& name, int rank,
     job.recovering.set_rank(rank);
     job.recovering.set_cause(cause);
     job.recovering.set_steps_done(job.steps_done);
+    v1::JobEvent event;
+    *event.mutable_recovering() = job.recovering;
+    RecordEvent(job, std::move(event));
   }
   if (job.op.error.ok()) {
     job.op.error = absl::AbortedError(
@@ -101,6 +104,7 @@ void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
           absl::StrJoin(job.workers, ", ")),
       logging::LogLevel::kWarning);
   if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job.id);
+  RecordRecovered(job, stages_before);
 }
 
 std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& job, bool* shrink) {
@@ -274,7 +278,7 @@ void CoordinatorCore::RecordListenAddress(const std::string& address) {
 
 void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   if (jobs_.count(record.job()) != 0) return;
-  auto owned = std::make_unique<Job>(mu_, record.job());
+  auto owned = std::make_unique<Job>(mu_, record.job(), options_.job_events);
   Job& j = *owned;
   j.mu.AssertHeld();
   j.spec = record.spec();

@@ -82,6 +82,11 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
     return absl::InvalidArgumentError(
         absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
   }
+  // Step counts stay below 2^53, as in checkpoints (whose counters are JSON numbers).
+  if (spec->planned_steps() < 0 || spec->planned_steps() >= (int64_t{1} << 53)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planned_steps must be in [0, 2^53), got ", spec->planned_steps()));
+  }
   schedule::ScheduleParams params;
   params.kind = kind;
   params.stages = spec->stages();

@@ -973,8 +973,8 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
-                   isa=None, save_to=None, keep_checkpoints=1, max_kept_batches=10000,
-                   recovery_timeout=300.0,
+                   isa=None, save_to=None, keep_checkpoints=1, planned_steps=0,
+                   max_kept_batches=10000, recovery_timeout=300.0,
                    reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
@@ -996,6 +996,9 @@ class Client:
         the --checkpoint-root (PERMISSION_DENIED), replaceable, written by no other job
         (FAILED_PRECONDITION naming it) — and the job's own until it ends; keep_checkpoints: the
         `keep` its checkpoints there will ask for (JobSpec.keep_checkpoints).
+        planned_steps: the steps you mean to run (JobSpec.planned_steps, as `pipetrain train
+        --steps` sends it): the target of the job's progress and ETA (status().progress,
+        `pipetrain jobs`); 0: unknown.
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
@@ -1009,7 +1012,7 @@ class Client:
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
                           recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
-                          min_stages=min_stages)
+                          min_stages=min_stages, planned_steps=planned_steps)
         if isa is not None:
             if not isinstance(isa, str):
                 raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))
@@ -1041,6 +1044,23 @@ class Client:
         max_poll_interval, on_recovery, on_wait (a replay reaches back only to the steps this Job
         object sent)."""
         return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)), **job_options)
+
+    def watch(self, job_id, after_sequence=0):
+        """Follows a job that any client trains (WatchJob, as `pipetrain watch`): yields its
+        JobEvent messages — first its status (event.status), then the events its coordinator
+        still keeps after number `after_sequence` (0: all it keeps), then each as it happens
+        (step, recovering, recovered, checkpoint, skipped) — and ends after its `ended` event.
+        Watching does not keep the job alive. Closing the generator ends the stream. Errors:
+        PipetrainError (NOT_FOUND for an unknown job or another owner's)."""
+        call = self._stub.WatchJob(pb.WatchJobRequest(job=job_id, after_sequence=after_sequence),
+                                   metadata=self._metadata)
+        try:
+            for event in call:
+                yield event
+        except grpc.RpcError as e:
+            raise PipetrainError.from_rpc_error(e, "WatchJob", self.address) from None
+        finally:
+            call.cancel()
 
     def jobs(self):
         """Every JobStatus the coordinator knows (ended ones for its retention period)."""

@@ -231,6 +231,26 @@ def test_cancel_ends_the_job_and_frees_its_workers(daemons, example):
     assert job.cancel().state == pb.JOB_STATE_CANCELLED
 
 
+def test_watch_yields_the_status_the_steps_and_the_end(daemons, example):
+    digits = data.load("digits")
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=2, seed=SEED, planned_steps=5) as job:
+        results = list(job.train(data.batches(digits, 16, seed=SEED), steps=3, progress=False))
+        progress = job.status().progress
+        assert (progress.step, progress.target_step) == (3, 5)
+        assert progress.loss == results[-1].loss and progress.HasField("eta_seconds")
+        job.finish()
+    events = list(daemons.client.watch(job.id))
+    assert events[0].WhichOneof("kind") == "status" and events[0].status.job == job.id
+    steps = [e.step for e in events if e.WhichOneof("kind") == "step"]
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert bits([s.loss for s in steps]) == bits([r.loss for r in results])
+    assert events[-1].ended.state == pb.JOB_STATE_DONE and events[-1].ended.steps_done == 3
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        list(daemons.client.watch("job-none-1"))
+    assert e.value.code == StatusCode.NOT_FOUND
+
+
 def test_context_manager_cancels_on_an_exception_and_frees_the_workers(daemons, example):
     digits = data.load("digits")
     with pytest.raises(RuntimeError):

@@ -32,7 +32,6 @@ namespace pipetrain::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
-using testing::FakeFeedLinks;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 using ::testing::Not;
