@@ -77,7 +77,7 @@ TEST(ScheduleCommandTest, AsciiReport) {
             "1 cell = 1 time unit; makespan 9; F forward, B backward, I input grad, W weight grad, "
             ". idle\n"
             "makespan 9, bubble fraction 0.333333\n"
-            "worker  busy        bubble      peak activations\n"
+            "rank    busy        bubble      peak activations\n"
             "0       6           0.333333    2\n"
             "1       6           0.333333    1\n");
 }
