@@ -235,7 +235,7 @@ TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
     SCOPED_TRACE(command);
     ExpectRefused(command + model + " --stages 2 --schedule dualpipe",
                   "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both "
-                  "end workers");
+                  "end ranks");
   }
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --resume /tmp/ckpt",
                 "--checkpoint is the former name of --resume: give one of them");
