@@ -199,7 +199,7 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Train
   job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   job_spec.set_min_stages(o.min_stages);
-  job_spec.set_isa(t.isa);  // empty: the highest level every worker runs.
+  job_spec.set_isa(t.isa);              // empty: the highest level every worker runs.
   job_spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
   if (!save_dir.empty()) {
     job_spec.set_save_to(save_dir);
@@ -343,7 +343,8 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
     }
     if (t.json) {
       const std::string also =
-          r.also_lost().empty() ? "" : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
+          r.also_lost().empty() ? ""
+                                : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
       out << absl::StrFormat(
           "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
           "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "

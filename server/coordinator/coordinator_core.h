@@ -315,7 +315,8 @@ class CoordinatorCore {
   // Assign's wait ended without every Assigned: `waited`, after the job was failed, or (a
   // recovery whose new layout lost a worker, or did not answer: evicted) left RECOVERING with
   // Recover queued again.
-  absl::Status AssignFailed(Job& job, absl::Status waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  absl::Status AssignFailed(Job& job, absl::Status waited)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   v1::WorkerCommand AssignCommand(const Job& job, int rank,
                                   const std::vector<std::string>& addresses) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);

@@ -234,8 +234,9 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
 absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {
   if (job.state == JobState::kRecovering && job.recovery_restart) {
     // A worker of this layout was lost meanwhile: Recover is queued again and starts over.
-    return absl::AbortedError(absl::StrCat("job '", job.id, "': a worker was lost while generation ",
-                                           job.generation, " was assigned; the recovery restarts"));
+    return absl::AbortedError(absl::StrCat("job '", job.id,
+                                           "': a worker was lost while generation ", job.generation,
+                                           " was assigned; the recovery restarts"));
   }
   if (job.state == JobState::kRecovering && job.spec.recover() &&
       absl::IsDeadlineExceeded(waited)) {
@@ -245,8 +246,9 @@ absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {
     for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
       if (!job.op.assigned[rank]) silent.push_back(rank);
     }
-    EvictRanks(job, silent, absl::StrCat("no Assigned for generation ", job.generation, " within ",
-                                         absl::FormatDuration(options_.assign_timeout)));
+    EvictRanks(job, silent,
+               absl::StrCat("no Assigned for generation ", job.generation, " within ",
+                            absl::FormatDuration(options_.assign_timeout)));
     if (job.recovery_restart) return waited;
   }
   if (!IsTerminal(job.state)) FailJob(job, waited.ToString());

@@ -98,7 +98,8 @@ void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
   Log(absl::StrCat(
           "job ", job.id, ": recovered (", r.cause(),
           r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ", r.steps_done(),
-          r.also_lost().empty() ? "" : "; then " + absl::StrJoin(r.also_lost(), ", "), ") in ", r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
+          r.also_lost().empty() ? "" : "; then " + absl::StrJoin(r.also_lost(), ", "), ") in ",
+          r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
           job.generation, " on ", n,
           n < stages_before ? absl::StrCat(" stages (was ", stages_before, "): ") : " stages: ",
           absl::StrJoin(job.workers, ", ")),

@@ -84,9 +84,9 @@ TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBit
   ASSERT_EQ(ref.exit_code, 0) << ref.out;
 
   std::vector<std::string> argv = {
-      PIPETRAIN_BINARY, "train",  "--coordinator",      daemons_.address(), "--stages",
-      "2",              "--schedule", "1f1b", "--checkpoint-every", "20", "--save",
-      dir_ + "/pipe"};
+      PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
+      "--stages",           "2",     "--schedule",    "1f1b",
+      "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
   for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
   const std::string err = dir_ + "/train.err";
   testing::PipedChild train = testing::SpawnPiped(argv, err);
@@ -127,8 +127,7 @@ TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBit
   }
   const int status = testing::DrainAndWait(train, &out, 300000);
   ASSERT_TRUE(WIFEXITED(status)) << out;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err)
-                                    << ReadFile(dir_ + "/coordinator.log");
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err) << ReadFile(dir_ + "/coordinator.log");
 
   // The recoveries as `pipetrain train --json` reported them (their seconds, for docs/recovery.md).
   for (absl::string_view line : absl::StrSplit(out, '\n')) {

@@ -65,8 +65,8 @@ struct LayerFiles {
 inline LayerFiles CompareLayerFiles(const std::string& want_dir, const std::string& got_dir) {
   LayerFiles files;
   for (int l = 0; l < 16; ++l) {
-    const std::string f = absl::StrCat("layer-", std::string(5 - std::to_string(l).size(), '0'),
-                                       l, ".safetensors");
+    const std::string f =
+        absl::StrCat("layer-", std::string(5 - std::to_string(l).size(), '0'), l, ".safetensors");
     const std::string want = ReadFile(want_dir + "/" + f);
     if (want.empty()) continue;
     ++files.compared;

@@ -8,9 +8,9 @@
 // CreateJob (with save_to and keep_checkpoints if given) and StartTraining with replay on when the
 // job recovers; "finish" is TrainSession::Finish (its status not printed: the Python Job's
 // finish() reports none) and FinishJob; "leave" is how a program leaves the job's scope on an
-// error: the TrainSession destroyed (its stream cancelled), then the job's ScopedJob; "retry" is Client::Checkpoint of
-// the job (the session may be gone). Exit code 0 once every action ran (their errors are printed),
-// 2 for a bad scenario.
+// error: the TrainSession destroyed (its stream cancelled), then the job's ScopedJob; "retry" is
+// Client::Checkpoint of the job (the session may be gone). Exit code 0 once every action ran (their
+// errors are printed), 2 for a bad scenario.
 #include <chrono>
 #include <cstdio>
 #include <fstream>

@@ -31,13 +31,13 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "tests/server/coordinator/core_test_fixture.h"
 #include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/introspection/introspection.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
 #include "server/worker/state_transfer.h"
+#include "tests/server/coordinator/core_test_fixture.h"
 
 namespace pipetrain::coordinator {
 namespace {

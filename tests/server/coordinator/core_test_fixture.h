@@ -44,8 +44,7 @@ class CoreTest : public ::testing::Test {
   absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobSpec& spec, const std::string& owner = "");
   // One step on the job's thread, as the Train stream runs it.
   absl::StatusOr<v1::StepResult> Step(const v1::TrainRequest& request);
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
-                                                    const std::string& dir);
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job, const std::string& dir);
   // A client's request as the gRPC shell posts it (PostClientRequest): `run` on the job's thread
   // and its result, or the refusal of the post (then `run` never runs).
   template <typename T>
