@@ -38,35 +38,6 @@ using ::testing::Not;
 using testing::ReadFile;
 using testing::TempDir;
 
-// `argv` started with stdout into a pipe of one page (4 KiB: ~30 --json step lines) and stderr
-// into `stderr_path`: the child blocks in its writes until the test reads, so what the test does
-// after reading a line happens before the child gets more than ~30 lines further.
-testing::PipedChild SpawnWithSmallPipe(const std::vector<std::string>& argv,
-                                       const std::string& stderr_path) {
-  testing::PipedChild child;
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return child;
-  if (fcntl(fds[0], F_SETPIPE_SZ, 4096) < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return child;
-  }
-  child.pid = fork();
-  if (child.pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (err >= 0) dup2(err, STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  child.out = fds[0];
-  return child;
-}
-
 // The {"step": N, "loss": X of each --json step line (the rest are timings).
 std::vector<std::string> LossLines(const std::string& out) {
   std::vector<std::string> lines;
@@ -229,7 +200,7 @@ TEST_F(SaveTest, AFailedFinalSaveKeepsTheJobAndTheRetryResumesBitwise) {
     argv.emplace_back(a);
   }
   argv.insert(argv.begin(), PIPETRAIN_BINARY);
-  testing::PipedChild train = SpawnWithSmallPipe(argv, err);
+  testing::PipedChild train = testing::SpawnPiped(argv, err, /*pipe_bytes=*/4096);
   ASSERT_GT(train.pid, 0);
   std::string out;
   // The job exists (its directory was checked); the run cannot pass step ~30 before we read on.
