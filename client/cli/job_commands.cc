@@ -194,6 +194,43 @@ absl::Status RunJobsCommand(const JobCommandOptions& o, std::ostream& out) {
   return absl::OkStatus();
 }
 
+absl::Status RunWorkersCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  PT_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> workers, client->ListWorkers());
+  if (o.json) {
+    for (const v1::WorkerInfo& w : workers) {
+      const nlohmann::json j = {
+          {"name", w.name()},
+          {"address", w.address()},
+          {"cores", w.cores()},
+          {"gflops", w.gflops()},
+          {"memory_bytes", w.memory_bytes()},
+          {"isa_levels", std::vector<std::string>(w.isa_levels().begin(), w.isa_levels().end())},
+          {"job", w.job()},
+          {"rank", w.rank()},
+      };
+      out << j.dump() << "\n";
+    }
+    return absl::OkStatus();
+  }
+  if (workers.empty()) {
+    out << "no workers\n";
+    return absl::OkStatus();
+  }
+  constexpr char kRow[] = "%-20s %-22s %5s %8s %10s %-21s %-22s %4s\n";
+  out << absl::StrFormat(kRow, "WORKER", "ADDRESS", "CORES", "GFLOP/S", "MEMORY", "ISA", "JOB",
+                         "RANK");
+  for (const v1::WorkerInfo& w : workers) {
+    const bool idle = w.job().empty();
+    out << absl::StrFormat(kRow, w.name(), w.address(), absl::StrCat(w.cores()),
+                           absl::StrFormat("%.1f", w.gflops()),
+                           absl::StrFormat("%.1f GiB", w.memory_bytes() / double{1 << 30}),
+                           w.isa_levels().empty() ? "-" : absl::StrJoin(w.isa_levels(), ","),
+                           idle ? "-" : w.job(), idle ? "-" : absl::StrCat(w.rank()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunStatusCommand(const JobCommandOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(RequireJob(o, "status"));
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));

@@ -1,5 +1,6 @@
-// `pipetrain jobs`, `pipetrain status JOB`, `pipetrain cancel JOB` and `pipetrain checkpoint JOB`:
-// what a coordinator's jobs are doing, ending one, and saving one's weights, from the command line.
+// `pipetrain jobs`, `pipetrain status JOB`, `pipetrain cancel JOB`, `pipetrain checkpoint JOB` and
+// `pipetrain workers`: what a coordinator's jobs are doing, ending one, saving one's weights, and
+// the stage workers it has, from the command line.
 #ifndef PIPETRAIN_CLIENT_CLI_JOB_COMMANDS_H_
 #define PIPETRAIN_CLIENT_CLI_JOB_COMMANDS_H_
 
@@ -48,6 +49,13 @@ absl::Status RunCancelCommand(const JobCommandOptions& options, std::ostream& ou
 // INVALID_ARGUMENT without JOB or --save; the coordinator's errors otherwise (a failed save
 // leaves the job as it was, for another try).
 absl::Status RunCheckpointCommand(const JobCommandOptions& options, std::ostream& out);
+
+// `workers`: one line per stage worker registered with the coordinator, in registration order:
+// name, address, cores, measured GFLOP/s, memory, the instruction-set levels its math runs, and
+// the job and rank it serves ("-" when idle). "no workers" when none has registered. `--json`: one
+// object {"name", "address", "cores", "gflops", "memory_bytes", "isa_levels", "job", "rank"} per
+// worker (job "" and rank -1 when idle).
+absl::Status RunWorkersCommand(const JobCommandOptions& options, std::ostream& out);
 
 // The JSON object of one job (as `jobs --json` and `status --json` print it), relative to `now`.
 std::string JobStatusJson(const v1::JobStatus& job, absl::Time now);

@@ -5,7 +5,7 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
-//   pipetrain jobs | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
+//   pipetrain jobs | workers | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
 //     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -176,7 +176,8 @@ const std::vector<HelpTopic> kFlagTopics = {
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
     {"planning commands (no coordinator needed)", {"schedule", "partition"}},
-    {"commands for the jobs of a coordinator", {"jobs", "status", "watch", "cancel"}}};
+    {"commands for a coordinator's jobs and workers",
+     {"jobs", "status", "watch", "cancel", "workers"}}};
 
 // `base` followed by `more`.
 std::vector<std::string> Concat(std::vector<std::string> base,
@@ -242,6 +243,7 @@ const ProgramSpec& Program() {
           {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
            Concat(kJobFlags, {"log_every"})},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
+          {"workers", "", "list a coordinator's stage workers and the job each serves", kJobFlags},
           {"checkpoint",
            "JOB",
            "save a job's weights (e.g. after train's final save failed), then finish it",
@@ -250,8 +252,8 @@ const ProgramSpec& Program() {
       },
       {},
       "environment:\n"
-      "  PIPETRAIN_COORDINATOR  HOST:PORT used by train, jobs, status, watch and cancel when\n"
-      "                         --coordinator is not given\n"
+      "  PIPETRAIN_COORDINATOR  HOST:PORT used by train, jobs, workers, status, watch, cancel and\n"
+      "                         checkpoint when --coordinator is not given\n"
       "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
       "given\n"
       "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
@@ -401,7 +403,8 @@ absl::Status RunWatch(const CommandLine& line, const std::string& job) {
   return RunWatchCommand(o, std::cout);
 }
 
-// `jobs`, `status JOB`, `cancel JOB`, `checkpoint JOB`: `job` is the JOB argument ("" for jobs).
+// `jobs`, `workers`, `status JOB`, `cancel JOB`, `checkpoint JOB`: `job` is the JOB argument (""
+// for jobs and workers).
 absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   const std::string& command = line.command->name;
   JobCommandOptions o;
@@ -413,6 +416,7 @@ absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   o.save_dir = absl::GetFlag(FLAGS_save);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (command == "jobs") return RunJobsCommand(o, std::cout);
+  if (command == "workers") return RunWorkersCommand(o, std::cout);
   if (command == "status") return RunStatusCommand(o, std::cout);
   if (command == "checkpoint") return RunCheckpointCommand(o, std::cout);
   return RunCancelCommand(o, std::cout);
@@ -549,7 +553,7 @@ int Main(int argc, char** argv) {
     status = RunLocal(line);
   } else if (command == "watch") {
     status = RunWatch(line, line.args.empty() ? "" : line.args[0]);
-  } else {  // jobs, status, cancel, checkpoint
+  } else {  // jobs, workers, status, cancel, checkpoint
     status = RunJobCommand(line, line.args.empty() ? "" : line.args[0]);
   }
   std::cout.flush();

@@ -45,6 +45,7 @@ using testing::StepLines;
 using testing::TempDir;
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Open file descriptors of process `pid`.
 int OpenFds(pid_t pid) {
@@ -227,6 +228,24 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(job_spec);
   ASSERT_TRUE(job.ok()) << job.status();
 
+  // `workers` shows both, each serving the job at its rank (in registration order, which the
+  // two processes race for: the ranks are matched to the names ListWorkers gives).
+  run = Pipetrain("workers");
+  ASSERT_EQ(run.exit_code, 0) << ReadFile(dir_ + "/client.log");
+  EXPECT_THAT(run.out, HasSubstr("WORKER"));
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 2u);
+  for (const v1::WorkerInfo& w : *workers) {
+    EXPECT_THAT(run.out, ::testing::ContainsRegex(absl::StrCat("\n", w.name(),
+                                                               " +127\\.0\\.0\\.1:[0-9]+ .* ",
+                                                               job->job(), " +", w.rank(), "\n")));
+  }
+  run = Pipetrain("workers --json");
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, HasSubstr(absl::StrCat("\"job\":\"", job->job(), "\"")));
+  EXPECT_THAT(run.out, HasSubstr("\"rank\":1"));
+
   run = Pipetrain("jobs");
   ASSERT_EQ(run.exit_code, 0);
   EXPECT_THAT(run.out, HasSubstr("JOB"));
@@ -249,6 +268,9 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   absl::StatusOr<v1::JobStatus> now = client_->GetJob(job->job());
   ASSERT_TRUE(now.ok());
   EXPECT_EQ(now->state(), v1::JOB_STATE_CANCELLED);
+  run = Pipetrain("workers");
+  ASSERT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, Not(HasSubstr(job->job()))) << "a cancelled job's workers are idle";
   EXPECT_EQ(now->reason(), "maintenance window");
   run = Pipetrain(absl::StrCat("cancel ", job->job()));
   ASSERT_EQ(run.exit_code, 0);

@@ -77,6 +77,7 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
         {"evaluate",
          {"--resume", "--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
+        {"workers", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
         {"watch", with({"--coordinator", "--json", "--log-every"}, security)},
         {"cancel", with({"--coordinator", "--json", "--reason"}, security)},
@@ -183,8 +184,9 @@ TEST(CliHelpTest, FlagsAreGroupedUnderTopicHeadings) {
   EXPECT_THAT(help, HasSubstr("training commands:\n  reference "));
   EXPECT_THAT(help, HasSubstr("planning commands (no coordinator needed):\n  schedule "));
   EXPECT_THAT(help, ::testing::ContainsRegex(
-                        "commands for the jobs of a coordinator:\n  jobs +list a coordinator's "
-                        "jobs\n  status JOB .*\n  watch JOB +follow a job's"));
+                        "commands for a coordinator's jobs and workers:\n  jobs +list a "
+                        "coordinator's jobs\n  status JOB .*\n  watch JOB +follow a job's"
+                        ".*\n  cancel JOB .*\n  workers +list a coordinator's stage workers"));
 }
 
 TEST(CliHelpTest, ProgramHelpListsTheCommandsAndHelpfullEveryFlag) {
@@ -228,6 +230,7 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
       {"evaluate --checkpoint /nonexistent --steps 100",
        "--steps not used by `pipetrain evaluate`"},
       {"jobs --coordinator 127.0.0.1:1 --batch 64", "--batch not used by `pipetrain jobs`"},
+      {"workers --coordinator 127.0.0.1:1 --reason ''", "--reason not used by `pipetrain workers`"},
       {"status job-1 --coordinator 127.0.0.1:1 --reason ''",
        "--reason not used by `pipetrain status`"},
       {"watch job-1 --coordinator 127.0.0.1:1 --reason ''",
