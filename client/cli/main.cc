@@ -126,12 +126,12 @@ ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded w
 // schedule / partition
 ABSL_FLAG(std::string, kind, "",
           "schedule/partition: the former name of --schedule, still accepted");
-ABSL_FLAG(std::string, virtual, "", "model chunks per worker (V)");
+ABSL_FLAG(std::string, virtual, "", "virtual stages (V): chunks per rank");
 ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
-ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each worker s0,s1,...");
+ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each rank s0,s1,...");
 ABSL_FLAG(std::string, memory_cap, "",
-          "partition: memory cap per worker (one value or one per worker; K/M/G/KiB/MiB/GiB)");
+          "partition: memory cap per rank (one value or one per rank; K/M/G/KiB/MiB/GiB)");
 
 namespace pipetrain::cli {
 namespace {
