@@ -15,12 +15,14 @@
 
 #include "common/math/isa.h"
 #include "common/math/layer.h"
+#include "common/math/llama_block.h"
 #include "common/math/loss.h"
 
 namespace pipetrain::math {
 
 // The layer and loss factories of one level; the arguments are those of the layer classes'
-// constructors (linear.h, activations.h, layer_norm.h, embedding.h, transformer_block.h, loss.h).
+// constructors (linear.h, activations.h, layer_norm.h, rms_norm.h, embedding.h,
+// transformer_block.h, llama_block.h, loss.h).
 // Immutable and thread-safe; the objects live for the whole process.
 class Kernels {
  public:
@@ -34,10 +36,12 @@ class Kernels {
   virtual std::unique_ptr<Layer> MakeRelu(int64_t features) const = 0;
   virtual std::unique_ptr<Layer> MakeGelu(int64_t features) const = 0;
   virtual std::unique_ptr<Layer> MakeLayerNorm(int64_t features, float eps) const = 0;
-  virtual std::unique_ptr<Layer> MakeEmbedding(int64_t vocab_size, int64_t dim,
-                                               int64_t context) const = 0;
+  virtual std::unique_ptr<Layer> MakeRmsNorm(int64_t features, float eps) const = 0;
+  virtual std::unique_ptr<Layer> MakeEmbedding(int64_t vocab_size, int64_t dim, int64_t context,
+                                               bool position_table) const = 0;
   virtual std::unique_ptr<Layer> MakeTransformerBlock(int64_t dim, int64_t heads, int64_t context,
                                                       int64_t mlp_ratio) const = 0;
+  virtual std::unique_ptr<Layer> MakeLlamaBlock(const LlamaBlockConfig& config) const = 0;
   virtual std::unique_ptr<Loss> MakeSoftmaxCrossEntropy() const = 0;
   virtual std::unique_ptr<Loss> MakeMse() const = 0;
 

@@ -13,7 +13,9 @@
 #include "common/math/kernels.h"
 #include "common/math/layer_norm.h"
 #include "common/math/linear.h"
+#include "common/math/llama_block.h"
 #include "common/math/loss.h"
+#include "common/math/rms_norm.h"
 #include "common/math/transformer_block.h"
 
 #if !defined(PIPETRAIN_ISA_VARIANT_LEVEL) || !defined(PIPETRAIN_ISA_VARIANT_ENTRY)
@@ -40,13 +42,19 @@ class VariantKernels final : public Kernels {
   std::unique_ptr<Layer> MakeLayerNorm(int64_t features, float eps) const override {
     return std::make_unique<LayerNorm>(features, eps);
   }
-  std::unique_ptr<Layer> MakeEmbedding(int64_t vocab_size, int64_t dim,
-                                       int64_t context) const override {
-    return std::make_unique<Embedding>(vocab_size, dim, context);
+  std::unique_ptr<Layer> MakeRmsNorm(int64_t features, float eps) const override {
+    return std::make_unique<RmsNorm>(features, eps);
+  }
+  std::unique_ptr<Layer> MakeEmbedding(int64_t vocab_size, int64_t dim, int64_t context,
+                                       bool position_table) const override {
+    return std::make_unique<Embedding>(vocab_size, dim, context, position_table);
   }
   std::unique_ptr<Layer> MakeTransformerBlock(int64_t dim, int64_t heads, int64_t context,
                                               int64_t mlp_ratio) const override {
     return std::make_unique<TransformerBlock>(dim, heads, context, mlp_ratio);
+  }
+  std::unique_ptr<Layer> MakeLlamaBlock(const LlamaBlockConfig& config) const override {
+    return std::make_unique<LlamaBlock>(config);
   }
   std::unique_ptr<Loss> MakeSoftmaxCrossEntropy() const override {
     return math::MakeSoftmaxCrossEntropy();

@@ -137,6 +137,124 @@ absl::StatusOr<int64_t> CheckSampleActivations(
   return *total;
 }
 
+// The context of a token layer (transformer_block, llama_block) whose spec says `spec_context`
+// (0: the embedding's), given the context so far (`context`, 0 before an embedding).
+absl::StatusOr<int64_t> ResolveContext(int64_t index, const v1::LayerSpec& spec,
+                                       int64_t spec_context, int64_t context) {
+  const int64_t ctx = spec_context == 0 ? context : spec_context;
+  if (ctx == 0) {
+    return LayerError(index, spec, "needs a context: set context or put an embedding before it");
+  }
+  if (context != 0 && ctx != context) {
+    return LayerError(index, spec,
+                      absl::StrCat("context ", ctx, " != embedding context ", context));
+  }
+  PT_RETURN_IF_ERROR(CheckDim(index, spec, "context", ctx));
+  return ctx;
+}
+
+// RESOURCE_EXHAUSTED unless the attention scores of one sample (heads x context^2 floats) fit
+// limits.max_activation_bytes: the only activation that grows faster than linearly, checked
+// before anything multiplies it further.
+absl::Status CheckAttentionScores(int64_t index, const v1::LayerSpec& spec, int64_t heads,
+                                  int64_t ctx, const ModelLimits& limits) {
+  const std::optional<int64_t> attention =
+      util::CheckedProduct({heads, ctx, ctx, static_cast<int64_t>(sizeof(float))});
+  if (attention.has_value() && *attention <= limits.max_activation_bytes) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "layer ", index, " (", LayerKindName(spec), "): the attention scores of one sample (heads ",
+      heads, " x context ", ctx, "^2 floats) take ", util::CheckedToString(attention),
+      " bytes, more than the limit of ", limits.max_activation_bytes,
+      " bytes (ModelLimits::max_activation_bytes)"));
+}
+
+absl::StatusOr<std::unique_ptr<math::Layer>> BuildRmsNorm(int64_t index, const v1::LayerSpec& ls,
+                                                          int64_t features,
+                                                          const math::Kernels& kernels) {
+  const v1::RmsNormSpec& s = ls.rms_norm();
+  if (s.features() != 0 && s.features() != features) {
+    return LayerError(
+        index, ls,
+        absl::StrCat("features ", s.features(), " != ", features, " (", Origin(index), ")"));
+  }
+  if (!(s.eps() >= 0) || !std::isfinite(s.eps())) {
+    return LayerError(index, ls, absl::StrCat("eps ", s.eps(), " must be finite and >= 0"));
+  }
+  return kernels.MakeRmsNorm(features, s.eps() == 0 ? 1e-5f : s.eps());
+}
+
+// The SwiGLU hidden width of `s` (LLaMA's rule when s.hidden() is 0), checked.
+absl::StatusOr<int64_t> LlamaHidden(int64_t index, const v1::LayerSpec& ls, int64_t dim) {
+  const v1::LlamaBlockSpec& s = ls.llama_block();
+  if (s.hidden() != 0) {
+    PT_RETURN_IF_ERROR(CheckDim(index, ls, "hidden", s.hidden()));
+    return s.hidden();
+  }
+  const int64_t multiple_of = s.multiple_of() == 0 ? 256 : s.multiple_of();
+  PT_RETURN_IF_ERROR(CheckDim(index, ls, "multiple_of", multiple_of));
+  const int64_t base = 8 * dim / 3;  // dim <= 2^24: no overflow.
+  const int64_t hidden = multiple_of * ((base + multiple_of - 1) / multiple_of);
+  PT_RETURN_IF_ERROR(CheckDim(index, ls, "hidden (from dim and multiple_of)", hidden));
+  return hidden;
+}
+
+// The block's heads, kv_heads, rope_theta and norm_eps with defaults applied, checked.
+absl::Status ResolveLlamaHeadsAndScalars(int64_t index, const v1::LayerSpec& ls,
+                                         math::LlamaBlockConfig* c) {
+  const v1::LlamaBlockSpec& s = ls.llama_block();
+  PT_RETURN_IF_ERROR(CheckDim(index, ls, "heads", s.heads()));
+  if (c->dim % s.heads() != 0) {
+    return LayerError(index, ls, absl::StrCat("heads ", s.heads(), " must divide dim ", c->dim));
+  }
+  if ((c->dim / s.heads()) % 2 != 0) {
+    return LayerError(index, ls,
+                      absl::StrCat("head width dim / heads = ", c->dim / s.heads(),
+                                   " must be even (rotary embeddings rotate feature pairs)"));
+  }
+  const int64_t kv_heads = s.kv_heads() == 0 ? s.heads() : s.kv_heads();
+  PT_RETURN_IF_ERROR(CheckDim(index, ls, "kv_heads", kv_heads));
+  if (s.heads() % kv_heads != 0) {
+    return LayerError(index, ls,
+                      absl::StrCat("kv_heads ", kv_heads, " must divide heads ", s.heads()));
+  }
+  const double theta = s.rope_theta() == 0 ? 10000.0 : s.rope_theta();
+  if (!(theta > 1) || !std::isfinite(theta)) {
+    return LayerError(index, ls, absl::StrCat("rope_theta ", theta, " must be finite and > 1"));
+  }
+  if (!(s.norm_eps() >= 0) || !std::isfinite(s.norm_eps())) {
+    return LayerError(index, ls,
+                      absl::StrCat("norm_eps ", s.norm_eps(), " must be finite and >= 0"));
+  }
+  c->heads = s.heads();
+  c->kv_heads = kv_heads;
+  c->rope_theta = theta;
+  c->norm_eps = s.norm_eps() == 0 ? 1e-5f : s.norm_eps();
+  return absl::OkStatus();
+}
+
+// Builds a llama_block from `ls`; `*context` is the model's context so far and becomes the
+// block's.
+absl::StatusOr<std::unique_ptr<math::Layer>> BuildLlamaBlock(int64_t index, const v1::LayerSpec& ls,
+                                                             int64_t features, int64_t* context,
+                                                             const ModelLimits& limits,
+                                                             const math::Kernels& kernels) {
+  const v1::LlamaBlockSpec& s = ls.llama_block();
+  math::LlamaBlockConfig c;
+  c.dim = s.dim() == 0 ? features : s.dim();
+  if (c.dim != features) {
+    return LayerError(index, ls,
+                      absl::StrCat("dim ", c.dim, " != ", features, " (", Origin(index), ")"));
+  }
+  PT_RETURN_IF_ERROR(ResolveLlamaHeadsAndScalars(index, ls, &c));
+  PT_ASSIGN_OR_RETURN(c.context, ResolveContext(index, ls, s.context(), *context));
+  PT_ASSIGN_OR_RETURN(c.hidden, LlamaHidden(index, ls, c.dim));
+  PT_RETURN_IF_ERROR(CheckAttentionScores(index, ls, c.heads, c.context, limits));
+  *context = c.context;
+  return kernels.MakeLlamaBlock(c);
+}
+
 }  // namespace
 
 std::string LayerKindName(const v1::LayerSpec& spec) {
@@ -153,6 +271,10 @@ std::string LayerKindName(const v1::LayerSpec& spec) {
       return "embedding";
     case v1::LayerSpec::kTransformerBlock:
       return "transformer_block";
+    case v1::LayerSpec::kRmsNorm:
+      return "rms_norm";
+    case v1::LayerSpec::kLlamaBlock:
+      return "llama_block";
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
@@ -290,7 +412,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "dim", s.dim()));
         PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", s.context()));
         context = s.context();
-        layer = kernels.MakeEmbedding(s.vocab_size(), s.dim(), s.context());
+        if (!v1::EmbeddingSpec::Positions_IsValid(s.positions())) {
+          return LayerError(
+              i, ls, absl::StrCat("positions ", s.positions(), " is not LEARNED (0) or NONE (1)"));
+        }
+        layer = kernels.MakeEmbedding(s.vocab_size(), s.dim(), s.context(),
+                                      s.positions() == v1::EmbeddingSpec::LEARNED);
         break;
       }
       case v1::LayerSpec::kTransformerBlock: {
@@ -332,10 +459,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
         layer = kernels.MakeTransformerBlock(dim, s.heads(), ctx, ratio);
         break;
       }
+      case v1::LayerSpec::kRmsNorm: {
+        PT_ASSIGN_OR_RETURN(layer, BuildRmsNorm(i, ls, features, kernels));
+        break;
+      }
+      case v1::LayerSpec::kLlamaBlock: {
+        PT_ASSIGN_OR_RETURN(layer, BuildLlamaBlock(i, ls, features, &context, limits, kernels));
+        break;
+      }
       case v1::LayerSpec::KIND_NOT_SET:
         return LayerError(i, ls,
                           "no layer kind set (expected one of linear, relu, gelu, "
-                          "layer_norm, embedding, transformer_block)");
+                          "layer_norm, rms_norm, embedding, transformer_block, llama_block)");
     }
     PT_RETURN_IF_ERROR(CheckLayerParameters(i, ls, *layer, limits));
     features = layer->out_features();

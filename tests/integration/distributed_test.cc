@@ -1,7 +1,8 @@
 // The project's central test: `pipetrain local` (a coordinator and S stage_worker processes on
 // 127.0.0.1) reproduces `pipetrain reference` bit for bit — per-step losses (the --json lines,
 // compared as text) and the final weights and optimizer state (the --save layer files, compared
-// byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind.
+// byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind, and for
+// the LLaMA and deep GPT examples on S = 4.
 // Also: Ctrl-C stops `pipetrain local` and leaves no daemon behind, and `local` runs each worker
 // on a CPU of its own.
 #include <dirent.h>
@@ -129,7 +130,16 @@ struct Case {
 // S = 2 and 4 (interleaved needs M % S == 0, dualpipe-v M >= 2S - 1).
 constexpr char kCommon[] = "--batch 16 --microbatches 8 --steps 3 --seed 7 --threads 1 --json";
 
-void ExpectLocalEqualsReference(const Case& c, const std::string& dir) {
+// Every schedule kind `pipetrain local --schedule` takes.
+const std::vector<std::string> kAllSchedules = {
+    "gpipe", "1f1b",       "interleaved",  "zb-h1",
+    "zb-v",  "dualpipe-v", "1f1b-overlap", "interleaved-overlap"};
+
+// `pipetrain local` with each of `stages` and `schedules` gives the reference's losses, final
+// layer files and manifest, bit for bit.
+void ExpectLocalEqualsReference(const Case& c, const std::string& dir,
+                                const std::vector<int>& stage_counts = {2, 4},
+                                const std::vector<std::string>& schedules = kAllSchedules) {
   const std::string ref_dir = absl::StrCat(dir, "/ref-", c.label);
   const CliRun ref = Pipetrain(absl::StrCat("reference --model ", c.model, " --data ", c.data, " ",
                                             kCommon, " --eval-samples 1 --save ", ref_dir),
@@ -140,9 +150,8 @@ void ExpectLocalEqualsReference(const Case& c, const std::string& dir) {
   const std::vector<std::string> ref_files = LayerFiles(ref_dir);
   ASSERT_FALSE(ref_files.empty());
 
-  for (int stages : {2, 4}) {
-    for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v",
-                             "1f1b-overlap", "interleaved-overlap"}) {
+  for (int stages : stage_counts) {
+    for (const std::string& kind : schedules) {
       SCOPED_TRACE(absl::StrCat(c.label, " S=", stages, " ", kind));
       const std::string out_dir = absl::StrCat(dir, "/local-", c.label, "-", stages, "-", kind);
       const std::string err = out_dir + ".stderr";
@@ -167,6 +176,19 @@ TEST_F(DistributedTest, DigitsMlpMatchesReference) {
 
 TEST_F(DistributedTest, CharGptMatchesReference) {
   ExpectLocalEqualsReference({*dir_ + "/gpt_deep.textproto", "text", "gpt"}, *dir_);
+}
+
+// The LLaMA example (RMSNorm, RoPE, grouped-query attention, SwiGLU) on 4 stages, every schedule
+// (its 9 layers give the V = 2 schedules their 8 chunks).
+TEST_F(DistributedTest, ExampleLlamaCharMatchesReferenceOnFourStages) {
+  ExpectLocalEqualsReference({Example("llama_char.textproto"), "text", "llama"}, *dir_, {4});
+}
+
+// The deep GPT example runs the schedules that place two chunks per stage on 4 stages (the
+// 2-block gpt_char has too few layers for them).
+TEST_F(DistributedTest, ExampleGptDeepRunsTwoChunkSchedulesOnFourStages) {
+  ExpectLocalEqualsReference({Example("gpt_deep.textproto"), "text", "gpt-deep"}, *dir_, {4},
+                             {"interleaved", "zb-v", "dualpipe-v"});
 }
 
 // The example files themselves, where their depth allows (S = 2, every V = 1 schedule).

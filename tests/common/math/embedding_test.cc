@@ -55,6 +55,29 @@ TEST(EmbeddingTest, ForwardAddsTokenAndPositionRows) {
   EXPECT_TRUE(run.stash.data.empty());
 }
 
+TEST(EmbeddingTest, WithoutPositionTableOnlyTokenRows) {
+  const Embedding layer(10, 4, 3, /*position_table=*/false);
+  EXPECT_FALSE(layer.position_table());
+  ASSERT_EQ(layer.params().size(), 1u);
+  EXPECT_EQ(layer.params()[0].name, "token.weight");
+  const std::vector<Tensor> p = InitParams(layer);
+  // The token table is the one a model with a position table gets (same stream, same bits).
+  EXPECT_EQ(p[0].data, InitParams(Embedding(10, 4, 3)).at(0).data);
+  const Matrix x = Tokens({7, 0, 7, 9, 9, 2});
+  const Matrix dy = RandomMatrix(6, 4, 1);
+  const testing::LayerRun run = RunLayer(layer, p, x, dy);
+  for (int r = 0; r < 6; ++r) {
+    const int id = static_cast<int>(x(r, 0));
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(run.y(r, j), p[0].data[id * 4 + j]);
+  }
+  // Token 9's gradient row is dy row 3 + dy row 4; unused tokens get 0.
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(run.grads[0].data[9 * 4 + j], dy(3, j) + dy(4, j));
+    EXPECT_EQ(run.grads[0].data[1 * 4 + j], 0.0f);
+  }
+  EXPECT_DOUBLE_EQ(layer.Flops(6).backward_weight, 6 * 4);
+}
+
 TEST(EmbeddingTest, GradientsMatchFiniteDifferences) {
   const Embedding layer(5, 3, 4);
   // Repeated tokens (1 and 3) must accumulate; token 4 is unused and gets zero gradient.

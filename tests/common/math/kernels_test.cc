@@ -35,9 +35,15 @@ std::vector<LayerCase> AllLayers(const Kernels& k) {
   cases.push_back({"layer_norm", k.MakeLayerNorm(72, 1e-5f), RandomMatrix(16, 72, 4)});
   Matrix tokens(2 * 8, 1);
   for (int64_t r = 0; r < tokens.rows(); ++r) tokens(r, 0) = static_cast<float>((r * 7) % 29);
-  cases.push_back({"embedding", k.MakeEmbedding(29, 48, 8), tokens});
+  cases.push_back({"embedding", k.MakeEmbedding(29, 48, 8, true), tokens});
   cases.push_back(
       {"transformer_block", k.MakeTransformerBlock(48, 4, 8, 4), RandomMatrix(2 * 8, 48, 5)});
+  cases.push_back({"rms_norm", k.MakeRmsNorm(72, 1e-5f), RandomMatrix(16, 72, 6)});
+  cases.push_back({"embedding_no_positions", k.MakeEmbedding(29, 48, 8, false), tokens});
+  cases.push_back({"llama_block",
+                   // dim 48, 4 heads, 2 kv heads, context 8, hidden 136.
+                   k.MakeLlamaBlock({48, 4, 2, 8, 136, 10000.0, 1e-5f}),
+                   RandomMatrix(2 * 8, 48, 7)});
   return cases;
 }
 
@@ -53,6 +59,8 @@ TEST(KernelsTest, EachLevelReportsItselfAndMakesEveryKind) {
     EXPECT_EQ(k.isa(), isa);
     EXPECT_EQ(k.MakeLinear(3, 2, true)->kind(), "linear");
     EXPECT_EQ(k.MakeTransformerBlock(8, 2, 4, 4)->kind(), "transformer_block");
+    EXPECT_EQ(k.MakeRmsNorm(8, 1e-5f)->kind(), "rms_norm");
+    EXPECT_EQ(k.MakeLlamaBlock({8, 2, 1, 4, 16, 10000.0, 1e-5f})->kind(), "llama_block");
     EXPECT_EQ(k.MakeSoftmaxCrossEntropy()->kind(), "softmax_cross_entropy");
     EXPECT_EQ(k.MakeMse()->kind(), "mse");
   }

@@ -43,6 +43,87 @@ TEST(ModelTest, BuildsGptWithContext) {
   EXPECT_EQ(m->layer(1).row_multiple(), 4);
 }
 
+TEST(ModelTest, BuildsLlamaWithDefaults) {
+  auto spec = ParseModelSpecText(
+      R"pb(input_features: 1
+           layers { embedding { vocab_size: 11 dim: 64 context: 4 positions: NONE } }
+           layers { llama_block { heads: 4 kv_heads: 2 } }
+           layers { llama_block { heads: 8 hidden: 96 } }
+           layers { llama_block { heads: 2 multiple_of: 32 } }
+           layers { rms_norm {} }
+           layers { linear { out_features: 11 no_bias: true } }
+           loss { softmax_cross_entropy {} })pb",
+      "llama");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto m = Model::Build(*spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->tokens_per_sample(), 4);
+  ASSERT_EQ((*m)->layer(0).params().size(), 1u);  // token.weight only
+  // Shapes of a block's parameter by name.
+  auto shape = [&](int64_t l, const std::string& name) {
+    for (const math::ParamSpec& p : (*m)->layer(l).params()) {
+      if (p.name == name) return p.shape;
+    }
+    return std::vector<int64_t>{};
+  };
+  EXPECT_EQ((*m)->layer(1).kind(), "llama_block");
+  // LLaMA's hidden width: 256 * ceil(floor(8 * 64 / 3) / 256) = 256; with multiple_of 32: 192.
+  EXPECT_EQ(shape(1, "mlp.gate.weight"), (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(shape(1, "attn.k.weight"), (std::vector<int64_t>{32, 64}));  // 2 kv heads of 16
+  EXPECT_EQ((*m)->layer(1).row_multiple(), 4);
+  EXPECT_EQ(shape(2, "mlp.up.weight"), (std::vector<int64_t>{96, 64}));
+  EXPECT_EQ(shape(2, "attn.v.weight"), (std::vector<int64_t>{64, 64}));  // kv_heads = heads
+  EXPECT_EQ(shape(3, "mlp.down.weight"), (std::vector<int64_t>{64, 192}));
+  EXPECT_EQ((*m)->layer(4).kind(), "rms_norm");
+  EXPECT_EQ((*m)->layer(4).params().size(), 1u);
+}
+
+TEST(ModelTest, RejectsBadLlamaSpecsWithReasons) {
+  const std::string emb =
+      "input_features: 1 layers { embedding { vocab_size: 5 dim: 12 context: 2 } } ";
+  auto llama = [&](const std::string& fields) {
+    return BuildStatus(emb + "layers { llama_block { " + fields + " } } loss { mse {} }");
+  };
+  EXPECT_THAT(llama("heads: 5").message(),
+              HasSubstr("layer 1 (llama_block): heads 5 must divide dim 12"));
+  EXPECT_THAT(llama("heads: 4").message(), HasSubstr("head width dim / heads = 3 must be even"));
+  EXPECT_THAT(llama("heads: 6 kv_heads: 4").message(), HasSubstr("kv_heads 4 must divide heads 6"));
+  EXPECT_THAT(llama("heads: 2 kv_heads: -1").message(),
+              HasSubstr("kv_heads -1 must be in [1, 16777216]"));
+  EXPECT_THAT(llama("heads: 2 rope_theta: 1").message(),
+              HasSubstr("rope_theta 1 must be finite and > 1"));
+  EXPECT_THAT(llama("heads: 2 norm_eps: -1").message(),
+              HasSubstr("norm_eps -1 must be finite and >= 0"));
+  EXPECT_THAT(llama("heads: 2 hidden: -3").message(), HasSubstr("hidden -3 must be in"));
+  EXPECT_THAT(llama("heads: 2 multiple_of: -3").message(), HasSubstr("multiple_of -3 must be in"));
+  EXPECT_THAT(llama("heads: 2 context: 3").message(),
+              HasSubstr("context 3 != embedding context 2"));
+  EXPECT_THAT(llama("heads: 2 dim: 8").message(), HasSubstr("dim 8 != 12 (output of layer 0)"));
+  EXPECT_THAT(BuildStatus("input_features: 8 layers { llama_block { heads: 2 } } "
+                          "loss { mse {} }")
+                  .message(),
+              HasSubstr("layer 0 (llama_block): needs a context"));
+  EXPECT_THAT(BuildStatus("input_features: 8 layers { rms_norm { features: 4 } } "
+                          "loss { mse {} }")
+                  .message(),
+              HasSubstr("layer 0 (rms_norm): features 4 != 8 (model input_features)"));
+  EXPECT_THAT(
+      BuildStatus("input_features: 8 layers { rms_norm { eps: -1 } } loss { mse {} }").message(),
+      HasSubstr("eps -1 must be finite and >= 0"));
+  EXPECT_THAT(BuildStatus("input_features: 1 layers { embedding { vocab_size: 5 dim: 4 "
+                          "context: 2 positions: 7 } } loss { mse {} }")
+                  .message(),
+              HasSubstr("positions 7 is not LEARNED (0) or NONE (1)"));
+  ModelLimits small;
+  small.max_activation_bytes = 1000;
+  auto spec = ParseModelSpecText(
+      "input_features: 8 layers { llama_block { heads: 2 context: 64 } } loss { mse {} }", "s");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_THAT(Model::Build(*spec, small).status().message(),
+              HasSubstr("layer 0 (llama_block): the attention scores of one sample (heads 2 x "
+                        "context 64^2 floats)"));
+}
+
 TEST(ModelTest, ShapeMismatchNamesLayerAndBothSizes) {
   EXPECT_THAT(BuildStatus(R"pb(input_features: 4
                                layers { linear { out_features: 256 } }

@@ -1,0 +1,282 @@
+#include "common/math/llama_block.h"
+
+#include <cassert>
+
+#include "common/math/det_math.h"
+#include "common/math/init.h"
+#include "common/math/linear.h"
+#include "common/math/rms_norm.h"
+
+namespace pipetrain::math {
+namespace {
+
+enum Param : int { kNorm1W = 0, kQW, kKW, kVW, kOW, kNorm2W, kGateW, kUpW, kDownW, kNumParams };
+
+constexpr int64_t kRegionAlign = 16;  // floats (64 bytes).
+
+// Rough FLOPs per element (documented in docs/numerics.md).
+constexpr double kRopeFlopsPerElement = 3;           // two multiplies and an add
+constexpr double kSwiGluForwardFlopsPerElement = 8;  // exp (~4), add, divide, 2 multiplies
+constexpr double kSwiGluBackwardFlopsPerElement = 12;
+
+int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+
+ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
+
+// sigmoid(g) in double.
+double Sigmoid(float g) { return 1.0 / (1.0 + PortableExp(-static_cast<double>(g))); }
+
+// silu(g) = g sigmoid(g), rounded to float.
+float Silu(float g) { return static_cast<float>(static_cast<double>(g) * Sigmoid(g)); }
+
+// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g), rounded to float.
+float SiluGrad(float g) {
+  const double s = Sigmoid(g);
+  return static_cast<float>(s * (1.0 + static_cast<double>(g) * (1.0 - s)));
+}
+
+}  // namespace
+
+LlamaBlock::LlamaBlock(const LlamaBlockConfig& config)
+    : config_(config),
+      head_dim_(config.heads > 0 ? config.dim / config.heads : 0),
+      kv_dim_(config.kv_heads * head_dim_),
+      shape_{config.heads, config.kv_heads, head_dim_, config.context},
+      rope_(head_dim_, config.context, config.rope_theta) {
+  assert(config_.dim > 0 && config_.heads > 0 && config_.kv_heads > 0 && config_.context > 0 &&
+         config_.hidden > 0 && config_.dim % config_.heads == 0 &&
+         config_.heads % config_.kv_heads == 0 && head_dim_ % 2 == 0 && config_.norm_eps > 0);
+}
+
+std::vector<ParamSpec> LlamaBlock::params() const {
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  return {
+      {"attn_norm.weight", {d}},       {"attn.q.weight", {d, d}},   {"attn.k.weight", {kv_dim_, d}},
+      {"attn.v.weight", {kv_dim_, d}}, {"attn.o.weight", {d, d}},   {"mlp_norm.weight", {d}},
+      {"mlp.gate.weight", {hid, d}},   {"mlp.up.weight", {hid, d}}, {"mlp.down.weight", {d, hid}}};
+}
+
+void LlamaBlock::Init(uint64_t seed, int64_t layer_index, std::vector<Tensor>* params) const {
+  AllocateParams(this->params(), params);
+  FillConstant(1.0f, &(*params)[kNorm1W]);
+  FillConstant(1.0f, &(*params)[kNorm2W]);
+  for (int p : {kQW, kKW, kVW, kOW, kGateW, kUpW, kDownW}) {
+    FillNormal(seed, layer_index, p, 0.0, 0.02, &(*params)[p]);
+  }
+}
+
+LlamaBlock::Layout LlamaBlock::MakeLayout(int64_t rows) const {
+  const int64_t n = rows;
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  Layout l;
+  int64_t at = 0;
+  auto take = [&at](int64_t size) {
+    const int64_t start = at;
+    at += AlignUp(size);
+    return start;
+  };
+  l.rstd1 = take(n);
+  l.a = take(n * d);
+  l.q = take(n * d);
+  l.k = take(n * kv_dim_);
+  l.v = take(n * kv_dim_);
+  l.att = take(GqaProbabilityFloats(shape_, n));
+  l.o = take(n * d);
+  l.h = take(n * d);
+  l.rstd2 = take(n);
+  l.b = take(n * d);
+  l.g = take(n * hid);
+  l.u = take(n * hid);
+  l.m = take(n * hid);
+  l.dg = take(n * hid);
+  l.du = take(n * hid);
+  l.dh = take(n * d);
+  l.db = take(n * d);
+  l.dq = take(n * d);
+  l.dk = take(n * kv_dim_);
+  l.dv = take(n * kv_dim_);
+  l.da = take(n * d);
+  l.scratch = take(config_.context * config_.context);
+  l.total = at;
+  return l;
+}
+
+int64_t LlamaBlock::StashBytes(int64_t rows) const {
+  return MakeLayout(rows).total * static_cast<int64_t>(sizeof(float));
+}
+
+FlopCount LlamaBlock::Flops(int64_t rows) const {
+  const double n = static_cast<double>(rows);
+  const double d = static_cast<double>(config_.dim);
+  const double kvd = static_cast<double>(kv_dim_);
+  const double hid = static_cast<double>(config_.hidden);
+  const double t = static_cast<double>(config_.context);
+  const double scores = n * static_cast<double>(config_.heads) * t;  // samples * H * T^2
+  // Weight GEMMs: q, o (d x d), k, v (K hd x d), gate, up, down (hidden x d).
+  const double weight_gemm = 2.0 * n * (2.0 * d * d + 2.0 * d * kvd + 3.0 * d * hid);
+  const double attn_gemm = 2.0 * n * t * d;  // one T x T x hd product per sample, all heads
+  const double rope = kRopeFlopsPerElement * n * (d + kvd);
+  FlopCount f;
+  f.forward = weight_gemm + 2.0 * attn_gemm + 2.0 * kRmsNormForwardFlopsPerElement * n * d +
+              kGqaSoftmaxForwardFlopsPerScore * scores + rope +
+              kSwiGluForwardFlopsPerElement * n * hid + 2.0 * n * d;  // residuals
+  f.backward_input =
+      weight_gemm + 4.0 * attn_gemm + 2.0 * (kRmsNormBackwardInputFlopsPerElement + 1.0) * n * d +
+      kGqaSoftmaxBackwardFlopsPerScore * scores + rope + kSwiGluBackwardFlopsPerElement * n * hid;
+  f.backward_weight = weight_gemm + 2.0 * kRmsNormBackwardWeightFlopsPerElement * n * d;
+  return f;
+}
+
+void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                  const Layout& l, float* s) const {
+  const int64_t n = x.rows();
+  const int64_t d = config_.dim;
+  auto w = [&params](int i, int64_t rows, int64_t cols) {
+    return ConstMatrixMap(params[i].data.data(), rows, cols);
+  };
+  MatrixMap a(s + l.a, n, d);
+  RmsNormForward(x, params[kNorm1W].data.data(), config_.norm_eps, a, s + l.rstd1);
+  MatrixMap q(s + l.q, n, d);
+  MatrixMap k(s + l.k, n, kv_dim_);
+  MatrixMap v(s + l.v, n, kv_dim_);
+  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q);
+  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k);
+  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v);
+  rope_.Apply(q);
+  rope_.Apply(k);
+  MatrixMap o(s + l.o, n, d);
+  GqaAttentionForward(shape_, AsConst(q), AsConst(k), AsConst(v), s + l.att, o);
+  MatrixMap h(s + l.h, n, d);
+  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h);
+  h += x;
+}
+
+void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s,
+                            MatrixMap y) const {
+  const int64_t n = y.rows();
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  const ConstMatrixMap h(s + l.h, n, d);
+  MatrixMap b(s + l.b, n, d);
+  RmsNormForward(h, params[kNorm2W].data.data(), config_.norm_eps, b, s + l.rstd2);
+  MatrixMap g(s + l.g, n, hid);
+  MatrixMap u(s + l.u, n, hid);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
+  float* m = s + l.m;
+  for (int64_t i = 0; i < n * hid; ++i) m[i] = Silu(g.data()[i]) * u.data()[i];
+  LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
+                nullptr, y);
+  y += h;
+}
+
+void LlamaBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
+                         Stash* stash) const {
+  assert(x.cols() == config_.dim && y.rows() == x.rows() && y.cols() == config_.dim &&
+         x.rows() % config_.context == 0 && params.size() == kNumParams);
+  const Layout l = MakeLayout(x.rows());
+  if (stash->data.size() != static_cast<size_t>(l.total)) {
+    stash->data.resize(static_cast<size_t>(l.total));
+  }
+  float* s = stash->data.data();
+  AttentionForward(params, x, l, s);
+  MlpForward(params, l, s, y);
+}
+
+void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy,
+                                  const Layout& l, float* s) const {
+  const int64_t n = dy.rows();
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  // dm = dy Wd (in the du region); dg = dm u silu'(g), du = dm silu(g).
+  MatrixMap du(s + l.du, n, hid);
+  LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du);
+  const float* g = s + l.g;
+  const float* u = s + l.u;
+  float* dg = s + l.dg;
+  for (int64_t i = 0; i < n * hid; ++i) {
+    const float dm = du.data()[i];
+    dg[i] = dm * u[i] * SiluGrad(g[i]);
+    du.data()[i] = dm * Silu(g[i]);
+  }
+  // db = dg Wg + du Wu; dh = dy + RMSNorm2'(db).
+  MatrixMap db(s + l.db, n, d);
+  LinearBackwardInput(ConstMatrixMap(dg, n, hid),
+                      ConstMatrixMap(params[kGateW].data.data(), hid, d), db);
+  db.noalias() += AsConst(du) * ConstMatrixMap(params[kUpW].data.data(), hid, d);
+  MatrixMap dh(s + l.dh, n, d);
+  dh = dy;
+  RmsNormBackwardInput(ConstMatrixMap(s + l.h, n, d), AsConst(db), params[kNorm2W].data.data(),
+                       s + l.rstd2, /*accumulate=*/true, dh);
+}
+
+void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows,
+                                        const Layout& l, float* s) const {
+  const int64_t n = rows;
+  const int64_t d = config_.dim;
+  auto w = [&params](int i, int64_t r, int64_t c) {
+    return ConstMatrixMap(params[i].data.data(), r, c);
+  };
+  // do = dh Wo (held in the da region until da is written).
+  MatrixMap dout(s + l.da, n, d);
+  LinearBackwardInput(ConstMatrixMap(s + l.dh, n, d), w(kOW, d, d), dout);
+  MatrixMap dq(s + l.dq, n, d);
+  MatrixMap dk(s + l.dk, n, kv_dim_);
+  MatrixMap dv(s + l.dv, n, kv_dim_);
+  GqaAttentionBackward(shape_, ConstMatrixMap(s + l.q, n, d), ConstMatrixMap(s + l.k, n, kv_dim_),
+                       ConstMatrixMap(s + l.v, n, kv_dim_), s + l.att, AsConst(dout), s + l.scratch,
+                       dq, dk, dv);
+  // Gradients of the pre-rotation q and k.
+  rope_.ApplyTranspose(dq);
+  rope_.ApplyTranspose(dk);
+  // da = dq Wq + dk Wk + dv Wv (in that order).
+  MatrixMap da(s + l.da, n, d);
+  LinearBackwardInput(AsConst(dq), w(kQW, d, d), da);
+  da.noalias() += AsConst(dk) * w(kKW, kv_dim_, d);
+  da.noalias() += AsConst(dv) * w(kVW, kv_dim_, d);
+}
+
+void LlamaBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                               Stash* stash, MatrixMap dx) const {
+  const int64_t n = x.rows();
+  const int64_t d = config_.dim;
+  const Layout l = MakeLayout(n);
+  assert(stash->data.size() == static_cast<size_t>(l.total));
+  float* s = stash->data.data();
+  MlpBackwardInput(params, dy, l, s);
+  AttentionBackwardInput(params, n, l, s);
+  if (dx.rows() == 0) return;
+  // dx = dh + RMSNorm1'(da).
+  dx = ConstMatrixMap(s + l.dh, n, d);
+  RmsNormBackwardInput(x, ConstMatrixMap(s + l.da, n, d), params[kNorm1W].data.data(), s + l.rstd1,
+                       /*accumulate=*/true, dx);
+}
+
+void LlamaBlock::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                ConstMatrixMap dy, const Stash& stash,
+                                absl::Span<Tensor> grads) const {
+  const int64_t n = x.rows();
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  const Layout l = MakeLayout(n);
+  assert(stash.data.size() == static_cast<size_t>(l.total));
+  const float* s = stash.data.data();
+  auto g = [&grads](int i, int64_t r, int64_t c) { return MatrixMap(grads[i].data.data(), r, c); };
+  LinearBackwardWeight(ConstMatrixMap(s + l.m, n, hid), dy, g(kDownW, d, hid), nullptr);
+  const ConstMatrixMap b(s + l.b, n, d);
+  LinearBackwardWeight(b, ConstMatrixMap(s + l.dg, n, hid), g(kGateW, hid, d), nullptr);
+  LinearBackwardWeight(b, ConstMatrixMap(s + l.du, n, hid), g(kUpW, hid, d), nullptr);
+  RmsNormBackwardWeight(ConstMatrixMap(s + l.h, n, d), ConstMatrixMap(s + l.db, n, d), s + l.rstd2,
+                        grads[kNorm2W].data.data());
+  LinearBackwardWeight(ConstMatrixMap(s + l.o, n, d), ConstMatrixMap(s + l.dh, n, d), g(kOW, d, d),
+                       nullptr);
+  const ConstMatrixMap a(s + l.a, n, d);
+  LinearBackwardWeight(a, ConstMatrixMap(s + l.dq, n, d), g(kQW, d, d), nullptr);
+  LinearBackwardWeight(a, ConstMatrixMap(s + l.dk, n, kv_dim_), g(kKW, kv_dim_, d), nullptr);
+  LinearBackwardWeight(a, ConstMatrixMap(s + l.dv, n, kv_dim_), g(kVW, kv_dim_, d), nullptr);
+  RmsNormBackwardWeight(x, ConstMatrixMap(s + l.da, n, d), s + l.rstd1, grads[kNorm1W].data.data());
+}
+
+}  // namespace pipetrain::math
