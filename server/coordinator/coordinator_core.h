@@ -38,13 +38,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/job/job_spec.h"
 #include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
 #include "server/coordinator/job.h"
 #include "server/coordinator/job_journal.h"
-#include "server/coordinator/job_spec.h"
 #include "server/coordinator/op_thread.h"
 #include "server/coordinator/worker_channel.h"
 #include "server/coordinator/worker_registry.h"
@@ -98,7 +98,7 @@ struct CoordinatorOptions {
   // How often the housekeeping thread looks at leases and retention. Default 1 s.
   absl::Duration housekeeping_interval = absl::Seconds(1);
   // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
-  JobLimits job_limits;
+  job::JobLimits job_limits;
 
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;
@@ -290,7 +290,7 @@ class CoordinatorCore {
   absl::StatusOr<std::optional<model::CheckpointManifest>> VerifyResume(
       v1::JobSpec& spec, const model::Model& net) const;
   // A new job on S idle workers (under the lock); returns its id and the workers' speeds.
-  absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const CheckedJobSpec& checked,
+  absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const job::CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends Assign to every rank and waits for every Assigned: READY, or FAILED with the error. A

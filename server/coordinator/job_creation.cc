@@ -50,7 +50,7 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
 void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& owner,
                                const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
   v1::JobSpec spec = request;
-  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
+  absl::StatusOr<job::CheckedJobSpec> checked = job::CheckJobSpec(options_.job_limits, &spec);
   if (!checked.ok()) return done(checked.status());
   absl::StatusOr<std::optional<model::CheckpointManifest>> resume =
       VerifyResume(spec, *checked->model);
@@ -70,7 +70,7 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
   }
   // Partition without the lock: pure compute on this thread's own data.
   absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-      PartitionChunks(spec, *checked->model, checked->plan, speeds);
+      job::PartitionChunks(spec, *checked->model, checked->plan, speeds);
   absl::MutexLock lock(&mu_);
   job->mu.AssertHeld();  // the job lives until its thread was joined, after it ended.
   if (!cut.ok() && !IsTerminal(job->state)) FailJob(*job, cut.status().ToString());
@@ -91,7 +91,7 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
 }
 
 absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
-    v1::JobSpec& spec, const CheckedJobSpec& checked,
+    v1::JobSpec& spec, const job::CheckedJobSpec& checked,
     std::optional<model::CheckpointManifest> resume) {
   if (shutting_down_) return absl::CancelledError("coordinator shutting down");
   const int S = spec.stages();

@@ -1,17 +1,19 @@
-#include "server/coordinator/job_spec.h"
+#include "common/job/job_spec.h"
 
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/math/isa.h"
 #include "common/model/optimizer_proto.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/validator.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
-#include "server/coordinator/job_isa.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::job {
 
 namespace {
 
@@ -64,6 +66,23 @@ absl::StatusOr<std::unique_ptr<model::Model>> BuildModel(const JobLimits& limits
 
 }  // namespace
 
+JobLimits JobLimits::Unlimited() {
+  JobLimits limits;
+  limits.max_layers = std::numeric_limits<int32_t>::max();
+  limits.max_microbatches = std::numeric_limits<int32_t>::max();
+  limits.model.max_parameter_bytes = std::numeric_limits<int64_t>::max();
+  limits.model.max_activation_bytes = std::numeric_limits<int64_t>::max();
+  return limits;
+}
+
+absl::Status CheckJobIsa(const v1::JobSpec& spec) {
+  if (spec.isa().empty() || math::IsaFromName(spec.isa()).has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("isa '", spec.isa(),
+                   "' is not an instruction-set level (x86-64-v3, x86-64-v4, "
+                   "generic)"));
+}
+
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
   PT_RETURN_IF_ERROR(CheckCaps(limits, *spec));
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
@@ -107,12 +126,8 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   params.virtual_stages = spec.virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
-  const int64_t chunks = int64_t{spec.stages()} * spec.virtual_stages();
-  if (net.num_layers() < chunks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", net.num_layers(), " layers, fewer than the ", chunks, " chunks of ",
-        spec.stages(), " stages x ", spec.virtual_stages(), " virtual stages"));
-  }
+  PT_RETURN_IF_ERROR(
+      partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(), spec.virtual_stages()));
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
   return plan;
@@ -140,4 +155,4 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
   return std::make_pair(std::move(chunks), cut.imbalance);
 }
 
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::job
