@@ -38,7 +38,8 @@ done
 
 rm -rf "$work"
 cmake -S "$src" -B "$work" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_TESTS=OFF \
-  -DPIPETRAIN_BUILD_BENCH=OFF >"$work.log" 2>&1 || {
+  -DPIPETRAIN_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=0 \
+  >"$work.log" 2>&1 || {
   cat "$work.log" >&2
   fail "the demo's configure failed"
   exit 1
