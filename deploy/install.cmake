@@ -3,7 +3,8 @@
 #   bin/                      pipetrain, coordinator, stage_worker
 #   share/pipetrain/data/     the bundled data sets (found from bin/ at run time: common/io/data_dir.h)
 #   share/pipetrain/examples/ model specs
-#   include/pipetrain/        the client SDK's headers (client/sdk/client.h and what it includes)
+#   include/pipetrain/        the client SDK's headers (client/sdk/client.h, job_watch.h and what
+#                             they include)
 #   lib/                      the SDK's static libraries, lib/cmake/pipetrain/ its CMake package
 include_guard(GLOBAL)
 include(GNUInstallDirs)
@@ -23,8 +24,8 @@ install(TARGETS pipetrain_client pipetrain_proto pipetrain_wire pipetrain_eigen 
   pipetrain_warnings pipetrain_net pipetrain_secret pipetrain_io
   EXPORT pipetrain-targets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT sdk)
-install(FILES ${CMAKE_SOURCE_DIR}/client/sdk/client.h DESTINATION ${_pt_sdk_include}/client/sdk
-  COMPONENT sdk)
+install(FILES ${CMAKE_SOURCE_DIR}/client/sdk/client.h ${CMAKE_SOURCE_DIR}/client/sdk/job_watch.h
+  DESTINATION ${_pt_sdk_include}/client/sdk COMPONENT sdk)
 install(FILES ${CMAKE_SOURCE_DIR}/common/math/tensor.h DESTINATION ${_pt_sdk_include}/common/math
   COMPONENT sdk)
 install(FILES ${CMAKE_SOURCE_DIR}/common/net/transport_security.h

@@ -1,11 +1,15 @@
 #include "client/cli/job_commands.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/progress.h"
 #include "client/sdk/client.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -20,6 +24,20 @@ std::string StateName(v1::JobState state) {
   if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return name;
+}
+
+// The ETA of `job`'s progress: "0:07"; "unknown" for a live job whose client did not say how many
+// steps it runs (JobSpec.planned_steps) or that has no pace yet; "-" once it ended.
+std::string EtaText(const v1::JobStatus& job) {
+  if (job.ended_unix_ms() > 0) return "-";
+  if (!job.progress().has_eta_seconds()) return "unknown";
+  return FormatClock(absl::Seconds(job.progress().eta_seconds()));
+}
+
+// Steps done, "/target" when the target is known: "30/100".
+std::string StepsText(const v1::JobStatus& job) {
+  const int64_t target = job.progress().target_step();
+  return target > 0 ? absl::StrCat(job.steps_done(), "/", target) : absl::StrCat(job.steps_done());
 }
 
 // Whole seconds, minutes or hours since `unix_ms`: "42s", "7m", "3h".
@@ -48,6 +66,32 @@ absl::Status RequireJob(const JobCommandOptions& o, const char* command) {
   return absl::OkStatus();
 }
 
+// What `checkpoint` did, as text or one JSON object.
+void PrintCheckpoint(const JobCommandOptions& o, const v1::CheckpointResponse& saved,
+                     const v1::JobStatus& job, std::ostream& out) {
+  const bool finished = job.state() == v1::JOB_STATE_DONE;
+  if (o.json) {
+    const nlohmann::ordered_json j = {{"job", job.job()},
+                                      {"step", saved.step()},
+                                      {"directory", saved.directory()},
+                                      {"state", StateName(job.state())},
+                                      {"data_position", saved.has_data_position()}};
+    out << j.dump() << "\n";
+    return;
+  }
+  out << absl::StrFormat("checkpoint of step %d written to %s\n", saved.step(), saved.directory());
+  if (!saved.has_data_position()) {
+    out << "  its manifest has no data set or data cursor (no client gave them for this step): "
+           "`pipetrain evaluate` reads it, `pipetrain train --resume` does not\n";
+  }
+  if (finished) {
+    out << absl::StrFormat("job %s finished; its workers are free\n", job.job());
+  } else {
+    out << absl::StrFormat("job %s left %s: a client is training it\n", job.job(),
+                           StateName(job.state()));
+  }
+}
+
 void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
   out << absl::StrFormat("job %s: %s", job.job(), StateName(job.state()));
   if (!job.reason().empty()) out << " (" << job.reason() << ")";
@@ -55,6 +99,15 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
                          job.generation(), Age(job.created_unix_ms(), now));
   if (job.ended_unix_ms() > 0) out << ", ended " << Age(job.ended_unix_ms(), now) << " ago";
   out << (job.client_attached() ? ", a client is training it" : "") << "\n";
+  const v1::JobProgress& p = job.progress();
+  if (p.step() > 0) {
+    out << absl::StrFormat("  step %d: loss %.6f, %.0f samples/s, step %.1f ms; ETA %s\n", p.step(),
+                           p.loss(), p.samples_per_second(), p.step_ms(), EtaText(job));
+  }
+  if (p.target_step() > 0) {
+    out << absl::StrFormat("  target step %d (%d to go)\n", p.target_step(),
+                           std::max<int64_t>(0, p.target_step() - job.steps_done()));
+  }
   const v1::JobSpec& s = job.spec();
   out << absl::StrFormat(
       "  %d stages x %d virtual, schedule %s, %d micro-batches, seed %d, %d threads, imbalance "
@@ -69,6 +122,19 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
     out << absl::StrFormat("  rank %d  %-16s %-22s layers %s\n", st.rank(), st.worker(),
                            st.address(), absl::StrJoin(layers, " "));
   }
+}
+
+// The "progress" object of a job's JSON: nulls where there is no figure yet (no step, no target,
+// no ETA).
+nlohmann::ordered_json ProgressJson(const v1::JobProgress& p) {
+  const nlohmann::ordered_json none;
+  return {
+      {"step", p.step()},
+      {"loss", p.step() > 0 ? nlohmann::ordered_json(p.loss()) : none},
+      {"samples_per_second", p.step() > 0 ? nlohmann::ordered_json(p.samples_per_second()) : none},
+      {"step_ms", p.step() > 0 ? nlohmann::ordered_json(p.step_ms()) : none},
+      {"target_step", p.target_step() > 0 ? nlohmann::ordered_json(p.target_step()) : none},
+      {"eta_s", p.has_eta_seconds() ? nlohmann::ordered_json(p.eta_seconds()) : none}};
 }
 
 }  // namespace
@@ -95,6 +161,7 @@ std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
       {"age_s", absl::ToInt64Seconds(now - absl::FromUnixMillis(job.created_unix_ms()))},
       {"client_attached", job.client_attached()},
       {"workers", stages},
+      {"progress", ProgressJson(job.progress())},
   };
   return j.dump();
 }
@@ -111,12 +178,18 @@ absl::Status RunJobsCommand(const JobCommandOptions& o, std::ostream& out) {
     out << "no jobs\n";
     return absl::OkStatus();
   }
-  out << absl::StrFormat("%-22s %-10s %7s %6s %-11s %5s  %s\n", "JOB", "STATE", "STEPS", "STAGES",
-                         "SCHEDULE", "AGE", "REASON");
+  constexpr char kRow[] = "%-22s %-10s %13s %6s %-11s %5s %10s %9s %8s %8s  %s\n";
+  out << absl::StrFormat(kRow, "JOB", "STATE", "STEPS", "STAGES", "SCHEDULE", "AGE", "LOSS",
+                         "SAMPLES/S", "STEP_MS", "ETA", "REASON");
   for (const v1::JobStatus& job : jobs) {
-    out << absl::StrFormat("%-22s %-10s %7d %6d %-11s %5s  %s\n", job.job(), StateName(job.state()),
-                           job.steps_done(), job.spec().stages(), job.spec().schedule(),
-                           Age(job.created_unix_ms(), now), job.reason());
+    const v1::JobProgress& p = job.progress();
+    const bool stepped = p.step() > 0;
+    out << absl::StrFormat(
+        kRow, job.job(), StateName(job.state()), StepsText(job), absl::StrCat(job.spec().stages()),
+        job.spec().schedule(), Age(job.created_unix_ms(), now),
+        stepped ? absl::StrFormat("%.6f", p.loss()) : "-",
+        stepped ? absl::StrFormat("%.0f", p.samples_per_second()) : "-",
+        stepped ? absl::StrFormat("%.1f", p.step_ms()) : "-", EtaText(job), job.reason());
   }
   return absl::OkStatus();
 }
@@ -151,6 +224,34 @@ absl::Status RunCancelCommand(const JobCommandOptions& o, std::ostream& out) {
     out << absl::StrFormat("job %s cancelled after %d steps; its %d workers are free\n", job.job(),
                            job.steps_done(), job.stages_size());
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunCheckpointCommand(const JobCommandOptions& o, std::ostream& out) {
+  PT_RETURN_IF_ERROR(RequireJob(o, "checkpoint"));
+  if (o.save_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "usage: pipetrain checkpoint JOB --save DIR --coordinator HOST:PORT (DIR on the "
+        "coordinator's host, under its --checkpoint-root)");
+  }
+  if (o.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep-checkpoints must be >= 1, got ", o.keep_checkpoints));
+  }
+  std::error_code ec;
+  const std::string dir = std::filesystem::absolute(o.save_dir, ec).string();
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("--save ", o.save_dir, ": ", ec.message()));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, Connect(o));
+  // The coordinator keeps the data position the job's client gave for this step.
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      client->Checkpoint(o.job, dir, o.keep_checkpoints));
+  PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->GetJob(o.job));
+  // A job no client trains is done once its weights are saved; one that a client trains is its.
+  if (!job.client_attached() && job.state() == v1::JOB_STATE_READY) {
+    PT_ASSIGN_OR_RETURN(job, client->FinishJob(o.job));
+  }
+  PrintCheckpoint(o, saved, job, out);
   return absl::OkStatus();
 }
 

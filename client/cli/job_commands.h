@@ -1,5 +1,5 @@
-// `pipetrain jobs`, `pipetrain status JOB` and `pipetrain cancel JOB`: what a coordinator's jobs
-// are doing, and ending one, from the command line.
+// `pipetrain jobs`, `pipetrain status JOB`, `pipetrain cancel JOB` and `pipetrain checkpoint JOB`:
+// what a coordinator's jobs are doing, ending one, and saving one's weights, from the command line.
 #ifndef PIPETRAIN_CLIENT_CLI_JOB_COMMANDS_H_
 #define PIPETRAIN_CLIENT_CLI_JOB_COMMANDS_H_
 
@@ -14,26 +14,40 @@
 namespace pipetrain::cli {
 
 struct JobCommandOptions {
-  std::string coordinator;  // --coordinator: HOST:PORT. Required.
-  std::string job;          // the JOB argument of `status` and `cancel`.
-  std::string reason;       // --reason (cancel): recorded with the job. Default: "cancelled by
-                            // pipetrain cancel".
-  bool json = false;        // --json: one JSON object per job instead of text.
+  std::string coordinator;   // --coordinator: HOST:PORT. Required.
+  std::string job;           // the JOB argument of `status`, `cancel` and `checkpoint`.
+  std::string reason;        // --reason (cancel): recorded with the job. Default: "cancelled by
+                             // pipetrain cancel".
+  bool json = false;         // --json: one JSON object per job instead of text.
+  std::string save_dir;      // --save (checkpoint): the checkpoint directory, on the
+                             // coordinator's host. Required by `checkpoint`.
+  int keep_checkpoints = 2;  // --keep-checkpoints (checkpoint): checkpoints of it kept, >= 1.
   // Keepalive and deadlines of the connection to the coordinator (the SDK's defaults).
   client::ClientOptions client;
 };
 
 // `jobs`: one line per job the coordinator knows (ended ones for its retention period), oldest
-// first: id, state, steps done, stages, schedule, age and the reason of an ended job.
+// first: id, state, steps done (of the target step, when its client said how many it runs),
+// stages, schedule, age, the last step's loss, samples/s and step time, the ETA ("unknown" without
+// a target, "-" once ended) and the reason of an ended job.
 absl::Status RunJobsCommand(const JobCommandOptions& options, std::ostream& out);
 
-// `status JOB`: the job's state, steps, spec and stages (worker, address, layers). NOT_FOUND for
-// an unknown job.
+// `status JOB`: the job's state, steps, progress (as `jobs`), spec and stages (worker, address,
+// layers). NOT_FOUND for an unknown job.
 absl::Status RunStatusCommand(const JobCommandOptions& options, std::ostream& out);
 
 // `cancel JOB`: cancels the job (a step in flight is aborted, its workers freed) and prints its
 // final status. Cancelling a job that already ended changes nothing and says so.
 absl::Status RunCancelCommand(const JobCommandOptions& options, std::ostream& out);
+
+// `checkpoint JOB --save DIR`: writes a checkpoint of the job's weights into DIR on the
+// coordinator's host (with the data position its client gave for that step, if any: a retry of a
+// `train` whose save failed resumes exactly), then finishes the job (DONE, its workers freed) —
+// unless a client is training it (a Train stream is open), which it then leaves running. Prints
+// what it did (`--json`: one object {"job", "step", "directory", "state", "data_position"}).
+// INVALID_ARGUMENT without JOB or --save; the coordinator's errors otherwise (a failed save
+// leaves the job as it was, for another try).
+absl::Status RunCheckpointCommand(const JobCommandOptions& options, std::ostream& out);
 
 // The JSON object of one job (as `jobs --json` and `status --json` print it), relative to `now`.
 std::string JobStatusJson(const v1::JobStatus& job, absl::Time now);

@@ -239,6 +239,7 @@ void PrintCluster(const LocalCommandOptions& o, const std::string& address,
     out << "  workers not pinned: " << S << " x " << o.train.training.threads
         << " compute threads > the " << allowed_cpus << " CPUs here\n";
   }
+  out.flush();
 }
 
 // Starts the daemons, then trains `prepared` on them.
@@ -256,6 +257,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const LocalDaemons& daemon
   PrintCluster(o, address, log_dir, cpus, allowed.size(), out);
   TrainCommandOptions train = o.train;
   train.coordinator = address;
+  train.own_coordinator = true;  // it stops with this run.
   absl::Status status =
       RunPreparedTrainCommand(train, prepared, out, [] { return InterruptScope::Interrupted(); });
   if (!status.ok()) {
@@ -294,6 +296,9 @@ absl::StatusOr<PreparedTrain> PrepareLocalCommand(const LocalCommandOptions& o,
   // its flags' default caps.
   PT_ASSIGN_OR_RETURN(PreparedTrain prepared,
                       PrepareTrainCommand(o.train, job::JobLimits(), /*shares_files=*/true));
+  // A bad --save fails before the daemons start (created, and proved writable, only once the job
+  // is known to be one that can run).
+  PT_RETURN_IF_ERROR(CheckSaveDirectory(o.train.training));
   PT_ASSIGN_OR_RETURN(daemons->coordinator,
                       FindBinary(o.coordinator_binary, kCoordinatorBinaryEnv, "coordinator",
                                  "server/coordinator", PIPETRAIN_COORDINATOR_BINARY));

@@ -5,6 +5,8 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
+//   pipetrain jobs | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
+//     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -32,6 +34,7 @@
 #include "client/cli/train_command.h"
 #include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
+#include "client/cli/watch_command.h"
 #include "common/model/model.h"
 #include "common/net/token_auth.h"
 #include "common/util/command_line.h"
@@ -60,14 +63,15 @@ ABSL_FLAG(std::string, optimizer, "adamw",
 ABSL_FLAG(std::string, lr_schedule, "constant",
           "learning-rate schedule: constant | warmup-cosine | warmup-linear (linear warm-up over "
           "--warmup-steps updates, then constant or a decay to --lr-min at --lr-decay-steps)");
-ABSL_FLAG(int64_t, warmup_steps, 0, "updates of linear learning-rate warm-up (0: none)");
+ABSL_FLAG(int64_t, warmup_steps, 0, "updates of linear learning-rate warm-up");
 ABSL_FLAG(int64_t, lr_decay_steps, 0,
-          "warmup-cosine/-linear: the update at which the rate reaches --lr-min; 0: --steps (give "
-          "it to stop and resume mid-schedule)");
+          "warmup-cosine/-linear: the update at which the rate reaches --lr-min (give it to stop "
+          "and resume mid-schedule)");
 ABSL_FLAG(double, lr_min, 0, "warmup-cosine/-linear: the final learning rate, in [0, lr]");
 ABSL_FLAG(std::string, save, "",
-          "checkpoint directory (created if missing, checked writable before the first step): a "
-          "checkpoint at the end, and every --checkpoint-every steps");
+          "checkpoint directory: a checkpoint at the end, and every --checkpoint-every steps "
+          "(train/local: on the coordinator's host, checked when the job is created; checkpoint: "
+          "where the job's weights go)");
 ABSL_FLAG(std::string, resume, "",
           "the checkpoint directory to read (what --save wrote): training continues from it "
           "(train/local: a directory on the coordinator's host); evaluate evaluates it");
@@ -82,24 +86,21 @@ ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
           "held-out samples to evaluate at the end (0: all; train/local: of the final --save "
           "checkpoint, and only when given)");
 ABSL_FLAG(int64_t, eval_every, 0,
-          "held-out evaluation (of --eval-samples samples) after every N-th step; 0: none "
-          "(train/local: of the checkpoint then written to --save)");
-ABSL_FLAG(int64_t, log_every, 10, "steps between progress lines (without --json)");
+          "held-out evaluation (of --eval-samples samples) after every N-th step (train/local: of "
+          "the checkpoint then written to --save)");
+ABSL_FLAG(int64_t, log_every, 10,
+          "steps between progress lines (without --json; watch: step numbers between them)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
-          "with --save: also checkpoint after every step whose number is a multiple of N "
-          "(0: only at the end)");
+          "with --save: also checkpoint after every step whose number is a multiple of N");
 ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
-ABSL_FLAG(std::string, tls_cert, "",
-          "train/jobs/status/cancel: this client's PEM certificate (mTLS to the coordinator)");
-ABSL_FLAG(std::string, tls_key, "", "train/jobs/status/cancel: the private key of --tls-cert");
-ABSL_FLAG(std::string, tls_ca, "",
-          "train/jobs/status/cancel: PEM CA certificate that signs the coordinator's (TLS on)");
-ABSL_FLAG(std::string, token_file, "",
-          "train/jobs/status/cancel: send the first token of this file to the coordinator");
+ABSL_FLAG(std::string, tls_cert, "", "this client's PEM certificate (mTLS to the coordinator)");
+ABSL_FLAG(std::string, tls_key, "", "the private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate that signs the coordinator's (TLS on)");
+ABSL_FLAG(std::string, token_file, "", "send the first token of this file to the coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
           "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
@@ -107,13 +108,12 @@ ABSL_FLAG(std::string, trace, "",
           "train/local: write the measured timeline of the last step (or of --trace-steps) to "
           "FILE: FILE.svg an SVG picture, FILE.txt an ASCII picture, any other name a Chrome "
           "trace for Perfetto (compute, wait, send and receive spans per rank)");
-ABSL_FLAG(std::string, trace_steps, "",
-          "train/local: with --trace, the steps A:B (or A) to trace instead of the last one");
+ABSL_FLAG(std::string, trace_steps, "", "train/local: with --trace, the steps A:B (or A) to trace");
 ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),
           "train/local: how long a job that lost a worker waits for an idle one to take its place");
 ABSL_FLAG(int32_t, min_stages, 0,
           "train/local: with no replacement in time, re-partition onto the surviving workers with "
-          "fewer stages, down to this many (0: never; the job fails)");
+          "fewer stages, down to this many");
 ABSL_FLAG(bool, pin_workers, true,
           "local: run each stage worker on CPUs of its own (--threads each) when they fit the "
           "CPUs here (faster transfers; docs/performance.md, \"One core per worker\"); false: "
@@ -121,7 +121,7 @@ ABSL_FLAG(bool, pin_workers, true,
 ABSL_FLAG(absl::Duration, reconnect_timeout, absl::Minutes(1),
           "train: how long to wait for a coordinator that went away (restarting with --state-dir) "
           "to answer again before giving up");
-// jobs / status / cancel
+// jobs / status / watch / cancel
 ABSL_FLAG(std::string, reason, "", "cancel: why the job is cancelled (recorded with the job)");
 // schedule / partition
 ABSL_FLAG(std::string, kind, "",
@@ -157,7 +157,26 @@ const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert"
 // clang-format on
 // The defaults `train` and `local` use where the flag's own stands for "not given".
 const std::map<std::string, std::string> kPipelineDefaults = {
-    {"stages", "1"}, {"isa", "the highest all the job's workers run"}};
+    {"model", kRequired}, {"stages", "1"}, {"isa", "the highest all the job's workers run"}};
+// The headings `pipetrain COMMAND --help` lists flags under, each flag under one.
+const std::vector<HelpTopic> kFlagTopics = {
+    {"model and data",
+     {"model", "data", "data_dir", "batch", "steps", "seed", "eval_samples", "eval_every"}},
+    {"schedule",
+     {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
+      "min_stages"}},
+    {"optimizer", {"optimizer", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min"}},
+    {"checkpoints", {"save", "checkpoint_every", "keep_checkpoints", "resume", "checkpoint"}},
+    {"compute", {"threads", "isa", "max_isa", "pin_workers"}},
+    {"service",
+     {"coordinator", "reconnect_timeout", "replace_timeout", "reason", "tls_cert", "tls_key",
+      "tls_ca", "token_file"}},
+    {"output", {"json", "log_every", "format", "trace", "trace_steps"}}};
+// The headings `pipetrain help` lists the commands under.
+const std::vector<HelpTopic> kCommandTopics = {
+    {"training commands", {"reference", "train", "local", "evaluate"}},
+    {"planning commands (no coordinator needed)", {"schedule", "partition"}},
+    {"commands for the jobs of a coordinator", {"jobs", "status", "watch", "cancel"}}};
 
 // `base` followed by `more`.
 std::vector<std::string> Concat(std::vector<std::string> base,
@@ -190,7 +209,7 @@ const ProgramSpec& Program() {
            "",
            "train in one process with the reference trainer (the oracle)",
            Concat(kTrainingFlags, {"max_isa"}),
-           {{"isa", "the highest this CPU runs"}, {"eval_samples", "1000"}}},
+           {{"model", kRequired}, {"isa", "the highest this CPU runs"}, {"eval_samples", "1000"}}},
           {"schedule",
            "",
            "generate, validate, simulate and draw a pipeline schedule",
@@ -219,12 +238,20 @@ const ProgramSpec& Program() {
            {"resume", "checkpoint", "data", "data_dir", "eval_samples", "json"},
            {{"resume", kRequired}, {"data", "the checkpoint's"}, {"eval_samples", "1000"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
-          {"status", "JOB", "one job's state, steps and stages", kJobFlags},
+          {"status", "JOB", "one job's state, progress and stages", kJobFlags},
+          {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
+           Concat(kJobFlags, {"log_every"})},
           {"cancel", "JOB", "cancel a job and free its workers", Concat(kJobFlags, {"reason"})},
+          {"checkpoint",
+           "JOB",
+           "save a job's weights (e.g. after train's final save failed), then finish it",
+           Concat(kJobFlags, {"save", "keep_checkpoints"}),
+           {{"save", kRequired}}},
       },
       {},
       "environment:\n"
-      "  PIPETRAIN_COORDINATOR  HOST:PORT used when --coordinator is not given\n"
+      "  PIPETRAIN_COORDINATOR  HOST:PORT used by train, jobs, status, watch and cancel when\n"
+      "                         --coordinator is not given\n"
       "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
       "given\n"
       "  PIPETRAIN_COORDINATOR_BINARY, PIPETRAIN_STAGE_WORKER_BINARY  the daemons `local` "
@@ -236,7 +263,14 @@ const ProgramSpec& Program() {
       {{"data_dir", "$PIPETRAIN_DATA_DIR, else ../share/pipetrain/data beside this binary"},
        {"coordinator", "$PIPETRAIN_COORDINATOR"},
        {"token_file", "$PIPETRAIN_TOKEN, with TLS"},
-       {"virtual", "the schedule's"}}};
+       {"virtual", "the schedule's"},
+       {"lr_decay_steps", "--steps"},
+       {"eval_every", "none"},
+       {"checkpoint_every", "only at the end"},
+       {"min_stages", "never: the job fails instead"},
+       {"trace_steps", "the last step"}},
+      kFlagTopics,
+      kCommandTopics};
   return *program;
 }
 
@@ -355,7 +389,22 @@ absl::Status RunTrain(const CommandLine& line) {
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
 
-// `jobs`, `status JOB`, `cancel JOB`: `job` is the JOB argument ("" for jobs).
+// `watch JOB`: Ctrl-C (SIGINT) or SIGTERM ends the watch, not the job.
+absl::Status RunWatch(const CommandLine& line, const std::string& job) {
+  WatchCommandOptions o;
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
+  o.coordinator = CoordinatorAddress(line);
+  o.job = job;
+  o.json = absl::GetFlag(FLAGS_json);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  if (o.log_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--log-every must be >= 1, got ", o.log_every));
+  }
+  InterruptScope interrupts;
+  return RunWatchCommand(o, std::cout);
+}
+
+// `jobs`, `status JOB`, `cancel JOB`, `checkpoint JOB`: `job` is the JOB argument ("" for jobs).
 absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   const std::string& command = line.command->name;
   JobCommandOptions o;
@@ -364,8 +413,11 @@ absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   o.job = job;
   o.reason = absl::GetFlag(FLAGS_reason);
   o.json = absl::GetFlag(FLAGS_json);
+  o.save_dir = absl::GetFlag(FLAGS_save);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   if (command == "jobs") return RunJobsCommand(o, std::cout);
   if (command == "status") return RunStatusCommand(o, std::cout);
+  if (command == "checkpoint") return RunCheckpointCommand(o, std::cout);
   return RunCancelCommand(o, std::cout);
 }
 
@@ -484,7 +536,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string& command = line.command->name;
-  // `status` and `cancel` take the job as their one argument; every other command takes none.
+  // `status`, `watch`, `cancel` and `checkpoint` take the job as their one argument; the others
+  // take none.
   const size_t arity = line.command->args.empty() ? 0 : 1;
   // A missing JOB is the command's error (it names its usage); an extra argument is ours.
   if (line.args.size() > arity) {
@@ -505,7 +558,9 @@ int Main(int argc, char** argv) {
     status = RunTrain(line);
   } else if (command == "local") {
     status = RunLocal(line);
-  } else {  // jobs, status, cancel
+  } else if (command == "watch") {
+    status = RunWatch(line, line.args.empty() ? "" : line.args[0]);
+  } else {  // jobs, status, cancel, checkpoint
     status = RunJobCommand(line, line.args.empty() ? "" : line.args[0]);
   }
   std::cout.flush();

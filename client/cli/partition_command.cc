@@ -83,7 +83,7 @@ std::string HumanBytes(double x) {
   return unit == 0 ? absl::StrFormat("%.0f B", x) : absl::StrFormat("%.2f %s", x, kUnits[unit]);
 }
 
-// "0-4" or "0-1,14-15": the layer ranges of a worker's chunks (inclusive).
+// "0-4" or "0-1,14-15": the layer ranges of a rank's chunks (inclusive).
 std::string LayerRanges(const partition::Partition& p, const std::vector<int>& chunks) {
   std::vector<std::string> parts;
   for (int c : chunks) {
@@ -97,12 +97,12 @@ std::string LayerRanges(const partition::Partition& p, const std::vector<int>& c
 std::string TextReport(const PartitionCommandOptions& o, const partition::Partition& p) {
   const int s = p.placement.stages;
   std::string out = absl::StrCat(
-      "partition of ", o.layer_costs.size(), " layers over ", s, " workers (",
+      "partition of ", o.layer_costs.size(), " layers over ", s, " ranks (",
       schedule::PlacementKindName(p.placement.kind), " placement, ", p.placement.num_chunks(),
       " chunks): ", p.proven_optimal ? "optimal" : "best found (search budget exhausted)", "\n");
   const bool memory = !o.layer_memory.empty();
   const std::string header =
-      absl::StrFormat("%-7s %-9s %-13s %-11s %-8s %-11s %s", "worker", "chunks", "layers", "cost",
+      absl::StrFormat("%-7s %-9s %-13s %-11s %-8s %-11s %s", "rank", "chunks", "layers", "cost",
                       "speed", "time", memory ? "memory" : "");
   absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(header), "\n");
   for (int w = 0; w < s; ++w) {
@@ -118,7 +118,7 @@ std::string TextReport(const PartitionCommandOptions& o, const partition::Partit
   for (double t : p.worker_time) mean += t;
   mean /= s;
   absl::StrAppend(&out, "boundaries: ", absl::StrJoin(p.boundaries, " "), "\n");
-  absl::StrAppend(&out, "bottleneck ", FormatNumber(p.bottleneck), " (worker ", p.bottleneck_worker,
+  absl::StrAppend(&out, "bottleneck ", FormatNumber(p.bottleneck), " (rank ", p.bottleneck_worker,
                   "), mean ", FormatNumber(mean), ", imbalance ", FormatNumber(p.imbalance),
                   " (max/mean)\n");
   return out;

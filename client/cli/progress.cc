@@ -7,16 +7,22 @@
 #include "absl/time/clock.h"
 
 namespace pipetrain::cli {
-namespace {
-
-// "m:ss", or "h:mm:ss" from an hour on.
-std::string Clock(absl::Duration d) {
+std::string FormatClock(absl::Duration d) {
   const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d));
   if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
-}  // namespace
+std::string PlainStepLine(int64_t step, float loss, double samples_per_second,
+                          std::optional<std::pair<double, double>> bubbles) {
+  std::string line =
+      absl::StrFormat("step %6d  loss %.6f  %.0f samples/s", step, loss, samples_per_second);
+  if (bubbles.has_value()) {
+    line += absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)", 100 * bubbles->first,
+                            100 * bubbles->second);
+  }
+  return line;
+}
 
 ProgressLine::ProgressLine(std::ostream& out, ProgressOptions options)
     : out_(out), options_(std::move(options)), start_(Now()), window_start_(start_) {}
@@ -38,14 +44,11 @@ void ProgressLine::Step(const ProgressStep& s) {
   const double secs = absl::ToDoubleSeconds(now - window_start_);
   if (!options_.terminal) {
     if (s.step % options_.log_every != 0 && count_ != 1 && count_ != options_.steps) return;
-    out_ << absl::StrFormat("step %6d  loss %.6f  %.0f samples/s", s.step, s.loss,
-                            secs > 0 ? window_samples_ / secs : 0.0);
+    std::optional<std::pair<double, double>> bubbles;
     if (options_.pipeline) {
-      out_ << absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)",
-                              100 * window_bubble_ / window_steps_,
-                              100 * window_predicted_ / window_steps_);
+      bubbles.emplace(window_bubble_ / window_steps_, window_predicted_ / window_steps_);
     }
-    out_ << "\n";
+    out_ << PlainStepLine(s.step, s.loss, secs > 0 ? window_samples_ / secs : 0.0, bubbles) << "\n";
     out_.flush();
     StartWindow(now);
     return;
@@ -109,10 +112,10 @@ std::string ProgressLine::LiveText(bool final) const {
     text += absl::StrFormat("  bubble %.1f%% (predicted %.1f%%)", 100 * bubble_, 100 * predicted_);
   }
   if (final) {
-    text += "  in " + Clock(elapsed);
+    text += "  in " + FormatClock(elapsed);
   } else {
     const int64_t left = std::max<int64_t>(0, options_.steps - count_);
-    text += "  ETA " + Clock(elapsed / count_ * left);
+    text += "  ETA " + FormatClock(elapsed / count_ * left);
   }
   if (options_.columns > 1 && static_cast<int>(text.size()) > options_.columns - 1) {
     text.resize(options_.columns - 1);

@@ -23,6 +23,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 
@@ -56,6 +57,16 @@ struct ProgressStep {
   double bubble_fraction = 0;            // measured, in [0, 1] (pipeline).
   double predicted_bubble_fraction = 0;  // the simulator's (pipeline).
 };
+
+// "m:ss", or "h:mm:ss" from an hour on (negative durations as 0:00): the live line's ETA and
+// time taken, and the ETA of `pipetrain jobs` and `status`.
+std::string FormatClock(absl::Duration d);
+
+// A plain progress line, without its newline: "step     10  loss 0.123456  4567 samples/s", and
+// with `bubbles` (the measured and predicted fraction) "  bubble 12.3% (predicted 10.1%)". What
+// ProgressLine prints, and `pipetrain watch` for the same steps.
+std::string PlainStepLine(int64_t step, float loss, double samples_per_second,
+                          std::optional<std::pair<double, double>> bubbles);
 
 // Thread-compatible: one thread makes every call (the commands' training loop and the SDK
 // callbacks it runs). Writes only to `out`, which must outlive it.

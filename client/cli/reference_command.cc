@@ -28,12 +28,14 @@ void PrintEvaluation(const model::EvalResult& eval, bool classification, bool js
     } else {
       out << absl::StrFormat("{%s\"eval_loss\": %.9g}\n", label, eval.loss);
     }
+    out.flush();
     return;
   }
   if (step > 0) out << absl::StrFormat("step %6d  ", step);
   out << absl::StrFormat("held-out: %d samples, loss %.6f", eval.samples, eval.loss);
   if (classification) out << absl::StrFormat(", accuracy %.4f", eval.accuracy());
   out << "\n";
+  out.flush();
 }
 
 }  // namespace
@@ -89,6 +91,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       out << "note: " << o.resume_dir << " was written at instruction set "
           << (m.isa.empty() ? "(unrecorded)" : m.isa) << ", this run uses " << math::IsaName(isa)
           << ": its bits will differ from a run that stayed on one level\n";
+      out.flush();
     }
   }
   PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
@@ -100,6 +103,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
         "instruction set %s\n",
         spec.name().empty() ? o.model_path : spec.name(), net->num_layers(), net->NumParameters(),
         info.name, data->size(io::Split::kTrain), data->size(io::Split::kEval), math::IsaName(isa));
+    out.flush();
   }
   ProgressLine progress(out, ProgressOptionsFor(o, /*pipeline=*/false));
   for (int64_t i = 0; i < o.steps; ++i) {
@@ -107,6 +111,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
     PT_ASSIGN_OR_RETURN(model::StepResult r, trainer->Step(batch));
     if (o.json) {
       out << absl::StrFormat("{\"step\": %d, \"loss\": %.9g}\n", r.step, r.loss);
+      out.flush();
     } else {
       progress.Step({r.step, r.loss, batch.samples});
     }
@@ -126,6 +131,7 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       if (!o.json) {
         progress.Clear();
         out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
+        out.flush();
         progress.Redraw();
       }
     }

@@ -57,7 +57,7 @@ std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::Simulat
   absl::StrAppend(&out, "\n", schedule::RenderAscii(r.timeline));
   absl::StrAppend(&out, "makespan ", FormatNumber(r.stats.makespan), ", bubble fraction ",
                   FormatNumber(r.stats.bubble_fraction), "\n");
-  absl::StrAppend(&out, "worker  busy        bubble      peak activations\n");
+  absl::StrAppend(&out, "rank    busy        bubble      peak activations\n");
   for (size_t w = 0; w < r.stats.workers.size(); ++w) {
     const schedule::WorkerStats& ws = r.stats.workers[w];
     absl::StrAppend(

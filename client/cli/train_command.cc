@@ -77,40 +77,114 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 
 // Checkpoints the session's job into `dir` (absolute, on the coordinator's file system) through
 // the coordinator (TrainSession::Checkpoint: through a recovery that interrupts it, and the kept
-// batches trimmed): the workers write the layer files and the coordinator a manifest with what it
-// knows. Where `dir` is visible here, the client then rewrites that manifest with the fields only
-// it knows (data set, batch size, data cursor `cursor`, the optimizer's canonical text), keeping
-// the coordinator's step and shards: exactly what `pipetrain reference --save` writes. Returns
-// whether `dir` was visible (false: the coordinator's file system is not ours, its manifest stays
-// as written).
+// batches trimmed): the workers write the layer files and the coordinator the manifest, with the
+// data set, batch size and data cursor `cursor` this client gives it — exactly what `pipetrain
+// reference --save` writes. Returns whether `dir` is visible here (false: the coordinator's file
+// system is not ours).
 absl::StatusOr<bool> SaveThroughCoordinator(client::TrainSession& session, const std::string& dir,
-                                            const TrainingOptions& o, const TrainingSetup& setup,
-                                            const math::OptimizerConfig& optimizer,
-                                            const io::DataCursor& cursor, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved, session.Checkpoint(dir, o.keep_checkpoints));
+                                            const TrainingOptions& o, const io::DataCursor& cursor,
+                                            std::ostream& out) {
+  v1::DataPosition position;
+  position.set_data(o.data);
+  position.set_batch_size(o.batch);
+  position.set_cursor_epoch(cursor.epoch);
+  position.set_cursor_batch(cursor.batch);
+  PT_ASSIGN_OR_RETURN(v1::CheckpointResponse saved,
+                      session.Checkpoint(dir, o.keep_checkpoints, position));
   const bool visible = std::filesystem::exists(dir + "/" + model::kManifestName);
-  if (visible) {
-    // The shards are the coordinator's: the files its workers wrote.
-    PT_ASSIGN_OR_RETURN(model::CheckpointManifest written, model::ReadCheckpointManifest(dir));
-    model::CheckpointManifest m = CheckpointManifestFor(o, setup, optimizer, saved.step(), cursor);
-    m.shards = std::move(written.shards);
-    // The job's instruction-set level and history are the coordinator's.
-    m.isa = std::move(written.isa);
-    m.isa_note = std::move(written.isa_note);
-    PT_RETURN_IF_ERROR(model::WriteCheckpointManifest(dir, m));
-  }
   if (!o.json) {
-    out << "checkpoint of step " << saved.step() << " written to " << dir;
-    if (!visible) {
-      out << " on the coordinator's host (its manifest lacks --data, --batch and the data cursor)";
-    }
-    out << "\n";
+    out << "checkpoint of step " << saved.step() << " written to " << dir
+        << (visible ? "" : " on the coordinator's host") << "\n";
+    out.flush();
   }
   return visible;
 }
 
+// The line `pipetrain train` prints when its session starts waiting after `why` at `step`: what
+// failed, and what it waits for.
+std::string WaitingLine(const absl::Status& why, int64_t step, const std::string& job,
+                        absl::Duration reconnect_timeout, bool json) {
+  const bool unreachable = absl::IsUnavailable(why);
+  if (json) {
+    return absl::StrFormat(
+        "{\"waiting\": {\"after_step\": %d, \"code\": \"%s\", \"for\": \"%s\"%s}}\n", step,
+        absl::StatusCodeToString(why.code()), unreachable ? "coordinator" : "recovery",
+        unreachable ? absl::StrFormat(", \"reconnect_timeout_s\": %.3f",
+                                      absl::ToDoubleSeconds(reconnect_timeout))
+                    : "");
+  }
+  if (unreachable) {
+    return absl::StrFormat(
+        "after step %d: %s; waiting up to %s for the coordinator to answer again "
+        "(--reconnect-timeout), then for job %s to be ready\n",
+        step, why.message(), absl::FormatDuration(reconnect_timeout), job);
+  }
+  return absl::StrFormat(
+      "after step %d: %s; waiting for job %s to recover (a replacement worker, then a restart "
+      "from its last checkpoint)\n",
+      step, why.message(), job);
+}
+
+// `error`, the reason a run stops after its job was created: the job is cancelled now (so that
+// its workers are free at once; best effort, within `timeout`); if the coordinator cannot be
+// told, the error says that the job is left to its client lease.
+absl::Status AbandonJob(client::ScopedJob& job, const absl::Status& error, absl::Duration timeout) {
+  job.set_cancel_reason(absl::StrCat("the client stopped: ", error.message()));
+  const absl::Status cancelled = job.Cancel(timeout);
+  if (cancelled.ok()) return error;
+  return absl::Status(
+      error.code(), absl::StrCat(error.message(), "; job ", job.job(), " could not be cancelled (",
+                                 cancelled.message(),
+                                 "): the coordinator cancels it once it has had no client for its "
+                                 "--client-lease, counted from when it runs again"));
+}
+
+// The command that saves a job's weights after its save into `dir` failed (`pipetrain
+// checkpoint`), with the flags of this run that it needs.
+std::string RetryCommand(const TrainCommandOptions& o, const std::string& job,
+                         const std::string& dir) {
+  std::string command =
+      absl::StrCat("pipetrain checkpoint ", job, " --save ", dir, " --coordinator ", o.coordinator);
+  if (o.training.keep_checkpoints != 2) {
+    absl::StrAppend(&command, " --keep-checkpoints ", o.training.keep_checkpoints);
+  }
+  if (o.client.tls.enabled() || !o.client.token.empty()) {
+    absl::StrAppend(&command, " (with this run's --tls-* and --token-file flags)");
+  }
+  return command;
+}
+
+// `failed` (the error of the job's save into `dir`) and what became of the job's weights: a job
+// that has not ended keeps them (ScopedJob leaves a job whose checkpoint failed) and says how to
+// save them; the Train stream is ended in order first, so that the job has no client left.
+absl::Status SaveFailed(const absl::Status& failed, client::Client& client,
+                        client::TrainSession& session, const TrainCommandOptions& o,
+                        const std::string& job, const std::string& dir) {
+  session.Finish().IgnoreError();  // the save's error says what went wrong.
+  absl::StatusOr<v1::JobStatus> status = client.GetJob(job);
+  if (!status.ok() || status->state() == v1::JOB_STATE_DONE ||
+      status->state() == v1::JOB_STATE_FAILED || status->state() == v1::JOB_STATE_CANCELLED) {
+    return failed;  // nothing is left to save.
+  }
+  const std::string what = absl::StrCat("saving step ", status->steps_done(), " into ", dir,
+                                        " failed: ", failed.message());
+  if (o.own_coordinator) {
+    return absl::Status(failed.code(), absl::StrCat(what, "; the weights of job ", job,
+                                                    " end with this run's coordinator"));
+  }
+  return absl::Status(
+      failed.code(),
+      absl::StrCat(what, "\njob ", job, " keeps the weights of its ", status->steps_done(),
+                   " steps: save them with\n  ", RetryCommand(o, job, dir),
+                   "\n(the job then ends), or free its workers with `pipetrain cancel ", job,
+                   "`; the coordinator cancels it after its --client-lease (default 5m) with no "
+                   "call naming it"));
+}
+
 // The JobSpec of a run: what CreateJob gets (the coordinator resolves nothing more: the model is
-// resolved against the data set already).
+// resolved against the data set already), with the directories it saves into and resumes from
+// (absolute, on the coordinator's host: the coordinator checks them before the job takes its
+// workers).
 absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const PreparedTrain& p) {
   const TrainingOptions& t = o.training;
   v1::JobSpec spec;
@@ -125,9 +199,13 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   spec.set_min_stages(o.min_stages);
-  spec.set_isa(t.isa);  // empty: the highest level every worker runs.
+  spec.set_isa(t.isa);              // empty: the highest level every worker runs.
+  spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
+  if (!p.save_dir.empty()) {
+    spec.set_save_to(p.save_dir);
+    spec.set_keep_checkpoints(t.keep_checkpoints);
+  }
   if (!t.resume_dir.empty()) {
-    // Like --save, a directory on the coordinator's host, which verifies and loads it.
     std::error_code ec;
     spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
     if (ec) {
@@ -138,11 +216,10 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   return spec;
 }
 
-// --save as an absolute path ("" without it), created and proved writable when the coordinator
-// shares this file system.
-absl::StatusOr<std::string> SaveDirFor(const TrainingOptions& t, bool shares_files) {
+// --save as an absolute path ("" without it): a directory on the coordinator's host, which
+// checks it when it creates the job (JobSpec.save_to).
+absl::StatusOr<std::string> SaveDirFor(const TrainingOptions& t) {
   if (t.save_dir.empty()) return std::string();
-  if (shares_files) PT_RETURN_IF_ERROR(CheckSaveDirectory(t));
   std::error_code ec;
   std::string dir = std::filesystem::absolute(t.save_dir, ec).string();
   if (ec)
@@ -172,17 +249,22 @@ std::string JsonStepLine(const v1::StepResult& r) {
 // The line a run prints for a recovery (`failed_at`: the step the run was at when it began).
 std::string RecoveryLine(const v1::RecoveryEvent& r, int64_t failed_at, bool json) {
   if (json) {
+    const std::string also = r.also_lost().empty()
+                                 ? ""
+                                 : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
     return absl::StrFormat(
         "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
         "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
-        "\"workers\": [\"%s\"], \"seconds\": %.3f}}\n",
+        "\"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
         r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
-        r.stages(), absl::StrJoin(r.workers(), "\", \""), r.seconds());
+        r.stages(), absl::StrJoin(r.workers(), "\", \""), also, r.seconds());
   }
-  const std::string lost =
-      r.lost_worker().empty()
-          ? r.cause()
-          : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(), r.rank(), r.cause());
+  std::string lost = r.lost_worker().empty() ? r.cause()
+                                             : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(),
+                                                               r.rank(), r.cause());
+  if (!r.also_lost().empty()) {
+    absl::StrAppend(&lost, ", then ", absl::StrJoin(r.also_lost(), ", "), " during the recovery");
+  }
   return absl::StrFormat(
       "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
       "replayed %d steps\n",
@@ -212,13 +294,15 @@ class TrainRun {
 
   // Creates the job on `client`, trains it and ends it. Errors as RunTrainCommand.
   absl::Status Run(client::Client& client, const InterruptFn& interrupted) {
+    client_ = &client;
     PT_ASSIGN_OR_RETURN(job_, client.CreateJob(p_.job_spec));
     // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on
-    // an error or an interrupt, so that its workers are freed at once.
+    // an error or an interrupt, so that its workers are freed at once — but for a failed
+    // checkpoint, which leaves the job and its weights for a retry of the save (SaveFailed).
     client::ScopedJob scoped(&client, job_.job());
     PT_RETURN_IF_ERROR(StartSampler());
     PrintHeader();
-    PT_ASSIGN_OR_RETURN(session_, client.StartTraining(job_.job(), SessionOptions()));
+    PT_ASSIGN_OR_RETURN(session_, client.StartTraining(job_.job(), SessionOptions(interrupted)));
     for (int64_t i = 0; i < t_.steps; ++i) {
       if (interrupted && interrupted()) {
         scoped.set_cancel_reason(
@@ -228,7 +312,7 @@ class TrainRun {
                                                  " cancelled after ", last_.step(),
                                                  " steps; its workers are free"));
       }
-      PT_RETURN_IF_ERROR(Step(i));
+      PT_RETURN_IF_ERROR(Step(i, scoped));
     }
     progress_.Finish();
     PT_RETURN_IF_ERROR(session_->Finish());
@@ -291,26 +375,23 @@ class TrainRun {
       }
       out_ << "\n";
     }
+    out_.flush();
   }
 
   // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
   // the batches since, and each wait and recovery is reported on a line of its own (erasing the
-  // live progress line first and drawing it again after).
-  client::TrainOptions SessionOptions() {
+  // live progress line first and drawing it again after). `interrupted` (Ctrl-C) also ends a wait
+  // for the job or the coordinator (CANCELLED; the job is cancelled).
+  client::TrainOptions SessionOptions(const InterruptFn& interrupted) {
     client::TrainOptions options;
     options.replay = true;
     options.first_step = job_.steps_done();
     options.reconnect_timeout = o_.reconnect_timeout;
+    options.interrupted = interrupted;
     options.on_wait = [this](const absl::Status& why) {
       failed_at_ = last_.step();
       progress_.Clear();
-      if (t_.json) {
-        out_ << absl::StrFormat("{\"waiting\": {\"after_step\": %d, \"code\": \"%s\"}}\n",
-                                last_.step(), absl::StatusCodeToString(why.code()));
-      } else {
-        out_ << absl::StrFormat("after step %d: %s; waiting for job %s to recover\n", last_.step(),
-                                why.message(), job_.job());
-      }
+      out_ << WaitingLine(why, last_.step(), job_.job(), o_.reconnect_timeout, t_.json);
       out_.flush();
       progress_.Redraw();
     };
@@ -331,8 +412,10 @@ class TrainRun {
     return absl::OkStatus();
   }
 
-  // The run's step `i` (0-based): its result printed, then its checkpoint and evaluation if due.
-  absl::Status Step(int64_t i) {
+  // The run's step `i` (0-based) of the job `scoped`: its result printed, then its checkpoint and
+  // evaluation if due. A failed step cancels the job (AbandonJob); a failed save leaves it
+  // (SaveFailed).
+  absl::Status Step(int64_t i, client::ScopedJob& scoped) {
     const int64_t step = first_step_ + i;  // global, and each batch is answered in turn.
     const bool evaluate = t_.eval_every > 0 && step % t_.eval_every == 0;
     const bool checkpoint = CheckpointDue(t_, step, i + 1 == t_.steps) || evaluate;
@@ -341,7 +424,9 @@ class TrainRun {
     // then, and the sampler's cursor (in the manifest) at that step.
     if (samples_sent_.empty()) PT_RETURN_IF_ERROR(SendNext());
     if (i + 1 < t_.steps && !checkpoint) PT_RETURN_IF_ERROR(SendNext());
-    PT_ASSIGN_OR_RETURN(last_, session_->Receive());
+    absl::StatusOr<v1::StepResult> received = session_->Receive();
+    if (!received.ok()) return AbandonJob(scoped, received.status(), o_.client.cleanup_timeout);
+    last_ = *std::move(received);
     const int64_t samples = samples_sent_.front();
     samples_sent_.pop_front();
     if (!o_.trace_path.empty() &&
@@ -359,9 +444,12 @@ class TrainRun {
     // Checkpoint may run while the stream is open.
     if (checkpoint) {
       progress_.Clear();
-      PT_ASSIGN_OR_RETURN(checkpoint_visible_,
-                          SaveThroughCoordinator(*session_, p_.save_dir, t_, p_.setup, p_.optimizer,
-                                                 sampler_->cursor(), out_));
+      absl::StatusOr<bool> saved =
+          SaveThroughCoordinator(*session_, p_.save_dir, t_, sampler_->cursor(), out_);
+      if (!saved.ok()) {
+        return SaveFailed(saved.status(), *client_, *session_, o_, job_.job(), p_.save_dir);
+      }
+      checkpoint_visible_ = *saved;
       progress_.Redraw();
     }
     if (!evaluate) return absl::OkStatus();
@@ -392,6 +480,7 @@ class TrainRun {
                                    : absl::StrCat("trace of steps ", traced_.front().step(), " to ",
                                                   traced_.back().step()))
            << " written to " << o_.trace_path << "\n";
+      out_.flush();
     }
     return absl::OkStatus();
   }
@@ -413,6 +502,7 @@ class TrainRun {
   PreparedTrain& p_;
   std::ostream& out_;
   ProgressLine progress_;
+  client::Client* client_ = nullptr;  // the job's coordinator, set by Run.
   v1::JobStatus job_;
   std::optional<io::BatchSampler> sampler_;
   std::unique_ptr<client::TrainSession> session_;
@@ -433,7 +523,7 @@ absl::StatusOr<PreparedTrain> PrepareTrainCommand(const TrainCommandOptions& o,
   PreparedTrain p;
   PT_ASSIGN_OR_RETURN(p.kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(p.optimizer, OptimizerConfigFor(t));
-  PT_ASSIGN_OR_RETURN(p.save_dir, SaveDirFor(t, shares_files));
+  PT_ASSIGN_OR_RETURN(p.save_dir, SaveDirFor(t));
   PT_ASSIGN_OR_RETURN(p.setup, SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
   // The batch against the data set (the run's sampler starts where the job's checkpoint says).
   PT_RETURN_IF_ERROR(

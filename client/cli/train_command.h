@@ -48,15 +48,19 @@ struct TrainCommandOptions {
   // --reconnect-timeout: how long the run waits for a coordinator that went away to answer again
   // (client::TrainOptions::reconnect_timeout), > 0. Default 1 min.
   absl::Duration reconnect_timeout = absl::Minutes(1);
+  // The coordinator stops when the run ends (`local` started it): a job whose save failed then
+  // has no coordinator to keep it for a retry, and the error says so instead of how to retry.
+  bool own_coordinator = false;
   // Keepalive and deadlines of the connection to the coordinator: the SDK's defaults, so a
-  // coordinator that stops answering ends the run within about 15 s (10 s to notice it, 5 s for
-  // the best-effort CancelJob of the job).
+  // coordinator that stops answering is noticed within about 10 s; the run then waits up to
+  // reconnect_timeout for it to answer again (a frozen or restarting coordinator that comes back
+  // continues the job) and otherwise ends, after at most 5 s more for the best-effort CancelJob
+  // of its job (ClientOptions::cleanup_timeout): about 75 s with the defaults.
   client::ClientOptions client;
 };
 
 // OK if the options are usable (everything but the coordinator address, which `local` fills in);
-// INVALID_ARGUMENT naming the flag otherwise, UNIMPLEMENTED for --resume (the service cannot load
-// a checkpoint into its workers yet) and INVALID_ARGUMENT for --eval-samples without --save (the
+// INVALID_ARGUMENT naming the flag otherwise, also for --eval-samples without --save (the
 // evaluation reads the final checkpoint) or --trace-steps without --trace.
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
 
@@ -79,9 +83,10 @@ struct PreparedTrain {
 // against classes, text against a token model), and the job as the coordinator checks it
 // (job::CheckJobSpec under `limits`: the schedule's parameters, at least one layer per chunk,
 // the caps). `shares_files`: the coordinator and its workers see this file system (a loopback
-// coordinator, `local`), so --save is created and proved writable (CheckSaveDirectory) and a
-// --resume checkpoint's optimizer is checked here. Errors: INVALID_ARGUMENT (or the check's code)
-// with the message saying what does not fit and what would; FAILED_PRECONDITION for --save.
+// coordinator, `local`), so a --resume checkpoint's optimizer is checked here. --save is the
+// coordinator's to check (JobSpec.save_to; `local` checks it too, CheckSaveDirectory). Errors:
+// INVALID_ARGUMENT (or the check's code) with the message saying what does not fit and what
+// would.
 absl::StatusOr<PreparedTrain> PrepareTrainCommand(const TrainCommandOptions& options,
                                                   const job::JobLimits& limits, bool shares_files);
 
@@ -93,16 +98,23 @@ absl::Status RunPreparedTrainCommand(const TrainCommandOptions& options, Prepare
 // Trains as `options` says on the coordinator at `options.coordinator`, writing progress to `out`
 // (JSON lines `{"step", "loss", "step_ms", "bubble_fraction", "predicted_bubble_fraction"}` with
 // --json, loss with 9 significant digits). With --save, the coordinator's Checkpoint writes into
-// that directory on the coordinator's and workers' file system every --checkpoint-every steps and
-// at the end, and, where the directory is visible here too, the manifest is completed with the
-// data set fields; with --eval-samples the final checkpoint is then evaluated as `pipetrain
-// evaluate` does (FAILED_PRECONDITION if it is not visible here). A loopback coordinator shares
-// this file system, so --save is then checked writable before the first step
-// (FAILED_PRECONDITION). --trace-steps outside the steps the run makes (known once the job exists:
-// it may resume) is INVALID_ARGUMENT before the first step. Everything PrepareTrainCommand checks
-// (with the coordinator's caps unknown: job::JobLimits::Unlimited()) is refused before it
-// connects. Returns the first error (bad options, data, model, the coordinator's statuses);
-// CANCELLED if `interrupted` returned true.
+// that directory on the coordinator's host every --checkpoint-every steps and at the end, its
+// manifest with this run's data set, batch size and data cursor; with --eval-samples the final
+// checkpoint is then evaluated as `pipetrain evaluate` does (FAILED_PRECONDITION if it is not
+// visible here). The coordinator checks --save and --resume when it creates the job, before the
+// first step (JobSpec.save_to, resume_from: PERMISSION_DENIED outside its --checkpoint-root,
+// FAILED_PRECONDITION for a directory another job writes or a save could not replace). A save
+// that fails all the same leaves the job running with its weights: the error says how to save
+// them (`pipetrain checkpoint JOB --save DIR`). --trace-steps outside the steps the run makes
+// (known once the job exists: it may resume) is INVALID_ARGUMENT before the first step.
+// Everything PrepareTrainCommand checks (with the coordinator's caps unknown:
+// job::JobLimits::Unlimited()) is refused before it connects. Returns the first error (bad
+// options, data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true.
+// Each line is flushed as it is written (stdout may be a pipe). While the job recovers, or the
+// coordinator cannot be reached, it prints what failed and what it waits for, then the recovery
+// (the step the job restarted from, the workers, the time); a run that fails after its job was
+// created (other than by its save) cancels the job, and its error says so when the coordinator
+// could not be told (the job then ends by the coordinator's client lease).
 absl::Status RunTrainCommand(const TrainCommandOptions& options, std::ostream& out,
                              const InterruptFn& interrupted = nullptr);
 

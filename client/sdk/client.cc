@@ -269,14 +269,14 @@ void TrainSession::CheckpointDone(int64_t steps_done) {
   while (!kept_.empty() && kept_.front().step < steps_done) kept_.pop_front();
 }
 
-absl::StatusOr<v1::CheckpointResponse> TrainSession::Checkpoint(const std::string& directory,
-                                                                int keep) {
+absl::StatusOr<v1::CheckpointResponse> TrainSession::Checkpoint(
+    const std::string& directory, int keep, const std::optional<v1::DataPosition>& position) {
   if (!sent_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Checkpoint with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
   }
   absl::StatusOr<v1::CheckpointResponse> saved = ThroughRecovery<v1::CheckpointResponse>(
-      [&] { return client_->Checkpoint(job_, directory, keep); });
+      [&] { return client_->Checkpoint(job_, directory, keep, position); });
   // A recovery restarts from this step at the earliest.
   if (saved.ok()) CheckpointDone(saved->step());
   return saved;
@@ -361,6 +361,10 @@ absl::StatusOr<v1::JobStatus> TrainSession::AwaitReady(const absl::Status& why) 
           absl::StrCat("job ", job_, " did not recover within ",
                        absl::FormatDuration(options_.recovery_timeout), " after: ", why.ToString(),
                        got.ok() ? "" : absl::StrCat("; last attempt: ", got.status().ToString())));
+    }
+    if (options_.interrupted != nullptr && options_.interrupted()) {
+      return absl::CancelledError(
+          absl::StrCat("interrupted while waiting for job ", job_, " after: ", why.ToString()));
     }
     // The polling interval of a bounded wait.
     if (options_.pause != nullptr) {
@@ -539,7 +543,13 @@ absl::StatusOr<v1::JobStatus> Client::GetJob(const std::string& job) {
 absl::StatusOr<v1::JobStatus> Client::FinishJob(const std::string& job) {
   v1::FinishJobRequest request;
   request.set_job(job);
-  return Unary(&v1::Coordinator::Stub::FinishJob, request, "FinishJob", options_.call_timeout);
+  absl::StatusOr<v1::JobStatus> finished =
+      Unary(&v1::Coordinator::Stub::FinishJob, request, "FinishJob", options_.call_timeout);
+  if (finished.ok()) {
+    absl::MutexLock lock(&mu_);
+    failed_checkpoints_.erase(job);
+  }
+  return finished;
 }
 
 absl::StatusOr<v1::JobStatus> Client::CancelJob(const std::string& job, const std::string& reason,
@@ -547,8 +557,14 @@ absl::StatusOr<v1::JobStatus> Client::CancelJob(const std::string& job, const st
   v1::CancelJobRequest request;
   request.set_job(job);
   request.set_reason(reason);
-  return Unary(&v1::Coordinator::Stub::CancelJob, request, "CancelJob",
-               timeout > absl::ZeroDuration() ? timeout : options_.call_timeout);
+  absl::StatusOr<v1::JobStatus> cancelled =
+      Unary(&v1::Coordinator::Stub::CancelJob, request, "CancelJob",
+            timeout > absl::ZeroDuration() ? timeout : options_.call_timeout);
+  if (cancelled.ok()) {
+    absl::MutexLock lock(&mu_);
+    failed_checkpoints_.erase(job);
+  }
+  return cancelled;
 }
 
 absl::StatusOr<std::vector<v1::JobStatus>> Client::ListJobs() {
@@ -565,18 +581,36 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
-absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job,
-                                                          const std::string& directory, int keep) {
+absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(
+    const std::string& job, const std::string& directory, int keep,
+    const std::optional<v1::DataPosition>& position) {
   v1::CheckpointRequest request;
   request.set_job(job);
   request.set_directory(directory);
   request.set_keep(keep);
-  return Unary(&v1::Coordinator::Stub::Checkpoint, request, "Checkpoint",
-               options_.long_call_timeout);
+  if (position.has_value()) *request.mutable_data_position() = *position;
+  absl::StatusOr<v1::CheckpointResponse> saved =
+      Unary(&v1::Coordinator::Stub::Checkpoint, request, "Checkpoint", options_.long_call_timeout);
+  absl::MutexLock lock(&mu_);
+  if (saved.ok()) {
+    failed_checkpoints_.erase(job);
+  } else {
+    failed_checkpoints_[job] = directory;
+  }
+  return saved;
+}
+
+std::optional<std::string> Client::failed_checkpoint(const std::string& job) const {
+  absl::MutexLock lock(&mu_);
+  auto it = failed_checkpoints_.find(job);
+  if (it == failed_checkpoints_.end()) return std::nullopt;
+  return it->second;
 }
 
 ScopedJob::~ScopedJob() {
   if (ended_) return;
+  // Its weights are unsaved: leave the job for a retry of the save.
+  if (client_->failed_checkpoint(job_).has_value()) return;
   // Best effort, briefly: the coordinator's client lease ends the job otherwise.
   client_->CancelJob(job_, cancel_reason_, client_->options().cleanup_timeout)
       .status()
@@ -588,9 +622,9 @@ absl::Status ScopedJob::Finish() {
   return client_->FinishJob(job_).status();
 }
 
-absl::Status ScopedJob::Cancel() {
+absl::Status ScopedJob::Cancel(absl::Duration timeout) {
   ended_ = true;
-  return client_->CancelJob(job_, cancel_reason_).status();
+  return client_->CancelJob(job_, cancel_reason_, timeout).status();
 }
 
 }  // namespace pipetrain::client

@@ -27,12 +27,16 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
 #include "common/net/transport_security.h"
@@ -96,6 +100,7 @@ struct BatchView {
 v1::TrainRequest MakeTrainRequest(const std::string& job, const BatchView& batch);
 
 class Client;
+class JobWatch;
 
 // How a TrainSession survives its job's recovery from a lost worker (JobSpec.recover) or a
 // coordinator restart (a coordinator with --state-dir). The Python client's Job does the same
@@ -130,6 +135,9 @@ struct TrainOptions {
   // Makes each pause between two polls (empty: absl::SleepFor). A test may record the pauses
   // through it.
   std::function<void(absl::Duration)> pause;
+  // Asked before each pause of the wait (empty: never): true ends the wait with CANCELLED
+  // ("interrupted while waiting ..."), e.g. on Ctrl-C.
+  std::function<bool()> interrupted;
 
   // OK if usable; INVALID_ARGUMENT naming the field otherwise.
   absl::Status Check() const;
@@ -187,11 +195,14 @@ class TrainSession {
   // returns its final status (OK after successful steps; the last error if the last Receive
   // failed and no batch was sent since). Idempotent; Send fails afterwards.
   absl::Status Finish();
-  // Client::Checkpoint of the job between two steps (the stream stays open): `directory` and
-  // `keep` as there. With replay on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE)
-  // is retried after the replay, as Receive retries a step; a completed one drops the kept batches
-  // of the steps before it (CheckpointDone). FAILED_PRECONDITION while batches are unanswered.
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& directory, int keep = 1);
+  // Client::Checkpoint of the job between two steps (the stream stays open): `directory`, `keep`
+  // and `position` as there. With replay on, a checkpoint interrupted by a recovery (ABORTED,
+  // UNAVAILABLE) is retried after the replay, as Receive retries a step; a completed one drops the
+  // kept batches of the steps before it (CheckpointDone). FAILED_PRECONDITION while batches are
+  // unanswered.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(
+      const std::string& directory, int keep = 1,
+      const std::optional<v1::DataPosition>& position = std::nullopt);
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
   // After another call on the job failed with `why`: if replay is on and `why` is ABORTED or
@@ -295,12 +306,25 @@ class Client {
   // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
   // long_call_timeout.
   // `keep` (>= 1): checkpoints of `directory` kept, the newest in it and earlier ones beside it
-  // (CheckpointRequest.keep).
-  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job,
-                                                    const std::string& directory, int keep = 1);
+  // (CheckpointRequest.keep). `position`: the client's data set and next batch, for the manifest
+  // (CheckpointRequest.data_position). A failed Checkpoint is remembered (failed_checkpoint) until
+  // one of the job succeeds or the job is finished or cancelled through this Client.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(
+      const std::string& job, const std::string& directory, int keep = 1,
+      const std::optional<v1::DataPosition>& position = std::nullopt);
+  // The directory of `job`'s last Checkpoint through this Client if it failed (its weights are
+  // unsaved: ScopedJob then leaves the job running, for a retry); nullopt otherwise. Thread-safe.
+  std::optional<std::string> failed_checkpoint(const std::string& job) const;
+  // Follows job `job` (client/sdk/job_watch.h): its status, the events its log keeps after number
+  // `after_sequence` (0: all it keeps), then each event until the job ended. No deadline (a job
+  // may run for days): keepalive notices a coordinator that stops answering. Does not keep the
+  // job alive. The stream's errors come from JobWatch::Next.
+  absl::StatusOr<std::unique_ptr<JobWatch>> WatchJob(const std::string& job,
+                                                     int64_t after_sequence = 0) const;
 
  private:
   friend class TrainSession;
+  friend class JobWatch;
   Client(std::string target, const ClientOptions& options,
          std::unique_ptr<v1::Coordinator::Stub> stub)
       : target_(std::move(target)), options_(options), stub_(std::move(stub)) {}
@@ -323,12 +347,20 @@ class Client {
   const std::string target_;
   const ClientOptions options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // Guards failed_checkpoints_.
+  mutable absl::Mutex mu_;
+  // By job: the directory of its last Checkpoint, which failed.
+  std::map<std::string, std::string> failed_checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 // Ends a job when it goes out of scope, so that a client that stops early (an error, Ctrl-C)
 // never leaves workers held until the coordinator's client lease runs out: CancelJob with the
-// cancel reason and the client's cleanup_timeout unless Finish() or Cancel() ended it first. Not
-// thread-safe; `client` must outlive it.
+// cancel reason and the client's cleanup_timeout unless Finish() or Cancel() ended it first —
+// or the job's last Checkpoint through `client` failed (Client::failed_checkpoint): the job then
+// keeps its weights for a retry of the save (`pipetrain checkpoint JOB --save DIR`, or
+// Client::Checkpoint) until that client or `pipetrain cancel` ends it, or the coordinator's
+// client lease does (no call naming the job for --client-lease, 5 min by default). The Python
+// client's Job does the same. Not thread-safe; `client` must outlive it.
 class ScopedJob {
  public:
   ScopedJob(Client* client, std::string job) : client_(client), job_(std::move(job)) {}
@@ -342,8 +374,9 @@ class ScopedJob {
   void set_cancel_reason(std::string reason) { cancel_reason_ = std::move(reason); }
   // FinishJob (DONE). Returns its status; the destructor does nothing afterwards.
   absl::Status Finish();
-  // CancelJob with the cancel reason now; the destructor does nothing afterwards.
-  absl::Status Cancel();
+  // CancelJob with the cancel reason now, with `timeout` as its deadline (zero: the client's
+  // call_timeout); the destructor does nothing afterwards.
+  absl::Status Cancel(absl::Duration timeout = absl::ZeroDuration());
 
  private:
   Client* const client_;

@@ -37,6 +37,29 @@ absl::Status CheckCaps(const JobLimits& limits, const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// The spec's counts that need nothing else: min_stages, replace_timeout_ms, planned_steps and
+// keep_checkpoints.
+absl::Status CheckCounts(const v1::JobSpec& spec) {
+  if (spec.min_stages() < 0 || spec.min_stages() > spec.stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_stages must be in [0, stages = ", spec.stages(), "], got ", spec.min_stages()));
+  }
+  if (spec.replace_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec.replace_timeout_ms()));
+  }
+  // Step counts stay below 2^53, as in checkpoints (whose counters are JSON numbers).
+  if (spec.planned_steps() < 0 || spec.planned_steps() >= (int64_t{1} << 53)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planned_steps must be in [0, 2^53), got ", spec.planned_steps()));
+  }
+  if (spec.keep_checkpoints() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
+  }
+  return absl::OkStatus();
+}
+
 // The model the spec describes, its sizes left 0 filled from its data shape.
 absl::StatusOr<std::unique_ptr<model::Model>> BuildModel(const JobLimits& limits,
                                                          v1::JobSpec* spec) {
@@ -93,14 +116,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   if (spec->threads() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
   }
-  if (spec->min_stages() < 0 || spec->min_stages() > spec->stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "min_stages must be in [0, stages = ", spec->stages(), "], got ", spec->min_stages()));
-  }
-  if (spec->replace_timeout_ms() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
-  }
+  PT_RETURN_IF_ERROR(CheckCounts(*spec));
   schedule::ScheduleParams params;
   params.kind = kind;
   params.stages = spec->stages();

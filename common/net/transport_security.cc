@@ -117,6 +117,12 @@ absl::string_view HostOf(absl::string_view address) {
   return address;
 }
 
+// True if `host` is an IPv4 or IPv6 address (not a DNS name).
+bool IsIpAddress(const std::string& host) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
 std::string FormatDay(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d %H:%M UTC", t, absl::UTCTimeZone());
 }
@@ -275,16 +281,62 @@ bool PeerHasCertificate(const grpc::AuthContext& context) {
   return !context.FindPropertyValues("x509_pem_cert").empty();
 }
 
+PeerCertificate PeerCertificateOf(const grpc::AuthContext& context) {
+  PeerCertificate certificate;
+  const std::vector<grpc::string_ref> cn = context.FindPropertyValues("x509_common_name");
+  if (!cn.empty()) certificate.common_name.assign(cn[0].data(), cn[0].size());
+  certificate.names = PeerCertificateNames(context);
+  return certificate;
+}
+
+bool CertificateNameMatches(absl::string_view name, absl::string_view host) {
+  const std::string n = absl::AsciiStrToLower(name), h = absl::AsciiStrToLower(host);
+  if (n == h) return true;
+  absl::string_view rest = n;
+  if (!absl::ConsumePrefix(&rest, "*.") || rest.empty() || IsIpAddress(h)) return false;
+  const size_t dot = h.find('.');
+  return dot != 0 && dot != std::string::npos && absl::string_view(h).substr(dot + 1) == rest;
+}
+
 absl::Status CheckCertificateNamesHost(const std::vector<std::string>& names,
                                        absl::string_view address) {
   const std::string host = absl::AsciiStrToLower(HostOf(address));
   for (const std::string& name : names) {
-    if (absl::AsciiStrToLower(name) == host) return absl::OkStatus();
+    if (CertificateNameMatches(name, host)) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
       "the peer's certificate names ", names.empty() ? "no host" : absl::StrJoin(names, ", "),
       ", not '", host, "' (the host it advertises in ", address,
       "): a worker's certificate must name its advertised host (docs/security.md)"));
+}
+
+absl::Status CheckCertificateVouchesForWorker(const PeerCertificate& certificate,
+                                              absl::string_view worker, absl::string_view address) {
+  PT_RETURN_IF_ERROR(CheckCertificateNamesHost(certificate.names, address));
+  const std::string name = absl::AsciiStrToLower(worker);
+  const std::string host = absl::AsciiStrToLower(HostOf(address));
+  // What the certificate vouches for; the advertised host is one of its names (checked above).
+  std::vector<std::string> vouched = {absl::AsciiStrToLower(certificate.common_name),
+                                      absl::AsciiStrToLower(address)};
+  for (const std::string& san : certificate.names) vouched.push_back(absl::AsciiStrToLower(san));
+  vouched.push_back(host);
+  for (size_t i = 2, n = vouched.size(); i < n; ++i) {
+    const std::string& dns = vouched[i];
+    if (!IsIpAddress(dns) && !absl::StartsWith(dns, "*") && dns.find('.') != std::string::npos) {
+      vouched.push_back(dns.substr(0, dns.find('.')));
+    }
+  }
+  if (!name.empty() && std::find(vouched.begin(), vouched.end(), name) != vouched.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the peer's certificate (CN ",
+      certificate.common_name.empty() ? "none" : "'" + certificate.common_name + "'", "; names ",
+      certificate.names.empty() ? "none" : absl::StrJoin(certificate.names, ", "),
+      ") does not vouch for the name '", worker,
+      "': a worker must register under its certificate's common name, one of its subject "
+      "alternative names or the first label of a DNS one, or the first label of the host it "
+      "advertises (docs/security.md)"));
 }
 
 namespace {

@@ -109,11 +109,34 @@ std::vector<std::string> PeerCertificateNames(const grpc::AuthContext& context);
 // True if the peer presented a certificate the server verified.
 bool PeerHasCertificate(const grpc::AuthContext& context);
 
-// OK if `names` (a certificate's SANs) contain the host of `address` ("host:port"), compared
-// without case; PERMISSION_DENIED naming both otherwise. This is the rule for a worker: its
-// certificate must name the host it advertises (docs/security.md).
+// A verified peer certificate as its auth context shows it: the subject common name
+// ("x509_common_name") and the DNS and IP subject alternative names. Empty for a peer without one.
+struct PeerCertificate {
+  std::string common_name;
+  std::vector<std::string> names;
+};
+PeerCertificate PeerCertificateOf(const grpc::AuthContext& context);
+
+// True if `name`, a certificate's subject alternative name, names `host`, compared without case:
+// equal, or a wildcard "*.REST" whose "*" stands for the whole first label of `host`, which must
+// be non-empty ("*.svc" names "a.svc", not "svc" nor "a.b.svc"; never an IP address).
+bool CertificateNameMatches(absl::string_view name, absl::string_view host);
+
+// OK if `names` (a certificate's SANs) name the host of `address` ("host:port"), as
+// CertificateNameMatches says; PERMISSION_DENIED naming both otherwise. This is the rule for a
+// worker: its certificate must name the host it advertises (docs/security.md).
 absl::Status CheckCertificateNamesHost(const std::vector<std::string>& names,
                                        absl::string_view address);
+
+// OK if `certificate` vouches for a worker registering as `worker` and advertising `address`
+// ("host:port"): its host is named by the certificate (CheckCertificateNamesHost), and the name is,
+// without case, the certificate's common name, one of its subject alternative names, the first
+// label of a DNS one ("w3" for "w3.example.com"), the first label of the advertised host, or the
+// advertised address itself (a worker's default name). PERMISSION_DENIED naming what the
+// certificate vouches for otherwise. The rule for a worker's registration under mTLS
+// (docs/security.md): a member of the cluster cannot take another's name.
+absl::Status CheckCertificateVouchesForWorker(const PeerCertificate& certificate,
+                                              absl::string_view worker, absl::string_view address);
 
 // Logs a daemon's certificate again when its files change on disk (gRPC's
 // FileWatcherCertificateProvider then reloads them): a thread compares the modification times of

@@ -115,15 +115,15 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
   PT_RETURN_IF_ERROR(CheckLayersCoverChunks(l, placement.stages, placement.virtual_stages));
   if (!o.speeds.empty() && static_cast<int>(o.speeds.size()) != s) {
     return absl::InvalidArgumentError(
-        absl::StrCat("got ", o.speeds.size(), " worker speeds for ", s, " workers"));
+        absl::StrCat("got ", o.speeds.size(), " speeds for ", s, " ranks"));
   }
-  PT_RETURN_IF_ERROR(CheckVector(o.speeds, "speed of worker", kMinSpeed, kMaxSpeed));
+  PT_RETURN_IF_ERROR(CheckVector(o.speeds, "speed of rank", kMinSpeed, kMaxSpeed));
   if (!o.memory_caps.empty() && static_cast<int>(o.memory_caps.size()) != s) {
     return absl::InvalidArgumentError(
-        absl::StrCat("got ", o.memory_caps.size(), " memory caps for ", s, " workers"));
+        absl::StrCat("got ", o.memory_caps.size(), " memory caps for ", s, " ranks"));
   }
   PT_RETURN_IF_ERROR(
-      CheckVector(o.memory_caps, "memory cap of worker", 0.0, kMaxMemoryBytes, kMemoryRange));
+      CheckVector(o.memory_caps, "memory cap of rank", 0.0, kMaxMemoryBytes, kMemoryRange));
   if (!o.memory_caps.empty() && o.layer_memory.empty()) {
     return absl::InvalidArgumentError("memory caps need the memory of every layer");
   }
@@ -257,7 +257,7 @@ absl::Status MemoryInfeasible(const Problem& p, const std::string& note) {
   return absl::ResourceExhaustedError(
       absl::StrCat("memory caps infeasible: no contiguous cut of ", p.layers, " layers into ",
                    p.chunks(), " chunks (", schedule::PlacementKindName(p.placement.kind),
-                   " placement) keeps every worker "
+                   " placement) keeps every rank "
                    "within its cap",
                    note));
 }
@@ -329,8 +329,8 @@ std::vector<int> ChainPartition(const Problem& p, const std::vector<double>& chu
   return b;
 }
 
-// Exact search for the V-shape placement (see the header). Worker k takes [a, a') and [b', b)
-// from the middle range [a, b) left by workers 0..k-1; worker S-1 takes all of [a, b).
+// Exact search for the V-shape placement (see the header). Rank k takes [a, a') and [b', b)
+// from the middle range [a, b) left by ranks 0..k-1; rank S-1 takes all of [a, b).
 class VShapeSearch {
  public:
   explicit VShapeSearch(const Problem& p)
@@ -338,7 +338,7 @@ class VShapeSearch {
     feasible_.assign(s_, std::vector<uint8_t>(width_ * width_, 0));
   }
 
-  // Worker k's time for its outer cuts a, b: the part of its time that depends on them.
+  // Rank k's time for its outer cuts a, b: the part of its time that depends on them.
   double Outer(int k, int a, int b) const {
     return (p_.cost_prefix[b] - p_.cost_prefix[a]) / p_.speed[k] + p_.bt[a] + p_.bt[b];
   }
@@ -353,7 +353,7 @@ class VShapeSearch {
     for (int k = s_ - 1; k >= 0; --k) {
       std::vector<uint8_t>& f = feasible_[k];
       std::fill(f.begin(), f.end(), 0);
-      const int need = 2 * (s_ - k);  // Layers workers k..S-1 need at least.
+      const int need = 2 * (s_ - k);  // Layers ranks k..S-1 need at least.
       if (k == s_ - 1) {
         for (int a = k; a <= l_ - k; ++a) {
           for (int b = a + need; b <= l_ - k; ++b) {
@@ -392,7 +392,7 @@ class VShapeSearch {
         }
       }
     }
-    // Worker S-1 holds [a, z) as chunks S-1 and S; split it as evenly as the layers allow.
+    // Rank S-1 holds [a, z) as chunks S-1 and S; split it as evenly as the layers allow.
     b[s_ - 1] = a;
     b[s_ + 1] = z;
     int split = a + 1;
@@ -574,7 +574,7 @@ Score ScoreOf(const Problem& p, const std::vector<int>& b) {
 
 // Depth-first branch and bound over the cuts of a looped placement, chunk by chunk in model
 // order. Prunes on memory, on the bottleneck so far and on the water level of the remaining cost
-// spread perfectly over the workers' speeds. Starts from an incumbent (kInf for none).
+// spread perfectly over the ranks' speeds. Starts from an incumbent (kInf for none).
 class LoopedSearch {
  public:
   LoopedSearch(const Problem& p, double incumbent, std::vector<int> incumbent_cut)
@@ -662,10 +662,10 @@ class LoopedSearch {
   const int c_count_;
   double best_;
   std::vector<int> best_cut_;
-  std::vector<double> time_;    // [worker] time of the chunks placed so far (+ their transfers).
-  std::vector<double> memory_;  // [worker]
+  std::vector<double> time_;    // [rank] time of the chunks placed so far (+ their transfers).
+  std::vector<double> memory_;  // [rank]
   std::vector<int> cut_;
-  double weighted_ = 0;  // sum over workers of time * speed.
+  double weighted_ = 0;  // sum over ranks of time * speed.
   double speed_sum_ = 0;
   int64_t nodes_ = 0;
   int64_t budget_ = 0;

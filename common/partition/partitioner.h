@@ -1,18 +1,18 @@
-// Layer partitioning: cut a model's layers into S*V contiguous chunks placed on S workers so that
-// the slowest worker is as fast as possible.
+// Layer partitioning: cut a model's layers into S*V contiguous chunks placed on S ranks so that
+// the slowest rank is as fast as possible.
 //
-// A worker's time is the sum of its chunks' layer costs divided by its speed, plus the transfer
-// time of every cut between two of its chunks' neighbours on other workers (optional). The
-// objective is min over cuts of max over workers of that time; the report adds the imbalance
-// (max / mean worker time).
+// A rank's time is the sum of its chunks' layer costs divided by its speed, plus the transfer
+// time of every cut between two of its chunks' neighbours on other ranks (optional). The
+// objective is min over cuts of max over ranks of that time; the report adds the imbalance
+// (max / mean rank time).
 //
-//  - Linear placement (V = 1): exact dynamic program over (worker, last layer), O(S*L^2); among the
-//    optimal cuts it returns the one with the smallest sum of squared worker times.
-//  - V-shape placement (V = 2, worker w holds chunks w and 2S-1-w, so its load is the sum of a
+//  - Linear placement (V = 1): exact dynamic program over (rank, last layer), O(S*L^2); among the
+//    optimal cuts it returns the one with the smallest sum of squared rank times.
+//  - V-shape placement (V = 2, rank w holds chunks w and 2S-1-w, so its load is the sum of a
 //    chunk near the input and a chunk near the loss): exact. Bisection on the bottleneck over the
 //    64-bit patterns of doubles with a feasibility DP over the still-uncut middle range [a, b):
 //    O(64*S*L^2) without memory caps, O(64*S*L^3) with them.
-//  - Looped placement with V >= 2 (interleaved): the per-worker sum couples V non-adjacent
+//  - Looped placement with V >= 2 (interleaved): the per-rank sum couples V non-adjacent
 //    chunks. Start: the exact chunk-level min-max (each chunk at its owner's speed), improved by
 //    single-layer boundary moves; then a depth-first branch and bound over the cuts (pruned by
 //    memory, the incumbent and the perfectly balanced water level) with a budget of 2^21 nodes.
@@ -39,12 +39,12 @@ namespace pipetrain::partition {
 
 // A layer's cost (F+B+W FLOPs per micro-batch, or any unit): in [0, kMaxLayerCost].
 inline constexpr double kMaxLayerCost = 1e30;
-// A worker's speed (cost units per time unit; the coordinator passes GFLOP/s with costs in
+// A rank's speed (cost units per time unit; the coordinator passes GFLOP/s with costs in
 // FLOPs): in [kMinSpeed, kMaxSpeed]. The low end admits the emulated slow workers of tests
 // (stage_worker --emulate-gflops 0.0003).
 inline constexpr double kMinSpeed = 1e-6;
 inline constexpr double kMaxSpeed = 1e9;
-// A layer's memory and a worker's memory cap, in bytes: in [0, kMaxMemoryBytes] = [0, 2^53]
+// A layer's memory and a rank's memory cap, in bytes: in [0, kMaxMemoryBytes] = [0, 2^53]
 // (9 PB), and the layers' memory together at most kMaxMemoryBytes too. Memory is counted in whole
 // bytes: a layer's memory is rounded up and a cap down. Every sum and difference of byte counts
 // below 2^53 is exact in a double, so a cut never exceeds a cap by rounding.
@@ -63,16 +63,16 @@ inline constexpr int kMaxLayers = 1 << 16;
 absl::Status CheckLayersCoverChunks(int64_t layers, int64_t stages, int64_t virtual_stages);
 
 struct PartitionOptions {
-  int stages = 1;  // S >= 1: workers, in pipeline order (speeds and caps follow this order).
+  int stages = 1;  // S >= 1: ranks, in pipeline order (speeds and caps follow this order).
   schedule::PlacementKind placement = schedule::PlacementKind::kLinear;
-  int virtual_stages = 1;  // V: chunks per worker (linear 1, V-shape 2, looped >= 1).
-  // [worker] cost units per time unit, in [kMinSpeed, kMaxSpeed]. Empty: all 1.
+  int virtual_stages = 1;  // V: chunks per rank (linear 1, V-shape 2, looped >= 1).
+  // [rank] cost units per time unit, in [kMinSpeed, kMaxSpeed]. Empty: all 1.
   std::vector<double> speeds;
   // [layer] bytes, in [0, kMaxMemoryBytes]. Required with memory_caps.
   std::vector<double> layer_memory;
-  std::vector<double> memory_caps;  // [worker] bytes, in [0, kMaxMemoryBytes]. Empty: no cap.
+  std::vector<double> memory_caps;  // [rank] bytes, in [0, kMaxMemoryBytes]. Empty: no cap.
   // [cut after layer j, j in 0..L-2] time units to move the activation and its gradient across
-  // that cut, in [0, kMaxBoundaryTime]; added to both workers next to the cut when they differ.
+  // that cut, in [0, kMaxBoundaryTime]; added to both ranks next to the cut when they differ.
   // Empty: free transfers.
   std::vector<double> boundary_times;
 };
@@ -81,11 +81,11 @@ struct Partition {
   schedule::Placement placement;
   std::vector<int> boundaries;        // S*V+1 entries: chunk c holds layers [b[c], b[c+1]).
   std::vector<double> chunk_cost;     // [chunk] sum of its layer costs.
-  std::vector<double> worker_cost;    // [worker] sum over its chunks.
-  std::vector<double> worker_time;    // [worker] cost / speed + its boundary times.
-  std::vector<double> worker_memory;  // [worker] sum of its layers' memory (0 without memory).
+  std::vector<double> worker_cost;    // [rank] sum over its chunks.
+  std::vector<double> worker_time;    // [rank] cost / speed + its boundary times.
+  std::vector<double> worker_memory;  // [rank] sum of its layers' memory (0 without memory).
   double bottleneck = 0;              // max worker_time.
-  int bottleneck_worker = 0;          // First worker reaching it.
+  int bottleneck_worker = 0;          // First rank reaching it.
   double imbalance = 1;               // bottleneck / mean worker_time (1 if all times are 0).
   bool proven_optimal = false;        // False only if the looped search ran out of budget.
 };

@@ -13,7 +13,7 @@
 namespace pipetrain::schedule {
 namespace {
 
-// Appends actions to one worker's list.
+// Appends actions to one rank's list.
 class ActionList {
  public:
   explicit ActionList(size_t reserve) { actions_.reserve(reserve); }
@@ -52,10 +52,10 @@ std::vector<Action> OneFOneBWorker(int m, int w, int warmup_forwards) {
   return list.Take();
 }
 
-// Megatron interleaved 1F1B on the looped placement (worker w holds chunks w, w+S, ...).
+// Megatron interleaved 1F1B on the looped placement (rank w holds chunks w, w+S, ...).
 // Micro-batches run in groups of S: for each group, the forwards visit local chunk 0 for the S
 // micro-batches of the group, then local chunk 1, ...; the backwards follow the same table with the
-// local chunks reversed. The worker runs min(2(S-w-1) + (V-1)S + extra_warmup, MV) warm-up
+// local chunks reversed. Rank w runs min(2(S-w-1) + (V-1)S + extra_warmup, MV) warm-up
 // forwards, then pairs (next forward, next backward), then drains the backwards. Requires
 // M % S == 0. Interleaved-overlap is the same order with one more warm-up forward (extra_warmup
 // 1), which makes every steady pair an overlapped (F, B) pair.
@@ -86,10 +86,10 @@ std::vector<Action> InterleavedWorker(int s, int m, int v, int w, int extra_warm
   return list.Take();
 }
 
-// ZB-H1: 1F1B with every backward split into I and W. Worker w runs min(S-w-1, M) warm-up
-// forwards, then steps (F, I) where step k also runs W(k-w) once k >= w, so worker w holds back w
+// ZB-H1: 1F1B with every backward split into I and W. Rank w runs min(S-w-1, M) warm-up
+// forwards, then steps (F, I) where step k also runs W(k-w) once k >= w, so rank w holds back w
 // weight gradients; the cool-down runs (I, oldest W) pairs and then the deferred Ws, which fill
-// the bubble that 1F1B leaves at the end. Peak stash stays at S (1F1B's worst worker).
+// the bubble that 1F1B leaves at the end. Peak stash stays at S (1F1B's worst rank).
 std::vector<Action> ZbH1Worker(int s, int m, int w) {
   ActionList list(3 * static_cast<size_t>(m));
   const int warmup = std::min(s - w - 1, m);
@@ -111,7 +111,7 @@ std::vector<Action> ZbH1Worker(int s, int m, int w) {
   return list.Take();
 }
 
-// Per-worker counters of a schedule over two chunks per worker. For the V-shape, local chunk 0 is
+// Per-rank counters of a schedule over two chunks per rank. For the V-shape, local chunk 0 is
 // chunk w (the way down) and local chunk 1 is chunk 2S-1-w (the way back up), and both run all M
 // micro-batches. The second constructor names the two chunks and the micro-batches each runs
 // (`m` of them from `first_mb[local]` on), for the bidirectional placement.
@@ -175,7 +175,7 @@ class VShapeWorker {
   ActionList list_;
 };
 
-// ZB-V (zero-bubble V schedule, every backward split into I and W). Worker w:
+// ZB-V (zero-bubble V schedule, every backward split into I and W). Rank w:
 //   1. 2(S-w)-1 forwards on the lower chunk;
 //   2. w times: F upper, F lower;
 //   3. S-w times: F upper, I upper, W upper;
@@ -184,7 +184,7 @@ class VShapeWorker {
 //   7. the remaining Is, then the remaining Ws (upper chunk first).
 // An action with nothing left to run is skipped (e.g. step 4's last rounds have no forwards left
 // on the lower chunk). With F = I = W per chunk and M >= 2S the makespan is 6M + S - 1 chunk
-// steps, the lower bound of any V-shape plan; at most 2S chunk activations are stashed per worker
+// steps, the lower bound of any V-shape plan; at most 2S chunk activations are stashed per rank
 // (1F1B's S full-size ones).
 std::vector<Action> ZbVWorker(int s, int m, int w) {
   VShapeWorker x(s, m, w);
@@ -221,7 +221,7 @@ std::vector<Action> ZbVWorker(int s, int m, int w) {
   return x.Take();
 }
 
-// DeepSeek's DualPipe phases for one worker, `rank` of `ranks`, over its chunks 0 (reached first
+// DeepSeek's DualPipe phases for one rank, `rank` of `ranks`, over its chunks 0 (reached first
 // by its micro-batches) and 1; `steady` is the number of rounds of step 4. Each overlapped pair of
 // the reference (a forward of one chunk computed with a backward of the other) is two
 // consecutive actions, forward first:
@@ -284,7 +284,7 @@ std::vector<Action> DualPipeVWorker(int s, int m, int w) {
 }
 
 // Bidirectional DualPipe (DeepSeek) on the bidirectional placement: the first M/2 micro-batches
-// run down through chunks 0..S-1, the others up through chunks S..2S-1. Each worker has an
+// run down through chunks 0..S-1, the others up through chunks S..2S-1. Each rank has an
 // "early" chunk (phase 0: down chunk w for w < S/2, else up chunk 2S-1-w) and a "late" one (phase
 // 1), each passed by M/2 micro-batches, and runs the phases above with ranks = S/2, rank =
 // min(w, S-1-w) and M/2-S+rank+1 steady rounds. Needs S even, M even and M >= 2S-2.
@@ -354,7 +354,7 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
     case ScheduleKind::kOneFOneBOverlap:
       if (v != 1) {
         return absl::InvalidArgumentError(absl::StrCat(
-            name, " holds one chunk per worker: virtual stages must be 1 (got ", v, ")"));
+            name, " holds one chunk per rank: virtual stages must be 1 (got ", v, ")"));
       }
       break;
     case ScheduleKind::kInterleaved:
@@ -365,7 +365,7 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
           p.kind == ScheduleKind::kInterleaved ? "1f1b" : "1f1b-overlap";
       if (v < 2) {
         return absl::InvalidArgumentError(absl::StrCat(title, " needs virtual stages >= 2 (got ", v,
-                                                       "); with one chunk per worker use ", plain));
+                                                       "); with one chunk per rank use ", plain));
       }
       if (m < s) {
         return absl::InvalidArgumentError(
@@ -381,12 +381,12 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
     case ScheduleKind::kDualPipe:
       if (v != 2) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "dualpipe holds two chunks per worker: virtual stages must be 2 (got ", v, ")"));
+            "dualpipe holds two chunks per rank: virtual stages must be 2 (got ", v, ")"));
       }
       if (s % 2 != 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("dualpipe needs an even number of stages (got ", s,
-                         "): it pairs worker w with worker S-1-w; for odd S use dualpipe-v"));
+                         "): it pairs rank w with rank S-1-w; for odd S use dualpipe-v"));
       }
       if (m % 2 != 0) {
         return absl::InvalidArgumentError(
@@ -416,7 +416,7 @@ absl::Status CheckScheduleParams(const ScheduleParams& p) {
 absl::Status CheckExecutable(ScheduleKind kind) {
   if (kind != ScheduleKind::kDualPipe) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both end workers "
+      "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both end ranks "
       "(two copies of every weight), and a pipetrain job holds one copy of each weight so that "
       "training stays bitwise equal to the reference; use dualpipe-v (the V-shape variant with one "
       "copy) or simulate dualpipe with `pipetrain schedule` (docs/schedules.md)");
@@ -432,7 +432,7 @@ absl::StatusOr<std::vector<Action>> GenerateWorkerActions(const ScheduleParams& 
   PT_RETURN_IF_ERROR(CheckScheduleParams(params));
   if (worker < 0 || worker >= params.stages) {
     return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker, " is out of range [0, ", params.stages, ")"));
+        absl::StrCat("rank ", worker, " is out of range [0, ", params.stages, ")"));
   }
   return WorkerActions(params, worker);
 }

@@ -1,8 +1,8 @@
 // Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipeV, the overlap variants
 // of 1F1B and interleaved, and bidirectional DualPipe.
 //
-// Each generator is a closed-form rule per worker (no search, no fallback to another kind), so the
-// coordinator can compile a plan for any worker on the fly. Every plan produced for parameters that
+// Each generator is a closed-form rule per rank (no search, no fallback to another kind), so the
+// coordinator can compile a plan for any rank on the fly. Every plan produced for parameters that
 // pass CheckScheduleParams() passes ValidatePlan(); tests/common/schedule/generator_test.cc proves
 // it exhaustively for S in 1..8, M in 1..32, V in 1..4. docs/schedules.md states each rule.
 //
@@ -21,9 +21,9 @@ namespace pipetrain::schedule {
 // What to generate.
 struct ScheduleParams {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int stages = 1;          // S >= 1: number of workers.
+  int stages = 1;          // S >= 1: number of ranks.
   int microbatches = 1;    // M >= 1: micro-batches per training step.
-  int virtual_stages = 1;  // V >= 1: chunks per worker; see DefaultVirtualStages().
+  int virtual_stages = 1;  // V >= 1: chunks per rank; see DefaultVirtualStages().
 };
 
 // The V a kind uses when the user gives none: 2 for interleaved, interleaved-overlap, zb-v,
@@ -54,11 +54,11 @@ absl::Status CheckExecutable(ScheduleKind kind);
 // The placement of the plan for `params`. Errors as CheckScheduleParams().
 absl::StatusOr<Placement> PlacementFor(const ScheduleParams& params);
 
-// The ordered actions of `worker`. INVALID_ARGUMENT if the parameters are invalid (see
-// CheckScheduleParams) or the worker is outside [0, S).
+// The ordered actions of rank `worker`. INVALID_ARGUMENT if the parameters are invalid (see
+// CheckScheduleParams) or `worker` is outside [0, S).
 absl::StatusOr<std::vector<Action>> GenerateWorkerActions(const ScheduleParams& params, int worker);
 
-// The whole plan (every worker's actions). Errors as CheckScheduleParams().
+// The whole plan (every rank's actions). Errors as CheckScheduleParams().
 absl::StatusOr<Plan> GenerateSchedule(const ScheduleParams& params);
 
 }  // namespace pipetrain::schedule

@@ -119,7 +119,7 @@ absl::Status ValidatePlacement(const Placement& placement) {
   }
   if (placement.kind == PlacementKind::kLinear && placement.virtual_stages != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the linear placement holds one chunk per worker: virtual stages must be 1 (got ",
+        "the linear placement holds one chunk per rank: virtual stages must be 1 (got ",
         placement.virtual_stages, ")"));
   }
   if ((placement.kind == PlacementKind::kVShape ||
@@ -127,7 +127,7 @@ absl::Status ValidatePlacement(const Placement& placement) {
       placement.virtual_stages != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", PlacementKindName(placement.kind),
-                     " placement holds two chunks per worker: virtual stages must be 2 (got ",
+                     " placement holds two chunks per rank: virtual stages must be 2 (got ",
                      placement.virtual_stages, ")"));
   }
   return absl::OkStatus();

@@ -1,9 +1,9 @@
-// The schedule IR: per worker, an ordered list of compute actions on model chunks.
+// The schedule IR: per rank, an ordered list of compute actions on model chunks.
 //
 // A model is cut into S*V chunks numbered in model order (chunk 0 takes the input, chunk S*V-1
-// computes the loss). A Placement says which of the S workers holds which chunk. Communication is
+// computes the loss). A Placement says which of the S ranks holds which chunk. Communication is
 // implied by the placement: the activation of (mb, c) goes to the owner of chunk c+1 and the input
-// gradient of (mb, c) goes to the owner of chunk c-1. Sends never block; a worker runs its actions
+// gradient of (mb, c) goes to the owner of chunk c-1. Sends never block; a rank runs its actions
 // strictly in order and waits only for the inputs of its next action.
 //
 // All types here are plain values: copyable, no internal synchronisation (thread-compatible).
@@ -34,7 +34,7 @@ absl::string_view OpLetter(Op op);
 // Parses "F", "B", "I" or "W" (upper case). INVALID_ARGUMENT otherwise.
 absl::StatusOr<Op> ParseOp(absl::string_view letter);
 
-// One compute step of a worker: run `op` for micro-batch `mb` on model chunk `chunk`.
+// One compute step of a rank: run `op` for micro-batch `mb` on model chunk `chunk`.
 struct Action {
   Op op = Op::kForward;
   int32_t mb = 0;
@@ -49,13 +49,13 @@ struct Action {
 // "F(mb=3, chunk=1)".
 std::string ActionToString(const Action& action);
 
-// How chunks map to workers.
+// How chunks map to ranks.
 enum class PlacementKind : uint8_t {
-  kLinear,  // V = 1: chunk w on worker w.
-  kLooped,  // any V: chunk c on worker c mod S (interleaved 1F1B).
-  kVShape,  // V = 2: worker w holds chunks w and 2S-1-w (ZB-V, DualPipeV).
-  // V = 2, two copies of an S-stage model: chunk c < S is stage c of the "down" copy on worker c,
-  // chunk S+k is stage k of the "up" copy on worker S-1-k (so worker w holds chunks w and
+  kLinear,  // V = 1: chunk w on rank w.
+  kLooped,  // any V: chunk c on rank c mod S (interleaved 1F1B).
+  kVShape,  // V = 2: rank w holds chunks w and 2S-1-w (ZB-V, DualPipeV).
+  // V = 2, two copies of an S-stage model: chunk c < S is stage c of the "down" copy on rank c,
+  // chunk S+k is stage k of the "up" copy on rank S-1-k (so rank w holds chunks w and
   // 2S-1-w, as in the V-shape). The first half of the micro-batches runs down through chunks
   // 0..S-1, the second half up through chunks S..2S-1 (bidirectional DualPipe). Simulation only:
   // a job holds one copy of each weight (see CheckExecutable in generator.h).
@@ -65,22 +65,22 @@ enum class PlacementKind : uint8_t {
 // "linear", "looped", "v-shape" or "bidirectional".
 absl::string_view PlacementKindName(PlacementKind kind);
 
-// Chunk-to-worker map of S workers holding V chunks each. A plain value; members are public so
+// Chunk-to-rank map of S ranks holding V chunks each. A plain value; members are public so
 // that tests can build broken plans, and ValidatePlacement() says whether a value is usable.
 struct Placement {
   PlacementKind kind = PlacementKind::kLinear;
-  int stages = 1;          // S: number of workers.
-  int virtual_stages = 1;  // V: chunks per worker.
+  int stages = 1;          // S: number of ranks.
+  int virtual_stages = 1;  // V: chunks per rank.
 
   int num_chunks() const { return stages * virtual_stages; }
 
-  // Worker holding `chunk`. Precondition: ValidatePlacement() is OK and 0 <= chunk < num_chunks().
+  // Rank holding `chunk`. Precondition: ValidatePlacement() is OK and 0 <= chunk < num_chunks().
   int OwnerOf(int chunk) const;
 
   // Index of `chunk` among its owner's chunks in model order (0..V-1). Same precondition.
   int LocalIndexOf(int chunk) const;
 
-  // Chunks held by `worker`, in model order. Precondition: 0 <= worker < stages.
+  // Chunks held by rank `worker`, in model order. Precondition: 0 <= worker < stages.
   std::vector<int> ChunksOf(int worker) const;
 
   // The chunks micro-batch `mb` of `microbatches` runs through, in order: [begin, end). Every
@@ -150,12 +150,12 @@ struct Plan {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
   int microbatches = 0;                      // M.
   Placement placement;                       // S, V and the chunk map.
-  std::vector<std::vector<Action>> actions;  // [worker][position], run in order.
+  std::vector<std::vector<Action>> actions;  // [rank][position], run in order.
 
   int stages() const { return placement.stages; }
   int virtual_stages() const { return placement.virtual_stages; }
   int num_chunks() const { return placement.num_chunks(); }
-  // Total number of actions over all workers.
+  // Total number of actions over all ranks.
   int64_t NumActions() const;
   // The chunks micro-batch `mb` runs through: see Placement::RouteBegin.
   int RouteBegin(int mb) const { return placement.RouteBegin(mb, microbatches); }

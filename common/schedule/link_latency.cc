@@ -53,7 +53,7 @@ std::optional<double> EstimateLinkLatency(const std::vector<LinkObservation>& ob
   std::vector<double> pairs;
   for (const auto& [direction, forward] : delays) {
     const auto [from, to] = direction;
-    if (from >= to) continue;  // each pair once, from its lower worker.
+    if (from >= to) continue;  // each pair once, from its lower rank.
     auto back = delays.find({to, from});
     if (back == delays.end()) continue;
     pairs.push_back(Midpoint(Median(forward), Median(back->second)));

@@ -11,8 +11,8 @@
 
 namespace pipetrain::schedule {
 
-// One tensor between two workers, as one end saw it: worker `rank` sent it to (or received it
-// from) worker `peer`. Times are on `rank`'s own clock (any origin), in any one unit.
+// One tensor between two workers, as one end saw it: rank `rank` sent it to (or received it
+// from) rank `peer`. Times are on `rank`'s own clock (any origin), in any one unit.
 struct LinkObservation {
   bool send = false;
   int rank = 0;

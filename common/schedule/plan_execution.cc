@@ -112,26 +112,26 @@ absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
     std::string waits;
     if (a.op == Op::kForward) {
       waits = absl::StrCat("the activation of ", ActionToString({Op::kForward, a.mb, c - 1}),
-                           " on worker ", placement.OwnerOf(c - 1));
+                           " on rank ", placement.OwnerOf(c - 1));
     } else if (a.op == Op::kWeightGrad) {
-      waits = absl::StrCat(ActionToString({Op::kInputGrad, a.mb, c}), " on worker ", w);
+      waits = absl::StrCat(ActionToString({Op::kInputGrad, a.mb, c}), " on rank ", w);
     } else if (f_end[key(a, c)] == kNotYet) {
-      waits = absl::StrCat(ActionToString({Op::kForward, a.mb, c}), " on worker ", w);
+      waits = absl::StrCat(ActionToString({Op::kForward, a.mb, c}), " on rank ", w);
     } else {
       waits = absl::StrCat("the input gradient of B or I(mb=", a.mb, ", chunk=", c + 1,
-                           ") on worker ", placement.OwnerOf(c + 1));
+                           ") on rank ", placement.OwnerOf(c + 1));
     }
-    blocked.push_back(absl::StrCat("worker ", w, " blocked at position ", pos[w], " on ",
+    blocked.push_back(absl::StrCat("rank ", w, " blocked at position ", pos[w], " on ",
                                    ActionToString(a), ", waiting for ", waits));
   }
   if (blocked_count > 0) {
     std::string more;
     if (blocked_count > kMaxReportedWorkers) {
-      more = absl::StrCat("; and ", blocked_count - kMaxReportedWorkers, " more workers");
+      more = absl::StrCat("; and ", blocked_count - kMaxReportedWorkers, " more ranks");
     }
     return absl::InvalidArgumentError(absl::StrCat(
         "plan deadlocks under in-order execution with non-blocking sends: ", blocked_count, " of ",
-        s, " workers cannot finish: ", absl::StrJoin(blocked, "; "), more));
+        s, " ranks cannot finish: ", absl::StrJoin(blocked, "; "), more));
   }
   return out;
 }

@@ -1,12 +1,12 @@
 // Internal: runs a plan under the executor's model and times every action.
 //
-// Model: each worker runs its actions strictly in order; an action starts when its worker is free
+// Model: each rank runs its actions strictly in order; an action starts when its rank is free
 // and its inputs have arrived; sends never block. Inputs: F(mb, c) needs the activation of
 // F(mb, c-1); B or I(mb, c) needs F(mb, c) and the input gradient produced by B or I(mb, c+1)
 // (none for the last chunk, whose F computes the loss); W(mb, c) needs I(mb, c). "First" and
 // "last" are those of the micro-batch's route (Plan::RouteBegin/RouteEnd). A message between
-// chunks on different workers arrives `boundary_delay[c]` after its producer ends (c is the lower
-// chunk of the boundary); on the same worker it is available at once.
+// chunks on different ranks arrives `boundary_delay[c]` after its producer ends (c is the lower
+// chunk of the boundary); on the same rank it is available at once.
 #ifndef PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_
 #define PIPETRAIN_COMMON_SCHEDULE_PLAN_EXECUTION_H_
 
@@ -22,9 +22,9 @@ namespace pipetrain::schedule::internal {
 // shape of plan.actions; `boundary_delay` is empty (no link delay) or has num_chunks-1 entries.
 // `output_times` is empty or has the shape of plan.actions: when, after its start, an action's
 // output (activation, input gradient) is available (else at its end). `worker_start` is empty or
-// has one entry per worker: the earliest start of its first action (else 0).
-// Returns the per-worker intervals, or INVALID_ARGUMENT if the plan deadlocks, naming each blocked
-// worker, its position, the action it cannot start and the input it waits for. O(number of
+// has one entry per rank: the earliest start of its first action (else 0).
+// Returns the per-rank intervals, or INVALID_ARGUMENT if the plan deadlocks, naming each blocked
+// rank, its position, the action it cannot start and the input it waits for. O(number of
 // actions) time and O(M * S * V) memory.
 absl::StatusOr<std::vector<std::vector<TimedAction>>> ExecuteInOrder(
     const Plan& plan, const std::vector<std::vector<double>>& durations,

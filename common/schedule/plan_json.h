@@ -10,7 +10,7 @@
 namespace pipetrain::schedule {
 
 // {"kind": "1f1b", "stages": S, "microbatches": M, "virtual": V,
-//  "placement": [[chunks of worker 0], ...],
+//  "placement": [[chunks of rank 0], ...],
 //  "actions": [[{"op": "F"|"B"|"I"|"W", "mb": int, "chunk": int}, ...], ...]}
 nlohmann::ordered_json PlanToJson(const Plan& plan);
 

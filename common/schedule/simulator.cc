@@ -49,20 +49,20 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
     }
   } else {
     if (costs.action_durations.size() != plan.actions.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("measured durations cover ", costs.action_durations.size(),
-                       " workers; the plan has ", plan.actions.size()));
+      return absl::InvalidArgumentError(absl::StrCat("measured durations cover ",
+                                                     costs.action_durations.size(),
+                                                     " ranks; the plan has ", plan.actions.size()));
     }
     for (size_t w = 0; w < plan.actions.size(); ++w) {
       if (costs.action_durations[w].size() != plan.actions[w].size()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "measured durations of worker ", w, " have ", costs.action_durations[w].size(),
-            " entries; the worker has ", plan.actions[w].size(), " actions"));
+            "measured durations of rank ", w, " have ", costs.action_durations[w].size(),
+            " entries; the rank has ", plan.actions[w].size(), " actions"));
       }
       for (size_t p = 0; p < plan.actions[w].size(); ++p) {
         PT_RETURN_IF_ERROR(
             CheckTime(costs.action_durations[w][p],
-                      absl::StrCat("measured duration of worker ", w, " position ", p)));
+                      absl::StrCat("measured duration of rank ", w, " position ", p)));
       }
     }
   }
@@ -75,16 +75,16 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
     for (size_t w = 0; w < costs.action_output_times.size(); ++w) {
       if (costs.action_output_times[w].size() != costs.action_durations[w].size()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "measured output times of worker ", w, " have ", costs.action_output_times[w].size(),
+            "measured output times of rank ", w, " have ", costs.action_output_times[w].size(),
             " entries; its durations ", costs.action_durations[w].size()));
       }
       for (size_t p = 0; p < costs.action_output_times[w].size(); ++p) {
         const double t = costs.action_output_times[w][p];
         PT_RETURN_IF_ERROR(
-            CheckTime(t, absl::StrCat("measured output time of worker ", w, " position ", p)));
+            CheckTime(t, absl::StrCat("measured output time of rank ", w, " position ", p)));
         if (t > costs.action_durations[w][p]) {
           return absl::InvalidArgumentError(
-              absl::StrCat("measured output time of worker ", w, " position ", p, " (", t,
+              absl::StrCat("measured output time of rank ", w, " position ", p, " (", t,
                            ") is after the action's end (", costs.action_durations[w][p], ")"));
         }
       }
@@ -92,13 +92,12 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
   }
   if (!costs.worker_start.empty()) {
     if (costs.worker_start.size() != plan.actions.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker start times cover ", costs.worker_start.size(),
-                       " workers; the plan has ", plan.actions.size()));
+      return absl::InvalidArgumentError(absl::StrCat("start times cover ",
+                                                     costs.worker_start.size(),
+                                                     " ranks; the plan has ", plan.actions.size()));
     }
     for (size_t w = 0; w < costs.worker_start.size(); ++w) {
-      PT_RETURN_IF_ERROR(
-          CheckTime(costs.worker_start[w], absl::StrCat("start time of worker ", w)));
+      PT_RETURN_IF_ERROR(CheckTime(costs.worker_start[w], absl::StrCat("start time of rank ", w)));
     }
   }
   for (const auto& [name, bytes] : {std::pair<const char*, const std::vector<double>*>{
@@ -161,13 +160,13 @@ absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
                                                    placement.num_chunks(), " chunks"));
   }
   if (static_cast<int>(worker_speed.size()) != placement.stages) {
-    return absl::InvalidArgumentError(absl::StrCat("worker speeds has ", worker_speed.size(),
+    return absl::InvalidArgumentError(absl::StrCat("speeds have ", worker_speed.size(),
                                                    " entries; the placement has ", placement.stages,
-                                                   " workers"));
+                                                   " ranks"));
   }
   for (size_t w = 0; w < worker_speed.size(); ++w) {
     PT_RETURN_IF_ERROR(CheckRange(worker_speed[w], kMinFlopsPerTime, kMaxFlopsPerTime,
-                                  absl::StrCat("speed of worker ", w)));
+                                  absl::StrCat("speed of rank ", w)));
   }
   CostModel model;
   model.chunk_costs.reserve(chunk_flops.size());

@@ -1,8 +1,8 @@
-// Timed simulation of a plan under the executor's model (see plan_execution.h): each worker runs
-// its actions in order, an action starts when its worker is free and its inputs have arrived, and
-// sends never block. Costs are per chunk and op (uniform, from FLOPs and worker speeds, or
+// Timed simulation of a plan under the executor's model (see plan_execution.h): each rank runs
+// its actions in order, an action starts when its rank is free and its inputs have arrived, and
+// sends never block. Costs are per chunk and op (uniform, from FLOPs and rank speeds, or
 // measured per action); a link adds latency + bytes / bandwidth to every message between chunks on
-// different workers. Pure functions; thread-safe.
+// different ranks. Pure functions; thread-safe.
 //
 // Every number of a cost model is bounded (the constants below; a real deployment stays far inside
 // them): within the ranges every start, end and delay the simulation computes is finite. Outside
@@ -18,7 +18,7 @@
 
 namespace pipetrain::schedule {
 
-// Any time the simulator takes (a duration, a link latency, a worker's start, an output time), in
+// Any time the simulator takes (a duration, a link latency, a rank's start, an output time), in
 // time units: in [0, kMaxSimulatedTime] (kMaxSimulatedFlops / kMinFlopsPerTime).
 inline constexpr double kMaxSimulatedTime = 1e33;
 // Bytes (activation bytes, boundary bytes): in [0, kMaxSimulatedBytes].
@@ -26,7 +26,7 @@ inline constexpr double kMaxSimulatedBytes = 1e30;
 // A link's bandwidth in bytes per time unit: 0 (infinite) or in [kMinBandwidth, kMaxBandwidth].
 inline constexpr double kMinBandwidth = 1e-3;
 inline constexpr double kMaxBandwidth = 1e30;
-// CostModelFromFlops: FLOPs of one op in [0, kMaxSimulatedFlops]; worker speeds in FLOPs per time
+// CostModelFromFlops: FLOPs of one op in [0, kMaxSimulatedFlops]; rank speeds in FLOPs per time
 // unit in [kMinFlopsPerTime, kMaxFlopsPerTime] (the partitioner's 1e-6 to 1e9 GFLOP/s are 1e3 to
 // 1e18 FLOP/s).
 inline constexpr double kMaxSimulatedFlops = 1e30;
@@ -44,7 +44,7 @@ struct OpCosts {
   double Of(Op op) const;
 };
 
-// Point-to-point link between two workers.
+// Point-to-point link between two ranks.
 struct LinkModel {
   double latency = 0;  // Time units per message, in [0, kMaxSimulatedTime].
   // Bytes per time unit, in [kMinBandwidth, kMaxBandwidth]; 0 means infinite (no size-dependent
@@ -62,26 +62,26 @@ struct CostModel {
   // size. Entry S*V-1 is unused. Empty: messages cost only the link latency.
   std::vector<double> boundary_bytes;
   LinkModel link;
-  // Optional measured durations, [worker][position] with the plan's shape; when non-empty they
+  // Optional measured durations, [rank][position] with the plan's shape; when non-empty they
   // replace chunk_costs (e.g. to replay a measured step through a different link model).
   std::vector<std::vector<double>> action_durations;
-  // Optional, with action_durations: [worker][position] time after an action's start at which its
+  // Optional, with action_durations: [rank][position] time after an action's start at which its
   // output (activation, input gradient) is available, at most its duration. Empty: at its end. (A
-  // worker's fused B hands on the input gradient before it adds the weight gradients.)
+  // rank's fused B hands on the input gradient before it adds the weight gradients.)
   std::vector<std::vector<double>> action_output_times;
-  // Optional: [worker] the earliest start of its first action, for work a worker does at the
+  // Optional: [rank] the earliest start of its first action, for work a rank does at the
   // start of a step before it (a deferred optimizer update). Empty: 0.
   std::vector<double> worker_start;
 };
 
-// Every chunk gets `per_stage` divided by V: `per_stage` is the cost of one worker's share of the
+// Every chunk gets `per_stage` divided by V: `per_stage` is the cost of one rank's share of the
 // model (1/S of it), so that plans with different V do the same total work. A bidirectional chunk
 // is a whole stage (each micro-batch passes one of the two copies) and gets `per_stage`.
 CostModel UniformCostModel(const Placement& placement, const OpCosts& per_stage);
 
 // Chunk costs from FLOPs: chunk_costs[c] = chunk_flops[c] / worker_speed[owner(c)].
 // `chunk_flops` has S*V entries (FLOPs of F, B, I, W per micro-batch, each in
-// [0, kMaxSimulatedFlops]), `worker_speed` S entries (FLOPs per time unit, in
+// [0, kMaxSimulatedFlops]), `worker_speed` S entries, one per rank (FLOPs per time unit, in
 // [kMinFlopsPerTime, kMaxFlopsPerTime]). INVALID_ARGUMENT on wrong sizes or a number outside its
 // range (NaN and infinities included), naming it.
 absl::StatusOr<CostModel> CostModelFromFlops(const Placement& placement,
@@ -95,7 +95,7 @@ struct SimulationResult {
 };
 
 // Simulates `plan` under `costs`. INVALID_ARGUMENT if the plan fails CheckPlanStructure(), if it
-// deadlocks (naming the blocked workers and actions), or if the cost model's sizes do not match
+// deadlocks (naming the blocked ranks and actions), or if the cost model's sizes do not match
 // the plan or it holds a number outside its range (see the constants above; NaN and infinities
 // included), naming it. O(number of actions).
 absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& costs);

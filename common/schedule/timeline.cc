@@ -34,14 +34,14 @@ absl::StatusOr<TimelineStats> SummarizeTimeline(const Timeline& timeline,
     for (size_t p = 0; p < timeline.workers[w].size(); ++p) {
       const TimedAction& t = timeline.workers[w][p];
       if (t.end < t.start) {
-        return absl::InvalidArgumentError(absl::StrCat("worker ", w, " position ", p, ": ",
+        return absl::InvalidArgumentError(absl::StrCat("rank ", w, " position ", p, ": ",
                                                        ActionToString(t.action), " ends (", t.end,
                                                        ") before it starts (", t.start, ")"));
       }
       const int chunk = t.action.chunk;
       if (chunk < 0 || chunk >= num_chunks) {
         return absl::InvalidArgumentError(
-            absl::StrCat("worker ", w, " position ", p, ": ", ActionToString(t.action),
+            absl::StrCat("rank ", w, " position ", p, ": ", ActionToString(t.action),
                          " names a chunk out of range [0, ", num_chunks, ")"));
       }
       ws.busy += t.end - t.start;

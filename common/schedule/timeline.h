@@ -1,4 +1,4 @@
-// A timed execution of a plan: when each action ran on each worker, simulated or measured.
+// A timed execution of a plan: when each action ran on each rank, simulated or measured.
 //
 // The simulator produces a Timeline; the runtime will build the same struct from measured
 // timestamps, so the renderers (timeline_render.h) and the statistics below serve both.
@@ -13,7 +13,7 @@
 
 namespace pipetrain::schedule {
 
-// One action and the interval it occupied its worker: [start, end), in time units chosen by the
+// One action and the interval it occupied its rank: [start, end), in time units chosen by the
 // producer (the simulator uses the cost model's units; the runtime seconds).
 struct TimedAction {
   Action action;
@@ -21,22 +21,22 @@ struct TimedAction {
   double end = 0;
 };
 
-// Every worker's actions in execution order with their intervals. Time 0 is the step's start.
+// Every rank's actions in execution order with their intervals. Time 0 is the step's start.
 struct Timeline {
   Placement placement;                            // For chunk labels in the pictures.
-  std::vector<std::vector<TimedAction>> workers;  // [worker][position].
+  std::vector<std::vector<TimedAction>> workers;  // [rank][position].
 
   // Latest end over all actions (0 if there are none).
   double Makespan() const;
 };
 
-// Per-worker figures of a timeline.
+// Per-rank figures of a timeline.
 struct WorkerStats {
   double busy = 0;             // Sum of action durations.
   double bubble_fraction = 0;  // 1 - busy / makespan (0 if the makespan is 0).
   // Most (micro-batch, chunk) activations stashed at once. An activation is stashed from the start
   // of its F until the end of its B, or of its W when the backward is split (W needs the layer
-  // inputs); this depends only on the order of the worker's actions.
+  // inputs); this depends only on the order of the rank's actions.
   int peak_activations = 0;
   // The same peak weighted by the per-chunk activation bytes (0 if none were given).
   double peak_activation_bytes = 0;

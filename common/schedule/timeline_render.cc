@@ -147,8 +147,8 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
     }
   }
   const std::string last_name =
-      absl::StrCat("w", timeline.workers.empty() ? 0 : timeline.workers.size() - 1);
-  const size_t name_width = std::max<size_t>(last_name.size(), 4) + 1;  // "w12  " / "time "
+      absl::StrCat("r", timeline.workers.empty() ? 0 : timeline.workers.size() - 1);
+  const size_t name_width = std::max<size_t>(last_name.size(), 4) + 1;  // "r12  " / "time "
 
   std::string out;
   // Ruler: the time at every fifth cell, where it fits.
@@ -180,7 +180,7 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
       }
       row[end - 1] = ' ';
     }
-    std::string name = absl::StrCat("w", w);
+    std::string name = absl::StrCat("r", w);
     name.resize(name_width, ' ');
     absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(absl::StrCat(name, "|", row)), "\n");
   }
@@ -190,7 +190,7 @@ std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options) {
                   UnitSuffix(options.time_unit),
                   "; F forward, B backward, I input grad, W weight grad, . idle");
   if (timeline.placement.virtual_stages > 1) {
-    absl::StrAppend(&out, "; a, b, ... = the worker's chunks in model order");
+    absl::StrAppend(&out, "; a, b, ... = the rank's chunks in model order");
   }
   absl::StrAppend(&out, "\n");
   return out;
@@ -208,7 +208,7 @@ std::string RenderChromeTrace(const Timeline& timeline, double microseconds_per_
                       {"ph", "M"},
                       {"pid", 0},
                       {"tid", w},
-                      {"args", {{"name", absl::StrCat("worker ", w)}}}});
+                      {"args", {{"name", absl::StrCat("rank ", w)}}}});
     events.push_back({{"name", "thread_sort_index"},
                       {"ph", "M"},
                       {"pid", 0},
@@ -284,8 +284,8 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
   std::set<Op> drawn;
   for (int w = 0; w < workers; ++w) {
     const double y = top + w * row;
-    absl::StrAppend(&out, absl::StrFormat("<text x=\"4\" y=\"%.1f\">worker %d</text>\n",
-                                          y + row * 0.5 + 3.5, w));
+    absl::StrAppend(
+        &out, absl::StrFormat("<text x=\"4\" y=\"%.1f\">rank %d</text>\n", y + row * 0.5 + 3.5, w));
     for (const TimedAction& t : timeline.workers[w]) {
       if (!Drawable(t)) continue;
       const double x = left + t.start * px;
@@ -334,7 +334,7 @@ std::string RenderSvg(const Timeline& timeline, const SvgOptions& options) {
     lx += 16 + 6.5 * entry.size() + 14;
   }
   if (v > 1) {
-    absl::StrAppend(&out, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\">a, b, ... = the worker's "
+    absl::StrAppend(&out, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\">a, b, ... = the rank's "
                                           "chunks in model order (later ones lighter)</text>\n",
                                           lx, ly));
   }

@@ -1,6 +1,6 @@
 // Pictures of a Timeline (simulated or measured): an ASCII grid, a Chrome trace and an SVG.
 //
-// Labels: op letter + micro-batch ("F3"); when a worker holds several chunks (V > 1) a letter names
+// Labels: op letter + micro-batch ("F3"); when a rank holds several chunks (V > 1) a letter names
 // which of its chunks, in model order ("F3a" = first chunk, "F3b" = second, ...).
 // Pure functions; thread-safe. Actions with non-finite or negative times or end < start (possible
 // in measured timelines) are left out.
@@ -27,14 +27,15 @@ struct AsciiOptions {
   std::string time_unit;
 };
 
-// One row per worker, time across. Every cell is as wide as the widest label plus one; an action
-// covering n cells prints its label followed by '-' up to its last cell; '.' marks idle cells.
-// A ruler above gives the time of every fifth cell; a legend below gives the scale and makespan.
+// One row per rank ("r0", "r1", ...), time across. Every cell is as wide as the widest label plus
+// one; an action covering n cells prints its label followed by '-' up to its last cell; '.' marks
+// idle cells. A ruler above gives the time of every fifth cell; a legend below gives the scale and
+// makespan.
 // Actions shorter than a cell still take one (so a coarse grid may overwrite a neighbour).
 std::string RenderAscii(const Timeline& timeline, const AsciiOptions& options = {});
 
 // Chrome trace event JSON (chrome://tracing, https://ui.perfetto.dev): one process, one thread
-// track per worker ("worker w"), one complete ("X") event per action with args op, mb, chunk.
+// track per rank ("rank w"), one complete ("X") event per action with args op, mb, chunk.
 // Times are multiplied by `microseconds_per_time_unit` (1000 shows one time unit as 1 ms).
 std::string RenderChromeTrace(const Timeline& timeline, double microseconds_per_time_unit = 1000);
 
@@ -57,11 +58,11 @@ struct SvgOptions {
   std::vector<TimeMark> marks;
 };
 
-// A standalone SVG document: a title line, one row per worker, one rectangle per action coloured
-// by op (F blue, B green, I light green, W purple; later chunks of a worker drawn lighter) with a
-// tooltip, labels where they fit, a time axis, the marks, and a legend (<g id="legend">) listing
-// only the kinds of action drawn ("F forward", "B backward", "I input grad", "W weight grad").
-// Text is XML-escaped.
+// A standalone SVG document: a title line, one row per rank ("rank w"), one rectangle per action
+// coloured by op (F blue, B green, I light green, W purple; later chunks of a rank drawn lighter)
+// with a tooltip, labels where they fit, a time axis, the marks, and a legend (<g id="legend">)
+// listing only the kinds of action drawn ("F forward", "B backward", "I input grad", "W weight
+// grad"). Text is XML-escaped.
 std::string RenderSvg(const Timeline& timeline, const SvgOptions& options = {});
 
 }  // namespace pipetrain::schedule

@@ -15,7 +15,7 @@ namespace {
 constexpr int32_t kAbsent = -1;
 
 std::string At(int worker, int64_t position, const Action& action) {
-  return absl::StrCat("worker ", worker, " position ", position, ": ", ActionToString(action));
+  return absl::StrCat("rank ", worker, " position ", position, ": ", ActionToString(action));
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ absl::Status CheckPlanStructure(const Plan& plan) {
   }
   if (static_cast<int>(plan.actions.size()) != s) {
     return absl::InvalidArgumentError(
-        absl::StrCat("plan has ", plan.actions.size(), " action lists for ", s, " workers"));
+        absl::StrCat("plan has ", plan.actions.size(), " action lists for ", s, " ranks"));
   }
   if (static_cast<long long>(m) * c_count > kMaxChunkMicrobatches) {
     return absl::InvalidArgumentError(absl::StrCat("plan has ", static_cast<long long>(m) * c_count,
@@ -47,7 +47,7 @@ absl::Status CheckPlanStructure(const Plan& plan) {
   for (int w = 0; w < s; ++w) {
     const std::vector<Action>& list = plan.actions[w];
     if (list.size() > static_cast<size_t>(INT32_MAX)) {
-      return absl::InvalidArgumentError(absl::StrCat("worker ", w, " has too many actions"));
+      return absl::InvalidArgumentError(absl::StrCat("rank ", w, " has too many actions"));
     }
     for (size_t p = 0; p < list.size(); ++p) {
       const Action& a = list[p];
@@ -63,7 +63,7 @@ absl::Status CheckPlanStructure(const Plan& plan) {
       if (owner != w) {
         return absl::InvalidArgumentError(absl::StrCat(
             At(w, p, a), " runs chunk ", a.chunk, ", which the ",
-            PlacementKindName(plan.placement.kind), " placement puts on worker ", owner));
+            PlacementKindName(plan.placement.kind), " placement puts on rank ", owner));
       }
       if (a.chunk < plan.RouteBegin(a.mb) || a.chunk >= plan.RouteEnd(a.mb)) {
         return absl::InvalidArgumentError(
@@ -91,7 +91,7 @@ absl::Status CheckPlanStructure(const Plan& plan) {
       const int w = plan.placement.OwnerOf(c);
       if (pos_f[k] == kAbsent) {
         return absl::InvalidArgumentError(
-            absl::StrCat("worker ", w, ": missing ", ActionToString({Op::kForward, mb, c})));
+            absl::StrCat("rank ", w, ": missing ", ActionToString({Op::kForward, mb, c})));
       }
       if (pos_b[k] != kAbsent && (pos_i[k] != kAbsent || pos_w[k] != kAbsent)) {
         const int32_t other = pos_i[k] != kAbsent ? pos_i[k] : pos_w[k];
@@ -102,12 +102,11 @@ absl::Status CheckPlanStructure(const Plan& plan) {
             "; use either B or I and W"));
       }
       if (pos_b[k] == kAbsent && pos_i[k] == kAbsent && pos_w[k] == kAbsent) {
-        return absl::InvalidArgumentError(absl::StrCat("worker ", w,
-                                                       ": missing the backward of (mb=", mb,
-                                                       ", chunk=", c, "): needs B or I and W"));
+        return absl::InvalidArgumentError(absl::StrCat("rank ", w, ": missing the backward of (mb=",
+                                                       mb, ", chunk=", c, "): needs B or I and W"));
       }
       if (pos_i[k] != kAbsent && pos_w[k] == kAbsent) {
-        return absl::InvalidArgumentError(absl::StrCat("worker ", w, ": missing ",
+        return absl::InvalidArgumentError(absl::StrCat("rank ", w, ": missing ",
                                                        ActionToString({Op::kWeightGrad, mb, c}),
                                                        " for the I at position ", pos_i[k]));
       }

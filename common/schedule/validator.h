@@ -1,7 +1,7 @@
 // Plan validation: what the executor and the numerics rely on.
 //
-// Thread-safe pure functions. Every error is INVALID_ARGUMENT and names the worker, the position in
-// its action list and the action, e.g. "worker 1 position 4: W(mb=0, chunk=1) accumulates weight
+// Thread-safe pure functions. Every error is INVALID_ARGUMENT and names the rank, the position in
+// its action list and the action, e.g. "rank 1 position 4: W(mb=0, chunk=1) accumulates weight
 // gradients after W(mb=2, chunk=1) at position 3; ...".
 #ifndef PIPETRAIN_COMMON_SCHEDULE_VALIDATOR_H_
 #define PIPETRAIN_COMMON_SCHEDULE_VALIDATOR_H_
@@ -13,8 +13,8 @@ namespace pipetrain::schedule {
 
 // Checks everything but deadlock freedom:
 //  - the placement is valid, M >= 1, M*S*V <= kMaxChunkMicrobatches (generator.h) and there is
-//    one action list per worker;
-//  - every action names a micro-batch in [0, M) and a chunk in [0, S*V) held by its worker and
+//    one action list per rank;
+//  - every action names a micro-batch in [0, M) and a chunk in [0, S*V) held by its rank and
 //    on the micro-batch's route (Plan::RouteBegin/RouteEnd: every chunk unless bidirectional);
 //  - every (mb, chunk) on the route has exactly one F and either exactly one B or exactly one I
 //    and one W;
@@ -24,8 +24,8 @@ namespace pipetrain::schedule {
 absl::Status CheckPlanStructure(const Plan& plan);
 
 // CheckPlanStructure() and then proves the plan completes under the executor's model (in-order
-// actions per worker, non-blocking sends, a worker waits only for its next action's inputs) by
-// running it. A deadlock error lists each blocked worker with its position, the action it cannot
+// actions per rank, non-blocking sends, a rank waits only for its next action's inputs) by
+// running it. A deadlock error lists each blocked rank with its position, the action it cannot
 // start and the input it waits for. O(number of actions).
 absl::Status ValidatePlan(const Plan& plan);
 

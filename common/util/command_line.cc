@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <set>
 #include <utility>
 
 #include "absl/flags/commandlineflag.h"
@@ -171,10 +172,10 @@ std::string FlagHelp(absl::string_view name, absl::string_view shown) {
   std::string value(shown);
   if (value.empty()) {
     value = flag->DefaultValue();
-    if (flag->IsOfType<std::string>()) {
-      value = absl::StrCat("\"", value, "\"");
-    } else if (value.empty()) {
+    if (value.empty()) {
       value = "none";
+    } else if (flag->IsOfType<std::string>()) {
+      value = absl::StrCat("\"", value, "\"");
     }
   }
   return absl::StrCat("  ", DashedFlag(name),
@@ -188,6 +189,44 @@ std::string ShownDefault(const ProgramSpec& program, const CommandSpec& command,
   if (auto it = command.defaults.find(name); it != command.defaults.end()) return it->second;
   if (auto it = program.defaults.find(name); it != program.defaults.end()) return it->second;
   return "";
+}
+
+// `names` grouped by `topics`: each under the first topic that has it, in the topic's order, the
+// others under `other` in their own order; only the topics that get a name.
+std::vector<HelpTopic> Grouped(const std::vector<HelpTopic>& topics,
+                               const std::vector<std::string>& names, const std::string& other) {
+  std::vector<HelpTopic> groups;
+  std::set<std::string> placed;
+  for (const HelpTopic& topic : topics) {
+    HelpTopic group{topic.heading, {}};
+    for (const std::string& name : topic.names) {
+      if (std::find(names.begin(), names.end(), name) != names.end() &&
+          placed.insert(name).second) {
+        group.names.push_back(name);
+      }
+    }
+    if (!group.names.empty()) groups.push_back(std::move(group));
+  }
+  HelpTopic rest{other, {}};
+  for (const std::string& name : names) {
+    if (placed.count(name) == 0) rest.names.push_back(name);
+  }
+  if (!rest.names.empty()) groups.push_back(std::move(rest));
+  return groups;
+}
+
+// One line per command of `names`: "  NAME ARGS   summary", the summaries aligned at `width`.
+std::string CommandLines(const ProgramSpec& program, const std::vector<std::string>& names,
+                         size_t width) {
+  std::string out;
+  for (const std::string& name : names) {
+    for (const CommandSpec& c : program.commands) {
+      if (c.name != name) continue;
+      const std::string head = c.args.empty() ? c.name : absl::StrCat(c.name, " ", c.args);
+      absl::StrAppend(&out, "  ", head, std::string(width + 2 - head.size(), ' '), c.summary, "\n");
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -227,13 +266,23 @@ std::string CommandHelp(const ProgramSpec& program, const CommandSpec& command) 
                                  command.args.empty() ? "" : " " + command.args, " [flags]\n");
   absl::StrAppend(&out, Wrapped(command.name.empty() ? program.summary : command.summary, "  "));
   absl::StrAppend(&out, "\nflags (--name=VALUE or --name VALUE; dashes or underscores):\n");
-  for (const std::string& name : command.flags) {
-    absl::StrAppend(&out, FlagHelp(name, ShownDefault(program, command, name)));
+  const std::string flagfile = absl::StrCat(
+      "  --flagfile FILE\n", Wrapped("read more flags from FILE, one per line ('#' comments); a "
+                                     "configuration file for this command",
+                                     "      "));
+  if (program.flag_topics.empty()) {
+    for (const std::string& name : command.flags) {
+      absl::StrAppend(&out, FlagHelp(name, ShownDefault(program, command, name)));
+    }
+    return out + flagfile;
   }
-  absl::StrAppend(&out, "  --flagfile FILE\n",
-                  Wrapped("read more flags from FILE, one per line ('#' comments); a "
-                          "configuration file for this command",
-                          "      "));
+  for (const HelpTopic& group : Grouped(program.flag_topics, command.flags, "other")) {
+    absl::StrAppend(&out, "\n", group.heading, ":\n");
+    for (const std::string& name : group.names) {
+      absl::StrAppend(&out, FlagHelp(name, ShownDefault(program, command, name)));
+    }
+  }
+  absl::StrAppend(&out, "\nflag files:\n", flagfile);
   return out;
 }
 
@@ -242,15 +291,21 @@ std::string ProgramHelp(const ProgramSpec& program, bool full) {
   if (program.commands.empty()) {
     out = CommandHelp(program, CommandSpec{"", "", program.summary, program.flags});
   } else {
-    out = absl::StrCat("usage: ", program.name, " COMMAND [flags]\n",
-                       Wrapped(program.summary, "  "), "\ncommands:\n");
+    out =
+        absl::StrCat("usage: ", program.name, " COMMAND [flags]\n", Wrapped(program.summary, "  "));
     size_t width = 0;
+    std::vector<std::string> names;
     for (const CommandSpec& c : program.commands) {
       width = std::max(width, c.name.size() + (c.args.empty() ? 0 : c.args.size() + 1));
+      names.push_back(c.name);
     }
-    for (const CommandSpec& c : program.commands) {
-      const std::string head = c.args.empty() ? c.name : absl::StrCat(c.name, " ", c.args);
-      absl::StrAppend(&out, "  ", head, std::string(width + 2 - head.size(), ' '), c.summary, "\n");
+    if (program.command_topics.empty()) {
+      absl::StrAppend(&out, "\ncommands:\n", CommandLines(program, names, width));
+    } else {
+      for (const HelpTopic& group : Grouped(program.command_topics, names, "other commands")) {
+        absl::StrAppend(&out, "\n", group.heading, ":\n",
+                        CommandLines(program, group.names, width));
+      }
     }
     absl::StrAppend(&out, "\n`", program.name, " help COMMAND` (or `", program.name,
                     " COMMAND --help`) lists a command's flags; `", program.name,

@@ -39,6 +39,13 @@ struct CommandSpec {
 // The CommandSpec::defaults / ProgramSpec::defaults text that shows a flag as required.
 inline constexpr char kRequired[] = "required";
 
+// A heading of a help text and what it lists under it: flags (names with underscores) or
+// commands, in order.
+struct HelpTopic {
+  std::string heading;  // "model and data"
+  std::vector<std::string> names;
+};
+
 // A binary's commands and help texts.
 struct ProgramSpec {
   std::string name;     // "pipetrain", "coordinator", ...
@@ -52,6 +59,13 @@ struct ProgramSpec {
   // default is a placeholder: {"data_dir", "$PIPETRAIN_DATA_DIR, else ..."}. See
   // CommandSpec::defaults.
   std::map<std::string, std::string> defaults = {};
+  // Headings for the flags of `COMMAND --help` (and a daemon's --help): each command's flags are
+  // listed under the first topic that names them, topics in this order, then those no topic
+  // names under "other"; flag files come last. Empty: one list, in the command's order.
+  std::vector<HelpTopic> flag_topics = {};
+  // Headings for the commands of `--help`: each topic's commands, in its order (a command no topic
+  // names under "other commands"). Empty: one list, "commands:".
+  std::vector<HelpTopic> command_topics = {};
 };
 
 // The command line after ParseCommandLine.
@@ -92,11 +106,12 @@ std::optional<int> ParseDaemonCommandLine(const ProgramSpec& program, int argc, 
 
 // The per-command help `pipetrain COMMAND --help` prints: synopsis, summary and every flag of
 // `command` with its default (CommandSpec::defaults, else ProgramSpec::defaults, else the
-// ABSL_FLAG's) and meaning. Flags must be registered.
+// ABSL_FLAG's: "none" for an empty string) and meaning, under the program's flag topics. Flags must
+// be registered.
 std::string CommandHelp(const ProgramSpec& program, const CommandSpec& command);
 
-// The program's help: its commands (or, without commands, its flags) and the footer; with
-// `full`, also every command's flags.
+// The program's help: its commands under the program's command topics (or, without commands, its
+// flags) and the footer; with `full`, also every command's flags.
 std::string ProgramHelp(const ProgramSpec& program, bool full);
 
 // Every registered flag not defined by Abseil itself, sorted: a daemon's flags, so that a flag

@@ -1,5 +1,6 @@
-// Checkpoints: a job's checkpoint (every rank uploads its shards into a staging directory that is
-// published once complete) and the checks of the transfers (PutState, FetchState).
+// Checkpoints: where a job may save (under the root, one writer per directory), a job's checkpoint
+// (every rank uploads its shards into a staging directory that is published once complete) and
+// the checks of the transfers (PutState, FetchState).
 #include <algorithm>
 #include <utility>
 
@@ -8,16 +9,18 @@
 #include "common/io/file_util.h"
 #include "common/math/optimizer.h"
 #include "common/model/optimizer_proto.h"
+#include "common/net/principal.h"
 #include "common/util/annotate.h"
 #include "common/util/status_macros.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
+#include "server/coordinator/save_target.h"
 
 namespace pipetrain::coordinator {
 namespace {
 
-// What the coordinator knows of a checkpoint of `job` at `step`; the data set, batch size and
-// data cursor are the client's (a client that knows them rewrites the manifest).
+// What the coordinator knows of a checkpoint of `job` at `step`, with the client's data position
+// if one was given for that step (else the data set, batch size and data cursor stay unknown).
 model::CheckpointManifest ManifestOf(const Job& job, int64_t step)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
   model::CheckpointManifest manifest;
@@ -31,21 +34,38 @@ model::CheckpointManifest ManifestOf(const Job& job, int64_t step)
     manifest.isa_note = model::IsaNoteAfterResume(*job.resume, job.spec.isa());
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(job.spec.optimizer());
   if (optimizer.ok()) manifest.optimizer = math::FormatOptimizerConfig(*optimizer);
+  if (job.data_position.has_value() && job.data_position_step == step) {
+    ApplyDataPosition(*job.data_position, &manifest);
+  }
   return manifest;
 }
 
-// OK if a Checkpoint request's `keep` can be honoured for `directory`: earlier checkpoints are
-// kept beside it, so its parent must be under the root (`under_root`) too.
-absl::Status CheckKeep(const v1::CheckpointRequest& request, const std::string& directory,
-                       const std::function<bool(const std::string&)>& under_root) {
-  if (request.keep() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Checkpoint: keep must be >= 0, got ", request.keep()));
+// The answer to a Checkpoint that published `manifest` as `directory`.
+v1::CheckpointResponse ResponseOf(const model::CheckpointManifest& manifest,
+                                  const std::string& directory) {
+  v1::CheckpointResponse response;
+  response.set_step(manifest.step);
+  response.set_directory(directory);
+  if (manifest.batch_size > 0) {  // a client's data position was written.
+    v1::DataPosition* p = response.mutable_data_position();
+    p->set_data(manifest.data);
+    p->set_batch_size(manifest.batch_size);
+    p->set_cursor_epoch(manifest.data_cursor.epoch);
+    p->set_cursor_batch(manifest.data_cursor.batch);
   }
-  if (request.keep() > 1 && !under_root(io::DirName(directory))) {
-    // The earlier checkpoints go beside the directory: that must be under the root too.
+  return response;
+}
+
+// OK if `keep` checkpoints of `directory` (named by `what`) can be kept: earlier ones go beside
+// it, so with keep > 1 its parent must be under the root (`under_root`) too.
+absl::Status CheckKeep(int keep, const std::string& directory, absl::string_view what,
+                       const std::function<bool(const std::string&)>& under_root) {
+  if (keep < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": keep must be >= 0, got ", keep));
+  }
+  if (keep > 1 && !under_root(io::DirName(directory))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Checkpoint: keeping ", request.keep(), " checkpoints of ", directory,
+        absl::StrCat(what, ": keeping ", keep, " checkpoints of ", directory,
                      " needs its parent under the checkpoint root (earlier ones are kept beside "
                      "it); name a subdirectory"));
   }
@@ -67,36 +87,135 @@ absl::StatusOr<std::string> CoordinatorCore::CheckpointPath(const std::string& p
   return confined;
 }
 
+absl::StatusOr<std::string> CoordinatorCore::SaveTarget(const std::string& path, int keep,
+                                                        absl::string_view what) const {
+  PT_ASSIGN_OR_RETURN(const std::string directory, CheckpointPath(path, what));
+  PT_RETURN_IF_ERROR(CheckKeep(keep, directory, what, [this](const std::string& parent) {
+    return CheckpointPath(parent, "").ok();
+  }));
+  return directory;
+}
+
+absl::Status CoordinatorCore::CheckSoleWriter(const Job* self, const std::string& path,
+                                              absl::string_view what,
+                                              const std::string& caller) const {
+  for (const auto& [id, other] : jobs_) {
+    other->mu.AssertHeld();
+    if (other.get() == self || IsTerminal(other->state)) continue;
+    const std::string* const held_dirs[] = {&other->spec.save_to(), &other->checkpoint_dir};
+    for (const std::string* held : held_dirs) {
+      const std::string how = held->empty() ? "" : CheckpointOverlap(path, *held);
+      if (how.empty()) continue;
+      const std::string who = net::MaySee(caller, other->owner)
+                                  ? absl::StrCat("job ", other->id)
+                                  : std::string("another client's job");
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " '", path, "' ",
+          how == "is" ? "is written by " : absl::StrCat(how, " '", *held, "', written by "), who,
+          held == &other->checkpoint_dir ? " (its last checkpoint)" : " (its save_to)",
+          " until it ends; one job writes a checkpoint directory at a time: name another "
+          "directory, or end that job first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Job*> CoordinatorCore::StartCheckpoint(const v1::CheckpointRequest& request,
+                                                      const std::string& directory,
+                                                      std::shared_ptr<const model::Model>* net,
+                                                      model::CheckpointManifest* manifest) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::CancelledError("coordinator shutting down");
+  PT_ASSIGN_OR_RETURN(Job * j, ReadyJob(request.job()));
+  j->mu.AssertHeld();
+  // After a recovery its client has not heard of, the job's step may not be the client's.
+  PT_RETURN_IF_ERROR(CheckClaimCurrent(*j));
+  if (request.has_data_position()) {
+    j->data_position = request.data_position();
+    j->data_position_step = j->steps_done;
+  }
+  PT_RETURN_IF_ERROR(CheckSoleWriter(j, directory, "Checkpoint directory", j->owner));
+  j->checkpoint_dir = directory;
+  // The shards must hold the last step everywhere (SaveShards follows its Commit on every rank's
+  // stream; a rank that refused it would save the step before).
+  PT_RETURN_IF_ERROR(ConfirmCommit(*j));
+  *manifest = ManifestOf(*j, j->steps_done);
+  *net = j->model;
+  j->checkpointing = true;  // the client's call: its lease stops until the call is over.
+  RestartLease(*j);
+  return j;
+}
+
 absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
     const v1::CheckpointRequest& request) {
   if (request.directory().empty()) return absl::InvalidArgumentError("Checkpoint: empty directory");
+  if (request.has_data_position()) PT_RETURN_IF_ERROR(CheckDataPosition(request.data_position()));
   PT_ASSIGN_OR_RETURN(const std::string directory,
-                      CheckpointPath(request.directory(), "Checkpoint directory"));
-  PT_RETURN_IF_ERROR(CheckKeep(request, directory, [this](const std::string& parent) {
-    return CheckpointPath(parent, "").ok();
-  }));
-  Job* job = nullptr;
+                      SaveTarget(request.directory(), request.keep(), "Checkpoint directory"));
   std::shared_ptr<const model::Model> net;
   model::CheckpointManifest manifest;
+  PT_ASSIGN_OR_RETURN(Job * job, StartCheckpoint(request, directory, &net, &manifest));
+  const absl::Status written =
+      RecordedCheckpoint(*job, directory, std::max(1, request.keep()), *net, &manifest);
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) return absl::CancelledError("coordinator shutting down");
-    PT_ASSIGN_OR_RETURN(job, ReadyJob(request.job()));
     job->mu.AssertHeld();
-    // The shards must hold the last step everywhere (SaveShards follows its Commit on every
-    // rank's stream; a rank that refused it would save the step before).
-    PT_RETURN_IF_ERROR(ConfirmCommit(*job));
-    manifest = ManifestOf(*job, job->steps_done);
-    net = job->model;
+    job->checkpointing = false;
+    RestartLease(*job);
+    if (!written.ok()) return written;
+    job->restore_dir = directory;  // the newest state a recovery restarts from.
+    job->restore = manifest;
+    if (!IsTerminal(job->state)) {  // `ended` stays the last event.
+      v1::JobEvent event;
+      event.mutable_checkpoint()->set_step(manifest.step);
+      event.mutable_checkpoint()->set_directory(directory);
+      RecordEvent(*job, std::move(event));
+    }
   }
+  JournalJob(request.job());
+  return ResponseOf(manifest, directory);
+}
+
+absl::Status CoordinatorCore::RecordedCheckpoint(Job& job, const std::string& directory, int keep,
+                                                 const model::Model& net,
+                                                 model::CheckpointManifest* manifest) {
+  StagingLedger* ledger = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    ledger = staging_.get();  // lives as long as the core once set.
+  }
+  // Recorded before the staging directory exists: if this coordinator dies before the record is
+  // dropped, the next one on the state directory removes what it staged (staging_ledger.h).
+  if (ledger != nullptr) {
+    if (const absl::Status s = ledger->Begin(job.id, directory); !s.ok()) {
+      Log(absl::StrCat("job ", job.id,
+                       ": cannot record its checkpoint's staging directory (a "
+                       "crash now would leave it behind): ",
+                       s.ToString()),
+          logging::LogLevel::kWarning);
+    }
+  }
+  const absl::Status written = StageCheckpoint(job, directory, keep, net, manifest);
+  // Published or discarded: the staging directory is gone either way.
+  if (ledger != nullptr) {
+    if (const absl::Status s = ledger->End(job.id); !s.ok()) {
+      Log(absl::StrCat("job ", job.id, ": ", s.ToString()), logging::LogLevel::kWarning);
+    }
+  }
+  return written;
+}
+
+absl::Status CoordinatorCore::StageCheckpoint(Job& job, const std::string& directory, int keep,
+                                              const model::Model& net,
+                                              model::CheckpointManifest* manifest) {
   // The workers write into a staging directory, published as `directory` when complete (file
   // I/O outside the lock; only this job's thread runs operations on the job).
   PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
   absl::Status collected;
   {
     absl::MutexLock lock(&mu_);
-    job->mu.AssertHeld();
-    collected = CollectShards(*job, manifest.step, staging);
+    job.mu.AssertHeld();
+    collected = CollectShards(job, manifest->step, staging);
   }
   if (!collected.ok()) {
     model::DiscardCheckpointStaging(staging).IgnoreError();
@@ -105,25 +224,13 @@ absl::StatusOr<v1::CheckpointResponse> CoordinatorCore::Checkpoint(
   // Every worker uploaded its files and answered ShardsSaved: digest what is there (a missing
   // file is NOT_FOUND), then publish after verifying the whole checkpoint.
   absl::StatusOr<std::vector<model::CheckpointShard>> shards =
-      model::DigestCheckpointShards(staging, model::LayerShards(*net, 0, net->num_layers()));
+      model::DigestCheckpointShards(staging, model::LayerShards(net, 0, net.num_layers()));
   if (!shards.ok()) {
     model::DiscardCheckpointStaging(staging).IgnoreError();
     return shards.status();
   }
-  manifest.shards = *std::move(shards);
-  PT_RETURN_IF_ERROR(
-      model::PublishCheckpoint(staging, directory, manifest, std::max(1, request.keep())));
-  {
-    absl::MutexLock lock(&mu_);
-    job->mu.AssertHeld();
-    job->restore_dir = directory;  // the newest state a recovery restarts from.
-    job->restore = manifest;
-  }
-  JournalJob(request.job());
-  v1::CheckpointResponse response;
-  response.set_step(manifest.step);
-  response.set_directory(directory);
-  return response;
+  manifest->shards = *std::move(shards);
+  return model::PublishCheckpoint(staging, directory, *manifest, keep);
 }
 
 absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::string& staging) {

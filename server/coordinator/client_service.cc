@@ -10,6 +10,7 @@
 #include "common/net/principal.h"
 #include "common/wire/grpc_status.h"
 #include "server/coordinator/train_reactor.h"
+#include "server/coordinator/watch_reactor.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -40,6 +41,11 @@ grpc::ServerBidiReactor<v1::TrainRequest, v1::StepResult>* ClientService::Train(
   return new TrainReactor(core_, CallerOf(context));
 }
 
+grpc::ServerWriteReactor<v1::JobEvent>* ClientService::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(core_, *request, CallerOf(context));
+}
+
 grpc::ServerUnaryReactor* ClientService::CreateJob(grpc::CallbackServerContext* context,
                                                    const v1::CreateJobRequest* request,
                                                    v1::JobStatus* response) {
@@ -58,7 +64,7 @@ grpc::ServerUnaryReactor* ClientService::Checkpoint(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status posted = core_->CheckCaller(request->job(), CallerOf(context));
   if (posted.ok())
-    posted = core_->PostToJob(request->job(), [this, reactor, request, response] {
+    posted = core_->PostClientRequest(request->job(), [this, reactor, request, response] {
       absl::StatusOr<v1::CheckpointResponse> result = core_->Checkpoint(*request);
       if (result.ok()) *response = *std::move(result);
       reactor->Finish(wire::ToGrpcStatus(result.status()));

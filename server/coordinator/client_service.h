@@ -37,6 +37,8 @@ class ClientService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const v1::CheckpointRequest* request,
                                        v1::CheckpointResponse* response) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                   const v1::WatchJobRequest* request) override;
 
  private:
   CoordinatorCore* const core_;

@@ -34,37 +34,6 @@ std::string EndedMessage(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
 
 }  // namespace
 
-absl::Status CoordinatorOptions::Check() const {
-  if (assign_timeout <= absl::ZeroDuration() || step_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("assign_timeout and step_timeout must be > 0");
-  }
-  if (step_deadline_floor <= absl::ZeroDuration() || !(step_deadline_factor >= 1) ||
-      !std::isfinite(step_deadline_factor)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the step deadline needs a floor > 0 and a factor >= 1, got ",
-                     absl::FormatDuration(step_deadline_floor), " and ", step_deadline_factor));
-  }
-  if (wait_report_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("wait_report_interval must be > 0");
-  }
-  if (client_lease <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("client_lease must be > 0, got ", absl::FormatDuration(client_lease)));
-  }
-  if (job_retention < absl::ZeroDuration() || max_ended_jobs < 0) {
-    return absl::InvalidArgumentError("job_retention and max_ended_jobs must be >= 0");
-  }
-  if (housekeeping_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("housekeeping_interval must be > 0");
-  }
-  if (job_limits.max_layers < 1 || job_limits.max_microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-layers and --max-microbatches must be >= 1, got ",
-                     job_limits.max_layers, " and ", job_limits.max_microbatches));
-  }
-  return absl::OkStatus();
-}
-
 std::string WorkerLabel(const std::string& name, int rank) {
   return absl::StrCat("worker '", name, "' (rank ", rank, ")");
 }
@@ -87,6 +56,23 @@ absl::Status CheckReady(const Job& job) {
   if (IsTerminal(job.state)) return EndedError(job);
   return absl::FailedPreconditionError(
       absl::StrCat("job '", job.id, "' is ", JobStateName(job.state)));
+}
+
+absl::Status CheckClaimCurrent(const Job& job) {
+  if (job.train_owner == nullptr || job.train_generation == job.generation) {
+    return absl::OkStatus();
+  }
+  std::string what = "a recovery";
+  if (!job.recoveries.empty()) {
+    const v1::RecoveryEvent& r = job.recoveries.back();
+    what = absl::StrCat("a recovery (", r.cause(),
+                        r.lost_worker().empty() ? "" : ": worker '" + r.lost_worker() + "'",
+                        ", after step ", r.steps_done(), ")");
+  }
+  return absl::AbortedError(absl::StrCat("job '", job.id, "' went through ", what,
+                                         " since its Train stream began: it restarted from step ",
+                                         job.steps_done, " in generation ", job.generation,
+                                         "; replay from there on a new stream"));
 }
 
 absl::Status EndedError(const Job& job) { return absl::FailedPreconditionError(EndedMessage(job)); }
@@ -142,6 +128,10 @@ void CoordinatorCore::Shutdown() {
   for (const WorkerRecord* w : workers_.InOrder()) {
     w->channel->Close(absl::CancelledError("coordinator shutting down"));
   }
+  for (auto& [id, job] : jobs_) {
+    job->mu.AssertHeld();
+    job->events.CloseWatches(absl::CancelledError("coordinator shutting down"));
+  }
   event_cv_.SignalAll();
 }
 
@@ -152,6 +142,23 @@ absl::Status CoordinatorCore::PostToJob(const std::string& id, std::function<voi
   Job& job = *it->second;
   job.mu.AssertHeld();
   if (IsTerminal(job.state)) return EndedError(job);
+  if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorCore::PostClientRequest(const std::string& id, std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  Job& job = *it->second;
+  job.mu.AssertHeld();
+  if (IsTerminal(job.state)) return EndedError(job);
+  // Checked under the lock that BeginRecovery takes: a recovery that starts later is posted
+  // behind `task`, which then finds the job RECOVERING and is refused when it runs.
+  if (job.state == JobState::kRecovering) return CheckReady(job);
+  PT_RETURN_IF_ERROR(CheckClaimCurrent(job));
   if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
   }
@@ -178,8 +185,13 @@ void CoordinatorCore::EndJob(Job& job, JobState state, const std::string& reason
   if (journal_ != nullptr) journal_->Untrack(job.id);
   job.state = state;
   job.reason = reason;
-  job.ended = absl::Now();
+  job.ended = Now();
   job.lease_expiry = absl::InfiniteFuture();
+  v1::JobEvent ended;
+  ended.mutable_ended()->set_state(JobStateToProto(state));
+  ended.mutable_ended()->set_reason(reason);
+  ended.mutable_ended()->set_steps_done(job.steps_done);
+  RecordEvent(job, std::move(ended));
   if (job.ops != nullptr) {
     // The operation in flight (if any) sees the end and returns; then the links close and the
     // thread exits (joined by housekeeping once the job is pruned).
@@ -278,14 +290,18 @@ void CoordinatorCore::HousekeepingLoop() {
         return;
       }
     }
-    std::vector<std::unique_ptr<OpThread>> finished;
-    {
-      absl::MutexLock lock(&mu_);
-      finished = Housekeep(absl::Now());
-      RecordStateMetrics();
-    }
-    finished.clear();  // joins the pruned jobs' threads, outside mu_.
+    RunHousekeeping();
   }
+}
+
+void CoordinatorCore::RunHousekeeping() {
+  std::vector<std::unique_ptr<OpThread>> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = Housekeep(Now());
+    RecordStateMetrics();
+  }
+  finished.clear();  // joins the pruned jobs' threads, outside mu_.
 }
 
 std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now) {
@@ -294,9 +310,9 @@ std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now
   std::vector<Job*> ended;
   for (auto& [id, job] : jobs_) {
     job->mu.AssertHeld();
-    if (!IsTerminal(job->state) && job->train_owner == nullptr && now >= job->lease_expiry) {
+    if (!LeaseHeld(*job) && now >= job->lease_expiry) {
       EndJob(*job, JobState::kCancelled,
-             absl::StrCat("client gone: no Train stream or client call for ",
+             absl::StrCat("client gone: no Train stream or Checkpoint for ",
                           absl::FormatDuration(options_.client_lease), " (the client lease)"));
     }
     if (IsTerminal(job->state)) ended.push_back(job.get());
@@ -315,6 +331,8 @@ std::vector<std::unique_ptr<OpThread>> CoordinatorCore::Housekeep(absl::Time now
     job->mu.AssertHeld();
     if (i >= excess && now - job->ended < options_.job_retention) continue;
     if (job->ops != nullptr && !job->ops->Finished()) continue;
+    job->events.CloseWatches(absl::NotFoundError(
+        absl::StrCat("job '", job->id, "' was pruned (it ended longer ago than the retention)")));
     finished.push_back(std::move(job->ops));
     const std::string id = job->id;
     jobs_.erase(id);

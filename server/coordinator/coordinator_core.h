@@ -42,67 +42,21 @@
 #include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
+#include "server/coordinator/coordinator_options.h"
 #include "server/coordinator/feed_link.h"
 #include "server/coordinator/job.h"
+#include "server/coordinator/job_event_log.h"
 #include "server/coordinator/job_journal.h"
 #include "server/coordinator/op_thread.h"
+#include "server/coordinator/staging_ledger.h"
+#include "server/coordinator/state_dir_lock.h"
 #include "server/coordinator/worker_channel.h"
 #include "server/coordinator/worker_registry.h"
 #include "server/logging/log_level.h"
 
-namespace pipetrain::metrics {
-class CoordinatorMetrics;
-}  // namespace pipetrain::metrics
-
 namespace pipetrain::coordinator {
 
 class StepRun;
-
-struct CoordinatorOptions {
-  // Longest wait for every worker's Assigned after Assign. Default 2 minutes.
-  absl::Duration assign_timeout = absl::Minutes(2);
-  // Longest wait for every worker's Committed or ShardsSaved (a checkpoint's upload). A lost
-  // worker is detected sooner by its broken Join stream. Default 30 minutes.
-  absl::Duration step_timeout = absl::Minutes(30);
-  // Longest wait for a step's StepDone from every worker: max(step_deadline_floor,
-  // step_deadline_factor x the plan's simulated step time), the simulation charging every action
-  // its chunk's FLOPs for the step's micro-batch size at the owner's measured GFLOP/s. A worker
-  // that misses it (stopped, stuck) fails the step with DEADLINE_EXCEEDED naming it. Defaults:
-  // 60 s, 50.
-  absl::Duration step_deadline_floor = absl::Seconds(60);
-  double step_deadline_factor = 50;
-  // While a step waits longer than this for some ranks, a line "waiting for rank R (worker W)
-  // for T s" is logged, again every interval. Default 10 s.
-  absl::Duration wait_report_interval = absl::Seconds(10);
-  // Every checkpoint directory a client names (Checkpoint, JobSpec.resume_from) must lie under
-  // this directory (io::ConfinePath; PERMISSION_DENIED otherwise). Empty (default): the
-  // coordinator reads and writes no checkpoints (FAILED_PRECONDITION saying so).
-  std::string checkpoint_root;
-  // How long a recoverable job's step that failed on a transport error waits for a worker's loss
-  // to be noticed (its Join stream ending) before the error goes to the client; also how long
-  // ranks have to answer the Abort of a step that missed its deadline before the silent ones are
-  // evicted as stuck. Default 3 s.
-  absl::Duration loss_grace = absl::Seconds(3);
-  // Prometheus metrics to record (steps, recoveries, jobs and workers by state); null: none.
-  std::shared_ptr<metrics::CoordinatorMetrics> metrics;
-  // Where log lines go, with their level; null: logging::Log("coordinator", ...) (spdlog, as
-  // configured in main by --log-format / --log-level).
-  std::function<void(logging::LogLevel, const std::string&)> log;
-  // A job with no Train stream and no client call naming it for this long is cancelled
-  // ("client gone"). Default 5 minutes.
-  absl::Duration client_lease = absl::Minutes(5);
-  // Ended jobs stay listed (ListJobs, GetJob) this long, at most `max_ended_jobs` of them (the
-  // oldest go first). Defaults: 1 hour, 1000.
-  absl::Duration job_retention = absl::Hours(1);
-  int max_ended_jobs = 1000;
-  // How often the housekeeping thread looks at leases and retention. Default 1 s.
-  absl::Duration housekeeping_interval = absl::Seconds(1);
-  // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
-  job::JobLimits job_limits;
-
-  // OK, or INVALID_ARGUMENT naming the bad field.
-  absl::Status Check() const;
-};
 
 // One checkpoint file a worker fetches (FetchState): its manifest entry, and where it is here:
 // `shard.file` in the checkpoint directory `dir` (`path` joins them, for messages).
@@ -135,16 +89,28 @@ class CoordinatorCore {
   // sink could need).
   void Log(const std::string& message, logging::LogLevel level = logging::LogLevel::kInfo) const;
 
+  // One housekeeping pass now, as the housekeeping thread makes every housekeeping_interval:
+  // cancels the jobs whose client lease ran out (by options().clock) and prunes ended jobs past
+  // their retention. Thread-safe.
+  void RunHousekeeping() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Fails every waiting operation with CANCELLED, closes every worker's channel (CANCELLED) and
   // stops accepting work. Idempotent. Jobs stay in the journal (a restart continues them).
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Opens the durable journal in `state_dir` and restores every job recorded there: each is
-  // RECOVERING, in a new generation, until enough workers have registered, then READY at its last
-  // checkpoint (or step 0), for its client to reconnect and replay. A record that cannot be
-  // restored becomes a FAILED job saying why. Call once, before serving. Errors: the journal
-  // cannot be opened or listed; FAILED_PRECONDITION if one is open already.
-  absl::Status OpenJournal(const std::string& state_dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the state directory `state_dir` for this core's life (StateDirLock, recording `address`
+  // as where this coordinator serves), removes the checkpoint staging directories a coordinator
+  // that died there left (StagingLedger), opens the durable journal and restores every job
+  // recorded there: each is RECOVERING, in a new generation, until enough workers have
+  // registered, then READY at its last checkpoint (or step 0), for its client to reconnect and
+  // replay. A record that cannot be restored becomes a FAILED job saying why. Call once, before
+  // serving. Errors: FAILED_PRECONDITION naming the holder if another coordinator holds the
+  // directory, or if a journal is open already; the journal or ledger cannot be opened or listed.
+  absl::Status OpenJournal(const std::string& state_dir, const std::string& address = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records `address` (HOST:PORT, once the port is bound) as where the holder of the state
+  // directory serves, for the error another coordinator gets. No-op without a state directory.
+  void RecordListenAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Membership (a worker's Join stream). Non-blocking, thread-safe.
   // Handles one event from `channel`. `*name` is empty until the stream registered (the first
@@ -182,6 +148,12 @@ class CoordinatorCore {
   // Runs `task` on job `id`'s thread: NOT_FOUND, or FAILED_PRECONDITION once it ended.
   absl::Status PostToJob(const std::string& id, std::function<void()> task)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // PostToJob for a client's request (a Train stream's batch, a Checkpoint), refused at once when
+  // it could only run on a state its client has not seen: CheckReady's ABORTED while the job
+  // recovers (instead of waiting, unseen, behind the recovery: the client reports the wait and
+  // polls), CheckClaimCurrent's ABORTED once it recovered since its stream's claim.
+  absl::Status PostClientRequest(const std::string& id, std::function<void()> task)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Claims job `id` for the Train stream `owner`: NOT_FOUND; FAILED_PRECONDITION if another
   // stream holds it, it ended or it is not assigned yet. The lease stops while it is held.
   absl::Status ClaimJob(const std::string& id, const void* owner, const std::string& caller = "")
@@ -201,6 +173,25 @@ class CoordinatorCore {
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const v1::CheckpointRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Watching a job (WatchJob; job_events.cc). Non-blocking, thread-safe; never a client call
+  // for the job's lease.
+  struct WatchStart {
+    int64_t watch = 0;     // the watch's id in its job.
+    v1::JobStatus status;  // the job as the watch began.
+  };
+  // Opens a watch of job `id` for `caller` (NOT_FOUND as GetJob; RESOURCE_EXHAUSTED beyond
+  // options().max_watches_per_job) that reads the events of the job's log after number `after`
+  // (JobEventLog::AddWatch). `watcher` must stay valid until CloseWatch returns or it heard
+  // OnWatchClosed; it hears OnJobEvent only after NextWatchEvent returned none.
+  absl::StatusOr<WatchStart> OpenWatch(const std::string& id, const std::string& caller,
+                                       int64_t after, JobWatcher* watcher) ABSL_LOCKS_EXCLUDED(mu_);
+  // The watch's next event (JobEventLog::Next), or none (then its watcher's OnJobEvent gets the
+  // next). NOT_FOUND once the watch or its job is gone.
+  absl::StatusOr<std::optional<v1::JobEvent>> NextWatchEvent(const std::string& id, int64_t watch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the watch: its watcher hears nothing after this returns. No-op for an unknown one.
+  void CloseWatch(const std::string& id, int64_t watch) ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Checkpoint transfer (PutState, FetchState). Non-blocking, thread-safe.
   // Where the first message of a PutState stream may store its files, or FAILED_PRECONDITION /
   // PERMISSION_DENIED / NOT_FOUND / ABORTED.
@@ -219,11 +210,18 @@ class CoordinatorCore {
   // be joined outside the lock.
   std::vector<std::unique_ptr<OpThread>> Housekeep(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise); renews its client lease.
+  // The job `id` if `caller` may see it (NOT_FOUND naming it otherwise). Never renews the lease.
   absl::StatusOr<Job*> FindJob(const std::string& id, const std::string& caller = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindJob, and CheckReady's error unless it is READY.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options().clock's time.
+  absl::Time Now() const;
+  // Whether `job`'s client lease is stopped: it ended, is assigning or recovering, a Train stream
+  // holds it or a Checkpoint is writing it.
+  static bool LeaseHeld(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+  // Starts `job`'s client lease again from now (a full --client-lease), unless it is held.
+  void RestartLease(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
   // Moves a job that has not ended into terminal `state` with `reason`: aborts a step in flight,
   // releases and frees its workers, drops its journal record, wakes its waiting operation and
   // closes its thread behind a task that closes its links.
@@ -260,6 +258,18 @@ class CoordinatorCore {
                          const v1::StepResult& result) const;
   void RecordStateMetrics() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- job_events.cc: each job's event log and pace.
+  // Appends `event` to the job's log (its watches waiting for one get it).
+  void RecordEvent(Job& job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // A step committed: its figures into the job's pace and log.
+  void RecordStepCommitted(Job& job, int64_t samples, const v1::StepResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // The job is READY again after a recovery from `stages_before` stages: its log gets the
+  // recovery and the new layout, and its pace starts afresh.
+  void RecordRecovered(Job& job, int stages_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // JobStatus.progress of `job`.
+  v1::JobProgress ProgressOf(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+
   // ---- membership.cc
   absl::Status RegisterWorker(WorkerChannel* channel, const v1::RegisterWorker& r,
                               std::string* name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -289,6 +299,11 @@ class CoordinatorCore {
   // The verified checkpoint `spec` resumes from, if any (confined, checksummed, same model/seed).
   absl::StatusOr<std::optional<model::CheckpointManifest>> VerifyResume(
       v1::JobSpec& spec, const model::Model& net) const;
+  // `spec.save_to`, if set, checked as a Checkpoint into it by a job of `owner` would be
+  // (SaveTarget, CheckSoleWriter, then model::CheckCheckpointDestination on this file system)
+  // and replaced by its confined path.
+  absl::Status VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A new job on S idle workers (under the lock); returns its id and the workers' speeds.
   absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const job::CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
@@ -297,6 +312,11 @@ class CoordinatorCore {
   // recovering job's recovery is recorded in the same step as it becomes READY (RecordRecovery;
   // `stages_before`: its stage count before the recovery, for the log).
   absl::StatusOr<v1::JobStatus> Assign(Job* job, int stages_before = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Assign's wait ended without every Assigned: `waited`, after the job was failed, or (a
+  // recovery whose new layout lost a worker, or did not answer: evicted) left RECOVERING with
+  // Recover queued again.
+  absl::Status AssignFailed(Job& job, absl::Status waited)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   v1::WorkerCommand AssignCommand(const Job& job, int rank,
                                   const std::vector<std::string>& addresses) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
@@ -314,6 +334,33 @@ class CoordinatorCore {
   // ---- checkpoint_operation.cc
   // `path` (a client's checkpoint directory, named by `what`) confined to the checkpoint root.
   absl::StatusOr<std::string> CheckpointPath(const std::string& path, absl::string_view what) const;
+  // CheckpointPath, and `keep` checkpoints of it can be kept under the root (INVALID_ARGUMENT).
+  absl::StatusOr<std::string> SaveTarget(const std::string& path, int keep,
+                                         absl::string_view what) const;
+  // OK unless a job that has not ended, other than `self` (null: none), holds a directory that a
+  // save into `path` (confined) would touch (Job::checkpoint_dir): FAILED_PRECONDITION naming
+  // the job, or "another client's job" if `caller` may not see it; `what` names `path`.
+  absl::Status CheckSoleWriter(const Job* self, const std::string& path, absl::string_view what,
+                               const std::string& caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The start of a Checkpoint into `directory` (confined): the job READY, its data position kept,
+  // the directory its own (CheckSoleWriter), its last Commit confirmed; returns the job with its
+  // model and the manifest so far in `*net` and `*manifest`.
+  absl::StatusOr<Job*> StartCheckpoint(const v1::CheckpointRequest& request,
+                                       const std::string& directory,
+                                       std::shared_ptr<const model::Model>* net,
+                                       model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread: writes the checkpoint `manifest` describes into `directory` (StageCheckpoint),
+  // its staging directory recorded in the staging ledger while it may exist.
+  absl::Status RecordedCheckpoint(Job& job, const std::string& directory, int keep,
+                                  const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread: every rank uploads its shards into a fresh staging directory beside `directory`,
+  // which is verified and published (keeping `keep` checkpoints); fills manifest->shards. The
+  // staging directory is removed on every error.
+  absl::Status StageCheckpoint(Job& job, const std::string& directory, int keep,
+                               const model::Model& net, model::CheckpointManifest* manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Tells every rank to save and waits for every ShardsSaved into `staging`; evicts the silent
   // ranks of a recoverable job past the deadline.
   absl::Status CollectShards(Job& job, int64_t step, const std::string& staging)
@@ -378,8 +425,11 @@ class CoordinatorCore {
   // Signalled whenever a worker event, a lost worker, a link failure, an ended job or Shutdown
   // changes what a waiting operation looks at.
   absl::CondVar event_cv_;
-  // The durable journal (OpenJournal); null without a state directory.
+  // The state directory's lock, the durable journal and the staging ledger (OpenJournal); null
+  // without a state directory. Each lives as long as the core once set.
+  std::unique_ptr<StateDirLock> state_lock_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobJournal> journal_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StagingLedger> staging_ ABSL_GUARDED_BY(mu_);
 
   // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
   std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();
@@ -391,6 +441,11 @@ class CoordinatorCore {
 
 // OK if `job` is READY, else FAILED_PRECONDITION naming its state (ABORTED while it recovers).
 absl::Status CheckReady(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+// OK unless a recovery started a new generation of `job` since its Train stream claimed it:
+// then ABORTED naming the recovery, for that stream's batches and its client's checkpoints (the
+// job may be back at the client's step, but the client must hear of the recovery: it replays on
+// a new stream, whose claim is current).
+absl::Status CheckClaimCurrent(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // What new work on an ended job gets: FAILED_PRECONDITION "job 'ID' is STATE[: REASON]".
 absl::Status EndedError(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // What an operation in flight gets when its job ends: CANCELLED for a cancelled job,

@@ -63,9 +63,12 @@ class CoordinatorService {
   // The full names of the services it serves (for the health service).
   static std::vector<std::string> ServiceNames();
 
-  // CoordinatorCore::Shutdown and OpenJournal.
+  // CoordinatorCore::Shutdown, OpenJournal and RecordListenAddress.
   void Shutdown() { core_.Shutdown(); }
-  absl::Status OpenJournal(const std::string& state_dir) { return core_.OpenJournal(state_dir); }
+  absl::Status OpenJournal(const std::string& state_dir, const std::string& address = "") {
+    return core_.OpenJournal(state_dir, address);
+  }
+  void RecordListenAddress(const std::string& address) { core_.RecordListenAddress(address); }
 
  private:
   const ServiceTransport transport_;

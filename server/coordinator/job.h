@@ -21,6 +21,8 @@
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/feed_link.h"
+#include "server/coordinator/job_event_log.h"
+#include "server/coordinator/job_pace.h"
 #include "server/coordinator/job_state.h"
 #include "server/coordinator/op_thread.h"
 
@@ -65,7 +67,9 @@ struct CommitBook {
 };
 
 struct Job {
-  Job(absl::Mutex& core_mu, std::string job_id) : mu(core_mu), id(std::move(job_id)) {}
+  // `event_capacity`: how many events its log keeps (CoordinatorOptions::job_events).
+  Job(absl::Mutex& core_mu, std::string job_id, size_t event_capacity = 256)
+      : mu(core_mu), id(std::move(job_id)), events(event_capacity) {}
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
@@ -97,10 +101,15 @@ struct Job {
   // see the job (net::MaySee).
   std::string owner ABSL_GUARDED_BY(mu);
 
-  // The client: the Train stream holding the job, if any; with none, the job is cancelled at
-  // lease_expiry unless a client call renews it (InfiniteFuture while a stream is open or once
-  // the job ended).
+  // The client lease (CoordinatorOptions::client_lease): the Train stream holding the job, if any,
+  // and whether a Checkpoint is writing it; while neither holds a READY job, it is cancelled at
+  // lease_expiry (restarted when the job becomes READY, a stream ends or a Checkpoint finishes).
+  // `train_generation`: the generation the stream claimed the job at; once a recovery started
+  // another, the stream's batches and its client's checkpoints are refused (CheckClaimCurrent),
+  // so that the client hears of the recovery and replays.
   const void* train_owner ABSL_GUARDED_BY(mu) = nullptr;
+  bool checkpointing ABSL_GUARDED_BY(mu) = false;
+  int64_t train_generation ABSL_GUARDED_BY(mu) = 0;
   absl::Time lease_expiry ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
 
   // Checkpoints: the one it started from (JobSpec.resume_from, verified at creation), the one a
@@ -111,14 +120,30 @@ struct Job {
   std::string restore_dir ABSL_GUARDED_BY(mu);
   std::optional<model::CheckpointManifest> restore ABSL_GUARDED_BY(mu);
   std::string checkpoint_staging ABSL_GUARDED_BY(mu);
+  // The directory of its last Checkpoint request (in progress, written, or failed: a retry writes
+  // it there). With spec.save_to, the directories it holds until it ends: no other job may write
+  // them (one writer per checkpoint directory).
+  std::string checkpoint_dir ABSL_GUARDED_BY(mu);
+  // The client's data position (CheckpointRequest.data_position) at step data_position_step:
+  // written into the manifest of every checkpoint of that step, a retry's too.
+  std::optional<v1::DataPosition> data_position ABSL_GUARDED_BY(mu);
+  int64_t data_position_step ABSL_GUARDED_BY(mu) = -1;
 
   // Recoveries so far, and the one in progress (state RECOVERING).
   std::vector<v1::RecoveryEvent> recoveries ABSL_GUARDED_BY(mu);
   v1::RecoveryEvent recovering ABSL_GUARDED_BY(mu);
   absl::Time recovery_start ABSL_GUARDED_BY(mu);
+  // A worker of the layout the recovery in progress assigns was lost: the recovery starts over
+  // (Recover is queued again) rather than wait for that worker's Assigned.
+  bool recovery_restart ABSL_GUARDED_BY(mu) = false;
 
   OperationBook op ABSL_GUARDED_BY(mu);
   CommitBook commit ABSL_GUARDED_BY(mu);
+
+  // Its recent history and the watches reading it (WatchJob), and its training pace
+  // (JobStatus.progress), both updated as steps commit.
+  JobEventLog events ABSL_GUARDED_BY(mu);
+  JobPace pace ABSL_GUARDED_BY(mu);
 
   // Runs the job's blocking operations one at a time (null only while it is being created).
   std::unique_ptr<OpThread> ops ABSL_GUARDED_BY(mu);

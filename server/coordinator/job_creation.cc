@@ -47,6 +47,22 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
   return std::optional<model::CheckpointManifest>(std::move(manifest));
 }
 
+absl::Status CoordinatorCore::VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const {
+  if (spec.save_to().empty()) return absl::OkStatus();  // keep_checkpoints: job::CheckJobSpec.
+  PT_ASSIGN_OR_RETURN(const std::string confined,
+                      SaveTarget(spec.save_to(), spec.keep_checkpoints(), "save_to"));
+  {
+    // Another job's directory is refused before this request touches the file system there
+    // (AdmitJob checks again as it takes the workers).
+    absl::MutexLock lock(&mu_);
+    PT_RETURN_IF_ERROR(CheckSoleWriter(nullptr, confined, "save_to", owner));
+  }
+  // The save at the end must not be where the run is lost: what would refuse it is refused now.
+  PT_RETURN_IF_ERROR(util::Annotate(model::CheckCheckpointDestination(confined), "save_to"));
+  spec.set_save_to(confined);
+  return absl::OkStatus();
+}
+
 void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& owner,
                                const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
   v1::JobSpec spec = request;
@@ -55,10 +71,17 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
   absl::StatusOr<std::optional<model::CheckpointManifest>> resume =
       VerifyResume(spec, *checked->model);
   if (!resume.ok()) return done(resume.status());
+  if (absl::Status save = VerifySaveTo(spec, owner); !save.ok()) return done(save);
   Job* job = nullptr;
   std::vector<double> speeds;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status sole = spec.save_to().empty()
+                                ? absl::OkStatus()
+                                : CheckSoleWriter(nullptr, spec.save_to(), "save_to", owner);
+        !sole.ok()) {
+      return done(sole);
+    }
     absl::StatusOr<Job*> taken = TakeWorkersForJob(spec, *checked, *std::move(resume));
     if (!taken.ok()) return done(taken.status());
     job = *taken;
@@ -116,7 +139,8 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
                      resume->isa.empty() ? "(unrecorded)" : resume->isa, " and runs at ",
                      spec.isa(), ": its bits will differ from a run that stayed on one level"));
   }
-  auto owned = std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++));
+  auto owned =
+      std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++), options_.job_events);
   Job& job = *owned;
   job.mu.AssertHeld();
   for (int rank = 0; rank < S; ++rank) {
@@ -135,7 +159,6 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
     job.resume = std::move(resume);
   }
   job.created = absl::Now();
-  job.lease_expiry = job.created + options_.client_lease;
   job.ops = std::make_unique<OpThread>();
   if (journal_ != nullptr) journal_->Track(job.id);
   jobs_[job.id] = std::move(owned);
@@ -188,19 +211,44 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
   }
   job->op.error = absl::OkStatus();
   const absl::Status waited = AwaitOp(
-      *job, [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) { return job->op.AllAssigned(); },
+      *job,
+      [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
+        return job->op.AllAssigned() || job->recovery_restart;
+      },
       options_.assign_timeout, "every worker's Assigned");
-  if (!waited.ok()) {
-    if (!IsTerminal(job->state)) FailJob(*job, waited.ToString());
-    return waited;
-  }
+  if (!waited.ok() || job->recovery_restart) return AssignFailed(*job, waited);
   if (job->state == JobState::kRecovering) RecordRecovery(*job, stages_before);
   job->state = JobState::kReady;
+  RestartLease(*job);  // the lease runs from here (and again after every recovery).
   Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
                    job->workers.size(), " stages (", job->spec.schedule(), ") on ",
                    absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));
   if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
+}
+
+absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {
+  if (job.state == JobState::kRecovering && job.recovery_restart) {
+    // A worker of this layout was lost meanwhile: Recover is queued again and starts over.
+    return absl::AbortedError(absl::StrCat("job '", job.id,
+                                           "': a worker was lost while generation ", job.generation,
+                                           " was assigned; the recovery restarts"));
+  }
+  if (job.state == JobState::kRecovering && job.spec.recover() &&
+      absl::IsDeadlineExceeded(waited)) {
+    // Ranks that never answered (a replacement that hangs) are evicted like a rank that misses a
+    // step's deadline; the recovery starts over with the idle workers left.
+    std::vector<int> silent;
+    for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+      if (!job.op.assigned[rank]) silent.push_back(rank);
+    }
+    EvictRanks(job, silent,
+               absl::StrCat("no Assigned for generation ", job.generation, " within ",
+                            absl::FormatDuration(options_.assign_timeout)));
+    if (job.recovery_restart) return waited;
+  }
+  if (!IsTerminal(job.state)) FailJob(job, waited.ToString());
+  return waited;
 }
 
 }  // namespace pipetrain::coordinator

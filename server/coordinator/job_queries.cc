@@ -19,10 +19,20 @@ absl::StatusOr<Job*> CoordinatorCore::FindJob(const std::string& id, const std::
   if (!net::MaySee(caller, job->owner)) {
     return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
   }
-  if (!IsTerminal(job->state) && job->train_owner == nullptr) {
-    job->lease_expiry = absl::Now() + options_.client_lease;
-  }
   return job;
+}
+
+absl::Time CoordinatorCore::Now() const {
+  return options_.clock != nullptr ? options_.clock() : absl::Now();
+}
+
+bool CoordinatorCore::LeaseHeld(const Job& job) {
+  return IsTerminal(job.state) || job.state == JobState::kAssigning ||
+         job.state == JobState::kRecovering || job.train_owner != nullptr || job.checkpointing;
+}
+
+void CoordinatorCore::RestartLease(Job& job) const {
+  job.lease_expiry = LeaseHeld(job) ? absl::InfiniteFuture() : Now() + options_.client_lease;
 }
 
 absl::StatusOr<Job*> CoordinatorCore::ReadyJob(const std::string& id) {
@@ -132,7 +142,8 @@ absl::Status CoordinatorCore::ClaimJob(const std::string& id, const void* owner,
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is not ready yet"));
   }
   job->train_owner = owner;
-  job->lease_expiry = absl::InfiniteFuture();
+  job->train_generation = job->generation;
+  RestartLease(*job);  // held while the stream is.
   return absl::OkStatus();
 }
 
@@ -144,7 +155,7 @@ void CoordinatorCore::ReleaseJob(const std::string& id, const void* owner) {
   job.mu.AssertHeld();
   if (job.train_owner != owner) return;
   job.train_owner = nullptr;
-  if (!IsTerminal(job.state)) job.lease_expiry = absl::Now() + options_.client_lease;
+  RestartLease(job);
 }
 
 v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
@@ -160,6 +171,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   *s.mutable_spec() = job.spec;
   s.set_client_attached(job.train_owner != nullptr);
   s.set_owner(job.owner);
+  *s.mutable_progress() = ProgressOf(job);
   for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
   if (job.resume.has_value()) {
     v1::ResumedFrom* r = s.mutable_resumed_from();

@@ -29,18 +29,29 @@ std::string RecoveryCause(const v1::RecoveryEvent& r) {
 
 void CoordinatorCore::BeginRecovery(Job& job, const std::string& name, int rank,
                                     const std::string& cause) {
+  const bool again = job.state == JobState::kRecovering;
   Log(absl::StrCat("job ", job.id, ": ", WorkerLabel(name, rank), " was ",
                    cause == "deadline" ? "evicted (step deadline)" : "lost", " at step ",
-                   job.steps_done, "; recovering"),
+                   job.steps_done,
+                   again ? "; the recovery in progress starts over without it" : "; recovering"),
       logging::LogLevel::kWarning);
-  if (job.state == JobState::kRecovering) return;  // the recovery in progress replaces it too.
-  job.state = JobState::kRecovering;
-  job.recovery_start = absl::Now();
-  job.recovering = v1::RecoveryEvent();
-  job.recovering.set_lost_worker(name);
-  job.recovering.set_rank(rank);
-  job.recovering.set_cause(cause);
-  job.recovering.set_steps_done(job.steps_done);
+  if (again) {
+    // A fault during the recovery: whatever it waits for (an idle worker, the Assigned of the
+    // layout it chose) is re-decided with what is left.
+    job.recovery_restart = true;
+    job.recovering.add_also_lost(name);
+  } else {
+    job.state = JobState::kRecovering;
+    job.recovery_start = absl::Now();
+    job.recovering = v1::RecoveryEvent();
+    job.recovering.set_lost_worker(name);
+    job.recovering.set_rank(rank);
+    job.recovering.set_cause(cause);
+    job.recovering.set_steps_done(job.steps_done);
+    v1::JobEvent event;
+    *event.mutable_recovering() = job.recovering;
+    RecordEvent(job, std::move(event));
+  }
   if (job.op.error.ok()) {
     job.op.error = absl::AbortedError(
         absl::StrCat("job '", job.id, "': ", WorkerLabel(name, rank), " was lost at step ",
@@ -64,13 +75,16 @@ void CoordinatorCore::Recover(Job* job) {
     bool shrink = false;
     std::optional<std::vector<std::string>> names = AwaitReplacements(*job, &shrink);
     if (!names.has_value()) return;
+    job->recovery_restart = false;  // `names` holds no lost worker; a later loss restarts.
     const int fewest = shrink ? job->spec.min_stages() : static_cast<int>(names->size());
     if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest)) return;
     StartGeneration(*job, *names);
   }
   // Assign records the recovery as the job becomes READY (RecordRecovery): a client that sees
   // it READY again sees the recovery too.
-  const absl::StatusOr<v1::JobStatus> assigned = Assign(job, before);  // fails the job on error.
+  // On error Assign fails the job, or leaves it RECOVERING with Recover queued again (a worker of
+  // the new layout was lost or did not answer).
+  const absl::StatusOr<v1::JobStatus> assigned = Assign(job, before);
   if (!assigned.ok()) return;
   OpenLinksEarly(job);
   JournalJob(id);
@@ -84,12 +98,14 @@ void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
   Log(absl::StrCat(
           "job ", job.id, ": recovered (", r.cause(),
           r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ", r.steps_done(),
-          ") in ", r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
+          r.also_lost().empty() ? "" : "; then " + absl::StrJoin(r.also_lost(), ", "), ") in ",
+          r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
           job.generation, " on ", n,
           n < stages_before ? absl::StrCat(" stages (was ", stages_before, "): ") : " stages: ",
           absl::StrJoin(job.workers, ", ")),
       logging::LogLevel::kWarning);
   if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job.id);
+  RecordRecovered(job, stages_before);
 }
 
 std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& job, bool* shrink) {
@@ -210,7 +226,27 @@ void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& 
 
 // ---------------------------------------------------------------- journal
 
-absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
+absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir,
+                                          const std::string& address) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
+  }
+  // One coordinator per state directory: its lock comes before anything in it is read or removed.
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<StateDirLock> state_lock,
+                      StateDirLock::Acquire(state_dir, address));
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<StagingLedger> staging, StagingLedger::Open(state_dir));
+  PT_ASSIGN_OR_RETURN(StagingLedger::Cleanup cleanup, staging->RemoveLeftovers());
+  for (const std::string& path : cleanup.removed) {
+    Log(absl::StrCat("removed ", path,
+                     ": the staging directory of a checkpoint a coordinator did not finish (it "
+                     "died or was killed)"),
+        logging::LogLevel::kWarning);
+  }
+  for (const auto& [path, why] : cleanup.problems) {
+    Log(absl::StrCat("staging ledger: keeping ", path, ": ", why.ToString()),
+        logging::LogLevel::kWarning);
+  }
   PT_ASSIGN_OR_RETURN(std::unique_ptr<JobJournal> journal, JobJournal::Open(state_dir));
   PT_ASSIGN_OR_RETURN(JobJournal::Contents contents, journal->Load());
   for (const auto& [path, why] : contents.problems) {
@@ -218,6 +254,8 @@ absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
   }
   absl::MutexLock lock(&mu_);
   if (journal_ != nullptr) return absl::FailedPreconditionError("the journal is already open");
+  state_lock_ = std::move(state_lock);
+  staging_ = std::move(staging);
   journal_ = std::move(journal);
   for (journal::v1::JobRecord& record : contents.records) RestoreJob(std::move(record));
   Log(absl::StrCat("journal ", journal_->directory(), ": ", contents.records.size(),
@@ -225,9 +263,23 @@ absl::Status CoordinatorCore::OpenJournal(const std::string& state_dir) {
   return absl::OkStatus();
 }
 
+void CoordinatorCore::RecordListenAddress(const std::string& address) {
+  StateDirLock* state_lock = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    state_lock = state_lock_.get();  // lives as long as the core once set.
+  }
+  if (state_lock == nullptr) return;
+  if (const absl::Status s = state_lock->SetAddress(address); !s.ok()) {
+    Log(absl::StrCat("cannot record the listen address in the state directory's lock file: ",
+                     s.ToString()),
+        logging::LogLevel::kWarning);
+  }
+}
+
 void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   if (jobs_.count(record.job()) != 0) return;
-  auto owned = std::make_unique<Job>(mu_, record.job());
+  auto owned = std::make_unique<Job>(mu_, record.job(), options_.job_events);
   Job& j = *owned;
   j.mu.AssertHeld();
   j.spec = record.spec();
@@ -240,7 +292,6 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   j.recovering.set_cause("coordinator restart");
   j.recovering.set_rank(-1);
   j.recovering.set_steps_done(record.restore_step());
-  j.lease_expiry = absl::Now() + options_.client_lease;
   j.ops = std::make_unique<OpThread>();
   jobs_[j.id] = std::move(owned);
   // What the record promises is checked again: the spec (and so the plan), the checkpoint.
@@ -274,6 +325,8 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
         model::ReadCheckpointManifest(record.resume_dir());
     if (resumed.ok()) j.resume = *std::move(resumed);
   }
+  // A checkpoint it wrote stays its own (one writer per directory).
+  if (j.restore_dir != j.resume_dir) j.checkpoint_dir = j.restore_dir;
   // No layout yet (Recover partitions for the workers that register): every rank is lost.
   j.workers.assign(j.spec.stages(), "");
   if (journal_ != nullptr) journal_->Track(j.id);

@@ -9,9 +9,8 @@
 
 namespace pipetrain::coordinator {
 
-JoinReactor::JoinReactor(CoordinatorCore* core,
-                         std::optional<std::vector<std::string>> certificate_names)
-    : core_(core), certificate_names_(std::move(certificate_names)) {
+JoinReactor::JoinReactor(CoordinatorCore* core, std::optional<net::PeerCertificate> certificate)
+    : core_(core), certificate_(std::move(certificate)) {
   StartRead(&event_);
 }
 
@@ -39,9 +38,9 @@ void JoinReactor::Close(const absl::Status& status) {
 }
 
 absl::Status JoinReactor::CheckCertificate(const v1::RegisterWorker& r) const {
-  if (!certificate_names_.has_value()) return absl::OkStatus();
+  if (!certificate_.has_value()) return absl::OkStatus();
   if (absl::Status s = WorkerRegistry::CheckRegistration(r); !s.ok()) return s;
-  absl::Status s = net::CheckCertificateNamesHost(*certificate_names_, r.address());
+  absl::Status s = net::CheckCertificateVouchesForWorker(*certificate_, r.name(), r.address());
   if (s.ok()) return s;
   const absl::Status refused = wire::Annotate(s, absl::StrCat("RegisterWorker '", r.name(), "'"));
   core_->Log(std::string(refused.message()));

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/net/transport_security.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
@@ -23,9 +24,9 @@ namespace pipetrain::coordinator {
 class JoinReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>,
                           public WorkerChannel {
  public:
-  // `certificate_names`: the DNS/IP names of the worker's verified TLS certificate, which must
-  // include the host it registers (nullopt: no such check, e.g. plaintext).
-  JoinReactor(CoordinatorCore* core, std::optional<std::vector<std::string>> certificate_names);
+  // `certificate`: the worker's verified TLS certificate, which must vouch for the host it
+  // advertises and the name it registers (nullopt: no such check, e.g. plaintext).
+  JoinReactor(CoordinatorCore* core, std::optional<net::PeerCertificate> certificate);
 
   // WorkerChannel. Thread-safe, non-blocking.
   void Send(const v1::WorkerCommand& command) override;
@@ -36,13 +37,14 @@ class JoinReactor final : public grpc::ServerBidiReactor<v1::WorkerEvent, v1::Wo
   void OnDone() override;
 
  private:
-  // The registration's certificate check (mTLS): the address peers will dial must be one the
-  // worker's certificate vouches for, so a cluster member cannot advertise (and receive
-  // another's traffic at) someone else's host.
+  // The registration's certificate check (mTLS): the address peers will dial and the name the
+  // worker takes must be ones its certificate vouches for, so a cluster member can neither
+  // advertise (and receive another's traffic at) someone else's host nor take someone else's name
+  // (and lock the real worker out, or displace it).
   absl::Status CheckCertificate(const v1::RegisterWorker& r) const;
 
   CoordinatorCore* const core_;
-  const std::optional<std::vector<std::string>> certificate_names_;
+  const std::optional<net::PeerCertificate> certificate_;
   v1::WorkerEvent event_;  // the read in flight; touched only by reactions (sequential).
   std::string name_;       // set by the RegisterWorker event; reactions only.
 

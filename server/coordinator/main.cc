@@ -50,10 +50,14 @@ ABSL_FLAG(std::string, client_listen, "",
           "optional second host:port serving the same service, e.g. for clients");
 ABSL_FLAG(std::string, port_file, "", "write the chosen --listen port here (atomically)");
 ABSL_FLAG(absl::Duration, client_lease, absl::Minutes(5),
-          "cancel a job that has had no Train stream and no client call for this long");
+          "cancel a ready job that has had no Train stream and no Checkpoint for this long "
+          "(status queries do not count)");
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
           "keep ended jobs listed (ListJobs/GetJob) this long");
 ABSL_FLAG(int32_t, max_ended_jobs, 1000, "keep at most this many ended jobs listed");
+ABSL_FLAG(int32_t, job_events, 256,
+          "events of each job kept for `pipetrain watch` (WatchJob): its recent history; a slower "
+          "watcher skips older ones");
 ABSL_FLAG(absl::Duration, step_deadline_floor, absl::Seconds(60),
           "a step's workers must all answer within max(this, --step-deadline-factor x the plan's "
           "predicted step time)");
@@ -62,18 +66,18 @@ ABSL_FLAG(absl::Duration, peer_keepalive, absl::Seconds(5),
           "not answer within max(this, 10s) is closed, so a stopped or cut-off worker is "
           "noticed as lost (its job recovers)");
 ABSL_FLAG(std::string, checkpoint_root, "",
-          "checkpoint and resume directories that clients name must lie under this directory; "
-          "empty: this coordinator keeps no checkpoints");
+          "checkpoint and resume directories that clients name must lie under this directory");
 ABSL_FLAG(std::string, state_dir, "",
           "keep a durable journal of the unfinished jobs here; a coordinator restarted on the "
-          "same directory continues them from their last checkpoint (docs/recovery.md); empty: "
-          "jobs do not survive a restart");
+          "same directory continues them from their last checkpoint (docs/recovery.md); one "
+          "coordinator per directory (a second one refuses to start); empty: jobs do not "
+          "survive a restart");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info",
           "least severe log lines written: debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
+          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one");
 ABSL_FLAG(double, step_deadline_factor, 50,
           "margin over the plan's predicted step time before a worker is declared stuck");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of the coordinator (mTLS on every hop)");
@@ -188,6 +192,7 @@ absl::StatusOr<DaemonConfig> Config() {
   c.core.client_lease = absl::GetFlag(FLAGS_client_lease);
   c.core.job_retention = absl::GetFlag(FLAGS_job_retention);
   c.core.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
+  c.core.job_events = absl::GetFlag(FLAGS_job_events);
   c.core.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   c.core.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
   c.core.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
@@ -295,6 +300,7 @@ int Serve(const DaemonConfig& c, const Credentials& credentials, CoordinatorServ
     return 1;
   }
   const std::string bound = absl::StrCat(HostOf(c.listen), ":", port);
+  service.RecordListenAddress(bound);  // names this process in the state directory's lock file.
   std::cout << "coordinator listening on " << bound << std::endl;
   pipetrain::logging::Log(
       "coordinator", pipetrain::logging::LogLevel::kInfo,
@@ -320,7 +326,10 @@ std::optional<int> ParseCommandLine(int argc, char** argv) {
       "steps; serves pipetrain.v1.Coordinator, health and reflection",
       {},
       pipetrain::ProgramFlags(),
-      ""};
+      "",
+      // What the flags' own defaults ("") stand for.
+      {{"checkpoint_root", "none: this coordinator keeps no checkpoints"},
+       {"state_dir", "none: jobs do not survive a restart"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return exit_code;
@@ -388,8 +397,9 @@ int main(int argc, char** argv) {
   }
   auto service = std::make_unique<CoordinatorService>(config->core, config->transport);
   if (!config->state_dir.empty()) {
-    if (const absl::Status s = service->OpenJournal(config->state_dir); !s.ok()) {
-      std::cerr << "coordinator: --state-dir " << config->state_dir << ": " << s << "\n";
+    // One coordinator per state directory: a second one stops here, naming the holder.
+    if (const absl::Status s = service->OpenJournal(config->state_dir, config->listen); !s.ok()) {
+      std::cerr << "coordinator: --state-dir " << config->state_dir << ": " << s.message() << "\n";
       return 1;
     }
   }

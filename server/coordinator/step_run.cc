@@ -93,6 +93,7 @@ absl::Status StepRun::AdmitJob() {
     }
     return absl::FailedPreconditionError(absl::StrCat(where, ", which it has applied"));
   }
+  PT_RETURN_IF_ERROR(CheckClaimCurrent(*job_));
   generation_ = job_->generation;
   job_->op.step = step_;
   job_->op.error = absl::OkStatus();
@@ -296,6 +297,7 @@ void StepRun::Finish(v1::StepResult* result) {
   for (const auto& r : job_->op.reports) reports.push_back(&*r);
   FillStepTimeline(job_->plan, reports, result);
   core_.RecordStepMetrics(job_->id, batch_.samples, *result);
+  core_.RecordStepCommitted(*job_, batch_.samples, *result);
   core_.Log(
       absl::StrFormat("job %s step %d applied: loss %.9g, %.3f ms, bubble %.3f (predicted %.3f)",
                       job_->id, result->step(), result->loss(), result->step_ms(),

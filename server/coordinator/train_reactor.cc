@@ -45,7 +45,8 @@ void TrainReactor::QueueStepLocked() {
   auto request = std::make_shared<const v1::TrainRequest>(std::move(incoming_));
   incoming_.Clear();
   ++steps_in_flight_;
-  const absl::Status posted = core_->PostToJob(job_, [this, request] { RunStep(*request); });
+  const absl::Status posted =
+      core_->PostClientRequest(job_, [this, request] { RunStep(*request); });
   if (!posted.ok()) {
     --steps_in_flight_;
     FailLocked(posted);

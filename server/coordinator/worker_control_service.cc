@@ -15,12 +15,12 @@ namespace pipetrain::coordinator {
 
 grpc::ServerBidiReactor<v1::WorkerEvent, v1::WorkerCommand>* WorkerControlService::Join(
     grpc::CallbackServerContext* context) {
-  std::optional<std::vector<std::string>> names;
+  std::optional<net::PeerCertificate> certificate;
   if (check_certificates_) {
     const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
-    names = auth == nullptr ? std::vector<std::string>() : net::PeerCertificateNames(*auth);
+    certificate = auth == nullptr ? net::PeerCertificate() : net::PeerCertificateOf(*auth);
   }
-  return new JoinReactor(core_, std::move(names));
+  return new JoinReactor(core_, std::move(certificate));
 }
 
 grpc::ServerWriteReactor<v1::StateChunk>* WorkerControlService::FetchState(

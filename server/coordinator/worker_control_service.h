@@ -15,7 +15,8 @@ namespace pipetrain::coordinator {
 // Thread-safe. `core` and `io` must outlive it.
 class WorkerControlService final : public v1::WorkerControl::CallbackService {
  public:
-  // `check_certificates`: a registration must name a host its TLS certificate vouches for.
+  // `check_certificates`: a registration must name a host and a worker name its TLS certificate
+  // vouches for (net::CheckCertificateVouchesForWorker).
   WorkerControlService(CoordinatorCore* core, IoPool* io, bool check_certificates,
                        ShardUpload::WriteHook before_state_write)
       : core_(core),

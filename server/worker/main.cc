@@ -30,12 +30,13 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "Address to serve StageWorker.Exchange, health and reflection on (port 0: pick one). "
           "A non-loopback address needs --tls-cert/--tls-key/--tls-ca or --insecure.");
-ABSL_FLAG(std::string, name, "", "Stable worker name.");
+ABSL_FLAG(std::string, name, "",
+          "Stable worker name; with TLS, one its certificate vouches for (docs/security.md).");
 ABSL_FLAG(std::string, advertise, "", "host:port peers use to reach this worker.");
 ABSL_FLAG(double, emulate_gflops, 0,
-          "> 0: every action takes at least FLOPs / (X * 1e9) seconds (benchmarks).");
-ABSL_FLAG(int, threads_max, 0,
-          "Most compute threads a job may ask for (0: every CPU this worker may run on).");
+          "emulate a worker of X GFLOP/s: every action takes at least FLOPs / (X * 1e9) seconds "
+          "(benchmarks).");
+ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for.");
 ABSL_FLAG(std::string, cpus, "",
           "CPUs every thread of this worker runs on, as a list like 0-3,8. Several workers on one "
           "host each on their own CPUs transfer "
@@ -46,7 +47,7 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(std::string, log_level, "info",
           "least severe log lines written: debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one; empty: none");
+          "host:port to serve Prometheus metrics on (/metrics); port 0 picks one");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate of this worker (mTLS on every hop; it must name the --advertise host)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
@@ -173,7 +174,9 @@ int main(int argc, char** argv) {
        {"name", "the advertised address"},
        {"advertise", "--listen's host (the host name for a wildcard) and bound port"},
        {"cpus", "all the process may use"},
-       {"max_isa", "the highest this CPU runs"}}};
+       {"max_isa", "the highest this CPU runs"},
+       {"emulate_gflops", "off"},
+       {"threads_max", "every CPU this worker may run on"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return *exit_code;

@@ -1,4 +1,4 @@
-// libFuzzer target: the coordinator's JobSpec validation (server/coordinator/job_spec:
+// libFuzzer target: the coordinator's JobSpec validation (common/job/job_spec:
 // proto -> schedule, optimizer and model, with the caps), which every CreateJob runs on what a
 // client sent. Input: "t" then a JobSpec in protobuf text format (the seeds; mutations stay
 // readable), or anything else: a binary JobSpec, as it arrives on the wire. A spec that passes

@@ -17,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -42,7 +44,37 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const std::string& log)
   _exit(127);
 }
 
-// A coordinator and its workers, stopped when destroyed. Not thread-safe.
+// The {"step": ...} lines of --json output, comparable between a pipeline and the reference: a
+// pipeline's up to its timings (from "step_ms" on), the reference's without the closing brace.
+inline std::vector<std::string> StepLines(const std::string& out, bool pipeline) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "{\"step\"")) continue;
+    lines.emplace_back(pipeline ? line.substr(0, line.find(", \"step_ms"))
+                                : line.substr(0, line.size() - 1));
+  }
+  return lines;
+}
+
+// The checkpoint layer files (layer-NNNNN.safetensors, first 16 layers) `want_dir` holds, and
+// those of them that `got_dir` lacks or holds with other bytes.
+struct LayerFiles {
+  int compared = 0;
+  std::vector<std::string> differ;
+};
+inline LayerFiles CompareLayerFiles(const std::string& want_dir, const std::string& got_dir) {
+  LayerFiles files;
+  for (int l = 0; l < 16; ++l) {
+    const std::string f =
+        absl::StrCat("layer-", std::string(5 - std::to_string(l).size(), '0'), l, ".safetensors");
+    const std::string want = ReadFile(want_dir + "/" + f);
+    if (want.empty()) continue;
+    ++files.compared;
+    if (ReadFile(got_dir + "/" + f) != want) files.differ.push_back(f);
+  }
+  return files;
+}
+
 // `pipetrain train` of the example digits MLP over 2 stages for a million steps (--json, and
 // `extra` flags) against the coordinator at `address`, stdout piped, stderr into `stderr_path`: a
 // run that only ends when something stops it.
@@ -73,6 +105,7 @@ inline absl::StatusOr<v1::JobSpec> DigitsJobSpec(int stages) {
   return job;
 }
 
+// A coordinator and its workers, stopped when destroyed. Not thread-safe.
 class Daemons {
  public:
   Daemons() = default;
@@ -81,14 +114,16 @@ class Daemons {
   Daemons& operator=(const Daemons&) = delete;
 
   // Starts the coordinator (--listen 127.0.0.1:0 and `coordinator_flags`) and `workers` workers
-  // named w0, w1, … (--coordinator, --listen 127.0.0.1:0, --name and `worker_flags`) with their
-  // logs in `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s)
-  // until every worker has registered. `client_options` are the client()'s (e.g. its TLS and
-  // token). Returns "" on success, else what failed and the log that says why.
+  // named `name_prefix` + N (w0, w1, … by default; --coordinator, --listen 127.0.0.1:0, --name and
+  // `worker_flags`, in which "{w}" stands for N, e.g. a certificate per worker) with their logs in
+  // `dir` (coordinator.log, worker-N.log), connects client() and waits (at most 30 s) until every
+  // worker has registered. `client_options` are the client()'s (e.g. its TLS and token). Returns
+  // "" on success, else what failed and the log that says why.
   std::string Start(const std::string& dir, int workers,
                     const std::vector<std::string>& coordinator_flags = {},
                     const std::vector<std::string>& worker_flags = {},
-                    const client::ClientOptions& client_options = {}) {
+                    const client::ClientOptions& client_options = {},
+                    const std::string& name_prefix = "w") {
     dir_ = dir;
     coordinator_flags_ = coordinator_flags;
     if (std::string error = StartCoordinator("127.0.0.1:0"); !error.empty()) return error;
@@ -99,8 +134,10 @@ class Daemons {
                                          "--listen",
                                          "127.0.0.1:0",
                                          "--name",
-                                         absl::StrCat("w", w)};
-      worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
+                                         absl::StrCat(name_prefix, w)};
+      for (const std::string& flag : worker_flags) {
+        worker.push_back(absl::StrReplaceAll(flag, {{"{w}", absl::StrCat(w)}}));
+      }
       const pid_t pid = Spawn(worker, absl::StrCat(dir, "/worker-", w, ".log"));
       if (pid <= 0) return "cannot start a worker";
       workers_.push_back(pid);

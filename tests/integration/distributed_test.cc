@@ -426,7 +426,7 @@ TEST_F(DistributedTest, TracePicturesBySuffix) {
                                               "bubble "));
   EXPECT_THAT(lines[1], ::testing::StartsWith("time |0"));
   for (int rank : {0, 1}) {
-    EXPECT_THAT(lines[2 + rank], ::testing::StartsWith(absl::StrCat("w", rank, "   |")));
+    EXPECT_THAT(lines[2 + rank], ::testing::StartsWith(absl::StrCat("r", rank, "   |")));
     // Each row draws its rank's actions; an action shorter than a cell may show no label (how
     // long each takes is the machine's), so a row shows at least one labelled action.
     EXPECT_THAT(lines[2 + rank], ::testing::ContainsRegex("[FB][0-3]"));

@@ -28,8 +28,9 @@ CommandRun RunBinary(const std::string& binary, const std::string& args) {
 }
 CommandRun Pipetrain(const std::string& args) { return RunBinary(PIPETRAIN_BINARY, args); }
 
-const std::vector<std::string> kCommands = {"reference", "schedule", "partition", "train", "local",
-                                            "evaluate",  "jobs",     "status",    "cancel"};
+const std::vector<std::string> kCommands = {"reference", "schedule", "partition", "train",
+                                            "local",     "evaluate", "jobs",      "status",
+                                            "watch",     "cancel",   "checkpoint"};
 
 // One flag of a help text: "  --name (default: X)" or "  --name (required)", and its meaning
 // (the indented lines below it, joined).
@@ -85,6 +86,39 @@ TEST(HelpCommandTest, HelpCommandPrintsTheCommandsHelp) {
   }
 }
 
+// The audit of issue 33: a shown default is what happens, not a placeholder the meaning then has
+// to explain — no "(default: 0)" whose text says "0: every CPU", no "(default: none)" (an empty
+// string) whose text says "empty: ...". Where 0 or "" stands for something, the help shows that.
+TEST(HelpDefaultsTest, NoShownDefaultIsAPlaceholderTheMeaningExplains) {
+  std::vector<std::pair<std::string, std::string>> helps;  // (what, help text)
+  for (const std::string& command : kCommands) {
+    helps.emplace_back("pipetrain " + command, Pipetrain(command + " --help").out);
+  }
+  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out);
+  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out);
+  const std::regex explains_zero(R"((^|[ (;,])0: )");
+  const std::regex explains_empty(R"((^|[ (;,])(empty|"")[:,] )", std::regex::icase);
+  for (const auto& [what, help] : helps) {
+    SCOPED_TRACE(what);
+    EXPECT_THAT(help, Not(HasSubstr("(default: \"\")")));
+    for (const FlagEntry& e : FlagEntries(help)) {
+      if (e.shown == "default: 0") {
+        EXPECT_FALSE(std::regex_search(" " + e.meaning, explains_zero)) << e.name << e.meaning;
+      }
+      if (e.shown == "default: none") {
+        EXPECT_FALSE(std::regex_search(" " + e.meaning, explains_empty)) << e.name << e.meaning;
+      }
+    }
+  }
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--lr-decay-steps"), "default: --steps");
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--checkpoint-every"), "default: only at the end");
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--trace-steps"), "default: the last step");
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out, "--threads-max"),
+            "default: every CPU this worker may run on");
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out, "--state-dir"),
+            "default: none: jobs do not survive a restart");
+}
+
 // Each flag's default is stated once, in "(default: X)", and is what the command does when the
 // flag is not given: no meaning text adds "1 if not given" or "default ..." of its own.
 TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
@@ -105,6 +139,7 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
     }
   }
   // --stages: 1 for the training commands, required where there is nothing to default to.
+  EXPECT_EQ(Shown(Pipetrain("train --help").out, "--model"), "required");
   EXPECT_EQ(Shown(Pipetrain("train --help").out, "--stages"), "default: 1");
   EXPECT_EQ(Shown(Pipetrain("local --help").out, "--stages"), "default: 1");
   EXPECT_EQ(Shown(Pipetrain("schedule --help").out, "--stages"), "required");

@@ -48,11 +48,19 @@ struct PipedChild {
 };
 
 // Starts `argv` (argv[0] a path) with stdout into a pipe and stderr into `stderr_path`. The pipe is
-// close-on-exec, so that processes started later do not hold it open.
-inline PipedChild SpawnPiped(const std::vector<std::string>& argv, const std::string& stderr_path) {
+// close-on-exec, so that processes started later do not hold it open. `pipe_bytes` > 0 sets the
+// pipe's capacity before the child starts (4096, one page: the child blocks in its writes a few
+// dozen lines ahead of the reader); -1 pid if it cannot.
+inline PipedChild SpawnPiped(const std::vector<std::string>& argv, const std::string& stderr_path,
+                             int pipe_bytes = 0) {
   PipedChild child;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return child;
+  if (pipe_bytes > 0 && fcntl(fds[0], F_SETPIPE_SZ, pipe_bytes) < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return child;
+  }
   child.pid = fork();
   if (child.pid == 0) {
     dup2(fds[1], STDOUT_FILENO);

@@ -5,8 +5,8 @@
 //  - a client without a certificate, without a token or with a wrong one is refused with
 //    UNAVAILABLE / UNAUTHENTICATED and a clear message; a token-only client works on the
 //    coordinator's --client-listen port when it has --auth-token-file;
-//  - a worker with a certificate from another CA, or one that does not name its advertised host,
-//    cannot register;
+//  - a worker with a certificate from another CA, or one that does not name its advertised host
+//    or the name it registers, cannot register;
 //  - a daemon asked to listen on a non-loopback address without TLS refuses to start.
 #include <netinet/in.h>
 #include <signal.h>
@@ -72,14 +72,15 @@ class SecurityTest : public ::testing::Test {
     return o;
   }
 
-  // Starts a TLS coordinator with tokens and two workers (both with worker-0's certificate, which
-  // names 127.0.0.1), plus `coordinator_flags`.
+  // Starts a TLS coordinator with tokens and two workers, worker-0 and worker-1, each with its
+  // own certificate (which names 127.0.0.1 and has the worker's name as its common name), plus
+  // `coordinator_flags`.
   void StartTlsCluster(std::vector<std::string> coordinator_flags = {}) {
     std::vector<std::string> flags = TlsFlags("coordinator");
     flags.insert(flags.end(), {"--auth-token-file", Cert("tokens"), "--checkpoint-root", dir_});
     flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
-    const std::string started =
-        daemons_.Start(dir_, 2, flags, TlsFlags("worker-0"), ClientTls("client", Token()));
+    const std::string started = daemons_.Start(dir_, 2, flags, TlsFlags("worker-{w}"),
+                                               ClientTls("client", Token()), "worker-");
     ASSERT_EQ(started, "");
   }
 
@@ -234,7 +235,9 @@ TEST_F(SecurityTest, AJobBelongsToItsPrincipalAndTheTokenFileReloads) {
   std::vector<std::string> flags = TlsFlags("coordinator");
   flags.insert(flags.end(), {"--auth-token-file", tokens, "--auth-token-reload", "100ms",
                              "--checkpoint-root", dir_});
-  ASSERT_EQ(daemons_.Start(dir_, 2, flags, TlsFlags("worker-0"), ClientTls("client", admin)), "");
+  ASSERT_EQ(
+      daemons_.Start(dir_, 2, flags, TlsFlags("worker-{w}"), ClientTls("client", admin), "worker-"),
+      "");
   auto connect = [&](const std::string& token) {
     absl::StatusOr<std::unique_ptr<client::Client>> c =
         client::Client::Connect(daemons_.address(), ClientTls("client", token));
@@ -309,6 +312,57 @@ TEST_F(SecurityTest, WorkersFromAnotherCaOrForAnotherHostCannotRegister) {
   ASSERT_TRUE(workers.ok()) << workers.status();
   ASSERT_EQ(workers->size(), 2u);
   for (const v1::WorkerInfo& w : *workers) EXPECT_TRUE(absl::StartsWith(w.name(), "w")) << w.name();
+}
+
+// A worker's name is bound to its certificate (issue 34): the coordinator's certificate — of the
+// CA, naming 127.0.0.1 — used to register a process as 'worker-0' while the real worker-0 was
+// registered (a newer incarnation displaced it; registered first, it would have locked the real
+// one out with ALREADY_EXISTS). Now it is refused with PERMISSION_DENIED naming the rule, and the
+// real worker-0 stays, at its own address.
+TEST_F(SecurityTest, AWorkerCannotTakeAnotherWorkersName) {
+  StartTlsCluster();
+  auto address_of = [this](const std::string& name) -> std::string {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = daemons_.client().ListWorkers();
+    if (!workers.ok()) return workers.status().ToString();
+    for (const v1::WorkerInfo& w : *workers) {
+      if (w.name() == name) return w.address();
+    }
+    return "";
+  };
+  const std::string real = address_of("worker-0");
+  ASSERT_FALSE(real.empty());
+  for (const std::string name : {"worker-0", "worker-9"}) {
+    std::vector<std::string> argv = {PIPETRAIN_STAGE_WORKER_BINARY,
+                                     "--coordinator",
+                                     daemons_.address(),
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--name",
+                                     name};
+    const std::vector<std::string> tls = TlsFlags("coordinator");
+    argv.insert(argv.end(), tls.begin(), tls.end());
+    const std::string log = absl::StrCat(dir_, "/impostor-", name, ".log");
+    const pid_t pid = testing::Spawn(argv, log);
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(AwaitLog(log, "redialling")) << ReadFile(log);
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    EXPECT_THAT(ReadFile(log), HasSubstr("PERMISSION_DENIED"));
+    EXPECT_TRUE(AwaitLog(dir_ + "/coordinator.log",
+                         absl::StrCat("RegisterWorker '", name,
+                                      "': the peer's certificate (CN 'coordinator'; names "
+                                      "127.0.0.1, localhost) does not vouch for the name '",
+                                      name, "'")))
+        << ReadFile(dir_ + "/coordinator.log");
+  }
+  EXPECT_EQ(address_of("worker-0"), real);
+  EXPECT_EQ(address_of("worker-9"), "");
+  // The real workers still train.
+  absl::StatusOr<v1::JobSpec> spec = testing::DigitsJobSpec(2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::JobStatus> job = daemons_.client().CreateJob(*spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(daemons_.client().CancelJob(job->job(), "done").ok());
 }
 
 TEST_F(SecurityTest, DaemonsRefusePlaintextOnNonLoopbackAddresses) {

@@ -100,7 +100,7 @@ pids+=($!)
 for ((i = 0; i < stages; i++)); do
   # shellcheck disable=SC2046
   ip netns exec "${tag}w$i" "$worker" --coordinator 198.18.0.1:7070 \
-    --listen "198.18.0.$((10 + i)):7100" --name "w$i" $(tls_flags "worker-$i") \
+    --listen "198.18.0.$((10 + i)):7100" --name "worker-$i" $(tls_flags "worker-$i") \
     >"$work/w$i.log" 2>&1 &
   pids+=($!)
 done

@@ -358,6 +358,19 @@ def _dense(a):
     return pb.DenseTensor(shape=list(a.shape), data=a.tobytes(), dtype=tensor_pb2.DTYPE_F32)
 
 
+def _data_position(position):
+    """A DataPosition from a message or a dict of its fields; INVALID_ARGUMENT otherwise."""
+    if isinstance(position, pb.DataPosition):
+        return position
+    if not isinstance(position, dict):
+        raise _invalid("data_position must be a DataPosition or a dict, got %s"
+                       % type(position).__name__)
+    try:
+        return pb.DataPosition(**position)
+    except (TypeError, ValueError) as e:
+        raise _invalid("data_position: %s" % e) from None
+
+
 # Makes each pause between two GetJob polls of a recovery wait (tests record the pauses here).
 _sleep = time.sleep
 # A recovery may itself be interrupted by another loss: at most this many rounds of waiting and
@@ -447,7 +460,12 @@ class _TrainStream:
 class Job:
     """A job on the coordinator (made by Client.create_job or Client.job). As a context manager
     it ends the job on leaving: FinishJob (DONE) normally, CancelJob when an exception leaves the
-    block, so its workers are freed at once either way.
+    block, so its workers are freed at once either way — except when the job's last checkpoint()
+    failed (failed_checkpoint): its weights are then unsaved, so the job is left to the
+    coordinator with them (its Train stream cancelled) for a retry of the save
+    (client.job(id).checkpoint(DIR) or `pipetrain checkpoint ID --save DIR`), until a client ends
+    it or the coordinator's client lease does (no call naming the job for --client-lease, 5 min by
+    default); a note on the exception says so. The C++ SDK's ScopedJob does the same.
 
     Recovery (a job created with recover=True, the default; docs/python.md "Recovery"): step(),
     send() and train() keep the requests sent since the last completed checkpoint() (at most
@@ -521,12 +539,30 @@ class Job:
             return False
         if exc_type is None:
             self.finish()
+        elif self.failed_checkpoint is not None:
+            # The weights are unsaved: leave the job, without a client, for a retry of the save.
+            self._sent.clear()
+            if self._stream is not None:
+                self._stream.cancel()
+                self._stream = None
+            if exc is not None and hasattr(exc, "add_note"):
+                exc.add_note(
+                    "job %s keeps its weights: save them with client.job(%r).checkpoint(%r) or "
+                    "`pipetrain checkpoint %s --save %s`, or free its workers with cancel(); the "
+                    "coordinator cancels it after its client lease with no call naming it"
+                    % (self.id, self.id, self.failed_checkpoint, self.id, self.failed_checkpoint))
         else:
             try:
                 self.cancel("the Python client stopped: %s: %s" % (exc_type.__name__, exc))
             except PipetrainError:
                 pass  # best effort: the coordinator's client lease ends the job otherwise.
         return False
+
+    @property
+    def failed_checkpoint(self):
+        """The directory of this job's last checkpoint() through its Client if it failed (its
+        weights are unsaved), else None (Client.failed_checkpoint)."""
+        return self._client.failed_checkpoint(self.id)
 
     def status(self):
         """The job's JobStatus message (state, steps_done, stages, spec, reason, ...)."""
@@ -808,14 +844,17 @@ class Job:
             if bar is not None:
                 bar.close()
 
-    def checkpoint(self, directory, keep=1):
+    def checkpoint(self, directory, keep=1, data_position=None):
         """Writes a checkpoint of the job's state to `directory` on the coordinator's host (under
         its --checkpoint-root; a relative path is made absolute here, as the CLI does), keeping
-        `keep` checkpoints of it (CheckpointRequest.keep). Returns the CheckpointResponse (step,
-        directory). Allowed between steps of an open stream. With
-        recovery on, a checkpoint interrupted by a recovery (ABORTED, UNAVAILABLE) is retried
-        after the replay (at most 3 rounds), and a completed one drops the kept batches before
-        its step."""
+        `keep` checkpoints of it (CheckpointRequest.keep). data_position: the data set and the
+        position of the next batch for the manifest (CheckpointRequest.data_position), a
+        DataPosition message or a dict of its fields (data, batch_size, cursor_epoch,
+        cursor_batch). Returns the CheckpointResponse (step, directory, data_position). Allowed
+        between steps of an open stream. With recovery on, a checkpoint interrupted by a recovery
+        (ABORTED, UNAVAILABLE) is retried after the replay (at most 3 rounds), and a completed one
+        drops the kept batches before its step. A failure is remembered (failed_checkpoint) until
+        a checkpoint of the job succeeds or it is finished or cancelled."""
         if self._sent:
             raise PipetrainError(StatusCode.FAILED_PRECONDITION,
                                  "checkpoint() with %d batch(es) sent and unanswered: receive() "
@@ -823,8 +862,9 @@ class Job:
         if not os.path.isabs(directory):
             directory = os.path.abspath(directory)
         request = pb.CheckpointRequest(job=self.id, directory=directory, keep=keep)
-        response = self._through_recovery(
-            lambda: self._client._call("Checkpoint", request, long=True))
+        if data_position is not None:
+            request.data_position.CopyFrom(_data_position(data_position))
+        response = self._through_recovery(lambda: self._client._checkpoint(request))
         # A recovery restarts from this step at the earliest.
         while self._kept and self._kept[0].step < response.step:
             self._kept.popleft()
@@ -835,6 +875,7 @@ class Job:
         Returns the final JobStatus."""
         self._close_stream()
         status = self._client._call("FinishJob", pb.FinishJobRequest(job=self.id))
+        self._client._failed_checkpoints.pop(self.id, None)
         self._ended = True
         return status
 
@@ -842,6 +883,7 @@ class Job:
         """Ends the job at once (CancelJob: a step in flight is aborted), freeing its workers.
         OK for a job that already ended. Returns the final JobStatus."""
         status = self._client._call("CancelJob", pb.CancelJobRequest(job=self.id, reason=reason))
+        self._client._failed_checkpoints.pop(self.id, None)
         self._ended = True
         if self._stream is not None:
             self._stream.cancel()
@@ -935,6 +977,8 @@ class Client:
                                  "cannot reach the coordinator at %s within %gs"
                                  % (address, connect_timeout)) from None
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        # By job id: the directory of its last Checkpoint through this client, which failed.
+        self._failed_checkpoints = {}
 
     def __enter__(self):
         return self
@@ -950,7 +994,8 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
-                   isa=None, max_kept_batches=10000, recovery_timeout=300.0,
+                   isa=None, save_to=None, keep_checkpoints=1, planned_steps=0,
+                   max_kept_batches=10000, recovery_timeout=300.0,
                    reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
@@ -966,7 +1011,15 @@ class Client:
         optimizer text's (see optimizer_spec()). None: the optimizer's (by default constant).
         isa: the instruction-set level every rank runs the math at (JobSpec.isa, as `pipetrain
         train --isa`: "x86-64-v3", "x86-64-v4", "generic"); None: the highest level all the
-        job's workers run (the level chosen is job.status().spec.isa).
+        job's workers run (the level chosen is job.status().spec.isa). save_to: the checkpoint
+        directory the job will save into, on the coordinator's host (made absolute here;
+        JobSpec.save_to, as `pipetrain train --save`): checked when the job is created — under
+        the --checkpoint-root (PERMISSION_DENIED), replaceable, written by no other job
+        (FAILED_PRECONDITION naming it) — and the job's own until it ends; keep_checkpoints: the
+        `keep` its checkpoints there will ask for (JobSpec.keep_checkpoints).
+        planned_steps: the steps you mean to run (JobSpec.planned_steps, as `pipetrain train
+        --steps` sends it): the target of the job's progress and ETA (status().progress,
+        `pipetrain jobs`); 0: unknown.
 
         Recovery (docs/python.md "Recovery"): recover: the coordinator recovers the job from a
         lost worker (JobSpec.recover; on by default, as `pipetrain train`) and the Job replays
@@ -980,7 +1033,7 @@ class Client:
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
                           recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
-                          min_stages=min_stages)
+                          min_stages=min_stages, planned_steps=planned_steps)
         if isa is not None:
             if not isinstance(isa, str):
                 raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))
@@ -995,6 +1048,9 @@ class Client:
                 raise _invalid("data: %s" % e) from None
         if resume_from:
             spec.resume_from = os.path.abspath(resume_from)
+        if save_to:
+            spec.save_to = os.path.abspath(save_to)
+            spec.keep_checkpoints = keep_checkpoints
         job_options = dict(max_kept_batches=max_kept_batches, recovery_timeout=recovery_timeout,
                            reconnect_timeout=reconnect_timeout,
                            max_poll_interval=max_poll_interval, on_recovery=on_recovery,
@@ -1010,6 +1066,23 @@ class Client:
         object sent)."""
         return Job(self, self._call("GetJob", pb.GetJobRequest(job=job_id)), **job_options)
 
+    def watch(self, job_id, after_sequence=0):
+        """Follows a job that any client trains (WatchJob, as `pipetrain watch`): yields its
+        JobEvent messages — first its status (event.status), then the events its coordinator
+        still keeps after number `after_sequence` (0: all it keeps), then each as it happens
+        (step, recovering, recovered, checkpoint, skipped) — and ends after its `ended` event.
+        Watching does not keep the job alive. Closing the generator ends the stream. Errors:
+        PipetrainError (NOT_FOUND for an unknown job or another owner's)."""
+        call = self._stub.WatchJob(pb.WatchJobRequest(job=job_id, after_sequence=after_sequence),
+                                   metadata=self._metadata)
+        try:
+            for event in call:
+                yield event
+        except grpc.RpcError as e:
+            raise PipetrainError.from_rpc_error(e, "WatchJob", self.address) from None
+        finally:
+            call.cancel()
+
     def jobs(self):
         """Every JobStatus the coordinator knows (ended ones for its retention period)."""
         return list(self._call("ListJobs", pb.ListJobsRequest()).jobs)
@@ -1017,6 +1090,22 @@ class Client:
     def workers(self):
         """Every live worker (WorkerInfo messages: name, address, job, rank, ...)."""
         return list(self._call("ListWorkers", pb.ListWorkersRequest()).workers)
+
+    def failed_checkpoint(self, job_id):
+        """The directory of job `job_id`'s last Checkpoint through this client if it failed (the
+        job's weights are unsaved: a Job's `with` block then leaves the job for a retry), else
+        None; cleared by a successful one, finish() or cancel() (Client::failed_checkpoint)."""
+        return self._failed_checkpoints.get(job_id)
+
+    def _checkpoint(self, request):
+        """One Checkpoint call, its failure remembered for failed_checkpoint()."""
+        try:
+            response = self._call("Checkpoint", request, long=True)
+        except PipetrainError:
+            self._failed_checkpoints[request.job] = request.directory
+            raise
+        self._failed_checkpoints.pop(request.job, None)
+        return response
 
     def _call(self, method, request, long=False, timeout=None):
         """One unary call; its deadline `timeout` s, else long_timeout if `long`, else timeout."""

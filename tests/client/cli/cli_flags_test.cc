@@ -12,6 +12,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -77,7 +78,10 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
          {"--resume", "--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
+        {"watch", with({"--coordinator", "--json", "--log-every"}, security)},
         {"cancel", with({"--coordinator", "--json", "--reason"}, security)},
+        {"checkpoint",
+         with(with({"--coordinator", "--json"}, security), {"--save", "--keep-checkpoints"})},
     };
   }();
   return *flags;
@@ -111,6 +115,76 @@ TEST(CliHelpTest, EachCommandsHelpListsItsFlagsWithDefaultsAndExitsZero) {
   EXPECT_THAT(r.out, Not(HasSubstr("data_dir")));
   // Also -h, and --help before the command.
   EXPECT_EQ(Pipetrain("train -h").out, Pipetrain("--help train").out);
+}
+
+// The headings of `COMMAND --help`, in order (the unindented lines ending with ':'), and the flags
+// listed under each.
+std::vector<std::pair<std::string, std::vector<std::string>>> Topics(const std::string& help) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> topics;
+  const std::regex heading(R"(^([a-z][^:]*):$)");
+  const std::regex flag(R"(^  (--[a-z][a-z0-9-]*)( \(|$| FILE))");
+  std::istringstream lines(help);
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_match(line, m, heading)) {
+      topics.push_back({m[1], {}});
+    } else if (std::regex_search(line, m, flag) && !topics.empty()) {
+      topics.back().second.push_back(m[1]);
+    }
+  }
+  return topics;
+}
+
+// Flags are listed under topic headings, each under one, in the same order for every command;
+// no command has flags without a topic ("other"); flag files come last.
+TEST(CliHelpTest, FlagsAreGroupedUnderTopicHeadings) {
+  const std::vector<std::string> order = {
+      "flags (--name=VALUE or --name VALUE; dashes or underscores)",
+      "model and data",
+      "schedule",
+      "optimizer",
+      "checkpoints",
+      "compute",
+      "service",
+      "output",
+      "flag files"};
+  for (const auto& [command, flags] : CommandFlags()) {
+    SCOPED_TRACE(command);
+    const auto topics = Topics(Pipetrain("help " + command).out);
+    size_t at = 0;
+    std::set<std::string> seen;
+    for (const auto& [heading, names] : topics) {
+      const auto it = std::find(order.begin() + at, order.end(), heading);
+      ASSERT_NE(it, order.end()) << "heading '" << heading << "' out of order or unknown";
+      at = static_cast<size_t>(it - order.begin()) + 1;
+      EXPECT_TRUE(heading == order[0] || !names.empty()) << heading << " is empty";
+      for (const std::string& name : names) EXPECT_TRUE(seen.insert(name).second) << name;
+    }
+    ASSERT_FALSE(topics.empty());
+    EXPECT_EQ(topics.back().first, "flag files");
+    EXPECT_EQ(topics.back().second, std::vector<std::string>{"--flagfile"});
+  }
+  // Where some flags are: under the topic a user looks for them.
+  const auto train = Topics(Pipetrain("train --help").out);
+  auto under = [&train](const std::string& heading) {
+    for (const auto& [h, names] : train) {
+      if (h == heading) return names;
+    }
+    return std::vector<std::string>{};
+  };
+  EXPECT_THAT(under("model and data"), ::testing::IsSupersetOf({"--model", "--data", "--batch"}));
+  EXPECT_THAT(under("schedule"), ::testing::IsSupersetOf({"--schedule", "--stages", "--virtual"}));
+  EXPECT_THAT(under("optimizer"), ::testing::IsSupersetOf({"--optimizer", "--lr-schedule"}));
+  EXPECT_THAT(under("checkpoints"), ::testing::IsSupersetOf({"--save", "--resume"}));
+  EXPECT_THAT(under("service"), ::testing::IsSupersetOf({"--coordinator", "--token-file"}));
+  EXPECT_THAT(under("output"), ::testing::IsSupersetOf({"--json", "--log-every", "--trace"}));
+  // `pipetrain help` lists the commands by topic too.
+  const std::string help = Pipetrain("help").out;
+  EXPECT_THAT(help, HasSubstr("training commands:\n  reference "));
+  EXPECT_THAT(help, HasSubstr("planning commands (no coordinator needed):\n  schedule "));
+  EXPECT_THAT(help, ::testing::ContainsRegex(
+                        "commands for the jobs of a coordinator:\n  jobs +list a coordinator's "
+                        "jobs\n  status JOB .*\n  watch JOB +follow a job's"));
 }
 
 TEST(CliHelpTest, ProgramHelpListsTheCommandsAndHelpfullEveryFlag) {
@@ -156,8 +230,12 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
       {"jobs --coordinator 127.0.0.1:1 --batch 64", "--batch not used by `pipetrain jobs`"},
       {"status job-1 --coordinator 127.0.0.1:1 --reason ''",
        "--reason not used by `pipetrain status`"},
+      {"watch job-1 --coordinator 127.0.0.1:1 --reason ''",
+       "--reason not used by `pipetrain watch`"},
       {"cancel job-1 --coordinator 127.0.0.1:1 --model ''",
        "--model not used by `pipetrain cancel`"},
+      {"checkpoint job-1 --coordinator 127.0.0.1:1 --save /tmp/x --steps 100",
+       "--steps not used by `pipetrain checkpoint`"},
   };
   std::set<std::string> covered;
   for (const auto& [args, message] : cases) {
@@ -254,9 +332,9 @@ TEST(DaemonFlagsTest, HelpListsTheirFlagsAndUnknownOnesAreRefused) {
     EXPECT_THAT(bad.out, HasSubstr("unknown flag --lsten (did you mean --listen?)"));
   }
   EXPECT_THAT(RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out,
-              HasSubstr("--port-file (default: \"\")"));
+              HasSubstr("--port-file (default: none)"));
   EXPECT_THAT(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out,
-              HasSubstr("--threads-max (default: 0)"));
+              HasSubstr("--threads-max (default: every CPU this worker may run on)"));
 }
 
 // stage_worker --cpus: a bad list or a CPU the process may not use is refused at start, naming

@@ -68,13 +68,13 @@ TEST(PartitionCommandTest, TextReport) {
   absl::StatusOr<std::string> out = RunPartitionCommand(*o);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(*out,
-            "partition of 9 layers over 3 workers (linear placement, 3 chunks): optimal\n"
-            "worker  chunks    layers        cost        speed    time\n"
+            "partition of 9 layers over 3 ranks (linear placement, 3 chunks): optimal\n"
+            "rank    chunks    layers        cost        speed    time\n"
             "0       0         0-4           15          1        15\n"
             "1       1         5-6           13          1        13\n"
             "2       2         7-8           17          1        17\n"
             "boundaries: 0 5 7 9\n"
-            "bottleneck 17 (worker 2), mean 15, imbalance 1.13333 (max/mean)\n");
+            "bottleneck 17 (rank 2), mean 15, imbalance 1.13333 (max/mean)\n");
 }
 
 TEST(PartitionCommandTest, JsonReportAndVShape) {

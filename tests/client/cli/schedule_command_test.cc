@@ -60,7 +60,7 @@ TEST(ScheduleCommandTest, RefusesBadFlagsWithTheRule) {
   EXPECT_EQ(ParseError("interleaved", "4", "3", "", "", ""),
             "interleaved 1F1B needs microbatches (3) >= stages (4)");
   EXPECT_EQ(ParseError("1f1b", "4", "8", "2", "", ""),
-            "1f1b holds one chunk per worker: virtual stages must be 1 (got 2)");
+            "1f1b holds one chunk per rank: virtual stages must be 1 (got 2)");
 }
 
 TEST(ScheduleCommandTest, AsciiReport) {
@@ -72,12 +72,12 @@ TEST(ScheduleCommandTest, AsciiReport) {
   EXPECT_EQ(*out,
             "1f1b: S=2 M=2 V=1; per-stage costs F=1 B=2 I=1 W=1\n"
             "time |0              5\n"
-            "w0   |F0 F1 ......B0--- ...B1---\n"
-            "w1   |...F0 B0--- F1 B1--- ......\n"
+            "r0   |F0 F1 ......B0--- ...B1---\n"
+            "r1   |...F0 B0--- F1 B1--- ......\n"
             "1 cell = 1 time unit; makespan 9; F forward, B backward, I input grad, W weight grad, "
             ". idle\n"
             "makespan 9, bubble fraction 0.333333\n"
-            "worker  busy        bubble      peak activations\n"
+            "rank    busy        bubble      peak activations\n"
             "0       6           0.333333    2\n"
             "1       6           0.333333    1\n");
 }
@@ -215,12 +215,12 @@ TEST(ScheduleCommandTest, OverlapKindsAndDualPipe) {
   EXPECT_THAT(*ascii, StartsWith("dualpipe: S=2 M=4 V=2; per-stage costs F=1 B=2 I=1 W=1 (each "
                                  "chunk a whole stage: two copies of the weights; not "
                                  "executable)\n"));
-  EXPECT_THAT(*ascii, HasSubstr("w0   |F0a F2b F1a B2b---- F3b B0a---- B3b---- I1a W1a\n"));
+  EXPECT_THAT(*ascii, HasSubstr("r0   |F0a F2b F1a B2b---- F3b B0a---- B3b---- I1a W1a\n"));
   o->format = ScheduleFormat::kSvg;
   EXPECT_TRUE(RunScheduleCommand(*o).ok());
 
   EXPECT_EQ(ParseError("dualpipe", "3", "4", "", "", "ascii"),
-            "dualpipe needs an even number of stages (got 3): it pairs worker w with worker "
+            "dualpipe needs an even number of stages (got 3): it pairs rank w with rank "
             "S-1-w; for odd S use dualpipe-v");
 }
 

@@ -32,6 +32,10 @@ A scenario's "coordinator" object:
   trailing "*" repeats the answer for ever. Afterwards GetJob answers the job's state (by default
   ["READY"]: ready at once).
 
+CreateJob is recorded as "CreateJob recover=BOOL", with " save_to=DIR keep=K" when the spec
+declares a save directory; Checkpoint as "Checkpoint keep=K", with " data=D batch=B cursor=E:N"
+when the request carries a data position.
+
 Train streams are named Train#1, Train#2, ... in the order of their first batch. As the real
 coordinator, the first batch claims the job for the stream, and a claim while another stream holds
 the job is refused (FAILED_PRECONDITION); the fake ends a stream it fails and a stream the client
@@ -213,7 +217,11 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
     def CreateJob(self, request, context):
         with self._lock:
             self._recover = request.spec.recover
-            self._log("CreateJob recover=%s" % str(self._recover).lower())
+            line = "CreateJob recover=%s" % str(self._recover).lower()
+            if request.spec.save_to:
+                line += " save_to=%s keep=%d" % (request.spec.save_to,
+                                                 request.spec.keep_checkpoints)
+            self._log(line)
             return self._status()
 
     def GetJob(self, request, context):
@@ -253,6 +261,10 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
         with self._lock:
             self._checkpoints += 1
             what = "Checkpoint keep=%d" % request.keep
+            if request.HasField("data_position"):
+                p = request.data_position
+                what += " data=%s batch=%d cursor=%d:%d" % (p.data, p.batch_size, p.cursor_epoch,
+                                                            p.cursor_batch)
             fault = self._fault("checkpoint", self._checkpoints)
             try:
                 if fault is not None:

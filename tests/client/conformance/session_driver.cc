@@ -5,14 +5,18 @@
 //
 // The actions map onto the SDK as a C++ program uses it: "create" checks the replay options
 // (TrainOptions::Check, as the Python client's create_job does before the job is made), calls
-// CreateJob and StartTraining with replay on when the job recovers; "finish" is
-// TrainSession::Finish (its status not printed: the Python Job's finish() reports none) and
-// FinishJob. Exit code 0 once every action ran (their errors are printed), 2 for a bad scenario.
+// CreateJob (with save_to and keep_checkpoints if given) and StartTraining with replay on when the
+// job recovers; "finish" is TrainSession::Finish (its status not printed: the Python Job's
+// finish() reports none) and FinishJob; "leave" is how a program leaves the job's scope on an
+// error: the TrainSession destroyed (its stream cancelled), then the job's ScopedJob; "retry" is
+// Client::Checkpoint of the job (the session may be gone). Exit code 0 once every action ran (their
+// errors are printed), 2 for a bad scenario.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -79,8 +83,11 @@ absl::Status Play(const json& scenario, const std::string& address) {
     const std::string label =
         arg.is_number_integer() ? absl::StrCat(name, " ", arg.get<int64_t>()) : name;
     absl::Status error;
+    // Actions that need only the job, not its session (which "leave" ends).
+    const bool of_the_job = name == "finish" || name == "retry" || name == "failed_checkpoint";
     if ((name != "defaults" && name != "connect" && client == nullptr) ||
-        (name != "defaults" && name != "connect" && name != "create" && session == nullptr)) {
+        (name != "defaults" && name != "connect" && name != "create" &&
+         (of_the_job ? job.empty() : session == nullptr))) {
       Out(label + " -> FAILED_PRECONDITION | the scenario has no " +
           (client == nullptr ? "connection" : "job"));
       continue;
@@ -130,6 +137,8 @@ absl::Status Play(const json& scenario, const std::string& address) {
       if (error.ok()) {
         v1::JobSpec spec;
         spec.set_recover(arg.value("recover", true));
+        spec.set_save_to(arg.value("save_to", ""));
+        spec.set_keep_checkpoints(arg.value("keep", 0));
         absl::StatusOr<v1::JobStatus> created = client->CreateJob(spec);
         if (created.ok()) {
           job = created->job();
@@ -156,16 +165,36 @@ absl::Status Play(const json& scenario, const std::string& address) {
       if (r.ok()) Out("receive -> " + StepLine(*r));
       error = r.status();
     } else if (name == "checkpoint") {
+      std::optional<v1::DataPosition> position;
+      if (arg.contains("position")) {
+        const json& p = arg["position"];
+        position.emplace();
+        position->set_data(p.value("data", ""));
+        position->set_batch_size(p.value("batch_size", int64_t{0}));
+        position->set_cursor_epoch(p.value("cursor_epoch", int64_t{0}));
+        position->set_cursor_batch(p.value("cursor_batch", int64_t{0}));
+      }
       absl::StatusOr<v1::CheckpointResponse> saved =
-          session->Checkpoint("/ckpt", arg.value("keep", 1));
+          session->Checkpoint("/ckpt", arg.value("keep", 1), position);
       if (saved.ok()) Out(absl::StrCat("checkpoint -> step ", saved->step()));
+      error = saved.status();
+    } else if (name == "failed_checkpoint") {
+      Out("failed_checkpoint -> " + client->failed_checkpoint(job).value_or("none"));
+    } else if (name == "leave") {
+      session.reset();
+      { ScopedJob scoped(client.get(), job); }
+      Out("leave -> ok");
+    } else if (name == "retry") {
+      absl::StatusOr<v1::CheckpointResponse> saved =
+          client->Checkpoint(job, "/ckpt", arg.value("keep", 1));
+      if (saved.ok()) Out(absl::StrCat("retry -> step ", saved->step()));
       error = saved.status();
     } else if (name == "kept") {
       Out(absl::StrCat("kept -> ", session->kept_batches()));
     } else if (name == "in_flight") {
       Out(absl::StrCat("in_flight -> ", session->in_flight()));
     } else if (name == "finish") {
-      session->Finish().IgnoreError();
+      if (session != nullptr) session->Finish().IgnoreError();
       absl::StatusOr<v1::JobStatus> finished = client->FinishJob(job);
       if (finished.ok()) {
         std::string state = v1::JobState_Name(finished->state());

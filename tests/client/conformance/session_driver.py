@@ -4,7 +4,8 @@ lines for the waits, pauses and recoveries of a recovery), in the form session_d
 for the C++ SDK. Usage: session_driver.py SCENARIO.json ADDRESS
 
 Lines: "ACTION -> RESULT" where RESULT is "ok", "step S loss L" (L as %.9g), "step S" (a
-checkpoint), a number, or "CODE | message" for an error; "  wait CODE" (on_wait), "  pause Nms"
+checkpoint or its retry), a number, a directory or "none" (failed_checkpoint), or "CODE | message"
+for an error; "  wait CODE" (on_wait), "  pause Nms"
 (each pause between two GetJob polls, also really made), "  recovered from step R (CAUSE)"
 (on_recovery).
 """
@@ -73,11 +74,15 @@ def main():
     pipetrain.client._sleep = pause
     client = None
     job = None
+    left = False
     for action in scenario["actions"]:
         (name, arg), = action.items()
         label = name if not isinstance(arg, int) else "%s %d" % (name, arg)
+        # "leave" ends the Job's scope; the actions of the job alone still have it.
+        of_the_job = name in ("finish", "retry", "failed_checkpoint")
         if (name not in ("defaults", "connect") and client is None) or \
-                (name not in ("defaults", "connect", "create") and job is None):
+                (name not in ("defaults", "connect", "create")
+                 and (job is None or (left and not of_the_job))):
             out("%s -> FAILED_PRECONDITION | the scenario has no %s"
                 % (label, "connection" if client is None else "job"))
             continue
@@ -98,6 +103,9 @@ def main():
                     if key + "_s" in options:
                         kwargs[key] = options.pop(key + "_s")
                 assert not options, options
+                if "save_to" in arg:
+                    kwargs["save_to"] = arg["save_to"]
+                    kwargs["keep_checkpoints"] = arg.get("keep", 0)
                 job = client.create_job(
                     model=MODEL, recover=arg.get("recover", True),
                     on_wait=lambda e: out("  wait %s" % e.code.name),
@@ -113,8 +121,20 @@ def main():
             elif name == "receive":
                 out("receive -> %s" % step_line(job.receive()))
             elif name == "checkpoint":
-                response = job.checkpoint("/ckpt", keep=arg.get("keep", 1))
+                response = job.checkpoint("/ckpt", keep=arg.get("keep", 1),
+                                          data_position=arg.get("position"))
                 out("checkpoint -> step %d" % response.step)
+            elif name == "failed_checkpoint":
+                out("failed_checkpoint -> %s" % (job.failed_checkpoint or "none"))
+            elif name == "leave":
+                # As a `with` block left by an exception.
+                stopped = RuntimeError("the program stopped")
+                job.__exit__(type(stopped), stopped, None)
+                left = True
+                out("leave -> ok")
+            elif name == "retry":
+                response = job.checkpoint("/ckpt", keep=arg.get("keep", 1))
+                out("retry -> step %d" % response.step)
             elif name == "kept":
                 out("kept -> %d" % job.kept_batches)
             elif name == "in_flight":

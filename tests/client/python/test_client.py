@@ -231,6 +231,26 @@ def test_cancel_ends_the_job_and_frees_its_workers(daemons, example):
     assert job.cancel().state == pb.JOB_STATE_CANCELLED
 
 
+def test_watch_yields_the_status_the_steps_and_the_end(daemons, example):
+    digits = data.load("digits")
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=2, seed=SEED, planned_steps=5) as job:
+        results = list(job.train(data.batches(digits, 16, seed=SEED), steps=3, progress=False))
+        progress = job.status().progress
+        assert (progress.step, progress.target_step) == (3, 5)
+        assert progress.loss == results[-1].loss and progress.HasField("eta_seconds")
+        job.finish()
+    events = list(daemons.client.watch(job.id))
+    assert events[0].WhichOneof("kind") == "status" and events[0].status.job == job.id
+    steps = [e.step for e in events if e.WhichOneof("kind") == "step"]
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert bits([s.loss for s in steps]) == bits([r.loss for r in results])
+    assert events[-1].ended.state == pb.JOB_STATE_DONE and events[-1].ended.steps_done == 3
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        list(daemons.client.watch("job-none-1"))
+    assert e.value.code == StatusCode.NOT_FOUND
+
+
 def test_context_manager_cancels_on_an_exception_and_frees_the_workers(daemons, example):
     digits = data.load("digits")
     with pytest.raises(RuntimeError):
@@ -260,6 +280,51 @@ def test_checkpoint_writes_the_state_on_the_coordinators_host(daemons, example):
     with pytest.raises(pipetrain.PipetrainError) as e:
         daemons.client.job(job.id).checkpoint("/")  # outside the checkpoint root, and job ended
     assert e.value.code in (StatusCode.PERMISSION_DENIED, StatusCode.FAILED_PRECONDITION)
+
+
+def test_save_to_is_checked_when_the_job_is_created(daemons, example):
+    """A save directory outside the checkpoint root is refused before the job takes a worker."""
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                  microbatches=2, seed=SEED, save_to="/etc/pipetrain-python-ck")
+    assert e.value.code == StatusCode.PERMISSION_DENIED
+    assert "'/etc/pipetrain-python-ck' is outside the checkpoint root" in e.value.message
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+    assert not os.path.exists("/etc/pipetrain-python-ck")
+
+
+def test_a_failed_checkpoint_keeps_the_job_for_a_retry(daemons, example):
+    """A `with` block left by a failed checkpoint's error leaves the job with its weights (a note
+    on the error says how to save them); a retry saves them, then the job is finished."""
+    digits = data.load("digits")
+    runs = os.path.join(daemons.checkpoint_root, "python-runs")
+    directory = os.path.join(runs, "ck")
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                       microbatches=2, seed=SEED, save_to=directory,
+                                       keep_checkpoints=2) as job:
+            assert job.spec.save_to == directory
+            for _ in job.train(data.batches(digits, 16, seed=SEED), steps=3, progress=False):
+                pass
+            os.rmdir(runs)
+            with open(runs, "w", encoding="utf-8") as f:  # the directory is gone: a file there
+                f.write("not a directory")
+            job.checkpoint(directory, keep=2,
+                           data_position={"data": "digits", "batch_size": 16})
+    assert job.failed_checkpoint == directory
+    assert any("pipetrain checkpoint %s --save %s" % (job.id, directory) in note
+               for note in getattr(e.value, "__notes__", []))
+    status = daemons.client.job(job.id).status()
+    assert status.state == pb.JOB_STATE_READY and status.steps_done == 3
+    os.remove(runs)
+    response = job.checkpoint(directory, keep=2)
+    assert response.step == 3 and response.data_position.data == "digits"
+    assert job.failed_checkpoint is None
+    assert job.finish().state == pb.JOB_STATE_DONE
+    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["step"] == 3 and manifest["data"] == "digits" and manifest["batch_size"] == 16
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]
 
 
 def test_torch_tensors_are_accepted(daemons, example):

@@ -1,5 +1,6 @@
 #include "common/job/job_spec.h"
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -111,6 +112,25 @@ TEST(JobSpecTest, InvalidFieldsAreInvalidArgument) {
   v1::JobSpec zero_microbatches = MlpSpec(1, 2, 0);
   EXPECT_EQ(CheckJobSpec(JobLimits(), &zero_microbatches).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// planned_steps and keep_checkpoints are checked here, not only by the coordinator, so
+// that the CLI refuses them before it calls CreateJob.
+TEST(JobSpecTest, PlannedStepsAndKeptCheckpointsAreInRange) {
+  v1::JobSpec spec = MlpSpec(1, 2, 2);
+  spec.set_planned_steps((int64_t{1} << 53) - 1);
+  spec.set_keep_checkpoints(3);
+  EXPECT_TRUE(CheckJobSpec(JobLimits(), &spec).ok());
+  v1::JobSpec steps = MlpSpec(1, 2, 2);
+  steps.set_planned_steps(int64_t{1} << 53);
+  absl::Status s = CheckJobSpec(JobLimits(), &steps).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "planned_steps must be in [0, 2^53), got 9007199254740992");
+  v1::JobSpec keep = MlpSpec(1, 2, 2);
+  keep.set_keep_checkpoints(-1);
+  s = CheckJobSpec(JobLimits(), &keep).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "keep_checkpoints must be >= 0, got -1");
 }
 
 TEST(JobSpecTest, IsaMustNameALevel) {

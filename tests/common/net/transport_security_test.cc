@@ -222,14 +222,67 @@ TEST(TokenFileTest, NamedLinesGiveEachTokenItsPrincipal) {
   EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A TLS server whose every call ends OK and records the caller's certificate names.
+// A wildcard names one whole first label of a DNS name, never an IP address (RFC 6125).
+TEST(CertificateNameTest, WildcardsStandForOneWholeFirstLabel) {
+  EXPECT_TRUE(CertificateNameMatches("w1.example", "W1.Example"));
+  EXPECT_TRUE(CertificateNameMatches("*.pipetrain-worker.ns.svc",
+                                     "pipetrain-worker-3.pipetrain-worker.ns.svc"));
+  EXPECT_FALSE(CertificateNameMatches("*.pipetrain-worker.ns.svc", "pipetrain-worker.ns.svc"));
+  EXPECT_FALSE(CertificateNameMatches("*.ns.svc", "a.pipetrain-worker.ns.svc"));
+  EXPECT_FALSE(CertificateNameMatches("*.ns.svc", ".ns.svc"));
+  EXPECT_FALSE(CertificateNameMatches("w*.example", "w1.example"));
+  EXPECT_FALSE(CertificateNameMatches("*.0.0.1", "127.0.0.1"));
+  EXPECT_FALSE(CertificateNameMatches("*", "localhost"));
+  const std::vector<std::string> wildcard = {"*.pipetrain-worker.ns.svc"};
+  EXPECT_TRUE(
+      CheckCertificateNamesHost(wildcard, "pipetrain-worker-0.pipetrain-worker.ns.svc:7100").ok());
+  EXPECT_EQ(CheckCertificateNamesHost(wildcard, "pipetrain-coordinator.ns.svc:7100").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// With mTLS a worker registers only under a name its certificate vouches for (issue 34: another
+// member's certificate, e.g. the coordinator's, took a worker's name and locked it out).
+TEST(CertificateNameTest, AWorkersNameMustBeOneItsCertificateVouchesFor) {
+  const PeerCertificate worker{"worker-0", {"127.0.0.1", "localhost", "w0.example.com"}};
+  for (const char* name : {"worker-0", "WORKER-0", "w0.example.com", "w0", "localhost", "127.0.0.1",
+                           "127.0.0.1:7100"}) {
+    EXPECT_TRUE(CheckCertificateVouchesForWorker(worker, name, "127.0.0.1:7100").ok()) << name;
+  }
+  const PeerCertificate coordinator{"coordinator", {"127.0.0.1", "localhost"}};
+  const absl::Status taken =
+      CheckCertificateVouchesForWorker(coordinator, "worker-0", "127.0.0.1:7100");
+  EXPECT_EQ(taken.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(taken.message(),
+              HasSubstr("the peer's certificate (CN 'coordinator'; names 127.0.0.1, localhost) "
+                        "does not vouch for the name 'worker-0': a worker must register under"));
+  // Neither the first label of an IP address, nor an empty name, nor a name of another host.
+  EXPECT_FALSE(CheckCertificateVouchesForWorker(worker, "127", "127.0.0.1:7100").ok());
+  EXPECT_FALSE(CheckCertificateVouchesForWorker(worker, "", "127.0.0.1:7100").ok());
+  EXPECT_FALSE(CheckCertificateVouchesForWorker(worker, "127.0.0.1:7101", "127.0.0.1:7100").ok());
+  // The host rule still comes first.
+  EXPECT_THAT(CheckCertificateVouchesForWorker(worker, "worker-0", "10.0.0.9:7100").message(),
+              HasSubstr("not '10.0.0.9'"));
+  // A StatefulSet's pods sharing one wildcard certificate: each pod's name is the first label of
+  // the host it advertises; the name of a pod under another service is not.
+  const PeerCertificate pods{"pipetrain", {"*.pipetrain-worker.ns.svc"}};
+  EXPECT_TRUE(CheckCertificateVouchesForWorker(pods, "pipetrain-worker-3",
+                                               "pipetrain-worker-3.pipetrain-worker.ns.svc:7100")
+                  .ok());
+  EXPECT_FALSE(CheckCertificateVouchesForWorker(pods, "pipetrain-worker-4",
+                                                "pipetrain-worker-3.pipetrain-worker.ns.svc:7100")
+                   .ok());
+  // A certificate without names (a client's) cannot register at all.
+  const PeerCertificate client{"client", {}};
+  EXPECT_FALSE(CheckCertificateVouchesForWorker(client, "client", "127.0.0.1:7100").ok());
+}
+
+// A TLS server whose every call ends OK and records the caller's certificate.
 class EchoService final : public grpc::CallbackGenericService {
  public:
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     {
       absl::MutexLock lock(&mu_);
-      names_ = ctx->auth_context() ? PeerCertificateNames(*ctx->auth_context())
-                                   : std::vector<std::string>();
+      peer_ = ctx->auth_context() ? PeerCertificateOf(*ctx->auth_context()) : PeerCertificate();
     }
     class Reactor : public grpc::ServerGenericBidiReactor {
      public:
@@ -240,12 +293,16 @@ class EchoService final : public grpc::CallbackGenericService {
   }
   std::vector<std::string> names() {
     absl::MutexLock lock(&mu_);
-    return names_;
+    return peer_.names;
+  }
+  std::string common_name() {
+    absl::MutexLock lock(&mu_);
+    return peer_.common_name;
   }
 
  private:
   absl::Mutex mu_;
-  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
+  PeerCertificate peer_ ABSL_GUARDED_BY(mu_);
 };
 
 class TlsCallTest : public TransportSecurityTest {
@@ -313,6 +370,7 @@ TEST_F(TlsCallTest, MutualTlsAcceptsOnlyCertificatesOfTheCa) {
   Serve(Identity("coordinator"), ClientCertificate::kRequired);
   EXPECT_TRUE(Call(Identity("worker-0"), "/x.Y/Z").ok());
   EXPECT_THAT(service_.names(), ElementsAre("127.0.0.1", "localhost"));
+  EXPECT_EQ(service_.common_name(), "worker-0");
   TlsOptions no_certificate;
   no_certificate.ca_file = Path("ca.pem");
   EXPECT_EQ(Call(no_certificate, "/x.Y/Z").error_code(), grpc::StatusCode::UNAVAILABLE);

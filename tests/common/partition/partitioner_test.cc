@@ -271,7 +271,7 @@ TEST(PartitionerTest, InfeasibleMemoryCapsAreAClearError) {
   options.memory_caps = {4, 4};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
             "memory caps infeasible: no contiguous cut of 3 layers into 2 chunks (linear "
-            "placement) keeps every worker within its cap");
+            "placement) keeps every rank within its cap");
 }
 
 TEST(PartitionerTest, BoundaryTimesAvoidExpensiveCuts) {
@@ -388,11 +388,10 @@ TEST(PartitionerTest, Errors) {
   EXPECT_EQ(PartitionLayers({1, -1, 1}, options).status().message(),
             "cost of layer 1 must be in [0, 1e+30] (got -1)");
   options.speeds = {1, 1};
-  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
-            "got 2 worker speeds for 3 workers");
+  EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(), "got 2 speeds for 3 ranks");
   options.speeds = {1, 0, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
-            "speed of worker 1 must be in [1e-06, 1e+09] (got 0)");
+            "speed of rank 1 must be in [1e-06, 1e+09] (got 0)");
   options.speeds = {};
   options.memory_caps = {1, 1, 1};
   EXPECT_EQ(PartitionLayers({1, 1, 1}, options).status().message(),
@@ -432,17 +431,17 @@ TEST(PartitionerTest, NumbersOutsideTheirRangesAreRefused) {
   EXPECT_EQ(message({1, 1, nan}), "cost of layer 2 must be in [0, 1e+30] (got nan)");
   EXPECT_EQ(message({1, kInf, 1}), "cost of layer 1 must be in [0, 1e+30] (got inf)");
   options.speeds = {1e-310, 1};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [1e-06, 1e+09] (got 1e-310)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of rank 0 must be in [1e-06, 1e+09] (got 1e-310)");
   options.speeds = {1, 1e200};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 1 must be in [1e-06, 1e+09] (got 1e+200)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of rank 1 must be in [1e-06, 1e+09] (got 1e+200)");
   options.speeds = {1e-300, 1};
-  EXPECT_EQ(message({1, 1, 1}), "speed of worker 0 must be in [1e-06, 1e+09] (got 1e-300)");
+  EXPECT_EQ(message({1, 1, 1}), "speed of rank 0 must be in [1e-06, 1e+09] (got 1e-300)");
   options.speeds = {};
   options.layer_memory = {1, 1, 1};
   options.memory_caps = {kInf, 1};
-  EXPECT_EQ(message({1, 1, 1}), "memory cap of worker 0 must be in [0, 2^53] bytes (got inf)");
+  EXPECT_EQ(message({1, 1, 1}), "memory cap of rank 0 must be in [0, 2^53] bytes (got inf)");
   options.memory_caps = {1, 1e31};
-  EXPECT_EQ(message({1, 1, 1}), "memory cap of worker 1 must be in [0, 2^53] bytes (got 1e+31)");
+  EXPECT_EQ(message({1, 1, 1}), "memory cap of rank 1 must be in [0, 2^53] bytes (got 1e+31)");
   options.memory_caps = {1, 1};
   options.layer_memory = {1, 1e300, 1};
   EXPECT_EQ(message({1, 1, 1}), "memory of layer 1 must be in [0, 2^53] bytes (got 1e+300)");

@@ -125,31 +125,31 @@ TEST(GeneratorTest, BadParametersNameTheRule) {
             "interleaved 1F1B needs microbatches (6) to be a multiple of stages (4): Megatron's "
             "order runs micro-batches in groups of S");
   EXPECT_EQ(message({ScheduleKind::kInterleaved, 4, 8, 1}),
-            "interleaved 1F1B needs virtual stages >= 2 (got 1); with one chunk per worker use "
+            "interleaved 1F1B needs virtual stages >= 2 (got 1); with one chunk per rank use "
             "1f1b");
   EXPECT_EQ(message({ScheduleKind::kGPipe, 4, 8, 2}),
-            "gpipe holds one chunk per worker: virtual stages must be 1 (got 2)");
+            "gpipe holds one chunk per rank: virtual stages must be 1 (got 2)");
   EXPECT_EQ(message({ScheduleKind::kZbV, 4, 8, 3}),
             "zb-v uses the V-shape placement: virtual stages must be 2 (got 3)");
   EXPECT_EQ(message({ScheduleKind::kDualPipeV, 4, 6, 2}),
             "dualpipe-v needs microbatches (6) >= 2*stages-1 (7)");
   EXPECT_EQ(message({ScheduleKind::kDualPipe, 3, 8, 2}),
-            "dualpipe needs an even number of stages (got 3): it pairs worker w with worker S-1-w; "
+            "dualpipe needs an even number of stages (got 3): it pairs rank w with rank S-1-w; "
             "for odd S use dualpipe-v");
   EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 7, 2}),
             "dualpipe needs an even number of microbatches (got 7): half enter from each end");
   EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 4, 2}),
             "dualpipe needs microbatches (4) >= 2*stages-2 (6)");
   EXPECT_EQ(message({ScheduleKind::kDualPipe, 4, 8, 1}),
-            "dualpipe holds two chunks per worker: virtual stages must be 2 (got 1)");
+            "dualpipe holds two chunks per rank: virtual stages must be 2 (got 1)");
   EXPECT_EQ(message({ScheduleKind::kInterleavedOverlap, 4, 6, 2}),
             "interleaved-overlap needs microbatches (6) to be a multiple of stages (4): "
             "Megatron's order runs micro-batches in groups of S");
   EXPECT_EQ(message({ScheduleKind::kInterleavedOverlap, 4, 8, 1}),
-            "interleaved-overlap needs virtual stages >= 2 (got 1); with one chunk per worker use "
+            "interleaved-overlap needs virtual stages >= 2 (got 1); with one chunk per rank use "
             "1f1b-overlap");
   EXPECT_EQ(message({ScheduleKind::kOneFOneBOverlap, 4, 8, 2}),
-            "1f1b-overlap holds one chunk per worker: virtual stages must be 1 (got 2)");
+            "1f1b-overlap holds one chunk per rank: virtual stages must be 1 (got 2)");
   EXPECT_THAT(message({ScheduleKind::kOneFOneB, 1 << 14, 1 << 14, 1}), HasSubstr("exceeds"));
   // Factors whose product does not fit in 64 bits (found by the job_spec fuzzer: it overflowed).
   constexpr int kMax = std::numeric_limits<int>::max();
@@ -160,7 +160,7 @@ TEST(GeneratorTest, BadParametersNameTheRule) {
       GenerateWorkerActions({ScheduleKind::kOneFOneB, 4, 8, 1}, 4);
   ASSERT_FALSE(out_of_range.ok());
   EXPECT_EQ(out_of_range.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(out_of_range.status().message(), "worker 4 is out of range [0, 4)");
+  EXPECT_EQ(out_of_range.status().message(), "rank 4 is out of range [0, 4)");
   EXPECT_FALSE(GenerateWorkerActions({ScheduleKind::kOneFOneB, 4, 8, 1}, -1).ok());
 }
 

@@ -351,7 +351,7 @@ TEST(SimulatorTest, CostsFromFlopsAndWorkerSpeeds) {
               HasSubstr("chunk FLOPs has 1 entries; the placement has 2 chunks"));
   EXPECT_THAT(
       CostModelFromFlops(plan.placement, {{1, 1, 1, 1}, {1, 1, 1, 1}}, {1, 0}).status().message(),
-      HasSubstr("speed of worker 1 must be in [0.001, 1e+18] (got 0)"));
+      HasSubstr("speed of rank 1 must be in [0.001, 1e+18] (got 0)"));
   EXPECT_THAT(
       CostModelFromFlops(plan.placement, {{1, -1, 1, 1}, {1, 1, 1, 1}}, {1, 1}).status().message(),
       HasSubstr("chunk 0 FLOPs B must be in [0, 1e+30] (got -1)"));
@@ -369,9 +369,9 @@ TEST(SimulatorTest, NumbersOutsideTheirRangesAreRefused) {
     return std::string(costs.status().message());
   };
   EXPECT_EQ(from_flops({one, one}, {1e-310, 1}),
-            "speed of worker 0 must be in [0.001, 1e+18] (got 1e-310)");
+            "speed of rank 0 must be in [0.001, 1e+18] (got 1e-310)");
   EXPECT_EQ(from_flops({one, one}, {1, 1e300}),
-            "speed of worker 1 must be in [0.001, 1e+18] (got 1e+300)");
+            "speed of rank 1 must be in [0.001, 1e+18] (got 1e+300)");
   EXPECT_EQ(from_flops({one, {1, 1e300, 1, 1}}, {1, 1}),
             "chunk 1 FLOPs B must be in [0, 1e+30] (got 1e+300)");
   // The extremes of the ranges are accepted and simulate to a finite makespan.
@@ -411,11 +411,11 @@ TEST(SimulatorTest, NumbersOutsideTheirRangesAreRefused) {
   EXPECT_EQ(simulate(costs), "activation bytes of chunk 0 must be in [0, 1e+30] (got inf)");
   costs.activation_bytes.clear();
   costs.worker_start = {0, 1e34};
-  EXPECT_EQ(simulate(costs), "start time of worker 1 must be in [0, 1e+33] (got 1e+34)");
+  EXPECT_EQ(simulate(costs), "start time of rank 1 must be in [0, 1e+33] (got 1e+34)");
   costs.worker_start.clear();
   costs.action_durations = {{1, 1, 1, 1}, {1, 1, 1, 1e300}};
   EXPECT_EQ(simulate(costs),
-            "measured duration of worker 1 position 3 must be in [0, 1e+33] (got 1e+300)");
+            "measured duration of rank 1 position 3 must be in [0, 1e+33] (got 1e+300)");
 }
 
 TEST(SimulatorTest, MeasuredDurationsReplaceChunkCosts) {
@@ -429,7 +429,7 @@ TEST(SimulatorTest, MeasuredDurationsReplaceChunkCosts) {
   EXPECT_DOUBLE_EQ(r->stats.makespan, 7);
   costs.action_durations[1].pop_back();
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("measured durations of worker 1 have 1 entries; the worker has 2 actions"));
+              HasSubstr("measured durations of rank 1 have 1 entries; the rank has 2 actions"));
 }
 
 // Measured output times: worker 1's B hands the input gradient on 0.25 after it starts (then adds
@@ -454,18 +454,18 @@ TEST(SimulatorTest, MeasuredOutputTimesAndWorkerStarts) {
 
   costs.action_output_times[1][1] = 1.5;  // after the action's end.
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("measured output time of worker 1 position 1 (1.5) is after the "
+              HasSubstr("measured output time of rank 1 position 1 (1.5) is after the "
                         "action's end (1)"));
   costs.action_output_times[1].pop_back();
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("measured output times of worker 1 have 1 entries; its durations 2"));
+              HasSubstr("measured output times of rank 1 have 1 entries; its durations 2"));
   costs.action_output_times.clear();
   costs.worker_start = {0};
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("worker start times cover 1 workers; the plan has 2"));
+              HasSubstr("start times cover 1 ranks; the plan has 2"));
   costs.worker_start = {0, -1};
   EXPECT_THAT(Simulate(plan, costs).status().message(),
-              HasSubstr("start time of worker 1 must be in [0, 1e+33] (got -1)"));
+              HasSubstr("start time of rank 1 must be in [0, 1e+33] (got -1)"));
 }
 
 TEST(SimulatorTest, PeakActivationBytes) {
@@ -526,7 +526,7 @@ TEST(TimelineTest, SummarizeAMeasuredTimeline) {
   EXPECT_DOUBLE_EQ(stats->workers[1].peak_activation_bytes, 16);
   t.workers[0][1].end = 5;
   EXPECT_THAT(SummarizeTimeline(t, {}).status().message(),
-              HasSubstr("worker 0 position 1: B(mb=0, chunk=0) ends (5) before it starts (6)"));
+              HasSubstr("rank 0 position 1: B(mb=0, chunk=0) ends (5) before it starts (6)"));
 }
 
 }  // namespace

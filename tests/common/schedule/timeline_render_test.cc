@@ -39,10 +39,10 @@ TEST(RenderAsciiTest, GoldenOneFOneB) {
   EXPECT_EQ(
       Picture(ScheduleKind::kOneFOneB, 4, 6, 1, {1, 2, 1, 1}),
       "time |0              5              10             15             20             25\n"
-      "w0   |F0 F1 F2 F3 ..................B0--- F4 B1--- F5 B2--- ...B3--- ...B4--- ...B5---\n"
-      "w1   |...F0 F1 F2 ............B0--- F3 B1--- F4 B2--- F5 B3--- ...B4--- ...B5--- ......\n"
-      "w2   |......F0 F1 ......B0--- F2 B1--- F3 B2--- F4 B3--- F5 B4--- ...B5--- ............\n"
-      "w3   |.........F0 B0--- F1 B1--- F2 B2--- F3 B3--- F4 B4--- F5 B5--- ..................\n"
+      "r0   |F0 F1 F2 F3 ..................B0--- F4 B1--- F5 B2--- ...B3--- ...B4--- ...B5---\n"
+      "r1   |...F0 F1 F2 ............B0--- F3 B1--- F4 B2--- F5 B3--- ...B4--- ...B5--- ......\n"
+      "r2   |......F0 F1 ......B0--- F2 B1--- F3 B2--- F4 B3--- F5 B4--- ...B5--- ............\n"
+      "r3   |.........F0 B0--- F1 B1--- F2 B2--- F3 B3--- F4 B4--- F5 B5--- ..................\n"
       "1 cell = 1 time unit; makespan 27; F forward, B backward, I input grad, W weight grad, . "
       "idle\n");
 }
@@ -51,9 +51,9 @@ TEST(RenderAsciiTest, GoldenOneFOneB) {
 TEST(RenderAsciiTest, GoldenGPipe) {
   EXPECT_EQ(Picture(ScheduleKind::kGPipe, 3, 4, 1, {1, 1, 1, 1}),
             "time |0              5              10\n"
-            "w0   |F0 F1 F2 F3 ............B0 B1 B2 B3\n"
-            "w1   |...F0 F1 F2 F3 ......B0 B1 B2 B3 ...\n"
-            "w2   |......F0 F1 F2 F3 B0 B1 B2 B3 ......\n"
+            "r0   |F0 F1 F2 F3 ............B0 B1 B2 B3\n"
+            "r1   |...F0 F1 F2 F3 ......B0 B1 B2 B3 ...\n"
+            "r2   |......F0 F1 F2 F3 B0 B1 B2 B3 ......\n"
             "1 cell = 1 time unit; makespan 12; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
 }
@@ -62,10 +62,10 @@ TEST(RenderAsciiTest, GoldenGPipe) {
 TEST(RenderAsciiTest, GoldenZbH1) {
   EXPECT_EQ(Picture(ScheduleKind::kZbH1, 4, 6, 1, {1, 2, 1, 1}),
             "time |0              5              10             15             20\n"
-            "w0   |F0 F1 F2 F3 .........I0 W0 F4 I1 W1 F5 I2 W2 I3 W3 I4 W4 I5 W5\n"
-            "w1   |...F0 F1 F2 ......I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 I4 W3 I5 W4 W5\n"
-            "w2   |......F0 F1 ...I0 F2 I1 F3 I2 W0 F4 I3 W1 F5 I4 W2 I5 W3 W4 W5\n"
-            "w3   |.........F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 W3 W4 W5\n"
+            "r0   |F0 F1 F2 F3 .........I0 W0 F4 I1 W1 F5 I2 W2 I3 W3 I4 W4 I5 W5\n"
+            "r1   |...F0 F1 F2 ......I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 I4 W3 I5 W4 W5\n"
+            "r2   |......F0 F1 ...I0 F2 I1 F3 I2 W0 F4 I3 W1 F5 I4 W2 I5 W3 W4 W5\n"
+            "r3   |.........F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 W3 W4 W5\n"
             "1 cell = 1 time unit; makespan 21; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
 }
@@ -75,12 +75,12 @@ TEST(RenderAsciiTest, GoldenInterleaved) {
   EXPECT_EQ(Picture(ScheduleKind::kInterleaved, 2, 4, 2, {1, 2, 1, 1}),
             "time |0                   2.5                 5                   7.5                 "
             "10                  12.5\n"
-            "w0   |F0a F1a F0b F1b F2a ....B0b---- F3a B1b---- F2b B0a---- F3b B1a---- ....B2b---- "
+            "r0   |F0a F1a F0b F1b F2a ....B0b---- F3a B1b---- F2b B0a---- F3b B1a---- ....B2b---- "
             "....B3b---- B2a---- B3a----\n"
-            "w1   |....F0a F1a F0b B0b---- F1b B1b---- F2a B0a---- F3a B1a---- F2b B2b---- F3b "
+            "r1   |....F0a F1a F0b B0b---- F1b B1b---- F2a B0a---- F3a B1a---- F2b B2b---- F3b "
             "B3b---- B2a---- B3a---- ........\n"
             "1 cell = 0.5 time units; makespan 13.5; F forward, B backward, I input grad, W weight "
-            "grad, . idle; a, b, ... = the worker's chunks in model order\n");
+            "grad, . idle; a, b, ... = the rank's chunks in model order\n");
 }
 
 // zb-v, S=2, M=4, V=2, per-stage costs F=2 B=4 I=2 W=2.
@@ -88,12 +88,12 @@ TEST(RenderAsciiTest, GoldenZbV) {
   EXPECT_EQ(
       Picture(ScheduleKind::kZbV, 2, 4, 2, {2, 4, 2, 2}),
       "time |0                   5                   10                  15                  20\n"
-      "w0   |F0a F1a F2a F0b I0b W0b F1b I1b W1b F3a I0a W0a F2b I2b W2b I1a W1a F3b I3b W3b I2a "
+      "r0   |F0a F1a F2a F0b I0b W0b F1b I1b W1b F3a I0a W0a F2b I2b W2b I1a W1a F3b I3b W3b I2a "
       "W2a I3a W3a ....\n"
-      "w1   |....F0a F0b F1a F1b I0b W0b F2a I0a W0a F2b I1b W1b F3a I1a W1a F3b I2b W2b I2a I3b "
+      "r1   |....F0a F0b F1a F1b I0b W0b F2a I0a W0a F2b I1b W1b F3a I1a W1a F3b I2b W2b I2a I3b "
       "I3a W2a W3b W3a\n"
       "1 cell = 1 time unit; makespan 25; F forward, B backward, I input grad, W weight grad, . "
-      "idle; a, b, ... = the worker's chunks in model order\n");
+      "idle; a, b, ... = the rank's chunks in model order\n");
 }
 
 // dualpipe-v, S=2, M=4, V=2, per-stage costs F=2 B=4 I=2 W=2.
@@ -101,12 +101,12 @@ TEST(RenderAsciiTest, GoldenDualPipeV) {
   EXPECT_EQ(
       Picture(ScheduleKind::kDualPipeV, 2, 4, 2, {2, 4, 2, 2}),
       "time |0                   5                   10                  15                  20\n"
-      "w0   |F0a F1a F2a F0b I0b W0b F1b F3a B1b---- F2b B0a---- B2b---- F3b ....B1a---- B3b---- "
+      "r0   |F0a F1a F2a F0b I0b W0b F1b F3a B1b---- F2b B0a---- B2b---- F3b ....B1a---- B3b---- "
       "I2a W2a I3a W3a\n"
-      "w1   |....F0a F0b F1a F1b F2a B0b---- F2b B0a---- F3a B1b---- F3b B1a---- B2b---- B2a---- "
+      "r1   |....F0a F0b F1a F1b F2a B0b---- F2b B0a---- F3a B1b---- F3b B1a---- B2b---- B2a---- "
       "I3b I3a W3b W3a\n"
       "1 cell = 1 time unit; makespan 25; F forward, B backward, I input grad, W weight grad, . "
-      "idle; a, b, ... = the worker's chunks in model order\n");
+      "idle; a, b, ... = the rank's chunks in model order\n");
 }
 
 TEST(RenderAsciiTest, LabelsNameTheWorkersChunk) {
@@ -126,14 +126,14 @@ TEST(RenderAsciiTest, MeasuredTimelineAndScale) {
                {{{Op::kForward, 0, 1}, 1.2, 1.7}, {{Op::kBackward, 0, 1}, 1.7, 2.9}}};
   EXPECT_EQ(RenderAscii(t),
             "time |0              2.5\n"
-            "w0   |F0--- ............B0---------\n"
-            "w1   |......F0 B0------ ............\n"
+            "r0   |F0--- ............B0---------\n"
+            "r1   |......F0 B0------ ............\n"
             "1 cell = 0.5 time units; makespan 4.9; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
   EXPECT_EQ(RenderAscii(t, {/*time_per_cell=*/1, /*max_cells=*/0, /*time_unit=*/""}),
             "time |0\n"
-            "w0   |F0 ......B0---\n"
-            "w1   |...F0 B0 ......\n"
+            "r0   |F0 ......B0---\n"
+            "r1   |...F0 B0 ......\n"
             "1 cell = 1 time unit; makespan 4.9; F forward, B backward, I input grad, W weight "
             "grad, . idle\n");
   const std::string coarse =
@@ -158,7 +158,7 @@ TEST(RenderAsciiTest, SkipsUndrawableActions) {
                 {{Op::kBackward, 2, 0}, 1, 2}}};
   EXPECT_EQ(RenderAscii(t),
             "time |0\n"
-            "w0   |F0 B2\n"
+            "r0   |F0 B2\n"
             "1 cell = 1 time unit; makespan 2; F forward, B backward, I input grad, W weight grad, "
             ". idle\n");
   const nlohmann::json trace = nlohmann::json::parse(RenderChromeTrace(t));
@@ -176,14 +176,14 @@ TEST(ChromeTraceTest, OneTrackPerWorkerOneEventPerAction) {
   int complete = 0;
   for (const nlohmann::json& e : trace["traceEvents"]) {
     if (e["ph"] == "M" && e["name"] == "thread_name") {
-      EXPECT_EQ(e["args"]["name"], "worker " + std::to_string(e["tid"].get<int>()));
+      EXPECT_EQ(e["args"]["name"], "rank " + std::to_string(e["tid"].get<int>()));
       ++threads;
     }
     if (e["ph"] == "X") ++complete;
   }
   EXPECT_EQ(threads, 2);
   EXPECT_EQ(complete, 48);
-  // Worker 1's first action: F(mb=0, chunk=1) from 1 to 2 time units = 1000 us to 2000 us.
+  // Rank 1's first action: F(mb=0, chunk=1) from 1 to 2 time units = 1000 us to 2000 us.
   bool found = false;
   for (const nlohmann::json& e : trace["traceEvents"]) {
     if (e["ph"] == "X" && e["tid"] == 1 && e["args"]["chunk"] == 1 && e["args"]["mb"] == 0 &&
@@ -203,7 +203,7 @@ TEST(SvgTest, OneRectanglePerAction) {
   const std::string svg = RenderSvg(t);
   EXPECT_THAT(svg, StartsWith("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg "));
   EXPECT_THAT(svg, HasSubstr("</svg>\n"));
-  EXPECT_THAT(svg, HasSubstr(">worker 3</text>"));
+  EXPECT_THAT(svg, HasSubstr(">rank 3</text>"));
   EXPECT_THAT(svg, HasSubstr(">makespan 33</text>"));
   size_t rects = 0;
   for (size_t at = svg.find("<rect "); at != std::string::npos; at = svg.find("<rect ", at + 1)) {
@@ -283,8 +283,8 @@ TEST(RenderAsciiTest, TimeUnitInTheLegend) {
   o.time_unit = "ms";
   EXPECT_EQ(RenderAscii(Measured(), o),
             "time |0              2.5            5\n"
-            "w0   |F0------ ...W0 .........F0------ .........\n"
-            "w1   |.........F0------ ...............F0------\n"
+            "r0   |F0------ ...W0 .........F0------ .........\n"
+            "r1   |.........F0------ ...............F0------\n"
             "1 cell = 0.5 ms; makespan 7 ms; F forward, B backward, I input grad, W weight grad, "
             ". idle\n");
 }

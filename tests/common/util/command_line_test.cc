@@ -22,6 +22,7 @@ namespace pipetrain {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const ProgramSpec& Program() {
   static const ProgramSpec* const program =
@@ -61,12 +62,12 @@ TEST(CommandLineTest, CommandHelpListsItsFlagsOnlyWithDefaults) {
   const std::string help = CommandHelp(Program(), run);
   EXPECT_THAT(help, HasSubstr("usage: prog run [flags]"));
   EXPECT_THAT(help, HasSubstr("  --test-steps (default: 100)\n      optimizer steps\n"));
-  EXPECT_THAT(help, HasSubstr("  --test-data-dir (default: \"\")"));
+  EXPECT_THAT(help, HasSubstr("  --test-data-dir (default: none)"));
   EXPECT_THAT(help, HasSubstr("  --test-json (default: false)"));
   EXPECT_THAT(help, ::testing::Not(HasSubstr("test-kind")));
   const std::string all = ProgramHelp(Program(), /*full=*/true);
   EXPECT_THAT(all, HasSubstr("  run   runs\n  plan  plans\n"));
-  EXPECT_THAT(all, HasSubstr("--test-kind (default: \"\")"));
+  EXPECT_THAT(all, HasSubstr("--test-kind (default: none)"));
   EXPECT_THAT(all, HasSubstr("footer text"));
 }
 
@@ -103,6 +104,35 @@ TEST(CommandLineTest, HelpCommandIsTheCommandsHelp) {
     EXPECT_EQ(line->command, nullptr);
     EXPECT_EQ(line->command_name, "bogus");
   }
+}
+
+// With topics, a command's flags are listed under the first topic naming them, in the topic's
+// order, the rest under "other"; flag files last. Commands likewise in the program's help.
+TEST(CommandLineTest, HelpGroupsFlagsAndCommandsUnderTopics) {
+  ProgramSpec program{
+      "prog",
+      "a test program",
+      {{"run", "", "runs", {"test_json", "test_steps", "test_kind", "test_data_dir"}},
+       {"plan", "", "plans", {"test_kind"}}},
+      {},
+      ""};
+  program.flag_topics = {{"data", {"test_data_dir", "test_steps"}},
+                         {"output", {"test_json", "test_steps"}},
+                         {"unused", {"test_nothing"}}};
+  program.command_topics = {{"doing", {"run"}}};
+  const std::string run = CommandHelp(program, program.commands[0]);
+  EXPECT_THAT(run,
+              HasSubstr("dashes or underscores):\n\ndata:\n  --test-data-dir (default: none)\n"));
+  EXPECT_THAT(run, ::testing::ContainsRegex("\ndata:\n  --test-data-dir .*\n.*\n  --test-steps "));
+  EXPECT_THAT(run, ::testing::ContainsRegex("\noutput:\n  --test-json .*\n.*\n\nother:\n"
+                                            "  --test-kind "));
+  EXPECT_THAT(run, HasSubstr("\nflag files:\n  --flagfile FILE\n"));
+  EXPECT_THAT(run, Not(HasSubstr("unused")));
+  const std::string plan = CommandHelp(program, program.commands[1]);
+  EXPECT_THAT(plan, Not(HasSubstr("data:")));
+  EXPECT_THAT(plan, HasSubstr("\nother:\n  --test-kind"));
+  const std::string all = ProgramHelp(program, /*full=*/false);
+  EXPECT_THAT(all, HasSubstr("\ndoing:\n  run   runs\n\nother commands:\n  plan  plans\n"));
 }
 
 // The default --help shows: the command's, else the program's, else the flag's own; "required".

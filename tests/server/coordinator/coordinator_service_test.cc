@@ -37,23 +37,16 @@
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
 #include "server/worker/state_transfer.h"
+#include "tests/server/coordinator/core_test_fixture.h"
 
 namespace pipetrain::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kModel[] = R"pb(
-  input_features: 4
-  layers { linear { out_features: 8 } }
-  layers { relu {} }
-  layers { linear { out_features: 3 } }
-  loss { softmax_cross_entropy {} }
-)pb";
-
 v1::JobSpec MakeSpec(int stages, int microbatches, const std::string& schedule = "1f1b") {
   v1::JobSpec spec;
-  absl::StatusOr<v1::ModelSpec> model = model::ParseModelSpecText(kModel, "test");
+  absl::StatusOr<v1::ModelSpec> model = model::ParseModelSpecText(testing::kTestModel, "test");
   EXPECT_TRUE(model.ok()) << model.status();
   *spec.mutable_model() = *model;
   spec.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
@@ -65,7 +58,7 @@ v1::JobSpec MakeSpec(int stages, int microbatches, const std::string& schedule =
   return spec;
 }
 
-// A batch of `samples` rows for kModel: 4 features, class labels in [0, 3).
+// A batch of `samples` rows for kTestModel: 4 features, class labels in [0, 3).
 struct TestBatch {
   math::Matrix inputs;
   math::Matrix targets;

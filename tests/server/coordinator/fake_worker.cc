@@ -99,6 +99,16 @@ void FakeWorker::HoldRunSteps() {
   hold_runs_ = true;
 }
 
+void FakeWorker::HoldAssigns() {
+  absl::MutexLock lock(&mu_);
+  hold_assigns_ = true;
+}
+
+void FakeWorker::DelayAssigns(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  assign_delay_ = delay;
+}
+
 void FakeWorker::FailRunSteps(absl::Status status) {
   absl::MutexLock lock(&mu_);
   fail_runs_ = std::move(status);
@@ -150,8 +160,14 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   v1::WorkerEvent event;
   if (command.has_assign()) {
     const v1::Assign& a = command.assign();
-    absl::MutexLock lock(&mu_);
-    assign_ = a;
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      assign_ = a;
+      if (hold_assigns_) return std::nullopt;
+      delay = assign_delay_;
+    }
+    absl::SleepFor(delay);  // the time a worker takes to build its stages.
     event.mutable_assigned()->set_job(a.job());
     event.mutable_assigned()->set_generation(a.generation());
     return event;

@@ -44,6 +44,10 @@ class FakeWorker final : public WorkerChannel {
 
   // Script: RunSteps are not answered until the step's Abort (then WorkerError ABORTED).
   void HoldRunSteps();
+  // Script: Assigns are never answered (a replacement that hangs or dies while taking over).
+  void HoldAssigns();
+  // Script: Assigns are answered `delay` after they arrive.
+  void DelayAssigns(absl::Duration delay);
   // Script: a RunStep is answered with this error.
   void FailRunSteps(absl::Status status);
 
@@ -74,6 +78,8 @@ class FakeWorker final : public WorkerChannel {
   std::vector<std::string> received_ ABSL_GUARDED_BY(mu_);
   v1::Assign assign_ ABSL_GUARDED_BY(mu_);
   bool hold_runs_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_assigns_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration assign_delay_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);

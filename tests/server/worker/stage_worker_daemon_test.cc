@@ -735,14 +735,15 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
       losses.assign(e->step_done().microbatch_losses().begin(),
                     e->step_done().microbatch_losses().end());
     }
-    // The reported timeline is the emulated one: each action computes for exactly its time,
-    // in order, without overlap.
+    // The reported timeline is the emulated one: each action computes for its emulated time (or
+    // longer: where the real compute was slower, e.g. on a loaded machine, real time wins), in
+    // order, without overlap.
     const auto& timings = e->step_done().timings();
     ASSERT_EQ(timings.size(), static_cast<int>(action_us[w].size()));
     double prev_end = 0;
     for (int i = 0; i < timings.size(); ++i) {
       const v1::ActionTiming& t = timings[i];
-      EXPECT_NEAR(t.end_us() - t.start_us() - t.wait_us(), action_us[w][i], 0.01) << i;
+      EXPECT_GE(t.end_us() - t.start_us() - t.wait_us(), action_us[w][i] - 0.01) << i;
       EXPECT_NEAR(t.start_us(), prev_end, 0.01) << i;
       EXPECT_GE(t.wait_us(), 0) << i;
       prev_end = t.end_us();
