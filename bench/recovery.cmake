@@ -8,7 +8,7 @@ if(TARGET coordinator AND TARGET stage_worker AND TARGET pipetrain_client AND TA
   target_compile_definitions(recovery_bench PRIVATE
     PIPETRAIN_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
     PIPETRAIN_BINARY="$<TARGET_FILE:pipetrain>"
-    PIPETRAIN_COORDINATOR="$<TARGET_FILE:coordinator>"
-    PIPETRAIN_WORKER="$<TARGET_FILE:stage_worker>")
+    PIPETRAIN_COORDINATOR_BINARY="$<TARGET_FILE:coordinator>"
+    PIPETRAIN_STAGE_WORKER_BINARY="$<TARGET_FILE:stage_worker>")
   add_dependencies(recovery_bench pipetrain coordinator stage_worker)
 endif()

@@ -9,7 +9,7 @@ if(TARGET coordinator AND TARGET stage_worker AND TARGET pipetrain_client)
     pipetrain_io pipetrain_cpu_set pipetrain_warnings)
   target_compile_definitions(runtime_bench PRIVATE
     PIPETRAIN_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-    PIPETRAIN_COORDINATOR="$<TARGET_FILE:coordinator>"
+    PIPETRAIN_COORDINATOR_BINARY="$<TARGET_FILE:coordinator>"
     PIPETRAIN_STAGE_WORKER="$<TARGET_FILE:stage_worker>"
     PIPETRAIN_BENCH_WORKER="$<TARGET_FILE:runtime_bench_worker>")
   add_dependencies(runtime_bench coordinator stage_worker runtime_bench_worker)

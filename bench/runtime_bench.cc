@@ -187,8 +187,8 @@ class Cluster {
     auto cluster = std::unique_ptr<Cluster>(new Cluster());
     const std::string port_file = absl::StrCat("/tmp/pipetrain_runtime_bench_", getpid(), ".port");
     unlink(port_file.c_str());
-    cluster->Add(
-        Spawn({PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--port_file", port_file}, log));
+    cluster->Add(Spawn(
+        {PIPETRAIN_COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--port_file", port_file}, log));
     const int port = ReadPortFile(port_file);
     unlink(port_file.c_str());
     if (port < 0) return absl::UnavailableError("the coordinator did not start (see " + log + ")");

@@ -3,10 +3,12 @@
 
 Notebook style: each block below is a cell. Against running daemons:
     python3 examples/python_train.py --coordinator 127.0.0.1:7070
-or with a coordinator and two workers started here from the build tree:
+or with a coordinator and two workers started here from the build tree (build/, else
+build-demo/; or --build-dir DIR, or the binaries themselves):
     python3 examples/python_train.py --local
-Needs the pipetrain package (README, "Python client"); plotting needs matplotlib
-(Debian python3-matplotlib) and is skipped with a message without it.
+Needs the pipetrain package (docs/python.md, "Install"; without it, the one a build put into
+build/python or build-demo/python); plotting needs matplotlib (Debian python3-matplotlib) and is
+skipped with a message without it.
 """
 
 import argparse
@@ -15,17 +17,32 @@ import sys
 
 import numpy as np
 
-import pipetrain
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+BUILD_DIRS = [os.path.join(REPO, name) for name in ("build", "build-demo")]
+
+try:
+    import pipetrain
+except ImportError:
+    # Not installed: the package a build made (ninja -C build pipetrain_python).
+    sys.path[:0] = [os.path.join(d, "python") for d in BUILD_DIRS
+                    if os.path.isdir(os.path.join(d, "python", "pipetrain"))][:1]
+    try:
+        import pipetrain
+    except ImportError:
+        sys.exit("the pipetrain package is not installed: install it (docs/python.md, "
+                 "\"Install\"), or build it into build/python with `ninja -C build "
+                 "pipetrain_python`, which this script finds")
 from pipetrain import data
 from pipetrain.local import LocalCluster
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--coordinator", help="HOST:PORT of a running coordinator")
 parser.add_argument("--local", action="store_true",
                     help="start a coordinator and 2 workers on 127.0.0.1 (from --build-dir)")
-parser.add_argument("--build-dir", default=os.path.join(os.path.dirname(HERE), "build"))
+parser.add_argument("--build-dir",
+                    help="the CMake build directory with the daemons (default: build/, else "
+                         "build-demo/ of this repository)")
 parser.add_argument("--coordinator-binary")
 parser.add_argument("--worker-binary")
 parser.add_argument("--steps", type=int, default=200)
@@ -35,12 +52,25 @@ args = parser.parse_args()
 if bool(args.coordinator) == args.local:
     parser.error("give exactly one of --coordinator and --local")
 
+
+def default_build_dir():
+    """build/ or build-demo/, the first with a coordinator binary (None: neither)."""
+    for d in BUILD_DIRS:
+        if os.access(os.path.join(d, "server", "coordinator", "coordinator"), os.X_OK):
+            return d
+    return None
+
+
 # --- The daemons: running ones, or our own on this machine.
 cluster = None
 if args.local:
-    cluster = LocalCluster(workers=2, build_dir=args.build_dir,
-                           coordinator_binary=args.coordinator_binary,
-                           worker_binary=args.worker_binary)
+    try:
+        cluster = LocalCluster(workers=2, build_dir=args.build_dir or default_build_dir(),
+                               coordinator_binary=args.coordinator_binary,
+                               worker_binary=args.worker_binary)
+    except pipetrain.PipetrainError as e:
+        sys.exit("cannot start the local cluster: %s\n(build the daemons with scripts/build.sh or "
+                 "scripts/demo.sh, or point --build-dir at a build directory)" % e)
 address = args.coordinator or cluster.address
 
 # --- Data: the CLI's digits set and batch order (same batches as `pipetrain train --seed 1`).

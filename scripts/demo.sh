@@ -3,7 +3,8 @@
 # with the time since the start:
 #   1. the packages the three binaries need (scripts/setup.sh --demo; nothing when present);
 #   2. configures a Release build of the binaries alone into build-demo/ (DEMO_BUILD_DIR): no
-#      tests, no benchmarks, the math for this CPU's instruction-set level only;
+#      tests, no benchmarks, the math for this CPU's instruction-set level only, and a unity build
+#      (each library compiled as one unit);
 #   3. builds coordinator, stage_worker and pipetrain (ninja's [done/total] progress);
 #   4. `pipetrain local` starts a coordinator and two stage workers on 127.0.0.1 and trains the
 #      bundled digits MLP through a 1F1B pipeline, printing the loss falling; then `pipetrain
@@ -23,35 +24,16 @@ phase "1/4 checking the $(bash scripts/setup.sh --demo --list | wc -l) packages 
   "need (scripts/setup.sh --demo)..."
 bash scripts/setup.sh --demo
 
-# The math's instruction-set level: only the one this CPU runs best (the default build has both
-# x86-64-v3 and x86-64-v4, for binaries that move between hosts; docs/performance.md).
-cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
-has_flags() {
-  local f
-  for f in "$@"; do [[ $cpu_flags == *" $f "* ]] || return 1; done
-}
-arch_args=()
-level=""
-if [[ $(uname -m) == x86_64 ]]; then
-  if has_flags avx512f avx512bw avx512cd avx512dq avx512vl avx2 fma bmi1 bmi2 f16c movbe; then
-    level=x86-64-v4
-  elif has_flags avx2 fma bmi1 bmi2 f16c movbe; then
-    level=x86-64-v3
-  else
-    level=generic
-    arch_args=(-DPIPETRAIN_ARCH=x86-64)
-  fi
-  arch_args+=(-DPIPETRAIN_ISA_LEVELS=$level)
-fi
-
+# The build's configuration: scripts/demo_build.sh (shared with scripts/test.sh's check of it).
+source scripts/demo_build.sh
+level=$(demo_isa_level)
 build_dir=${DEMO_BUILD_DIR:-build-demo}
-phase "2/4 configuring: a Release build of the three binaries in $build_dir/ (no tests," \
+phase "2/4 configuring: a Release unity build of the three binaries in $build_dir/ (no tests," \
   "no benchmarks${level:+, the math for $level only})..."
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_TESTS=OFF \
-  -DPIPETRAIN_BUILD_BENCH=OFF "${arch_args[@]}" >/dev/null
+demo_configure . "$build_dir" >/dev/null
 
 phase "3/4 building coordinator, stage_worker and pipetrain ($(nproc) compile jobs)..."
-(cd "$build_dir" && NINJA_STATUS="demo build [%f/%t] " ninja coordinator stage_worker pipetrain)
+(cd "$build_dir" && NINJA_STATUS="demo build [%f/%t] " ninja "${DEMO_TARGETS[@]}")
 
 bin=$build_dir/client/pipetrain
 checkpoint=$(mktemp -d)

@@ -36,13 +36,14 @@ bool IsExecutable(const std::string& path) {
 }
 
 // The daemon `name`: `given` if set, else next to this binary, else in the build tree, else the
-// build-time path.
-absl::StatusOr<std::string> FindBinary(const std::string& given, const std::string& name,
-                                       const std::string& build_subdir,
+// build-time path. `env`: the environment variable that sets `given` (main.cc), for the message.
+absl::StatusOr<std::string> FindBinary(const std::string& given, const std::string& env,
+                                       const std::string& name, const std::string& build_subdir,
                                        const std::string& configured) {
   if (!given.empty()) {
     if (IsExecutable(given)) return given;
-    return absl::FailedPreconditionError(absl::StrCat(name, " binary ", given, " not found"));
+    return absl::FailedPreconditionError(absl::StrCat("the ", name, " binary ", given, " (from $",
+                                                      env, ") is not an executable file"));
   }
   const std::string self = io::ExecutableDirectory();
   std::vector<std::string> candidates = {self + "/" + name,
@@ -159,19 +160,15 @@ int OpenLog(const std::string& dir, const std::string& name) {
   return open((dir + "/" + name + ".log").c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
 }
 
-absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir,
-                        std::vector<Child>& children, std::ostream& out) {
-  PT_ASSIGN_OR_RETURN(std::string coordinator_bin,
-                      FindBinary(o.coordinator_binary, "coordinator", "server/coordinator",
-                                 PIPETRAIN_COORDINATOR_BINARY));
-  PT_ASSIGN_OR_RETURN(std::string worker_bin, FindBinary(o.worker_binary, "stage_worker",
-                                                         "server/worker", PIPETRAIN_WORKER_BINARY));
+// Starts the coordinator (on 127.0.0.1, any port) and returns its address once it serves.
+absl::StatusOr<std::string> StartCoordinator(const std::string& binary, const std::string& log_dir,
+                                             std::vector<Child>& children) {
   int fds[2];
   if (pipe(fds) != 0) return absl::ResourceExhaustedError("pipe failed");
   const int coordinator_log = OpenLog(log_dir, "coordinator");
   absl::StatusOr<pid_t> pid =
       // The local cluster is the user's own: their --save and --resume may be anywhere.
-      Spawn({coordinator_bin, "--listen=127.0.0.1:0", "--checkpoint-root=/"}, fds[1], fds[0],
+      Spawn({binary, "--listen=127.0.0.1:0", "--checkpoint-root=/"}, fds[1], fds[0],
             coordinator_log);
   close(fds[1]);
   if (coordinator_log >= 0) close(coordinator_log);
@@ -182,18 +179,18 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   children.push_back({"coordinator", *pid});
   absl::StatusOr<std::string> address = ReadCoordinatorAddress(fds[0]);
   close(fds[0]);  // the coordinator writes nothing else to stdout.
-  if (!address.ok()) return address.status();
+  return address;
+}
 
-  const int S = o.train.stages;
-  const std::vector<int> allowed = util::AllowedCpus();
-  const std::vector<std::vector<int>> cpus =
-      o.pin_workers ? util::CpuGroups(allowed, S, o.train.training.threads)
-                    : std::vector<std::vector<int>>();
-  for (int w = 0; w < S; ++w) {
+// Starts the S stage workers, each on `cpus[w]` when given, joining the coordinator at `address`.
+absl::Status StartWorkers(const LocalCommandOptions& o, const std::string& binary,
+                          const std::string& address, const std::vector<std::vector<int>>& cpus,
+                          const std::string& log_dir, std::vector<Child>& children) {
+  for (int w = 0; w < o.train.stages; ++w) {
     const std::string name = absl::StrCat("local-", getpid(), "-", w);
     const int log = OpenLog(log_dir, absl::StrCat("stage_worker-", w));
-    std::vector<std::string> argv = {worker_bin, "--coordinator=" + *address,
-                                     "--listen=127.0.0.1:0", "--name=" + name};
+    std::vector<std::string> argv = {binary, "--coordinator=" + address, "--listen=127.0.0.1:0",
+                                     "--name=" + name};
     if (!o.train.training.max_isa.empty()) {
       argv.push_back("--max-isa=" + o.train.training.max_isa);
     }
@@ -203,38 +200,66 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
     if (!wpid.ok()) return wpid.status();
     children.push_back({absl::StrCat("stage_worker ", w), *wpid});
   }
-  // Wait until all S workers have registered.
+  return absl::OkStatus();
+}
+
+// Waits until `stages` workers have registered with the coordinator at `address` (at most 60 s).
+absl::Status WaitForWorkers(const LocalCommandOptions& o, const std::string& address,
+                            std::vector<Child>& children) {
+  const int S = o.train.stages;
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
-                      client::Client::Connect(*address, o.train.client));
+                      client::Client::Connect(address, o.train.client));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     if (InterruptScope::Interrupted()) return absl::CancelledError("interrupted");
     PT_RETURN_IF_ERROR(CheckChildren(children));
     PT_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> workers, client->ListWorkers());
-    if (static_cast<int>(workers.size()) >= S) break;
+    if (static_cast<int>(workers.size()) >= S) return absl::OkStatus();
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::UnavailableError(
           absl::StrCat("only ", workers.size(), " of ", S, " workers registered within 60 s"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (!o.train.training.json) {
-    out << "local cluster: coordinator on " << *address << ", " << S << " stage workers (logs in "
-        << log_dir << ")\n";
-    if (!cpus.empty()) {
-      out << "  worker CPUs:";
-      for (int w = 0; w < S; ++w) out << (w == 0 ? " " : " | ") << util::FormatCpuList(cpus[w]);
-      out << "\n";
-    } else if (o.pin_workers) {
-      out << "  workers not pinned: " << S << " x " << o.train.training.threads
-          << " compute threads > the " << allowed.size() << " CPUs here\n";
-    }
-    out.flush();
+}
+
+// Without --json: where the cluster runs and how its workers are pinned.
+void PrintCluster(const LocalCommandOptions& o, const std::string& address,
+                  const std::string& log_dir, const std::vector<std::vector<int>>& cpus,
+                  size_t allowed_cpus, std::ostream& out) {
+  if (o.train.training.json) return;
+  const int S = o.train.stages;
+  out << "local cluster: coordinator on " << address << ", " << S << " stage workers (logs in "
+      << log_dir << ")\n";
+  if (!cpus.empty()) {
+    out << "  worker CPUs:";
+    for (int w = 0; w < S; ++w) out << (w == 0 ? " " : " | ") << util::FormatCpuList(cpus[w]);
+    out << "\n";
+  } else if (o.pin_workers) {
+    out << "  workers not pinned: " << S << " x " << o.train.training.threads
+        << " compute threads > the " << allowed_cpus << " CPUs here\n";
   }
+  out.flush();
+}
+
+// Starts the daemons, then trains `prepared` on them.
+absl::Status RunCluster(const LocalCommandOptions& o, const LocalDaemons& daemons,
+                        PreparedTrain& prepared, const std::string& log_dir,
+                        std::vector<Child>& children, std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(const std::string address,
+                      StartCoordinator(daemons.coordinator, log_dir, children));
+  const std::vector<int> allowed = util::AllowedCpus();
+  const std::vector<std::vector<int>> cpus =
+      o.pin_workers ? util::CpuGroups(allowed, o.train.stages, o.train.training.threads)
+                    : std::vector<std::vector<int>>();
+  PT_RETURN_IF_ERROR(StartWorkers(o, daemons.worker, address, cpus, log_dir, children));
+  PT_RETURN_IF_ERROR(WaitForWorkers(o, address, children));
+  PrintCluster(o, address, log_dir, cpus, allowed.size(), out);
   TrainCommandOptions train = o.train;
-  train.coordinator = *address;
+  train.coordinator = address;
   train.own_coordinator = true;  // it stops with this run.
-  absl::Status status = RunTrainCommand(train, out, [] { return InterruptScope::Interrupted(); });
+  absl::Status status =
+      RunPreparedTrainCommand(train, prepared, out, [] { return InterruptScope::Interrupted(); });
   if (!status.ok()) {
     // A daemon that died explains the failure better than the RPC error it caused.
     absl::Status died = CheckChildren(children);
@@ -245,35 +270,57 @@ absl::Status RunCluster(const LocalCommandOptions& o, const std::string& log_dir
   return status;
 }
 
+// The daemons' log directory: `given`, created, or a fresh temporary one.
+absl::StatusOr<std::string> MakeLogDir(const std::string& given) {
+  if (!given.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(given, ec);
+    return given;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/pipetrain-local-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", tmpl, ": ", strerror(errno)));
+  }
+  return tmpl;
+}
+
 }  // namespace
 
-absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
-  PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o.train));
-  // The daemons run here and share this file system: a bad --save fails before they start.
+absl::StatusOr<PreparedTrain> PrepareLocalCommand(const LocalCommandOptions& o,
+                                                  LocalDaemons* daemons) {
+  // The workers run here, at most at --max-isa: the job's level must be one this CPU runs.
+  PT_RETURN_IF_ERROR(ReferenceIsaFor(o.train.training).status());
+  // The daemons run here and share this file system (--save, --resume), and the coordinator has
+  // its flags' default caps.
+  PT_ASSIGN_OR_RETURN(PreparedTrain prepared,
+                      PrepareTrainCommand(o.train, job::JobLimits(), /*shares_files=*/true));
+  // A bad --save fails before the daemons start (created, and proved writable, only once the job
+  // is known to be one that can run).
   PT_RETURN_IF_ERROR(CheckSaveDirectory(o.train.training));
-  std::string log_dir = o.log_dir;
-  const bool own_log_dir = log_dir.empty();
-  if (own_log_dir) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl =
-        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/pipetrain-local-XXXXXX");
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      return absl::UnavailableError(absl::StrCat("cannot create ", tmpl, ": ", strerror(errno)));
-    }
-    log_dir = tmpl;
-  } else {
-    std::error_code ec;
-    std::filesystem::create_directories(log_dir, ec);
-  }
+  PT_ASSIGN_OR_RETURN(daemons->coordinator,
+                      FindBinary(o.coordinator_binary, kCoordinatorBinaryEnv, "coordinator",
+                                 "server/coordinator", PIPETRAIN_COORDINATOR_BINARY));
+  PT_ASSIGN_OR_RETURN(daemons->worker,
+                      FindBinary(o.worker_binary, kStageWorkerBinaryEnv, "stage_worker",
+                                 "server/worker", PIPETRAIN_STAGE_WORKER_BINARY));
+  return prepared;
+}
+
+absl::Status RunLocalCommand(const LocalCommandOptions& o, std::ostream& out) {
+  LocalDaemons daemons;
+  PT_ASSIGN_OR_RETURN(PreparedTrain prepared, PrepareLocalCommand(o, &daemons));
+  PT_ASSIGN_OR_RETURN(const std::string log_dir, MakeLogDir(o.log_dir));
   InterruptScope interrupts;
   std::vector<Child> children;
-  absl::Status status = RunCluster(o, log_dir, children, out);
+  absl::Status status = RunCluster(o, daemons, prepared, log_dir, children, out);
   StopAll(children);
   if (InterruptScope::Interrupted() && !status.ok() && !absl::IsCancelled(status)) {
     status = absl::CancelledError("interrupted");
   }
   if (status.ok() || absl::IsCancelled(status)) {
-    if (own_log_dir) {
+    if (o.log_dir.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(log_dir, ec);
     }

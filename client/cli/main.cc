@@ -256,6 +256,9 @@ const ProgramSpec& Program() {
       "                         checkpoint when --coordinator is not given\n"
       "  PIPETRAIN_TOKEN        the token sent to a TLS coordinator when --token-file is not "
       "given\n"
+      "  PIPETRAIN_COORDINATOR_BINARY, PIPETRAIN_STAGE_WORKER_BINARY  the daemons `local` "
+      "starts\n"
+      "                         (default: beside this binary, else in its build tree)\n"
       "configuration files: --flagfile FILE (any command) reads flags from FILE, one per line\n"
       "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n",
       // Defaults that the flag's own ("" or 0) stands for.
@@ -422,10 +425,18 @@ absl::Status RunJobCommand(const CommandLine& line, const std::string& job) {
   return RunCancelCommand(o, std::cout);
 }
 
+// The value of the environment variable `name`, "" when unset.
+std::string Environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
 absl::Status RunLocal(const CommandLine& line) {
   LocalCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags(line));
   o.pin_workers = absl::GetFlag(FLAGS_pin_workers);
+  o.coordinator_binary = Environment(kCoordinatorBinaryEnv);
+  o.worker_binary = Environment(kStageWorkerBinaryEnv);
   return RunLocalCommand(o, std::cout);
 }
 

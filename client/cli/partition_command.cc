@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/cli/schedule_command.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/util/status_macros.h"
@@ -71,8 +72,6 @@ absl::StatusOr<double> ParseBytes(absl::string_view text) {
   return v * factor;
 }
 
-std::string Num(double x) { return absl::StrFormat("%.6g", x); }
-
 // "512 B", "1.5 KiB", "15.22 MiB".
 std::string HumanBytes(double x) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -109,18 +108,19 @@ std::string TextReport(const PartitionCommandOptions& o, const partition::Partit
   for (int w = 0; w < s; ++w) {
     const std::vector<int> chunks = p.placement.ChunksOf(w);
     const double speed = o.speeds.empty() ? 1.0 : o.speeds[w];
-    std::string line =
-        absl::StrFormat("%-7d %-9s %-13s %-11s %-8s %-11s %s", w, absl::StrJoin(chunks, ","),
-                        LayerRanges(p, chunks), Num(p.worker_cost[w]), Num(speed),
-                        Num(p.worker_time[w]), memory ? HumanBytes(p.worker_memory[w]) : "");
+    std::string line = absl::StrFormat(
+        "%-7d %-9s %-13s %-11s %-8s %-11s %s", w, absl::StrJoin(chunks, ","),
+        LayerRanges(p, chunks), FormatNumber(p.worker_cost[w]), FormatNumber(speed),
+        FormatNumber(p.worker_time[w]), memory ? HumanBytes(p.worker_memory[w]) : "");
     absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
   }
   double mean = 0;
   for (double t : p.worker_time) mean += t;
   mean /= s;
   absl::StrAppend(&out, "boundaries: ", absl::StrJoin(p.boundaries, " "), "\n");
-  absl::StrAppend(&out, "bottleneck ", Num(p.bottleneck), " (rank ", p.bottleneck_worker,
-                  "), mean ", Num(mean), ", imbalance ", Num(p.imbalance), " (max/mean)\n");
+  absl::StrAppend(&out, "bottleneck ", FormatNumber(p.bottleneck), " (rank ", p.bottleneck_worker,
+                  "), mean ", FormatNumber(mean), ", imbalance ", FormatNumber(p.imbalance),
+                  " (max/mean)\n");
   return out;
 }
 

@@ -42,28 +42,27 @@ absl::StatusOr<schedule::OpCosts> ParseCosts(absl::string_view text) {
   return schedule::OpCosts{v[0], v[1], v[2], v[3]};
 }
 
-std::string Num(double x) { return absl::StrFormat("%.6g", x); }
-
 std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::SimulationResult& r) {
   const schedule::ScheduleParams& p = o.params;
   std::string out =
       absl::StrCat(schedule::ScheduleKindName(p.kind), ": S=", p.stages, " M=", p.microbatches,
-                   " V=", p.virtual_stages, "; per-stage costs F=", Num(o.costs.f),
-                   " B=", Num(o.costs.b), " I=", Num(o.costs.i), " W=", Num(o.costs.w));
+                   " V=", p.virtual_stages, "; per-stage costs F=", FormatNumber(o.costs.f),
+                   " B=", FormatNumber(o.costs.b), " I=", FormatNumber(o.costs.i),
+                   " W=", FormatNumber(o.costs.w));
   if (p.kind == schedule::ScheduleKind::kDualPipe) {
     absl::StrAppend(&out, " (each chunk a whole stage: two copies of the weights; not executable)");
   } else if (p.virtual_stages > 1) {
     absl::StrAppend(&out, " (each chunk 1/", p.virtual_stages, ")");
   }
   absl::StrAppend(&out, "\n", schedule::RenderAscii(r.timeline));
-  absl::StrAppend(&out, "makespan ", Num(r.stats.makespan), ", bubble fraction ",
-                  Num(r.stats.bubble_fraction), "\n");
+  absl::StrAppend(&out, "makespan ", FormatNumber(r.stats.makespan), ", bubble fraction ",
+                  FormatNumber(r.stats.bubble_fraction), "\n");
   absl::StrAppend(&out, "rank    busy        bubble      peak activations\n");
   for (size_t w = 0; w < r.stats.workers.size(); ++w) {
     const schedule::WorkerStats& ws = r.stats.workers[w];
-    absl::StrAppend(&out,
-                    absl::StrFormat("%-7d %-11s %-11s %d\n", static_cast<int>(w), Num(ws.busy),
-                                    Num(ws.bubble_fraction), ws.peak_activations));
+    absl::StrAppend(
+        &out, absl::StrFormat("%-7d %-11s %-11s %d\n", static_cast<int>(w), FormatNumber(ws.busy),
+                              FormatNumber(ws.bubble_fraction), ws.peak_activations));
   }
   return out;
 }
@@ -72,9 +71,10 @@ std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::Simulat
 std::string SvgTitle(const ScheduleCommandOptions& o, const schedule::SimulationResult& r) {
   const schedule::ScheduleParams& p = o.params;
   return absl::StrCat(schedule::ScheduleKindName(p.kind), ": S=", p.stages, " M=", p.microbatches,
-                      " V=", p.virtual_stages, ", predicted bubble ", Num(r.stats.bubble_fraction),
-                      " (costs F=", Num(o.costs.f), " B=", Num(o.costs.b), " I=", Num(o.costs.i),
-                      " W=", Num(o.costs.w), ")");
+                      " V=", p.virtual_stages, ", predicted bubble ",
+                      FormatNumber(r.stats.bubble_fraction), " (costs F=", FormatNumber(o.costs.f),
+                      " B=", FormatNumber(o.costs.b), " I=", FormatNumber(o.costs.i),
+                      " W=", FormatNumber(o.costs.w), ")");
 }
 
 }  // namespace
@@ -118,6 +118,8 @@ absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(o.params));
   return o;
 }
+
+std::string FormatNumber(double x) { return absl::StrFormat("%.6g", x); }
 
 absl::StatusOr<std::string> RunScheduleCommand(const ScheduleCommandOptions& options) {
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(options.params));

@@ -50,6 +50,9 @@ absl::StatusOr<ScheduleCommandOptions> ParseScheduleCommandOptions(
 // and break a rule; INTERNAL if a generated plan fails validation (a bug).
 absl::StatusOr<std::string> RunScheduleCommand(const ScheduleCommandOptions& options);
 
+// A number as `schedule` and `partition` print it: 6 significant digits ("%.6g"). Pure.
+std::string FormatNumber(double x);
+
 }  // namespace pipetrain::cli
 
 #endif  // PIPETRAIN_CLIENT_CLI_SCHEDULE_COMMAND_H_

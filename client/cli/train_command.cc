@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -13,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/cli/reference_command.h"
-#include "client/cli/training_setup.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
@@ -180,53 +181,368 @@ absl::Status SaveFailed(const absl::Status& failed, client::Client& client,
                    "call naming it"));
 }
 
-// The JobSpec of a `train` run: the resolved model, the optimizer, the pipeline's flags, and the
-// directories it saves into and resumes from (absolute, on the coordinator's host: the
-// coordinator checks them before the job takes its workers).
-absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const TrainingSetup& setup,
-                                       const math::OptimizerConfig& optimizer,
-                                       schedule::ScheduleKind kind, const std::string& save_dir) {
+// The JobSpec of a run: what CreateJob gets (the coordinator resolves nothing more: the model is
+// resolved against the data set already), with the directories it saves into and resumes from
+// (absolute, on the coordinator's host: the coordinator checks them before the job takes its
+// workers).
+absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const PreparedTrain& p) {
   const TrainingOptions& t = o.training;
-  v1::JobSpec job_spec;
-  *job_spec.mutable_model() = setup.spec;
-  *job_spec.mutable_optimizer() = model::OptimizerToProto(optimizer);
-  job_spec.set_schedule(std::string(schedule::ScheduleKindName(kind)));
-  job_spec.set_stages(o.stages);
-  job_spec.set_microbatches(static_cast<int32_t>(t.microbatches));
-  job_spec.set_virtual_stages(o.virtual_stages);
-  job_spec.set_seed(t.seed);
-  job_spec.set_threads(t.threads);
-  job_spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
-  job_spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
-  job_spec.set_min_stages(o.min_stages);
-  job_spec.set_isa(t.isa);              // empty: the highest level every worker runs.
-  job_spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
-  if (!save_dir.empty()) {
-    job_spec.set_save_to(save_dir);
-    job_spec.set_keep_checkpoints(t.keep_checkpoints);
+  v1::JobSpec spec;
+  *spec.mutable_model() = p.setup.spec;
+  *spec.mutable_optimizer() = model::OptimizerToProto(p.optimizer);
+  spec.set_schedule(std::string(schedule::ScheduleKindName(p.kind)));
+  spec.set_stages(o.stages);
+  spec.set_microbatches(static_cast<int32_t>(t.microbatches));
+  spec.set_virtual_stages(o.virtual_stages);
+  spec.set_seed(t.seed);
+  spec.set_threads(t.threads);
+  spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
+  spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
+  spec.set_min_stages(o.min_stages);
+  spec.set_isa(t.isa);              // empty: the highest level every worker runs.
+  spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
+  if (!p.save_dir.empty()) {
+    spec.set_save_to(p.save_dir);
+    spec.set_keep_checkpoints(t.keep_checkpoints);
   }
   if (!t.resume_dir.empty()) {
-    // On loopback the checkpoint is on this host too: its optimizer kind (which decides the state
-    // tensors) must be this run's. Elsewhere the coordinator's host has it.
-    if (net::IsLoopbackAddress(o.coordinator)) {
-      absl::StatusOr<model::CheckpointManifest> resumed =
-          model::ReadCheckpointManifest(t.resume_dir);
-      // An unreadable manifest is the coordinator's to report, with the rest of its checks.
-      if (resumed.ok()) {
-        PT_RETURN_IF_ERROR(model::CheckOptimizerResumes(t.resume_dir, *resumed, optimizer));
-      }
-    }
     std::error_code ec;
-    job_spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
+    spec.set_resume_from(std::filesystem::absolute(t.resume_dir, ec).string());
     if (ec) {
       return absl::InvalidArgumentError(
           absl::StrCat("--resume ", t.resume_dir, ": ", ec.message()));
     }
   }
-  return job_spec;
+  return spec;
 }
 
+// --save as an absolute path ("" without it): a directory on the coordinator's host, which
+// checks it when it creates the job (JobSpec.save_to).
+absl::StatusOr<std::string> SaveDirFor(const TrainingOptions& t) {
+  if (t.save_dir.empty()) return std::string();
+  std::error_code ec;
+  std::string dir = std::filesystem::absolute(t.save_dir, ec).string();
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("--save ", t.save_dir, ": ", ec.message()));
+  return dir;
+}
+
+// On a shared file system the --resume checkpoint is here too: its optimizer kind (which decides
+// the state tensors) must be this run's. An unreadable manifest is the coordinator's to report,
+// with the rest of its checks.
+absl::Status CheckResumeHere(const TrainingOptions& t, const math::OptimizerConfig& optimizer) {
+  if (t.resume_dir.empty()) return absl::OkStatus();
+  absl::StatusOr<model::CheckpointManifest> resumed = model::ReadCheckpointManifest(t.resume_dir);
+  if (!resumed.ok()) return absl::OkStatus();
+  return model::CheckOptimizerResumes(t.resume_dir, *resumed, optimizer);
+}
+
+// The line a --json run prints for one step.
+std::string JsonStepLine(const v1::StepResult& r) {
+  return absl::StrFormat(
+      "{\"step\": %d, \"loss\": %.9g, \"step_ms\": %.3f, \"bubble_fraction\": %.4f, "
+      "\"predicted_bubble_fraction\": %.4f, \"link_latency_ms\": %s}\n",
+      r.step(), r.loss(), r.step_ms(), r.bubble_fraction(), r.predicted_bubble_fraction(),
+      r.has_link_latency_ms() ? absl::StrFormat("%.4f", r.link_latency_ms()) : "null");
+}
+
+// The line a run prints for a recovery (`failed_at`: the step the run was at when it began).
+std::string RecoveryLine(const v1::RecoveryEvent& r, int64_t failed_at, bool json) {
+  if (json) {
+    const std::string also = r.also_lost().empty()
+                                 ? ""
+                                 : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
+    return absl::StrFormat(
+        "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
+        "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
+        "\"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
+        r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
+        r.stages(), absl::StrJoin(r.workers(), "\", \""), also, r.seconds());
+  }
+  std::string lost = r.lost_worker().empty() ? r.cause()
+                                             : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(),
+                                                               r.rank(), r.cause());
+  if (!r.also_lost().empty()) {
+    absl::StrAppend(&lost, ", then ", absl::StrJoin(r.also_lost(), ", "), " during the recovery");
+  }
+  return absl::StrFormat(
+      "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
+      "replayed %d steps\n",
+      lost, failed_at, r.restored_step(), r.stages(), absl::StrJoin(r.workers(), ", "), r.seconds(),
+      failed_at - r.restored_step());
+}
+
+// The evaluation `train` runs of the checkpoint in `dir` (at `step` > 0 for --eval-every).
+EvaluateCommandOptions EvaluationOf(const TrainingOptions& t, const std::string& dir,
+                                    int64_t eval_samples, int64_t step) {
+  EvaluateCommandOptions eval;
+  eval.checkpoint_dir = dir;
+  eval.data = t.data;
+  eval.data_dir = t.data_dir;
+  eval.eval_samples = eval_samples;
+  eval.json = t.json;
+  eval.step = step;
+  return eval;
+}
+
+// One run on its job: the created job, its Train session, the progress it prints and what it
+// writes (checkpoints, evaluations, the trace). Run once.
+class TrainRun {
+ public:
+  TrainRun(const TrainCommandOptions& o, PreparedTrain& p, std::ostream& out)
+      : o_(o), t_(o.training), p_(p), out_(out), progress_(out, ProgressOptionsFor(t_, true)) {}
+
+  // Creates the job on `client`, trains it and ends it. Errors as RunTrainCommand.
+  absl::Status Run(client::Client& client, const InterruptFn& interrupted) {
+    client_ = &client;
+    PT_ASSIGN_OR_RETURN(job_, client.CreateJob(p_.job_spec));
+    // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on
+    // an error or an interrupt, so that its workers are freed at once — but for a failed
+    // checkpoint, which leaves the job and its weights for a retry of the save (SaveFailed).
+    client::ScopedJob scoped(&client, job_.job());
+    PT_RETURN_IF_ERROR(StartSampler());
+    PrintHeader();
+    PT_ASSIGN_OR_RETURN(session_, client.StartTraining(job_.job(), SessionOptions(interrupted)));
+    for (int64_t i = 0; i < t_.steps; ++i) {
+      if (interrupted && interrupted()) {
+        scoped.set_cancel_reason(
+            absl::StrCat("interrupted: the client stopped after step ", last_.step()));
+        PT_RETURN_IF_ERROR(scoped.Cancel());
+        return absl::CancelledError(absl::StrCat("interrupted: job ", job_.job(),
+                                                 " cancelled after ", last_.step(),
+                                                 " steps; its workers are free"));
+      }
+      PT_RETURN_IF_ERROR(Step(i, scoped));
+    }
+    progress_.Finish();
+    PT_RETURN_IF_ERROR(session_->Finish());
+    // The job is over: its workers are free for the next job.
+    PT_RETURN_IF_ERROR(scoped.Finish());
+    PT_RETURN_IF_ERROR(WriteTrace());
+    return FinalEvaluation();
+  }
+
+ private:
+  // The sampler, continuing where a resumed checkpoint's data stream left off (as `reference
+  // --resume` does), and the checks of the job's step numbers and --trace-steps against them.
+  absl::Status StartSampler() {
+    io::DataCursor cursor;
+    if (job_.has_resumed_from()) {
+      const v1::ResumedFrom& r = job_.resumed_from();
+      if (r.data() != t_.data || r.batch_size() != t_.batch) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            t_.resume_dir, ": checkpoint was written with --data ", r.data(), " --seed ", t_.seed,
+            " --batch ", r.batch_size(), "; resume with the same values"));
+      }
+      cursor.epoch = r.cursor_epoch();
+      cursor.batch = r.cursor_batch();
+    }
+    PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
+                        io::BatchSampler::Create(p_.setup.data.get(), t_.batch, t_.seed, cursor));
+    sampler_.emplace(std::move(sampler));
+    // Step numbers are global: a resumed job goes on from its checkpoint's. Both counts are below
+    // 2^53 when they come from a checkpoint and the flags; the coordinator's answer is checked.
+    if (job_.steps_done() < 0 || job_.steps_done() >= model::kMaxManifestCount) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_.job(), " reports ", job_.steps_done(), " steps done, outside [0, 2^53)"));
+    }
+    first_step_ = job_.steps_done() + 1;
+    const int64_t last_step = job_.steps_done() + t_.steps;
+    if (o_.trace_steps.has_value() &&
+        (o_.trace_steps->last < first_step_ || o_.trace_steps->first > last_step)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trace-steps ", o_.trace_steps->first, ":", o_.trace_steps->last,
+                       " selects none of this run's steps ", first_step_, ":", last_step));
+    }
+    return absl::OkStatus();
+  }
+
+  // Without --json: the model, the data, the job and each rank's layers.
+  void PrintHeader() {
+    if (t_.json) return;
+    const model::Model& net = *p_.setup.model;
+    const io::Dataset& data = *p_.setup.data;
+    out_ << absl::StrFormat(
+        "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
+        "schedule %s, imbalance %.3f, instruction set %s\n",
+        p_.setup.spec.name().empty() ? t_.model_path : p_.setup.spec.name(), net.num_layers(),
+        net.NumParameters(), data.info().name, data.size(io::Split::kTrain), job_.job(), o_.stages,
+        o_.schedule, job_.imbalance(), job_.spec().isa());
+    for (const v1::StageStatus& s : job_.stages()) {
+      out_ << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
+      for (const v1::ChunkSpec& c : s.chunks()) {
+        out_ << absl::StrFormat(" [%d, %d)", c.first_layer(), c.last_layer());
+      }
+      out_ << "\n";
+    }
+    out_.flush();
+  }
+
+  // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
+  // the batches since, and each wait and recovery is reported on a line of its own (erasing the
+  // live progress line first and drawing it again after). `interrupted` (Ctrl-C) also ends a wait
+  // for the job or the coordinator (CANCELLED; the job is cancelled).
+  client::TrainOptions SessionOptions(const InterruptFn& interrupted) {
+    client::TrainOptions options;
+    options.replay = true;
+    options.first_step = job_.steps_done();
+    options.reconnect_timeout = o_.reconnect_timeout;
+    options.interrupted = interrupted;
+    options.on_wait = [this](const absl::Status& why) {
+      failed_at_ = last_.step();
+      progress_.Clear();
+      out_ << WaitingLine(why, last_.step(), job_.job(), o_.reconnect_timeout, t_.json);
+      out_.flush();
+      progress_.Redraw();
+    };
+    options.on_recovery = [this](const v1::RecoveryEvent& r) {
+      progress_.Clear();
+      out_ << RecoveryLine(r, failed_at_, t_.json);
+      out_.flush();
+      progress_.Redraw();
+    };
+    return options;
+  }
+
+  absl::Status SendNext() {
+    io::Batch batch = sampler_->Next();
+    PT_RETURN_IF_ERROR(
+        session_->Send(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
+    samples_sent_.push_back(batch.samples);
+    return absl::OkStatus();
+  }
+
+  // The run's step `i` (0-based) of the job `scoped`: its result printed, then its checkpoint and
+  // evaluation if due. A failed step cancels the job (AbandonJob); a failed save leaves it
+  // (SaveFailed).
+  absl::Status Step(int64_t i, client::ScopedJob& scoped) {
+    const int64_t step = first_step_ + i;  // global, and each batch is answered in turn.
+    const bool evaluate = t_.eval_every > 0 && step % t_.eval_every == 0;
+    const bool checkpoint = CheckpointDue(t_, step, i + 1 == t_.steps) || evaluate;
+    // Batch i+1 is sent before result i is read, so that the coordinator starts step i+1 as soon
+    // as step i is committed — except when a checkpoint follows step i: the job must be idle
+    // then, and the sampler's cursor (in the manifest) at that step.
+    if (samples_sent_.empty()) PT_RETURN_IF_ERROR(SendNext());
+    if (i + 1 < t_.steps && !checkpoint) PT_RETURN_IF_ERROR(SendNext());
+    absl::StatusOr<v1::StepResult> received = session_->Receive();
+    if (!received.ok()) return AbandonJob(scoped, received.status(), o_.client.cleanup_timeout);
+    last_ = *std::move(received);
+    const int64_t samples = samples_sent_.front();
+    samples_sent_.pop_front();
+    if (!o_.trace_path.empty() &&
+        (o_.trace_steps.has_value() ? o_.trace_steps->Contains(last_.step()) : i + 1 == t_.steps)) {
+      traced_.push_back(last_);
+    }
+    if (t_.json) {
+      out_ << JsonStepLine(last_);
+      out_.flush();
+    } else {
+      progress_.Step({last_.step(), last_.loss(), samples, last_.bubble_fraction(),
+                      last_.predicted_bubble_fraction()});
+    }
+    // Before a checkpoint nothing was sent ahead: the job is idle, and the coordinator's
+    // Checkpoint may run while the stream is open.
+    if (checkpoint) {
+      progress_.Clear();
+      absl::StatusOr<bool> saved =
+          SaveThroughCoordinator(*session_, p_.save_dir, t_, sampler_->cursor(), out_);
+      if (!saved.ok()) {
+        return SaveFailed(saved.status(), *client_, *session_, o_, job_.job(), p_.save_dir);
+      }
+      checkpoint_visible_ = *saved;
+      progress_.Redraw();
+    }
+    if (!evaluate) return absl::OkStatus();
+    // The weights of this step, evaluated as `reference --eval-every` does.
+    if (!checkpoint_visible_) {
+      return absl::FailedPreconditionError(absl::StrCat("--eval-every: checkpoint ", p_.save_dir,
+                                                        " is on the coordinator's host, not here"));
+    }
+    progress_.Clear();
+    PT_RETURN_IF_ERROR(RunEvaluateCommand(
+        EvaluationOf(t_, p_.save_dir, t_.eval_samples.value_or(kDefaultEvalSamples), last_.step()),
+        out_));
+    progress_.Redraw();
+    return absl::OkStatus();
+  }
+
+  // --trace: the traced steps' timeline, in the format its file name asks for.
+  absl::Status WriteTrace() {
+    if (o_.trace_path.empty()) return absl::OkStatus();
+    schedule::ScheduleParams params{
+        p_.kind, o_.stages, static_cast<int>(t_.microbatches),
+        o_.virtual_stages > 0 ? o_.virtual_stages : schedule::DefaultVirtualStages(p_.kind)};
+    PT_ASSIGN_OR_RETURN(std::string trace,
+                        RenderStepTraceAs(TraceFormatOf(o_.trace_path), traced_, params));
+    PT_RETURN_IF_ERROR(WriteTextFile(o_.trace_path, trace));
+    if (!t_.json) {
+      out_ << (traced_.size() == 1 ? absl::StrCat("trace of step ", traced_[0].step())
+                                   : absl::StrCat("trace of steps ", traced_.front().step(), " to ",
+                                                  traced_.back().step()))
+           << " written to " << o_.trace_path << "\n";
+      out_.flush();
+    }
+    return absl::OkStatus();
+  }
+
+  // --eval-samples: the final checkpoint, evaluated as `pipetrain evaluate` does
+  // (CheckTrainCommandOptions made sure there is one).
+  absl::Status FinalEvaluation() {
+    if (!t_.eval_samples.has_value()) return absl::OkStatus();
+    if (!checkpoint_visible_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--eval-samples: checkpoint ", p_.save_dir,
+                       " is on the coordinator's host, not here; run `pipetrain evaluate` there"));
+    }
+    return RunEvaluateCommand(EvaluationOf(t_, p_.save_dir, *t_.eval_samples, 0), out_);
+  }
+
+  const TrainCommandOptions& o_;
+  const TrainingOptions& t_;
+  PreparedTrain& p_;
+  std::ostream& out_;
+  ProgressLine progress_;
+  client::Client* client_ = nullptr;  // the job's coordinator, set by Run.
+  v1::JobStatus job_;
+  std::optional<io::BatchSampler> sampler_;
+  std::unique_ptr<client::TrainSession> session_;
+  int64_t first_step_ = 1;
+  v1::StepResult last_;                 // the last step's result.
+  int64_t failed_at_ = 0;               // the step the run was at when a recovery began.
+  std::vector<v1::StepResult> traced_;  // the steps --trace writes, in order.
+  bool checkpoint_visible_ = false;     // the last checkpoint's manifest is on this file system.
+  std::deque<int64_t> samples_sent_;    // the samples of each batch sent and not yet answered.
+};
+
 }  // namespace
+
+absl::StatusOr<PreparedTrain> PrepareTrainCommand(const TrainCommandOptions& o,
+                                                  const job::JobLimits& limits, bool shares_files) {
+  PT_RETURN_IF_ERROR(CheckTrainCommandOptions(o));
+  const TrainingOptions& t = o.training;
+  PreparedTrain p;
+  PT_ASSIGN_OR_RETURN(p.kind, schedule::ParseScheduleKind(o.schedule));
+  PT_ASSIGN_OR_RETURN(p.optimizer, OptimizerConfigFor(t));
+  PT_ASSIGN_OR_RETURN(p.save_dir, SaveDirFor(t));
+  PT_ASSIGN_OR_RETURN(p.setup, SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
+  // The batch against the data set (the run's sampler starts where the job's checkpoint says).
+  PT_RETURN_IF_ERROR(
+      io::BatchSampler::Create(p.setup.data.get(), t.batch, t.seed, io::DataCursor()).status());
+  if (shares_files) PT_RETURN_IF_ERROR(CheckResumeHere(t, p.optimizer));
+  PT_ASSIGN_OR_RETURN(p.job_spec, JobSpecFor(o, p));
+  // The coordinator's own checks of the job (it fills the copy's defaults).
+  v1::JobSpec checked = p.job_spec;
+  PT_RETURN_IF_ERROR(job::CheckJobSpec(limits, &checked).status());
+  return p;
+}
+
+absl::Status RunPreparedTrainCommand(const TrainCommandOptions& o, PreparedTrain& prepared,
+                                     std::ostream& out, const InterruptFn& interrupted) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                      client::Client::Connect(o.coordinator, o.client));
+  TrainRun run(o, prepared, out);
+  return run.Run(*client, interrupted);
+}
 
 absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
                              const InterruptFn& interrupted) {
@@ -237,246 +553,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
         "PIPETRAIN_COORDINATOR): the address a running coordinator listens on (its --listen); "
         "`pipetrain local` trains on a coordinator and workers it starts here instead");
   }
-  const TrainingOptions& t = o.training;
-  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(o.schedule));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(t));
-  // --save is a directory on the coordinator's host, which checks it when it creates the job.
-  std::string save_dir;
-  if (!t.save_dir.empty()) {
-    std::error_code ec;
-    save_dir = std::filesystem::absolute(t.save_dir, ec).string();
-    if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat("--save ", t.save_dir, ": ", ec.message()));
-    }
-  }
-  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                      SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
-  const v1::ModelSpec& spec = setup.spec;
-  const std::unique_ptr<io::Dataset>& data = setup.data;
-  const std::unique_ptr<model::Model>& net = setup.model;
-  const io::DatasetInfo& info = data->info();
-
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
-                      client::Client::Connect(o.coordinator, o.client));
-  PT_ASSIGN_OR_RETURN(v1::JobSpec job_spec, JobSpecFor(o, setup, optimizer, kind, save_dir));
-  PT_ASSIGN_OR_RETURN(v1::JobStatus job, client->CreateJob(job_spec));
-  // Ends the job on every way out: FinishJob after the last step and checkpoint, CancelJob on an
-  // error or an interrupt, so that its workers are freed at once — but for a failed checkpoint,
-  // which leaves the job and its weights for a retry of the save (SaveFailed).
-  client::ScopedJob scoped(client.get(), job.job());
-  // The data stream continues where the checkpoint's left off, as `reference --resume` does.
-  io::DataCursor cursor;
-  if (job.has_resumed_from()) {
-    const v1::ResumedFrom& r = job.resumed_from();
-    if (r.data() != t.data || r.batch_size() != t.batch) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(t.resume_dir, ": checkpoint was written with --data ", r.data(), " --seed ",
-                       t.seed, " --batch ", r.batch_size(), "; resume with the same values"));
-    }
-    cursor.epoch = r.cursor_epoch();
-    cursor.batch = r.cursor_batch();
-  }
-  PT_ASSIGN_OR_RETURN(io::BatchSampler sampler,
-                      io::BatchSampler::Create(data.get(), t.batch, t.seed, cursor));
-  // Step numbers are global: a resumed job goes on from its checkpoint's. Both counts are below
-  // 2^53 when they come from a checkpoint and the flags; the coordinator's answer is checked.
-  if (job.steps_done() < 0 || job.steps_done() >= model::kMaxManifestCount) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job.job(), " reports ", job.steps_done(), " steps done, outside [0, 2^53)"));
-  }
-  const int64_t first_step = job.steps_done() + 1, last_step = job.steps_done() + t.steps;
-  if (o.trace_steps.has_value() &&
-      (o.trace_steps->last < first_step || o.trace_steps->first > last_step)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trace-steps ", o.trace_steps->first, ":", o.trace_steps->last,
-                     " selects none of this run's steps ", first_step, ":", last_step));
-  }
-  std::vector<v1::StepResult> traced;  // the steps --trace writes, in order.
-  if (!t.json) {
-    out << absl::StrFormat(
-        "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
-        "schedule %s, imbalance %.3f, instruction set %s\n",
-        spec.name().empty() ? t.model_path : spec.name(), net->num_layers(), net->NumParameters(),
-        info.name, data->size(io::Split::kTrain), job.job(), o.stages, o.schedule, job.imbalance(),
-        job.spec().isa());
-    for (const v1::StageStatus& s : job.stages()) {
-      out << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
-      for (const v1::ChunkSpec& c : s.chunks()) {
-        out << absl::StrFormat(" [%d, %d)", c.first_layer(), c.last_layer());
-      }
-      out << "\n";
-    }
-    out.flush();
-  }
-
-  // A lost worker is replaced and the job restarts from its last checkpoint; the session replays
-  // the batches since, and each recovery is reported here.
-  v1::StepResult last;  // the last step's result.
-  client::TrainOptions train_options;
-  train_options.replay = true;
-  train_options.first_step = job.steps_done();
-  train_options.reconnect_timeout = o.reconnect_timeout;
-  // Ctrl-C also ends a wait for the job or the coordinator (CANCELLED; the job is cancelled).
-  train_options.interrupted = interrupted;
-  // The step the session was at when a recovery began (the coordinator does not know it after a
-  // restart).
-  int64_t failed_at = 0;
-  // Lines of their own (waits, recoveries, checkpoints, evaluations) erase the live progress
-  // line first and draw it again after.
-  ProgressLine progress(out, ProgressOptionsFor(t, /*pipeline=*/true));
-  train_options.on_wait = [&out, &t, &o, &failed_at, &last, &job,
-                           &progress](const absl::Status& why) {
-    failed_at = last.step();
-    progress.Clear();
-    out << WaitingLine(why, last.step(), job.job(), o.reconnect_timeout, t.json);
-    out.flush();
-    progress.Redraw();
-  };
-  train_options.on_recovery = [&out, &t, &failed_at, &progress](const v1::RecoveryEvent& r) {
-    progress.Clear();
-    std::string lost =
-        r.lost_worker().empty()
-            ? r.cause()
-            : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(), r.rank(), r.cause());
-    if (!r.also_lost().empty()) {
-      absl::StrAppend(&lost, ", then ", absl::StrJoin(r.also_lost(), ", "), " during the recovery");
-    }
-    if (t.json) {
-      const std::string also =
-          r.also_lost().empty() ? ""
-                                : absl::StrCat("\"", absl::StrJoin(r.also_lost(), "\", \""), "\"");
-      out << absl::StrFormat(
-          "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
-          "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
-          "\"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
-          r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
-          r.stages(), absl::StrJoin(r.workers(), "\", \""), also, r.seconds());
-    } else {
-      out << absl::StrFormat(
-          "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
-          "replayed %d steps\n",
-          lost, failed_at, r.restored_step(), r.stages(), absl::StrJoin(r.workers(), ", "),
-          r.seconds(), failed_at - r.restored_step());
-    }
-    out.flush();
-    progress.Redraw();
-  };
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::TrainSession> session,
-                      client->StartTraining(job.job(), std::move(train_options)));
-  bool checkpoint_visible = false;   // the last checkpoint's manifest is on this file system.
-  std::deque<int64_t> samples_sent;  // the samples of each batch sent and not yet answered.
-  auto send_next = [&sampler, &session, &samples_sent]() -> absl::Status {
-    io::Batch batch = sampler.Next();
-    PT_RETURN_IF_ERROR(
-        session->Send(client::BatchView{&batch.inputs, &batch.targets, batch.samples}));
-    samples_sent.push_back(batch.samples);
-    return absl::OkStatus();
-  };
-  for (int64_t i = 0; i < t.steps; ++i) {
-    if (interrupted && interrupted()) {
-      scoped.set_cancel_reason(
-          absl::StrCat("interrupted: the client stopped after step ", last.step()));
-      PT_RETURN_IF_ERROR(scoped.Cancel());
-      return absl::CancelledError(absl::StrCat("interrupted: job ", job.job(), " cancelled after ",
-                                               last.step(), " steps; its workers are free"));
-    }
-    // What follows this step (step numbers are global, and each batch is answered in turn).
-    const int64_t step = first_step + i;
-    const bool evaluate = t.eval_every > 0 && step % t.eval_every == 0;
-    const bool checkpoint = CheckpointDue(t, step, i + 1 == t.steps) || evaluate;
-    // Batch i+1 is sent before result i is read, so that the coordinator starts step i+1 as soon
-    // as step i is committed — except when a checkpoint follows step i: the job must be idle
-    // then, and the sampler's cursor (in the manifest) at that step.
-    if (samples_sent.empty()) PT_RETURN_IF_ERROR(send_next());
-    if (i + 1 < t.steps && !checkpoint) PT_RETURN_IF_ERROR(send_next());
-    absl::StatusOr<v1::StepResult> received = session->Receive();
-    if (!received.ok()) return AbandonJob(scoped, received.status(), o.client.cleanup_timeout);
-    last = *std::move(received);
-    const int64_t samples = samples_sent.front();
-    samples_sent.pop_front();
-    if (!o.trace_path.empty() &&
-        (o.trace_steps.has_value() ? o.trace_steps->Contains(last.step()) : i + 1 == t.steps)) {
-      traced.push_back(last);
-    }
-    if (t.json) {
-      out << absl::StrFormat(
-          "{\"step\": %d, \"loss\": %.9g, \"step_ms\": %.3f, \"bubble_fraction\": %.4f, "
-          "\"predicted_bubble_fraction\": %.4f, \"link_latency_ms\": %s}\n",
-          last.step(), last.loss(), last.step_ms(), last.bubble_fraction(),
-          last.predicted_bubble_fraction(),
-          last.has_link_latency_ms() ? absl::StrFormat("%.4f", last.link_latency_ms()) : "null");
-      out.flush();
-    } else {
-      progress.Step({last.step(), last.loss(), samples, last.bubble_fraction(),
-                     last.predicted_bubble_fraction()});
-    }
-    // Before a checkpoint nothing was sent ahead: the job is idle, and the coordinator's
-    // Checkpoint may run while the stream is open.
-    if (checkpoint) {
-      progress.Clear();
-      absl::StatusOr<bool> saved =
-          SaveThroughCoordinator(*session, save_dir, t, sampler.cursor(), out);
-      if (!saved.ok()) {
-        return SaveFailed(saved.status(), *client, *session, o, job.job(), save_dir);
-      }
-      checkpoint_visible = *saved;
-      progress.Redraw();
-    }
-    if (evaluate) {
-      // The weights of this step, evaluated as `reference --eval-every` does.
-      if (!checkpoint_visible) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--eval-every: checkpoint ", save_dir, " is on the coordinator's host, not here"));
-      }
-      EvaluateCommandOptions eval;
-      eval.checkpoint_dir = save_dir;
-      eval.data = t.data;
-      eval.data_dir = t.data_dir;
-      eval.eval_samples = t.eval_samples.value_or(kDefaultEvalSamples);
-      eval.json = t.json;
-      eval.step = last.step();
-      progress.Clear();
-      PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
-      progress.Redraw();
-    }
-  }
-  progress.Finish();
-  PT_RETURN_IF_ERROR(session->Finish());
-  // The job is over: its workers are free for the next job.
-  PT_RETURN_IF_ERROR(scoped.Finish());
-
-  if (!o.trace_path.empty()) {
-    schedule::ScheduleParams params{
-        kind, o.stages, static_cast<int>(t.microbatches),
-        o.virtual_stages > 0 ? o.virtual_stages : schedule::DefaultVirtualStages(kind)};
-    PT_ASSIGN_OR_RETURN(std::string trace,
-                        RenderStepTraceAs(TraceFormatOf(o.trace_path), traced, params));
-    PT_RETURN_IF_ERROR(WriteTextFile(o.trace_path, trace));
-    if (!t.json) {
-      out << (traced.size() == 1 ? absl::StrCat("trace of step ", traced[0].step())
-                                 : absl::StrCat("trace of steps ", traced.front().step(), " to ",
-                                                traced.back().step()))
-          << " written to " << o.trace_path << "\n";
-      out.flush();
-    }
-  }
-  if (t.eval_samples.has_value()) {
-    // The final checkpoint, evaluated as `pipetrain evaluate` does (CheckTrainCommandOptions
-    // made sure there is one).
-    if (!checkpoint_visible) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--eval-samples: checkpoint ", save_dir,
-                       " is on the coordinator's host, not here; run `pipetrain evaluate` there"));
-    }
-    EvaluateCommandOptions eval;
-    eval.checkpoint_dir = save_dir;
-    eval.data = t.data;
-    eval.data_dir = t.data_dir;
-    eval.eval_samples = *t.eval_samples;
-    eval.json = t.json;
-    PT_RETURN_IF_ERROR(RunEvaluateCommand(eval, out));
-  }
-  return absl::OkStatus();
+  // A loopback coordinator and its workers share this process's file system. Its flags (the
+  // caps) are its own.
+  PT_ASSIGN_OR_RETURN(
+      PreparedTrain prepared,
+      PrepareTrainCommand(o, job::JobLimits::Unlimited(), net::IsLoopbackAddress(o.coordinator)));
+  return RunPreparedTrainCommand(o, prepared, out, interrupted);
 }
 
 }  // namespace pipetrain::cli

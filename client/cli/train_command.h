@@ -12,7 +12,12 @@
 #include "absl/time/time.h"
 #include "client/cli/step_trace.h"
 #include "client/cli/training_options.h"
+#include "client/cli/training_setup.h"
 #include "client/sdk/client.h"
+#include "common/job/job_spec.h"
+#include "common/math/optimizer.h"
+#include "common/schedule/ir.h"
+#include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::cli {
 
@@ -62,6 +67,34 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
 // Returns true when the run should stop early (e.g. Ctrl-C); checked between steps.
 using InterruptFn = std::function<bool()>;
 
+// A `train` run checked as far as it can be without a coordinator: what it trains, and the job it
+// will ask for.
+struct PreparedTrain {
+  schedule::ScheduleKind kind = schedule::ScheduleKind::kOneFOneB;
+  math::OptimizerConfig optimizer;
+  TrainingSetup setup;   // the data set, and the model resolved against it.
+  v1::JobSpec job_spec;  // what CreateJob gets: the resolved model, schedule, optimizer, ...
+  std::string save_dir;  // --save as an absolute path; empty without --save.
+};
+
+// Everything a run can check before it starts a daemon or calls CreateJob, so that a job that
+// cannot run is refused at once with its fix: the options (CheckTrainCommandOptions), the
+// optimizer, the data set and the model against each other (SetUpTraining: input width, labels
+// against classes, text against a token model), and the job as the coordinator checks it
+// (job::CheckJobSpec under `limits`: the schedule's parameters, at least one layer per chunk,
+// the caps). `shares_files`: the coordinator and its workers see this file system (a loopback
+// coordinator, `local`), so a --resume checkpoint's optimizer is checked here. --save is the
+// coordinator's to check (JobSpec.save_to; `local` checks it too, CheckSaveDirectory). Errors:
+// INVALID_ARGUMENT (or the check's code) with the message saying what does not fit and what
+// would.
+absl::StatusOr<PreparedTrain> PrepareTrainCommand(const TrainCommandOptions& options,
+                                                  const job::JobLimits& limits, bool shares_files);
+
+// Trains `prepared` (from PrepareTrainCommand with the same options) on the coordinator at
+// `options.coordinator`, as RunTrainCommand does after its checks.
+absl::Status RunPreparedTrainCommand(const TrainCommandOptions& options, PreparedTrain& prepared,
+                                     std::ostream& out, const InterruptFn& interrupted = nullptr);
+
 // Trains as `options` says on the coordinator at `options.coordinator`, writing progress to `out`
 // (JSON lines `{"step", "loss", "step_ms", "bubble_fraction", "predicted_bubble_fraction"}` with
 // --json, loss with 9 significant digits). With --save, the coordinator's Checkpoint writes into
@@ -73,14 +106,15 @@ using InterruptFn = std::function<bool()>;
 // FAILED_PRECONDITION for a directory another job writes or a save could not replace). A save
 // that fails all the same leaves the job running with its weights: the error says how to save
 // them (`pipetrain checkpoint JOB --save DIR`). --trace-steps outside the steps the run makes
-// (known once the job exists: it may resume) is INVALID_ARGUMENT before the first step. Returns
-// the first error (bad options, data, model, the coordinator's statuses); CANCELLED if
-// `interrupted` returned true. Each line is flushed as it is written (stdout may be a pipe).
-// While the job recovers, or the coordinator cannot be reached, it prints what failed and what
-// it waits for, then the recovery (the step the job restarted from, the workers, the time); a
-// run that fails after its job was created (other than by its save) cancels the job, and its
-// error says so when the coordinator could not be told (the job then ends by the coordinator's
-// client lease).
+// (known once the job exists: it may resume) is INVALID_ARGUMENT before the first step.
+// Everything PrepareTrainCommand checks (with the coordinator's caps unknown:
+// job::JobLimits::Unlimited()) is refused before it connects. Returns the first error (bad
+// options, data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true.
+// Each line is flushed as it is written (stdout may be a pipe). While the job recovers, or the
+// coordinator cannot be reached, it prints what failed and what it waits for, then the recovery
+// (the step the job restarted from, the workers, the time); a run that fails after its job was
+// created (other than by its save) cancels the job, and its error says so when the coordinator
+// could not be told (the job then ends by the coordinator's client lease).
 absl::Status RunTrainCommand(const TrainCommandOptions& options, std::ostream& out,
                              const InterruptFn& interrupted = nullptr);
 

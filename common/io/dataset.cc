@@ -81,10 +81,13 @@ struct Table {
   std::map<int64_t, int64_t> first_line_of_label;
 };
 
-// The tail of every CheckLabelsForModel message.
-std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit) {
+// The tail of every CheckLabelsForModel message, with the fix: the data set's `data_classes`.
+std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit,
+                               int64_t data_classes) {
   return absl::StrCat(" is out of range for the model, whose last layer outputs ", model_classes,
-                      " classes (", unit, " 0 to ", model_classes - 1, ")");
+                      " classes (", unit, " 0 to ", model_classes - 1, "); the data set has ",
+                      data_classes, ": set the last linear layer's out_features to ", data_classes,
+                      ", or to 0 to take the data set's");
 }
 
 class TableDataset : public Dataset {
@@ -120,9 +123,9 @@ class TableDataset : public Dataset {
         line = it->second;
       }
     }
-    return absl::InvalidArgumentError(absl::StrCat(table_.file, ":", line, ":", table_.features + 1,
-                                                   ": class label ", label,
-                                                   OutOfRangeForModel(model_classes, "labels")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(table_.file, ":", line, ":", table_.features + 1, ": class label ", label,
+                     OutOfRangeForModel(model_classes, "labels", table_.num_classes)));
   }
 
  private:
@@ -332,9 +335,9 @@ class TextDataset : public Dataset {
         const int64_t id = ids_[static_cast<size_t>(x)];
         if (id < model_classes) continue;
         const char byte = info_.vocabulary[static_cast<size_t>(id)];
-        return absl::InvalidArgumentError(
-            absl::StrCat(path_, ": byte ", x, " ('", absl::CHexEscape(absl::string_view(&byte, 1)),
-                         "', token ", id, ")", OutOfRangeForModel(model_classes, "tokens")));
+        return absl::InvalidArgumentError(absl::StrCat(
+            path_, ": byte ", x, " ('", absl::CHexEscape(absl::string_view(&byte, 1)), "', token ",
+            id, ")", OutOfRangeForModel(model_classes, "tokens", info_.num_classes)));
       }
     }
     return absl::OkStatus();
@@ -485,7 +488,16 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenCsv(const std::string& path,
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const std::string& path,
                                                   const DatasetOptions& options) {
-  if (options.context <= 0) {
+  if (options.context == 0) {
+    // The context comes from the model's embedding: a model without one cannot read text.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data set ", name,
+        " is text, token ids for a model whose first layer is an embedding "
+        "(its context is the tokens per sample), and the model has none: use a token model (e.g. "
+        "examples/gpt_char.textproto), or a data set of feature rows for this one (digits, "
+        "csv:PATH)"));
+  }
+  if (options.context < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset ", name, ": context must be > 0 for a text dataset, got ", options.context));
   }
@@ -619,7 +631,7 @@ absl::Status Dataset::CheckLabelsForModel(int64_t model_classes) const {
         return absl::InvalidArgumentError(absl::StrCat(
             "data set ", i.name, ": ", split == Split::kTrain ? "training" : "held-out", " sample ",
             index, " has class label ", static_cast<int64_t>(t), ", which",
-            OutOfRangeForModel(model_classes, "labels")));
+            OutOfRangeForModel(model_classes, "labels", i.num_classes)));
       }
     }
   }

@@ -255,6 +255,29 @@ absl::StatusOr<std::unique_ptr<math::Layer>> BuildLlamaBlock(int64_t index, cons
   return kernels.MakeLlamaBlock(c);
 }
 
+// The refusal of a model whose input width is not the data's (`spec` as its author wrote it),
+// saying what would fit: a token model (first layer an embedding) wants text, text wants a token
+// model, else the width.
+absl::Status InputMismatch(const v1::ModelSpec& spec, const DataShape& data) {
+  if (spec.layers(0).has_embedding()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model takes token ids (its first layer is an embedding) and the data set has ",
+        data.input_features, " features per row: train it on text, or use a model of ",
+        data.input_features, " input features (e.g. examples/mlp_digits.textproto)"));
+  }
+  std::string message = absl::StrCat("model input_features ", spec.input_features(),
+                                     " != data set's ", data.input_features, ": ");
+  if (data.input_features == 1 && data.tokens_per_sample > 1) {
+    absl::StrAppend(&message, "the data is text, token ids (", data.tokens_per_sample,
+                    " per sample), which need a model whose first layer is an embedding (e.g. "
+                    "examples/gpt_char.textproto)");
+  } else {
+    absl::StrAppend(&message, "set the model's input_features to ", data.input_features,
+                    ", or to 0 to take the data set's");
+  }
+  return absl::InvalidArgumentError(message);
+}
+
 }  // namespace
 
 std::string LayerKindName(const v1::LayerSpec& spec) {
@@ -325,9 +348,10 @@ absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const 
   v1::ModelSpec out = spec;
   if (out.layers_size() == 0) return absl::InvalidArgumentError("model has no layers");
   if (out.input_features() == 0) out.set_input_features(data.input_features);
-  if (data.input_features > 0 && out.input_features() != data.input_features) {
-    return absl::InvalidArgumentError(absl::StrCat("model input_features ", out.input_features(),
-                                                   " != data set's ", data.input_features));
+  // A token model reads one id per row, whatever its input_features says.
+  if (data.input_features > 0 && (out.input_features() != data.input_features ||
+                                  (out.layers(0).has_embedding() && data.input_features != 1))) {
+    return InputMismatch(spec, data);
   }
   for (v1::LayerSpec& layer : *out.mutable_layers()) {
     if (layer.has_embedding()) {

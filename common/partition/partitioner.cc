@@ -62,6 +62,40 @@ absl::Status CheckVector(const std::vector<double>& values, const char* what, do
 
 constexpr char kMemoryRange[] = "[0, 2^53] bytes";
 
+}  // namespace
+
+absl::Status CheckLayersCoverChunks(int64_t layers, int64_t stages, int64_t virtual_stages) {
+  // In 64 bits: S x V can exceed the int range that Placement::num_chunks() computes in.
+  const int64_t chunks = stages * virtual_stages;
+  if (layers >= chunks) return absl::OkStatus();
+  // What would fit, each as the words after "use".
+  std::vector<std::string> fixes;
+  const int64_t fitting = virtual_stages > 0 ? layers / virtual_stages : 0;
+  if (fitting == 1) fixes.push_back("1 stage");
+  if (fitting > 1) fixes.push_back(absl::StrCat(fitting, " stages or fewer"));
+  // Interleaved schedules take any V >= 2.
+  const int64_t fitting_virtual = stages > 0 ? layers / stages : 0;
+  if (virtual_stages > 2 && fitting_virtual >= 2) {
+    fixes.push_back(absl::StrCat(fitting_virtual, " virtual stages or fewer"));
+  }
+  if (virtual_stages > 1 && layers >= 1) {
+    fixes.push_back(absl::StrCat("a schedule with one chunk per stage (gpipe, 1f1b, zb-h1; up to ",
+                                 layers, layers == 1 ? " stage)" : " stages)"));
+  }
+  fixes.push_back(absl::StrCat("a model with at least ", chunks, " layers"));
+  std::string fix = "use " + fixes.front();
+  for (size_t i = 1; i < fixes.size(); ++i) {
+    absl::StrAppend(&fix, i + 1 == fixes.size() ? ", or " : ", ", fixes[i]);
+  }
+  std::string what = absl::StrCat(stages, stages == 1 ? " stage" : " stages");
+  if (virtual_stages > 1) absl::StrAppend(&what, " x ", virtual_stages, " virtual stages");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the model has ", layers, layers == 1 ? " layer" : " layers", ", fewer than the ", chunks,
+      " chunks of ", what, " (every chunk needs a layer): ", fix));
+}
+
+namespace {
+
 absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const PartitionOptions& o) {
   PT_ASSIGN_OR_RETURN(Placement placement,
                       schedule::MakePlacement(o.placement, o.stages, o.virtual_stages));
@@ -78,16 +112,7 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<double>& costs, const Part
   PT_RETURN_IF_ERROR(CheckVector(costs, "cost of layer", 0.0, kMaxLayerCost));
   const int l = static_cast<int>(costs.size());
   const int s = placement.stages;
-  // In 64 bits: S x V can exceed the int range that Placement::num_chunks() computes in.
-  const int64_t chunks = int64_t{placement.stages} * placement.virtual_stages;
-  if (l < chunks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot cut ", l, " layers into ", chunks, " chunks",
-        placement.virtual_stages > 1 ? absl::StrCat(" (", placement.stages, " stages x ",
-                                                    placement.virtual_stages, " virtual stages)")
-                                     : "",
-        ": every chunk needs at least one layer"));
-  }
+  PT_RETURN_IF_ERROR(CheckLayersCoverChunks(l, placement.stages, placement.virtual_stages));
   if (!o.speeds.empty() && static_cast<int>(o.speeds.size()) != s) {
     return absl::InvalidArgumentError(
         absl::StrCat("got ", o.speeds.size(), " speeds for ", s, " ranks"));

@@ -28,8 +28,10 @@
 #ifndef PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
 #define PIPETRAIN_COMMON_PARTITION_PARTITIONER_H_
 
+#include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/schedule/ir.h"
 
@@ -51,6 +53,14 @@ inline constexpr double kMaxMemoryBytes = 9007199254740992.0;
 inline constexpr double kMaxBoundaryTime = 1e30;
 // Most layers, and most chunks (stages x virtual stages; every chunk needs a layer).
 inline constexpr int kMaxLayers = 1 << 16;
+
+// OK if `layers` layers can be cut into `stages` x `virtual_stages` chunks: every chunk needs at
+// least one layer. Otherwise INVALID_ARGUMENT saying what fits instead, e.g. "the model has 5
+// layers, fewer than the 8 chunks of 4 stages x 2 virtual stages (every chunk needs a layer): use
+// 2 stages or fewer, a schedule with one chunk per stage (gpipe, 1f1b, zb-h1; up to 5 stages), or
+// a model with at least 8 layers". The one check of this rule: PartitionLayers, the coordinator's
+// CreateJob (common/job) and the CLI's checks before a job starts all call it. Pure.
+absl::Status CheckLayersCoverChunks(int64_t layers, int64_t stages, int64_t virtual_stages);
 
 struct PartitionOptions {
   int stages = 1;  // S >= 1: ranks, in pipeline order (speeds and caps follow this order).

@@ -38,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/job/job_spec.h"
 #include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
@@ -46,7 +47,6 @@
 #include "server/coordinator/job.h"
 #include "server/coordinator/job_event_log.h"
 #include "server/coordinator/job_journal.h"
-#include "server/coordinator/job_spec.h"
 #include "server/coordinator/op_thread.h"
 #include "server/coordinator/staging_ledger.h"
 #include "server/coordinator/state_dir_lock.h"
@@ -305,7 +305,7 @@ class CoordinatorCore {
   absl::Status VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // A new job on S idle workers (under the lock); returns its id and the workers' speeds.
-  absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const CheckedJobSpec& checked,
+  absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const job::CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends Assign to every rank and waits for every Assigned: READY, or FAILED with the error. A

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/coordinator/job_spec.h"
+#include "common/job/job_spec.h"
 #include "server/logging/log_level.h"
 
 namespace pipetrain::metrics {
@@ -65,7 +65,7 @@ struct CoordinatorOptions {
   // How often the housekeeping thread looks at leases and retention. Default 1 s.
   absl::Duration housekeeping_interval = absl::Seconds(1);
   // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
-  JobLimits job_limits;
+  job::JobLimits job_limits;
   // Events each job's log keeps for WatchJob (its recent history; a slower watcher skips the
   // older ones), >= 1. Default 256.
   int job_events = 256;

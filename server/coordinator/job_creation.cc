@@ -48,11 +48,7 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
 }
 
 absl::Status CoordinatorCore::VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const {
-  if (spec.save_to().empty()) return absl::OkStatus();
-  if (spec.keep_checkpoints() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
-  }
+  if (spec.save_to().empty()) return absl::OkStatus();  // keep_checkpoints: job::CheckJobSpec.
   PT_ASSIGN_OR_RETURN(const std::string confined,
                       SaveTarget(spec.save_to(), spec.keep_checkpoints(), "save_to"));
   {
@@ -70,7 +66,7 @@ absl::Status CoordinatorCore::VerifySaveTo(v1::JobSpec& spec, const std::string&
 void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& owner,
                                const std::function<void(absl::StatusOr<v1::JobStatus>)>& done) {
   v1::JobSpec spec = request;
-  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &spec);
+  absl::StatusOr<job::CheckedJobSpec> checked = job::CheckJobSpec(options_.job_limits, &spec);
   if (!checked.ok()) return done(checked.status());
   absl::StatusOr<std::optional<model::CheckpointManifest>> resume =
       VerifyResume(spec, *checked->model);
@@ -97,7 +93,7 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
   }
   // Partition without the lock: pure compute on this thread's own data.
   absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-      PartitionChunks(spec, *checked->model, checked->plan, speeds);
+      job::PartitionChunks(spec, *checked->model, checked->plan, speeds);
   absl::MutexLock lock(&mu_);
   job->mu.AssertHeld();  // the job lives until its thread was joined, after it ended.
   if (!cut.ok() && !IsTerminal(job->state)) FailJob(*job, cut.status().ToString());
@@ -118,7 +114,7 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
 }
 
 absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
-    v1::JobSpec& spec, const CheckedJobSpec& checked,
+    v1::JobSpec& spec, const job::CheckedJobSpec& checked,
     std::optional<model::CheckpointManifest> resume) {
   if (shutting_down_) return absl::CancelledError("coordinator shutting down");
   const int S = spec.stages();

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/job_spec.h"
 #include "pipetrain/v1/worker_control.pb.h"
 
 namespace pipetrain::coordinator {
@@ -26,17 +27,9 @@ bool WorkerRunsIsa(const v1::RegisterWorker& worker, math::Isa isa) {
   return std::find(levels.begin(), levels.end(), isa) != levels.end();
 }
 
-absl::Status CheckJobIsa(const v1::JobSpec& spec) {
-  if (spec.isa().empty() || math::IsaFromName(spec.isa()).has_value()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("isa '", spec.isa(),
-                   "' is not an instruction-set level (x86-64-v3, x86-64-v4, "
-                   "generic)"));
-}
-
 absl::StatusOr<math::Isa> ChooseJobIsa(const v1::JobSpec& spec,
                                        const std::vector<const v1::RegisterWorker*>& workers) {
-  if (absl::Status s = CheckJobIsa(spec); !s.ok()) return s;
+  if (absl::Status s = job::CheckJobIsa(spec); !s.ok()) return s;
   if (!spec.isa().empty()) {
     const math::Isa wanted = *math::IsaFromName(spec.isa());
     for (const v1::RegisterWorker* w : workers) {

@@ -21,13 +21,10 @@ std::vector<math::Isa> WorkerIsas(const v1::RegisterWorker& worker);
 // True iff `worker` registered `isa`.
 bool WorkerRunsIsa(const v1::RegisterWorker& worker, math::Isa isa);
 
-// OK if `spec.isa` is empty or names a level (INVALID_ARGUMENT naming it otherwise).
-absl::Status CheckJobIsa(const v1::JobSpec& spec);
-
 // The level of a job with `spec` on `workers` (its ranks): spec.isa when set, which every worker
-// must run (FAILED_PRECONDITION naming the first that does not and the levels it runs), else the
-// highest level all of them run (FAILED_PRECONDITION listing each worker's levels when there is
-// none).
+// must run (FAILED_PRECONDITION naming the first that does not and the levels it runs; an isa that
+// names no level is INVALID_ARGUMENT, job::CheckJobIsa), else the highest level all of them run
+// (FAILED_PRECONDITION listing each worker's levels when there is none).
 absl::StatusOr<math::Isa> ChooseJobIsa(const v1::JobSpec& spec,
                                        const std::vector<const v1::RegisterWorker*>& workers);
 

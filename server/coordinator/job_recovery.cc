@@ -170,7 +170,7 @@ bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fe
   for (int n = static_cast<int>(names->size()); n >= std::max(fewest, 1); --n) {
     v1::JobSpec spec = job.spec;
     spec.set_stages(n);
-    absl::StatusOr<schedule::Plan> plan = PlanFor(spec, *job.model);
+    absl::StatusOr<schedule::Plan> plan = job::PlanFor(spec, *job.model);
     if (!plan.ok()) {
       laid = plan.status();
       continue;
@@ -178,7 +178,7 @@ bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fe
     std::vector<double> speeds;
     for (int r = 0; r < n; ++r) speeds.push_back(workers_.Find((*names)[r])->info.gflops());
     absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-        PartitionChunks(spec, *job.model, *plan, speeds);
+        job::PartitionChunks(spec, *job.model, *plan, speeds);
     if (!cut.ok()) {
       laid = cut.status();
       continue;
@@ -295,7 +295,7 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   j.ops = std::make_unique<OpThread>();
   jobs_[j.id] = std::move(owned);
   // What the record promises is checked again: the spec (and so the plan), the checkpoint.
-  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(options_.job_limits, &j.spec);
+  absl::StatusOr<job::CheckedJobSpec> checked = job::CheckJobSpec(options_.job_limits, &j.spec);
   absl::Status usable = checked.status();
   if (usable.ok() && !record.restore_dir().empty()) {
     absl::StatusOr<model::CheckpointManifest> manifest =

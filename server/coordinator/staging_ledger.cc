@@ -21,9 +21,9 @@
 namespace pipetrain::coordinator {
 namespace {
 
-constexpr absl::string_view kSuffix = ".pb";
+constexpr absl::string_view kLedgerSuffix = ".pb";
 // A record is a job id and a path: far below this.
-constexpr int64_t kMaxRecordBytes = int64_t{1} << 20;
+constexpr int64_t kMaxLedgerRecordBytes = int64_t{1} << 20;
 
 // `path` without trailing slashes, split into its parent and its last component.
 std::pair<std::string, std::string> SplitPath(std::string path) {
@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<StagingLedger>> StagingLedger::Open(const std::st
 }
 
 std::string StagingLedger::PathOf(const std::string& job) const {
-  return io::JoinPath(dir_, absl::StrCat(job, kSuffix));
+  return io::JoinPath(dir_, absl::StrCat(job, kLedgerSuffix));
 }
 
 absl::Status StagingLedger::Begin(const std::string& job, const std::string& directory) {
@@ -113,9 +113,9 @@ absl::StatusOr<StagingLedger::Cleanup> StagingLedger::RemoveLeftovers() {
   for (const std::string& name : names) {
     absl::string_view stem = name;
     // Temporary files of an interrupted write and anything else: not records.
-    if (!absl::ConsumeSuffix(&stem, kSuffix)) continue;
+    if (!absl::ConsumeSuffix(&stem, kLedgerSuffix)) continue;
     const std::string path = io::JoinPath(dir_, name);
-    absl::StatusOr<std::string> bytes = io::ReadFile(path, kMaxRecordBytes);
+    absl::StatusOr<std::string> bytes = io::ReadFile(path, kMaxLedgerRecordBytes);
     journal::v1::StagingRecord record;
     absl::Status done = bytes.status();
     if (done.ok() && (!record.ParseFromString(*bytes) || record.job() != stem ||

@@ -20,7 +20,7 @@ namespace pipetrain::coordinator {
 namespace {
 
 // The holder record is a few short lines; more is not ours.
-constexpr size_t kMaxRecordBytes = 4096;
+constexpr size_t kMaxHolderRecordBytes = 4096;
 
 std::string HostName() {
   char name[256] = {};
@@ -50,7 +50,7 @@ absl::Status WriteRecord(int fd, const std::string& path, const std::string& rec
 
 // "pid P on host H, serving on A" from the holder record in `path` (what it can read of it).
 std::string DescribeHolder(const std::string& path) {
-  absl::StatusOr<std::string> record = io::ReadFile(path, kMaxRecordBytes);
+  absl::StatusOr<std::string> record = io::ReadFile(path, kMaxHolderRecordBytes);
   if (!record.ok()) return absl::StrCat("its holder cannot be read: ", record.status().message());
   std::string pid = "?", host = "?", address = "?";
   for (absl::string_view line : absl::StrSplit(*record, '\n', absl::SkipEmpty())) {

@@ -1,4 +1,4 @@
-// libFuzzer target: the coordinator's JobSpec validation (server/coordinator/job_spec:
+// libFuzzer target: the coordinator's JobSpec validation (common/job/job_spec:
 // proto -> schedule, optimizer and model, with the caps), which every CreateJob runs on what a
 // client sent. Input: "t" then a JobSpec in protobuf text format (the seeds; mutations stay
 // readable), or anything else: a binary JobSpec, as it arrives on the wire. A spec that passes
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/coordinator/job_spec.h"
+#include "common/job/job_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,14 +31,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (!spec.ParseFromArray(data, static_cast<int>(size))) {
     return 0;
   }
-  pipetrain::coordinator::JobLimits limits;
+  pipetrain::job::JobLimits limits;
   // Smaller caps than the defaults keep each run fast; the checks are the same.
   limits.max_layers = 256;
   limits.max_microbatches = 64;
   limits.model.max_parameter_bytes = int64_t{256} << 20;
   limits.model.max_activation_bytes = int64_t{256} << 20;
-  absl::StatusOr<pipetrain::coordinator::CheckedJobSpec> checked =
-      pipetrain::coordinator::CheckJobSpec(limits, &spec);
+  absl::StatusOr<pipetrain::job::CheckedJobSpec> checked =
+      pipetrain::job::CheckJobSpec(limits, &spec);
   if (!checked.ok()) return 0;
   PT_FUZZ_CHECK(checked->model != nullptr);
   PT_FUZZ_CHECK(checked->model->num_layers() <= limits.max_layers);

@@ -1,7 +1,7 @@
 // The daemons of a multi-process integration test: one `coordinator` and N `stage_worker`
 // processes on 127.0.0.1, started by the test (fork/exec) and signalled by their PIDs only, and a
-// client SDK connection to the coordinator. The including test defines PIPETRAIN_COORDINATOR and
-// PIPETRAIN_WORKER (the binaries' paths).
+// client SDK connection to the coordinator. The including test defines PIPETRAIN_COORDINATOR_BINARY
+// and PIPETRAIN_STAGE_WORKER_BINARY (the binaries' paths).
 #ifndef PIPETRAIN_TESTS_INTEGRATION_DAEMONS_H_
 #define PIPETRAIN_TESTS_INTEGRATION_DAEMONS_H_
 
@@ -128,7 +128,7 @@ class Daemons {
     coordinator_flags_ = coordinator_flags;
     if (std::string error = StartCoordinator("127.0.0.1:0"); !error.empty()) return error;
     for (int w = 0; w < workers; ++w) {
-      std::vector<std::string> worker = {PIPETRAIN_WORKER,
+      std::vector<std::string> worker = {PIPETRAIN_STAGE_WORKER_BINARY,
                                          "--coordinator",
                                          address_,
                                          "--listen",
@@ -217,7 +217,7 @@ class Daemons {
  private:
   // Starts the coordinator on `listen` and learns its address; "" or what failed.
   std::string StartCoordinator(const std::string& listen) {
-    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", listen};
+    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR_BINARY, "--listen", listen};
     argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
     const std::string coordinator_log = dir_ + "/coordinator.log";
     PipedChild coordinator = SpawnPiped(argv, coordinator_log);

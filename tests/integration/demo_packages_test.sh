@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo's package set is enough, and no more than the binaries need (issue 33, "start in
 # minutes"): scripts/setup.sh --demo lists a part of --all (the default) without the tests' and
-# benchmarks' tools, and a configure like scripts/demo.sh's (no tests, no benchmarks) finds every
+# benchmarks' tools, and scripts/demo.sh's configure (scripts/demo_build.sh) finds every
 # program, library and CMake package it uses in a Debian package that the demo set installs: one
 # of the set or a package they depend on. A find_package added outside tests/ and bench/ whose
 # package is missing from the demo set fails here, naming the file and its package.
@@ -37,8 +37,9 @@ for p in $demo; do
 done
 
 rm -rf "$work"
-cmake -S "$src" -B "$work" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_BUILD_TESTS=OFF \
-  -DPIPETRAIN_BUILD_BENCH=OFF >"$work.log" 2>&1 || {
+# shellcheck source=scripts/demo_build.sh
+source "$src/scripts/demo_build.sh"
+demo_configure "$src" "$work" >"$work.log" 2>&1 || {
   cat "$work.log" >&2
   fail "the demo's configure failed"
   exit 1
@@ -84,7 +85,7 @@ done < <(grep -E '^[A-Za-z0-9_.+-]+:(PATH|FILEPATH)=/' "$work/CMakeCache.txt")
 
 # The demo's build has the three binaries and no test or benchmark.
 targets=$(ninja -C "$work" -t targets all 2>/dev/null | sed 's/:.*//')
-for t in coordinator stage_worker pipetrain; do
+for t in "${DEMO_TARGETS[@]}"; do
   grep -qx -- "$t" <<<"$targets" || fail "no target $t in the demo's build"
 done
 if grep -E '(_test|_bench)$' <<<"$targets" | head -3 | grep -q .; then

@@ -94,8 +94,8 @@ TEST(HelpDefaultsTest, NoShownDefaultIsAPlaceholderTheMeaningExplains) {
   for (const std::string& command : kCommands) {
     helps.emplace_back("pipetrain " + command, Pipetrain(command + " --help").out);
   }
-  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR, "--help").out);
-  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_WORKER, "--help").out);
+  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out);
+  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out);
   const std::regex explains_zero(R"((^|[ (;,])0: )");
   const std::regex explains_empty(R"((^|[ (;,])(empty|"")[:,] )", std::regex::icase);
   for (const auto& [what, help] : helps) {
@@ -113,9 +113,9 @@ TEST(HelpDefaultsTest, NoShownDefaultIsAPlaceholderTheMeaningExplains) {
   EXPECT_EQ(Shown(Pipetrain("train --help").out, "--lr-decay-steps"), "default: --steps");
   EXPECT_EQ(Shown(Pipetrain("train --help").out, "--checkpoint-every"), "default: only at the end");
   EXPECT_EQ(Shown(Pipetrain("train --help").out, "--trace-steps"), "default: the last step");
-  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--threads-max"),
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out, "--threads-max"),
             "default: every CPU this worker may run on");
-  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_COORDINATOR, "--help").out, "--state-dir"),
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out, "--state-dir"),
             "default: none: jobs do not survive a restart");
 }
 
@@ -126,8 +126,8 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
   for (const std::string& command : kCommands) {
     helps.emplace_back("pipetrain " + command, Pipetrain(command + " --help").out);
   }
-  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR, "--help").out);
-  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_WORKER, "--help").out);
+  helps.emplace_back("coordinator", RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out);
+  helps.emplace_back("stage_worker", RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out);
   const std::regex states_a_default(R"(default|if not given|required)", std::regex::icase);
   for (const auto& [what, help] : helps) {
     SCOPED_TRACE(what);
@@ -153,9 +153,10 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
             "default: $PIPETRAIN_COORDINATOR");
   EXPECT_EQ(Shown(Pipetrain("schedule --help").out, "--format"), "default: ascii");
   EXPECT_EQ(Shown(Pipetrain("partition --help").out, "--format"), "default: text");
-  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--cpus"),
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out, "--cpus"),
             "default: all the process may use");
-  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_WORKER, "--help").out, "--coordinator"), "required");
+  EXPECT_EQ(Shown(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out, "--coordinator"),
+            "required");
   // A flag whose own default is what happens keeps it.
   EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--batch"), "default: 64");
 }
@@ -174,14 +175,14 @@ TEST(HelpDefaultsTest, StagesNotGivenIsOneStage) {
 
 // A required flag that is missing is named with what it is, not reported as a malformed value.
 TEST(RequiredFlagsTest, MissingRequiredFlagsSayWhatTheyAre) {
-  const CommandRun worker = RunBinary(PIPETRAIN_WORKER, "");
+  const CommandRun worker = RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "");
   EXPECT_EQ(worker.exit_code, 2) << worker.out;
   EXPECT_THAT(worker.out,
               HasSubstr("stage_worker: --coordinator HOST:PORT is required: the address "
                         "the coordinator this worker joins listens on (its --listen"));
   EXPECT_THAT(worker.out, Not(HasSubstr("got ''")));
   // A malformed address is still reported as one.
-  const CommandRun bad = RunBinary(PIPETRAIN_WORKER, "--coordinator nowhere");
+  const CommandRun bad = RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator nowhere");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_THAT(bad.out, HasSubstr("must be host:port, got 'nowhere'"));
 
@@ -281,7 +282,8 @@ TEST(VersionTest, EveryBinaryPrintsTheProjectVersionAndCommit) {
   ASSERT_FALSE(version.empty()) << pipetrain.out;
   EXPECT_TRUE(absl::StartsWith(version, PIPETRAIN_PROJECT_VERSION)) << version;
   for (const auto& [name, binary] : std::vector<std::pair<std::string, std::string>>{
-           {"coordinator", PIPETRAIN_COORDINATOR}, {"stage_worker", PIPETRAIN_WORKER}}) {
+           {"coordinator", PIPETRAIN_COORDINATOR_BINARY},
+           {"stage_worker", PIPETRAIN_STAGE_WORKER_BINARY}}) {
     SCOPED_TRACE(name);
     const CommandRun r = RunBinary(binary, "--version");
     EXPECT_EQ(r.exit_code, 0) << r.out;

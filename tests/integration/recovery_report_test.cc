@@ -155,8 +155,8 @@ TEST_F(RecoveryReportTest, AWorkerLostRightAfterACheckpointIsReportedAsItHappens
   EXPECT_THAT(out, HasSubstr(checkpoint));
   EXPECT_LT(out.find(checkpoint), out.find(waiting));
 
-  replacement_ = testing::Spawn({PIPETRAIN_WORKER, "--coordinator", daemons_.address(), "--listen",
-                                 "127.0.0.1:0", "--name", "w2"},
+  replacement_ = testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator", daemons_.address(),
+                                 "--listen", "127.0.0.1:0", "--name", "w2"},
                                 dir_ + "/worker-2.log");
   ASSERT_GT(replacement_, 0);
   const std::string next = absl::StrCat("checkpoint of step ", step + 5, " written to ");

@@ -287,7 +287,7 @@ TEST_F(SecurityTest, WorkersFromAnotherCaOrForAnotherHostCannotRegister) {
       {"other-worker", "certificate verify failed"},  // signed by another CA
       {"worker-wronghost", ""}};                      // names wronghost.invalid only
   for (const auto& [cert, _] : rogues) {
-    std::vector<std::string> argv = {PIPETRAIN_WORKER,
+    std::vector<std::string> argv = {PIPETRAIN_STAGE_WORKER_BINARY,
                                      "--coordinator",
                                      daemons_.address(),
                                      "--listen",
@@ -332,7 +332,7 @@ TEST_F(SecurityTest, AWorkerCannotTakeAnotherWorkersName) {
   const std::string real = address_of("worker-0");
   ASSERT_FALSE(real.empty());
   for (const std::string name : {"worker-0", "worker-9"}) {
-    std::vector<std::string> argv = {PIPETRAIN_WORKER,
+    std::vector<std::string> argv = {PIPETRAIN_STAGE_WORKER_BINARY,
                                      "--coordinator",
                                      daemons_.address(),
                                      "--listen",
@@ -368,22 +368,23 @@ TEST_F(SecurityTest, AWorkerCannotTakeAnotherWorkersName) {
 TEST_F(SecurityTest, DaemonsRefusePlaintextOnNonLoopbackAddresses) {
   const std::string err = dir_ + "/refused.err";
   const testing::CommandRun coordinator = testing::RunCommand(
-      absl::StrCat("timeout 20 ", PIPETRAIN_COORDINATOR, " --listen 0.0.0.0:0 2>", err));
+      absl::StrCat("timeout 20 ", PIPETRAIN_COORDINATOR_BINARY, " --listen 0.0.0.0:0 2>", err));
   EXPECT_EQ(coordinator.exit_code, 2);
   EXPECT_THAT(ReadFile(err), HasSubstr("refusing to serve plaintext gRPC on --listen 0.0.0.0:0"));
   EXPECT_THAT(ReadFile(err), HasSubstr("--insecure"));
-  const testing::CommandRun client_port = testing::RunCommand(
-      absl::StrCat("timeout 20 ", PIPETRAIN_COORDINATOR, " --client-listen 0.0.0.0:0 2>", err));
+  const testing::CommandRun client_port = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", PIPETRAIN_COORDINATOR_BINARY, " --client-listen 0.0.0.0:0 2>", err));
   EXPECT_EQ(client_port.exit_code, 2);
   EXPECT_THAT(ReadFile(err), HasSubstr("--client-listen 0.0.0.0:0"));
   const testing::CommandRun worker = testing::RunCommand(
-      absl::StrCat("timeout 20 ", PIPETRAIN_WORKER,
+      absl::StrCat("timeout 20 ", PIPETRAIN_STAGE_WORKER_BINARY,
                    " --coordinator 127.0.0.1:1 --listen 0.0.0.0:0 --emulate-gflops 1 2>", err));
   EXPECT_EQ(worker.exit_code, 2);
   EXPECT_THAT(ReadFile(err), HasSubstr("refusing to serve plaintext gRPC on --listen 0.0.0.0:0"));
   // Tokens are never taken in clear.
-  const testing::CommandRun tokens = testing::RunCommand(absl::StrCat(
-      "timeout 20 ", PIPETRAIN_COORDINATOR, " --auth-token-file ", Cert("tokens"), " 2>", err));
+  const testing::CommandRun tokens =
+      testing::RunCommand(absl::StrCat("timeout 20 ", PIPETRAIN_COORDINATOR_BINARY,
+                                       " --auth-token-file ", Cert("tokens"), " 2>", err));
   EXPECT_EQ(tokens.exit_code, 2);
   EXPECT_THAT(ReadFile(err), HasSubstr("--auth-token-file needs TLS"));
 }

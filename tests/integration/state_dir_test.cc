@@ -49,7 +49,7 @@ class StateDirTest : public ::testing::Test {
   int StartSecond(std::string* out, std::string* err) {
     const std::string log = dir_ + "/second.log";
     testing::PipedChild second = testing::SpawnPiped(
-        {PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--state-dir", state_}, log);
+        {PIPETRAIN_COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state-dir", state_}, log);
     if (second.pid <= 0) return -1;
     const int status = testing::DrainAndWait(second, out, 30000);
     *err = testing::ReadFile(log);

@@ -70,14 +70,35 @@ def _invalid(message):
     return PipetrainError(StatusCode.INVALID_ARGUMENT, message)
 
 
+def _read_model_file(path):
+    """The text of the model file `path`. NOT_FOUND if it does not exist (naming the directory a
+    relative path is read from), INVALID_ARGUMENT if it is not a readable regular file."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        where = "" if os.path.isabs(path) else " (relative to the current directory %s)" % os.getcwd()
+        raise PipetrainError(StatusCode.NOT_FOUND,
+                             "model file %s does not exist%s: pass the path of a ModelSpec text "
+                             "file (e.g. examples/mlp_digits.textproto), its text or a ModelSpec"
+                             % (path, where))
+    if not os.path.isfile(path):
+        raise _invalid("model file %s is not a regular file" % path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _invalid("cannot read model file %s: %s" % (path, e)) from None
+
+
 def model_spec(model):
     """A ModelSpec from a ModelSpec message, a path to a protobuf text file (examples/*.textproto)
-    or the text itself. INVALID_ARGUMENT naming the source on a syntax error."""
+    or the text itself. A string that names no file is text when it has a message block ("{" or
+    "<", as every model's `layers` has) or a newline, else a path: NOT_FOUND saying the file is
+    missing. INVALID_ARGUMENT naming the source on a syntax error."""
     if isinstance(model, model_pb2.ModelSpec):
         return model
-    if isinstance(model, os.PathLike) or (isinstance(model, str) and os.path.isfile(model)):
-        with open(model, "r", encoding="utf-8") as f:
-            text, source = f.read(), os.fspath(model)
+    if isinstance(model, os.PathLike) or (
+            isinstance(model, str) and (os.path.isfile(model) or not re.search(r"[{<\n]", model))):
+        text, source = _read_model_file(model), os.fspath(model)
     elif isinstance(model, str):
         text, source = model, "model text"
     else:

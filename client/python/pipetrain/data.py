@@ -200,13 +200,28 @@ def load(spec="digits", context=None, data_dir=None):
 
 
 def load_for_model(spec, model, data_dir=None):
-    """load(spec) with the context a text data set takes from `model` (a ModelSpec message): its
-    embedding's context, as the CLI does."""
+    """load(spec) with the context a text data set takes from `model` (what create_job takes: a
+    ModelSpec message, a path to a protobuf text file or the text itself): its embedding's
+    context, as the CLI does. A text data set for a model without an embedding is
+    INVALID_ARGUMENT saying so."""
+    from pipetrain.client import model_spec  # the client imports nothing of this module
+
     context = None
-    for layer in model.layers:
+    for layer in model_spec(model).layers:
         if layer.HasField("embedding"):
             context = layer.embedding.context
+    if context is None and _is_text(spec):
+        raise PipetrainError(
+            StatusCode.INVALID_ARGUMENT,
+            "data set %s is text, token ids for a model whose first layer is an embedding (its "
+            "context is the tokens per sample), and the model has none: use a token model (e.g. "
+            "examples/gpt_char.textproto), or a data set of feature rows for this one (digits)"
+            % spec)
     return load(spec, context=context, data_dir=data_dir)
+
+
+def _is_text(spec):
+    return isinstance(spec, str) and (spec == "text" or spec.startswith("text:"))
 
 
 def _read(path):

@@ -16,18 +16,41 @@ import time
 from pipetrain.errors import PipetrainError, StatusCode
 
 
-def _find_binary(name, explicit, env, build_dir, subdir):
-    """The daemon binary: `explicit`, else $env, else build_dir/subdir/name, else `name` on PATH."""
-    candidates = [explicit, os.environ.get(env)]
-    if build_dir:
-        candidates.append(os.path.join(build_dir, subdir, name))
-    candidates.append(shutil.which(name))
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
+# The environment variables naming the daemons' binaries (PIPETRAIN_COORDINATOR is the CLI's
+# coordinator address, never a binary).
+COORDINATOR_BINARY_ENV = "PIPETRAIN_COORDINATOR_BINARY"
+STAGE_WORKER_BINARY_ENV = "PIPETRAIN_STAGE_WORKER_BINARY"
+
+
+def _find_binary(name, explicit, env, build_dir, subdir, argument):
+    """The daemon binary: `explicit`, else $env, else build_dir/subdir/name, else `name` on PATH.
+    NOT_FOUND naming every place looked at and how to name the binary otherwise."""
+    if explicit:
+        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+            return explicit
+        raise PipetrainError(StatusCode.NOT_FOUND,
+                             "%s=%r is not an executable file" % (argument, explicit))
+    if os.environ.get(env):
+        path = os.environ[env]
+        if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
+        raise PipetrainError(StatusCode.NOT_FOUND, "$%s (%s) is not an executable file"
+                             % (env, path))
+    looked = []
+    if build_dir:
+        path = os.path.join(build_dir, subdir, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+        looked.append(path)
+    path = shutil.which(name)
+    if path:
+        return path
+    looked.append("%s on PATH" % name)
     raise PipetrainError(StatusCode.NOT_FOUND,
-                         "cannot find the %s binary: pass it, set %s or build_dir (the CMake build "
-                         "directory)" % (name, env))
+                         "cannot find the %s binary (looked at %s): pass %s=, set $%s, or pass "
+                         "build_dir= the CMake build directory (build after scripts/build.sh, "
+                         "build-demo after scripts/demo.sh)"
+                         % (name, ", ".join(looked), argument, env))
 
 
 def _read_line(stream, timeout_s):
@@ -75,8 +98,8 @@ class LocalCluster:
     directory, removed by stop() unless a daemon failed). `worker_cpus`: one CPU list per worker
     (a string like "0-3" or a list of ints), passed as its --cpus, so that each worker runs on
     CPUs of its own as `pipetrain local` runs its workers; None (the default): they float.
-    Binaries: see _find_binary (arguments,
-    PIPETRAIN_COORDINATOR / PIPETRAIN_WORKER, `build_dir`, PATH). stop() (or leaving the `with`
+    Binaries: see _find_binary (arguments, $PIPETRAIN_COORDINATOR_BINARY /
+    $PIPETRAIN_STAGE_WORKER_BINARY, `build_dir`, PATH). stop() (or leaving the `with`
     block) sends SIGTERM to each daemon by PID and waits for it. Raises PipetrainError:
     NOT_FOUND for a missing binary, UNAVAILABLE for a daemon that did not start, naming its log,
     INVALID_ARGUMENT for a worker_cpus that does not give one list per worker."""
@@ -84,10 +107,10 @@ class LocalCluster:
     def __init__(self, workers=2, coordinator_binary=None, worker_binary=None, build_dir=None,
                  log_dir=None, checkpoint_root=None, start_timeout=30.0, worker_cpus=None):
         cpus = _cpu_lists(worker_cpus, workers)
-        coordinator = _find_binary("coordinator", coordinator_binary, "PIPETRAIN_COORDINATOR",
-                                   build_dir, "server/coordinator")
-        worker = _find_binary("stage_worker", worker_binary, "PIPETRAIN_WORKER", build_dir,
-                              "server/worker")
+        coordinator = _find_binary("coordinator", coordinator_binary, COORDINATOR_BINARY_ENV,
+                                   build_dir, "server/coordinator", "coordinator_binary")
+        worker = _find_binary("stage_worker", worker_binary, STAGE_WORKER_BINARY_ENV, build_dir,
+                              "server/worker", "worker_binary")
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="pipetrain-local-")
         self.checkpoint_root = checkpoint_root or os.path.join(self.log_dir, "checkpoints")

@@ -324,7 +324,7 @@ TEST(CliFlagsTest, CoordinatorComesFromTheEnvironmentUnlessGiven) {
 
 TEST(DaemonFlagsTest, HelpListsTheirFlagsAndUnknownOnesAreRefused) {
   for (const std::string& binary :
-       {std::string(PIPETRAIN_COORDINATOR), std::string(PIPETRAIN_WORKER)}) {
+       {std::string(PIPETRAIN_COORDINATOR_BINARY), std::string(PIPETRAIN_STAGE_WORKER_BINARY)}) {
     SCOPED_TRACE(binary);
     const CommandRun help = RunBinary(binary, "--help");
     EXPECT_EQ(help.exit_code, 0) << help.out;
@@ -334,23 +334,25 @@ TEST(DaemonFlagsTest, HelpListsTheirFlagsAndUnknownOnesAreRefused) {
     EXPECT_EQ(bad.exit_code, 2) << bad.out;
     EXPECT_THAT(bad.out, HasSubstr("unknown flag --lsten (did you mean --listen?)"));
   }
-  EXPECT_THAT(RunBinary(PIPETRAIN_COORDINATOR, "--help").out,
+  EXPECT_THAT(RunBinary(PIPETRAIN_COORDINATOR_BINARY, "--help").out,
               HasSubstr("--port-file (default: none)"));
-  EXPECT_THAT(RunBinary(PIPETRAIN_WORKER, "--help").out,
+  EXPECT_THAT(RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--help").out,
               HasSubstr("--threads-max (default: every CPU this worker may run on)"));
 }
 
 // stage_worker --cpus: a bad list or a CPU the process may not use is refused at start, naming
 // the flag; a good one confines the worker, which registers the CPUs it has as its cores.
 TEST(DaemonFlagsTest, WorkerCpusAreCheckedAndBecomeItsCores) {
-  const CommandRun backwards = RunBinary(PIPETRAIN_WORKER, "--coordinator 127.0.0.1:1 --cpus 3-1");
+  const CommandRun backwards =
+      RunBinary(PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator 127.0.0.1:1 --cpus 3-1");
   EXPECT_EQ(backwards.exit_code, 2) << backwards.out;
   EXPECT_THAT(backwards.out, HasSubstr("--cpus: CPU list item '3-1': the range runs backwards"));
   const std::vector<int> allowed = util::AllowedCpus();
   ASSERT_FALSE(allowed.empty());
   if (allowed.back() < util::kMaxCpus - 1) {
-    const CommandRun outside = RunBinary(
-        PIPETRAIN_WORKER, absl::StrCat("--coordinator 127.0.0.1:1 --cpus ", util::kMaxCpus - 1));
+    const CommandRun outside =
+        RunBinary(PIPETRAIN_STAGE_WORKER_BINARY,
+                  absl::StrCat("--coordinator 127.0.0.1:1 --cpus ", util::kMaxCpus - 1));
     EXPECT_EQ(outside.exit_code, 2) << outside.out;
     EXPECT_THAT(outside.out, HasSubstr(absl::StrCat("--cpus: CPU ", util::kMaxCpus - 1,
                                                     " is not available to this process")));
@@ -394,8 +396,9 @@ TEST(DaemonFlagsTest, DashesAndUnderscoresOnTheCommandLineAndInAFlagfile) {
     EXPECT_THAT(daemons.address(), ::testing::EndsWith(":" + port.substr(0, port.find('\n'))));
     if (bad_worker_file) {
       // The worker's flag file with a misspelt flag: it refuses to start, naming the line.
-      const CommandRun r = RunBinary(
-          PIPETRAIN_WORKER, "--coordinator " + daemons.address() + " " + cases[i].worker_flag);
+      const CommandRun r =
+          RunBinary(PIPETRAIN_STAGE_WORKER_BINARY,
+                    "--coordinator " + daemons.address() + " " + cases[i].worker_flag);
       EXPECT_EQ(r.exit_code, 2);
       EXPECT_THAT(r.out, HasSubstr("unknown flag --keep-alive-is-misspelt-below (in "));
       EXPECT_THAT(r.out, HasSubstr(":2)"));

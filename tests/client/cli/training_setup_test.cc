@@ -43,7 +43,8 @@ TEST(TrainingSetupTest, ClassLabelsBeyondTheModelsOutputNameFileAndLine) {
   EXPECT_EQ(setup.status().message(),
             absl::StrCat(path,
                          ":5:3: class label 7 is out of range for the model, whose last layer "
-                         "outputs 3 classes (labels 0 to 2)"));
+                         "outputs 3 classes (labels 0 to 2); the data set has 10: set the last "
+                         "linear layer's out_features to 10, or to 0 to take the data set's"));
 
   // Enough classes: fine, and so is a model that takes its classes from the data.
   v1::ModelSpec wide = spec;
@@ -90,7 +91,8 @@ TEST(TrainingSetupTest, TokenIdsBeyondTheModelsOutputNameTheTextOffset) {
   EXPECT_EQ(setup.status().message(),
             absl::StrCat(path,
                          ": byte 16 ('e', token 5) is out of range for the model, whose last "
-                         "layer outputs 5 classes (tokens 0 to 4)"));
+                         "layer outputs 5 classes (tokens 0 to 4); the data set has 7: set the "
+                         "last linear layer's out_features to 7, or to 0 to take the data set's"));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 """Fixtures of the Python client's tests: a real coordinator and two stage workers on 127.0.0.1
-(pipetrain.local.LocalCluster: the built binaries named by PIPETRAIN_COORDINATOR /
-PIPETRAIN_WORKER, which CTest sets; stopped by their PIDs)."""
+(pipetrain.local.LocalCluster: the built binaries named by PIPETRAIN_COORDINATOR_BINARY /
+PIPETRAIN_STAGE_WORKER_BINARY, which CTest sets; stopped by their PIDs)."""
 
 import os
 

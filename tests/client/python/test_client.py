@@ -378,3 +378,25 @@ def test_unreachable_coordinator_is_unavailable():
     with pytest.raises(pipetrain.PipetrainError) as e:
         pipetrain.Client("127.0.0.1:%d" % port, connect_timeout=1)
     assert e.value.code == StatusCode.UNAVAILABLE and "cannot reach" in e.value.message
+
+
+def test_a_model_path_that_does_not_exist_says_the_file_is_missing(daemons, tmp_path):
+    missing = os.path.join("examples", "no_such_model.textproto")
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        pipetrain.model_spec(missing)
+    assert e.value.code == StatusCode.NOT_FOUND
+    assert e.value.message.startswith("model file %s does not exist (relative to the current "
+                                      "directory %s)" % (missing, os.getcwd())), e.value.message
+    # create_job says the same before it asks the coordinator anything.
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        daemons.client.create_job(model=str(tmp_path / "gone.textproto"), stages=2)
+    assert e.value.code == StatusCode.NOT_FOUND and e.value.method == ""
+    assert e.value.message.startswith("model file %s does not exist:" % (tmp_path / "gone.textproto"))
+    assert "has no field named" not in e.value.message
+    # A directory is no model file; text is still text.
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        pipetrain.model_spec(str(tmp_path))
+    assert e.value.code == StatusCode.INVALID_ARGUMENT and "not a regular file" in e.value.message
+    spec = pipetrain.model_spec("input_features: 4 layers { linear { out_features: 2 } }")
+    assert spec.input_features == 4 and len(spec.layers) == 1
+    assert sorted(daemons.idle_workers()) == ["w0", "w1"]

@@ -64,3 +64,25 @@ def test_bad_specs_are_invalid_argument():
     with pytest.raises(pipetrain.PipetrainError) as e:
         data.BatchSampler(data.load("digits"), 2000)
     assert e.value.code == StatusCode.INVALID_ARGUMENT and "1438" in e.value.message
+
+
+def test_load_for_model_takes_what_create_job_takes(example):
+    path = example("gpt_char.textproto")
+    from_path = data.load_for_model("text", path)
+    assert from_path.tokens_per_sample == 32 and from_path.num_classes == 76
+    with open(path) as f:
+        text = f.read()
+    assert data.load_for_model("text", text).tokens_per_sample == 32
+    assert data.load_for_model("text", pipetrain.model_spec(path)).tokens_per_sample == 32
+    assert data.load_for_model("digits", example("mlp_digits.textproto")).input_features == 64
+
+
+def test_load_for_model_refuses_text_for_a_model_without_an_embedding(example):
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        data.load_for_model("text", example("mlp_digits.textproto"))
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert "the model has none: use a token model (e.g. examples/gpt_char.textproto)" in \
+        e.value.message
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        data.load_for_model("text", "examples/no_such_model.textproto")
+    assert e.value.code == StatusCode.NOT_FOUND

@@ -1,6 +1,9 @@
 """pipetrain.local.LocalCluster's own options (the daemons it starts, not the client)."""
 
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +42,47 @@ def test_worker_cpus_need_one_list_per_worker(worker_cpus):
         LocalCluster(workers=2, worker_cpus=worker_cpus)
     assert e.value.code == StatusCode.INVALID_ARGUMENT
     assert "worker_cpus needs one non-empty CPU list per worker (2)" in e.value.message
+
+
+def test_binaries_come_from_their_own_environment_variables(monkeypatch, tmp_path):
+    # PIPETRAIN_COORDINATOR is the CLI's coordinator address: it names no binary here.
+    monkeypatch.setenv("PIPETRAIN_COORDINATOR", "127.0.0.1:7070")
+    with LocalCluster(workers=1, log_dir=str(tmp_path / "logs")) as c:
+        with pipetrain.Client(c.address) as client:
+            assert len(client.workers()) == 1
+    monkeypatch.setenv("PIPETRAIN_COORDINATOR_BINARY", str(tmp_path / "nothing"))
+    with pytest.raises(PipetrainError) as e:
+        LocalCluster(workers=1)
+    assert e.value.code == StatusCode.NOT_FOUND
+    assert e.value.message == "$PIPETRAIN_COORDINATOR_BINARY (%s) is not an executable file" % (
+        tmp_path / "nothing")
+
+
+def _run_example(tmp_path, example, build_dir_name=None):
+    """Runs a copy of examples/python_train.py --local from a repository-like tmp_path whose
+    `build_dir_name` (if any) is the build tree, with no binary named by the environment."""
+    (tmp_path / "examples").mkdir()
+    for name in ("python_train.py", "mlp_digits.textproto"):
+        shutil.copy(example(name), tmp_path / "examples")
+    if build_dir_name:
+        os.symlink(os.environ["PIPETRAIN_BUILD_DIR"], tmp_path / build_dir_name)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PIPETRAIN_COORDINATOR_BINARY", "PIPETRAIN_STAGE_WORKER_BINARY")}
+    env["PATH"] = "/usr/bin:/bin"  # no stage_worker on it
+    return subprocess.run([sys.executable, "examples/python_train.py", "--local", "--steps", "2",
+                           "--plot", str(tmp_path / "loss.png")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_example_without_a_build_says_how_to_point_at_one(tmp_path, example):
+    r = _run_example(tmp_path, example)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "cannot start the local cluster: " in r.stderr
+    assert "point --build-dir at a build directory" in r.stderr
+
+
+def test_example_run_from_the_repository_root_finds_build_demo(tmp_path, example):
+    r = _run_example(tmp_path, example, "build-demo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step 2 loss" in r.stdout

@@ -229,7 +229,12 @@ TEST(TextTest, Errors) {
   o.context = 0;
   absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("text", o);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(d.status().message(), HasSubstr("context must be > 0"));
+  // No context: the model has no embedding, so it cannot read text; the message says what can.
+  EXPECT_EQ(d.status().message(),
+            "data set text is text, token ids for a model whose first layer is an embedding (its "
+            "context is the tokens per sample), and the model has none: use a token model (e.g. "
+            "examples/gpt_char.textproto), or a data set of feature rows for this one (digits, "
+            "csv:PATH)");
 
   o.context = 8;
   d = OpenDataset("text:" + WriteTemp("short.txt", "hello"), o);
@@ -390,11 +395,13 @@ TEST(CsvTest, LabelsBeyondTheModelsClassesNameTheFirstSuchRow) {
   EXPECT_EQ((*d)->CheckLabelsForModel(9).message(),
             path +
                 ":3:2: class label 9 is out of range for the model, whose last layer outputs "
-                "9 classes (labels 0 to 8)");
+                "9 classes (labels 0 to 8); the data set has 10: set the last linear "
+                "layer's out_features to 10, or to 0 to take the data set's");
   EXPECT_EQ((*d)->CheckLabelsForModel(3).message(),
             path +
                 ":3:2: class label 9 is out of range for the model, whose last layer outputs "
-                "3 classes (labels 0 to 2)");
+                "3 classes (labels 0 to 2); the data set has 10: set the last linear "
+                "layer's out_features to 10, or to 0 to take the data set's");
   EXPECT_EQ((*d)->CheckLabelsForModel(2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT((*d)->CheckLabelsForModel(0).message(), HasSubstr(":1:2: class label 0 "));
 }

@@ -325,8 +325,18 @@ TEST(ModelTest, ResolveFillsFromDataAndChecksIt) {
   EXPECT_THAT(ResolveModelSpec(*spec, DataShape{1, 1, 30, 8}).status().message(),
               HasSubstr("embedding context 4 != data set's tokens per sample 8"));
   auto mlp = ParseModelSpecText(testing::kMlpSpec, "t");
-  EXPECT_THAT(ResolveModelSpec(*mlp, DataShape{64, 1, 10, 1}).status().message(),
-              HasSubstr("model input_features 6 != data set's 64"));
+  EXPECT_EQ(ResolveModelSpec(*mlp, DataShape{64, 1, 10, 1}).status().message(),
+            "model input_features 6 != data set's 64: set the model's input_features to 64, or "
+            "to 0 to take the data set's");
+  // A token model on rows of features, and a model of features on text: each says what fits.
+  EXPECT_EQ(ResolveModelSpec(*spec, DataShape{64, 1, 10, 1}).status().message(),
+            "the model takes token ids (its first layer is an embedding) and the data set has 64 "
+            "features per row: train it on text, or use a model of 64 input features (e.g. "
+            "examples/mlp_digits.textproto)");
+  EXPECT_EQ(ResolveModelSpec(*mlp, DataShape{1, 1, 30, 4}).status().message(),
+            "model input_features 6 != data set's 1: the data is text, token ids (4 per sample), "
+            "which need a model whose first layer is an embedding (e.g. "
+            "examples/gpt_char.textproto)");
 }
 
 TEST(ModelTest, ValidateBatchNamesTheProblem) {

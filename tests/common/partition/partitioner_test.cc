@@ -383,7 +383,8 @@ TEST(PartitionerTest, Errors) {
   EXPECT_EQ(PartitionLayers(std::vector<double>(70000, 1.0), options).status().message(),
             "got 70000 layers; at most 65536 are supported");
   EXPECT_EQ(PartitionLayers({1, 1}, options).status().message(),
-            "cannot cut 2 layers into 3 chunks: every chunk needs at least one layer");
+            "the model has 2 layers, fewer than the 3 chunks of 3 stages (every chunk needs a "
+            "layer): use 2 stages or fewer, or a model with at least 3 layers");
   EXPECT_EQ(PartitionLayers({1, -1, 1}, options).status().message(),
             "cost of layer 1 must be in [0, 1e+30] (got -1)");
   options.speeds = {1, 1};
@@ -462,8 +463,36 @@ TEST(PartitionerTest, NumbersOutsideTheirRangesAreRefused) {
   options.stages = 4096;
   options.virtual_stages = 4096;
   EXPECT_EQ(message({1, 1, 1}),
-            "cannot cut 3 layers into 16777216 chunks (4096 stages x 4096 virtual stages): "
-            "every chunk needs at least one layer");
+            "the model has 3 layers, fewer than the 16777216 chunks of 4096 stages x 4096 virtual "
+            "stages (every chunk needs a layer): use a schedule with one chunk per stage (gpipe, "
+            "1f1b, zb-h1; up to 3 stages), or a model with at least 16777216 layers");
+}
+
+// The rule every side checks (the partitioner, CreateJob, the CLI before it starts anything): each
+// refusal says what would fit instead.
+TEST(PartitionerTest, LayersCoverChunksSaysWhatFits) {
+  EXPECT_TRUE(CheckLayersCoverChunks(8, 4, 2).ok());
+  EXPECT_TRUE(CheckLayersCoverChunks(1, 1, 1).ok());
+  const absl::Status zbv = CheckLayersCoverChunks(5, 4, 2);
+  EXPECT_EQ(zbv.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(zbv.message(),
+            "the model has 5 layers, fewer than the 8 chunks of 4 stages x 2 virtual stages "
+            "(every chunk needs a layer): use 2 stages or fewer, a schedule with one chunk per "
+            "stage (gpipe, 1f1b, zb-h1; up to 5 stages), or a model with at least 8 layers");
+  EXPECT_EQ(CheckLayersCoverChunks(3, 2, 2).message(),
+            "the model has 3 layers, fewer than the 4 chunks of 2 stages x 2 virtual stages "
+            "(every chunk needs a layer): use 1 stage, a schedule with one chunk per stage "
+            "(gpipe, 1f1b, zb-h1; up to 3 stages), or a model with at least 4 layers");
+  // Interleaved takes any V >= 2: fewer virtual stages fit too.
+  EXPECT_EQ(CheckLayersCoverChunks(9, 2, 8).message(),
+            "the model has 9 layers, fewer than the 16 chunks of 2 stages x 8 virtual stages "
+            "(every chunk needs a layer): use 1 stage, 4 virtual stages or fewer, a schedule with "
+            "one chunk per stage (gpipe, 1f1b, zb-h1; up to 9 stages), or a model with at least "
+            "16 layers");
+  EXPECT_EQ(CheckLayersCoverChunks(1, 1, 2).message(),
+            "the model has 1 layer, fewer than the 2 chunks of 1 stage x 2 virtual stages (every "
+            "chunk needs a layer): use a schedule with one chunk per stage (gpipe, 1f1b, zb-h1; up "
+            "to 1 stage), or a model with at least 2 layers");
 }
 
 // At the edges of the ranges every placement still finds a valid, finite cut: the largest costs

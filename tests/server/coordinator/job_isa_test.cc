@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/job/job_spec.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/worker_control.pb.h"
 
@@ -49,7 +50,7 @@ TEST(JobIsaTest, AForcedLevelNeedsEveryWorkerToRunIt) {
   EXPECT_EQ(refused.status().message(),
             "isa x86-64-v4: worker 'avx2' cannot run it (it runs x86-64-v3)");
   spec.set_isa("avx2");
-  EXPECT_EQ(CheckJobIsa(spec).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job::CheckJobIsa(spec).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ChooseJobIsa(spec, {&fast}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,12 +1,13 @@
-#include "server/coordinator/job_spec.h"
+#include "common/job/job_spec.h"
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::job {
 namespace {
 
 using ::testing::HasSubstr;
@@ -113,5 +114,54 @@ TEST(JobSpecTest, InvalidFieldsAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// planned_steps and keep_checkpoints are checked here, not only by the coordinator, so
+// that the CLI refuses them before it calls CreateJob.
+TEST(JobSpecTest, PlannedStepsAndKeptCheckpointsAreInRange) {
+  v1::JobSpec spec = MlpSpec(1, 2, 2);
+  spec.set_planned_steps((int64_t{1} << 53) - 1);
+  spec.set_keep_checkpoints(3);
+  EXPECT_TRUE(CheckJobSpec(JobLimits(), &spec).ok());
+  v1::JobSpec steps = MlpSpec(1, 2, 2);
+  steps.set_planned_steps(int64_t{1} << 53);
+  absl::Status s = CheckJobSpec(JobLimits(), &steps).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "planned_steps must be in [0, 2^53), got 9007199254740992");
+  v1::JobSpec keep = MlpSpec(1, 2, 2);
+  keep.set_keep_checkpoints(-1);
+  s = CheckJobSpec(JobLimits(), &keep).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "keep_checkpoints must be >= 0, got -1");
+}
+
+TEST(JobSpecTest, IsaMustNameALevel) {
+  v1::JobSpec spec = MlpSpec(1, 1, 1);
+  EXPECT_TRUE(CheckJobIsa(spec).ok());
+  spec.set_isa("x86-64-v4");
+  EXPECT_TRUE(CheckJobIsa(spec).ok());
+  spec.set_isa("avx2");
+  const absl::Status s = CheckJobIsa(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "isa 'avx2' is not an instruction-set level (x86-64-v3, x86-64-v4, generic)");
+  EXPECT_EQ(CheckJobSpec(JobLimits(), &spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A client that does not know its coordinator's flags checks a job without the flags' caps, and
+// still with the rules that hold everywhere.
+TEST(JobSpecTest, UnlimitedKeepsOnlyTheFixedRules) {
+  JobLimits limits;
+  limits.max_layers = 3;
+  v1::JobSpec over = MlpSpec(2, 1, 1);  // 5 layers
+  EXPECT_EQ(CheckJobSpec(limits, &over).status().code(), absl::StatusCode::kResourceExhausted);
+  v1::JobSpec unlimited = MlpSpec(2, 1, 2000);
+  EXPECT_TRUE(CheckJobSpec(JobLimits::Unlimited(), &unlimited).ok());
+  v1::JobSpec too_few_layers = MlpSpec(2, 4, 4);  // 5 layers, 8 chunks
+  too_few_layers.set_schedule("zb-v");
+  const absl::Status s = CheckJobSpec(JobLimits::Unlimited(), &too_few_layers).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("fewer than the 8 chunks of 4 stages x 2 virtual stages"));
+  EXPECT_THAT(s.message(), HasSubstr("use 2 stages or fewer"));
+}
+
 }  // namespace
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::job

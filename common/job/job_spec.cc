@@ -1,17 +1,19 @@
-#include "server/coordinator/job_spec.h"
+#include "common/job/job_spec.h"
 
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/math/isa.h"
 #include "common/model/optimizer_proto.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/validator.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
-#include "server/coordinator/job_isa.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::job {
 
 namespace {
 
@@ -31,6 +33,29 @@ absl::Status CheckCaps(const JobLimits& limits, const v1::JobSpec& spec) {
     return absl::ResourceExhaustedError(
         absl::StrCat("microbatches ", spec.microbatches(), " is more than the limit of ",
                      limits.max_microbatches, " (coordinator flag --max-microbatches)"));
+  }
+  return absl::OkStatus();
+}
+
+// The spec's counts that need nothing else: min_stages, replace_timeout_ms, planned_steps and
+// keep_checkpoints.
+absl::Status CheckCounts(const v1::JobSpec& spec) {
+  if (spec.min_stages() < 0 || spec.min_stages() > spec.stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_stages must be in [0, stages = ", spec.stages(), "], got ", spec.min_stages()));
+  }
+  if (spec.replace_timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec.replace_timeout_ms()));
+  }
+  // Step counts stay below 2^53, as in checkpoints (whose counters are JSON numbers).
+  if (spec.planned_steps() < 0 || spec.planned_steps() >= (int64_t{1} << 53)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planned_steps must be in [0, 2^53), got ", spec.planned_steps()));
+  }
+  if (spec.keep_checkpoints() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
   }
   return absl::OkStatus();
 }
@@ -64,6 +89,23 @@ absl::StatusOr<std::unique_ptr<model::Model>> BuildModel(const JobLimits& limits
 
 }  // namespace
 
+JobLimits JobLimits::Unlimited() {
+  JobLimits limits;
+  limits.max_layers = std::numeric_limits<int32_t>::max();
+  limits.max_microbatches = std::numeric_limits<int32_t>::max();
+  limits.model.max_parameter_bytes = std::numeric_limits<int64_t>::max();
+  limits.model.max_activation_bytes = std::numeric_limits<int64_t>::max();
+  return limits;
+}
+
+absl::Status CheckJobIsa(const v1::JobSpec& spec) {
+  if (spec.isa().empty() || math::IsaFromName(spec.isa()).has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("isa '", spec.isa(),
+                   "' is not an instruction-set level (x86-64-v3, x86-64-v4, "
+                   "generic)"));
+}
+
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
   PT_RETURN_IF_ERROR(CheckCaps(limits, *spec));
   PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec->schedule()));
@@ -74,19 +116,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   if (spec->threads() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
   }
-  if (spec->min_stages() < 0 || spec->min_stages() > spec->stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "min_stages must be in [0, stages = ", spec->stages(), "], got ", spec->min_stages()));
-  }
-  if (spec->replace_timeout_ms() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("replace_timeout_ms must be >= 0, got ", spec->replace_timeout_ms()));
-  }
-  // Step counts stay below 2^53, as in checkpoints (whose counters are JSON numbers).
-  if (spec->planned_steps() < 0 || spec->planned_steps() >= (int64_t{1} << 53)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("planned_steps must be in [0, 2^53), got ", spec->planned_steps()));
-  }
+  PT_RETURN_IF_ERROR(CheckCounts(*spec));
   schedule::ScheduleParams params;
   params.kind = kind;
   params.stages = spec->stages();
@@ -112,12 +142,8 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   params.virtual_stages = spec.virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
-  const int64_t chunks = int64_t{spec.stages()} * spec.virtual_stages();
-  if (net.num_layers() < chunks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model has ", net.num_layers(), " layers, fewer than the ", chunks, " chunks of ",
-        spec.stages(), " stages x ", spec.virtual_stages(), " virtual stages"));
-  }
+  PT_RETURN_IF_ERROR(
+      partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(), spec.virtual_stages()));
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
   return plan;
@@ -145,4 +171,4 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
   return std::make_pair(std::move(chunks), cut.imbalance);
 }
 
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::job

@@ -1,7 +1,10 @@
-// Validation of a client's JobSpec (CreateJob): the proto -> domain conversion of the schedule,
-// optimizer and model, and the coordinator's caps on them, before anything is allocated.
-#ifndef PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_
-#define PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_
+// Validation of a JobSpec: the proto -> domain conversion of the schedule, optimizer and model, and
+// the caps on them, before anything is allocated. One implementation for every side that can
+// check a job: the coordinator's CreateJob (and its re-plans in a recovery), and the CLI's `train`
+// and `local`, which check the job they are about to ask for before they start any daemon or call
+// CreateJob (docs/cli.md, "Refusals before anything starts").
+#ifndef PIPETRAIN_COMMON_JOB_JOB_SPEC_H_
+#define PIPETRAIN_COMMON_JOB_JOB_SPEC_H_
 
 #include <cstdint>
 #include <memory>
@@ -13,14 +16,16 @@
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::job {
 
 // Largest serialized ModelSpec a job may have (a real one is a few hundred bytes; 4096 layers take
 // under 100 kB). It travels in every worker's Assign, whose receive limit is the worker's
 // --max-message-size (at least 2 MiB).
 inline constexpr int64_t kMaxModelSpecBytes = int64_t{1} << 20;
 
-// Caps on what one job may ask for (docs/limits.md). Each is a coordinator flag.
+// Caps on what one job may ask for (docs/limits.md). Each is a coordinator flag; the defaults are
+// its flags' defaults (so `pipetrain local`, which starts a coordinator with them, checks exactly
+// what its coordinator will).
 struct JobLimits {
   // Most layers in the job's model (--max-layers). Default 4096.
   int32_t max_layers = 4096;
@@ -28,6 +33,10 @@ struct JobLimits {
   int32_t max_microbatches = 1024;
   // Memory limits of Model::Build (parameters, one sample's activations).
   model::ModelLimits model;
+
+  // No cap but the fixed ones (kMaxModelSpecBytes, the schedule's and the model's own ranges): for
+  // a client that checks a job before it sends it to a coordinator whose flags it does not know.
+  static JobLimits Unlimited();
 };
 
 // A checked JobSpec: the plan its schedule makes and the model it builds.
@@ -48,17 +57,22 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds);
 
+// OK if `spec.isa` is empty or names an instruction-set level (INVALID_ARGUMENT naming it
+// otherwise). Pure.
+absl::Status CheckJobIsa(const v1::JobSpec& spec);
+
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
 // name and parameters, min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in
-// [0, 2^53), optimizer, model (and its target features against the data shape), and that there
-// are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value;
-// RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than limits.max_layers
-// layers or the step more than limits.max_microbatches micro-batches (counted before the model is
-// built), when the model's serialization exceeds kMaxModelSpecBytes, or when the model exceeds
-// limits.model. Allocates no parameters. Thread-safe (pure).
+// [0, 2^53), keep_checkpoints >= 0, optimizer, model (and its target features against the data
+// shape), and that there are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming
+// the field and value; RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than
+// limits.max_layers layers or the step more than limits.max_microbatches micro-batches (counted
+// before the model is built), when the model's serialization exceeds kMaxModelSpecBytes, or when
+// the model exceeds limits.model. Allocates no parameters. The directories (save_to,
+// resume_from) are the coordinator's to check, on its file system. Thread-safe (pure).
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
 
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::job
 
-#endif  // PIPETRAIN_SERVER_COORDINATOR_JOB_SPEC_H_
+#endif  // PIPETRAIN_COMMON_JOB_JOB_SPEC_H_
