@@ -21,6 +21,9 @@ demo_packages=(
   libabsl-dev libeigen3-dev libssl-dev nlohmann-json3-dev zlib1g-dev
   # Metrics (prometheus-cpp) and logs (spdlog) of the daemons.
   prometheus-cpp-dev libspdlog-dev
+  # Tokenizers (SentencePiece): `pipetrain tokenizer`, text data sets with --tokenizer, and the
+  # coordinator's check of a job's tokenizer.
+  libsentencepiece-dev
 )
 # Everything else the repository uses.
 more_packages=(
@@ -30,6 +33,8 @@ more_packages=(
   # The Python client (client/python), its tests and example.
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip python3-setuptools
   python3-wheel python3-pytest python3-tqdm python3-matplotlib
+  # The Python data module's tokenizer (pipetrain.data with a tokenizer directory).
+  python3-sentencepiece
   # Tests: a real Prometheus scraping the daemons (+ promtool), and containers built and run
   # from local files (podman with runc); the .deb is checked with dpkg-deb.
   prometheus curl podman runc dpkg-dev
