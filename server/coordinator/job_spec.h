@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -48,14 +49,22 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds);
 
+// OK if a job with tokenizer bytes `tokenizer` ("" for none) may resume the checkpoint
+// `manifest` (read from `dir`): both have no tokenizer, or the same one (equal SHA-256s).
+// FAILED_PRECONDITION naming `dir` and both tokenizers otherwise. Thread-safe (pure).
+absl::Status CheckResumeTokenizer(const std::string& dir, const model::CheckpointManifest& manifest,
+                                  const std::string& tokenizer);
+
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
 // name and parameters, min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in
-// [0, 2^53), optimizer, model (and its target features against the data shape), and that there
-// are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value;
+// [0, 2^53), optimizer, model (and its target features against the data shape), the tokenizer
+// (a SentencePiece model whose vocabulary fits the model's embedding), and that there are at
+// least as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value;
 // RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than limits.max_layers
 // layers or the step more than limits.max_microbatches micro-batches (counted before the model is
-// built), when the model's serialization exceeds kMaxModelSpecBytes, or when the model exceeds
+// built), when the model's serialization exceeds kMaxModelSpecBytes or the tokenizer
+// io::kMaxTokenizerBytes, or when the model exceeds
 // limits.model. Allocates no parameters. Thread-safe (pure).
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
 
