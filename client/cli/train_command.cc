@@ -201,6 +201,8 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Train
   job_spec.set_min_stages(o.min_stages);
   job_spec.set_isa(t.isa);              // empty: the highest level every worker runs.
   job_spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
+  // The coordinator writes it into every checkpoint of the job.
+  if (setup.tokenizer != nullptr) job_spec.set_tokenizer(setup.tokenizer->model());
   if (!save_dir.empty()) {
     job_spec.set_save_to(save_dir);
     job_spec.set_keep_checkpoints(t.keep_checkpoints);
@@ -249,8 +251,12 @@ absl::Status RunTrainCommand(const TrainCommandOptions& o, std::ostream& out,
       return absl::InvalidArgumentError(absl::StrCat("--save ", t.save_dir, ": ", ec.message()));
     }
   }
+  // --tokenizer, or the tokenizer of a --resume checkpoint that is readable here too.
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForTraining(t, /*remote=*/true));
   PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                      SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
+                      SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed,
+                                            math::DefaultIsa(), tokenizer));
   const v1::ModelSpec& spec = setup.spec;
   const std::unique_ptr<io::Dataset>& data = setup.data;
   const std::unique_ptr<model::Model>& net = setup.model;
