@@ -171,9 +171,11 @@ class _TextDataset(Dataset):
         return self._ids[window].reshape(-1, 1), self._ids[window + 1].reshape(-1, 1)
 
 
-def load(spec="digits", context=None, data_dir=None):
+def load(spec="digits", context=None, data_dir=None, tokenizer=None):
     """Opens the data set `spec` as the CLI's --data does: "digits", "text" (the bundled GPL-3
     text) or "text:PATH" (byte-level); text needs `context` (the model's embedding context).
+    `tokenizer` (a tokenizer directory or .model path, or a pipetrain.tokenizer.Tokenizer): text
+    becomes its token ids, as --tokenizer does (pipetrain/tokenizer.py).
     `data_dir` overrides where the bundled files are (default: the copy installed with this
     package). Raises PipetrainError: INVALID_ARGUMENT for an unknown spec or a missing context,
     NOT_FOUND for a missing file, DATA_LOSS for a damaged bundled digits file."""
@@ -192,21 +194,28 @@ def load(spec="digits", context=None, data_dir=None):
             raise PipetrainError(StatusCode.INVALID_ARGUMENT,
                                  "%s: text of %d bytes is too short for context %d"
                                  % (path, len(text), context))
+        if tokenizer is not None:
+            from pipetrain import tokenizer as tokenizers
+            return tokenizers.token_text_dataset(spec, path, text, context, tokenizer)
         return _TextDataset(spec, text, context)
+    if tokenizer is not None:
+        raise PipetrainError(StatusCode.INVALID_ARGUMENT,
+                             "a tokenizer applies to text data sets (text, text:PATH), not to %r"
+                             % (spec,))
     raise PipetrainError(
         StatusCode.INVALID_ARGUMENT,
         "unknown dataset spec %r (the Python package reads digits, text and text:PATH; for others "
         "pass your own arrays)" % (spec,))
 
 
-def load_for_model(spec, model, data_dir=None):
+def load_for_model(spec, model, data_dir=None, tokenizer=None):
     """load(spec) with the context a text data set takes from `model` (a ModelSpec message): its
     embedding's context, as the CLI does."""
     context = None
     for layer in model.layers:
         if layer.HasField("embedding"):
             context = layer.embedding.context
-    return load(spec, context=context, data_dir=data_dir)
+    return load(spec, context=context, data_dir=data_dir, tokenizer=tokenizer)
 
 
 def _read(path):
