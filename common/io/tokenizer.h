@@ -29,8 +29,8 @@ inline constexpr char kTokenizerModelFile[] = "tokenizer.model";
 inline constexpr char kTokenizerManifestFile[] = "tokenizer.json";
 inline constexpr char kTokenizerFormat[] = "pipetrain.tokenizer.v1";
 // Largest model file accepted (a 32k-piece model is about 0.5 MB, 256k pieces about 5 MB). It
-// travels in a JobSpec, below the coordinator's default message limit.
-inline constexpr int64_t kMaxTokenizerBytes = int64_t{16} << 20;
+// travels in a JobSpec, which the coordinator journals in records of at most 16 MiB.
+inline constexpr int64_t kMaxTokenizerBytes = int64_t{8} << 20;
 // Largest vocabulary: token ids travel as floats, exact below 2^24.
 inline constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 24;
 

@@ -630,6 +630,13 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   return ReadCheckpoint(dir, /*keep_tensors=*/true);
 }
 
+absl::StatusOr<std::string> ReadCheckpointTokenizer(const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
+  PT_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(dir));
+  if (!manifest.tokenizer.has_value()) return std::string();
+  return ReadVerifiedTokenizer(dir, *manifest.tokenizer);
+}
+
 absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& dir) {
   PT_ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, ReadCheckpoint(dir, /*keep_tensors=*/false));
   return std::move(checkpoint.manifest);

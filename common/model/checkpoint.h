@@ -258,6 +258,11 @@ struct LoadedCheckpoint {
 // (DATA_LOSS for a size or SHA-256 that differs, NOT_FOUND when it is missing).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir);
 
+// The tokenizer of the checkpoint in `dir`: the bytes of the file its manifest names, verified
+// (size and SHA-256), or "" if the manifest names none. Errors: ReadCheckpointManifest's;
+// DATA_LOSS or NOT_FOUND for the tokenizer file as LoadCheckpoint. Reads no layer file.
+absl::StatusOr<std::string> ReadCheckpointTokenizer(const std::string& dir);
+
 // LoadCheckpoint without keeping the tensors (one shard in memory at a time): OK exactly when
 // LoadCheckpoint would succeed; returns the manifest.
 absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& dir);
