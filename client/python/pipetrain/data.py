@@ -181,6 +181,10 @@ def load(spec="digits", context=None, data_dir=None, tokenizer=None):
     NOT_FOUND for a missing file, DATA_LOSS for a damaged bundled digits file."""
     data_dir = data_dir or _BUNDLED_DIR
     kind, _, arg = spec.partition(":")
+    if tokenizer is not None and kind != "text":
+        raise PipetrainError(StatusCode.INVALID_ARGUMENT,
+                             "a tokenizer applies to text data sets (text, text:PATH), not to %r"
+                             % (spec,))
     if kind == "digits" and not arg and ":" not in spec:
         return _load_digits(os.path.join(data_dir, "digits.csv.gz"))
     if kind == "text" and (arg or ":" not in spec):
@@ -198,10 +202,6 @@ def load(spec="digits", context=None, data_dir=None, tokenizer=None):
             from pipetrain import tokenizer as tokenizers
             return tokenizers.token_text_dataset(spec, path, text, context, tokenizer)
         return _TextDataset(spec, text, context)
-    if tokenizer is not None:
-        raise PipetrainError(StatusCode.INVALID_ARGUMENT,
-                             "a tokenizer applies to text data sets (text, text:PATH), not to %r"
-                             % (spec,))
     raise PipetrainError(
         StatusCode.INVALID_ARGUMENT,
         "unknown dataset spec %r (the Python package reads digits, text and text:PATH; for others "
