@@ -178,8 +178,7 @@ const std::map<std::string, std::string> kPipelineDefaults = {
 const std::vector<HelpTopic> kFlagTopics = {
     {"model and data",
      {"model", "data", "data_dir", "tokenizer", "batch", "steps", "seed", "eval_samples",
-      "eval_every"}},
-    {"tokenizer training", {"input", "out", "vocab_size", "model_type", "character_coverage"}},
+      "eval_every", "input", "out", "vocab_size", "model_type", "character_coverage"}},
     {"schedule",
      {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
       "min_stages"}},
