@@ -62,6 +62,18 @@ std::string FindModule(std::vector<std::string>* tried) {
   return "";
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+
 // The SentencePiece module, opened once per process (see sentencepiece_model.h for why it is
 // not linked). FAILED_PRECONDITION naming the paths tried when it cannot be opened.
 absl::StatusOr<const spm::Library*> SentencePiece() {
@@ -69,6 +81,12 @@ absl::StatusOr<const spm::Library*> SentencePiece() {
   static const spm::Library* library = nullptr;
   static std::string* error = new std::string();
   std::call_once(once, [] {
+    if (kSanitizerBuild) {
+      *error =
+          "tokenizers are not available in a sanitizer build: SentencePiece is opened with "
+          "RTLD_DEEPBIND, which the sanitizers' runtime refuses (docs/tokenizer.md)";
+      return;
+    }
     std::vector<std::string> tried;
     const std::string path = FindModule(&tried);
     void* handle =
@@ -91,6 +109,12 @@ absl::StatusOr<const spm::Library*> SentencePiece() {
   if (library == nullptr) return absl::FailedPreconditionError(*error);
   return library;
 }
+
+}  // namespace
+
+bool TokenizersAvailable() { return !kSanitizerBuild; }
+
+namespace {
 
 bool IsDirectory(const std::string& path) {
   struct stat st;

@@ -34,6 +34,11 @@ inline constexpr int64_t kMaxTokenizerBytes = int64_t{8} << 20;
 // Largest vocabulary: token ids travel as floats, exact below 2^24.
 inline constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 24;
 
+// False in a sanitizer build (ASan, TSan; scripts/sanitize.sh): their runtimes refuse the
+// RTLD_DEEPBIND that loading SentencePiece needs (common/io/sentencepiece_model.h), so every
+// function here that parses or trains a model is then FAILED_PRECONDITION. True otherwise.
+bool TokenizersAvailable();
+
 // A loaded SentencePiece model. Immutable; every method is const and thread-safe.
 class Tokenizer {
  public:

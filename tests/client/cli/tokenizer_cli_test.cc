@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "common/io/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -61,6 +62,7 @@ Parsed ParseJson(const std::string& out) {
 }
 
 TEST(TokenizerCliTest, TrainWritesTheSameFilesForTheSameInput) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = testing::TempDir("pipetrain_tokenizer_cli_");
   for (const char* type : {"bpe", "unigram"}) {
     TrainTokenizer(dir + "/a-" + type, 300, type);
@@ -83,6 +85,7 @@ TEST(TokenizerCliTest, TrainWritesTheSameFilesForTheSameInput) {
 }
 
 TEST(TokenizerCliTest, BadInputIsRefusedClearly) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = testing::TempDir("pipetrain_tokenizer_cli_");
   const std::string train = "tokenizer train --vocab-size 300 --out " + dir + "/t";
   ExpectRefused(train + " --input " + dir + "/missing.txt",
@@ -118,6 +121,7 @@ TEST(TokenizerCliTest, BadInputIsRefusedClearly) {
 // The end-to-end check: the char GPT on the bundled text with a tokenizer trained here,
 // over a 2-stage pipeline, equals `reference` bit for bit, and both checkpoints carry it.
 TEST(TokenizerCliTest, LocalTwoStagesEqualsReferenceAndCheckpointsCarryTheTokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = testing::TempDir("pipetrain_tokenizer_e2e_");
   TrainTokenizer(dir + "/tok", 200);
   const std::string common = " --model " + Example("gpt_char.textproto") +
@@ -176,6 +180,7 @@ TEST(TokenizerCliTest, LocalTwoStagesEqualsReferenceAndCheckpointsCarryTheTokeni
 }
 
 TEST(TokenizerCliTest, ByteLevelCheckpointRefusesATokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = testing::TempDir("pipetrain_tokenizer_bytes_");
   TrainTokenizer(dir + "/tok", 200);
   const testing::CommandRun ref =

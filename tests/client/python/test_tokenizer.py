@@ -20,7 +20,11 @@ TEXT = os.path.join(SOURCE_DIR, "data", "gpl-3.txt")
 
 
 def pipetrain_cli(*args):
-    return subprocess.run([BINARY, *args], check=True, capture_output=True, text=True).stdout
+    run = subprocess.run([BINARY, *args], capture_output=True, text=True)
+    if run.returncode != 0 and "not available in a sanitizer build" in run.stderr:
+        pytest.skip("no tokenizers in a sanitizer build (docs/tokenizer.md)")
+    assert run.returncode == 0, run.stderr
+    return run.stdout
 
 
 @pytest.fixture(scope="module")

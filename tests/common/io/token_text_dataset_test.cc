@@ -45,6 +45,7 @@ DatasetOptions Options(int64_t context) {
 }
 
 TEST(TokenTextDatasetTest, BundledTextGivesTheTokenizersIds) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   absl::StatusOr<std::unique_ptr<Dataset>> data = OpenDataset("text", Options(16));
   ASSERT_TRUE(data.ok()) << data.status();
   const DatasetInfo& info = (*data)->info();
@@ -75,6 +76,7 @@ TEST(TokenTextDatasetTest, BundledTextGivesTheTokenizersIds) {
 }
 
 TEST(TokenTextDatasetTest, TextFileWithTooFewTokens) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string path = ::testing::TempDir() + "/pipetrain_token_text_short.txt";
   ASSERT_TRUE(WriteFileAtomically(path, "the license").ok());
   absl::StatusOr<std::unique_ptr<Dataset>> data = OpenDataset("text:" + path, Options(32));
@@ -84,6 +86,7 @@ TEST(TokenTextDatasetTest, TextFileWithTooFewTokens) {
 }
 
 TEST(TokenTextDatasetTest, TooManyWindows) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   DatasetOptions o = Options(8);
   o.max_samples = 100;
   absl::StatusOr<std::unique_ptr<Dataset>> data = OpenDataset("text", o);
@@ -91,6 +94,7 @@ TEST(TokenTextDatasetTest, TooManyWindows) {
 }
 
 TEST(TokenTextDatasetTest, TokenizerOnlyForText) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   absl::StatusOr<std::unique_ptr<Dataset>> data = OpenDataset("digits", Options(8));
   EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(data.status().message(), HasSubstr("a tokenizer applies to text data sets"));

@@ -54,6 +54,7 @@ const std::string& BundledModel() {
 }
 
 TEST(TokenizerTest, TrainedModelRoundTripsTheText) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string text = BundledText();
   absl::StatusOr<std::shared_ptr<const Tokenizer>> t = Tokenizer::FromModel(BundledModel(), "m");
   ASSERT_TRUE(t.ok()) << t.status();
@@ -72,6 +73,7 @@ TEST(TokenizerTest, TrainedModelRoundTripsTheText) {
 }
 
 TEST(TokenizerTest, TrainingIsDeterministic) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   for (const char* type : {"bpe", "unigram"}) {
     absl::StatusOr<std::string> a = TrainTokenizer(BundledText(), "in", Options(200, type));
     absl::StatusOr<std::string> b = TrainTokenizer(BundledText(), "in", Options(200, type));
@@ -82,6 +84,7 @@ TEST(TokenizerTest, TrainingIsDeterministic) {
 }
 
 TEST(TokenizerTest, WrittenDirectoryLoadsAndIsByteIdentical) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir1 = TempDir() + "/tok", dir2 = TempDir() + "/tok";
   const std::string& model = BundledModel();
   ASSERT_TRUE(WriteTokenizerDirectory(dir1, model, Options(300), BundledText()).ok());
@@ -100,6 +103,7 @@ TEST(TokenizerTest, WrittenDirectoryLoadsAndIsByteIdentical) {
 }
 
 TEST(TokenizerTest, LoadErrorsNameThePath) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = TempDir();
   absl::StatusOr<std::shared_ptr<const Tokenizer>> missing = Tokenizer::Load(dir + "/nope");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
@@ -121,6 +125,7 @@ TEST(TokenizerTest, LoadErrorsNameThePath) {
 }
 
 TEST(TokenizerTest, ChangedModelIsDataLoss) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = TempDir() + "/tok";
   ASSERT_TRUE(WriteTokenizerDirectory(dir, BundledModel(), Options(300), "x").ok());
   absl::StatusOr<std::string> other = TrainTokenizer(BundledText(), "in", Options(100));
@@ -135,6 +140,7 @@ TEST(TokenizerTest, ChangedModelIsDataLoss) {
 }
 
 TEST(TokenizerTest, DecodeRefusesIdsOutsideTheVocabulary) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   absl::StatusOr<std::shared_ptr<const Tokenizer>> t = Tokenizer::FromModel(BundledModel(), "m");
   ASSERT_TRUE(t.ok());
   const std::vector<int32_t> ids = {5, 300};
@@ -144,6 +150,7 @@ TEST(TokenizerTest, DecodeRefusesIdsOutsideTheVocabulary) {
 }
 
 TEST(TokenizerTest, TrainingErrors) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   EXPECT_THAT(TrainTokenizer("", "in.txt", Options(100)).status().message(),
               HasSubstr("in.txt: is empty"));
   EXPECT_THAT(TrainTokenizer("\n\n", "in.txt", Options(100)).status().message(),
@@ -169,6 +176,7 @@ TEST(TokenizerTest, TrainingErrors) {
 }
 
 TEST(TokenizerTest, UnwritableOutputDirectory) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   if (geteuid() == 0) GTEST_SKIP() << "root writes anywhere";
   const std::string dir = TempDir();
   ASSERT_EQ(chmod(dir.c_str(), 0500), 0);
@@ -180,6 +188,7 @@ TEST(TokenizerTest, UnwritableOutputDirectory) {
 }
 
 TEST(TokenizerTest, OutputPathThatIsAFile) {
+  if (!TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = TempDir();
   ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
   const absl::Status s = WriteTokenizerDirectory(dir + "/file", BundledModel(), Options(300), "t");

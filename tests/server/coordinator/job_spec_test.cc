@@ -153,6 +153,7 @@ v1::JobSpec GptSpec(int64_t vocab) {
 }
 
 TEST(JobSpecTokenizerTest, TokenizerIsCheckedAgainstTheModel) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string tokenizer = TrainedTokenizer(60);
   v1::JobSpec fits = GptSpec(60);
   fits.set_tokenizer(tokenizer);
@@ -178,6 +179,7 @@ TEST(JobSpecTokenizerTest, TokenizerIsCheckedAgainstTheModel) {
 }
 
 TEST(JobSpecTokenizerTest, ResumeNeedsTheCheckpointsTokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string a = TrainedTokenizer(60), b = TrainedTokenizer(50);
   model::CheckpointManifest none;
   model::CheckpointManifest with_a = none;
