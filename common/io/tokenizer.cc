@@ -28,8 +28,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// Largest training text (as for a data file).
-constexpr int64_t kMaxTrainTextBytes = int64_t{1} << 30;
 // Largest tokenizer manifest.
 constexpr int64_t kMaxManifestBytes = int64_t{1} << 16;
 
@@ -92,10 +90,11 @@ absl::StatusOr<const spm::Library*> SentencePiece() {
     void* handle =
         path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     if (handle == nullptr) {
-      *error = absl::StrCat(
-          "tokenizers need pipetrain's SentencePiece module ", spm::kModuleFile,
-          " (of the package libsentencepiece0); ", path.empty() ? "not found" : dlerror(),
-          " (looked for ", absl::StrJoin(tried, ", "), "; set $", spm::kModuleEnv, " to its path)");
+      *error =
+          absl::StrCat("tokenizers need pipetrain's SentencePiece module ", spm::kModuleFile,
+                       " (installed in lib/pipetrain; it needs the package libsentencepiece0): ",
+                       path.empty() ? "not found" : dlerror(), " (looked for ",
+                       absl::StrJoin(tried, ", "), "; set $", spm::kModuleEnv, " to its path)");
       return;
     }
     using Entry = const spm::Library* (*)();

@@ -109,6 +109,15 @@ TEST(TokenizerCliTest, BadInputIsRefusedClearly) {
                 "unknown subcommand 'fit'");
   ExpectRefused("tokenizer --vocab-size 300 --out " + dir + "/t --input " + BundledText(),
                 "missing subcommand");
+  // Without the SentencePiece module: FAILED_PRECONDITION naming it and where it was looked for.
+  const testing::CommandRun no_module = testing::RunCommand(
+      "PIPETRAIN_SENTENCEPIECE_MODULE=" + dir + "/none.so " + std::string(PIPETRAIN_BINARY) + " " +
+      train + " --input " + BundledText() + " 2>&1");
+  EXPECT_EQ(no_module.exit_code, 1) << no_module.out;
+  EXPECT_THAT(no_module.out, HasSubstr("tokenizers need pipetrain's SentencePiece module "
+                                       "libpipetrain_sentencepiece.so"));
+  EXPECT_THAT(no_module.out, HasSubstr(dir + "/none.so"));
+  EXPECT_THAT(no_module.out, HasSubstr("[FAILED_PRECONDITION]"));
   // A tokenizer that is not one, for a data set that takes none.
   ExpectRefused("reference --model " + Example("gpt_char.textproto") + " --data text --tokenizer " +
                     BundledText() + " --steps 1",
