@@ -1,6 +1,8 @@
 # `cmake --install` rules and the Debian package (CPack). Included from the top-level
 # CMakeLists.txt after every target is defined. Layout under the prefix (docs/deploy.md):
 #   bin/                      pipetrain, coordinator, stage_worker
+#   lib/pipetrain/            libpipetrain_sentencepiece.so, the tokenizers' SentencePiece module
+#                             (found from bin/ at run time: common/io/sentencepiece_model.h)
 #   share/pipetrain/data/     the bundled data sets (found from bin/ at run time: common/io/data_dir.h)
 #   share/pipetrain/examples/ model specs
 #   include/pipetrain/        the client SDK's headers (client/sdk/client.h, job_watch.h and what
@@ -12,6 +14,7 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS pipetrain coordinator stage_worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   COMPONENT runtime)
+install(TARGETS pipetrain_sentencepiece_module LIBRARY DESTINATION lib/pipetrain COMPONENT runtime)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/pipetrain/data
   COMPONENT runtime)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/examples/

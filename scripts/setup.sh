@@ -21,6 +21,9 @@ demo_packages=(
   libabsl-dev libeigen3-dev libssl-dev nlohmann-json3-dev zlib1g-dev
   # Metrics (prometheus-cpp) and logs (spdlog) of the daemons.
   prometheus-cpp-dev libspdlog-dev
+  # Tokenizers (SentencePiece): `pipetrain tokenizer`, text data sets with --tokenizer, and the
+  # coordinator's check of a job's tokenizer.
+  libsentencepiece-dev
 )
 # Everything else the repository uses.
 more_packages=(
@@ -32,6 +35,8 @@ more_packages=(
   python3-wheel python3-pytest python3-tqdm python3-matplotlib
   # PyTorch parity of the layers (tests/parity: the same models trained in plain PyTorch).
   python3-torch
+  # The Python data module's tokenizer (pipetrain.data with a tokenizer directory).
+  python3-sentencepiece
   # Tests: a real Prometheus scraping the daemons (+ promtool), and containers built and run
   # from local files (podman with runc); the .deb is checked with dpkg-deb.
   prometheus curl podman runc dpkg-dev

@@ -5,6 +5,8 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
+//   pipetrain tokenizer train --input FILE --vocab-size N --out DIR ...
+//   pipetrain tokenizer encode --input FILE --tokenizer DIR
 //   pipetrain jobs | workers | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
 //     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
@@ -31,6 +33,7 @@
 #include "client/cli/partition_command.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
+#include "client/cli/tokenizer_command.h"
 #include "client/cli/train_command.h"
 #include "client/cli/training_options.h"
 #include "client/cli/training_setup.h"
@@ -54,6 +57,19 @@ ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S), >= 1");
 ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
 ABSL_FLAG(std::string, data_dir, "", "directory of the bundled data sets (digits, text)");
+ABSL_FLAG(std::string, tokenizer, "",
+          "SentencePiece tokenizer (a directory `pipetrain tokenizer train` wrote, or a .model "
+          "file) that turns --data text[:PATH] into token ids; with --resume it must be the "
+          "checkpoint's");
+// tokenizer train / encode
+ABSL_FLAG(std::string, input, "",
+          "tokenizer: the text file to train on (train) or encode (encode)");
+ABSL_FLAG(std::string, out, "", "tokenizer train: the tokenizer directory to write");
+ABSL_FLAG(int64_t, vocab_size, 0, "tokenizer train: pieces in the vocabulary");
+ABSL_FLAG(std::string, model_type, "bpe", "tokenizer train: bpe | unigram");
+ABSL_FLAG(double, character_coverage, 1.0,
+          "tokenizer train: fraction of the text's characters the vocabulary covers, in (0, 1]; "
+          "the rarest others become the unknown piece");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
@@ -141,7 +157,7 @@ namespace {
 // refuses it (tests/client/cli/cli_flags_test.cc checks that each flag has a command).
 // clang-format off
 const std::vector<std::string> kTrainingFlags = {
-    "model", "data", "data_dir",                                      // what to train on
+    "model", "data", "data_dir", "tokenizer",                         // what to train on
     "steps", "batch", "microbatches", "seed", "threads", "optimizer",  // the loop
     "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min",        // learning rate
     "json", "eval_samples", "eval_every", "log_every",                // output
@@ -161,7 +177,8 @@ const std::map<std::string, std::string> kPipelineDefaults = {
 // The headings `pipetrain COMMAND --help` lists flags under, each flag under one.
 const std::vector<HelpTopic> kFlagTopics = {
     {"model and data",
-     {"model", "data", "data_dir", "batch", "steps", "seed", "eval_samples", "eval_every"}},
+     {"model", "data", "data_dir", "tokenizer", "batch", "steps", "seed", "eval_samples",
+      "eval_every", "input", "out", "vocab_size", "model_type", "character_coverage"}},
     {"schedule",
      {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
       "min_stages"}},
@@ -176,6 +193,7 @@ const std::vector<HelpTopic> kFlagTopics = {
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
     {"planning commands (no coordinator needed)", {"schedule", "partition"}},
+    {"data commands", {"tokenizer"}},
     {"commands for a coordinator's jobs and workers",
      {"jobs", "status", "watch", "cancel", "workers"}}};
 
@@ -236,8 +254,20 @@ const ProgramSpec& Program() {
           {"evaluate",
            "",
            "held-out loss and accuracy of a checkpoint",
-           {"resume", "checkpoint", "data", "data_dir", "eval_samples", "json"},
-           {{"resume", kRequired}, {"data", "the checkpoint's"}, {"eval_samples", "1000"}}},
+           {"resume", "checkpoint", "data", "data_dir", "tokenizer", "eval_samples", "json"},
+           {{"resume", kRequired},
+            {"data", "the checkpoint's"},
+            {"tokenizer", "the checkpoint's"},
+            {"eval_samples", "1000"}}},
+          {"tokenizer",
+           "train|encode",
+           "train a SentencePiece tokenizer on a text file, or print a text's token ids "
+           "(docs/tokenizer.md)",
+           {"input", "out", "vocab_size", "model_type", "character_coverage", "tokenizer", "json"},
+           {{"input", kRequired},
+            {"out", "required by train"},
+            {"vocab_size", "required by train"},
+            {"tokenizer", "required by encode"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, progress and stages", kJobFlags},
           {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
@@ -282,6 +312,7 @@ TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
   o.model_path = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.batch = absl::GetFlag(FLAGS_batch);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
@@ -379,9 +410,24 @@ absl::Status RunEvaluate(const CommandLine& line) {
   // --data only when given: by default the data set the checkpoint was trained on.
   if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples).value_or(kDefaultEvalSamples);
   o.json = absl::GetFlag(FLAGS_json);
   return RunEvaluateCommand(o, std::cout);
+}
+
+// `tokenizer ACTION` (train, encode).
+absl::Status RunTokenizer(const CommandLine& line) {
+  TokenizerCommandOptions o;
+  o.action = line.args.empty() ? "" : line.args[0];
+  o.input = absl::GetFlag(FLAGS_input);
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  o.train.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  o.train.model_type = absl::GetFlag(FLAGS_model_type);
+  o.train.character_coverage = absl::GetFlag(FLAGS_character_coverage);
+  o.json = absl::GetFlag(FLAGS_json);
+  return RunTokenizerCommand(o, std::cout);
 }
 
 absl::Status RunTrain(const CommandLine& line) {
@@ -540,8 +586,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string& command = line.command->name;
-  // `status`, `watch`, `cancel` and `checkpoint` take the job as their one argument; the others
-  // take none.
+  // `status`, `watch`, `cancel` and `checkpoint` take the job as their one argument, `tokenizer`
+  // its action; the others take none.
   const size_t arity = line.command->args.empty() ? 0 : 1;
   // A missing JOB is the command's error (it names its usage); an extra argument is ours.
   if (line.args.size() > arity) {
@@ -562,6 +608,8 @@ int Main(int argc, char** argv) {
     status = RunTrain(line);
   } else if (command == "local") {
     status = RunLocal(line);
+  } else if (command == "tokenizer") {
+    status = RunTokenizer(line);
   } else if (command == "watch") {
     status = RunWatch(line, line.args.empty() ? "" : line.args[0]);
   } else {  // jobs, workers, status, cancel, checkpoint

@@ -45,8 +45,10 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
   PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(o));
   PT_RETURN_IF_ERROR(CheckSaveDirectory(o));
   PT_ASSIGN_OR_RETURN(const math::Isa isa, ReferenceIsaFor(o));
-  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                      SetUpTrainingFromFile(o.model_path, o.data, o.data_dir, o.seed, isa));
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForTraining(o, /*remote=*/false));
+  PT_ASSIGN_OR_RETURN(TrainingSetup setup, SetUpTrainingFromFile(o.model_path, o.data, o.data_dir,
+                                                                 o.seed, isa, tokenizer));
   const v1::ModelSpec& spec = setup.spec;
   const std::unique_ptr<io::Dataset>& data = setup.data;
   const std::unique_ptr<model::Model>& net = setup.model;
@@ -126,8 +128,9 @@ absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
       model::CheckpointManifest manifest =
           CheckpointManifestFor(o, setup, optimizer, r.step, sampler.cursor());
       manifest.isa_note = isa_note;
-      PT_RETURN_IF_ERROR(
-          model::SaveCheckpoint(o.save_dir, manifest, trainer->ExportState(), o.keep_checkpoints));
+      PT_RETURN_IF_ERROR(model::SaveCheckpoint(o.save_dir, manifest, trainer->ExportState(),
+                                               o.keep_checkpoints,
+                                               tokenizer != nullptr ? tokenizer->model() : ""));
       if (!o.json) {
         progress.Clear();
         out << "checkpoint of step " << r.step << " written to " << o.save_dir << "\n";
@@ -159,9 +162,12 @@ absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& o
       saved.ok() && math::CpuSupportsIsa(*saved)) {
     isa = *saved;
   }
-  PT_ASSIGN_OR_RETURN(
-      TrainingSetup setup,
-      SetUpTraining(m.model_spec, o.data.empty() ? m.data : o.data, o.data_dir, m.seed, isa));
+  // The checkpoint's tokenizer, or --tokenizer if it is the same one.
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForRun(o.tokenizer, o.checkpoint_dir, ckpt.tokenizer));
+  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
+                      SetUpTraining(m.model_spec, o.data.empty() ? m.data : o.data, o.data_dir,
+                                    m.seed, isa, tokenizer));
   model::TrainerOptions topts;
   topts.seed = m.seed;
   topts.optimizer = optimizer;
@@ -170,8 +176,12 @@ absl::Status RunEvaluateCommand(const EvaluateCommandOptions& o, std::ostream& o
   PT_RETURN_IF_ERROR(trainer->ImportState(ckpt.tensors, m.step));
   PT_ASSIGN_OR_RETURN(model::EvalResult eval, trainer->Evaluate(*setup.data, o.eval_samples));
   if (!o.json && o.step == 0) {
-    out << absl::StrFormat("checkpoint %s: step %d, model %s, data %s\n", o.checkpoint_dir, m.step,
-                           setup.spec.name(), setup.data->info().name);
+    out << absl::StrFormat("checkpoint %s: step %d, model %s, data %s%s\n", o.checkpoint_dir,
+                           m.step, setup.spec.name(), setup.data->info().name,
+                           tokenizer == nullptr
+                               ? ""
+                               : absl::StrCat(", tokenizer of ", tokenizer->vocab_size(),
+                                              " pieces (", tokenizer->origin(), ")"));
   }
   PrintEvaluation(eval, setup.spec.loss().has_softmax_cross_entropy(), o.json, o.step, out);
   return absl::OkStatus();

@@ -23,6 +23,8 @@ struct EvaluateCommandOptions {
   std::string checkpoint_dir;  // --checkpoint: a checkpoint directory (reference or pipeline).
   std::string data;            // --data: default the data set the checkpoint was trained on.
   std::string data_dir;        // --data-dir: bundled data directory; empty: the built-in one.
+  // --tokenizer: must be the checkpoint's tokenizer if given; empty: the checkpoint's (if any).
+  std::string tokenizer;
   int64_t eval_samples = kDefaultEvalSamples;  // --eval-samples: held-out samples (0: all).
   bool json = false;  // --json: one JSON object {"eval_loss", "eval_accuracy"}.
   // > 0: an evaluation during training at this step (--eval-every): printed as one labelled line

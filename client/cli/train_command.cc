@@ -17,6 +17,8 @@
 #include "client/cli/reference_command.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
+#include "common/io/tokenizer.h"
+#include "common/math/isa.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
@@ -201,6 +203,8 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   spec.set_min_stages(o.min_stages);
   spec.set_isa(t.isa);              // empty: the highest level every worker runs.
   spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
+  // The coordinator writes it into every checkpoint of the job.
+  if (p.setup.tokenizer != nullptr) spec.set_tokenizer(p.setup.tokenizer->model());
   if (!p.save_dir.empty()) {
     spec.set_save_to(p.save_dir);
     spec.set_keep_checkpoints(t.keep_checkpoints);
@@ -524,7 +528,11 @@ absl::StatusOr<PreparedTrain> PrepareTrainCommand(const TrainCommandOptions& o,
   PT_ASSIGN_OR_RETURN(p.kind, schedule::ParseScheduleKind(o.schedule));
   PT_ASSIGN_OR_RETURN(p.optimizer, OptimizerConfigFor(t));
   PT_ASSIGN_OR_RETURN(p.save_dir, SaveDirFor(t));
-  PT_ASSIGN_OR_RETURN(p.setup, SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed));
+  // --tokenizer, or the tokenizer of a --resume checkpoint (when it is readable here).
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForTraining(t, /*remote=*/!shares_files));
+  PT_ASSIGN_OR_RETURN(p.setup, SetUpTrainingFromFile(t.model_path, t.data, t.data_dir, t.seed,
+                                                     math::DefaultIsa(), tokenizer));
   // The batch against the data set (the run's sampler starts where the job's checkpoint says).
   PT_RETURN_IF_ERROR(
       io::BatchSampler::Create(p.setup.data.get(), t.batch, t.seed, io::DataCursor()).status());

@@ -26,6 +26,9 @@ struct TrainingOptions {
   std::string data = "digits";
   // --data-dir DIR: the bundled data directory; empty: the built-in one.
   std::string data_dir;
+  // --tokenizer DIR|FILE: the SentencePiece tokenizer that turns --data text[:PATH] into token
+  // ids (docs/tokenizer.md). Empty: byte-level text, or with --resume the checkpoint's tokenizer.
+  std::string tokenizer;
   // --steps N: optimizer steps to run, in [1, 2^53).
   int64_t steps = 100;
   // --batch B: samples per step, >= 1.

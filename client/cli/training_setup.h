@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "client/cli/training_options.h"
 #include "common/io/dataset.h"
+#include "common/io/tokenizer.h"
 #include "common/math/optimizer.h"
 #include "common/model/checkpoint.h"
 #include "common/model/model.h"
@@ -21,7 +23,26 @@ struct TrainingSetup {
   v1::ModelSpec spec;  // resolved against the data set.
   std::unique_ptr<io::Dataset> data;
   std::unique_ptr<model::Model> model;  // built from `spec`.
+  // The tokenizer the text data set was encoded with; null for byte-level text and other data.
+  std::shared_ptr<const io::Tokenizer> tokenizer;
 };
+
+// The tokenizer of a run given --tokenizer `flag` (a path, or empty) and the tokenizer of the
+// checkpoint it continues or evaluates (`checkpoint_dir`): `checkpoint_tokenizer` holds that
+// checkpoint's tokenizer bytes ("" if it has none; nullopt if unknown here, e.g. a checkpoint on
+// a remote coordinator's host). Returns the flag's tokenizer, else the checkpoint's, else null.
+// Errors: io::Tokenizer::Load's for the flag (prefixed "--tokenizer"); FAILED_PRECONDITION when
+// the flag's tokenizer is not the checkpoint's (their SHA-256s differ, or the checkpoint has
+// none), naming both.
+absl::StatusOr<std::shared_ptr<const io::Tokenizer>> TokenizerForRun(
+    const std::string& flag, const std::string& checkpoint_dir,
+    const std::optional<std::string>& checkpoint_tokenizer);
+
+// TokenizerForRun for a training run with `options` (--tokenizer, --resume). With `remote` (the
+// checkpoint lives on the coordinator's host) a --resume directory that cannot be read here
+// counts as unknown; otherwise its errors are returned (model::ReadCheckpointTokenizer).
+absl::StatusOr<std::shared_ptr<const io::Tokenizer>> TokenizerForTraining(
+    const TrainingOptions& options, bool remote);
 
 // Opens the data set `data` (digits | text[:PATH] | csv:PATH | synthetic[:ROWS]) with the options
 // `raw_spec` implies (the text context, the synthetic task's shape), fills the sizes the spec
@@ -30,16 +51,19 @@ struct TrainingSetup {
 // (io::Dataset::CheckLabelsForModel, naming FILE:LINE:COLUMN of the first row beyond it).
 // `data_dir` empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) or is
 // missing.
-// The model's math runs at instruction-set level `isa` (Model::Build).
-absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
-                                            const std::string& data_dir, uint64_t seed,
-                                            math::Isa isa = math::DefaultIsa());
+// The model's math runs at instruction-set level `isa` (Model::Build). A `tokenizer` encodes
+// text data sets (then the model's vocab_size 0 is its vocabulary size); it is kept in the
+// result. Any other data set with a tokenizer is INVALID_ARGUMENT.
+absl::StatusOr<TrainingSetup> SetUpTraining(
+    const v1::ModelSpec& raw_spec, const std::string& data, const std::string& data_dir,
+    uint64_t seed, math::Isa isa = math::DefaultIsa(),
+    std::shared_ptr<const io::Tokenizer> tokenizer = nullptr);
 
 // The same, reading the spec from the file `model_path` first.
-absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(const std::string& model_path,
-                                                    const std::string& data,
-                                                    const std::string& data_dir, uint64_t seed,
-                                                    math::Isa isa = math::DefaultIsa());
+absl::StatusOr<TrainingSetup> SetUpTrainingFromFile(
+    const std::string& model_path, const std::string& data, const std::string& data_dir,
+    uint64_t seed, math::Isa isa = math::DefaultIsa(),
+    std::shared_ptr<const io::Tokenizer> tokenizer = nullptr);
 
 // The manifest of a checkpoint of `setup`'s model after `step` steps of a run with `options` and
 // `optimizer`, its next batch at `cursor`, with the model's instruction-set level and no isa_note:

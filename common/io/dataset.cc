@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "common/io/file_util.h"
 #include "common/io/input_file.h"
+#include "common/io/token_text_dataset.h"
 #include "common/util/checked_math.h"
 #include "common/util/decimal_number.h"
 #include "common/util/status_macros.h"
@@ -511,6 +512,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const
   PT_ASSIGN_OR_RETURN(std::string text, name == "text" ? ReadBundledFile(path, options)
                                                        : ReadDataFile(path, options));
   if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": text is empty"));
+  if (options.tokenizer != nullptr) {
+    return OpenTokenText(name, path, text, options.context, options.tokenizer, options);
+  }
   auto dataset = std::make_unique<TextDataset>(name, path, text, options.context);
   const int64_t samples = dataset->size(Split::kTrain) + dataset->size(Split::kEval);
   if (samples > options.max_samples) {
@@ -640,6 +644,10 @@ absl::Status Dataset::CheckLabelsForModel(int64_t model_classes) const {
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(absl::string_view spec,
                                                      const DatasetOptions& options) {
+  if (options.tokenizer != nullptr && spec != "text" && spec.substr(0, 5) != "text:") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tokenizer applies to text data sets (text, text:PATH), not to '", spec, "'"));
+  }
   // DatasetOptions' limits bound every allocation; this is the last line of defence when the
   // machine has less memory than they allow.
   try {

@@ -21,6 +21,8 @@
 
 namespace pipetrain::io {
 
+class Tokenizer;  // common/io/tokenizer.h
+
 // Which part of a dataset: the training part or the held-out part.
 enum class Split { kTrain, kEval };
 
@@ -70,6 +72,10 @@ struct DatasetOptions {
   // Text datasets: tokens per sample (the model's context length). Must be in
   // [1, kMaxTextContext] for text.
   int64_t context = 0;
+  // Text datasets: the tokenizer that turns the text into token ids
+  // (common/io/token_text_dataset.h); null (default): byte-level ids. Set for any other spec:
+  // INVALID_ARGUMENT.
+  std::shared_ptr<const Tokenizer> tokenizer;
   // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).
   int64_t input_features = 0;
   int64_t num_classes = 0;
@@ -96,6 +102,7 @@ inline constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;  // 1 GiB
 //   digits            bundled UCI optical digits (64 features scaled to [0, 1], 10 classes)
 //   text              bundled text (GPL-3 license), char (byte) level language modelling
 //   text:PATH         the file at PATH, byte-level language modelling
+//                     (both text forms: token ids of options.tokenizer when it is set)
 //   csv:PATH          numeric feature columns then an integer class label >= 0; optional header
 //   synthetic[:ROWS]  N(0, 1) features labelled by a fixed random linear teacher
 // Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options, a path

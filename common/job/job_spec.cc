@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/digest.h"
+#include "common/io/tokenizer.h"
 #include "common/math/isa.h"
 #include "common/model/optimizer_proto.h"
 #include "common/partition/partitioner.h"
@@ -28,6 +30,11 @@ absl::Status CheckCaps(const JobLimits& limits, const v1::JobSpec& spec) {
       bytes > static_cast<size_t>(kMaxModelSpecBytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the model spec has ", bytes, " bytes, more than the limit of ", kMaxModelSpecBytes));
+  }
+  if (static_cast<int64_t>(spec.tokenizer().size()) > io::kMaxTokenizerBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("tokenizer of ", spec.tokenizer().size(),
+                                                     " bytes is more than the limit of ",
+                                                     io::kMaxTokenizerBytes));
   }
   if (spec.microbatches() > limits.max_microbatches) {
     return absl::ResourceExhaustedError(
@@ -87,6 +94,24 @@ absl::StatusOr<std::unique_ptr<model::Model>> BuildModel(const JobLimits& limits
   return built;
 }
 
+// OK without a tokenizer, or for one that parses and whose vocabulary fits the model's first
+// embedding.
+absl::Status CheckTokenizer(const v1::JobSpec& spec, const model::Model& net) {
+  if (spec.tokenizer().empty()) return absl::OkStatus();
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      io::Tokenizer::FromModel(spec.tokenizer(), "tokenizer"));
+  for (const v1::LayerSpec& layer : net.spec().layers()) {
+    if (!layer.has_embedding()) continue;
+    if (layer.embedding().vocab_size() < tokenizer->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer has ", tokenizer->vocab_size(), " pieces, more than the model's embedding ",
+          "vocab_size ", layer.embedding().vocab_size()));
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 JobLimits JobLimits::Unlimited() {
@@ -104,6 +129,25 @@ absl::Status CheckJobIsa(const v1::JobSpec& spec) {
       absl::StrCat("isa '", spec.isa(),
                    "' is not an instruction-set level (x86-64-v3, x86-64-v4, "
                    "generic)"));
+}
+
+absl::Status CheckResumeTokenizer(const std::string& dir, const model::CheckpointManifest& manifest,
+                                  const std::string& tokenizer) {
+  std::string job_sha256;
+  if (!tokenizer.empty()) {
+    PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(tokenizer));
+    job_sha256 = digest.sha256;
+  }
+  const std::string saved = manifest.tokenizer.has_value() ? manifest.tokenizer->sha256 : "";
+  if (saved == job_sha256) return absl::OkStatus();
+  const auto describe = [](const std::string& sha256) {
+    return sha256.empty() ? std::string("no tokenizer (byte-level text)")
+                          : absl::StrCat("tokenizer SHA-256 ", sha256.substr(0, 12), "...");
+  };
+  return absl::FailedPreconditionError(
+      absl::StrCat("resume_from ", dir, ": the checkpoint was trained with ", describe(saved),
+                   ", the job has ", describe(job_sha256),
+                   " (pipetrain: pass the checkpoint's tokenizer, or none, as --tokenizer)"));
 }
 
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec) {
@@ -129,6 +173,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   // The model as its author wrote it: sizes left 0 come from the client's data shape.
   CheckedJobSpec checked;
   PT_ASSIGN_OR_RETURN(checked.model, BuildModel(limits, spec));
+  PT_RETURN_IF_ERROR(CheckTokenizer(*spec, *checked.model));
   PT_ASSIGN_OR_RETURN(checked.plan, PlanFor(*spec, *checked.model));
   return checked;
 }

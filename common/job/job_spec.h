@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/schedule/ir.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -61,16 +62,24 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
 // otherwise). Pure.
 absl::Status CheckJobIsa(const v1::JobSpec& spec);
 
+// OK if a job with tokenizer bytes `tokenizer` ("" for none) may resume the checkpoint
+// `manifest` (read from `dir`): both have no tokenizer, or the same one (equal SHA-256s).
+// FAILED_PRECONDITION naming `dir` and both tokenizers otherwise. Thread-safe (pure).
+absl::Status CheckResumeTokenizer(const std::string& dir, const model::CheckpointManifest& manifest,
+                                  const std::string& tokenizer);
+
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
 // name and parameters, min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in
 // [0, 2^53), keep_checkpoints >= 0, optimizer, model (and its target features against the data
-// shape), and that there are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming
-// the field and value; RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than
+// shape), the tokenizer (a SentencePiece model whose vocabulary fits the model's embedding), and
+// that there are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and
+// value; RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than
 // limits.max_layers layers or the step more than limits.max_microbatches micro-batches (counted
-// before the model is built), when the model's serialization exceeds kMaxModelSpecBytes, or when
-// the model exceeds limits.model. Allocates no parameters. The directories (save_to,
-// resume_from) are the coordinator's to check, on its file system. Thread-safe (pure).
+// before the model is built), when the model's serialization exceeds kMaxModelSpecBytes or the
+// tokenizer io::kMaxTokenizerBytes, or when the model exceeds limits.model. Allocates no
+// parameters. The directories (save_to, resume_from) are the coordinator's to check, on its file
+// system. Thread-safe (pure).
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
 
 }  // namespace pipetrain::job

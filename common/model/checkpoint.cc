@@ -21,6 +21,7 @@
 #include "common/io/dir_util.h"
 #include "common/io/file_util.h"
 #include "common/io/safetensors.h"
+#include "common/io/tokenizer.h"
 #include "common/model/model.h"
 #include "common/util/status_macros.h"
 #include "google/protobuf/text_format.h"
@@ -127,6 +128,11 @@ json ManifestToJson(const CheckpointManifest& manifest) {
   j["data_cursor"] = {{"epoch", manifest.data_cursor.epoch}, {"batch", manifest.data_cursor.batch}};
   j["isa"] = manifest.isa;
   if (!manifest.isa_note.empty()) j["isa_note"] = manifest.isa_note;
+  if (manifest.tokenizer.has_value()) {
+    j["tokenizer"] = {{"file", manifest.tokenizer->file},
+                      {"sha256", manifest.tokenizer->sha256},
+                      {"bytes", manifest.tokenizer->bytes}};
+  }
   j["shards"] = json::array();
   for (const CheckpointShard& s : manifest.shards) {
     j["shards"].push_back({{"file", s.file},
@@ -136,6 +142,51 @@ json ManifestToJson(const CheckpointManifest& manifest) {
                            {"bytes", s.bytes}});
   }
   return j;
+}
+
+// The manifest's optional "tokenizer" object: {"file": kCheckpointTokenizerFile, "sha256",
+// "bytes"}.
+absl::StatusOr<std::optional<CheckpointFile>> TokenizerFromJson(const json& j,
+                                                                const std::string& path) {
+  auto t = j.find("tokenizer");
+  if (t == j.end()) return std::nullopt;
+  if (!t->is_object()) return ManifestError(path, "field 'tokenizer' is not an object");
+  CheckpointFile file;
+  PT_ASSIGN_OR_RETURN(file.file, GetString(*t, "file", "tokenizer.", path));
+  if (file.file != kCheckpointTokenizerFile) {
+    return ManifestError(path, absl::StrCat("field 'tokenizer.file' = '", file.file, "' is not ",
+                                            kCheckpointTokenizerFile));
+  }
+  PT_ASSIGN_OR_RETURN(file.sha256, GetString(*t, "sha256", "tokenizer.", path));
+  if (!io::IsSha256Hex(file.sha256)) {
+    return ManifestError(path, absl::StrCat("field 'tokenizer.sha256' = '", file.sha256,
+                                            "' is not 64 lowercase hex digits"));
+  }
+  PT_ASSIGN_OR_RETURN(file.bytes, GetCount(*t, "bytes", "tokenizer.", path));
+  if (file.bytes > io::kMaxTokenizerBytes) {
+    return ManifestError(path, absl::StrCat("field 'tokenizer.bytes' = ", file.bytes,
+                                            " is above the limit of ", io::kMaxTokenizerBytes));
+  }
+  return file;
+}
+
+// Reads the tokenizer file `entry` names, confined to `dir`, and checks its size and SHA-256.
+absl::StatusOr<std::string> ReadVerifiedTokenizer(const std::string& dir,
+                                                  const CheckpointFile& entry) {
+  const std::string path = io::JoinPath(dir, entry.file);
+  PT_ASSIGN_OR_RETURN(std::string bytes,
+                      io::ReadConfinedFile(dir, entry.file, io::kMaxTokenizerBytes));
+  if (static_cast<int64_t>(bytes.size()) != entry.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
+                                            " bytes, but the manifest says ", entry.bytes,
+                                            " (truncated or overwritten?)"));
+  }
+  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(bytes));
+  if (digest.sha256 != entry.sha256) {
+    return absl::DataLossError(absl::StrCat(path, ": SHA-256 ", digest.sha256,
+                                            " differs from the manifest's ", entry.sha256));
+  }
+  return bytes;
 }
 
 // Validates a manifest's JSON field by field; errors start with `path`.
@@ -179,6 +230,7 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const json& j, const std::st
       PT_ASSIGN_OR_RETURN(*field, GetString(j, key, "", path));
     }
   }
+  PT_ASSIGN_OR_RETURN(m.tokenizer, TokenizerFromJson(j, path));
   auto shards = j.find("shards");
   if (shards == j.end() || !shards->is_array() || shards->empty()) {
     return ManifestError(path, "field 'shards' missing, not an array, or empty");
@@ -245,6 +297,9 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, bool kee
       if (keep_tensors) out.tensors.emplace(name, std::move(tensor));
     }
   }
+  if (out.manifest.tokenizer.has_value()) {
+    PT_ASSIGN_OR_RETURN(out.tokenizer, ReadVerifiedTokenizer(dir, *out.manifest.tokenizer));
+  }
   return out;
 }
 
@@ -299,7 +354,8 @@ absl::Status CheckReplaceable(const std::string& dir) {
     struct stat est;
     const bool regular =
         ::lstat(io::JoinPath(dir, entry).c_str(), &est) == 0 && S_ISREG(est.st_mode);
-    if (!regular || (name != kManifestName && !IsLayerShardFile(name) && listed.count(name) == 0)) {
+    if (!regular || (name != kManifestName && name != kCheckpointTokenizerFile &&
+                     !IsLayerShardFile(name) && listed.count(name) == 0)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "'", dir, "' holds '", entry,
           "', which a checkpoint does not; refusing to replace it (save into a new or empty "
@@ -504,7 +560,8 @@ absl::Status DiscardCheckpointStaging(const std::string& staging) {
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::map<std::string, math::Tensor>& tensors, int keep) {
+                            const std::map<std::string, math::Tensor>& tensors, int keep,
+                            absl::string_view tokenizer) {
   PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
   PT_ASSIGN_OR_RETURN(const std::string staging, BeginCheckpointStaging(dir));
   absl::StatusOr<std::vector<CheckpointShard>> shards =
@@ -515,7 +572,24 @@ absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& ma
   }
   CheckpointManifest m = manifest;
   m.shards = *std::move(shards);
+  m.tokenizer.reset();
+  if (!tokenizer.empty()) {
+    absl::StatusOr<CheckpointFile> written = WriteCheckpointTokenizer(staging, tokenizer);
+    if (!written.ok()) {
+      DiscardCheckpointStaging(staging).IgnoreError();
+      return written.status();
+    }
+    m.tokenizer = *std::move(written);
+  }
   return PublishCheckpoint(staging, dir, m, keep);
+}
+
+absl::StatusOr<CheckpointFile> WriteCheckpointTokenizer(const std::string& dir,
+                                                        absl::string_view model) {
+  PT_RETURN_IF_ERROR(CheckDirectoryExists(dir));
+  PT_RETURN_IF_ERROR(io::WriteFileAtomically(io::JoinPath(dir, kCheckpointTokenizerFile), model));
+  PT_ASSIGN_OR_RETURN(io::FileDigest digest, io::DigestBytes(model));
+  return CheckpointFile{kCheckpointTokenizerFile, std::move(digest.sha256), digest.bytes};
 }
 
 absl::Status CheckCheckpointDestination(const std::string& dir) {
@@ -554,6 +628,13 @@ absl::Status CheckOptimizerResumes(const std::string& dir, const CheckpointManif
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   return ReadCheckpoint(dir, /*keep_tensors=*/true);
+}
+
+absl::StatusOr<std::string> ReadCheckpointTokenizer(const std::string& dir) {
+  PT_RETURN_IF_ERROR(io::CheckNoNulByte(dir));
+  PT_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadCheckpointManifest(dir));
+  if (!manifest.tokenizer.has_value()) return std::string();
+  return ReadVerifiedTokenizer(dir, *manifest.tokenizer);
 }
 
 absl::StatusOr<CheckpointManifest> VerifyCheckpoint(const std::string& dir) {

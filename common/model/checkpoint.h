@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,18 @@ struct CheckpointShard {
   int64_t bytes = 0;
 };
 
+// The tokenizer file of a checkpoint (docs/checkpoints.md, "Tokenizer"): the SentencePiece model
+// of the job's text data, beside the layer files, so that evaluation and generation use the one
+// the model was trained with (common/io/tokenizer.h).
+inline constexpr char kCheckpointTokenizerFile[] = "tokenizer.model";
+
+// A file of a checkpoint other than a layer file, with its SHA-256 and size.
+struct CheckpointFile {
+  std::string file;
+  std::string sha256;  // 64 lowercase hex digits.
+  int64_t bytes = 0;
+};
+
 struct CheckpointManifest {
   int64_t step = 0;          // optimizer steps applied.
   v1::ModelSpec model_spec;  // fully resolved spec.
@@ -82,7 +95,16 @@ struct CheckpointManifest {
   // another level) which steps ran at which level: the bits then differ from a run that stayed on
   // one level (IsaNoteAfterResume).
   std::string isa_note;
+  // The tokenizer the job's text was encoded with (file kCheckpointTokenizerFile), if any: the
+  // manifest's optional "tokenizer" object.
+  std::optional<CheckpointFile> tokenizer;
 };
+
+// Writes `model` (a tokenizer's serialized SentencePiece model) as kCheckpointTokenizerFile into
+// the existing directory `dir` (a staging directory) atomically and returns the manifest entry.
+// NOT_FOUND if `dir` does not exist; I/O errors naming the file.
+absl::StatusOr<CheckpointFile> WriteCheckpointTokenizer(const std::string& dir,
+                                                        absl::string_view model);
 
 // The isa_note of the checkpoints of a run at level `isa` that resumed from `resumed`: empty if
 // `resumed` has no note and ran at `isa`; otherwise `resumed`'s note followed by a sentence naming
@@ -178,10 +200,12 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> CheckpointHistory(
 absl::Status DiscardCheckpointStaging(const std::string& staging);
 
 // BeginCheckpointStaging(dir), WriteCheckpointShards for manifest.shards (their digest fields are
-// ignored and filled in), then PublishCheckpoint. Errors as for those; on error `dir` is unchanged
-// and nothing is left behind.
+// ignored and filled in), WriteCheckpointTokenizer for a non-empty `tokenizer` (manifest.tokenizer
+// is set from it, and cleared without one), then PublishCheckpoint. Errors as for those; on error
+// `dir` is unchanged and nothing is left behind.
 absl::Status SaveCheckpoint(const std::string& dir, const CheckpointManifest& manifest,
-                            const std::map<std::string, math::Tensor>& tensors, int keep = 1);
+                            const std::map<std::string, math::Tensor>& tensors, int keep = 1,
+                            absl::string_view tokenizer = {});
 
 // Checks before training that a save into `dir` can succeed later: the parent of `dir` is
 // created if missing and must be writable (the staging directory goes there, see
@@ -220,6 +244,9 @@ absl::Status CheckOptimizerResumes(const std::string& dir, const CheckpointManif
 struct LoadedCheckpoint {
   CheckpointManifest manifest;
   std::map<std::string, math::Tensor> tensors;  // all shards merged.
+  // The bytes of manifest.tokenizer's file (verified against its size and SHA-256); empty if the
+  // manifest names none.
+  std::string tokenizer;
 };
 
 // Reads the manifest and every shard, verifying each shard against the manifest before use.
@@ -227,8 +254,14 @@ struct LoadedCheckpoint {
 // DATA_LOSS when a file's size or SHA-256 differs from the manifest's (truncated or corrupted),
 // when a file's "step" metadata is missing or differs from the manifest's step (both named), or
 // when a tensor holds NaN or Inf; the safetensors reader's errors; INVALID_ARGUMENT for a tensor
-// present in two shards.
+// present in two shards. The tokenizer file, when the manifest names one, is checked likewise
+// (DATA_LOSS for a size or SHA-256 that differs, NOT_FOUND when it is missing).
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir);
+
+// The tokenizer of the checkpoint in `dir`: the bytes of the file its manifest names, verified
+// (size and SHA-256), or "" if the manifest names none. Errors: ReadCheckpointManifest's;
+// DATA_LOSS or NOT_FOUND for the tokenizer file as LoadCheckpoint. Reads no layer file.
+absl::StatusOr<std::string> ReadCheckpointTokenizer(const std::string& dir);
 
 // LoadCheckpoint without keeping the tensors (one shard in memory at a time): OK exactly when
 // LoadCheckpoint would succeed; returns the manifest.

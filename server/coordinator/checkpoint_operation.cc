@@ -212,10 +212,12 @@ absl::Status CoordinatorCore::StageCheckpoint(Job& job, const std::string& direc
   // I/O outside the lock; only this job's thread runs operations on the job).
   PT_ASSIGN_OR_RETURN(const std::string staging, model::BeginCheckpointStaging(directory));
   absl::Status collected;
+  std::string tokenizer;  // the job's, written beside the layer files.
   {
     absl::MutexLock lock(&mu_);
     job.mu.AssertHeld();
     collected = CollectShards(job, manifest->step, staging);
+    tokenizer = job.spec.tokenizer();
   }
   if (!collected.ok()) {
     model::DiscardCheckpointStaging(staging).IgnoreError();
@@ -230,6 +232,16 @@ absl::Status CoordinatorCore::StageCheckpoint(Job& job, const std::string& direc
     return shards.status();
   }
   manifest->shards = *std::move(shards);
+  manifest->tokenizer.reset();
+  if (!tokenizer.empty()) {
+    absl::StatusOr<model::CheckpointFile> written =
+        model::WriteCheckpointTokenizer(staging, tokenizer);
+    if (!written.ok()) {
+      model::DiscardCheckpointStaging(staging).IgnoreError();
+      return written.status();
+    }
+    manifest->tokenizer = *std::move(written);
+  }
   return model::PublishCheckpoint(staging, directory, *manifest, keep);
 }
 

@@ -40,6 +40,7 @@ absl::StatusOr<std::optional<model::CheckpointManifest>> CoordinatorCore::Verify
         absl::StrCat("resume_from ", confined, ": the checkpoint was trained with seed ",
                      manifest.seed, ", the job has seed ", spec.seed()));
   }
+  PT_RETURN_IF_ERROR(job::CheckResumeTokenizer(confined, manifest, spec.tokenizer()));
   // The optimizer kind decides which state tensors the checkpoint holds per parameter.
   PT_ASSIGN_OR_RETURN(const math::OptimizerConfig optimizer,
                       model::OptimizerFromProto(spec.optimizer()));

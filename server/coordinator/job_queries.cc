@@ -169,6 +169,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   s.set_created_unix_ms(absl::ToUnixMillis(job.created));
   if (IsTerminal(job.state)) s.set_ended_unix_ms(absl::ToUnixMillis(job.ended));
   *s.mutable_spec() = job.spec;
+  s.mutable_spec()->clear_tokenizer();  // up to megabytes, and the client has it.
   s.set_client_attached(job.train_owner != nullptr);
   s.set_owner(job.owner);
   *s.mutable_progress() = ProgressOf(job);

@@ -30,8 +30,10 @@ trap cleanup EXIT
 # The image's root file system.
 root=$tmp/root
 DESTDIR=$root cmake --install "$build" --prefix /usr --component runtime >"$tmp/install.log"
-for bin in coordinator stage_worker pipetrain; do
-  ldd "$root/usr/bin/$bin" | grep -o '/[^ ]*' | sort -u
+# The binaries' libraries and those of the tokenizers' SentencePiece module (opened with dlopen,
+# so ldd of a binary does not list them: common/io/sentencepiece_model.h).
+for file in bin/coordinator bin/stage_worker bin/pipetrain lib/pipetrain/libpipetrain_sentencepiece.so; do
+  ldd "$root/usr/$file" | grep -o '/[^ ]*' | sort -u
 done | sort -u | while read -r lib; do cp --parents -L "$lib" "$root/"; done
 mkdir -p "$root/etc" "$root/tmp" "$root/var/lib/pipetrain"
 chmod 1777 "$root/tmp"

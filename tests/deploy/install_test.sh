@@ -4,6 +4,8 @@
 #    installed bundled data, from a directory outside the source tree with $PIPETRAIN_DATA_DIR
 #    unset, and its losses equal the installed `pipetrain reference`'s bit for bit;
 #  - no installed binary holds the source tree's data path;
+#  - the installed `pipetrain tokenizer train` finds the installed SentencePiece module
+#    (lib/pipetrain, docs/tokenizer.md);
 #  - with `sdk`: a program built against the installed SDK (find_package(pipetrain)) talks to
 #    the installed coordinator.
 # Usage: install_test.sh BUILD_DIR SOURCE_DIR [sdk]
@@ -25,7 +27,7 @@ cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/i
 for f in bin/pipetrain bin/coordinator bin/stage_worker share/pipetrain/data/digits.csv.gz \
   share/pipetrain/data/gpl-3.txt share/pipetrain/examples/mlp_digits.textproto \
   include/pipetrain/client/sdk/client.h include/pipetrain/pipetrain/v1/coordinator.grpc.pb.h \
-  lib/cmake/pipetrain/pipetrain-config.cmake; do
+  lib/cmake/pipetrain/pipetrain-config.cmake lib/pipetrain/libpipetrain_sentencepiece.so; do
   [[ -e $prefix/$f ]] || fail "$f was not installed"
 done
 for b in pipetrain coordinator stage_worker; do
@@ -35,6 +37,9 @@ cd "$tmp"
 unset PIPETRAIN_DATA_DIR PIPETRAIN_SOURCE_DIR
 
 if [[ $mode == local ]]; then
+  timeout 120 "$prefix/bin/pipetrain" tokenizer train --input "$prefix/share/pipetrain/data/gpl-3.txt" \
+    --vocab-size 200 --out tok >tokenizer.out 2>&1 || { cat tokenizer.out; fail "installed pipetrain tokenizer train"; }
+  [[ -s tok/tokenizer.model ]] || fail "tokenizer train wrote no tok/tokenizer.model"
   train=(--model "$prefix/share/pipetrain/examples/mlp_digits.textproto" --data digits --steps 6
     --batch 32 --microbatches 4 --seed 7 --optimizer adamw:lr=1e-2 --json)
   timeout 120 "$prefix/bin/pipetrain" reference "${train[@]}" >reference.json 2>reference.err ||

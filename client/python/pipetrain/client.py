@@ -1004,7 +1004,8 @@ class Client:
             interleaved-overlap. stages: S.
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
-        data: a pipetrain.data.Dataset or a dict of DataShape fields. resume_from: a checkpoint
+        data: a pipetrain.data.Dataset or a dict of DataShape fields (a text data set loaded with a
+        tokenizer also sends the tokenizer: JobSpec.tokenizer). resume_from: a checkpoint
         directory on the coordinator's host. lr_schedule: the learning-rate schedule (see
         lr_schedule_spec()), OptimizerSpec.lr_schedule as `pipetrain --lr-schedule KIND
         --warmup-steps N --lr-decay-steps N --lr-min X` sets it: the fields it gives override the
@@ -1046,6 +1047,10 @@ class Client:
                 spec.data_shape.CopyFrom(pb.DataShape(**shape))
             except (TypeError, ValueError) as e:
                 raise _invalid("data: %s" % e) from None
+            # Text read through a tokenizer: the job writes it into every checkpoint.
+            tokenizer = getattr(data, "tokenizer", None)
+            if tokenizer is not None:
+                spec.tokenizer = tokenizer.model
         if resume_from:
             spec.resume_from = os.path.abspath(resume_from)
         if save_to:

@@ -171,14 +171,20 @@ class _TextDataset(Dataset):
         return self._ids[window].reshape(-1, 1), self._ids[window + 1].reshape(-1, 1)
 
 
-def load(spec="digits", context=None, data_dir=None):
+def load(spec="digits", context=None, data_dir=None, tokenizer=None):
     """Opens the data set `spec` as the CLI's --data does: "digits", "text" (the bundled GPL-3
     text) or "text:PATH" (byte-level); text needs `context` (the model's embedding context).
+    `tokenizer` (a tokenizer directory or .model path, or a pipetrain.tokenizer.Tokenizer): text
+    becomes its token ids, as --tokenizer does (pipetrain/tokenizer.py).
     `data_dir` overrides where the bundled files are (default: the copy installed with this
     package). Raises PipetrainError: INVALID_ARGUMENT for an unknown spec or a missing context,
     NOT_FOUND for a missing file, DATA_LOSS for a damaged bundled digits file."""
     data_dir = data_dir or _BUNDLED_DIR
     kind, _, arg = spec.partition(":")
+    if tokenizer is not None and kind != "text":
+        raise PipetrainError(StatusCode.INVALID_ARGUMENT,
+                             "a tokenizer applies to text data sets (text, text:PATH), not to %r"
+                             % (spec,))
     if kind == "digits" and not arg and ":" not in spec:
         return _load_digits(os.path.join(data_dir, "digits.csv.gz"))
     if kind == "text" and (arg or ":" not in spec):
@@ -192,6 +198,9 @@ def load(spec="digits", context=None, data_dir=None):
             raise PipetrainError(StatusCode.INVALID_ARGUMENT,
                                  "%s: text of %d bytes is too short for context %d"
                                  % (path, len(text), context))
+        if tokenizer is not None:
+            from pipetrain import tokenizer as tokenizers
+            return tokenizers.token_text_dataset(spec, path, text, context, tokenizer)
         return _TextDataset(spec, text, context)
     raise PipetrainError(
         StatusCode.INVALID_ARGUMENT,
@@ -199,7 +208,7 @@ def load(spec="digits", context=None, data_dir=None):
         "pass your own arrays)" % (spec,))
 
 
-def load_for_model(spec, model, data_dir=None):
+def load_for_model(spec, model, data_dir=None, tokenizer=None):
     """load(spec) with the context a text data set takes from `model` (what create_job takes: a
     ModelSpec message, a path to a protobuf text file or the text itself): its embedding's
     context, as the CLI does. A text data set for a model without an embedding is
@@ -217,7 +226,7 @@ def load_for_model(spec, model, data_dir=None):
             "context is the tokens per sample), and the model has none: use a token model (e.g. "
             "examples/gpt_char.textproto), or a data set of feature rows for this one (digits)"
             % spec)
-    return load(spec, context=context, data_dir=data_dir)
+    return load(spec, context=context, data_dir=data_dir, tokenizer=tokenizer)
 
 
 def _is_text(spec):

@@ -49,7 +49,7 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
   static const auto* const flags = [] {
     // clang-format off
     const std::vector<std::string> training = {
-        "--model", "--data", "--data-dir", "--steps", "--batch", "--microbatches", "--seed",
+        "--model", "--data", "--data-dir", "--tokenizer", "--steps", "--batch", "--microbatches", "--seed",
         "--threads", "--optimizer", "--lr-schedule", "--warmup-steps", "--lr-decay-steps",
         "--lr-min", "--json", "--eval-samples", "--eval-every", "--log-every", "--save",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--isa"};
@@ -75,7 +75,11 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
          with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
         {"local", with(with(training, pipeline), {"--max-isa", "--pin-workers"})},
         {"evaluate",
-         {"--resume", "--checkpoint", "--data", "--data-dir", "--eval-samples", "--json"}},
+         {"--resume", "--checkpoint", "--data", "--data-dir", "--tokenizer", "--eval-samples",
+          "--json"}},
+        {"tokenizer",
+         {"--input", "--out", "--vocab-size", "--model-type", "--character-coverage", "--tokenizer",
+          "--json"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"workers", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
@@ -239,6 +243,8 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
        "--model not used by `pipetrain cancel`"},
       {"checkpoint job-1 --coordinator 127.0.0.1:1 --save /tmp/x --steps 100",
        "--steps not used by `pipetrain checkpoint`"},
+      {"tokenizer train --input x --out /tmp/x --vocab-size 100 --steps 100",
+       "--steps not used by `pipetrain tokenizer`"},
   };
   std::set<std::string> covered;
   for (const auto& [args, message] : cases) {

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/digest.h"
+#include "common/io/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -161,6 +163,85 @@ TEST(JobSpecTest, UnlimitedKeepsOnlyTheFixedRules) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("fewer than the 8 chunks of 4 stages x 2 virtual stages"));
   EXPECT_THAT(s.message(), HasSubstr("use 2 stages or fewer"));
+}
+
+
+// A tokenizer of `vocab` pieces trained on a small text.
+std::string TrainedTokenizer(int64_t vocab) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    absl::StrAppend(&text, "the quick brown fox ", i, " jumps over the lazy dog\n");
+  }
+  io::TokenizerTrainOptions options;
+  options.vocab_size = vocab;
+  absl::StatusOr<std::string> model = io::TrainTokenizer(text, "text", options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : "";
+}
+
+// A tiny GPT whose embedding has `vocab` tokens.
+v1::JobSpec GptSpec(int64_t vocab) {
+  v1::JobSpec spec;
+  v1::ModelSpec* model = spec.mutable_model();
+  model->set_input_features(1);
+  v1::EmbeddingSpec* e = model->add_layers()->mutable_embedding();
+  e->set_vocab_size(vocab);
+  e->set_dim(8);
+  e->set_context(4);
+  model->add_layers()->mutable_linear()->set_out_features(vocab);
+  model->mutable_loss()->mutable_softmax_cross_entropy();
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(0.1f);
+  spec.set_schedule("1f1b");
+  spec.set_stages(2);
+  spec.set_microbatches(1);
+  return spec;
+}
+
+TEST(JobSpecTokenizerTest, TokenizerIsCheckedAgainstTheModel) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
+  const std::string tokenizer = TrainedTokenizer(60);
+  v1::JobSpec fits = GptSpec(60);
+  fits.set_tokenizer(tokenizer);
+  EXPECT_TRUE(CheckJobSpec(JobLimits(), &fits).ok());
+
+  v1::JobSpec small = GptSpec(40);
+  small.set_tokenizer(tokenizer);
+  absl::Status s = CheckJobSpec(JobLimits(), &small).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer has 60 pieces, more than the model's embedding "
+                                     "vocab_size 40"));
+
+  v1::JobSpec garbage = GptSpec(60);
+  garbage.set_tokenizer("not a model");
+  s = CheckJobSpec(JobLimits(), &garbage).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer: not a SentencePiece model"));
+
+  v1::JobSpec huge = GptSpec(60);
+  huge.set_tokenizer(std::string(io::kMaxTokenizerBytes + 1, 'x'));
+  s = CheckJobSpec(JobLimits(), &huge).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+}
+
+TEST(JobSpecTokenizerTest, ResumeNeedsTheCheckpointsTokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
+  const std::string a = TrainedTokenizer(60), b = TrainedTokenizer(50);
+  model::CheckpointManifest none;
+  model::CheckpointManifest with_a = none;
+  with_a.tokenizer = model::CheckpointFile{"tokenizer.model", io::DigestBytes(a)->sha256,
+                                           static_cast<int64_t>(a.size())};
+  EXPECT_TRUE(CheckResumeTokenizer("/ckpt", none, "").ok());
+  EXPECT_TRUE(CheckResumeTokenizer("/ckpt", with_a, a).ok());
+  absl::Status s = CheckResumeTokenizer("/ckpt", with_a, b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("resume_from /ckpt: the checkpoint was trained with "
+                                     "tokenizer SHA-256"));
+  s = CheckResumeTokenizer("/ckpt", with_a, "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the job has no tokenizer (byte-level text)"));
+  s = CheckResumeTokenizer("/ckpt", none, a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("trained with no tokenizer (byte-level text)"));
 }
 
 }  // namespace

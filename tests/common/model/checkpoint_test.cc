@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -247,6 +248,63 @@ TEST_F(CheckpointTest, ManifestCarriesEveryShardsDigestAndSize) {
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->metadata.at("format"), "pipetrain.checkpoint.v1");
   EXPECT_EQ(f->metadata.at("step"), "2");
+}
+
+TEST_F(CheckpointTest, TokenizerTravelsWithTheCheckpointVerified) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  const std::string tokenizer = "not parsed here: any bytes of a tokenizer model";
+  ASSERT_TRUE(
+      SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2), 1, tokenizer).ok());
+  EXPECT_EQ(ReadAll(Dir("c") + "/tokenizer.model"), tokenizer);
+  const json j = ReadManifestJson(Dir("c"));
+  EXPECT_EQ(j["tokenizer"]["file"], "tokenizer.model");
+  EXPECT_EQ(j["tokenizer"]["sha256"], io::DigestBytes(tokenizer)->sha256);
+  EXPECT_EQ(j["tokenizer"]["bytes"], static_cast<int64_t>(tokenizer.size()));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(Dir("c"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->tokenizer, tokenizer);
+  ASSERT_TRUE(loaded->manifest.tokenizer.has_value());
+  EXPECT_EQ(loaded->manifest.tokenizer->bytes, static_cast<int64_t>(tokenizer.size()));
+
+  // A changed tokenizer file is DATA_LOSS naming it; a missing one NOT_FOUND.
+  std::string changed = tokenizer;
+  changed[0] ^= 1;
+  ASSERT_TRUE(io::WriteFileAtomically(Dir("c") + "/tokenizer.model", changed).ok());
+  absl::Status s = LoadCheckpoint(Dir("c")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer.model: SHA-256"));
+  ASSERT_TRUE(io::WriteFileAtomically(Dir("c") + "/tokenizer.model", tokenizer + "x").ok());
+  EXPECT_EQ(LoadCheckpoint(Dir("c")).status().code(), absl::StatusCode::kDataLoss);
+  fs::remove(Dir("c") + "/tokenizer.model");
+  EXPECT_EQ(LoadCheckpoint(Dir("c")).status().code(), absl::StatusCode::kNotFound);
+
+  // A checkpoint directory with a tokenizer may be replaced, by one without: then it has none.
+  ASSERT_TRUE(SaveCheckpoint(Dir("c"), ManifestFor(*model, 3), TrainedState(*model, 3)).ok());
+  loaded = LoadCheckpoint(Dir("c"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_FALSE(loaded->manifest.tokenizer.has_value());
+  EXPECT_TRUE(loaded->tokenizer.empty());
+  EXPECT_FALSE(fs::exists(Dir("c") + "/tokenizer.model"));
+}
+
+TEST_F(CheckpointTest, ManifestTokenizerEntryIsChecked) {
+  auto model = testing::BuildOrDie(testing::kMlpSpec);
+  ASSERT_TRUE(
+      SaveCheckpoint(Dir("c"), ManifestFor(*model, 2), TrainedState(*model, 2), 1, "tok").ok());
+  const json good = ReadManifestJson(Dir("c"));
+  for (const auto& [field, value, message] :
+       std::vector<std::tuple<std::string, json, std::string>>{
+           {"file", "../x", "'tokenizer.file' = '../x' is not tokenizer.model"},
+           {"sha256", "abc", "'tokenizer.sha256' = 'abc' is not 64 lowercase hex"},
+           {"bytes", -1, "tokenizer.bytes"},
+       }) {
+    json j = good;
+    j["tokenizer"][field] = value;
+    ASSERT_TRUE(io::WriteFileAtomically(Dir("c") + "/manifest.json", j.dump()).ok());
+    absl::StatusOr<CheckpointManifest> m = ReadCheckpointManifest(Dir("c"));
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(m.status().message(), HasSubstr(message)) << field;
+  }
 }
 
 TEST_F(CheckpointTest, ManifestRecordsTheInstructionSetAndItsHistory) {
