@@ -127,8 +127,10 @@ class HeaderParser {
     const size_t begin = pos_;
     int64_t value = 0;
     while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      value = value * 10 + (text_[pos_] - '0');
-      if (value > kMaxDimension) return Error("a dimension is larger than 2^62");
+      const int digit = text_[pos_] - '0';
+      // Checked before it can overflow: value * 10 + digit <= kMaxDimension.
+      if (value > (kMaxDimension - digit) / 10) return Error("a dimension is larger than 2^62");
+      value = value * 10 + digit;
       ++pos_;
     }
     if (pos_ == begin) {

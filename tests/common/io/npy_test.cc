@@ -106,6 +106,8 @@ TEST(NpyHeaderTest, RefusesMalformedFiles) {
   ExpectRefused(Npy("<f4", "(4611686018427387904, 4611686018427387904)", f4),
                 "the shape's byte size overflows 64 bits");
   ExpectRefused(Npy("<f4", "(99999999999999999999,)", f4), "a dimension is larger than 2^62");
+  ExpectRefused(Npy("<f4", "(4611686018427387905,)", f4), "a dimension is larger than 2^62");
+  ExpectRefused(Npy("<f4", "(4611686018427387904,)", f4), "the shape's byte size overflows");
   ExpectRefused(NpyWithHeader("['descr']", f4), "header is not a dictionary");
   ExpectRefused(NpyWithHeader("{'descr': '<f4', 'shape': (2,)}", f4),
                 "the header lacks 'fortran_order'");

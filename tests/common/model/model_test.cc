@@ -246,6 +246,14 @@ TEST(ModelTest, ResolveFillsFromDataAndChecksIt) {
   auto mlp = ParseModelSpecText(testing::kMlpSpec, "t");
   EXPECT_THAT(ResolveModelSpec(*mlp, DataShape{64, 1, 10, 1}).status().message(),
               HasSubstr("model input_features 6 != data set's 64"));
+  // mse: one output per regression target.
+  auto regression = ParseModelSpecText(R"pb(layers { linear { out_features: 0 } }
+                                            loss { mse {} })pb",
+                                       "t");
+  ASSERT_TRUE(regression.ok());
+  resolved = ResolveModelSpec(*regression, DataShape{5, 3, 0, 1});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->layers(0).linear().out_features(), 3);
 }
 
 TEST(ModelTest, ValidateBatchNamesTheProblem) {
