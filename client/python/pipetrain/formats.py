@@ -25,8 +25,9 @@ def _invalid(message):
     return PipetrainError(StatusCode.INVALID_ARGUMENT, message)
 
 
-def read_file(path, what="data file"):
-    """The bytes of `path`, gunzipped if they start with the gzip magic. NOT_FOUND if missing."""
+def read_file(path, what="data file", gunzip=True):
+    """The bytes of `path`, gunzipped (if `gunzip`) when they start with the gzip magic.
+    NOT_FOUND if missing."""
     if os.path.isdir(path):
         raise _invalid("%s: '%s' is a directory, not a regular file" % (what, path))
     try:
@@ -34,7 +35,7 @@ def read_file(path, what="data file"):
             content = f.read()
     except FileNotFoundError:
         raise PipetrainError(StatusCode.NOT_FOUND, "data file %s not found" % path) from None
-    if content[:2] == b"\x1f\x8b":
+    if gunzip and content[:2] == b"\x1f\x8b":
         content = gzip.decompress(content)
     return content
 
@@ -162,8 +163,8 @@ def split_npy_spec(arg):
 def read_npy(path):
     """The array of the .npy file `path`, refusing what the C++ reader refuses (big-endian,
     Fortran order, objects, structured or string dtypes, a size that differs from the shape)."""
-    content = read_file(path) if not path.endswith(".gz") else None
-    if content is None or content[:6] != b"\x93NUMPY":
+    content = read_file(path, gunzip=False)  # as the C++ reader: .npy files are not compressed
+    if content[:6] != b"\x93NUMPY":
         raise _invalid("%s: not a .npy file (it does not start with \\x93NUMPY)" % path)
     import io  # pylint: disable=import-outside-toplevel
     f = io.BytesIO(content)
