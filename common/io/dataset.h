@@ -30,7 +30,7 @@ struct DatasetInfo {
   int64_t input_features = 0;     // floats per input row (1 for text: the token id)
   int64_t target_features = 0;    // floats per target row (1: a class index / next-token id)
   int64_t tokens_per_sample = 1;  // rows per sample (the context for text, else 1)
-  int64_t num_classes = 0;        // classes (vocabulary size for text)
+  int64_t num_classes = 0;        // classes (vocabulary size for text), 0 for regression targets
   std::string vocabulary;         // text only: the i-th byte is token i (sorted)
   bool token_ids = false;         // inputs are token ids (text, tokens): for an embedding model
 };
@@ -112,6 +112,7 @@ inline constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;  // 1 GiB
 //   tokens:PATH[:uint16|:uint32]  a flat file of token ids as nanoGPT writes it, or a directory
 //                     of train.bin and val.bin (token_corpus.h)
 //   synthetic[:ROWS]  N(0, 1) features labelled by a fixed random linear teacher
+//   (npy: and tokens: files are read as they are, never decompressed.)
 // Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options, a path
 // that is not a regular file (a directory, /dev/zero, a FIFO) or a malformed file (the message
 // names file:line:column); NOT_FOUND for a missing file; RESOURCE_EXHAUSTED naming the numbers
