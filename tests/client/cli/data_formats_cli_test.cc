@@ -200,6 +200,13 @@ TEST(DataFormatsCliTest, DataDefaultsToWhatTheModelImpliesAndMismatchesSayWhatTo
   const testing::CommandRun mlp = Pipetrain("reference --model " + Example("mlp_digits.textproto") +
                                             " --steps 1 --batch 2 --json --eval-samples 2");
   EXPECT_EQ(mlp.exit_code, 0) << mlp.out;
+  // Issue 33's example: `local` with the char GPT and no --data.
+  const testing::CommandRun local = Pipetrain(
+      "local --stages 2 --model " + Example("gpt_char.textproto") + " --steps 1 --batch 2 --json");
+  if (local.out.find("cannot find the coordinator binary") == std::string::npos) {
+    EXPECT_EQ(local.exit_code, 0) << local.out;
+    EXPECT_THAT(local.out, HasSubstr("{\"step\": 1, \"loss\": "));
+  }
   testing::CommandRun r =
       Pipetrain("reference --model " + Example("gpt_char.textproto") + " --data digits");
   EXPECT_EQ(r.exit_code, 1);
