@@ -11,7 +11,7 @@ seconds=${1:-30}
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(frame_decoder safetensors job_spec csv partition)
+  targets=(frame_decoder safetensors job_spec csv npy partition)
 fi
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}

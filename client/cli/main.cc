@@ -54,8 +54,9 @@ ABSL_FLAG(std::string, format, "",
           "partition: text|json)");
 ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S), >= 1");
 // reference
-ABSL_FLAG(std::string, data, "digits",
-          "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
+ABSL_FLAG(std::string, data, "",
+          "data set: digits | text[:PATH] | csv:PATH | npy:X.npy,Y.npy | npy:DIR | "
+          "tokens:PATH[:uint16|:uint32] | synthetic[:ROWS] (docs/data.md)");
 ABSL_FLAG(std::string, data_dir, "", "directory of the bundled data sets (digits, text)");
 ABSL_FLAG(std::string, tokenizer, "",
           "SentencePiece tokenizer (a directory `pipetrain tokenizer train` wrote, or a .model "
@@ -293,6 +294,7 @@ const ProgramSpec& Program() {
       "  (--name=value or --name value; '#' starts a comment); see docs/cli.md.\n",
       // Defaults that the flag's own ("" or 0) stands for.
       {{"data_dir", "$PIPETRAIN_DATA_DIR, else ../share/pipetrain/data beside this binary"},
+       {"data", "what --model implies: text for an embedding model, digits if it fits"},
        {"coordinator", "$PIPETRAIN_COORDINATOR"},
        {"token_file", "$PIPETRAIN_TOKEN, with TLS"},
        {"virtual", "the schedule's"},
@@ -311,6 +313,14 @@ TrainingOptions TrainingOptionsFromFlags(const CommandLine& line) {
   TrainingOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
+  // No --data: what the model implies (a model file that cannot be read or implies nothing leaves
+  // it empty, and SetUpTraining reports why).
+  if (o.data.empty()) {
+    absl::StatusOr<v1::ModelSpec> spec = model::LoadModelSpecFile(o.model_path);
+    absl::StatusOr<std::string> implied =
+        spec.ok() ? DefaultDataFor(*spec) : absl::StatusOr<std::string>(spec.status());
+    if (implied.ok()) o.data = *implied;
+  }
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
   o.steps = absl::GetFlag(FLAGS_steps);

@@ -22,7 +22,9 @@ inline constexpr int64_t kDefaultEvalSamples = 1000;
 struct TrainingOptions {
   // --model FILE: the ModelSpec (protobuf text format). Required.
   std::string model_path;
-  // --data SPEC: digits | text[:PATH] | csv:PATH | synthetic[:ROWS] (docs/data.md).
+  // --data SPEC: digits | text[:PATH] | csv:PATH | npy:... | tokens:PATH | synthetic[:ROWS]
+  // (docs/data.md). Without --data, main.cc fills what the model implies (DefaultDataFor); empty:
+  // SetUpTraining resolves it (or says why nothing fits).
   std::string data = "digits";
   // --data-dir DIR: the bundled data directory; empty: the built-in one.
   std::string data_dir;

@@ -1,5 +1,6 @@
 #include "client/cli/training_setup.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,12 +18,58 @@ io::DatasetOptions DatasetOptionsFor(const v1::ModelSpec& spec, const std::strin
   d.seed = seed;
   d.input_features = spec.input_features();
   for (const v1::LayerSpec& l : spec.layers()) {
-    if (l.has_embedding()) d.context = l.embedding().context();
+    if (l.has_embedding()) {
+      d.context = l.embedding().context();
+      d.vocab_size = l.embedding().vocab_size();
+    }
   }
   if (spec.layers_size() > 0 && spec.layers(spec.layers_size() - 1).has_linear()) {
     d.num_classes = spec.layers(spec.layers_size() - 1).linear().out_features();
   }
+  // An mse loss takes regression targets, one per output (1 when the width is left to the data).
+  if (spec.loss().has_mse()) d.regression_targets = d.num_classes > 0 ? d.num_classes : 1;
   return d;
+}
+
+bool StartsWithEmbedding(const v1::ModelSpec& spec) {
+  return spec.layers_size() > 0 && spec.layers(0).has_embedding();
+}
+
+// The data sets for a model that starts with an embedding, and for one that does not.
+constexpr char kTokenData[] = "--data text, text:PATH or tokens:PATH[:uint16|:uint32]";
+constexpr char kRowData[] =
+    "--data digits, csv:PATH, npy:FEATURES.npy,TARGETS.npy, npy:DIR or synthetic[:ROWS]";
+
+// OK if the kind of data set `data` names (token ids or rows of features) is the kind the model's
+// first layer takes; else INVALID_ARGUMENT saying which --data to pass.
+absl::Status CheckDataKind(const v1::ModelSpec& spec, const std::string& data) {
+  const std::string kind = data.substr(0, data.find(':'));
+  const bool tokens = kind == "text" || kind == "tokens";
+  const bool rows = kind == "digits" || kind == "csv" || kind == "npy" || kind == "synthetic";
+  if (StartsWithEmbedding(spec) && rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data set '", data, "' holds rows of features, but the model starts with an ",
+                     "embedding layer, which takes token ids: pass ", kTokenData));
+  }
+  if (!StartsWithEmbedding(spec) && tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data set '", data, "' holds token ids, for a model that starts with an embedding layer; ",
+        "this model does not: pass ", kRowData));
+  }
+  return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT if the model (not an embedding model, with input_features set) takes a
+// different number of features per row than `info` has, saying which data to pass.
+absl::Status CheckInputFeatures(const v1::ModelSpec& spec, const io::DatasetInfo& info) {
+  if (StartsWithEmbedding(spec) || spec.input_features() <= 0 ||
+      spec.input_features() == info.input_features) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model input_features ", spec.input_features(), " != data set's ", info.input_features, " (",
+      info.name, "): pass a data set with ", spec.input_features(),
+      " features per row (--data csv:PATH, npy:FEATURES.npy,TARGETS.npy or synthetic)"));
 }
 
 }  // namespace
@@ -74,16 +121,48 @@ absl::StatusOr<std::shared_ptr<const io::Tokenizer>> TokenizerForTraining(
   return TokenizerForRun(options.tokenizer, options.resume_dir, saved);
 }
 
+absl::StatusOr<std::string> DefaultDataFor(const v1::ModelSpec& spec) {
+  if (StartsWithEmbedding(spec)) return std::string("text");
+  // digits: 64 features, 10 class labels.
+  const v1::LayerSpec* last =
+      spec.layers_size() > 0 ? &spec.layers(spec.layers_size() - 1) : nullptr;
+  const int64_t classes = last != nullptr && last->has_linear() ? last->linear().out_features() : 0;
+  const bool fits_digits = (spec.input_features() == 0 || spec.input_features() == 64) &&
+                           !spec.loss().has_mse() && (classes == 0 || classes >= 10);
+  if (fits_digits) return std::string("digits");
+  std::string what;
+  if (spec.loss().has_mse()) {
+    what = "its loss is mse (regression targets)";
+  } else if (spec.input_features() != 64 && spec.input_features() != 0) {
+    what = absl::StrCat("it takes ", spec.input_features(), " input features, not 64");
+  } else {
+    what = absl::StrCat("it outputs ", classes, " classes, not 10");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no --data given, and the model fits no bundled data set (digits: 64 features, 10 classes; "
+      "text: an embedding model) because ",
+      what, ": pass ",
+      spec.loss().has_mse()
+          ? "--data csv:PATH, npy:FEATURES.npy,TARGETS.npy or npy:DIR"
+          : "--data csv:PATH, npy:FEATURES.npy,TARGETS.npy, npy:DIR or synthetic[:ROWS]"));
+}
+
 absl::StatusOr<TrainingSetup> SetUpTraining(const v1::ModelSpec& raw_spec, const std::string& data,
                                             const std::string& data_dir, uint64_t seed,
                                             math::Isa isa,
                                             std::shared_ptr<const io::Tokenizer> tokenizer) {
   TrainingSetup s;
+  std::string spec_text = data;
+  if (spec_text.empty()) {
+    PT_ASSIGN_OR_RETURN(spec_text, DefaultDataFor(raw_spec));
+  }
+  PT_RETURN_IF_ERROR(CheckDataKind(raw_spec, spec_text));
   io::DatasetOptions options = DatasetOptionsFor(raw_spec, data_dir, seed);
   options.tokenizer = tokenizer;
   s.tokenizer = std::move(tokenizer);
-  PT_ASSIGN_OR_RETURN(s.data, io::OpenDataset(data, options));
+  PT_ASSIGN_OR_RETURN(s.data, io::OpenDataset(spec_text, options));
   const io::DatasetInfo& info = s.data->info();
+  PT_RETURN_IF_ERROR(CheckInputFeatures(raw_spec, info));
   const model::DataShape shape{info.input_features, info.target_features, info.num_classes,
                                info.tokens_per_sample};
   PT_ASSIGN_OR_RETURN(s.spec, model::ResolveModelSpec(raw_spec, shape));

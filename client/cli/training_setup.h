@@ -44,13 +44,21 @@ absl::StatusOr<std::shared_ptr<const io::Tokenizer>> TokenizerForRun(
 absl::StatusOr<std::shared_ptr<const io::Tokenizer>> TokenizerForTraining(
     const TrainingOptions& options, bool remote);
 
-// Opens the data set `data` (digits | text[:PATH] | csv:PATH | synthetic[:ROWS]) with the options
+// The --data a model implies when none is given: "text" for a model whose first layer is an
+// embedding; "digits" for one that fits it (input_features 0 or 64, a class-label loss, 0 or >= 10
+// classes). Otherwise INVALID_ARGUMENT saying why nothing fits and which --data to pass.
+absl::StatusOr<std::string> DefaultDataFor(const v1::ModelSpec& spec);
+
+// Opens the data set `data` (digits | text[:PATH] | csv:PATH | npy:... | tokens:PATH |
+// synthetic[:ROWS]; empty: DefaultDataFor(raw_spec)) with the options
 // `raw_spec` implies (the text context, the synthetic task's shape), fills the sizes the spec
 // leaves to the data, builds the model and checks its loss fits the data's targets: with a
 // class-label loss, every label of the data must be below the model's output width
 // (io::Dataset::CheckLabelsForModel, naming FILE:LINE:COLUMN of the first row beyond it).
-// `data_dir` empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) or is
-// missing.
+// An mse loss makes csv: and npy: read regression targets, one per output of the last layer.
+// `data_dir` empty: the bundled data. Errors name what does not fit (INVALID_ARGUMENT) and say
+// which --data to pass when the kind of data (token ids or rows of features) or the features per
+// row do not fit the model, or what is missing.
 // The model's math runs at instruction-set level `isa` (Model::Build). A `tokenizer` encodes
 // text data sets (then the model's vocab_size 0 is its vocabulary size); it is kept in the
 // result. Any other data set with a tokenizer is INVALID_ARGUMENT.

@@ -22,6 +22,9 @@
 #include "absl/strings/str_split.h"
 #include "common/io/file_util.h"
 #include "common/io/input_file.h"
+#include "common/io/npy_dataset.h"
+#include "common/io/table_dataset.h"
+#include "common/io/token_corpus.h"
 #include "common/io/token_text_dataset.h"
 #include "common/util/checked_math.h"
 #include "common/util/decimal_number.h"
@@ -42,97 +45,8 @@ constexpr int64_t kDigitsClasses = 10;
 // Largest class label accepted in a CSV file: labels travel as floats and must stay exact.
 constexpr double kMaxLabel = 1 << 24;
 
-// Table datasets hold out every 5th row (rows 4, 9, 14, ...): 20%, independent of any seed.
-constexpr int64_t kHoldOutPeriod = 5;
-
 // Text datasets hold out the last 1/kTextHoldOutDivisor of the text.
 constexpr int64_t kTextHoldOutDivisor = 10;
-
-[[noreturn]] void DieBadIndex(const DatasetInfo& info, Split split, int64_t index, int64_t size) {
-  std::fprintf(stderr, "pipetrain: dataset %s: %s sample index %lld out of range [0, %lld)\n",
-               info.name.c_str(), split == Split::kTrain ? "train" : "eval",
-               static_cast<long long>(index), static_cast<long long>(size));
-  std::abort();
-}
-
-// ----- Table split rule --------------------------------------------------------------------
-
-int64_t TableSplitSize(int64_t rows, Split split) {
-  const int64_t eval = rows / kHoldOutPeriod;
-  return split == Split::kEval ? eval : rows - eval;
-}
-
-// Row of the table that is sample `index` of `split`.
-int64_t TableRow(Split split, int64_t index) {
-  if (split == Split::kEval) return index * kHoldOutPeriod + (kHoldOutPeriod - 1);
-  return (index / (kHoldOutPeriod - 1)) * kHoldOutPeriod + index % (kHoldOutPeriod - 1);
-}
-
-// ----- In-memory table (digits, csv) -------------------------------------------------------
-
-struct Table {
-  std::string file;  // the file it was read from, for messages.
-  int64_t rows = 0;
-  int64_t features = 0;
-  int64_t num_classes = 0;
-  std::vector<float> values;  // rows x features, row-major
-  std::vector<float> labels;  // rows
-  // The line on which each label value first occurs: enough to name the first row of the file
-  // whose label is beyond any bound, at one entry per distinct label instead of one per row.
-  std::map<int64_t, int64_t> first_line_of_label;
-};
-
-// The tail of every CheckLabelsForModel message, with the fix: the data set's `data_classes`.
-std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit,
-                               int64_t data_classes) {
-  return absl::StrCat(" is out of range for the model, whose last layer outputs ", model_classes,
-                      " classes (", unit, " 0 to ", model_classes - 1, "); the data set has ",
-                      data_classes, ": set the last linear layer's out_features to ", data_classes,
-                      ", or to 0 to take the data set's");
-}
-
-class TableDataset : public Dataset {
- public:
-  TableDataset(std::string name, Table table) : table_(std::move(table)) {
-    info_.name = std::move(name);
-    info_.input_features = table_.features;
-    info_.target_features = 1;
-    info_.tokens_per_sample = 1;
-    info_.num_classes = table_.num_classes;
-  }
-
-  const DatasetInfo& info() const override { return info_; }
-  int64_t size(Split split) const override { return TableSplitSize(table_.rows, split); }
-
-  void GetSample(Split split, int64_t index, float* inputs, float* targets) const override {
-    if (index < 0 || index >= size(split)) DieBadIndex(info_, split, index, size(split));
-    const int64_t row = TableRow(split, index);
-    const float* src = table_.values.data() + row * table_.features;
-    std::copy(src, src + table_.features, inputs);
-    targets[0] = table_.labels[static_cast<size_t>(row)];
-  }
-
-  absl::Status CheckLabelsForModel(int64_t model_classes) const override {
-    if (table_.num_classes <= model_classes) return absl::OkStatus();
-    // The first line (in file order) of any label beyond the model's classes.
-    int64_t label = -1;
-    int64_t line = 0;
-    for (auto it = table_.first_line_of_label.lower_bound(std::max<int64_t>(model_classes, 0));
-         it != table_.first_line_of_label.end(); ++it) {
-      if (label < 0 || it->second < line) {
-        label = it->first;
-        line = it->second;
-      }
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat(table_.file, ":", line, ":", table_.features + 1, ": class label ", label,
-                     OutOfRangeForModel(model_classes, "labels", table_.num_classes)));
-  }
-
- private:
-  DatasetInfo info_;
-  Table table_;
-};
 
 absl::Status CsvError(absl::string_view file, int64_t line, int64_t column,
                       absl::string_view what) {
@@ -171,12 +85,85 @@ absl::Status TooManySamples(absl::string_view what, int64_t limit) {
                                                    " samples (DatasetOptions::max_samples)"));
 }
 
+// Parses the feature or regression target `field` at `line`:`column` as a finite decimal float.
+absl::StatusOr<float> ParseCsvNumber(absl::string_view field, absl::string_view file, int64_t line,
+                                     int64_t column, absl::string_view what) {
+  float v;
+  if (!absl::SimpleAtof(field, &v)) {
+    return CsvError(file, line, column,
+                    absl::StrCat(what, "'", Shorten(field), "' is not a number"));
+  }
+  // SimpleAtof also reads "inf", "nan" and hexadecimal ("0x10"); the format is decimal.
+  if (!std::isfinite(v)) {
+    return CsvError(file, line, column,
+                    absl::StrCat(what, "'", Shorten(field), "' is not a finite number"));
+  }
+  if (!util::IsDecimalNumber(field)) {
+    return CsvError(file, line, column,
+                    absl::StrCat(what, "'", Shorten(field), "' is not a decimal number"));
+  }
+  return v;
+}
+
+// Parses the class label `text` at `line`:`column`: a decimal integer in [0, kMaxLabel).
+absl::StatusOr<int64_t> ParseCsvLabel(absl::string_view text, absl::string_view file, int64_t line,
+                                      int64_t column) {
+  auto error = [&](absl::string_view what) {
+    return CsvError(file, line, column, absl::StrCat("class label '", Shorten(text), "' ", what));
+  };
+  double label;
+  if (!absl::SimpleAtod(text, &label) || !std::isfinite(label)) return error("is not a number");
+  if (!util::IsDecimalNumber(text)) return error("is not a decimal number");
+  if (label < 0) return error("is negative");
+  if (label != std::floor(label)) {
+    return error("is not an integer (for regression targets, train a model whose loss is mse)");
+  }
+  if (label >= kMaxLabel) {
+    return error(absl::StrCat("is larger than ", static_cast<int64_t>(kMaxLabel) - 1));
+  }
+  return static_cast<int64_t>(label);
+}
+
+// Parses the data row `fields` at `line` into `t`: feature columns, then one class label
+// (`regression_targets` 0) or `regression_targets` target columns.
+absl::Status ParseCsvRow(const std::vector<absl::string_view>& fields, absl::string_view file,
+                         int64_t line, int64_t regression_targets, Table& t) {
+  const int64_t n = static_cast<int64_t>(fields.size());
+  const int64_t first_target = n - std::max<int64_t>(regression_targets, 1);
+  for (int64_t c = 0; c < n; ++c) {
+    const absl::string_view field = fields[static_cast<size_t>(c)];
+    if (c < first_target || regression_targets > 0) {
+      PT_ASSIGN_OR_RETURN(
+          float v, ParseCsvNumber(field, file, line, c + 1, c < first_target ? "" : "target "));
+      (c < first_target ? t.values : t.targets).push_back(v);
+      continue;
+    }
+    PT_ASSIGN_OR_RETURN(int64_t label, ParseCsvLabel(field, file, line, n));
+    t.targets.push_back(static_cast<float>(label));
+    t.first_line_of_label.emplace(label, line);
+    t.num_classes = std::max(t.num_classes, label + 1);
+  }
+  ++t.rows;
+  return absl::OkStatus();
+}
+
+// What a CSV row needs, for the message about a row or header with too few columns.
+std::string ColumnsNeeded(int64_t regression_targets) {
+  if (regression_targets == 0) return "need at least one feature column and a label";
+  return absl::StrCat("need at least one feature column and the model's ", regression_targets,
+                      " regression target column", regression_targets > 1 ? "s" : "");
+}
+
 // Parses CSV `content` (named `file` in messages): numeric feature columns, then an integer class
-// label >= 0; an optional first line of names; blank lines ignored; no quoting. At most
-// `max_rows` data rows (RESOURCE_EXHAUSTED beyond).
-absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file,
-                               int64_t max_rows) {
+// label >= 0 (`regression_targets` 0), or then `regression_targets` numeric target columns; an
+// optional first line of names; blank lines ignored; no quoting. At most `max_rows` data rows
+// (RESOURCE_EXHAUSTED beyond).
+absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file, int64_t max_rows,
+                               int64_t regression_targets = 0) {
   Table t;
+  t.target_features = std::max<int64_t>(regression_targets, 1);
+  const int64_t min_columns = t.target_features + 1;
+  const std::string need = ColumnsNeeded(regression_targets);
   int64_t columns = 0;  // expected per row, fixed by the header or the first data row
   int64_t first_row_line = 0;
   bool seen_first_line = false;
@@ -188,24 +175,23 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     fields = absl::StrSplit(line, ',');
     const int64_t n = static_cast<int64_t>(fields.size());
-
     if (!seen_first_line) {
       seen_first_line = true;
       bool any_number = false;
       for (absl::string_view f : fields) any_number |= util::IsDecimalNumber(f);
       if (!any_number) {  // a header of column names
-        if (n < 2) {
+        if (n < min_columns) {
           return CsvError(file, line_no, 0,
-                          "header has 1 column; need at least one feature and a label");
+                          absl::StrCat("header has ", n, " column", n > 1 ? "s" : "", "; ", need));
         }
         columns = n;
         continue;
       }
     }
     if (columns == 0) {
-      if (n < 2) {
+      if (n < min_columns) {
         return CsvError(file, line_no, 0,
-                        "row has 1 column; need at least one feature column and a label");
+                        absl::StrCat("row has ", n, " column", n > 1 ? "s" : "", "; ", need));
       }
       columns = n;
       first_row_line = line_no;
@@ -223,57 +209,12 @@ absl::StatusOr<Table> ParseCsv(absl::string_view content, absl::string_view file
       return TooManySamples(absl::StrCat(file, ":", line_no, ": data row ", max_rows + 1),
                             max_rows);
     }
-    for (int64_t c = 0; c + 1 < n; ++c) {
-      const absl::string_view field = fields[static_cast<size_t>(c)];
-      float v;
-      if (!absl::SimpleAtof(field, &v)) {
-        return CsvError(file, line_no, c + 1,
-                        absl::StrCat("'", Shorten(field), "' is not a number"));
-      }
-      // SimpleAtof also reads "inf", "nan" and hexadecimal ("0x10"); the format is decimal.
-      if (!std::isfinite(v)) {
-        return CsvError(file, line_no, c + 1,
-                        absl::StrCat("'", Shorten(field), "' is not a finite number"));
-      }
-      if (!util::IsDecimalNumber(field)) {
-        return CsvError(file, line_no, c + 1,
-                        absl::StrCat("'", Shorten(field), "' is not a decimal number"));
-      }
-      t.values.push_back(v);
-    }
-    const absl::string_view label_text = fields.back();
-    double label;
-    if (!absl::SimpleAtod(label_text, &label) || !std::isfinite(label)) {
-      return CsvError(file, line_no, n,
-                      absl::StrCat("class label '", Shorten(label_text), "' is not a number"));
-    }
-    if (!util::IsDecimalNumber(label_text)) {
-      return CsvError(
-          file, line_no, n,
-          absl::StrCat("class label '", Shorten(label_text), "' is not a decimal number"));
-    }
-    if (label < 0) {
-      return CsvError(file, line_no, n,
-                      absl::StrCat("class label '", Shorten(label_text), "' is negative"));
-    }
-    if (label != std::floor(label)) {
-      return CsvError(file, line_no, n,
-                      absl::StrCat("class label '", Shorten(label_text), "' is not an integer"));
-    }
-    if (label >= kMaxLabel) {
-      return CsvError(file, line_no, n,
-                      absl::StrCat("class label '", Shorten(label_text), "' is larger than ",
-                                   static_cast<int64_t>(kMaxLabel) - 1));
-    }
-    t.labels.push_back(static_cast<float>(label));
-    t.first_line_of_label.emplace(static_cast<int64_t>(label), line_no);
-    t.num_classes = std::max(t.num_classes, static_cast<int64_t>(label) + 1);
-    ++t.rows;
+    PT_RETURN_IF_ERROR(ParseCsvRow(fields, file, line_no, regression_targets, t));
   }
   if (t.rows == 0) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": no data rows"));
   }
-  t.features = columns - 1;
+  t.features = columns - t.target_features;
   t.file = std::string(file);
   return t;
 }
@@ -301,6 +242,7 @@ class TextDataset : public Dataset {
     info_.target_features = 1;
     info_.tokens_per_sample = context;
     info_.num_classes = static_cast<int64_t>(info_.vocabulary.size());
+    info_.token_ids = true;
   }
 
   const DatasetInfo& info() const override { return info_; }
@@ -477,14 +419,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDigits(const DatasetOptions& option
     }
     v /= 16.0f;  // exact: a power of two
   }
-  return std::unique_ptr<Dataset>(new TableDataset("digits", *std::move(table)));
+  return MakeTableDataset("digits", *std::move(table));
 }
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenCsv(const std::string& path,
                                                  const DatasetOptions& options) {
   PT_ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, options));
-  PT_ASSIGN_OR_RETURN(Table table, ParseCsv(content, path, options.max_samples));
-  return std::unique_ptr<Dataset>(new TableDataset(absl::StrCat("csv:", path), std::move(table)));
+  PT_ASSIGN_OR_RETURN(Table table,
+                      ParseCsv(content, path, options.max_samples, options.regression_targets));
+  return MakeTableDataset(absl::StrCat("csv:", path), std::move(table));
 }
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenText(const std::string& name, const std::string& path,
@@ -604,6 +547,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetUnguarded(absl::string_view 
     }
     return OpenCsv(std::string(arg), options);
   }
+  if (kind == "npy") return OpenNpyDataset(arg, options);
+  if (kind == "tokens") return OpenTokenCorpus(arg, options);
   if (kind == "synthetic") {
     if (has_arg && arg.empty()) {
       return absl::InvalidArgumentError(
@@ -611,9 +556,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetUnguarded(absl::string_view 
     }
     return OpenSynthetic(arg, options);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dataset spec '", spec,
-                   "' (expected digits, text, text:PATH, csv:PATH, synthetic or synthetic:ROWS)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dataset spec '", spec,
+      "' (expected digits, text, text:PATH, csv:PATH, npy:FEATURES.npy,TARGETS.npy, npy:DIR, "
+      "tokens:PATH[:uint16|:uint32], synthetic or synthetic:ROWS)"));
 }
 
 }  // namespace

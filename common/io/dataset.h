@@ -32,8 +32,9 @@ struct DatasetInfo {
   int64_t input_features = 0;     // floats per input row (1 for text: the token id)
   int64_t target_features = 0;    // floats per target row (1: a class index / next-token id)
   int64_t tokens_per_sample = 1;  // rows per sample (the context for text, else 1)
-  int64_t num_classes = 0;        // classes (vocabulary size for text)
+  int64_t num_classes = 0;        // classes (vocabulary size for text), 0 for regression targets
   std::string vocabulary;         // text only: the i-th byte is token i (sorted)
+  bool token_ids = false;         // inputs are token ids (text, tokens): for an embedding model
 };
 
 // An immutable, in-memory (or computed-on-demand) dataset. All methods are const and
@@ -79,6 +80,14 @@ struct DatasetOptions {
   // Synthetic dataset: features per row and number of classes (both must be > 0; classes >= 2).
   int64_t input_features = 0;
   int64_t num_classes = 0;
+  // The model's loss: 0 if it takes class labels (softmax cross-entropy), else the regression
+  // targets per row it takes (mse: the model's output width). csv: reads the last this many
+  // columns as float targets instead of one integer label; npy: wants float32 targets instead of
+  // integer labels.
+  int64_t regression_targets = 0;
+  // Token data sets (tokens:): the model's vocabulary (its embedding's vocab_size); every id must
+  // be below it. 0: the largest id + 1.
+  int64_t vocab_size = 0;
   // Synthetic dataset: total rows when the spec gives none ("synthetic" vs "synthetic:ROWS").
   int64_t synthetic_rows = 4096;
   // Synthetic dataset: seed of the features and of the teacher that labels them.
@@ -103,8 +112,14 @@ inline constexpr int64_t kMaxBatchBytes = int64_t{1} << 30;  // 1 GiB
 //   text              bundled text (GPL-3 license), char (byte) level language modelling
 //   text:PATH         the file at PATH, byte-level language modelling
 //                     (both text forms: token ids of options.tokenizer when it is set)
-//   csv:PATH          numeric feature columns then an integer class label >= 0; optional header
+//   csv:PATH          numeric feature columns then an integer class label >= 0 (or, with
+//                     options.regression_targets K > 0, then K numeric targets); optional header
+//   npy:X.npy,Y.npy   NumPy arrays: float32 features [N, F] and int64/int32 labels [N] (or float32
+//   npy:DIR           targets [N, K] for regression); DIR holds x.npy and y.npy (npy_dataset.h)
+//   tokens:PATH[:uint16|:uint32]  a flat file of token ids as nanoGPT writes it, or a directory
+//                     of train.bin and val.bin (token_corpus.h)
 //   synthetic[:ROWS]  N(0, 1) features labelled by a fixed random linear teacher
+//   (npy: and tokens: files are read as they are, never decompressed.)
 // Files may be gzip-compressed. Errors: INVALID_ARGUMENT for an unknown spec, bad options, a path
 // that is not a regular file (a directory, /dev/zero, a FIFO) or a malformed file (the message
 // names file:line:column); NOT_FOUND for a missing file; RESOURCE_EXHAUSTED naming the numbers

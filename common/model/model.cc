@@ -374,6 +374,10 @@ absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const 
       out.loss().has_softmax_cross_entropy()) {
     last->mutable_linear()->set_out_features(data.num_classes);
   }
+  // Regression: one output per target.
+  if (last->has_linear() && last->linear().out_features() == 0 && out.loss().has_mse()) {
+    last->mutable_linear()->set_out_features(data.target_features);
+  }
   return out;
 }
 

@@ -59,7 +59,8 @@ struct ModelLimits {
 };
 
 // Returns `spec` with the fields its author left 0 filled from `data` (input_features, the
-// embedding's vocab_size, the last linear layer's out_features), then checks the model against
+// embedding's vocab_size, the last linear layer's out_features: the classes for softmax
+// cross-entropy, the targets per row for mse), then checks the model against
 // the data: INVALID_ARGUMENT naming the mismatch (e.g. "model input_features 64 != data set's 32").
 absl::StatusOr<v1::ModelSpec> ResolveModelSpec(const v1::ModelSpec& spec, const DataShape& data);
 

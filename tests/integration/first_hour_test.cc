@@ -260,7 +260,8 @@ TEST(SpellingsTest, EvaluateTakesResumeAndTheCheckpointsData) {
   const std::string help = Pipetrain("evaluate --help").out;
   EXPECT_EQ(Shown(help, "--data"), "default: the checkpoint's");
   EXPECT_EQ(Shown(help, "--resume"), "required");
-  EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--data"), "default: \"digits\"");
+  EXPECT_EQ(Shown(Pipetrain("reference --help").out, "--data"),
+            "default: what --model implies: text for an embedding model, digits if it fits");
   testing::RunCommand("rm -rf '" + dir + "'");
 }
 

@@ -1,5 +1,6 @@
 """The CLI's data sets and batch order, so that a Python run sees the very batches `pipetrain
-train --data digits|text --seed S --batch B` sends (and the same per-step losses, bit for bit).
+train --data SPEC --seed S --batch B` sends (and the same per-step losses, bit for bit), for
+digits, text, csv:, npy: and tokens: (the last three read by pipetrain.formats).
 
 Reproduces common/io/dataset.{h,cc} (docs/data.md): the bundled digits (pixels / 16, every 5th
 row held out) and text data sets (byte-level, last tenth held out), and BatchSampler's order —
@@ -16,6 +17,7 @@ import os
 
 import numpy as np
 
+from pipetrain import formats
 from pipetrain.errors import PipetrainError, StatusCode
 
 _MASK64 = (1 << 64) - 1
@@ -131,13 +133,14 @@ def _check_split(split):
 
 class _TableDataset(Dataset):
     def __init__(self, name, values, labels, num_classes):
-        super().__init__(name, values.shape[1], 1, 1, num_classes)
+        labels = labels.reshape(values.shape[0], -1)
+        super().__init__(name, values.shape[1], labels.shape[1], 1, num_classes)
         rows = values.shape[0]
         all_rows = np.arange(rows)
         held_out = all_rows % _HOLD_OUT_PERIOD == _HOLD_OUT_PERIOD - 1
         self._rows = {"train": all_rows[~held_out], "eval": all_rows[held_out]}
         self._values = values
-        self._labels = labels.reshape(-1, 1)
+        self._labels = labels
 
     def size(self, split="train"):
         _check_split(split)
@@ -171,13 +174,38 @@ class _TextDataset(Dataset):
         return self._ids[window].reshape(-1, 1), self._ids[window + 1].reshape(-1, 1)
 
 
-def load(spec="digits", context=None, data_dir=None, tokenizer=None):
+class _TokenDataset(Dataset):
+    """tokens: windows of context + 1 ids, as _TextDataset's (common/io/token_corpus.h)."""
+
+    def __init__(self, name, parts, vocab_size, context):
+        super().__init__(name, 1, 1, context, vocab_size)
+        self._parts = {"train": parts[0][2], "eval": parts[1][2]}
+        self._context = context
+
+    def size(self, split="train"):
+        _check_split(split)
+        return max(0, len(self._parts[split]) - self._context)
+
+    def samples(self, split, indices):
+        _check_split(split)
+        ids = self._parts[split]
+        window = np.asarray(indices, dtype=np.int64)[:, None] + np.arange(self._context)[None, :]
+        return (ids[window].astype(np.float32).reshape(-1, 1),
+                ids[window + 1].astype(np.float32).reshape(-1, 1))
+
+
+def load(spec="digits", context=None, data_dir=None, tokenizer=None, regression_targets=0,
+         vocab_size=0):
     """Opens the data set `spec` as the CLI's --data does: "digits", "text" (the bundled GPL-3
-    text) or "text:PATH" (byte-level); text needs `context` (the model's embedding context).
-    `tokenizer` (a tokenizer directory or .model path, or a pipetrain.tokenizer.Tokenizer): text
-    becomes its token ids, as --tokenizer does (pipetrain/tokenizer.py).
-    `data_dir` overrides where the bundled files are (default: the copy installed with this
-    package). Raises PipetrainError: INVALID_ARGUMENT for an unknown spec or a missing context,
+    text), "text:PATH" (byte-level), "csv:PATH", "npy:X.npy,Y.npy" or "npy:DIR",
+    "tokens:PATH[:uint16|:uint32]" (docs/data.md); text and tokens need `context` (the model's
+    embedding context). `tokenizer` (a tokenizer directory or .model path, or a
+    pipetrain.tokenizer.Tokenizer): text becomes its token ids, as --tokenizer does
+    (pipetrain/tokenizer.py). `regression_targets` K > 0 (a model whose loss is mse, with K
+    outputs): csv: reads its last K columns as targets and npy: wants float32 targets.
+    `vocab_size` (tokens:): the model's vocabulary, every id must be below it. `data_dir`
+    overrides where the bundled files are (default: the copy installed with this package). Raises
+    PipetrainError: INVALID_ARGUMENT for an unknown spec, a missing context or a malformed file,
     NOT_FOUND for a missing file, DATA_LOSS for a damaged bundled digits file."""
     data_dir = data_dir or _BUNDLED_DIR
     kind, _, arg = spec.partition(":")
@@ -185,6 +213,16 @@ def load(spec="digits", context=None, data_dir=None, tokenizer=None):
         raise PipetrainError(StatusCode.INVALID_ARGUMENT,
                              "a tokenizer applies to text data sets (text, text:PATH), not to %r"
                              % (spec,))
+    if kind == "csv" and arg:
+        values, targets, num_classes = formats.parse_csv(formats.read_file(arg), arg,
+                                                         regression_targets)
+        return _TableDataset(spec, values, targets, num_classes)
+    if kind == "npy":
+        values, targets, num_classes = formats.load_npy(arg, regression_targets)
+        return _TableDataset(spec, values, targets, num_classes)
+    if kind == "tokens":
+        parts, vocabulary = formats.load_tokens(arg, context, vocab_size)
+        return _TokenDataset(spec, parts, vocabulary, context)
     if kind == "digits" and not arg and ":" not in spec:
         return _load_digits(os.path.join(data_dir, "digits.csv.gz"))
     if kind == "text" and (arg or ":" not in spec):
@@ -204,21 +242,23 @@ def load(spec="digits", context=None, data_dir=None, tokenizer=None):
         return _TextDataset(spec, text, context)
     raise PipetrainError(
         StatusCode.INVALID_ARGUMENT,
-        "unknown dataset spec %r (the Python package reads digits, text and text:PATH; for others "
-        "pass your own arrays)" % (spec,))
+        "unknown dataset spec %r (expected digits, text, text:PATH, csv:PATH, npy:X.npy,Y.npy, "
+        "npy:DIR or tokens:PATH[:uint16|:uint32]; for others pass your own arrays)" % (spec,))
 
 
 def load_for_model(spec, model, data_dir=None, tokenizer=None):
-    """load(spec) with the context a text data set takes from `model` (what create_job takes: a
-    ModelSpec message, a path to a protobuf text file or the text itself): its embedding's
-    context, as the CLI does. A text data set for a model without an embedding is
+    """load(spec) with what the CLI takes from `model` (what create_job takes: a ModelSpec
+    message, a path to a protobuf text file or the text itself): the context and vocabulary of its
+    embedding, and with an mse loss the regression targets per row (the last linear layer's
+    out_features, 1 when left 0). A text data set for a model without an embedding is
     INVALID_ARGUMENT saying so."""
     from pipetrain.client import model_spec  # the client imports nothing of this module
 
-    context = None
-    for layer in model_spec(model).layers:
+    model = model_spec(model)
+    context, vocab_size, outputs = None, 0, 0
+    for layer in model.layers:
         if layer.HasField("embedding"):
-            context = layer.embedding.context
+            context, vocab_size = layer.embedding.context, layer.embedding.vocab_size
     if context is None and _is_text(spec):
         raise PipetrainError(
             StatusCode.INVALID_ARGUMENT,
@@ -226,7 +266,11 @@ def load_for_model(spec, model, data_dir=None, tokenizer=None):
             "context is the tokens per sample), and the model has none: use a token model (e.g. "
             "examples/gpt_char.textproto), or a data set of feature rows for this one (digits)"
             % spec)
-    return load(spec, context=context, data_dir=data_dir, tokenizer=tokenizer)
+    if model.layers and model.layers[-1].HasField("linear"):
+        outputs = model.layers[-1].linear.out_features
+    regression_targets = (outputs or 1) if model.loss.HasField("mse") else 0
+    return load(spec, context=context, data_dir=data_dir, tokenizer=tokenizer,
+                regression_targets=regression_targets, vocab_size=vocab_size)
 
 
 def _is_text(spec):

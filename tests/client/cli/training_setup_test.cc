@@ -62,6 +62,62 @@ TEST(TrainingSetupTest, ClassLabelsBeyondTheModelsOutputNameFileAndLine) {
   EXPECT_TRUE(SetUpTraining(mse, "csv:" + path, "", 1).ok());
 }
 
+// Without --data the model decides where that is unambiguous; otherwise the error says what to
+// pass. Data of the wrong kind for the model says which --data fits.
+TEST(TrainingSetupTest, DefaultDataIsWhatTheModelImplies) {
+  const v1::ModelSpec gpt = Spec(R"pb(
+    input_features: 1
+    layers { embedding { vocab_size: 0 dim: 8 context: 4 } }
+    layers { linear { out_features: 0 } }
+    loss { softmax_cross_entropy {} }
+  )pb");
+  EXPECT_EQ(DefaultDataFor(gpt).value_or(""), "text");
+  const v1::ModelSpec mlp = Spec(R"pb(
+    layers { linear { out_features: 10 } }
+    loss { softmax_cross_entropy {} }
+  )pb");
+  EXPECT_EQ(DefaultDataFor(mlp).value_or(""), "digits");
+  v1::ModelSpec narrow = mlp;
+  narrow.mutable_layers(0)->mutable_linear()->set_out_features(3);
+  EXPECT_THAT(DefaultDataFor(narrow).status().message(),
+              HasSubstr("because it outputs 3 classes, not 10: pass --data csv:PATH, npy:"));
+  v1::ModelSpec mse = mlp;
+  mse.mutable_loss()->mutable_mse();
+  EXPECT_THAT(DefaultDataFor(mse).status().message(),
+              HasSubstr("because its loss is mse (regression targets): pass --data csv:PATH, "
+                        "npy:FEATURES.npy,TARGETS.npy or npy:DIR"));
+  // "" is the default; the bundled digits need the data directory of the source tree.
+  absl::StatusOr<TrainingSetup> s = SetUpTraining(mlp, "", PIPETRAIN_SOURCE_DIR "/data", 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data->info().name, "digits");
+  EXPECT_EQ(SetUpTraining(mse, "", "", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(SetUpTraining(gpt, "digits", "", 1).status().message(),
+              HasSubstr("pass --data text, text:PATH or tokens:PATH"));
+  EXPECT_THAT(SetUpTraining(mlp, "text", "", 1).status().message(),
+              HasSubstr("holds token ids, for a model that starts with an embedding layer"));
+}
+
+// An mse model whose last layer leaves out_features 0 takes one regression target per row from
+// a CSV, and its width from the data.
+TEST(TrainingSetupTest, MseModelReadsRegressionTargets) {
+  const std::string path = WriteTemp("regression.csv", "1,2,0.5\n3,4,-1.25\n5,6,2\n");
+  v1::ModelSpec spec = Spec(R"pb(
+    layers { linear { out_features: 0 } }
+    loss { mse {} }
+  )pb");
+  absl::StatusOr<TrainingSetup> s = SetUpTraining(spec, "csv:" + path, "", 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data->info().input_features, 2);
+  EXPECT_EQ(s->data->info().target_features, 1);
+  EXPECT_EQ(s->model->output_features(), 1);
+  // Two outputs: the last two columns are targets.
+  spec.mutable_layers(0)->mutable_linear()->set_out_features(2);
+  s = SetUpTraining(spec, "csv:" + path, "", 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->data->info().input_features, 1);
+  EXPECT_EQ(s->data->info().target_features, 2);
+}
+
 // Negative labels are refused when the file is read, with file:line:column as well.
 TEST(TrainingSetupTest, NegativeLabelsNameFileAndLine) {
   const std::string path = WriteTemp("negative.csv", "1,2,0\n3,4,-1\n");

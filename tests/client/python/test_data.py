@@ -57,7 +57,7 @@ def test_text_windows_and_vocabulary():
 
 
 def test_bad_specs_are_invalid_argument():
-    for spec, kwargs in (("csv:x.csv", {}), ("digits:x", {}), ("text", {})):
+    for spec, kwargs in (("npy:a,b,c", {}), ("digits:x", {}), ("text", {}), ("parquet:x", {})):
         with pytest.raises(pipetrain.PipetrainError) as e:
             data.load(spec, **kwargs)
         assert e.value.code == StatusCode.INVALID_ARGUMENT

@@ -364,6 +364,54 @@ TEST(CsvTest, ErrorsNameFileLineAndColumn) {
   ExpectCsvError("f1,f2,label\n", ": no data rows");
 }
 
+// With a regression loss (DatasetOptions::regression_targets K > 0) the last K columns are float
+// targets and the rest features; the class-label rules do not apply to them.
+TEST(CsvTest, RegressionTargetsAreTheLastColumns) {
+  const std::string path = WriteTemp("regression.csv",
+                                     "x1,x2,y1,y2\n1,2,0.5,-1\n3,4,2.25,1e1\n5,6,7,8\n7,8,9,0\n"
+                                     "9,1,-0.125,3\n");
+  DatasetOptions o = Options();
+  o.regression_targets = 2;
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset("csv:" + path, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->info().input_features, 2);
+  EXPECT_EQ((*d)->info().target_features, 2);
+  EXPECT_EQ((*d)->info().num_classes, 0);
+  Sample s = Get(**d, Split::kTrain, 1);  // row 1
+  EXPECT_THAT(s.inputs, ElementsAre(3.0f, 4.0f));
+  EXPECT_THAT(s.targets, ElementsAre(2.25f, 10.0f));
+  s = Get(**d, Split::kEval, 0);  // row 4
+  EXPECT_THAT(s.inputs, ElementsAre(9.0f, 1.0f));
+  EXPECT_THAT(s.targets, ElementsAre(-0.125f, 3.0f));
+  EXPECT_TRUE((*d)->CheckLabelsForModel(1).ok());
+  // One target: the three columns before it are features.
+  o.regression_targets = 1;
+  d = OpenDataset("csv:" + path, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->info().input_features, 3);
+  EXPECT_THAT(Get(**d, Split::kTrain, 0).targets, ElementsAre(-1.0f));
+
+  auto expect_error = [&](const std::string& contents, int64_t targets, const std::string& what) {
+    const std::string bad = WriteTemp("bad_regression.csv", contents);
+    DatasetOptions r = Options();
+    r.regression_targets = targets;
+    absl::StatusOr<std::unique_ptr<Dataset>> e = OpenDataset("csv:" + bad, r);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
+    EXPECT_THAT(e.status().message(), HasSubstr(bad + what)) << e.status();
+  };
+  expect_error("1,2,nan\n", 1, ":1:3: target 'nan' is not a finite number");
+  expect_error("1,2,x\n", 1, ":1:3: target 'x' is not a number");
+  expect_error("1,2,0x3\n", 1, ":1:3: target '0x3' is not a decimal number");
+  expect_error("1,2\n", 2,
+               ":1: row has 2 columns; need at least one feature column and the model's 2 "
+               "regression target columns");
+  expect_error("a,b\n1,2\n", 2, ":1: header has 2 columns; need at least one feature column");
+  // Without a regression loss, a fraction is not a class label, and the message says what is.
+  ExpectCsvError("1,2,0.5\n",
+                 ":1:3: class label '0.5' is not an integer (for regression targets, train a "
+                 "model whose loss is mse)");
+}
+
 // Numbers are decimal (docs/data.md): the forms strtod also reads -- hexadecimal integers and
 // floats, "inf", "infinity", "nan" -- are refused with file:line:column. Before, '0x10' was read
 // as 16 and a '0x1' label as class 1.

@@ -337,6 +337,14 @@ TEST(ModelTest, ResolveFillsFromDataAndChecksIt) {
             "model input_features 6 != data set's 1: the data is text, token ids (4 per sample), "
             "which need a model whose first layer is an embedding (e.g. "
             "examples/gpt_char.textproto)");
+  // mse: one output per regression target.
+  auto regression = ParseModelSpecText(R"pb(layers { linear { out_features: 0 } }
+                                            loss { mse {} })pb",
+                                       "t");
+  ASSERT_TRUE(regression.ok());
+  resolved = ResolveModelSpec(*regression, DataShape{5, 3, 0, 1});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->layers(0).linear().out_features(), 3);
 }
 
 TEST(ModelTest, ValidateBatchNamesTheProblem) {
