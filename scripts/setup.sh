@@ -30,6 +30,8 @@ more_packages=(
   # The Python client (client/python), its tests and example.
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip python3-setuptools
   python3-wheel python3-pytest python3-tqdm python3-matplotlib
+  # tests/common/model/test_hf_export.py: a plain PyTorch GPT-2 runs `pipetrain export`'s weights.
+  python3-torch
   # Tests: a real Prometheus scraping the daemons (+ promtool), and containers built and run
   # from local files (podman with runc); the .deb is checked with dpkg-deb.
   prometheus curl podman runc dpkg-dev
