@@ -155,7 +155,7 @@ absl::StatusOr<std::string> Config(const Model& model) {
   j["n_head"] = s.heads;
   j["n_inner"] = s.inner;
   j["activation_function"] = "gelu_new";  // GELU, tanh approximation
-  j["layer_norm_epsilon"] = static_cast<double>(kLayerNormEps);
+  j["layer_norm_epsilon"] = 1e-5;         // kLayerNormEps, written as the decimal a reader expects
   // pipetrain has no dropout.
   j["resid_pdrop"] = 0.0;
   j["embd_pdrop"] = 0.0;

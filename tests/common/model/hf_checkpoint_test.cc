@@ -170,7 +170,7 @@ TEST_F(HfCheckpointTest, TheExportHoldsAGpt2ConfigAVocabularyAndTheSidecar) {
   EXPECT_EQ(c["n_head"], 2);
   EXPECT_EQ(c["n_inner"], 32);
   EXPECT_EQ(c["activation_function"], "gelu_new");
-  EXPECT_EQ(static_cast<float>(c["layer_norm_epsilon"].get<double>()), 1e-5f);
+  EXPECT_EQ(c["layer_norm_epsilon"].get<double>(), 1e-5);
   EXPECT_EQ(c["tie_word_embeddings"], false);
   EXPECT_EQ(c["resid_pdrop"], 0.0);
   const json v = json::parse(ReadAll(Dir("hf/vocab.json")));
