@@ -240,8 +240,10 @@ absl::StatusOr<std::map<std::string, std::string>> ExportFilesOf(const LoadedChe
     }
   }
   if (!optimizer.empty()) {
-    PT_ASSIGN_OR_RETURN(files[kHfSidecarOptimizerFile],
-                        io::SerializeSafetensors(optimizer, {{"format", kOptimizerFormat}}));
+    PT_ASSIGN_OR_RETURN(
+        files[kHfSidecarOptimizerFile],
+        io::SerializeSafetensors(optimizer, {{"format", kOptimizerFormat},
+                                             {"step", absl::StrCat(checkpoint.manifest.step)}}));
   }
   files[kHfSidecarManifestFile] = FormatCheckpointManifest(checkpoint.manifest);
   if (!vocabulary.empty()) {
@@ -311,11 +313,19 @@ absl::StatusOr<std::unique_ptr<Model>> BuildChecked(const v1::ModelSpec& spec,
   return model;
 }
 
-// The optimizer state of the sidecar, if any (tensors named "optim.*").
-absl::StatusOr<std::map<std::string, math::Tensor>> ReadSidecarOptimizer(const std::string& dir) {
+// The optimizer state of the sidecar, if any (tensors named "optim.*"), which must be of `step`.
+absl::StatusOr<std::map<std::string, math::Tensor>> ReadSidecarOptimizer(const std::string& dir,
+                                                                         int64_t step) {
   const std::string path = io::JoinPath(dir, kHfSidecarOptimizerFile);
   if (!FileExists(path)) return std::map<std::string, math::Tensor>();
   PT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::ReadSafetensors(path));
+  auto saved = file.metadata.find("step");
+  if (saved == file.metadata.end() || saved->second != absl::StrCat(step)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": the optimizer state of step '",
+        saved == file.metadata.end() ? "(none)" : saved->second, "', but ", kHfSidecarManifestFile,
+        " is of step ", step, ": the two sidecar files come from different exports"));
+  }
   for (const auto& [name, tensor] : file.tensors) {
     if (!absl::StartsWith(name, "optim.")) {
       return absl::InvalidArgumentError(
@@ -405,7 +415,7 @@ absl::StatusOr<ImportedHfCheckpoint> ImportHfCheckpoint(const std::string& dir) 
   ImportedHfCheckpoint out;
   out.architecture = &arch;
   out.exact = true;
-  PT_ASSIGN_OR_RETURN(out.tensors, ReadSidecarOptimizer(dir));
+  PT_ASSIGN_OR_RETURN(out.tensors, ReadSidecarOptimizer(dir, sidecar->step));
   for (auto& [name, tensor] : params) out.tensors[name] = std::move(tensor);
   PT_RETURN_IF_ERROR(CheckCompleteState(*model, *sidecar, out.tensors,
                                         io::JoinPath(dir, kHfSidecarOptimizerFile)));

@@ -388,6 +388,13 @@ TEST_F(HfCheckpointTest, ImportRefusesASidecarWithMissingOrForeignOptimizerState
   EXPECT_THAT(
       imported.status().message(),
       HasSubstr("'optim.1.attn.qkv.weight.momentum_buffer' is not state of optimizer adamw"));
+  // State of another step (another export's).
+  ASSERT_TRUE(io::WriteSafetensors(path, state->tensors, {{"step", "2"}}).ok());
+  imported = ImportHfCheckpoint(Dir("hf"));
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      imported.status().message(),
+      HasSubstr("the optimizer state of step '2', but pipetrain_manifest.json is of step 3"));
 }
 
 TEST_F(HfCheckpointTest, WithoutTheSidecarImportStartsAFreshRunFromTheWeights) {
