@@ -33,7 +33,8 @@ more_packages=(
   # The Python client (client/python), its tests and example.
   python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip python3-setuptools
   python3-wheel python3-pytest python3-tqdm python3-matplotlib
-  # PyTorch parity of the layers (tests/parity: the same models trained in plain PyTorch).
+  # PyTorch parity of the layers (tests/parity: the same models trained in plain PyTorch) and of
+  # `pipetrain export`'s weights (tests/common/model/test_hf_export.py).
   python3-torch
   # The Python data module's tokenizer (pipetrain.data with a tokenizer directory).
   python3-sentencepiece

@@ -7,6 +7,7 @@
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
 //   pipetrain tokenizer train --input FILE --vocab-size N --out DIR ...
 //   pipetrain tokenizer encode --input FILE --tokenizer DIR
+//   pipetrain export --format hf --resume CHECKPOINT DIR | import --format hf HF_DIR --save DIR
 //   pipetrain jobs | workers | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
 //     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
@@ -27,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/cli/export_command.h"
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
@@ -51,7 +53,7 @@ ABSL_FLAG(int64_t, microbatches, 1, "micro-batches per batch (M)");
 ABSL_FLAG(int64_t, batch, 64, "samples per training step (B)");
 ABSL_FLAG(std::string, format, "",
           "output format (schedule: ascii|json|chrome|svg; "
-          "partition: text|json)");
+          "partition: text|json; export/import: hf)");
 ABSL_FLAG(int64_t, stages, 0, "pipeline stages (S), >= 1");
 // reference
 ABSL_FLAG(std::string, data, "",
@@ -88,10 +90,11 @@ ABSL_FLAG(double, lr_min, 0, "warmup-cosine/-linear: the final learning rate, in
 ABSL_FLAG(std::string, save, "",
           "checkpoint directory: a checkpoint at the end, and every --checkpoint-every steps "
           "(train/local: on the coordinator's host, checked when the job is created; checkpoint: "
-          "where the job's weights go)");
+          "where the job's weights go; import: where the checkpoint goes)");
 ABSL_FLAG(std::string, resume, "",
           "the checkpoint directory to read (what --save wrote): training continues from it "
-          "(train/local: a directory on the coordinator's host); evaluate evaluates it");
+          "(train/local: a directory on the coordinator's host); evaluate evaluates it, export "
+          "converts it");
 ABSL_FLAG(std::string, checkpoint, "", "evaluate: the former name of --resume, still accepted");
 ABSL_FLAG(std::string, isa, "",
           "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
@@ -193,8 +196,9 @@ const std::vector<HelpTopic> kFlagTopics = {
 // The headings `pipetrain help` lists the commands under.
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
-    {"planning commands (no coordinator needed)", {"schedule", "partition"}},
     {"data commands", {"tokenizer"}},
+    {"checkpoints in other formats", {"export", "import"}},
+    {"planning commands (no coordinator needed)", {"schedule", "partition"}},
     {"commands for a coordinator's jobs and workers",
      {"jobs", "status", "watch", "cancel", "workers"}}};
 
@@ -269,6 +273,16 @@ const ProgramSpec& Program() {
             {"out", "required by train"},
             {"vocab_size", "required by train"},
             {"tokenizer", "required by encode"}}},
+          {"export",
+           "DIR",
+           "write a checkpoint in the Hugging Face layout (safetensors, config.json) into DIR",
+           {"format", "resume", "data", "data_dir"},
+           {{"format", kRequired}, {"resume", kRequired}, {"data", "the checkpoint's"}}},
+          {"import",
+           "HF_DIR",
+           "read a Hugging Face directory (what export wrote) into a checkpoint",
+           {"format", "save", "keep_checkpoints"},
+           {{"format", kRequired}, {"save", kRequired}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, progress and stages", kJobFlags},
           {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
@@ -438,6 +452,19 @@ absl::Status RunTokenizer(const CommandLine& line) {
   o.train.character_coverage = absl::GetFlag(FLAGS_character_coverage);
   o.json = absl::GetFlag(FLAGS_json);
   return RunTokenizerCommand(o, std::cout);
+}
+
+// `export DIR` and `import HF_DIR`: `dir` is the argument ("" if missing).
+absl::Status RunExportOrImport(const CommandLine& line, const std::string& dir) {
+  if (line.command->name == "export") {
+    return RunExportCommand(
+        {absl::GetFlag(FLAGS_format), absl::GetFlag(FLAGS_resume), dir,
+         line.Given("data") ? absl::GetFlag(FLAGS_data) : "", absl::GetFlag(FLAGS_data_dir)},
+        std::cout);
+  }
+  return RunImportCommand({absl::GetFlag(FLAGS_format), dir, absl::GetFlag(FLAGS_save),
+                           absl::GetFlag(FLAGS_keep_checkpoints)},
+                          std::cout);
 }
 
 absl::Status RunTrain(const CommandLine& line) {
@@ -620,6 +647,8 @@ int Main(int argc, char** argv) {
     status = RunLocal(line);
   } else if (command == "tokenizer") {
     status = RunTokenizer(line);
+  } else if (command == "export" || command == "import") {
+    status = RunExportOrImport(line, line.args.empty() ? "" : line.args[0]);
   } else if (command == "watch") {
     status = RunWatch(line, line.args.empty() ? "" : line.args[0]);
   } else {  // jobs, workers, status, cancel, checkpoint

@@ -48,8 +48,8 @@ class TableDataset : public Dataset {
                                   ? absl::StrCat(table_.file, ":", line, ":", table_.features + 1)
                                   : absl::StrCat(table_.file, ": row ", line);
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": class label ", label, OutOfRangeForModel(model_classes, "labels",
-                                                                  table_.num_classes)));
+        absl::StrCat(where, ": class label ", label,
+                     OutOfRangeForModel(model_classes, "labels", table_.num_classes)));
   }
 
  private:

@@ -51,8 +51,7 @@ std::unique_ptr<Dataset> MakeTableDataset(std::string name, Table table);
 // The tail of every CheckLabelsForModel message, with the fix: " is out of range for the model,
 // whose last layer outputs N classes (<unit> 0 to N-1); the data set has D: set the last linear
 // layer's out_features to D, or to 0 to take the data set's" (D: `data_classes`).
-std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit,
-                               int64_t data_classes);
+std::string OutOfRangeForModel(int64_t model_classes, absl::string_view unit, int64_t data_classes);
 
 // Aborts naming the data set, the split and the index: GetSample with an index out of range is a
 // programming error, not a data error.

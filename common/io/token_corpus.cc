@@ -111,9 +111,10 @@ class TokenCorpus : public Dataset {
       for (int64_t i = 1; i < p.tokens; ++i) {
         const int64_t id = Id(p, i);
         if (id < model_classes) continue;
-        return absl::InvalidArgumentError(absl::StrCat(
-            p.path, ": token id ", id, " at token ", p.first + i, " (byte ",
-            (p.first + i) * id_bytes_, ")", OutOfRangeForModel(model_classes, "tokens", info_.num_classes)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(p.path, ": token id ", id, " at token ", p.first + i, " (byte ",
+                         (p.first + i) * id_bytes_, ")",
+                         OutOfRangeForModel(model_classes, "tokens", info_.num_classes)));
       }
     }
     return absl::OkStatus();

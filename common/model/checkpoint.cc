@@ -490,6 +490,10 @@ absl::Status WriteCheckpointManifest(const std::string& dir, const CheckpointMan
   return io::WriteFileAtomically(path, j.dump(2) + "\n");
 }
 
+std::string FormatCheckpointManifest(const CheckpointManifest& manifest) {
+  return ManifestToJson(manifest).dump(2) + "\n";
+}
+
 std::string CheckpointHistoryPath(const std::string& dir, int64_t step) {
   std::string base = dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
@@ -604,6 +608,11 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir
   const std::string path = io::JoinPath(dir, kManifestName);
   PT_ASSIGN_OR_RETURN(std::string text,
                       io::ReadConfinedFile(dir, kManifestName, kMaxManifestBytes));
+  return ParseCheckpointManifest(text, path);
+}
+
+absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(absl::string_view text,
+                                                           const std::string& path) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   return ManifestFromJson(j, path);

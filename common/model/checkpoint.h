@@ -230,6 +230,15 @@ absl::Status CheckCheckpointDestination(const std::string& dir);
 // layers, a sha256 that is not 64 lowercase hex digits.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
 
+// The text WriteCheckpointManifest writes into manifest.json for `manifest` (JSON, keys sorted,
+// indented by two spaces, a final newline). No validation: see WriteCheckpointManifest.
+std::string FormatCheckpointManifest(const CheckpointManifest& manifest);
+
+// Parses and validates manifest text exactly as ReadCheckpointManifest does (same errors, each
+// starting with `path`, the name the text is reported under).
+absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(absl::string_view text,
+                                                           const std::string& path);
+
 // OK if a run with `optimizer` may resume the checkpoint `manifest` (read from `dir`): the
 // optimizer kinds must match, since the kind decides which state tensors the checkpoint holds per
 // parameter (AdamW: exp_avg and exp_avg_sq; SGD: momentum_buffer or none) -- resuming AdamW state

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,54 @@ TEST(ReferenceCliTest, ResumeContinuesBitwise) {
                                  dir + "/half");
   EXPECT_EQ(wrong.exit_code, 1);
   EXPECT_THAT(wrong.out, HasSubstr("FAILED_PRECONDITION"));
+}
+
+// `export` and `import` (docs/checkpoints.md, "Export and import"): the round trip through the
+// CLI is byte for byte (tests/common/model/test_hf_export.py also compares the logits); what cannot
+// be exported, and a missing flag or argument, is an error naming it.
+TEST(ExportCliTest, ExportsAGptAndRefusesWhatHasNoHuggingFaceEquivalent) {
+  const std::string dir = ::testing::TempDir() + "/cli_export";
+  std::filesystem::remove_all(dir);
+  CliRun r = Pipetrain("reference --model " + Example("gpt_char.textproto") +
+                       " --data text --batch 4 --microbatches 2 --steps 2 --save " + dir + "/gpt");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = Pipetrain("export --format hf --resume " + dir + "/gpt " + dir + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("as gpt2 (vocab_size "));
+  EXPECT_THAT(r.out, HasSubstr("n_layer 2, n_head 4, n_inner 256)"));
+  EXPECT_THAT(r.out, HasSubstr("  vocab.json\n"));
+  r = Pipetrain("import --format hf " + dir + "/hf --save " + dir + "/back");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("with its pipetrain sidecar"));
+  for (const char* f : {"manifest.json", "layer-00000.safetensors", "layer-00002.safetensors",
+                        "layer-00004.safetensors"}) {
+    EXPECT_EQ(ReadAll(dir + "/gpt/" + f), ReadAll(dir + "/back/" + f)) << f;
+  }
+
+  r = Pipetrain("reference --model " + Example("mlp_digits.textproto") + " --steps 1 --save " +
+                dir + "/mlp");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"export --format hf --resume " + dir + "/mlp " + dir + "/x",
+       "model 'mlp_digits' has no Hugging Face equivalent pipetrain exports: gpt2: layer 0 "
+       "(linear): GPT-2 starts with an embedding"},
+      {"export --resume " + dir + "/gpt " + dir + "/x", "--format hf is required"},
+      {"export --format onnx --resume " + dir + "/gpt " + dir + "/x",
+       "--format 'onnx' is not one pipetrain exports (hf)"},
+      {"export --format hf " + dir + "/x", "--resume DIR is required"},
+      {"export --format hf --resume " + dir + "/gpt",
+       "the directory to write is required: pipetrain export --format hf --resume CHECKPOINT DIR"},
+      {"import --format hf " + dir + "/hf", "--save DIR is required"},
+      {"import --format hf --save " + dir + "/y", "the directory to read is required"},
+      {"import --format hf " + dir + "/gpt --save " + dir + "/y", "config.json"},
+  };
+  for (const auto& [args, message] : refused) {
+    r = Pipetrain(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_THAT(r.out, HasSubstr(message)) << args;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/y"));
 }
 
 TEST(EvaluateCliTest, ReproducesTheReferencesFinalEvaluation) {

@@ -165,7 +165,6 @@ TEST(JobSpecTest, UnlimitedKeepsOnlyTheFixedRules) {
   EXPECT_THAT(s.message(), HasSubstr("use 2 stages or fewer"));
 }
 
-
 // A tokenizer of `vocab` pieces trained on a small text.
 std::string TrainedTokenizer(int64_t vocab) {
   std::string text;
