@@ -60,7 +60,8 @@ absl::Status CheckDataKind(const v1::ModelSpec& spec, const std::string& data) {
 }
 
 // INVALID_ARGUMENT if the model (not an embedding model, with input_features set) takes a
-// different number of features per row than `info` has, saying which data to pass.
+// different number of features per row than `info` has, saying both fixes: the model's
+// input_features, or which data to pass.
 absl::Status CheckInputFeatures(const v1::ModelSpec& spec, const io::DatasetInfo& info) {
   if (StartsWithEmbedding(spec) || spec.input_features() <= 0 ||
       spec.input_features() == info.input_features) {
@@ -68,7 +69,8 @@ absl::Status CheckInputFeatures(const v1::ModelSpec& spec, const io::DatasetInfo
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "model input_features ", spec.input_features(), " != data set's ", info.input_features, " (",
-      info.name, "): pass a data set with ", spec.input_features(),
+      info.name, "): set the model's input_features to ", info.input_features,
+      " (or to 0 to take the data set's), or pass a data set with ", spec.input_features(),
       " features per row (--data csv:PATH, npy:FEATURES.npy,TARGETS.npy or synthetic)"));
 }
 

@@ -224,8 +224,9 @@ TEST(DataFormatsCliTest, DataDefaultsToWhatTheModelImpliesAndMismatchesSayWhatTo
                                      "loss { softmax_cross_entropy {} }\n");
   r = Pipetrain("reference --model " + wide + " --data digits");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.out, HasSubstr("model input_features 32 != data set's 64 (digits): pass a data "
-                               "set with 32 features per row"));
+  EXPECT_THAT(r.out, HasSubstr("model input_features 32 != data set's 64 (digits): set the "
+                               "model's input_features to 64 (or to 0 to take the data set's), "
+                               "or pass a data set with 32 features per row"));
   r = Pipetrain("reference --model " + wide);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("because it takes 32 input features, not 64"));

@@ -96,27 +96,28 @@ TEST_F(LocalRefusalTest, ScheduleParametersAreTheCoordinators) {
 
 TEST_F(LocalRefusalTest, TextNeedsATokenModel) {
   ExpectRefused("--model " + Example("mlp_digits.textproto") + " --data text",
-                "data set text is text, token ids for a model whose first layer is an embedding "
-                "(its context is the tokens per sample), and the model has none: use a token "
-                "model (e.g. examples/gpt_char.textproto)");
+                "data set 'text' holds token ids, for a model that starts with an embedding "
+                "layer; this model does not: pass --data digits, csv:PATH");
 }
 
 TEST_F(LocalRefusalTest, ATokenModelNeedsText) {
   ExpectRefused("--model " + Example("gpt_char.textproto") + " --data digits",
-                "the model takes token ids (its first layer is an embedding) and the data set has "
-                "64 features per row: train it on text, or use a model of 64 input features");
+                "data set 'digits' holds rows of features, but the model starts with an embedding "
+                "layer, which takes token ids: pass --data text, text:PATH or tokens:PATH");
 }
 
 TEST_F(LocalRefusalTest, InputWidthMustBeTheDatas) {
   ExpectRefused(
-      "--model " + ModelWith("mlp_digits.textproto", "input_features: 64", "input_features: 32"),
-      "model input_features 32 != data set's 64: set the model's input_features to 64, or to 0 "
-      "to take the data set's");
+      "--data digits --model " +
+          ModelWith("mlp_digits.textproto", "input_features: 64", "input_features: 32"),
+      "model input_features 32 != data set's 64 (digits): set the model's input_features to 64 "
+      "(or to 0 to take the data set's), or pass a data set with 32 features per row");
 }
 
 TEST_F(LocalRefusalTest, LabelsMustBeClassesOfTheModel) {
-  const testing::CommandRun r = Pipetrain(
-      "local --model " + ModelWith("mlp_digits.textproto", "out_features: 10", "out_features: 5"));
+  const testing::CommandRun r =
+      Pipetrain("local --data digits --model " +
+                ModelWith("mlp_digits.textproto", "out_features: 10", "out_features: 5"));
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("class label 5 is out of range for the model, whose last layer "
                                "outputs 5 classes (labels 0 to 4); the data set has 10: set the "

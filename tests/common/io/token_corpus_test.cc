@@ -93,7 +93,9 @@ TEST(TokenCorpusTest, Uint32DirectoryOfTrainAndValBins) {
   EXPECT_EQ((*d)->CheckLabelsForModel(100).message(),
             dir +
                 "/train.bin: token id 70000 at token 3 (byte 12) is out of range for the "
-                "model, whose last layer outputs 100 classes (tokens 0 to 99)");
+                "model, whose last layer outputs 100 classes (tokens 0 to 99); the data set has "
+                "70001: set the last linear layer's out_features to 70001, or to 0 to take the "
+                "data set's");
   EXPECT_TRUE((*d)->CheckLabelsForModel(70001).ok());
 }
 
