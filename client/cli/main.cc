@@ -5,6 +5,8 @@
 //   pipetrain partition --costs c0,c1,... | --model FILE --stages S [--speeds ...] ...
 //   pipetrain train     --coordinator HOST:PORT --model FILE --stages S --schedule KIND ...
 //   pipetrain local     --stages S --model FILE --schedule KIND ...
+//   pipetrain generate  --resume DIR --prompt TEXT [--max-tokens N --temperature T --top-k K]
+//   pipetrain predict   --resume DIR [--data SPEC --out FILE]
 //   pipetrain jobs | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
 //     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
@@ -25,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/cli/inference_commands.h"
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
@@ -55,7 +58,7 @@ ABSL_FLAG(std::string, data, "digits",
           "data set: digits | text[:PATH] | csv:PATH | synthetic[:ROWS]");
 ABSL_FLAG(std::string, data_dir, "", "directory of the bundled data sets (digits, text)");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
-ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
+ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling (generate: for sampling)");
 ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
@@ -74,8 +77,9 @@ ABSL_FLAG(std::string, save, "",
           "where the job's weights go)");
 ABSL_FLAG(std::string, resume, "",
           "the checkpoint directory to read (what --save wrote): training continues from it "
-          "(train/local: a directory on the coordinator's host); evaluate evaluates it");
-ABSL_FLAG(std::string, checkpoint, "", "evaluate: the former name of --resume, still accepted");
+          "(train/local: a directory on the coordinator's host); evaluate/generate/predict use it");
+ABSL_FLAG(std::string, checkpoint, "",
+          "evaluate/generate/predict: the former name of --resume, still accepted");
 ABSL_FLAG(std::string, isa, "",
           "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
           "every worker must run)");
@@ -95,6 +99,12 @@ ABSL_FLAG(int64_t, checkpoint_every, 0,
 ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
+// generate / predict
+ABSL_FLAG(std::string, prompt, "", "generate: the text to continue");
+ABSL_FLAG(int64_t, max_tokens, 200, "generate: tokens (characters) to generate");
+ABSL_FLAG(double, temperature, 1.0, "generate: logits are divided by it; 0: greedy");
+ABSL_FLAG(int64_t, top_k, 0, "generate: sample among the K most likely tokens (0: all of them)");
+ABSL_FLAG(std::string, out, "-", "predict: the CSV file to write; -: stdout");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "", "this client's PEM certificate (mTLS to the coordinator)");
@@ -171,10 +181,12 @@ const std::vector<HelpTopic> kFlagTopics = {
     {"service",
      {"coordinator", "reconnect_timeout", "replace_timeout", "reason", "tls_cert", "tls_key",
       "tls_ca", "token_file"}},
-    {"output", {"json", "log_every", "format", "trace", "trace_steps"}}};
+    {"output", {"json", "log_every", "format", "trace", "trace_steps", "out"}},
+    {"generation", {"prompt", "max_tokens", "temperature", "top_k"}}};
 // The headings `pipetrain help` lists the commands under.
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
+    {"using a checkpoint", {"generate", "predict"}},
     {"planning commands (no coordinator needed)", {"schedule", "partition"}},
     {"commands for the jobs of a coordinator", {"jobs", "status", "watch", "cancel"}}};
 
@@ -237,6 +249,23 @@ const ProgramSpec& Program() {
            "held-out loss and accuracy of a checkpoint",
            {"resume", "checkpoint", "data", "data_dir", "eval_samples", "json"},
            {{"resume", kRequired}, {"data", "the checkpoint's"}, {"eval_samples", "1000"}}},
+          {"generate",
+           "",
+           "continue a text with a checkpoint of a language model",
+           {"resume", "checkpoint", "prompt", "max_tokens", "temperature", "top_k", "seed", "data",
+            "data_dir"},
+           {{"resume", kRequired},
+            {"prompt", kRequired},
+            {"data", "the checkpoint's"},
+            {"top_k", "the whole vocabulary"}}},
+          {"predict",
+           "",
+           "write a checkpoint's outputs for the held-out rows of a data set (CSV)",
+           {"resume", "checkpoint", "data", "data_dir", "eval_samples", "out"},
+           {{"resume", kRequired},
+            {"data", "the checkpoint's"},
+            {"eval_samples", "all"},
+            {"out", "standard output"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, progress and stages", kJobFlags},
           {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
@@ -377,6 +406,30 @@ absl::Status RunEvaluate(const CommandLine& line) {
   o.eval_samples = absl::GetFlag(FLAGS_eval_samples).value_or(kDefaultEvalSamples);
   o.json = absl::GetFlag(FLAGS_json);
   return RunEvaluateCommand(o, std::cout);
+}
+
+absl::Status RunGenerate(const CommandLine& line) {
+  GenerateCommandOptions o;
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
+  if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.prompt = absl::GetFlag(FLAGS_prompt);
+  o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  o.sampling = {absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k),
+                absl::GetFlag(FLAGS_seed)};
+  return RunGenerateCommand(o, std::cout);
+}
+
+absl::Status RunPredict(const CommandLine& line) {
+  PredictCommandOptions o;
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
+  if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.out = absl::GetFlag(FLAGS_out);
+  o.samples = absl::GetFlag(FLAGS_eval_samples).value_or(0);
+  return RunPredictCommand(o, std::cout);
 }
 
 absl::Status RunTrain(const CommandLine& line) {
@@ -543,6 +596,10 @@ int Main(int argc, char** argv) {
     status = RunPartition(line);
   } else if (command == "evaluate") {
     status = RunEvaluate(line);
+  } else if (command == "generate") {
+    status = RunGenerate(line);
+  } else if (command == "predict") {
+    status = RunPredict(line);
   } else if (command == "train") {
     status = RunTrain(line);
   } else if (command == "local") {
