@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,6 +96,30 @@ std::string PredictHeader(bool classification, int64_t outputs, int64_t targets)
   return h + "\n";
 }
 
+// Appends one CSV line of predict (PredictHeader's columns) for output row `y` and target row
+// `target` to `csv`; returns whether a classifier's class equals the label. `p`: scratch.
+bool AppendPredictionRow(int64_t row, Eigen::Ref<const math::RowVector> y,
+                         Eigen::Ref<const math::RowVector> target, bool classification,
+                         std::vector<double>* p, std::string* csv) {
+  absl::StrAppend(csv, row);
+  bool correct = false;
+  if (classification) {
+    const int64_t label = static_cast<int64_t>(target(0));
+    const int64_t cls = model::ArgMax(absl::MakeConstSpan(y.data(), y.size()));
+    correct = cls == label;
+    Softmax(y.data(), y.size(), p);
+    absl::StrAppend(csv, ",", label, ",", cls);
+    for (const double v : *p) absl::StrAppend(csv, absl::StrFormat(",%.9g", v));
+  } else {
+    for (int64_t j = 0; j < target.size(); ++j) {
+      absl::StrAppend(csv, absl::StrFormat(",%.9g", target(j)));
+    }
+    for (int64_t j = 0; j < y.size(); ++j) absl::StrAppend(csv, absl::StrFormat(",%.9g", y(j)));
+  }
+  *csv += "\n";
+  return correct;
+}
+
 }  // namespace
 
 absl::Status RunGenerateCommand(const GenerateCommandOptions& o, std::ostream& out) {
@@ -157,30 +182,20 @@ absl::Status RunPredictCommand(const PredictCommandOptions& o, std::ostream& out
   model::MicrobatchState mb;
   std::vector<double> p;
   int64_t rows = 0, correct = 0;
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    io::Batch b = io::MakeEvalBatch(data, begin, std::min(chunk, n - begin));
-    PT_RETURN_IF_ERROR(
-        net.ValidateBatch(math::AsConstMap(b.inputs), math::AsConstMap(b.targets), b.samples));
-    const math::Matrix& pred = trainer->stage().Forward(math::AsConstMap(b.inputs), &mb);
-    for (int64_t r = 0; r < pred.rows(); ++r, ++rows) {
-      absl::StrAppend(&csv, rows);
-      const float* y = pred.data() + r * pred.cols();
-      if (classification) {
-        const int64_t label = static_cast<int64_t>(b.targets(r, 0));
-        const int64_t cls = model::ArgMax(absl::MakeConstSpan(y, pred.cols()));
-        correct += cls == label;
-        Softmax(y, pred.cols(), &p);
-        absl::StrAppend(&csv, ",", label, ",", cls);
-        for (const double v : p) absl::StrAppend(&csv, absl::StrFormat(",%.9g", v));
-      } else {
-        for (int64_t j = 0; j < b.targets.cols(); ++j) {
-          absl::StrAppend(&csv, absl::StrFormat(",%.9g", b.targets(r, j)));
-        }
-        for (int64_t j = 0; j < pred.cols(); ++j)
-          absl::StrAppend(&csv, absl::StrFormat(",%.9g", y[j]));
+  try {  // the CSV is built in memory: a data set too large for it is an error, not an abort.
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      io::Batch b = io::MakeEvalBatch(data, begin, std::min(chunk, n - begin));
+      PT_RETURN_IF_ERROR(
+          net.ValidateBatch(math::AsConstMap(b.inputs), math::AsConstMap(b.targets), b.samples));
+      const math::Matrix& pred = trainer->stage().Forward(math::AsConstMap(b.inputs), &mb);
+      for (int64_t r = 0; r < pred.rows(); ++r, ++rows) {
+        correct +=
+            AppendPredictionRow(rows, pred.row(r), b.targets.row(r), classification, &p, &csv);
       }
-      csv += "\n";
     }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory for the predictions after ",
+                                                     rows, " rows: ask for fewer --eval-samples"));
   }
   if (o.out == "-") {
     out << csv;

@@ -152,6 +152,7 @@ TEST(CliHelpTest, FlagsAreGroupedUnderTopicHeadings) {
       "compute",
       "service",
       "output",
+      "generation",
       "flag files"};
   for (const auto& [command, flags] : CommandFlags()) {
     SCOPED_TRACE(command);
@@ -232,6 +233,10 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
       {"local" + model + " --memory-cap 1G", "--memory-cap not used by `pipetrain local`"},
       {"evaluate --checkpoint /nonexistent --steps 100",
        "--steps not used by `pipetrain evaluate`"},
+      {"generate --resume /nonexistent --prompt a --steps 100",
+       "--steps not used by `pipetrain generate`"},
+      {"predict --resume /nonexistent --temperature 1",
+       "--temperature not used by `pipetrain predict`"},
       {"jobs --coordinator 127.0.0.1:1 --batch 64", "--batch not used by `pipetrain jobs`"},
       {"status job-1 --coordinator 127.0.0.1:1 --reason ''",
        "--reason not used by `pipetrain status`"},
