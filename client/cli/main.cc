@@ -8,6 +8,8 @@
 //   pipetrain tokenizer train --input FILE --vocab-size N --out DIR ...
 //   pipetrain tokenizer encode --input FILE --tokenizer DIR
 //   pipetrain export --format hf --resume CHECKPOINT DIR | import --format hf HF_DIR --save DIR
+//   pipetrain generate  --resume DIR --prompt TEXT [--max-tokens N --temperature T --top-k K]
+//   pipetrain predict   --resume DIR [--data SPEC --out FILE]
 //   pipetrain jobs | workers | status JOB | watch JOB | cancel JOB | checkpoint JOB --save DIR
 //     [--coordinator HOST:PORT]
 #include <sys/ioctl.h>
@@ -29,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/export_command.h"
+#include "client/cli/inference_commands.h"
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
@@ -67,14 +70,16 @@ ABSL_FLAG(std::string, tokenizer, "",
 // tokenizer train / encode
 ABSL_FLAG(std::string, input, "",
           "tokenizer: the text file to train on (train) or encode (encode)");
-ABSL_FLAG(std::string, out, "", "tokenizer train: the tokenizer directory to write");
+ABSL_FLAG(std::string, out, "",
+          "tokenizer train: the tokenizer directory to write; predict: the CSV file to write "
+          "(-: stdout)");
 ABSL_FLAG(int64_t, vocab_size, 0, "tokenizer train: pieces in the vocabulary");
 ABSL_FLAG(std::string, model_type, "bpe", "tokenizer train: bpe | unigram");
 ABSL_FLAG(double, character_coverage, 1.0,
           "tokenizer train: fraction of the text's characters the vocabulary covers, in (0, 1]; "
           "the rarest others become the unknown piece");
 ABSL_FLAG(int64_t, steps, 100, "optimizer steps to run (after the checkpoint's, with --resume)");
-ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
+ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling (generate: for sampling)");
 ABSL_FLAG(int32_t, threads, 1, "compute threads (per worker for train/local)");
 ABSL_FLAG(std::string, optimizer, "adamw",
           "KIND[:key=value,...], KIND sgd|adamw; keys lr, weight_decay, momentum, nesterov, "
@@ -93,9 +98,10 @@ ABSL_FLAG(std::string, save, "",
           "where the job's weights go; import: where the checkpoint goes)");
 ABSL_FLAG(std::string, resume, "",
           "the checkpoint directory to read (what --save wrote): training continues from it "
-          "(train/local: a directory on the coordinator's host); evaluate evaluates it, export "
-          "converts it");
-ABSL_FLAG(std::string, checkpoint, "", "evaluate: the former name of --resume, still accepted");
+          "(train/local: a directory on the coordinator's host); evaluate/generate/predict use it, "
+          "export converts it");
+ABSL_FLAG(std::string, checkpoint, "",
+          "evaluate/generate/predict: the former name of --resume, still accepted");
 ABSL_FLAG(std::string, isa, "",
           "instruction set of the math, x86-64-v3 or x86-64-v4 (train/local: the job's, which "
           "every worker must run)");
@@ -115,6 +121,11 @@ ABSL_FLAG(int64_t, checkpoint_every, 0,
 ABSL_FLAG(int32_t, keep_checkpoints, 2,
           "checkpoints to keep (>= 1): the newest in --save DIR, the K-1 before it beside it as "
           "DIR.step-<12 digits>");
+// generate / predict
+ABSL_FLAG(std::string, prompt, "", "generate: the text to continue");
+ABSL_FLAG(int64_t, max_tokens, 200, "generate: tokens (characters) to generate");
+ABSL_FLAG(double, temperature, 1.0, "generate: logits are divided by it; 0: greedy");
+ABSL_FLAG(int64_t, top_k, 0, "generate: sample among the K most likely tokens (0: all of them)");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "", "this client's PEM certificate (mTLS to the coordinator)");
@@ -192,12 +203,14 @@ const std::vector<HelpTopic> kFlagTopics = {
     {"service",
      {"coordinator", "reconnect_timeout", "replace_timeout", "reason", "tls_cert", "tls_key",
       "tls_ca", "token_file"}},
-    {"output", {"json", "log_every", "format", "trace", "trace_steps"}}};
+    {"output", {"json", "log_every", "format", "trace", "trace_steps", "out"}},
+    {"generation", {"prompt", "max_tokens", "temperature", "top_k"}}};
 // The headings `pipetrain help` lists the commands under.
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
     {"data commands", {"tokenizer"}},
     {"checkpoints in other formats", {"export", "import"}},
+    {"using a checkpoint", {"generate", "predict"}},
     {"planning commands (no coordinator needed)", {"schedule", "partition"}},
     {"commands for a coordinator's jobs and workers",
      {"jobs", "status", "watch", "cancel", "workers"}}};
@@ -283,6 +296,23 @@ const ProgramSpec& Program() {
            "read a Hugging Face directory (what export wrote) into a checkpoint",
            {"format", "save", "keep_checkpoints"},
            {{"format", kRequired}, {"save", kRequired}}},
+          {"generate",
+           "",
+           "continue a text with a checkpoint of a language model",
+           {"resume", "checkpoint", "prompt", "max_tokens", "temperature", "top_k", "seed", "data",
+            "data_dir"},
+           {{"resume", kRequired},
+            {"prompt", kRequired},
+            {"data", "the checkpoint's"},
+            {"top_k", "the whole vocabulary"}}},
+          {"predict",
+           "",
+           "write a checkpoint's outputs for the held-out rows of a data set (CSV)",
+           {"resume", "checkpoint", "data", "data_dir", "eval_samples", "out"},
+           {{"resume", kRequired},
+            {"data", "the checkpoint's"},
+            {"eval_samples", "all"},
+            {"out", "standard output"}}},
           {"jobs", "", "list a coordinator's jobs", kJobFlags},
           {"status", "JOB", "one job's state, progress and stages", kJobFlags},
           {"watch", "JOB", "follow a job's steps, recoveries and checkpoints until it ends",
@@ -467,6 +497,31 @@ absl::Status RunExportOrImport(const CommandLine& line, const std::string& dir) 
                           std::cout);
 }
 
+absl::Status RunGenerate(const CommandLine& line) {
+  GenerateCommandOptions o;
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
+  if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.prompt = absl::GetFlag(FLAGS_prompt);
+  o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  o.sampling = {absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k),
+                absl::GetFlag(FLAGS_seed)};
+  return RunGenerateCommand(o, std::cout);
+}
+
+absl::Status RunPredict(const CommandLine& line) {
+  PredictCommandOptions o;
+  PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
+                                                    "checkpoint", absl::GetFlag(FLAGS_checkpoint)));
+  if (line.Given("data")) o.data = absl::GetFlag(FLAGS_data);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.out = absl::GetFlag(FLAGS_out);
+  if (o.out.empty()) o.out = "-";  // not given: standard output.
+  o.samples = absl::GetFlag(FLAGS_eval_samples).value_or(0);
+  return RunPredictCommand(o, std::cout);
+}
+
 absl::Status RunTrain(const CommandLine& line) {
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags(line));
   PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
@@ -641,6 +696,10 @@ int Main(int argc, char** argv) {
     status = RunPartition(line);
   } else if (command == "evaluate") {
     status = RunEvaluate(line);
+  } else if (command == "generate") {
+    status = RunGenerate(line);
+  } else if (command == "predict") {
+    status = RunPredict(line);
   } else if (command == "train") {
     status = RunTrain(line);
   } else if (command == "local") {

@@ -47,6 +47,23 @@ void Embedding::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, Matri
   }
 }
 
+void Embedding::ForwardIncremental(absl::Span<const Tensor> params, int64_t position,
+                                   ConstMatrixMap x, IncrementalState* state, Stash* scratch,
+                                   MatrixMap y) const {
+  assert(x.cols() == 1 && y.rows() == x.rows() && y.cols() == dim_ && position >= 0 &&
+         position + x.rows() <= context_);
+  const float* tok = params[0].data.data();
+  const float* pos = params[1].data.data();
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const int64_t id = static_cast<int64_t>(x(r, 0));
+    assert(id >= 0 && id < vocab_);
+    const float* t = tok + id * dim_;
+    const float* p = pos + (position + r) * dim_;
+    float* yr = y.data() + r * dim_;
+    for (int64_t j = 0; j < dim_; ++j) yr[j] = t[j] + p[j];
+  }
+}
+
 void Embedding::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                               Stash* stash, MatrixMap dx) const {
   if (dx.rows() == 0) return;

@@ -45,6 +45,11 @@ class Embedding final : public Layer {
                Stash* stash) const override;
   void BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                      Stash* stash, MatrixMap dx) const override;
+  // Row i of x is position `position` + i: y_i = token.weight[x_i] + position.weight[position +
+  // i], bitwise Forward's row. No state; position + rows <= context.
+  bool SupportsIncremental() const override { return true; }
+  void ForwardIncremental(absl::Span<const Tensor> params, int64_t position, ConstMatrixMap x,
+                          IncrementalState* state, Stash* scratch, MatrixMap y) const override;
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 

@@ -74,6 +74,21 @@ class ParamCache {
   virtual int64_t bytes() const = 0;
 };
 
+// What the earlier positions of one sequence leave for a layer's incremental forward
+// (Layer::ForwardIncremental): an attention block's keys and values (its KV cache). Made by
+// Layer::NewIncrementalState; owned by the caller, one per layer and sequence; one thread at a
+// time.
+class IncrementalState {
+ public:
+  virtual ~IncrementalState() = default;
+  // Positions held: the first position of the next ForwardIncremental call.
+  virtual int64_t positions() const = 0;
+  // Forgets every position (the next call starts at position 0); keeps the memory.
+  virtual void Clear() = 0;
+  // Bytes it holds now.
+  virtual int64_t bytes() const = 0;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -115,6 +130,26 @@ class Layer {
                                    ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
                                    MatrixMap dx) const {
     BackwardInput(params, x, dy, stash, dx);
+  }
+
+  // Incremental forward, for decoding one sequence a few positions at a time (a KV cache;
+  // docs/inference.md). Whether this layer has one: by default the layers whose rows are
+  // independent of each other (row_multiple() == 1), for which it is Forward on the new rows.
+  // A layer with a context (embedding, attention) overrides all three functions.
+  virtual bool SupportsIncremental() const { return row_multiple() == 1; }
+  // The per-sequence state ForwardIncremental needs (null: none, as for row-wise layers).
+  virtual std::unique_ptr<IncrementalState> NewIncrementalState() const { return nullptr; }
+  // x [n, in_features()] are the inputs of positions `position` .. position+n-1 of one sequence
+  // (n >= 1) whose positions 0 .. position-1 went through earlier calls with the same `state`
+  // (state->positions() == position; `state` from NewIncrementalState, null if that is null);
+  // y [n, out_features()] gets the outputs Forward gives those rows of the whole sequence, up to
+  // the summation order of products of other shapes (docs/inference.md, "Numerics"). For a layer
+  // with a context, position + n <= that context. `scratch` is the layer's to resize and reuse
+  // across calls. Requires SupportsIncremental().
+  virtual void ForwardIncremental(absl::Span<const Tensor> params, int64_t position,
+                                  ConstMatrixMap x, IncrementalState* state, Stash* scratch,
+                                  MatrixMap y) const {
+    Forward(params, x, y, scratch);
   }
 
   // grads[i] += dL/dparams[i]. Must run after BackwardInput of the same micro-batch.

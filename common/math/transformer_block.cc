@@ -300,4 +300,138 @@ void TransformerBlock::BackwardWeight(absl::Span<const Tensor> params, ConstMatr
                           g(kLn1B));
 }
 
+// ---- Incremental forward (KV cache) ----
+
+namespace {
+
+// The keys and values of the positions one sequence has been through, [context, dim] each, in
+// qkv's column order (head h in columns h*hd .. h*hd+hd-1).
+class KvCache final : public IncrementalState {
+ public:
+  KvCache(int64_t context, int64_t dim)
+      : keys_(static_cast<size_t>(context * dim)), values_(static_cast<size_t>(context * dim)) {}
+
+  int64_t positions() const override { return positions_; }
+  void Clear() override { positions_ = 0; }
+  int64_t bytes() const override {
+    return static_cast<int64_t>((keys_.size() + values_.size()) * sizeof(float));
+  }
+
+  float* keys() { return keys_.data(); }
+  float* values() { return values_.data(); }
+  void set_positions(int64_t positions) { positions_ = positions; }
+
+ private:
+  std::vector<float> keys_;
+  std::vector<float> values_;
+  int64_t positions_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<IncrementalState> TransformerBlock::NewIncrementalState() const {
+  return std::make_unique<KvCache>(context_, dim_);
+}
+
+TransformerBlock::StepLayout TransformerBlock::MakeStepLayout(int64_t n, int64_t len) const {
+  const int64_t d = dim_;
+  StepLayout l;
+  int64_t at = 0;
+  auto take = [&at](int64_t size) {
+    const int64_t start = at;
+    at += AlignUp(size);
+    return start;
+  };
+  l.mean1 = take(n);
+  l.rstd1 = take(n);
+  l.ln1 = take(n * d);
+  l.qkv = take(n * 3 * d);
+  l.att = take(n * len);
+  l.attn = take(n * d);
+  l.h = take(n * d);
+  l.mean2 = take(n);
+  l.rstd2 = take(n);
+  l.ln2 = take(n * d);
+  l.fc = take(n * hidden_);
+  l.gelu = take(n * hidden_);
+  l.total = at;
+  return l;
+}
+
+void TransformerBlock::AttentionIncremental(ConstMatrixMap qkv, int64_t position, const float* keys,
+                                            const float* values, float* att, MatrixMap out) const {
+  const int64_t n = qkv.rows();
+  const int64_t len = position + n;
+  const int64_t hd = head_dim_;
+  const int64_t d = dim_;
+  // The same scale, softmax arithmetic and products as AttentionForward, on n query rows.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const ConstMatrixMap k_all(keys, len, d);
+  const ConstMatrixMap v_all(values, len, d);
+  MatrixMap a(att, n, len);
+  for (int64_t h = 0; h < heads_; ++h) {
+    const auto q = qkv.block(0, h * hd, n, hd);
+    const auto k = k_all.block(0, h * hd, len, hd);
+    const auto v = v_all.block(0, h * hd, len, hd);
+    a.noalias() = q * k.transpose();
+    // Row i is position position+i: causal softmax over columns 0..position+i, 0 beyond.
+    for (int64_t i = 0; i < n; ++i) {
+      float* ar = att + i * len;
+      const int64_t last = position + i;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= last; ++j) {
+        ar[j] *= scale;
+        mx = std::max(mx, ar[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= last; ++j) {
+        ar[j] = static_cast<float>(PortableExp(static_cast<double>(ar[j]) - mx));
+        sum += ar[j];
+      }
+      for (int64_t j = 0; j <= last; ++j) ar[j] = static_cast<float>(ar[j] / sum);
+      for (int64_t j = last + 1; j < len; ++j) ar[j] = 0.0f;
+    }
+    out.block(0, h * hd, n, hd).noalias() = a * v;
+  }
+}
+
+void TransformerBlock::ForwardIncremental(absl::Span<const Tensor> params, int64_t position,
+                                          ConstMatrixMap x, IncrementalState* state, Stash* scratch,
+                                          MatrixMap y) const {
+  const int64_t n = x.rows();
+  const int64_t d = dim_;
+  auto* cache = static_cast<KvCache*>(state);
+  assert(cache != nullptr && cache->positions() == position && n >= 1 && position + n <= context_ &&
+         x.cols() == d && y.rows() == n && y.cols() == d && params.size() == kNumParams);
+  const StepLayout l = MakeStepLayout(n, position + n);
+  if (scratch->data.size() < static_cast<size_t>(l.total)) {
+    scratch->data.resize(static_cast<size_t>(l.total));
+  }
+  float* s = scratch->data.data();
+  auto p = [&params](int i) { return params[i].data.data(); };
+
+  // As Forward: LN1, the qkv projection, then this call's keys and values join the cache.
+  MatrixMap ln1(s + l.ln1, n, d);
+  LayerNormForward(x, p(kLn1W), p(kLn1B), kLnEps, ln1, s + l.mean1, s + l.rstd1);
+  MatrixMap qkv(s + l.qkv, n, 3 * d);
+  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv);
+  MatrixMap(cache->keys() + position * d, n, d) = qkv.block(0, d, n, d);
+  MatrixMap(cache->values() + position * d, n, d) = qkv.block(0, 2 * d, n, d);
+  cache->set_positions(position + n);
+  MatrixMap attn(s + l.attn, n, d);
+  AttentionIncremental(AsConst(qkv), position, cache->keys(), cache->values(), s + l.att, attn);
+  // The rest is Forward's, row by row.
+  MatrixMap h(s + l.h, n, d);
+  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h);
+  h += x;
+  MatrixMap ln2(s + l.ln2, n, d);
+  LayerNormForward(AsConst(h), p(kLn2W), p(kLn2B), kLnEps, ln2, s + l.mean2, s + l.rstd2);
+  MatrixMap fc(s + l.fc, n, hidden_);
+  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc);
+  GeluForward(s + l.fc, n * hidden_, s + l.gelu);
+  LinearForward(ConstMatrixMap(s + l.gelu, n, hidden_), ConstMatrixMap(p(kFc2W), d, hidden_),
+                p(kFc2B), y);
+  y += h;
+}
+
 }  // namespace pipetrain::math

@@ -4,6 +4,7 @@
 #define PIPETRAIN_COMMON_MATH_TRANSFORMER_BLOCK_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -57,6 +58,19 @@ class TransformerBlock final : public Layer {
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 
+  // Incremental forward (KV cache; docs/inference.md). The state holds the keys and values of
+  // every head for up to context() positions (2 * context * dim floats, allocated once). Rows of
+  // x are positions position .. position+n-1 of one sequence; row i attends to positions
+  // 0 .. position+i, whose keys and values the state holds after this call's own are appended.
+  // The products have shapes [n, d] x [d, 3d], [n, hd] x [hd, position+n], ...: with
+  // position == 0 and n == context() they are Forward's for one sample, and y is bitwise
+  // Forward's; with other shapes Eigen sums the same products in another order (a few float
+  // ulps; docs/inference.md, "Numerics"). position + n <= context().
+  bool SupportsIncremental() const override { return true; }
+  std::unique_ptr<IncrementalState> NewIncrementalState() const override;
+  void ForwardIncremental(absl::Span<const Tensor> params, int64_t position, ConstMatrixMap x,
+                          IncrementalState* state, Stash* scratch, MatrixMap y) const override;
+
  private:
   // Float offsets of the stash regions for a micro-batch of `rows` rows.
   struct Layout {
@@ -67,6 +81,18 @@ class TransformerBlock final : public Layer {
   Layout MakeLayout(int64_t rows) const;
 
   void AttentionForward(ConstMatrixMap qkv, float* att, MatrixMap out) const;
+  // Float offsets of ForwardIncremental's scratch regions for n new rows attending to `len`
+  // positions.
+  struct StepLayout {
+    int64_t mean1, rstd1, ln1, qkv, att, attn, h, mean2, rstd2, ln2, fc, gelu;
+    int64_t total;
+  };
+  StepLayout MakeStepLayout(int64_t n, int64_t len) const;
+  // Causal attention of the n rows of `qkv` (positions position .. position+n-1) over the first
+  // position+n rows of `keys` and `values` ([context, dim] each); `att` holds n * (position+n)
+  // floats of scratch.
+  void AttentionIncremental(ConstMatrixMap qkv, int64_t position, const float* keys,
+                            const float* values, float* att, MatrixMap out) const;
   void AttentionBackward(ConstMatrixMap qkv, const float* att, ConstMatrixMap dout, float* scratch,
                          MatrixMap dqkv) const;
 

@@ -80,6 +80,11 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
         {"tokenizer",
          {"--input", "--out", "--vocab-size", "--model-type", "--character-coverage", "--tokenizer",
           "--json"}},
+        {"generate",
+         {"--resume", "--checkpoint", "--prompt", "--max-tokens", "--temperature", "--top-k",
+          "--seed", "--data", "--data-dir"}},
+        {"predict",
+         {"--resume", "--checkpoint", "--data", "--data-dir", "--eval-samples", "--out"}},
         {"jobs", with({"--coordinator", "--json"}, security)},
         {"workers", with({"--coordinator", "--json"}, security)},
         {"status", with({"--coordinator", "--json"}, security)},
@@ -152,6 +157,7 @@ TEST(CliHelpTest, FlagsAreGroupedUnderTopicHeadings) {
       "compute",
       "service",
       "output",
+      "generation",
       "flag files"};
   for (const auto& [command, flags] : CommandFlags()) {
     SCOPED_TRACE(command);
@@ -233,6 +239,10 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
       {"local" + model + " --memory-cap 1G", "--memory-cap not used by `pipetrain local`"},
       {"evaluate --checkpoint /nonexistent --steps 100",
        "--steps not used by `pipetrain evaluate`"},
+      {"generate --resume /nonexistent --prompt a --steps 100",
+       "--steps not used by `pipetrain generate`"},
+      {"predict --resume /nonexistent --temperature 1",
+       "--temperature not used by `pipetrain predict`"},
       {"jobs --coordinator 127.0.0.1:1 --batch 64", "--batch not used by `pipetrain jobs`"},
       {"workers --coordinator 127.0.0.1:1 --reason ''", "--reason not used by `pipetrain workers`"},
       {"status job-1 --coordinator 127.0.0.1:1 --reason ''",
