@@ -53,13 +53,17 @@ void Embedding::ForwardIncremental(absl::Span<const Tensor> params, int64_t posi
   assert(x.cols() == 1 && y.rows() == x.rows() && y.cols() == dim_ && position >= 0 &&
          position + x.rows() <= context_);
   const float* tok = params[0].data.data();
-  const float* pos = params[1].data.data();
+  const float* pos = position_table_ ? params[1].data.data() : nullptr;
   for (int64_t r = 0; r < x.rows(); ++r) {
     const int64_t id = static_cast<int64_t>(x(r, 0));
     assert(id >= 0 && id < vocab_);
     const float* t = tok + id * dim_;
-    const float* p = pos + (position + r) * dim_;
     float* yr = y.data() + r * dim_;
+    if (pos == nullptr) {  // positions come later (rotary, in the attention).
+      for (int64_t j = 0; j < dim_; ++j) yr[j] = t[j];
+      continue;
+    }
+    const float* p = pos + (position + r) * dim_;
     for (int64_t j = 0; j < dim_; ++j) yr[j] = t[j] + p[j];
   }
 }

@@ -133,7 +133,7 @@ TEST(HelpDefaultsTest, NoMeaningContradictsTheShownDefault) {
   for (const auto& [what, help] : helps) {
     SCOPED_TRACE(what);
     const std::vector<FlagEntry> entries = FlagEntries(help);
-    EXPECT_GT(entries.size(), 3u) << help;
+    EXPECT_GE(entries.size(), 3u) << help;  // the help was parsed (import has 3).
     for (const FlagEntry& e : entries) {
       EXPECT_FALSE(std::regex_search(e.meaning, states_a_default))
           << e.name << " (" << e.shown << "):" << e.meaning;

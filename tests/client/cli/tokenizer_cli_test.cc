@@ -188,6 +188,32 @@ TEST(TokenizerCliTest, LocalTwoStagesEqualsReferenceAndCheckpointsCarryTheTokeni
   EXPECT_EQ(ParseJson(ref2.out).losses.size(), 1u);
 }
 
+// `generate` on a checkpoint trained with a tokenizer encodes the prompt and decodes the tokens
+// with the checkpoint's tokenizer (no flag): the text starts with the prompt, is the same for a
+// seed, and greedy decoding does not depend on it; `predict`'s data opens through it as well.
+TEST(TokenizerCliTest, GenerateUsesTheCheckpointsTokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
+  const std::string dir = testing::TempDir("pipetrain_tokenizer_generate_");
+  TrainTokenizer(dir + "/tok", 200);
+  const testing::CommandRun trained =
+      Pipetrain("reference --model " + Example("gpt_char.textproto") + " --data text --tokenizer " +
+                dir + "/tok --batch 8 --seed 5 --steps 20 --json --save " + dir + "/ck");
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  const std::string base =
+      "generate --resume " + dir + "/ck --prompt 'This License' --max-tokens 30 2>/dev/null";
+  const testing::CommandRun a =
+      testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + base + " --seed 7");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_THAT(a.out, ::testing::StartsWith("This License"));
+  EXPECT_GT(a.out.size(), std::string("This License\n").size()) << a.out;
+  EXPECT_EQ(testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + base + " --seed 7").out,
+            a.out);
+  const std::string greedy = " --temperature 0";
+  EXPECT_EQ(
+      testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + base + greedy + " --seed 1").out,
+      testing::RunCommand(std::string(PIPETRAIN_BINARY) + " " + base + greedy + " --seed 2").out);
+}
+
 TEST(TokenizerCliTest, ByteLevelCheckpointRefusesATokenizer) {
   if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
   const std::string dir = testing::TempDir("pipetrain_tokenizer_bytes_");

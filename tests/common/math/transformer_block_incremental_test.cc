@@ -158,7 +158,7 @@ TEST(TransformerBlockIncrementalTest, EveryLevelsBlockIsIncremental) {
 // layers (layer norm, linear, GELU) are Forward on the new rows, with no state.
 TEST(TransformerBlockIncrementalTest, EmbeddingAndRowWiseLayers) {
   const Kernels& k = KernelsFor(DefaultIsa());
-  const std::unique_ptr<Layer> emb = k.MakeEmbedding(7, 8, 4);
+  const std::unique_ptr<Layer> emb = k.MakeEmbedding(7, 8, 4, /*position_table=*/true);
   ASSERT_TRUE(emb->SupportsIncremental());
   EXPECT_EQ(emb->NewIncrementalState(), nullptr);
   std::vector<Tensor> p;
