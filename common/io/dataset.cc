@@ -42,9 +42,6 @@ constexpr int64_t kDigitsRows = 1797;
 constexpr int64_t kDigitsFeatures = 64;
 constexpr int64_t kDigitsClasses = 10;
 
-// Largest class label accepted in a CSV file: labels travel as floats and must stay exact.
-constexpr double kMaxLabel = 1 << 24;
-
 // Text datasets hold out the last 1/kTextHoldOutDivisor of the text.
 constexpr int64_t kTextHoldOutDivisor = 10;
 
@@ -105,7 +102,7 @@ absl::StatusOr<float> ParseCsvNumber(absl::string_view field, absl::string_view 
   return v;
 }
 
-// Parses the class label `text` at `line`:`column`: a decimal integer in [0, kMaxLabel).
+// Parses the class label `text` at `line`:`column`: a decimal integer in [0, kMaxClassLabel).
 absl::StatusOr<int64_t> ParseCsvLabel(absl::string_view text, absl::string_view file, int64_t line,
                                       int64_t column) {
   auto error = [&](absl::string_view what) {
@@ -118,8 +115,8 @@ absl::StatusOr<int64_t> ParseCsvLabel(absl::string_view text, absl::string_view 
   if (label != std::floor(label)) {
     return error("is not an integer (for regression targets, train a model whose loss is mse)");
   }
-  if (label >= kMaxLabel) {
-    return error(absl::StrCat("is larger than ", static_cast<int64_t>(kMaxLabel) - 1));
+  if (label >= kMaxClassLabel) {
+    return error(absl::StrCat("is larger than ", kMaxClassLabel - 1));
   }
   return static_cast<int64_t>(label);
 }

@@ -23,6 +23,9 @@ namespace pipetrain::io {
 
 class Tokenizer;  // common/io/tokenizer.h
 
+// Class labels are below kMaxClassLabel (2^24): they travel as floats and must stay exact.
+inline constexpr int64_t kMaxClassLabel = int64_t{1} << 24;
+
 // Which part of a dataset: the training part or the held-out part.
 enum class Split { kTrain, kEval };
 

@@ -197,6 +197,11 @@ absl::StatusOr<std::string> ReadFileMaybeGzipped(const std::string& path, int64_
   return out;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 absl::Status EnsureDirectory(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("empty directory path");
   if (absl::Status s = CheckNoNulByte(path); !s.ok()) return s;

@@ -46,6 +46,9 @@ absl::StatusOr<std::string> ReadFileMaybeGzipped(const std::string& path,
 // exists as a directory; FAILED_PRECONDITION if it (or a parent) exists and is not a directory.
 absl::Status EnsureDirectory(const std::string& path);
 
+// True if `path` names a directory (after symlinks); false if it is anything else or missing.
+bool IsDirectory(const std::string& path);
+
 // Returns the directory part of `path` ("." if it has none, "/" for files in the root).
 std::string DirName(const std::string& path);
 

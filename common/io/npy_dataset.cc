@@ -20,9 +20,6 @@
 namespace pipetrain::io {
 namespace {
 
-// Largest class label: labels travel as floats and must stay exact.
-constexpr int64_t kMaxLabel = int64_t{1} << 24;
-
 // The spelling of the spec, for messages.
 constexpr char kSpelling[] =
     "npy:FEATURES.npy,TARGETS.npy (two paths, one comma) or npy:DIR (a directory holding x.npy "
@@ -93,7 +90,7 @@ absl::StatusOr<std::vector<float>> FloatMatrix(const NpyFile& f, const std::stri
 }
 
 // Reads the class labels of `f` (named `path`): int64 or int32 of shape [rows] or [rows, 1], each
-// in [0, kMaxLabel), into `t`.
+// in [0, kMaxClassLabel), into `t`.
 absl::Status ReadLabels(const NpyFile& f, const std::string& path, Table& t) {
   const NpyHeader& h = f.header;
   if (h.kind != 'i' || (h.item_bytes != 8 && h.item_bytes != 4)) {
@@ -119,11 +116,11 @@ absl::Status ReadLabels(const NpyFile& f, const std::string& path, Table& t) {
       std::memcpy(&v, data + 4 * r, 4);
       label = v;
     }
-    if (label < 0 || label >= kMaxLabel) {
+    if (label < 0 || label >= kMaxClassLabel) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": row ", r, ": class label ", label,
                        label < 0 ? " is negative" : " is larger than ",
-                       label < 0 ? "" : absl::StrCat(kMaxLabel - 1)));
+                       label < 0 ? "" : absl::StrCat(kMaxClassLabel - 1)));
     }
     t.targets[static_cast<size_t>(r)] = static_cast<float>(label);
     t.first_line_of_label.emplace(label, r);

@@ -181,11 +181,6 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MapIds(const std::string& path, int6
   return f;
 }
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenCorpus(absl::string_view arg,

@@ -115,11 +115,6 @@ bool TokenizersAvailable() { return !kSanitizerBuild; }
 
 namespace {
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 // The model's sha256 as the manifest of tokenizer directory `dir` records it, or "" without a
 // manifest. INVALID_ARGUMENT for a manifest that is not a tokenizer manifest.
 absl::StatusOr<std::string> ManifestSha256(const std::string& dir) {
