@@ -136,29 +136,27 @@ void CoordinatorCore::Shutdown() {
 }
 
 absl::Status CoordinatorCore::PostToJob(const std::string& id, std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
-  Job& job = *it->second;
-  job.mu.AssertHeld();
-  if (IsTerminal(job.state)) return EndedError(job);
-  if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
-  }
-  return absl::OkStatus();
+  return Post(id, /*client_request=*/false, std::move(task));
 }
 
 absl::Status CoordinatorCore::PostClientRequest(const std::string& id, std::function<void()> task) {
+  return Post(id, /*client_request=*/true, std::move(task));
+}
+
+absl::Status CoordinatorCore::Post(const std::string& id, bool client_request,
+                                   std::function<void()> task) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
   Job& job = *it->second;
   job.mu.AssertHeld();
   if (IsTerminal(job.state)) return EndedError(job);
-  // Checked under the lock that BeginRecovery takes: a recovery that starts later is posted
-  // behind `task`, which then finds the job RECOVERING and is refused when it runs.
-  if (job.state == JobState::kRecovering) return CheckReady(job);
-  PT_RETURN_IF_ERROR(CheckClaimCurrent(job));
+  if (client_request) {
+    // Checked under the lock that BeginRecovery takes: a recovery that starts later is posted
+    // behind `task`, which then finds the job RECOVERING and is refused when it runs.
+    if (job.state == JobState::kRecovering) return CheckReady(job);
+    PT_RETURN_IF_ERROR(CheckClaimCurrent(job));
+  }
   if (job.ops == nullptr || !job.ops->Post(std::move(task))) {
     return absl::FailedPreconditionError(absl::StrCat("job '", id, "' takes no more work"));
   }

@@ -215,6 +215,9 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindJob, and CheckReady's error unless it is READY.
   absl::StatusOr<Job*> ReadyJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PostToJob (`client_request` false) and PostClientRequest (true): one lookup, one post.
+  absl::Status Post(const std::string& id, bool client_request, std::function<void()> task)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // options().clock's time.
   absl::Time Now() const;
   // Whether `job`'s client lease is stopped: it ended, is assigning or recovering, a Train stream
