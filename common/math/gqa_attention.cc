@@ -14,26 +14,27 @@ float Scale(const GqaShape& shape) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
 }
 
-// Row i of the T x T scores `a` becomes the causal softmax of its scaled columns 0..i.
-void CausalSoftmaxRows(int64_t t, float scale, float* a) {
-  for (int64_t i = 0; i < t; ++i) {
-    float* ar = a + i * t;
+}  // namespace
+
+void CausalSoftmaxRows(int64_t rows, int64_t len, int64_t first, float scale, float* a) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* ar = a + i * len;
+    const int64_t last = first + i;
     float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j <= last; ++j) {
       ar[j] *= scale;
       mx = std::max(mx, ar[j]);
     }
     double sum = 0;
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j <= last; ++j) {
       ar[j] = static_cast<float>(PortableExp(static_cast<double>(ar[j]) - mx));
       sum += ar[j];
     }
-    for (int64_t j = 0; j <= i; ++j) ar[j] = static_cast<float>(ar[j] / sum);
-    for (int64_t j = i + 1; j < t; ++j) ar[j] = 0.0f;
+    for (int64_t j = 0; j <= last; ++j) ar[j] = static_cast<float>(ar[j] / sum);
+    for (int64_t j = last + 1; j < len; ++j) ar[j] = 0.0f;
   }
 }
 
-// dP (in `d`, T x T) becomes dS given the probabilities `a`.
 void CausalSoftmaxBackwardRows(int64_t t, double scale, const float* a, float* d) {
   for (int64_t i = 0; i < t; ++i) {
     const float* ar = a + i * t;
@@ -44,8 +45,6 @@ void CausalSoftmaxBackwardRows(int64_t t, double scale, const float* a, float* d
     for (int64_t j = i + 1; j < t; ++j) dr[j] = 0.0f;
   }
 }
-
-}  // namespace
 
 int64_t GqaProbabilityFloats(const GqaShape& shape, int64_t rows) {
   return rows / shape.context * shape.heads * shape.context * shape.context;
@@ -65,7 +64,7 @@ void GqaAttentionForward(const GqaShape& shape, ConstMatrixMap q, ConstMatrixMap
       float* a_data = probs + (s * shape.heads + h) * t * t;
       MatrixMap a(a_data, t, t);
       a.noalias() = q.block(s * t, h * hd, t, hd) * k.block(s * t, j * hd, t, hd).transpose();
-      CausalSoftmaxRows(t, scale, a_data);
+      CausalSoftmaxRows(t, t, 0, scale, a_data);
       out.block(s * t, h * hd, t, hd).noalias() = a * v.block(s * t, j * hd, t, hd);
     }
   }

@@ -42,6 +42,16 @@ void GqaAttentionBackward(const GqaShape& shape, ConstMatrixMap q, ConstMatrixMa
                           MatrixMap dq, MatrixMap dk, MatrixMap dv);
 
 // Rough FLOPs per score entry (documented in docs/numerics.md).
+// The causal softmax of attention scores, shared by every attention (this one, the transformer
+// block's, its cached forward). `rows` rows of `len` scores each, row i the query at position
+// `first` + i: its columns 0..first+i are scaled by `scale`, then become exp(s - max) / sum
+// (PortableExp, the sum in double in column order); the columns after it become exactly 0.
+void CausalSoftmaxRows(int64_t rows, int64_t len, int64_t first, float scale, float* a);
+
+// The softmax backward of CausalSoftmaxRows(t, t, 0, ...): dP (in `d`, t x t) becomes
+// dS_ij = scale P_ij (dP_ij - sum_k P_ik dP_ik) for j <= i, 0 above; the sum in double.
+void CausalSoftmaxBackwardRows(int64_t t, double scale, const float* a, float* d);
+
 inline constexpr double kGqaSoftmaxForwardFlopsPerScore = 8;   // scale, max, exp (~4), sum, div
 inline constexpr double kGqaSoftmaxBackwardFlopsPerScore = 5;  // dot, subtract, 2 mul, scale
 

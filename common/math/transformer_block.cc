@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <limits>
 
 #include "common/math/activations.h"
-#include "common/math/det_math.h"
+#include "common/math/gqa_attention.h"
 #include "common/math/init.h"
 #include "common/math/layer_norm.h"
 #include "common/math/linear.h"
@@ -152,22 +151,7 @@ void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMa
       float* a_data = att + (s * heads_ + h) * t * t;
       MatrixMap a(a_data, t, t);
       a.noalias() = q * k.transpose();
-      // Causal softmax of row i over columns 0..i; columns > i are exactly 0.
-      for (int64_t i = 0; i < t; ++i) {
-        float* ar = a_data + i * t;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          ar[j] *= scale;
-          mx = std::max(mx, ar[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          ar[j] = static_cast<float>(PortableExp(static_cast<double>(ar[j]) - mx));
-          sum += ar[j];
-        }
-        for (int64_t j = 0; j <= i; ++j) ar[j] = static_cast<float>(ar[j] / sum);
-        for (int64_t j = i + 1; j < t; ++j) ar[j] = 0.0f;
-      }
+      CausalSoftmaxRows(t, t, 0, scale, a_data);
       out.block(s * t, h * hd, t, hd).noalias() = a * v;
     }
   }
@@ -192,17 +176,7 @@ void TransformerBlock::AttentionBackward(ConstMatrixMap qkv, const float* att, C
       // dP = dO V^T, dV = P^T dO.
       ds.noalias() = dout_h * v.transpose();
       dqkv.block(s * t, 2 * d + h * hd, t, hd).noalias() = a.transpose() * dout_h;
-      // Softmax backward: dS_ij = scale P_ij (dP_ij - sum_k P_ik dP_ik), j <= i; 0 above.
-      for (int64_t i = 0; i < t; ++i) {
-        const float* ar = a_data + i * t;
-        float* dr = scratch + i * t;
-        double dot = 0;
-        for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(ar[j]) * dr[j];
-        for (int64_t j = 0; j <= i; ++j) {
-          dr[j] = static_cast<float>(scale * ar[j] * (dr[j] - dot));
-        }
-        for (int64_t j = i + 1; j < t; ++j) dr[j] = 0.0f;
-      }
+      CausalSoftmaxBackwardRows(t, scale, a_data, scratch);
       // dQ = dS K, dK = dS^T Q.
       dqkv.block(s * t, h * hd, t, hd).noalias() = ds * k;
       dqkv.block(s * t, d + h * hd, t, hd).noalias() = ds.transpose() * q;
@@ -374,23 +348,8 @@ void TransformerBlock::AttentionIncremental(ConstMatrixMap qkv, int64_t position
     const auto k = k_all.block(0, h * hd, len, hd);
     const auto v = v_all.block(0, h * hd, len, hd);
     a.noalias() = q * k.transpose();
-    // Row i is position position+i: causal softmax over columns 0..position+i, 0 beyond.
-    for (int64_t i = 0; i < n; ++i) {
-      float* ar = att + i * len;
-      const int64_t last = position + i;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= last; ++j) {
-        ar[j] *= scale;
-        mx = std::max(mx, ar[j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j <= last; ++j) {
-        ar[j] = static_cast<float>(PortableExp(static_cast<double>(ar[j]) - mx));
-        sum += ar[j];
-      }
-      for (int64_t j = 0; j <= last; ++j) ar[j] = static_cast<float>(ar[j] / sum);
-      for (int64_t j = last + 1; j < len; ++j) ar[j] = 0.0f;
-    }
+    // Row i is position position+i.
+    CausalSoftmaxRows(n, len, position, scale, att);
     out.block(0, h * hd, n, hd).noalias() = a * v;
   }
 }
