@@ -145,5 +145,27 @@ TEST_F(EvalRunTest, CancellingTheJobEndsAnEvaluationInFlight) {
   EXPECT_THAT(r.status().message(), HasSubstr("the test cancels it"));
 }
 
+TEST_F(EvalRunTest, AWorkerLostMidEvaluationFailsItAndTheJobRecoversAsForAStep) {
+  AddWorkers(3);  // w2 is the spare.
+  absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2, /*recover=*/true));
+  ASSERT_TRUE(job.ok()) << job.status();
+  workers_[0]->HoldRunSteps();
+  absl::StatusOr<v1::EvaluateResult> r = absl::UnknownError("not run");
+  std::thread client([&] { r = Evaluate(Request(job->job(), 4, 0)); });
+  ASSERT_TRUE(workers_[0]->WaitFor("eval_run"));
+  workers_[1]->Gone();
+  client.join();
+  // The client hears of the recovery (ABORTED) and may evaluate again once the job is READY.
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
+  });
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->recoveries(0).lost_worker(), "w1");
+  // The rank still running the evaluation drops it with its generation: it is assigned anew.
+  EXPECT_EQ(workers_[0]->assign().generation(), 2);
+  EXPECT_EQ(workers_[2]->assign().generation(), 2);
+}
+
 }  // namespace
 }  // namespace pipetrain::coordinator
