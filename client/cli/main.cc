@@ -109,11 +109,11 @@ ABSL_FLAG(std::string, max_isa, "",
           "reference/local: the highest instruction set to use (local: each worker's --max-isa)");
 ABSL_FLAG(bool, json, false, "print one JSON object per line");
 ABSL_FLAG(std::optional<int64_t>, eval_samples, std::nullopt,
-          "held-out samples to evaluate at the end (0: all; train/local: of the final --save "
-          "checkpoint, and only when given)");
+          "held-out samples to evaluate at the end (0: all; train/local: the job's final weights "
+          "through the coordinator, and only when given)");
 ABSL_FLAG(int64_t, eval_every, 0,
-          "held-out evaluation (of --eval-samples samples) after every N-th step (train/local: of "
-          "the checkpoint then written to --save)");
+          "held-out evaluation (of --eval-samples samples) after every N-th step (train/local: "
+          "the job's weights, through the coordinator)");
 ABSL_FLAG(int64_t, log_every, 10,
           "steps between progress lines (without --json; watch: step numbers between them)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,

@@ -13,11 +13,7 @@
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
-namespace {
 
-// Prints a held-out evaluation: JSON {"eval_loss", "eval_accuracy"} or a text line. `step` > 0
-// labels an evaluation during training (--eval-every): JSON gains "eval_step" first, text starts
-// with "step N".
 void PrintEvaluation(const model::EvalResult& eval, bool classification, bool json, int64_t step,
                      std::ostream& out) {
   if (json) {
@@ -37,8 +33,6 @@ void PrintEvaluation(const model::EvalResult& eval, bool classification, bool js
   out << "\n";
   out.flush();
 }
-
-}  // namespace
 
 absl::Status RunReferenceCommand(const TrainingOptions& o, std::ostream& out) {
   PT_RETURN_IF_ERROR(CheckTrainingOptions(o));

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "client/cli/training_options.h"
+#include "common/model/reference_trainer.h"
 
 namespace pipetrain::cli {
 
@@ -31,6 +32,12 @@ struct EvaluateCommandOptions {
   // ("eval_step" in JSON), without the checkpoint header.
   int64_t step = 0;
 };
+
+// Prints a held-out evaluation: JSON {"eval_loss", "eval_accuracy"} or a text line. `step` > 0
+// labels an evaluation during training (--eval-every): JSON gains "eval_step" first, text starts
+// with "step N". `classification`: the model's loss takes class labels (accuracy is printed).
+void PrintEvaluation(const model::EvalResult& eval, bool classification, bool json, int64_t step,
+                     std::ostream& out);
 
 // `pipetrain evaluate`: loads a checkpoint written by `reference --save` or `train/local --save`
 // and prints the held-out loss (and accuracy for classification) exactly as `reference` does at

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/cli/reference_command.h"
+#include "client/cli/remote_evaluation.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
 #include "common/io/tokenizer.h"
@@ -33,16 +34,6 @@ namespace pipetrain::cli {
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   const TrainingOptions& t = o.training;
   PT_RETURN_IF_ERROR(CheckTrainingOptions(t));
-  if (t.eval_samples.has_value() && t.save_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--eval-samples needs --save DIR for train and local: the final checkpoint is what is "
-        "evaluated");
-  }
-  if (t.eval_every > 0 && t.save_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--eval-every needs --save DIR for train and local: each evaluation reads the checkpoint "
-        "written at that step");
-  }
   if (o.trace_steps.has_value() && o.trace_path.empty()) {
     return absl::InvalidArgumentError("--trace-steps needs --trace FILE (where the trace goes)");
   }
@@ -276,19 +267,6 @@ std::string RecoveryLine(const v1::RecoveryEvent& r, int64_t failed_at, bool jso
       failed_at - r.restored_step());
 }
 
-// The evaluation `train` runs of the checkpoint in `dir` (at `step` > 0 for --eval-every).
-EvaluateCommandOptions EvaluationOf(const TrainingOptions& t, const std::string& dir,
-                                    int64_t eval_samples, int64_t step) {
-  EvaluateCommandOptions eval;
-  eval.checkpoint_dir = dir;
-  eval.data = t.data;
-  eval.data_dir = t.data_dir;
-  eval.eval_samples = eval_samples;
-  eval.json = t.json;
-  eval.step = step;
-  return eval;
-}
-
 // One run on its job: the created job, its Train session, the progress it prints and what it
 // writes (checkpoints, evaluations, the trace). Run once.
 class TrainRun {
@@ -422,12 +400,13 @@ class TrainRun {
   absl::Status Step(int64_t i, client::ScopedJob& scoped) {
     const int64_t step = first_step_ + i;  // global, and each batch is answered in turn.
     const bool evaluate = t_.eval_every > 0 && step % t_.eval_every == 0;
-    const bool checkpoint = CheckpointDue(t_, step, i + 1 == t_.steps) || evaluate;
+    const bool checkpoint = CheckpointDue(t_, step, i + 1 == t_.steps);
+    const bool last = i + 1 == t_.steps;
     // Batch i+1 is sent before result i is read, so that the coordinator starts step i+1 as soon
-    // as step i is committed — except when a checkpoint follows step i: the job must be idle
-    // then, and the sampler's cursor (in the manifest) at that step.
+    // as step i is committed — except when a checkpoint or an evaluation follows step i: the job
+    // must be idle then, and the sampler's cursor (in the manifest) at that step.
     if (samples_sent_.empty()) PT_RETURN_IF_ERROR(SendNext());
-    if (i + 1 < t_.steps && !checkpoint) PT_RETURN_IF_ERROR(SendNext());
+    if (!last && !checkpoint && !evaluate) PT_RETURN_IF_ERROR(SendNext());
     absl::StatusOr<v1::StepResult> received = session_->Receive();
     if (!received.ok()) return AbandonJob(scoped, received.status(), o_.client.cleanup_timeout);
     last_ = *std::move(received);
@@ -453,19 +432,25 @@ class TrainRun {
       if (!saved.ok()) {
         return SaveFailed(saved.status(), *client_, *session_, o_, job_.job(), p_.save_dir);
       }
-      checkpoint_visible_ = *saved;
       progress_.Redraw();
     }
-    if (!evaluate) return absl::OkStatus();
-    // The weights of this step, evaluated as `reference --eval-every` does.
-    if (!checkpoint_visible_) {
-      return absl::FailedPreconditionError(absl::StrCat("--eval-every: checkpoint ", p_.save_dir,
-                                                        " is on the coordinator's host, not here"));
+    // --eval-samples: the final weights, evaluated before the job ends, printed at the end.
+    if (last && t_.eval_samples.has_value()) {
+      absl::StatusOr<model::EvalResult> final_eval =
+          EvaluateThroughCoordinator(*session_, p_.setup, *t_.eval_samples);
+      if (!final_eval.ok())
+        return AbandonJob(scoped, final_eval.status(), o_.client.cleanup_timeout);
+      final_eval_ = *final_eval;
     }
+    if (!evaluate) return absl::OkStatus();
+    // The weights of this step, evaluated through the coordinator (the Evaluate RPC: no file
+    // system in common with it) with the same figures as `reference --eval-every`.
+    absl::StatusOr<model::EvalResult> eval = EvaluateThroughCoordinator(
+        *session_, p_.setup, t_.eval_samples.value_or(kDefaultEvalSamples));
+    if (!eval.ok()) return AbandonJob(scoped, eval.status(), o_.client.cleanup_timeout);
     progress_.Clear();
-    PT_RETURN_IF_ERROR(RunEvaluateCommand(
-        EvaluationOf(t_, p_.save_dir, t_.eval_samples.value_or(kDefaultEvalSamples), last_.step()),
-        out_));
+    PrintEvaluation(*eval, p_.setup.spec.loss().has_softmax_cross_entropy(), t_.json, last_.step(),
+                    out_);
     progress_.Redraw();
     return absl::OkStatus();
   }
@@ -489,16 +474,13 @@ class TrainRun {
     return absl::OkStatus();
   }
 
-  // --eval-samples: the final checkpoint, evaluated as `pipetrain evaluate` does
-  // (CheckTrainCommandOptions made sure there is one).
+  // --eval-samples: the final weights' evaluation (made through the coordinator after the last
+  // step), printed as `pipetrain evaluate` prints it.
   absl::Status FinalEvaluation() {
-    if (!t_.eval_samples.has_value()) return absl::OkStatus();
-    if (!checkpoint_visible_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--eval-samples: checkpoint ", p_.save_dir,
-                       " is on the coordinator's host, not here; run `pipetrain evaluate` there"));
-    }
-    return RunEvaluateCommand(EvaluationOf(t_, p_.save_dir, *t_.eval_samples, 0), out_);
+    if (!final_eval_.has_value()) return absl::OkStatus();
+    PrintEvaluation(*final_eval_, p_.setup.spec.loss().has_softmax_cross_entropy(), t_.json, 0,
+                    out_);
+    return absl::OkStatus();
   }
 
   const TrainCommandOptions& o_;
@@ -511,11 +493,11 @@ class TrainRun {
   std::optional<io::BatchSampler> sampler_;
   std::unique_ptr<client::TrainSession> session_;
   int64_t first_step_ = 1;
-  v1::StepResult last_;                 // the last step's result.
-  int64_t failed_at_ = 0;               // the step the run was at when a recovery began.
-  std::vector<v1::StepResult> traced_;  // the steps --trace writes, in order.
-  bool checkpoint_visible_ = false;     // the last checkpoint's manifest is on this file system.
-  std::deque<int64_t> samples_sent_;    // the samples of each batch sent and not yet answered.
+  v1::StepResult last_;                          // the last step's result.
+  int64_t failed_at_ = 0;                        // the step the run was at when a recovery began.
+  std::vector<v1::StepResult> traced_;           // the steps --trace writes, in order.
+  std::optional<model::EvalResult> final_eval_;  // --eval-samples, after the last step.
+  std::deque<int64_t> samples_sent_;  // the samples of each batch sent and not yet answered.
 };
 
 }  // namespace

@@ -60,8 +60,7 @@ struct TrainCommandOptions {
 };
 
 // OK if the options are usable (everything but the coordinator address, which `local` fills in);
-// INVALID_ARGUMENT naming the flag otherwise, also for --eval-samples without --save (the
-// evaluation reads the final checkpoint) or --trace-steps without --trace.
+// INVALID_ARGUMENT naming the flag otherwise, also for --trace-steps without --trace.
 absl::Status CheckTrainCommandOptions(const TrainCommandOptions& options);
 
 // Returns true when the run should stop early (e.g. Ctrl-C); checked between steps.
@@ -99,15 +98,15 @@ absl::Status RunPreparedTrainCommand(const TrainCommandOptions& options, Prepare
 // (JSON lines `{"step", "loss", "step_ms", "bubble_fraction", "predicted_bubble_fraction"}` with
 // --json, loss with 9 significant digits). With --save, the coordinator's Checkpoint writes into
 // that directory on the coordinator's host every --checkpoint-every steps and at the end, its
-// manifest with this run's data set, batch size and data cursor; with --eval-samples the final
-// checkpoint is then evaluated as `pipetrain evaluate` does (FAILED_PRECONDITION if it is not
-// visible here). The coordinator checks --save and --resume when it creates the job, before the
-// first step (JobSpec.save_to, resume_from: PERMISSION_DENIED outside its --checkpoint-root,
-// FAILED_PRECONDITION for a directory another job writes or a save could not replace). A save
-// that fails all the same leaves the job running with its weights: the error says how to save
-// them (`pipetrain checkpoint JOB --save DIR`). --trace-steps outside the steps the run makes
-// (known once the job exists: it may resume) is INVALID_ARGUMENT before the first step.
-// Everything PrepareTrainCommand checks (with the coordinator's caps unknown:
+// manifest with this run's data set, batch size and data cursor. --eval-every and --eval-samples
+// evaluate the job's weights through the coordinator (EvaluateThroughCoordinator: the same figures
+// as `pipetrain evaluate` on a checkpoint of them). The coordinator checks --save and --resume when
+// it creates the job, before the first step (JobSpec.save_to, resume_from: PERMISSION_DENIED
+// outside its --checkpoint-root, FAILED_PRECONDITION for a directory another job writes or a save
+// could not replace). A save that fails all the same leaves the job running with its weights: the
+// error says how to save them (`pipetrain checkpoint JOB --save DIR`). --trace-steps outside the
+// steps the run makes (known once the job exists: it may resume) is INVALID_ARGUMENT before the
+// first step. Everything PrepareTrainCommand checks (with the coordinator's caps unknown:
 // job::JobLimits::Unlimited()) is refused before it connects. Returns the first error (bad
 // options, data, model, the coordinator's statuses); CANCELLED if `interrupted` returned true.
 // Each line is flushed as it is written (stdout may be a pipe). While the job recovers, or the

@@ -53,13 +53,13 @@ struct TrainingOptions {
   // --checkpoint-root), which the workers load through the coordinator.
   std::string resume_dir;
   // --eval-samples N: held-out samples evaluated at the end, >= 0 (0: all). Unset: `reference`
-  // evaluates kDefaultEvalSamples; train/local do not evaluate. train/local evaluate the final
-  // checkpoint, so they need --save.
+  // evaluates kDefaultEvalSamples; train/local do not evaluate. train/local evaluate the job's
+  // final weights through the coordinator (the Evaluate RPC; no --save needed).
   std::optional<int64_t> eval_samples;
   // --eval-every N: >= 0. N > 0: a held-out evaluation (--eval-samples of them, default
   // kDefaultEvalSamples) after every step whose number is a multiple of N. train/local evaluate
-  // the checkpoint written at that step, so they need --save on a file system shared with the
-  // coordinator.
+  // the job's weights at that step through the coordinator (the Evaluate RPC: the client sends
+  // its held-out samples; no file system in common with the coordinator).
   int64_t eval_every = 0;
   // --log-every N: steps between progress lines without --json and off a terminal, >= 1.
   int64_t log_every = 10;

@@ -282,6 +282,16 @@ absl::StatusOr<v1::CheckpointResponse> TrainSession::Checkpoint(
   return saved;
 }
 
+absl::StatusOr<v1::EvaluateResult> TrainSession::Evaluate(const BatchView& samples,
+                                                          int64_t chunk_samples) {
+  if (!sent_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Evaluate with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
+  }
+  return ThroughRecovery<v1::EvaluateResult>(
+      [&] { return client_->Evaluate(job_, samples, chunk_samples); });
+}
+
 absl::Status TrainSession::AwaitRecovery(const absl::Status& why) {
   if (!options_.replay || !Recoverable(why)) return why;
   if (!sent_.empty()) {
@@ -598,6 +608,18 @@ absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(
     failed_checkpoints_[job] = directory;
   }
   return saved;
+}
+
+absl::StatusOr<v1::EvaluateResult> Client::Evaluate(const std::string& job,
+                                                    const BatchView& samples,
+                                                    int64_t chunk_samples) {
+  v1::EvaluateRequest request;
+  request.set_job(job);
+  request.set_samples(samples.samples);
+  request.set_chunk_samples(chunk_samples);
+  if (samples.inputs != nullptr) ToDense(*samples.inputs, request.mutable_inputs());
+  if (samples.targets != nullptr) ToDense(*samples.targets, request.mutable_targets());
+  return Unary(&v1::Coordinator::Stub::Evaluate, request, "Evaluate", options_.long_call_timeout);
 }
 
 std::optional<std::string> Client::failed_checkpoint(const std::string& job) const {

@@ -203,6 +203,10 @@ class TrainSession {
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(
       const std::string& directory, int keep = 1,
       const std::optional<v1::DataPosition>& position = std::nullopt);
+  // Client::Evaluate of the job between two steps (the stream stays open); with replay on, an
+  // evaluation interrupted by a recovery is retried after the replay, as Checkpoint is.
+  // FAILED_PRECONDITION while batches are unanswered.
+  absl::StatusOr<v1::EvaluateResult> Evaluate(const BatchView& samples, int64_t chunk_samples = 0);
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
   // After another call on the job failed with `why`: if replay is on and `why` is ABORTED or
@@ -312,6 +316,15 @@ class Client {
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(
       const std::string& job, const std::string& directory, int keep = 1,
       const std::optional<v1::DataPosition>& position = std::nullopt);
+  // Evaluates `samples` (held-out samples, checked as a training batch but any count >= 1) on
+  // `job`'s committed weights with a forward-only pass over its pipeline, between two steps
+  // (coordinator.proto, Evaluate): per-chunk loss sums and correct counts in chunks of
+  // `chunk_samples` (0: 256, as `pipetrain evaluate`; capped as it caps it), bitwise those of
+  // `pipetrain evaluate` on a checkpoint of the same weights. Changes nothing. Deadline:
+  // long_call_timeout. Errors as Evaluate's (INVALID_ARGUMENT, RESOURCE_EXHAUSTED beyond 4096
+  // chunks, FAILED_PRECONDITION, ABORTED while recovering, a worker's failure).
+  absl::StatusOr<v1::EvaluateResult> Evaluate(const std::string& job, const BatchView& samples,
+                                              int64_t chunk_samples = 0);
   // The directory of `job`'s last Checkpoint through this Client if it failed (its weights are
   // unsaved: ScopedJob then leaves the job running, for a retry); nullopt otherwise. Thread-safe.
   std::optional<std::string> failed_checkpoint(const std::string& job) const;

@@ -15,6 +15,12 @@ double SumLayerNormSq(const std::vector<double>& per_layer) {
   return sum;
 }
 
+int64_t EvalChunkSamples(const Model& model, int64_t chunk) {
+  return std::min(chunk,
+                  std::max<int64_t>(1, model.limits().max_activation_bytes /
+                                           std::max<int64_t>(1, model.SampleActivationBytes())));
+}
+
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
     const Model* model, const TrainerOptions& options) {
   if (options.microbatches < 1) {
@@ -93,9 +99,7 @@ absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(const io::Dataset& data, i
   // Forward alone keeps less than a training micro-batch: chunks of the samples that fit the
   // activation limit for training fit it here.
   PT_RETURN_IF_ERROR(model_->CheckMicrobatchActivations(1));
-  chunk = std::min(chunk,
-                   std::max<int64_t>(1, model_->limits().max_activation_bytes /
-                                            std::max<int64_t>(1, model_->SampleActivationBytes())));
+  chunk = EvalChunkSamples(*model_, chunk);
   try {
     return EvaluateUnguarded(data, n, chunk);
   } catch (const std::bad_alloc&) {

@@ -45,6 +45,12 @@ struct EvalResult {
   double accuracy() const { return rows == 0 ? 0.0 : static_cast<double>(correct) / rows; }
 };
 
+// Samples per evaluation chunk for a requested `chunk` (>= 1): `chunk`, or fewer so that one
+// chunk's activations fit model.limits().max_activation_bytes (at least 1). ReferenceTrainer::
+// Evaluate and the service's Evaluate chunk the held-out samples with it, so they compute the
+// same products on the same rows.
+int64_t EvalChunkSamples(const Model& model, int64_t chunk);
+
 // Sum of per-layer squared norms in increasing layer order (how every process combines them).
 double SumLayerNormSq(const std::vector<double>& per_layer);
 

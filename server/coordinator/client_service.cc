@@ -73,6 +73,21 @@ grpc::ServerUnaryReactor* ClientService::Checkpoint(grpc::CallbackServerContext*
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ClientService::Evaluate(grpc::CallbackServerContext* context,
+                                                  const v1::EvaluateRequest* request,
+                                                  v1::EvaluateResult* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status posted = core_->CheckCaller(request->job(), CallerOf(context));
+  if (posted.ok())
+    posted = core_->PostClientRequest(request->job(), [this, reactor, request, response] {
+      absl::StatusOr<v1::EvaluateResult> result = core_->Evaluate(*request);
+      if (result.ok()) *response = *std::move(result);
+      reactor->Finish(wire::ToGrpcStatus(result.status()));
+    });
+  if (!posted.ok()) reactor->Finish(wire::ToGrpcStatus(posted));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ClientService::GetJob(grpc::CallbackServerContext* context,
                                                 const v1::GetJobRequest* request,
                                                 v1::JobStatus* response) {

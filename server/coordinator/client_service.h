@@ -39,6 +39,10 @@ class ClientService final : public v1::Coordinator::CallbackService {
                                        v1::CheckpointResponse* response) override;
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
                                                    const v1::WatchJobRequest* request) override;
+  // Posts the evaluation to the job's thread (CoordinatorCore::Evaluate).
+  grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
+                                     const v1::EvaluateRequest* request,
+                                     v1::EvaluateResult* response) override;
 
  private:
   CoordinatorCore* const core_;

@@ -192,6 +192,11 @@ class CoordinatorCore {
   // Ends the watch: its watcher hears nothing after this returns. No-op for an unknown one.
   void CloseWatch(const std::string& id, int64_t watch) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Job thread (PostClientRequest): evaluates held-out samples on the job's committed weights
+  // with a forward-only pass over its pipeline (EvalRun; coordinator.proto, Evaluate).
+  absl::StatusOr<v1::EvaluateResult> Evaluate(const v1::EvaluateRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Checkpoint transfer (PutState, FetchState). Non-blocking, thread-safe.
   // Where the first message of a PutState stream may store its files, or FAILED_PRECONDITION /
   // PERMISSION_DENIED / NOT_FOUND / ABORTED.
@@ -203,6 +208,7 @@ class CoordinatorCore {
 
  private:
   friend class StepRun;
+  friend class EvalRun;
 
   // ---- coordinator_core.cc: jobs' life, status and housekeeping.
   void HousekeepingLoop();
@@ -280,6 +286,9 @@ class CoordinatorCore {
   absl::Status RecordJobEvent(const WorkerRecord& worker, const v1::WorkerEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordStepDone(Job& job, int rank, const v1::StepDone& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // An evaluation run's answer (counted as RecordStepDone counts a RunStep's).
+  void RecordEvalDone(Job& job, int rank, const v1::EvalDone& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   void RecordWorkerError(Job& job, const WorkerRecord& worker, const v1::WorkerError& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);

@@ -38,6 +38,8 @@ struct OperationBook {
   std::vector<int64_t> runs_answered;
   std::vector<std::optional<v1::StepDone>> reports;
   std::vector<bool> saved;
+  // An evaluation's answers (EvalDone), by rank, while one runs (EvalRun).
+  std::vector<std::optional<v1::EvalDone>> evals;
   absl::Status error;  // the first WorkerError or link failure of the operation.
 
   // Every rank's bookkeeping reset for `ranks` ranks (a new assignment).
@@ -136,6 +138,10 @@ struct Job {
   // A worker of the layout the recovery in progress assigns was lost: the recovery starts over
   // (Recover is queued again) rather than wait for that worker's Assigned.
   bool recovery_restart ABSL_GUARDED_BY(mu) = false;
+
+  // Mailbox steps its evaluation runs used so far: the next one's keys start at kEvalStepBase +
+  // this count (wire::EvalKey).
+  int64_t eval_runs ABSL_GUARDED_BY(mu) = 0;
 
   OperationBook op ABSL_GUARDED_BY(mu);
   CommitBook commit ABSL_GUARDED_BY(mu);

@@ -102,6 +102,11 @@ absl::Status CoordinatorCore::RecordJobEvent(const WorkerRecord& worker,
         RecordStepDone(job, rank, event.step_done());
       }
       break;
+    case v1::WorkerEvent::kEvalDone:
+      if (current(event.eval_done().job(), event.eval_done().generation())) {
+        RecordEvalDone(job, rank, event.eval_done());
+      }
+      break;
     case v1::WorkerEvent::kCommitted: {
       const v1::Committed& c = event.committed();
       if (current(c.job(), c.generation()) && c.step() == job.commit.step) {
@@ -133,6 +138,16 @@ void CoordinatorCore::RecordStepDone(Job& job, int rank, const v1::StepDone& don
   ++job.op.runs_answered[rank];
   if (job.op.runs_answered[rank] == job.op.runs_sent[rank] && done.step() == job.op.step) {
     job.op.reports[rank] = done;
+  }
+}
+
+void CoordinatorCore::RecordEvalDone(Job& job, int rank, const v1::EvalDone& done) {
+  // Counted as a RunStep's answer: an evaluation run is one more run on the rank's stream.
+  if (job.op.runs_answered[rank] >= job.op.runs_sent[rank]) return;
+  ++job.op.runs_answered[rank];
+  if (job.op.runs_answered[rank] == job.op.runs_sent[rank] && done.step() == job.op.step &&
+      rank < static_cast<int>(job.op.evals.size())) {
+    job.op.evals[rank] = done;
   }
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/reference_trainer.h"
 #include "common/util/status_macros.h"
+#include "common/wire/eval_key.h"
 #include "server/worker/action_list.h"
 
 namespace pipetrain::worker {
@@ -342,6 +343,84 @@ absl::Status StepExecutor::Forward(int64_t step, const Action& a, int local, int
     sender_->Send(TensorKey{step, a.mb, a.chunk + 1, TensorKind::kActivation},
                   std::move(f->state.inputs.back()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalReport> StepExecutor::RunForward(int64_t first_step,
+                                                    const std::vector<int64_t>& microbatch_rows,
+                                                    int per_step) {
+  if (phase_ != Phase::kIdle) {
+    return absl::FailedPreconditionError(absl::StrCat("evaluation ", first_step, ": the last step ",
+                                                      phase_ == Phase::kAwaitingCommit
+                                                          ? "awaits Commit or Abort"
+                                                          : "failed and was not aborted"));
+  }
+  if (microbatch_rows.empty() || per_step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation ", first_step, ": ",
+                                                   microbatch_rows.size(), " micro-batches, ",
+                                                   per_step, " per step"));
+  }
+  const int64_t per_sample = model_->tokens_per_sample();
+  for (size_t mb = 0; mb < microbatch_rows.size(); ++mb) {
+    if (microbatch_rows[mb] < 1 || microbatch_rows[mb] % per_sample != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("evaluation ", first_step, ": micro-batch ", mb, " has ",
+                       microbatch_rows[mb], " rows, not whole samples of ", per_sample, " rows"));
+    }
+  }
+  ApplyPendingUpdate();
+  EvalReport report;
+  report.step = first_step;
+  if (chunks_.back().chunk == num_chunks_ - 1) {
+    report.loss_sums.assign(microbatch_rows.size(), 0.0);
+    report.correct.assign(microbatch_rows.size(), 0);
+  }
+  for (size_t local = 0; local < chunks_.size(); ++local) {
+    for (size_t mb = 0; mb < microbatch_rows.size(); ++mb) {
+      const absl::Status s = ForwardOnly(first_step, static_cast<int>(mb), per_step,
+                                         static_cast<int>(local), microbatch_rows[mb], &report);
+      if (!s.ok()) {
+        return WithContext(s, absl::StrCat("evaluation ", first_step, " F(mb=", mb,
+                                           ", chunk=", chunks_[local].chunk, ")"));
+      }
+    }
+  }
+  return report;
+}
+
+absl::Status StepExecutor::ForwardOnly(int64_t first_step, int mb, int per_step, int local,
+                                       int64_t rows, EvalReport* report) {
+  const model::Stage& stage = chunks_[local].stage;
+  const int chunk = chunks_[local].chunk;
+  const bool first = chunk == 0;
+  const bool last = chunk == num_chunks_ - 1;
+  const TensorKey in_key = wire::EvalKey(first_step, mb, per_step, chunk,
+                                         first ? TensorKind::kInput : TensorKind::kActivation);
+  PT_ASSIGN_OR_RETURN(math::Matrix x,
+                      TakeChecked(in_key, rows, model_->layer(stage.first_layer()).in_features()));
+  math::Matrix target;
+  if (last) {
+    const TensorKey target_key =
+        wire::EvalKey(first_step, mb, per_step, chunk, TensorKind::kTarget);
+    PT_ASSIGN_OR_RETURN(target, TakeChecked(target_key, rows, model_->target_features()));
+    if (absl::Status s =
+            model_->loss().CheckTargets(math::AsConstMap(target), model_->output_features());
+        !s.ok()) {
+      return WithContext(s, target_key.ToString());
+    }
+  }
+  model::MicrobatchState state;  // dropped when this F returns: nothing is stashed.
+  const math::Matrix& y = stage.Forward(std::move(x), &state);
+  if (!last) {
+    sender_->Send(wire::EvalKey(first_step, mb, per_step, chunk + 1, TensorKind::kActivation),
+                  std::move(state.inputs.back()));
+    return absl::OkStatus();
+  }
+  // As ReferenceTrainer::Evaluate: the loss with scale 1 (its gradient is not used) and the count.
+  math::Matrix dpred(y.rows(), y.cols());
+  report->loss_sums[mb] = model_->loss().LossAndGrad(math::AsConstMap(y), math::AsConstMap(target),
+                                                     1.0, math::AsMap(dpred));
+  report->correct[mb] = model_->loss().CountCorrect(math::AsConstMap(y), math::AsConstMap(target));
   return absl::OkStatus();
 }
 

@@ -110,6 +110,16 @@ struct StepReport {
   int64_t peak_stashed_bytes = 0;
 };
 
+// What a worker reports after a forward-only pass (StepExecutor::RunForward).
+struct EvalReport {
+  int64_t step = 0;
+  // By micro-batch, if this worker holds the last chunk (empty otherwise): the loss summed over
+  // the micro-batch's rows with scale 1 (double), and its rows whose argmax is the label
+  // (math::Loss::CountCorrect), as model::ReferenceTrainer::Evaluate computes them per chunk.
+  std::vector<double> loss_sums;
+  std::vector<int64_t> correct;
+};
+
 // The global squared gradient norm from every worker's report: the per-layer values placed by
 // global layer and summed in increasing layer order (model::SumLayerNormSq), exactly as the
 // reference trainer does. INVALID_ARGUMENT if a layer in [0, num_layers) is missing or reported
@@ -157,6 +167,21 @@ class StepExecutor {
   // error message names the action and its position.
   absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
                                      int64_t batch_rows);
+
+  // A forward-only pass (evaluation run) whose keys start at mailbox step `first_step`, over
+  // micro-batches of `microbatch_rows` rows each, micro-batch i keyed as wire::EvalKey(first_step,
+  // i, `per_step`) (per_step: the job's M, the micro-batch indices its streams accept), on the
+  // committed weights (a deferred update is applied first): for every chunk held here in
+  // increasing chunk order, F of each micro-batch in order — a topological order of the forward
+  // dependencies for every placement, so in-order execution cannot deadlock. Inputs arrive as for
+  // RunStep's F (kInput / kActivation, kTarget for the last chunk) and activations leave the same
+  // way; each F's state is dropped at once (no stash, no gradient). Errors: FAILED_PRECONDITION
+  // while a step awaits Commit or Abort or failed; INVALID_ARGUMENT for no micro-batch, one that is
+  // not whole samples, per_step < 1, or a received tensor's shape; a mailbox error with its code.
+  // Messages name the micro-batch and chunk. The parameters, gradients and phase are unchanged
+  // either way.
+  absl::StatusOr<EvalReport> RunForward(int64_t first_step,
+                                        const std::vector<int64_t>& microbatch_rows, int per_step);
 
   // Applies optimizer update number `optimizer_step` (1-based count of applied steps, as
   // ReferenceTrainer::steps_done after the step) on every chunk, with the gradients scaled by
@@ -206,6 +231,9 @@ class StepExecutor {
                            StepReport* report);
   absl::Status Forward(int64_t step, const schedule::Action& a, int local, int64_t mb_rows,
                        double loss_scale, StepReport* report, Clock::time_point* ready);
+  // RunForward's F of micro-batch `mb` (`rows` rows) on local chunk `local`.
+  absl::Status ForwardOnly(int64_t first_step, int mb, int per_step, int local, int64_t rows,
+                           EvalReport* report);
   absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);

@@ -391,6 +391,11 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
       if (CheckCurrent(c.job(), c.generation(), c.step(), "Abort")) job->OnAbort(c);
       return;
     }
+    case v1::WorkerCommand::kEvalRun: {
+      const v1::EvalRun& c = command.eval_run();
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "EvalRun")) job->OnEvalRun(c);
+      return;
+    }
     case v1::WorkerCommand::kSaveShards: {
       const v1::SaveShards& c = command.save_shards();
       if (CheckCurrent(c.job(), c.generation(), c.step(), "SaveShards")) job->OnSaveShards(c);

@@ -130,6 +130,9 @@ class WorkerJob final : public Sender {
   void OnCommit(const v1::Commit& commit);
   void OnAbort(const v1::Abort& abort);
   void OnSaveShards(const v1::SaveShards& save);
+  // An evaluation's forward-only pass (server/worker/worker_job_eval.cc): counted and aborted as
+  // a RunStep is (Abort names its step), answered by EvalDone or WorkerError.
+  void OnEvalRun(const v1::EvalRun& run);
   // A link of this job failed (reported through JobHost::LinkFailed). `coordinator_link`: the
   // coordinator's feed stream, which does not break the generation.
   void OnLinkFailed(const absl::Status& status, bool coordinator_link);

@@ -4,6 +4,9 @@
 # addresses in 198.18.0.0/24. Loopback stays DOWN in every namespace, so no process can take a
 # loopback shortcut: every byte crosses a veth pair. Trains the digits MLP with `pipetrain train`
 # and checks every step's loss and every checkpoint file against `pipetrain reference`, bit for bit.
+# The client evaluates the job's weights every 3 steps and at the end (--eval-every,
+# --eval-samples) through the coordinator's Evaluate RPC from its own namespace: its evaluation
+# lines must be the reference's, and the last one `pipetrain evaluate`'s on the saved checkpoint.
 #
 # TRANSPORT "tls" (default): mTLS on every hop with a test CA (scripts/make_test_certs.sh), each
 # worker's certificate naming its address; "insecure": plaintext, the daemons started with
@@ -108,14 +111,16 @@ done
 args=(--model "$src/examples/mlp_digits.textproto" --data digits --data-dir "$src/data"
       --batch 32 --microbatches 4 --steps 6 --seed 11 --optimizer "adamw:lr=1e-2,clip_norm=1"
       --json)
-"$pipetrain" reference "${args[@]}" --eval-samples 8 --save "$work/reference" >"$work/reference.out"
+eval_args=(--eval-every 3 --eval-samples 300)
+"$pipetrain" reference "${args[@]}" "${eval_args[@]}" --save "$work/reference" >"$work/reference.out"
 
 # Workers register asynchronously: retry while the coordinator answers that some are missing
 # (bounded: 300 tries, 0.1 s apart).
 ok=0
 for ((try = 0; try < 300; try++)); do
   if ip netns exec "${tag}client" "$pipetrain" train --coordinator 198.18.0.1:7070 \
-       "${client_tls[@]}" --stages "$stages" --schedule "$schedule" "${args[@]}" --save "$work/pipeline" \
+       "${client_tls[@]}" --stages "$stages" --schedule "$schedule" "${args[@]}" "${eval_args[@]}" \
+       --save "$work/pipeline" \
        >"$work/train.out" 2>"$work/train.err"; then
     ok=1
     break
@@ -143,6 +148,24 @@ if not ref or ref != run:
     print("FAIL: losses differ\nreference:", ref, "\npipeline: ", run)
     sys.exit(1)
 print("losses equal over", len(ref), "steps")
+PY
+
+# The evaluations through the service: the reference's lines (steps 3 and 6, then the final one),
+# and the final one is `pipetrain evaluate`'s of the checkpoint the job saved.
+"$pipetrain" evaluate --resume "$work/pipeline" --data-dir "$src/data" --eval-samples 300 --json \
+  >"$work/evaluate.out"
+python3 - "$work/reference.out" "$work/train.out" "$work/evaluate.out" <<'PY'
+import sys
+def evals(path):
+    return [line.strip() for line in open(path) if line.startswith('{"eval_')]
+ref, run, checkpoint = evals(sys.argv[1]), evals(sys.argv[2]), evals(sys.argv[3])
+if len(ref) != 3 or ref != run:
+    print("FAIL: evaluation lines differ\nreference:", ref, "\npipeline: ", run)
+    sys.exit(1)
+if checkpoint != ref[-1:]:
+    print("FAIL: pipetrain evaluate of the checkpoint:", checkpoint, "\nthe run's:", ref[-1])
+    sys.exit(1)
+print("evaluations through the service equal:", len(run))
 PY
 
 for f in "$work"/reference/layer-*.safetensors; do

@@ -870,6 +870,28 @@ class Job:
             self._kept.popleft()
         return response
 
+    def evaluate(self, inputs, targets, samples=None, chunk_samples=0):
+        """Evaluates held-out samples (as request(): `inputs`, `targets`, `samples`) on the job's
+        committed weights with a forward-only pass over its pipeline, between two steps (the
+        Evaluate RPC; nothing of the job changes). The samples are evaluated in chunks of
+        chunk_samples (0: 256, as `pipetrain evaluate`; capped by the model's activation limit as
+        it caps it). Returns the EvaluateResult message: loss (mean per row), accuracy, samples,
+        rows, correct, step (the weights' step), chunk_samples and per-chunk figures (chunks:
+        samples, rows, loss_sum, correct) — bitwise `pipetrain evaluate`'s on a checkpoint of the
+        same weights. Allowed between steps of an open stream; with recovery on, an evaluation
+        interrupted by a recovery is retried after the replay, as checkpoint() is. Errors:
+        INVALID_ARGUMENT for a bad batch, RESOURCE_EXHAUSTED beyond 4096 chunks,
+        FAILED_PRECONDITION while batches are unanswered or the job is not READY."""
+        if self._sent:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "evaluate() with %d batch(es) sent and unanswered: receive() "
+                                 "first" % len(self._sent), "Evaluate")
+        batch = self.request(inputs, targets, samples)
+        request = pb.EvaluateRequest(job=self.id, samples=batch.samples, inputs=batch.inputs,
+                                     targets=batch.targets, chunk_samples=chunk_samples)
+        return self._through_recovery(
+            lambda: self._client._call("Evaluate", request, long=True))
+
     def finish(self):
         """Closes the Train stream and ends the job as DONE (FinishJob), freeing its workers.
         Returns the final JobStatus."""

@@ -282,6 +282,35 @@ def test_checkpoint_writes_the_state_on_the_coordinators_host(daemons, example):
     assert e.value.code in (StatusCode.PERMISSION_DENIED, StatusCode.FAILED_PRECONDITION)
 
 
+def test_evaluate_gives_pipetrain_evaluates_figures_on_the_live_weights(daemons, example):
+    digits = data.load("digits")
+    held_out = 300  # two chunks of 256 and 44 samples
+    x, y = digits.samples("eval", np.arange(held_out))
+    directory = os.path.join(daemons.checkpoint_root, "python-eval")
+    with daemons.client.create_job(model=example("mlp_digits.textproto"), stages=2,
+                                   microbatches=2, seed=SEED, optimizer=OPTIMIZER) as job:
+        for _ in job.train(data.batches(digits, 16, seed=SEED), steps=3, progress=False):
+            pass
+        result = job.evaluate(x, y)
+        job.checkpoint(directory)
+        again = job.evaluate(x, y, chunk_samples=50)
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            job.evaluate(x, y, chunk_samples=-1)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert result.step == 3 and result.samples == held_out and result.chunk_samples == 256
+    assert [c.samples for c in result.chunks] == [256, 44]
+    # Other chunks, the same model: the figures differ at most in the last bits of the sum.
+    assert len(again.chunks) == 6 and again.correct == result.correct
+    run = subprocess.run(
+        [os.environ["PIPETRAIN_BINARY"], "evaluate", "--resume", directory, "--eval-samples",
+         str(held_out), "--data", "digits", "--json"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    expected = json.loads(run.stdout.splitlines()[-1])
+    assert "%.9g" % result.loss == "%.9g" % expected["eval_loss"]
+    assert "%.9g" % result.accuracy == "%.9g" % expected["eval_accuracy"]
+
+
 def test_save_to_is_checked_when_the_job_is_created(daemons, example):
     """A save directory outside the checkpoint root is refused before the job takes a worker."""
     with pytest.raises(pipetrain.PipetrainError) as e:

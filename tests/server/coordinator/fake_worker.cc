@@ -31,6 +31,8 @@ std::string KindOf(const v1::WorkerCommand& c) {
       return "save_shards";
     case v1::WorkerCommand::kRelease:
       return "release";
+    case v1::WorkerCommand::kEvalRun:
+      return "eval_run";
     default:
       return "other";
   }
@@ -182,6 +184,16 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
     return StepDone(r);
   }
+  if (command.has_eval_run()) {
+    const v1::EvalRun& r = command.eval_run();
+    absl::MutexLock lock(&mu_);
+    if (hold_runs_) {
+      held_eval_ = r;
+      return std::nullopt;
+    }
+    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
+    return EvalDone(r);
+  }
   if (command.has_commit()) {
     const v1::Commit& c = command.commit();
     event.mutable_committed()->set_job(c.job());
@@ -191,6 +203,12 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   }
   if (command.has_abort()) {
     absl::MutexLock lock(&mu_);
+    if (held_eval_.has_value()) {
+      const v1::EvalRun held = *held_eval_;
+      held_eval_.reset();
+      return ErrorEvent(held.job(), held.generation(), held.step(),
+                        absl::AbortedError("evaluation aborted by the coordinator"));
+    }
     if (!held_.has_value()) return std::nullopt;
     const v1::RunStep held = *held_;
     held_.reset();
@@ -231,6 +249,24 @@ v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
     *t->mutable_action() = assign_.actions(p);
     t->set_start_us(10.0 * p);
     t->set_end_us(10.0 * p + 5);
+  }
+  return event;
+}
+
+v1::WorkerEvent FakeWorker::EvalDone(const v1::EvalRun& r) const {
+  v1::WorkerEvent event;
+  v1::EvalDone* d = event.mutable_eval_done();
+  d->set_job(r.job());
+  d->set_generation(r.generation());
+  d->set_step(r.step());
+  const int C = assign_.chunks_size();
+  for (const v1::ChunkSpec& c : assign_.chunks()) {
+    if (c.rank() != assign_.rank() || c.chunk() != C - 1) continue;
+    // Micro-batch mb of R rows: a loss sum of 0.5 R (mb + 1) and mb correct rows.
+    for (int mb = 0; mb < r.microbatch_rows_size(); ++mb) {
+      d->add_loss_sums(0.5 * static_cast<double>(r.microbatch_rows(mb) * (mb + 1)));
+      d->add_correct(mb);
+    }
   }
   return event;
 }

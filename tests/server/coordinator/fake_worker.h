@@ -42,18 +42,18 @@ class FakeWorker final : public WorkerChannel {
   void Send(const v1::WorkerCommand& command) override;
   void Close(const absl::Status& status) override;
 
-  // Script: RunSteps are not answered until the step's Abort (then WorkerError ABORTED).
+  // Script: RunSteps and EvalRuns are not answered until their Abort (then WorkerError ABORTED).
   void HoldRunSteps();
   // Script: Assigns are never answered (a replacement that hangs or dies while taking over).
   void HoldAssigns();
   // Script: Assigns are answered `delay` after they arrive.
   void DelayAssigns(absl::Duration delay);
-  // Script: a RunStep is answered with this error.
+  // Script: a RunStep (and an EvalRun) is answered with this error.
   void FailRunSteps(absl::Status status);
 
   const std::string& name() const { return name_; }
   // The kinds of commands received, in order ("assign", "open_links", "run_step", "commit",
-  // "abort", "save_shards", "release").
+  // "abort", "save_shards", "release", "eval_run").
   std::vector<std::string> Received() const;
   // Waits (at most 10 s) until `count` commands of `kind` arrived; false on timeout.
   bool WaitFor(const std::string& kind, int count = 1) const;
@@ -67,6 +67,7 @@ class FakeWorker final : public WorkerChannel {
   // The event answering `command`, or none.
   std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
   v1::WorkerEvent StepDone(const v1::RunStep& run) const;
+  v1::WorkerEvent EvalDone(const v1::EvalRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UploadShards(const v1::SaveShards& save) const;
 
   CoordinatorCore* const core_;
@@ -82,6 +83,7 @@ class FakeWorker final : public WorkerChannel {
   absl::Duration assign_delay_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::EvalRun> held_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool gone_ ABSL_GUARDED_BY(mu_) = false;

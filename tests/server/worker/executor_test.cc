@@ -4,6 +4,7 @@
 // and committing. For every schedule kind the result must equal the reference trainer bitwise.
 #include "server/worker/executor.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -30,6 +31,7 @@
 #include "common/schedule/ir.h"
 #include "common/schedule/validator.h"
 #include "common/util/status_macros.h"
+#include "common/wire/eval_key.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/worker/mailbox.h"
@@ -330,6 +332,53 @@ class Pipeline {
     return result;
   }
 
+  // A forward-only pass (what the coordinator's Evaluate runs) whose keys start at mailbox step
+  // `step`, `per_step` micro-batches per step (wire::EvalKey), over `batch` split into chunks of
+  // `chunk` samples (the last may be smaller): each worker's RunForward on its own thread.
+  // Returns the last chunk owner's report.
+  absl::StatusOr<EvalReport> Evaluate(int64_t step, const io::Batch& batch, int64_t chunk,
+                                      int per_step) {
+    const int s = plan_.stages();
+    const int last = plan_.num_chunks() - 1;
+    const int64_t per_sample = model_->tokens_per_sample();
+    std::vector<int64_t> rows;
+    for (int64_t begin = 0; begin < batch.samples; begin += chunk) {
+      rows.push_back(std::min(chunk, batch.samples - begin) * per_sample);
+    }
+    std::vector<absl::StatusOr<EvalReport>> reports(s, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < s; ++w) {
+      threads.emplace_back([this, w, step, per_step, &rows, &reports] {
+        reports[w] = executors_[w]->RunForward(step, rows, per_step);
+      });
+    }
+    int64_t row = 0;
+    for (size_t mb = 0; mb < rows.size(); ++mb) {
+      const int m = static_cast<int>(mb);
+      EXPECT_TRUE(mailboxes_[plan_.placement.OwnerOf(0)]
+                      ->Put(wire::EvalKey(step, m, per_step, 0, TensorKind::kInput),
+                            batch.inputs.middleRows(row, rows[mb]))
+                      .ok());
+      EXPECT_TRUE(mailboxes_[plan_.placement.OwnerOf(last)]
+                      ->Put(wire::EvalKey(step, m, per_step, last, TensorKind::kTarget),
+                            batch.targets.middleRows(row, rows[mb]))
+                      .ok());
+      row += rows[mb];
+    }
+    for (std::thread& t : threads) t.join();
+    for (int w = 0; w < s; ++w) {
+      if (!reports[w].ok()) return reports[w].status();
+      EXPECT_EQ(mailboxes_[w]->size(), 0) << "leftover tensors after evaluation " << step;
+    }
+    const int owner = plan_.placement.OwnerOf(last);
+    for (int w = 0; w < s; ++w) {
+      if (w != owner) {
+        EXPECT_TRUE(reports[w]->loss_sums.empty());
+      }
+    }
+    return std::move(reports[owner]);
+  }
+
   // What the coordinator does on Abort(step): every worker discards the step.
   void AbortStep() {
     for (auto& e : executors_) e->Abort();
@@ -535,6 +584,105 @@ TEST(PipelineWithoutClippingTest, ReportsNoNormsAndEqualsTheReference) {
     }
     ExpectBitwiseEqual(pipeline->ExportState(), (*reference)->ExportState());
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation: a forward-only pass over the pipeline equals ReferenceTrainer::Evaluate bitwise.
+
+// `batch` as the held-out split of a data set (and its training split), for the reference.
+class BatchDataset : public io::Dataset {
+ public:
+  BatchDataset(const model::Model& model, io::Batch batch) : batch_(std::move(batch)) {
+    info_.name = "batch";
+    info_.input_features = batch_.inputs.cols();
+    info_.target_features = batch_.targets.cols();
+    info_.tokens_per_sample = model.tokens_per_sample();
+  }
+  const io::DatasetInfo& info() const override { return info_; }
+  int64_t size(io::Split) const override { return batch_.samples; }
+  void GetSample(io::Split, int64_t index, float* inputs, float* targets) const override {
+    const int64_t t = info_.tokens_per_sample;
+    std::memcpy(inputs, batch_.inputs.data() + index * t * info_.input_features,
+                sizeof(float) * t * info_.input_features);
+    std::memcpy(targets, batch_.targets.data() + index * t * info_.target_features,
+                sizeof(float) * t * info_.target_features);
+  }
+
+ private:
+  io::Batch batch_;
+  io::DatasetInfo info_;
+};
+
+TEST(PipelineEvaluateTest, ForwardOnlyPassEqualsTheReferenceEvaluationBitwise) {
+  struct Case {
+    const char* spec;
+    ScheduleKind kind;
+    int stages;
+    int virtual_stages;
+  };
+  for (const Case& c : {Case{kDigitsMlpSpec, ScheduleKind::kOneFOneB, 2, 1},
+                        Case{kDigitsMlpSpec, ScheduleKind::kInterleaved, 2, 2},
+                        Case{kDigitsMlpSpec, ScheduleKind::kZbV, 2, 2},
+                        Case{kGptSpec, ScheduleKind::kOneFOneB, 4, 1},
+                        Case{kGptSpec, ScheduleKind::kInterleaved, 1, 2}}) {
+    SCOPED_TRACE(
+        absl::StrCat(schedule::ScheduleKindName(c.kind), " S", c.stages, " V", c.virtual_stages));
+    auto model = model::testing::BuildOrDie(c.spec);
+    const model::TrainerOptions o = ReferenceOptions(4, math::OptimizerKind::kAdamW);
+    auto reference = model::ReferenceTrainer::Create(model.get(), o);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    std::unique_ptr<Pipeline> pipeline =
+        Pipeline::Create(model.get(), c.kind, c.stages, c.virtual_stages, 4, o.optimizer);
+    ASSERT_NE(pipeline, nullptr);
+    for (int step = 1; step <= 2; ++step) {  // trained weights, the last update deferred on odd.
+      const io::Batch batch = model::testing::MakeBatch(*model, kSamples, step);
+      ASSERT_TRUE((*reference)->Step(batch).ok());
+      ASSERT_TRUE(pipeline->TrainStep(step, batch).ok());
+    }
+    constexpr int64_t kHeldOut = 23;  // chunks of 5: four whole ones and a last of 3.
+    constexpr int64_t kChunk = 5;
+    const BatchDataset data(*model, model::testing::MakeBatch(*model, kHeldOut, 99));
+    absl::StatusOr<model::EvalResult> want = (*reference)->Evaluate(data, 0, kChunk);
+    ASSERT_TRUE(want.ok()) << want.status();
+    // Five chunks, keyed over three mailbox steps of two micro-batches each.
+    absl::StatusOr<EvalReport> got = pipeline->Evaluate(
+        wire::kEvalStepBase, io::MakeEvalBatch(data, 0, kHeldOut), kChunk, /*per_step=*/2);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->loss_sums.size(), 5u);
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (size_t i = 0; i < got->loss_sums.size(); ++i) {
+      loss_sum += got->loss_sums[i];
+      correct += got->correct[i];
+    }
+    EXPECT_EQ(Bits(loss_sum / static_cast<double>(want->rows)), Bits(want->loss));
+    EXPECT_EQ(correct, want->correct);
+    // Nothing changed: training continues as the reference does.
+    const io::Batch batch = model::testing::MakeBatch(*model, kSamples, 3);
+    absl::StatusOr<model::StepResult> next = (*reference)->Step(batch);
+    ASSERT_TRUE(next.ok());
+    absl::StatusOr<model::StepResult> piped = pipeline->TrainStep(3, batch);
+    ASSERT_TRUE(piped.ok()) << piped.status();
+    EXPECT_EQ(Bits(piped->loss), Bits(next->loss));
+    ExpectBitwiseEqual(pipeline->ExportState(), (*reference)->ExportState());
+  }
+}
+
+TEST(PipelineEvaluateTest, RefusedWhileAStepAwaitsItsCommitAndForPartialSamples) {
+  auto model = model::testing::BuildOrDie(kGptSpec);
+  std::unique_ptr<Pipeline> pipeline = Pipeline::Create(model.get(), ScheduleKind::kGPipe, 1, 1, 4,
+                                                        Optimizer(math::OptimizerKind::kSgd));
+  ASSERT_NE(pipeline, nullptr);
+  // 6 rows are not whole samples of 4 tokens.
+  absl::StatusOr<EvalReport> r = pipeline->executor(0).RunForward(wire::kEvalStepBase, {8, 6}, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("micro-batch 1 has 6 rows"));
+  const io::Batch batch = model::testing::MakeBatch(*model, kSamples, 1);
+  Pipeline::RunOutcome out = pipeline->Run(1, batch, 4, pipeline->plan().actions);
+  ASSERT_TRUE(out.reports[0].ok()) << out.reports[0].status();
+  r = pipeline->executor(0).RunForward(wire::kEvalStepBase, {8}, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("awaits Commit or Abort"));
 }
 
 // ---------------------------------------------------------------------------------------------
