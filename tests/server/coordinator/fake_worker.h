@@ -66,7 +66,7 @@ class FakeWorker final : public WorkerChannel {
   void Loop();
   // The event answering `command`, or none.
   std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
-  v1::WorkerEvent StepDone(const v1::RunStep& run) const;
+  v1::WorkerEvent StepDone(const v1::RunStep& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WorkerEvent EvalDone(const v1::EvalRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UploadShards(const v1::SaveShards& save) const;
 
