@@ -84,6 +84,27 @@ TEST(GenerateCliTest, ContinuesThePromptDeterministicallyForASeed) {
   EXPECT_EQ(longer.out.size(), 6u + 300u + 1u);
 }
 
+// The LLaMA example (rotary positions, grouped-query heads, RMSNorm) decodes through its KV
+// cache too: a short run's checkpoint continues a prompt, the same bytes for the same seed,
+// past its context of 32 (the window slides and is rotated again from position 0).
+TEST(GenerateCliTest, LlamaCheckpointContinuesDeterministically) {
+  const std::string dir = testing::TempDir("inference_llama_");
+  const testing::CommandRun train =
+      Pipetrain("reference --model " + Example("llama_char.textproto") +
+                " --data text --steps 10 --batch 8 --seed 3 --json --eval-samples 8 --save " + dir);
+  ASSERT_EQ(train.exit_code, 0) << train.out;
+  const std::string base = "generate --resume " + dir + " --prompt 'The ' --max-tokens 80";
+  const testing::CommandRun a = Pipetrain(base + " --seed 5", /*with_stderr=*/false);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_THAT(a.out, StartsWith("The "));
+  EXPECT_EQ(a.out.size(), 4u + 80u + 1u);  // the prompt, 80 bytes, a newline.
+  EXPECT_EQ(Pipetrain(base + " --seed 5", false).out, a.out);
+  EXPECT_NE(Pipetrain(base + " --seed 6", false).out, a.out);
+  const testing::CommandRun greedy = Pipetrain(base + " --temperature 0", false);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.out;
+  EXPECT_EQ(Pipetrain(base + " --top-k 1 --seed 9", false).out, greedy.out);
+}
+
 TEST(GenerateCliTest, RefusesWhatItCannotDo) {
   const std::string ckpt = " --resume " + GptCheckpoint();
   ExpectRefused("generate" + ckpt + " --prompt 'caf\xc3\xa9'",
