@@ -255,8 +255,8 @@ const ProgramSpec& Program() {
           {"partition",
            "",
            "split a model's layers across stages (exact min-max)",
-           {"costs", "model", "data", "data_dir", "batch", "microbatches", "stages", "speeds",
-            "memory_cap", "schedule", "kind", "virtual", "format"},
+           {"costs", "model", "data", "data_dir", "tokenizer", "batch", "microbatches", "stages",
+            "speeds", "memory_cap", "schedule", "kind", "virtual", "format"},
            {{"stages", kRequired},
             {"schedule", "none: one chunk per stage"},
             {"format", "text"},
@@ -599,17 +599,22 @@ absl::Status RunSchedule(const CommandLine& line) {
 // Per-layer partition costs of a model file: F+B+W FLOPs of one micro-batch of
 // batch/microbatches samples, and memory = 4 x parameter bytes (weights, gradients, two AdamW
 // moments) + microbatches x (input + stash bytes of one micro-batch), GPipe's worst case.
-// Sizes the spec leaves to the data set are resolved against --data.
+// Sizes the spec leaves to the data set are resolved against --data and, with --tokenizer, the
+// tokenizer's vocabulary, exactly as the training commands resolve them (a tokenizer is always
+// checked against the model, as training would).
 absl::StatusOr<ModelLayers> ModelLayersFromFile(const std::string& path) {
   PT_ASSIGN_OR_RETURN(v1::ModelSpec spec, model::LoadModelSpecFile(path));
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForRun(absl::GetFlag(FLAGS_tokenizer), "", std::nullopt));
   std::unique_ptr<model::Model> net;
-  if (auto built = model::Model::Build(spec); built.ok()) {
+  if (auto built = model::Model::Build(spec); built.ok() && tokenizer == nullptr) {
     net = std::move(built).value();
   } else {
     // Sizes left to the data set: resolve them exactly as the training commands do.
-    PT_ASSIGN_OR_RETURN(TrainingSetup setup,
-                        SetUpTraining(spec, absl::GetFlag(FLAGS_data),
-                                      absl::GetFlag(FLAGS_data_dir), absl::GetFlag(FLAGS_seed)));
+    PT_ASSIGN_OR_RETURN(
+        TrainingSetup setup,
+        SetUpTraining(spec, absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_data_dir),
+                      absl::GetFlag(FLAGS_seed), math::DefaultIsa(), std::move(tokenizer)));
     net = std::move(setup.model);
   }
   const model::Model& m = *net;

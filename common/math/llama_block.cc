@@ -1,6 +1,8 @@
 #include "common/math/llama_block.h"
 
 #include <cassert>
+#include <cmath>
+#include <memory>
 
 #include "common/math/det_math.h"
 #include "common/math/init.h"
@@ -277,6 +279,144 @@ void LlamaBlock::BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap 
   LinearBackwardWeight(a, ConstMatrixMap(s + l.dk, n, kv_dim_), g(kKW, kv_dim_, d), nullptr);
   LinearBackwardWeight(a, ConstMatrixMap(s + l.dv, n, kv_dim_), g(kVW, kv_dim_, d), nullptr);
   RmsNormBackwardWeight(x, ConstMatrixMap(s + l.da, n, d), s + l.rstd1, grads[kNorm1W].data.data());
+}
+
+}  // namespace pipetrain::math
+
+// ---- Incremental forward (KV cache) ----
+
+namespace pipetrain::math {
+namespace {
+
+// The rotated keys and the values of the positions one sequence has been through, [context,
+// K hd] each, in the k/v projections' column order (kv head j in columns j*hd .. j*hd+hd-1).
+class LlamaKvCache final : public IncrementalState {
+ public:
+  LlamaKvCache(int64_t context, int64_t kv_dim)
+      : keys_(static_cast<size_t>(context * kv_dim)),
+        values_(static_cast<size_t>(context * kv_dim)) {}
+
+  int64_t positions() const override { return positions_; }
+  void Clear() override { positions_ = 0; }
+  int64_t bytes() const override {
+    return static_cast<int64_t>((keys_.size() + values_.size()) * sizeof(float));
+  }
+
+  float* keys() { return keys_.data(); }
+  float* values() { return values_.data(); }
+  void set_positions(int64_t positions) { positions_ = positions; }
+
+ private:
+  std::vector<float> keys_;
+  std::vector<float> values_;
+  int64_t positions_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<IncrementalState> LlamaBlock::NewIncrementalState() const {
+  return std::make_unique<LlamaKvCache>(config_.context, kv_dim_);
+}
+
+LlamaBlock::StepLayout LlamaBlock::MakeStepLayout(int64_t n, int64_t len) const {
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  StepLayout l;
+  int64_t at = 0;
+  auto take = [&at](int64_t size) {
+    const int64_t start = at;
+    at += AlignUp(size);
+    return start;
+  };
+  l.rstd1 = take(n);
+  l.a = take(n * d);
+  l.q = take(n * d);
+  l.att = take(n * len);
+  l.o = take(n * d);
+  l.h = take(n * d);
+  l.rstd2 = take(n);
+  l.b = take(n * d);
+  l.g = take(n * hid);
+  l.u = take(n * hid);
+  l.m = take(n * hid);
+  l.total = at;
+  return l;
+}
+
+void LlamaBlock::AttentionIncremental(ConstMatrixMap q, int64_t position, const float* keys,
+                                      const float* values, float* att, MatrixMap out) const {
+  const int64_t n = q.rows();
+  const int64_t len = position + n;
+  const int64_t hd = head_dim_;
+  const int64_t group = config_.heads / config_.kv_heads;
+  // The same scale, softmax arithmetic and products as GqaAttentionForward, on n query rows.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const ConstMatrixMap k_all(keys, len, kv_dim_);
+  const ConstMatrixMap v_all(values, len, kv_dim_);
+  MatrixMap a(att, n, len);
+  for (int64_t h = 0; h < config_.heads; ++h) {
+    const int64_t j = h / group;
+    a.noalias() = q.block(0, h * hd, n, hd) * k_all.block(0, j * hd, len, hd).transpose();
+    CausalSoftmaxRows(n, len, position, scale, att);  // row i is position position+i
+    out.block(0, h * hd, n, hd).noalias() = a * v_all.block(0, j * hd, len, hd);
+  }
+}
+
+void LlamaBlock::MlpIncremental(absl::Span<const Tensor> params, const StepLayout& l, float* s,
+                                MatrixMap y) const {
+  const int64_t n = y.rows();
+  const int64_t d = config_.dim;
+  const int64_t hid = config_.hidden;
+  const ConstMatrixMap h(s + l.h, n, d);
+  MatrixMap b(s + l.b, n, d);
+  RmsNormForward(h, params[kNorm2W].data.data(), config_.norm_eps, b, s + l.rstd2);
+  MatrixMap g(s + l.g, n, hid);
+  MatrixMap u(s + l.u, n, hid);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
+  float* m = s + l.m;
+  for (int64_t i = 0; i < n * hid; ++i) m[i] = Silu(g.data()[i]) * u.data()[i];
+  LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
+                nullptr, y);
+  y += h;
+}
+
+void LlamaBlock::ForwardIncremental(absl::Span<const Tensor> params, int64_t position,
+                                    ConstMatrixMap x, IncrementalState* state, Stash* scratch,
+                                    MatrixMap y) const {
+  const int64_t n = x.rows();
+  const int64_t d = config_.dim;
+  auto* cache = static_cast<LlamaKvCache*>(state);
+  assert(cache != nullptr && cache->positions() == position && n >= 1 &&
+         position + n <= config_.context && x.cols() == d && y.rows() == n && y.cols() == d &&
+         params.size() == kNumParams);
+  const StepLayout l = MakeStepLayout(n, position + n);
+  if (scratch->data.size() < static_cast<size_t>(l.total)) {
+    scratch->data.resize(static_cast<size_t>(l.total));
+  }
+  float* s = scratch->data.data();
+  auto w = [&params](int i, int64_t rows, int64_t cols) {
+    return ConstMatrixMap(params[i].data.data(), rows, cols);
+  };
+  // As Forward: RMSNorm1, the projections, RoPE at the rows' own positions; this call's keys
+  // and values join the cache before the attention reads it.
+  MatrixMap a(s + l.a, n, d);
+  RmsNormForward(x, params[kNorm1W].data.data(), config_.norm_eps, a, s + l.rstd1);
+  MatrixMap q(s + l.q, n, d);
+  MatrixMap k(cache->keys() + position * kv_dim_, n, kv_dim_);
+  MatrixMap v(cache->values() + position * kv_dim_, n, kv_dim_);
+  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q);
+  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k);
+  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v);
+  rope_.ApplyFrom(q, position);
+  rope_.ApplyFrom(k, position);
+  cache->set_positions(position + n);
+  MatrixMap o(s + l.o, n, d);
+  AttentionIncremental(AsConst(q), position, cache->keys(), cache->values(), s + l.att, o);
+  MatrixMap h(s + l.h, n, d);
+  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h);
+  h += x;
+  MlpIncremental(params, l, s, y);
 }
 
 }  // namespace pipetrain::math

@@ -5,6 +5,7 @@
 #define PIPETRAIN_COMMON_MATH_LLAMA_BLOCK_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -69,6 +70,19 @@ class LlamaBlock final : public Layer {
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 
+  // Incremental forward (KV cache; docs/inference.md). The state holds the keys (after RoPE) and
+  // values of the K key/value heads for up to context positions (2 * context * K hd floats,
+  // allocated once): grouped-query heads cache only the kv heads. Rows of x are positions
+  // position .. position+n-1 of one sequence; their q and k are rotated at those positions, and
+  // row i attends to positions 0 .. position+i. With position == 0 and n == context the
+  // products have Forward's shapes and y is bitwise Forward's for one sample; with other shapes
+  // Eigen sums the same products in another order (a few float ulps; docs/inference.md,
+  // "Numerics"). position + n <= context.
+  bool SupportsIncremental() const override { return true; }
+  std::unique_ptr<IncrementalState> NewIncrementalState() const override;
+  void ForwardIncremental(absl::Span<const Tensor> params, int64_t position, ConstMatrixMap x,
+                          IncrementalState* state, Stash* scratch, MatrixMap y) const override;
+
  private:
   // Float offsets of the stash regions for a micro-batch of `rows` rows.
   struct Layout {
@@ -85,6 +99,22 @@ class LlamaBlock final : public Layer {
                         float* s) const;
   void AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows, const Layout& l,
                               float* s) const;
+
+  // Float offsets of ForwardIncremental's scratch regions for n new rows attending to `len`
+  // positions.
+  struct StepLayout {
+    int64_t rstd1, a, q, att, o, h, rstd2, b, g, u, m;
+    int64_t total;
+  };
+  StepLayout MakeStepLayout(int64_t n, int64_t len) const;
+  // Causal GQA attention of the n rotated query rows `q` (positions position .. position+n-1)
+  // over the first position+n rows of `keys` and `values` ([context, K hd] each); `att` holds
+  // n * (position+n) floats of scratch.
+  void AttentionIncremental(ConstMatrixMap q, int64_t position, const float* keys,
+                            const float* values, float* att, MatrixMap out) const;
+  // The SwiGLU half of the block on n rows: y = h + down(silu(gate(b)) * up(b)), b = RMSNorm2(h).
+  void MlpIncremental(absl::Span<const Tensor> params, const StepLayout& l, float* s,
+                      MatrixMap y) const;
 
   const LlamaBlockConfig config_;
   const int64_t head_dim_;

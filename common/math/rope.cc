@@ -33,11 +33,11 @@ RopeTable::RopeTable(int64_t head_dim, int64_t context, double theta)
   }
 }
 
-void RopeTable::Rotate(MatrixMap x, float sign) const {
+void RopeTable::Rotate(MatrixMap x, float sign, int64_t first) const {
   assert(x.cols() % head_dim_ == 0);
   const int64_t heads = x.cols() / head_dim_;
   for (int64_t r = 0; r < x.rows(); ++r) {
-    const int64_t p = r % context_;
+    const int64_t p = (first + r) % context_;
     const float* cr = cos_.data() + p * half_;
     const float* sr = sin_.data() + p * half_;
     for (int64_t h = 0; h < heads; ++h) {
@@ -57,5 +57,10 @@ void RopeTable::Rotate(MatrixMap x, float sign) const {
 void RopeTable::Apply(MatrixMap x) const { Rotate(x, 1.0f); }
 
 void RopeTable::ApplyTranspose(MatrixMap x) const { Rotate(x, -1.0f); }
+
+void RopeTable::ApplyFrom(MatrixMap x, int64_t first) const {
+  assert(first >= 0 && first + x.rows() <= context_);
+  Rotate(x, 1.0f, first);
+}
 
 }  // namespace pipetrain::math

@@ -34,9 +34,13 @@ class RopeTable {
   void Apply(MatrixMap x) const;
   // The transpose rotation of x [r, heads * head_dim] in place (backward of Apply).
   void ApplyTranspose(MatrixMap x) const;
+  // Apply for rows at positions first, first+1, ..., first+r-1 (first + r <= context): row k's
+  // bits are those Apply gives a row at position first + k (an incremental forward's new rows).
+  void ApplyFrom(MatrixMap x, int64_t first) const;
 
  private:
-  void Rotate(MatrixMap x, float sign) const;
+  // Row k at position (first + k) % context.
+  void Rotate(MatrixMap x, float sign, int64_t first = 0) const;
 
   const int64_t head_dim_;
   const int64_t half_;

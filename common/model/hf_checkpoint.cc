@@ -21,6 +21,7 @@
 #include "common/io/safetensors.h"
 #include "common/math/optimizer.h"
 #include "common/model/hf_gpt2.h"
+#include "common/model/hf_llama.h"
 #include "common/model/stage.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -96,7 +97,8 @@ absl::Status CheckFinite(const math::Tensor& t, const std::string& source,
 }  // namespace
 
 const std::vector<const HfArchitecture*>& HfArchitectures() {
-  static const auto* const all = new std::vector<const HfArchitecture*>{&Gpt2Architecture()};
+  static const auto* const all =
+      new std::vector<const HfArchitecture*>{&Gpt2Architecture(), &LlamaArchitecture()};
   return *all;
 }
 

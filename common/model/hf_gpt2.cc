@@ -106,7 +106,11 @@ absl::StatusOr<Gpt2Shape> ShapeOf(const Model& model) {
   const std::vector<int64_t> token = ParamShape(model, 0, "token.weight");
   s.vocab = token.at(0);
   s.embd = token.at(1);
-  s.positions = ParamShape(model, 0, "position.weight").at(0);
+  const std::vector<int64_t> position = ParamShape(model, 0, "position.weight");
+  if (position.empty()) {
+    return Refuse(model, 0, "has no position table (positions: NONE), but GPT-2 learns one (wpe)");
+  }
+  s.positions = position.at(0);
   s.layers = n - 3;
   const v1::LayerSpec& head = spec.layers(n - 1);
   if (!head.has_linear())

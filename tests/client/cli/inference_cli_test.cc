@@ -1,11 +1,19 @@
 // `pipetrain generate` and `pipetrain predict` as a user runs them, on checkpoints that
 // `pipetrain reference --save` wrote (docs/inference.md).
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/model/checkpoint.h"
+#include "common/model/generator.h"
+#include "common/model/model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -82,6 +90,27 @@ TEST(GenerateCliTest, ContinuesThePromptDeterministicallyForASeed) {
       false);
   ASSERT_EQ(longer.exit_code, 0);
   EXPECT_EQ(longer.out.size(), 6u + 300u + 1u);
+}
+
+// The LLaMA example (rotary positions, grouped-query heads, RMSNorm) decodes through its KV
+// cache too: a short run's checkpoint continues a prompt, the same bytes for the same seed,
+// past its context of 32 (the window slides and is rotated again from position 0).
+TEST(GenerateCliTest, LlamaCheckpointContinuesDeterministically) {
+  const std::string dir = testing::TempDir("inference_llama_");
+  const testing::CommandRun train =
+      Pipetrain("reference --model " + Example("llama_char.textproto") +
+                " --data text --steps 10 --batch 8 --seed 3 --json --eval-samples 8 --save " + dir);
+  ASSERT_EQ(train.exit_code, 0) << train.out;
+  const std::string base = "generate --resume " + dir + " --prompt 'The ' --max-tokens 80";
+  const testing::CommandRun a = Pipetrain(base + " --seed 5", /*with_stderr=*/false);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_THAT(a.out, StartsWith("The "));
+  EXPECT_EQ(a.out.size(), 4u + 80u + 1u);  // the prompt, 80 bytes, a newline.
+  EXPECT_EQ(Pipetrain(base + " --seed 5", false).out, a.out);
+  EXPECT_NE(Pipetrain(base + " --seed 6", false).out, a.out);
+  const testing::CommandRun greedy = Pipetrain(base + " --temperature 0", false);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.out;
+  EXPECT_EQ(Pipetrain(base + " --top-k 1 --seed 9", false).out, greedy.out);
 }
 
 TEST(GenerateCliTest, RefusesWhatItCannotDo) {
@@ -174,6 +203,86 @@ TEST(PredictCliTest, ClassifierOutputsMatchEvaluate) {
   ExpectRefused("predict --resume " + DigitsCheckpoint() + " --out /nonexistent-dir/p.csv",
                 "/nonexistent-dir/p.csv");
   ExpectRefused("predict", "--resume DIR is required");
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// The model's own forward pass on `x`: every layer's Forward, at the model's instruction-set
+// level with one compute thread (what predict runs).
+math::Matrix ModelForward(const model::Model& net, const model::ModelParams& params,
+                          math::Matrix x) {
+  net.kernels().ConfigureEigen(1);
+  for (int64_t l = 0; l < net.num_layers(); ++l) {
+    math::Matrix y(x.rows(), net.layer(l).out_features());
+    math::Stash stash;
+    net.layer(l).Forward(params[l], math::AsConstMap(x), math::AsMap(y), &stash);
+    x = std::move(y);
+  }
+  return x;
+}
+
+// A regressor (an mse model of two outputs) on CSV regression data: predict writes, for each
+// held-out row (rows 4, 9, 14, ... of the file; docs/data.md), the row's two targets and the
+// model's two outputs, which are the checkpoint's weights run through the layers' Forward -- the
+// same floats (9 significant digits read back exactly).
+TEST(PredictCliTest, RegressorOutputsAreTheModelsForward) {
+  const std::string dir = testing::TempDir("inference_regressor_");
+  // Features and targets are multiples of 1/8: exact in decimal and in float.
+  auto feature = [](int r, int j) { return static_cast<float>((r * (3 + j) + j) % 17) / 8 - 1; };
+  auto target = [&](int r, int k) {
+    return k == 0 ? feature(r, 0) - feature(r, 1) / 2 : feature(r, 2) * 2 + 0.125f;
+  };
+  std::string csv = "x1,x2,x3,y1,y2\n";
+  for (int r = 0; r < 100; ++r) {
+    absl::StrAppend(&csv, feature(r, 0), ",", feature(r, 1), ",", feature(r, 2), ",", target(r, 0),
+                    ",", target(r, 1), "\n");
+  }
+  WriteText(dir + "/regression.csv", csv);
+  WriteText(dir + "/mse.textproto",
+            "layers { linear { out_features: 8 } }\nlayers { relu {} }\n"
+            "layers { linear { out_features: 2 } }\nloss { mse {} }\n");
+  const testing::CommandRun train =
+      Pipetrain("reference --model " + dir + "/mse.textproto --data csv:" + dir +
+                "/regression.csv --steps 30 --batch 20 --seed 2 --json --optimizer "
+                "adamw:lr=1e-2 --save " +
+                dir + "/ckpt");
+  ASSERT_EQ(train.exit_code, 0) << train.out;
+  const testing::CommandRun pred = Pipetrain("predict --resume " + dir + "/ckpt", false);
+  ASSERT_EQ(pred.exit_code, 0) << pred.out;
+
+  absl::StatusOr<model::LoadedCheckpoint> ckpt = model::LoadCheckpoint(dir + "/ckpt");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  absl::StatusOr<std::unique_ptr<model::Model>> net =
+      model::Model::Build(ckpt->manifest.model_spec);
+  ASSERT_TRUE(net.ok()) << net.status();
+  absl::StatusOr<model::ModelParams> params = model::TakeModelParams(**net, &ckpt->tensors);
+  ASSERT_TRUE(params.ok()) << params.status();
+  math::Matrix x(20, 3);
+  for (int i = 0; i < 20; ++i) {
+    for (int j = 0; j < 3; ++j) x(i, j) = feature(5 * i + 4, j);
+  }
+  const math::Matrix y = ModelForward(**net, *params, x);
+
+  const std::vector<std::string> lines = absl::StrSplit(pred.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 21u) << pred.out;  // the header and the 20 held-out rows
+  EXPECT_EQ(lines[0], "row,target_0,target_1,value_0,value_1");
+  double spread = 0;
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE(lines[i + 1]);
+    const std::vector<std::string> cells = absl::StrSplit(lines[i + 1], ',');
+    ASSERT_EQ(cells.size(), 5u);
+    EXPECT_EQ(cells[0], std::to_string(i));
+    double v[4];
+    for (int c = 0; c < 4; ++c) ASSERT_TRUE(absl::SimpleAtod(cells[c + 1], &v[c]));
+    EXPECT_EQ(static_cast<float>(v[0]), target(5 * i + 4, 0));
+    EXPECT_EQ(static_cast<float>(v[1]), target(5 * i + 4, 1));
+    EXPECT_EQ(static_cast<float>(v[2]), y(i, 0));
+    EXPECT_EQ(static_cast<float>(v[3]), y(i, 1));
+    spread += std::abs(v[2] - y(0, 0));
+  }
+  EXPECT_GT(spread, 0.1);  // the outputs depend on the row
 }
 
 }  // namespace

@@ -188,6 +188,75 @@ TEST(TokenizerCliTest, LocalTwoStagesEqualsReferenceAndCheckpointsCarryTheTokeni
   EXPECT_EQ(ParseJson(ref2.out).losses.size(), 1u);
 }
 
+std::string BundledTokenizer() { return std::string(PIPETRAIN_SOURCE_DIR) + "/data/gpl-3-bpe256"; }
+
+// Issue 31's check: the tokenized LLaMA example (examples/llama_tok.textproto) with the bundled
+// tokenizer -- which is exactly what the documented `tokenizer train` command writes -- trains
+// over a 2-stage pipeline to the same files as the reference trainer, byte for byte: every layer
+// file, the manifest and the tokenizer.
+TEST(TokenizerCliTest, TokenizedLlamaLocalTwoStagesEqualsReference) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
+  const std::string dir = testing::TempDir("pipetrain_tokenizer_llama_");
+  TrainTokenizer(dir + "/tok", 256);
+  for (const char* f : {"tokenizer.model", "tokenizer.json"}) {
+    EXPECT_TRUE(testing::ReadFile(dir + "/tok/" + f) ==
+                testing::ReadFile(BundledTokenizer() + "/" + f))
+        << "data/gpl-3-bpe256/" << f << " is not what `tokenizer train` writes";
+  }
+  const std::string common = " --model " + Example("llama_tok.textproto") +
+                             " --data text --tokenizer " + BundledTokenizer() +
+                             " --batch 8 --microbatches 2 --seed 5 --steps 3 --json "
+                             "--eval-samples 16 --save ";
+  const testing::CommandRun ref = Pipetrain("reference" + common + dir + "/ref");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const testing::CommandRun local =
+      Pipetrain("local --stages 2 --schedule 1f1b" + common + dir + "/local");
+  if (local.out.find("cannot find the coordinator binary") != std::string::npos) {
+    GTEST_SKIP() << "the daemons are not built";
+  }
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const Parsed a = ParseJson(ref.out), b = ParseJson(local.out);
+  ASSERT_EQ(a.losses.size(), 3u) << ref.out;
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.eval, b.eval);
+  std::vector<std::string> files = {"manifest.json", "tokenizer.model"};
+  for (int l = 0; l < 9; ++l) files.push_back("layer-0000" + std::to_string(l) + ".safetensors");
+  for (const std::string& f : files) {
+    const std::string x = testing::ReadFile(dir + "/ref/" + f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == testing::ReadFile(dir + "/local/" + f)) << f << " differs";
+  }
+  const auto manifest = nlohmann::json::parse(testing::ReadFile(dir + "/ref/manifest.json"));
+  EXPECT_THAT(manifest["model_spec"].get<std::string>(), HasSubstr("vocab_size: 256"));
+}
+
+// `partition --model` resolves a model whose vocabulary comes from --tokenizer as training does:
+// llama_char (vocab_size 0) with the 256-piece tokenizer is llama_tok (vocab_size 256), not the
+// byte-level model, and a tokenizer larger than a fixed vocab_size is refused.
+TEST(TokenizerCliTest, PartitionResolvesTheVocabularyFromTheTokenizer) {
+  if (!io::TokenizersAvailable()) GTEST_SKIP() << "no tokenizers in a sanitizer build";
+  const std::string flags = " --stages 2 --format json --batch 8 --microbatches 2";
+  const testing::CommandRun tok = Pipetrain("partition --model " + Example("llama_char.textproto") +
+                                            " --tokenizer " + BundledTokenizer() + flags);
+  ASSERT_EQ(tok.exit_code, 0) << tok.out;
+  const testing::CommandRun fixed =
+      Pipetrain("partition --model " + Example("llama_tok.textproto") + flags);
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.out;
+  EXPECT_EQ(tok.out, fixed.out);
+  const testing::CommandRun bytes =
+      Pipetrain("partition --model " + Example("llama_char.textproto") + flags);
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.out;
+  EXPECT_NE(bytes.out, tok.out);  // 76 byte tokens: a smaller embedding and head
+  const std::string dir = testing::TempDir("pipetrain_tokenizer_partition_");
+  TrainTokenizer(dir + "/tok", 300);
+  ExpectRefused("partition --model " + Example("llama_tok.textproto") + " --tokenizer " + dir +
+                    "/tok" + flags,
+                "embedding vocab_size 256 < data set's vocabulary of 300");
+  ExpectRefused("partition --model " + Example("llama_tok.textproto") + " --tokenizer " + dir +
+                    "/missing" + flags,
+                "--tokenizer");
+}
+
 // `generate` on a checkpoint trained with a tokenizer encodes the prompt and decodes the tokens
 // with the checkpoint's tokenizer (no flag): the text starts with the prompt, is the same for a
 // seed, and greedy decoding does not depend on it; `predict`'s data opens through it as well.

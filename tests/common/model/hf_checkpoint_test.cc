@@ -13,6 +13,8 @@
 #include "common/io/file_util.h"
 #include "common/io/safetensors.h"
 #include "common/model/checkpoint.h"
+#include "common/model/hf_gpt2.h"
+#include "common/model/hf_llama.h"
 #include "common/model/reference_trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,6 +37,19 @@ constexpr char kGpt2Spec[] = R"pb(
   layers { transformer_block { heads: 2 } }
   layers { transformer_block { heads: 2 } }
   layers { layer_norm {} }
+  layers { linear { out_features: 11 no_bias: true } }
+  loss { softmax_cross_entropy {} }
+)pb";
+
+// A LLaMA: rotary positions (no position table), 4 query heads sharing 2 kv heads, SwiGLU,
+// RMSNorm, a bias-free head.
+constexpr char kLlamaSpec[] = R"pb(
+  name: "llama"
+  input_features: 1
+  layers { embedding { vocab_size: 11 dim: 16 context: 4 positions: NONE } }
+  layers { llama_block { heads: 4 kv_heads: 2 hidden: 24 } }
+  layers { llama_block { heads: 4 kv_heads: 2 hidden: 24 } }
+  layers { rms_norm {} }
   layers { linear { out_features: 11 no_bias: true } }
   loss { softmax_cross_entropy {} }
 )pb";
@@ -339,8 +354,8 @@ TEST_F(HfCheckpointTest, ImportRefusesConfigsPipetrainCannotRun) {
   ExportGpt2();
   const std::string original = ReadAll(Dir("hf/config.json"));
   const std::vector<std::pair<std::function<void(json*)>, std::string>> cases = {
-      {[](json* j) { (*j)["model_type"] = "llama"; },
-       "config.json: model_type 'llama' is not one pipetrain imports (gpt2)"},
+      {[](json* j) { (*j)["model_type"] = "mistral"; },
+       "config.json: model_type 'mistral' is not one pipetrain imports (gpt2, llama)"},
       {[](json* j) { (*j)["activation_function"] = "relu"; },
        "'activation_function' is 'relu'; pipetrain's GELU is the tanh approximation"},
       {[](json* j) { (*j)["layer_norm_epsilon"] = 1e-6; },
@@ -421,6 +436,166 @@ TEST_F(HfCheckpointTest, WithoutTheSidecarImportStartsAFreshRunFromTheWeights) {
   for (float x : imported->tensors.at("optim.2.mlp.proj.weight.exp_avg").data) ASSERT_EQ(x, 0.0f);
   ASSERT_TRUE(SaveCheckpoint(Dir("fresh"), m, imported->tensors).ok());
   EXPECT_TRUE(VerifyCheckpoint(Dir("fresh")).ok());
+}
+
+TEST_F(HfCheckpointTest, LlamaTensorsGetHfNamesUntransposed) {
+  const LoadedCheckpoint ckpt = Trained(kLlamaSpec);
+  auto model = testing::BuildOrDie(kLlamaSpec);
+  auto arch = HfArchitectureOf(*model);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  EXPECT_STREQ((*arch)->model_type, "llama");
+  auto hf = ToHfTensors(*model, ckpt.tensors);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : *hf) shapes[name] = t.shape;
+  std::map<std::string, std::vector<int64_t>> want = {{"model.embed_tokens.weight", {11, 16}},
+                                                      {"model.norm.weight", {16}},
+                                                      {"lm_head.weight", {11, 16}}};
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = absl::StrCat("model.layers.", i, ".");
+    want[h + "input_layernorm.weight"] = {16};
+    want[h + "self_attn.q_proj.weight"] = {16, 16};
+    want[h + "self_attn.k_proj.weight"] = {8, 16};  // 2 kv heads of width 4
+    want[h + "self_attn.v_proj.weight"] = {8, 16};
+    want[h + "self_attn.o_proj.weight"] = {16, 16};
+    want[h + "post_attention_layernorm.weight"] = {16};
+    want[h + "mlp.gate_proj.weight"] = {24, 16};
+    want[h + "mlp.up_proj.weight"] = {24, 16};
+    want[h + "mlp.down_proj.weight"] = {16, 24};
+  }
+  EXPECT_EQ(shapes, want);
+  // nn.Linear [out, in] like pipetrain; q and k keep their rows (both use rotate-half pairs).
+  EXPECT_EQ(hf->at("model.layers.1.self_attn.q_proj.weight").data,
+            ckpt.tensors.at("layers.2.attn.q.weight").data);
+  EXPECT_EQ(hf->at("model.layers.0.self_attn.k_proj.weight").data,
+            ckpt.tensors.at("layers.1.attn.k.weight").data);
+  EXPECT_EQ(hf->at("model.layers.0.mlp.down_proj.weight").data,
+            ckpt.tensors.at("layers.1.mlp.down.weight").data);
+  EXPECT_EQ(hf->at("model.norm.weight").data, ckpt.tensors.at("layers.3.weight").data);
+  EXPECT_EQ(hf->at("lm_head.weight").data, ckpt.tensors.at("layers.4.weight").data);
+}
+
+TEST_F(HfCheckpointTest, LlamaExportHoldsALlamaConfigAndImportsBackByteForByte) {
+  ASSERT_TRUE(ExportHfCheckpoint(Trained(kLlamaSpec), "abcdefghijk", Dir("hf")).ok());
+  const json c = json::parse(ReadAll(Dir("hf/config.json")));
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["architectures"], json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(c["vocab_size"], 11);
+  EXPECT_EQ(c["max_position_embeddings"], 4);
+  EXPECT_EQ(c["hidden_size"], 16);
+  EXPECT_EQ(c["intermediate_size"], 24);
+  EXPECT_EQ(c["num_hidden_layers"], 2);
+  EXPECT_EQ(c["num_attention_heads"], 4);
+  EXPECT_EQ(c["num_key_value_heads"], 2);
+  EXPECT_EQ(c["head_dim"], 4);
+  EXPECT_EQ(c["hidden_act"], "silu");
+  EXPECT_EQ(c["rms_norm_eps"].get<double>(), 1e-5);  // the decimal, not float(1e-5) widened
+  EXPECT_EQ(c["rope_theta"].get<double>(), 10000.0);
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  EXPECT_TRUE(c["rope_scaling"].is_null());
+  auto imported = ImportHfCheckpoint(Dir("hf"));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_TRUE(imported->exact);
+  ASSERT_TRUE(SaveCheckpoint(Dir("back"), imported->manifest, imported->tensors).ok());
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) {
+    ++files;
+    const std::string name = e.path().filename();
+    EXPECT_EQ(ReadAll(Dir("back/" + name)), ReadAll(e.path().string())) << name;
+  }
+  EXPECT_EQ(files, 6);
+  // Without the sidecar: the model config.json describes, with the same weights.
+  fs::remove(Dir("hf/pipetrain_manifest.json"));
+  fs::remove(Dir("hf/pipetrain_optimizer.safetensors"));
+  auto fresh = ImportHfCheckpoint(Dir("hf"));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->exact);
+  auto rebuilt = Model::Build(fresh->manifest.model_spec);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  auto original = testing::BuildOrDie(kLlamaSpec);
+  EXPECT_EQ(*LlamaArchitecture().describe(**rebuilt), *LlamaArchitecture().describe(*original));
+  const LoadedCheckpoint ckpt = *LoadCheckpoint(Dir("ckpt"));
+  for (const auto& [name, t] : ckpt.tensors) {
+    if (name.rfind("layers.", 0) == 0) {
+      EXPECT_EQ(fresh->tensors.at(name).data, t.data) << name;
+    }
+  }
+}
+
+TEST_F(HfCheckpointTest, ModelsWithoutALlamaEquivalentAreRefusedNamingWhy) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {absl::StrReplaceAll(kLlamaSpec, {{" positions: NONE", ""}}),
+       "layer 0 (embedding): has a learned position table, but LLaMA's positions are rotary"},
+      {absl::StrReplaceAll(kLlamaSpec, {{"heads: 4 kv_heads: 2 hidden: 24 } }\n  layers { rms",
+                                         "heads: 4 kv_heads: 1 hidden: 24 } }\n  layers { rms"}}),
+       "layer 2 (llama_block): heads 4, kv_heads 1, hidden 24, norm_eps 1e-05 and rope_theta "
+       "10000 differ from layer 1's 4, 2, 24, 1e-05 and 10000"},
+      {absl::StrReplaceAll(kLlamaSpec, {{"rms_norm {}", "rms_norm { eps: 1e-6 }"}}),
+       "layer 3 (rms_norm): eps 1e-06 differs from the llama_blocks' norm_eps 1e-05"},
+      {absl::StrReplaceAll(kLlamaSpec, {{"rms_norm {}", "layer_norm {}"}}),
+       "layer 3 (layer_norm): LLaMA ends with an rms_norm (norm)"},
+      {absl::StrReplaceAll(kLlamaSpec, {{" no_bias: true", ""}}),
+       "layer 4 (linear): has a bias, but LLaMA's lm_head has none"},
+      {kGpt2Spec, "layer 0 (embedding): has a learned position table"},
+  };
+  for (const auto& [spec, message] : cases) {
+    SCOPED_TRACE(spec);
+    auto model = testing::BuildOrDie(spec.c_str());
+    const absl::Status s = LlamaArchitecture().check(*model);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(message));
+    EXPECT_THAT(s.message(), HasSubstr("LLaMA's layers are an embedding with positions: NONE"));
+  }
+  // GPT-2's check refuses a LLaMA (no position table) instead of reading one.
+  auto llama = testing::BuildOrDie(kLlamaSpec);
+  auto arch = HfArchitectureOf(*llama);
+  ASSERT_TRUE(arch.ok());
+  EXPECT_THAT(Gpt2Architecture().check(*llama).message(),
+              HasSubstr("has no position table (positions: NONE), but GPT-2 learns one"));
+}
+
+TEST_F(HfCheckpointTest, ImportRefusesLlamaConfigsPipetrainCannotRun) {
+  ASSERT_TRUE(ExportHfCheckpoint(Trained(kLlamaSpec), "", Dir("hf")).ok());
+  fs::remove(Dir("hf/pipetrain_manifest.json"));
+  fs::remove(Dir("hf/pipetrain_optimizer.safetensors"));
+  const std::string original = ReadAll(Dir("hf/config.json"));
+  const std::vector<std::pair<std::function<void(json*)>, std::string>> cases = {
+      {[](json* j) { (*j)["hidden_act"] = "gelu"; },
+       "'hidden_act' is \"gelu\"; pipetrain needs \"silu\""},
+      {[](json* j) { (*j)["attention_bias"] = true; }, "'attention_bias' is true"},
+      {[](json* j) {
+         (*j)["rope_scaling"] = json{{"type", "linear"}, {"factor", 2.0}};
+       },
+       "'rope_scaling' is {\"factor\":2.0,\"type\":\"linear\"}; pipetrain needs null"},
+      {[](json* j) { (*j)["head_dim"] = 8; }, "'head_dim' 8 is not 'hidden_size' / "},
+      {[](json* j) { (*j)["num_key_value_heads"] = 3; },
+       "'num_attention_heads' 4 must divide 'hidden_size' 16 and be a multiple of "
+       "'num_key_value_heads' 3"},
+      {[](json* j) { (*j)["rms_norm_eps"] = -1; }, "'rms_norm_eps' is -1"},
+      {[](json* j) { j->erase("intermediate_size"); },
+       "'intermediate_size' missing or not a positive integer"},
+  };
+  for (const auto& [edit, message] : cases) {
+    SCOPED_TRACE(message);
+    WriteAll(Dir("hf/config.json"), original);
+    EditConfig(edit);
+    auto imported = ImportHfCheckpoint(Dir("hf"));
+    ASSERT_FALSE(imported.ok());
+    EXPECT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(imported.status().message(), HasSubstr(message));
+  }
+  // Tied embeddings: no lm_head.weight, the head reads embed_tokens; older files' rotary buffers
+  // are ignored.
+  WriteAll(Dir("hf/config.json"), original);
+  EditConfig([](json* j) { (*j)["tie_word_embeddings"] = true; });
+  EditWeights([](auto* t) {
+    t->erase("lm_head.weight");
+    (*t)["model.layers.0.self_attn.rotary_emb.inv_freq"] = math::Tensor{{2}, {1.0f, 0.01f}};
+  });
+  auto tied = ImportHfCheckpoint(Dir("hf"));
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  EXPECT_EQ(tied->tensors.at("layers.4.weight").data,
+            tied->tensors.at("layers.0.token.weight").data);
 }
 
 }  // namespace
