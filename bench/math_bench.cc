@@ -17,8 +17,10 @@
 
 #include "common/math/isa.h"
 #include "common/math/kernels.h"
+#include "common/model/grad_tree.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
+#include "common/model/stage.h"
 #include "common/util/heap_tuning.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -212,6 +214,65 @@ int BenchMlpStep(const std::string& spec_path) {
   return 0;
 }
 
+// One training step of `model` on a Stage over all its layers (F, I, W of m micro-batches of
+// `rows` rows in 1F1B's per-stage order, then the optimizer), its gradients added in the canonical
+// tree's order or, with `tree` null, in increasing order (a Stage that was never given a tree:
+// what every stage did before the tree), with the default deferral of W (`defer` false: every W
+// added at once, defer 0).
+double StageStepSeconds(const model::Model& net, const model::GradTree* tree, bool defer,
+                        int64_t rows, int64_t m) {
+  math::OptimizerConfig sgd;
+  sgd.kind = math::OptimizerKind::kSgd;
+  sgd.lr = 1e-3f;
+  auto stage = model::Stage::Create(&net, 0, net.num_layers(), 1, sgd);
+  if (!stage.ok()) return 0;
+  if (tree != nullptr && !stage->SetGradTree(*tree).ok()) return 0;
+  if (!defer) stage->set_weight_grad_defer_bytes(0);
+  const math::Matrix x = math::Matrix::Constant(rows, net.input_features(), 0.1f);
+  const math::Matrix dy = math::Matrix::Constant(rows, net.output_features(), 1e-3f);
+  std::vector<model::MicrobatchState> states(static_cast<size_t>(m));
+  int64_t step = 0;
+  return SecondsPerCall([&] {
+    for (int64_t i = 0; i < m; ++i) {
+      stage->Forward(math::AsConstMap(x), &states[i]);
+      stage->BackwardInput(math::AsConstMap(dy), false, &states[i]);
+      stage->BackwardWeight(&states[i]);
+    }
+    (void)stage->GradNormSqPerLayer();
+    stage->ApplyOptimizer(++step, 1.0f);
+  });
+}
+
+// The canonical gradient tree's cost on the deep MLP (B = 256, M = 8, as bench/peer_bench.sh):
+// a step with the tree over one in increasing order, interleaved round by round, best of each.
+void BenchGradTree(const model::Model& net) {
+  constexpr int64_t kM = 8, kRows = 256 / kM;
+  auto tree = model::GradTree::Create(kM);
+  if (!tree.ok()) return;
+  std::printf(" gradient tree vs increasing order: deep MLP step, B=256, M=%lld\n",
+              static_cast<long long>(kM));
+  for (bool defer : {true, false}) {
+    double in_order = 1e30, with_tree = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      in_order = std::min(in_order, StageStepSeconds(net, nullptr, defer, kRows, kM));
+      with_tree = std::min(with_tree, StageStepSeconds(net, &*tree, defer, kRows, kM));
+    }
+    std::printf("  %-28s increasing %8.3f ms  tree %8.3f ms  tree/increasing %.3f\n",
+                defer ? "W deferred (default)" : "W added one by one", in_order * 1e3,
+                with_tree * 1e3, with_tree / in_order);
+  }
+}
+
+int BenchGradTreeOnly(const std::string& spec_path) {
+  auto spec = model::LoadModelSpecFile(spec_path);
+  if (!spec.ok()) return 1;
+  auto net = model::Model::Build(*spec);
+  if (!net.ok()) return 1;
+  (*net)->kernels().ConfigureEigen(1);
+  BenchGradTree(**net);
+  return 0;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -219,6 +280,11 @@ int main(int argc, char** argv) {
   // As every pipetrain process does (common/util/heap_tuning.h); applies to sgemm too.
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  }
+  // --grad-tree [SPEC]: only the gradient tree's cost (BenchGradTree), one thread.
+  if (argc > 1 && std::string(argv[1]) == "--grad-tree") {
+    return pipetrain::BenchGradTreeOnly(
+        argc > 2 ? argv[2] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto");
   }
   const std::string spec = argc > 1 ? argv[1] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto";
 #ifdef EIGEN_USE_BLAS

@@ -1,6 +1,7 @@
 #include "common/model/stage.h"
 
 #include <algorithm>
+#include <cassert>
 #include <iterator>
 #include <new>
 #include <optional>
@@ -179,8 +180,11 @@ void Stage::RestartGradTree() {
 }
 
 void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq) {
-  // In order: the next index of the share is always valid and new.
-  (void)BackwardWeightAt(folder_.share().lo + weight_grads_this_step_, mb, grad_norm_sq);
+  // The share's next micro-batch: valid and new while the step has fewer W than the share.
+  const absl::Status status =
+      BackwardWeightAt(folder_.share().lo + weight_grads_this_step_, mb, grad_norm_sq);
+  assert(status.ok());
+  (void)status;
 }
 
 absl::Status Stage::BackwardWeightAt(int64_t microbatch, MicrobatchState* mb,
@@ -296,7 +300,7 @@ void Stage::FinishGradsForRead(std::vector<double>* grad_norm_sq) {
   for (const auto& [i, d] : deferred_) available.push_back(i);
   std::vector<int64_t> consumed;
   std::vector<FoldOp> ops = folder_.Fold(available, &consumed);
-  if (!folder_.complete()) {
+  if (!folder_.complete() && weight_grads_this_step_ > 0) {
     // Micro-batches a leaf could not take yet are added in order after its pending part.
     for (const FoldOp& op : folder_.Close()) ops.push_back(op);
     std::vector<int64_t> left;

@@ -98,7 +98,8 @@ class Stage {
   absl::Status BackwardWeightAt(int64_t microbatch, MicrobatchState* mb,
                                 std::vector<double>* grad_norm_sq = nullptr);
   // BackwardWeightAt of the next micro-batch of the share in increasing order (the first W of a
-  // step is the share's first micro-batch): for callers that run W in order.
+  // step is the share's first micro-batch): for callers that run W in order. Requires fewer W
+  // this step than the share has micro-batches (asserted in debug builds; else nothing is added).
   void BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq = nullptr);
 
   // The most bytes of deferred micro-batches BackwardWeight keeps before it adds them; by default

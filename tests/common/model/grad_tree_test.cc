@@ -185,6 +185,17 @@ Grads RunShare(const Step& step, int64_t m, MicrobatchRange share, std::vector<i
   return grads;
 }
 
+// Bytes one deferred micro-batch of `step` holds in a stage.
+int64_t OneDeferredMicrobatchBytes(const Step& step) {
+  auto stage = Stage::Create(step.model, 0, step.model->num_layers(), 5, math::OptimizerConfig{});
+  EXPECT_TRUE(stage.ok());
+  stage->set_weight_grad_defer_bytes(int64_t{1} << 40);
+  MicrobatchState state;
+  ForwardBackwardInput(step, &*stage, 0, &state);
+  stage->BackwardWeight(&state);
+  return stage->DeferredWeightGradBytes();
+}
+
 // The node [lo, hi) of layer l's gradient by the definition: a leaf is the layer's BackwardWeight
 // of its micro-batches one after another into zeros; a node is lower + upper.
 std::vector<math::Tensor> NodeByDefinition(const Step& step, const GradTree& tree, int64_t l,
@@ -276,7 +287,8 @@ constexpr char kLlama[] = R"pb(
 )pb";
 
 // For M in {1, 2, 3, 4, 6, 8, 12, 16}: the whole step's gradients are the definition's, the same
-// with every W added at once (deferred), one by one, in reverse and in a shuffled order, and
+// with every W added at once (deferred), one by one, in groups of 2 and 3 (the deferral limit),
+// in reverse and in a shuffled order, and
 // equal to every supported replica count's partials combined. Linear (the blocked tree and a
 // right leaf added by the kernel), LayerNorm, RMSNorm, the embedding's scatter, the GPT
 // transformer block and the LLaMA block (their leaves through the generic tree).
@@ -290,13 +302,18 @@ TEST(GradTreeStageTest, EveryOrderAndReplicaCountGivesTheTreesBits) {
       const Step step = MakeStep(*model, m);
       auto tree = GradTree::Create(m);
       ASSERT_TRUE(tree.ok());
-      const Grads whole = RunShare(step, m, {0, m}, Range(0, m), -1);
+      const Grads whole = RunShare(step, m, {0, m}, Range(0, m), int64_t{1} << 40);
       Grads definition;
       for (int64_t l = 0; l < model->num_layers(); ++l) {
         definition.push_back(NodeByDefinition(step, *tree, l, 0, m));
       }
       EXPECT_TRUE(BitwiseEqual(whole, definition)) << "deferred vs definition";
       EXPECT_TRUE(BitwiseEqual(whole, RunShare(step, m, {0, m}, Range(0, m), 0))) << "one by one";
+      const int64_t one = OneDeferredMicrobatchBytes(step);
+      for (int64_t group : {2, 3}) {
+        EXPECT_TRUE(BitwiseEqual(whole, RunShare(step, m, {0, m}, Range(0, m), group * one - 1)))
+            << "in groups of " << group;
+      }
       std::vector<int64_t> reverse = Range(0, m);
       std::reverse(reverse.begin(), reverse.end());
       EXPECT_TRUE(BitwiseEqual(whole, RunShare(step, m, {0, m}, reverse, 0))) << "reversed";
