@@ -243,6 +243,52 @@ bool AccumulateDyTxBlocked(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
 // slots of its tree stay in L2 while every term's update is added to them.
 constexpr Eigen::Index kNodeBlockBytes = 32 * 1024;
 
+// The packed operands and tree slots of AccumulateDyTxNodeBlocked for one block of gw^T.
+struct NodePass {
+  const float* lhs_blocks;  // term t's packed x^T block at t * lhs_floats.
+  Eigen::Index lhs_floats;
+  const float* rhs_blocks;  // term t's packed dy block at t * rhs_floats.
+  Eigen::Index rhs_floats;
+  Eigen::Index k;  // depth: the micro-batches' rows.
+  int64_t leaf_size;
+  int64_t leaves;
+  float* slots;  // slot s at s * slot_floats.
+  Eigen::Index slot_floats;
+};
+
+// Columns [c, c + cols) of the block: the node's tree evaluated in the slots (mc x cols each,
+// column-major, stride mc), its root added to gw^T's block at `res` (column-major, stride
+// `res_stride`).
+void AddNodePass(const NodePass& p, Eigen::Index mc, Eigen::Index c, Eigen::Index cols, float* res,
+                 Eigen::Index res_stride) {
+  using ResMapper = PackedWeightAccess::ResMapper;
+  PackedWeightAccess::Gebp gebp;
+  const Eigen::Index floats = mc * cols;
+  auto slot = [&](int s) { return p.slots + s * p.slot_floats; };
+  auto add_term = [&](float* dst, int64_t t) {
+    gebp(ResMapper(dst, mc, 1), p.lhs_blocks + t * p.lhs_floats,
+         p.rhs_blocks + t * p.rhs_floats + c * p.k, mc, p.k, cols, 1.0f);
+  };
+  EvaluateTree(
+      p.leaves,
+      [&](int64_t j, int s) {
+        std::fill(slot(s), slot(s) + floats, 0.0f);
+        for (int64_t t = j * p.leaf_size; t < (j + 1) * p.leaf_size; ++t) add_term(slot(s), t);
+      },
+      [&](int64_t j, int s) {
+        if (p.leaf_size != 1) return false;
+        add_term(slot(s), j);
+        return true;
+      },
+      [&](int s) {
+        AddInTreeOrder(absl::MakeConstSpan(slot(s + 1), floats), absl::MakeSpan(slot(s), floats));
+      });
+  for (Eigen::Index col = 0; col < cols; ++col) {
+    AddInTreeOrder(absl::MakeConstSpan(slot(0) + col * mc, mc),
+                   absl::MakeSpan(res + col * res_stride, mc));
+  }
+}
+
 // AccumulateDyTxNode where the terms share one shape, there are at least two, and Eigen runs their
 // product as its sequential GEMM with one depth block; false, having changed nothing, elsewhere.
 // Eigen's GEMM loop as in AccumulateDyTxBlocked, with every block of gw^T evaluating the node's
@@ -283,12 +329,12 @@ bool AccumulateDyTxNodeBlocked(absl::Span<const DyTxTerm> terms, int64_t leaf_si
   }
   using LhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
   using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
-  using ResMapper = PackedWeightAccess::ResMapper;
   Eigen::internal::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
                                  typename Traits::LhsPacket4Packing, Eigen::ColMajor>
       pack_lhs;
   Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::RowMajor> pack_rhs;
-  PackedWeightAccess::Gebp gebp;
+  const NodePass pass{lhs_blocks->data, lhs_floats, rhs_blocks->data, rhs_floats, k,
+                      leaf_size,        leaves,     slot_data->data,  slot_floats};
   for (Index i2 = 0; i2 < m; i2 += b.mc) {
     const Index mc = std::min(i2 + b.mc, m) - i2;
     for (size_t t = 0; t < count; ++t) {
@@ -306,31 +352,8 @@ bool AccumulateDyTxNodeBlocked(absl::Span<const DyTxTerm> terms, int64_t leaf_si
         // Whole panels of Traits::nr per pass, as in AccumulateDyTxBlocked: every column takes the
         // kernel path it takes in Eigen's call over the whole block.
         const Index cols = std::min(c + pass_cols, nc) - c;
-        const Index floats = mc * cols;  // a slot: mc x cols, column-major, stride mc.
-        auto slot = [&](int s) { return slot_data->data + s * slot_floats; };
-        auto add_term = [&](float* dst, int64_t t) {
-          gebp(ResMapper(dst, mc, 1), lhs_blocks->data + t * lhs_floats,
-               rhs_blocks->data + t * rhs_floats + c * k, mc, k, cols, 1.0f);
-        };
-        EvaluateTree(
-            leaves,
-            [&](int64_t j, int s) {
-              std::fill(slot(s), slot(s) + floats, 0.0f);
-              for (int64_t t = j * leaf_size; t < (j + 1) * leaf_size; ++t) add_term(slot(s), t);
-            },
-            [&](int64_t j, int s) {
-              if (leaf_size != 1) return false;
-              add_term(slot(s), j);
-              return true;
-            },
-            [&](int s) {
-              AddInTreeOrder(absl::MakeConstSpan(slot(s + 1), floats),
-                             absl::MakeSpan(slot(s), floats));
-            });
-        for (Index col = 0; col < cols; ++col) {
-          AddInTreeOrder(absl::MakeConstSpan(slot(0) + col * mc, mc),
-                         absl::MakeSpan(gw.data() + (j2 + c + col) * gw.outerStride() + i2, mc));
-        }
+        AddNodePass(pass, mc, c, cols, gw.data() + (j2 + c) * gw.outerStride() + i2,
+                    gw.outerStride());
       }
     }
   }
