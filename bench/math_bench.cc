@@ -5,6 +5,7 @@
 // runs at BLAS speed; the choice between Eigen's own kernels and EIGEN_USE_BLAS is made from it
 // (docs/performance.md).
 #include <cblas.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,8 +18,10 @@
 
 #include "common/math/isa.h"
 #include "common/math/kernels.h"
+#include "common/model/grad_tree.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
+#include "common/model/stage.h"
 #include "common/util/heap_tuning.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -42,6 +45,30 @@ double SecondsPerCall(const std::function<void()>& fn, int reps = 5) {
       fn();
       ++calls;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < 0.05);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
+}
+
+// SecondsPerCall in this thread's CPU time (CLOCK_THREAD_CPUTIME_ID): what a shared, oversubscribed
+// machine disturbs least (time the thread waits for a core is not counted).
+double CpuSecondsPerCall(const std::function<void()>& fn, int reps = 5) {
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    int calls = 0;
+    const double start = now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = now() - start;
     } while (elapsed < 0.05);
     best = std::min(best, elapsed / calls);
   }
@@ -212,6 +239,99 @@ int BenchMlpStep(const std::string& spec_path) {
   return 0;
 }
 
+// One training step of `model` on a Stage over all its layers (F, I, W of m micro-batches of
+// `rows` rows in 1F1B's per-stage order, then the optimizer), its gradients added in the canonical
+// tree's order or, with `tree` null, in increasing order (a Stage that was never given a tree:
+// what every stage did before the tree), with the default deferral of W (`defer` false: every W
+// added at once, defer 0).
+double StageStepSeconds(const model::Model& net, const model::GradTree* tree, bool defer,
+                        int64_t rows, int64_t m) {
+  math::OptimizerConfig sgd;
+  sgd.kind = math::OptimizerKind::kSgd;
+  sgd.lr = 1e-3f;
+  auto stage = model::Stage::Create(&net, 0, net.num_layers(), 1, sgd);
+  if (!stage.ok()) return 0;
+  if (tree != nullptr && !stage->SetGradTree(*tree).ok()) return 0;
+  if (!defer) stage->set_weight_grad_defer_bytes(0);
+  const math::Matrix x = math::Matrix::Constant(rows, net.input_features(), 0.1f);
+  const math::Matrix dy = math::Matrix::Constant(rows, net.output_features(), 1e-3f);
+  std::vector<model::MicrobatchState> states(static_cast<size_t>(m));
+  int64_t step = 0;
+  return CpuSecondsPerCall([&] {
+    for (int64_t i = 0; i < m; ++i) {
+      stage->Forward(math::AsConstMap(x), &states[i]);
+      stage->BackwardInput(math::AsConstMap(dy), false, &states[i]);
+      stage->BackwardWeight(&states[i]);
+    }
+    (void)stage->GradNormSqPerLayer();
+    stage->ApplyOptimizer(++step, 1.0f);
+  });
+}
+
+// The canonical gradient tree's cost on the deep MLP (B = 256, M = 8, as bench/peer_bench.sh):
+// a step with the tree over one in increasing order, interleaved round by round, best of 7 rounds
+// in thread CPU time; and one Linear's W of that step alone.
+void BenchGradTree(const model::Model& net) {
+  constexpr int64_t kM = 8, kRows = 256 / kM;
+  constexpr int kRounds = 7;
+  auto tree = model::GradTree::Create(kM);
+  if (!tree.ok()) return;
+  std::printf(" gradient tree vs increasing order: deep MLP step, B=256, M=%lld\n",
+              static_cast<long long>(kM));
+  // One Linear's W of the step: the eight micro-batches added in increasing order in one pass
+  // (BackwardWeightMany) against the tree's node (BackwardWeightNode).
+  {
+    const math::Kernels& k = net.kernels();
+    const std::unique_ptr<math::Layer> linear = k.MakeLinear(512, 512, true);
+    std::vector<math::Tensor> params;
+    linear->Init(1, 0, &params);
+    std::vector<math::Tensor> grads = params;
+    std::vector<math::Matrix> xs, dys;
+    std::vector<math::WeightGradInputs> inputs;
+    math::Stash stash;
+    for (int64_t i = 0; i < kM; ++i) {
+      xs.push_back(math::Matrix::Constant(kRows, 512, 0.01f * static_cast<float>(i + 1)));
+      dys.push_back(math::Matrix::Constant(kRows, 512, 0.001f * static_cast<float>(i + 1)));
+    }
+    for (int64_t i = 0; i < kM; ++i) {
+      inputs.push_back({math::AsConstMap(xs[i]), math::AsConstMap(dys[i]), &stash});
+    }
+    double in_order = 1e30, with_tree = 1e30;
+    for (int round = 0; round < kRounds; ++round) {
+      in_order = std::min(in_order, CpuSecondsPerCall([&] {
+                            linear->BackwardWeightMany(params, inputs, absl::MakeSpan(grads));
+                          }));
+      with_tree = std::min(with_tree, CpuSecondsPerCall([&] {
+                             (void)linear->BackwardWeightNode(params, inputs, 1,
+                                                              absl::MakeSpan(grads));
+                           }));
+    }
+    std::printf("  %-28s increasing %8.3f ms  tree %8.3f ms  tree/increasing %.3f\n",
+                "Linear 512x512 W of 8 x 32", in_order * 1e3, with_tree * 1e3,
+                with_tree / in_order);
+  }
+  for (bool defer : {true, false}) {
+    double in_order = 1e30, with_tree = 1e30;
+    for (int round = 0; round < kRounds; ++round) {
+      in_order = std::min(in_order, StageStepSeconds(net, nullptr, defer, kRows, kM));
+      with_tree = std::min(with_tree, StageStepSeconds(net, &*tree, defer, kRows, kM));
+    }
+    std::printf("  %-28s increasing %8.3f ms  tree %8.3f ms  tree/increasing %.3f\n",
+                defer ? "W deferred (default)" : "W added one by one", in_order * 1e3,
+                with_tree * 1e3, with_tree / in_order);
+  }
+}
+
+int BenchGradTreeOnly(const std::string& spec_path) {
+  auto spec = model::LoadModelSpecFile(spec_path);
+  if (!spec.ok()) return 1;
+  auto net = model::Model::Build(*spec);
+  if (!net.ok()) return 1;
+  (*net)->kernels().ConfigureEigen(1);
+  BenchGradTree(**net);
+  return 0;
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -219,6 +339,11 @@ int main(int argc, char** argv) {
   // As every pipetrain process does (common/util/heap_tuning.h); applies to sgemm too.
   if (absl::Status s = pipetrain::util::KeepLargeBuffersOnHeap(); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  }
+  // --grad-tree [SPEC]: only the gradient tree's cost (BenchGradTree), one thread.
+  if (argc > 1 && std::string(argv[1]) == "--grad-tree") {
+    return pipetrain::BenchGradTreeOnly(
+        argc > 2 ? argv[2] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto");
   }
   const std::string spec = argc > 1 ? argv[1] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto";
 #ifdef EIGEN_USE_BLAS

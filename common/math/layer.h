@@ -163,6 +163,20 @@ class Layer {
                                   absl::Span<Tensor> grads) const {
     for (const WeightGradInputs& in : inputs) BackwardWeight(params, in.x, in.dy, *in.stash, grads);
   }
+  // grads[i] = grads[i] + N[i] elementwise, N the weight gradient of a node of the canonical
+  // accumulation tree (docs/numerics.md, "Accumulation order"): `inputs` are, in micro-batch
+  // order, the micro-batches of 2^u leaves (inputs.size() / leaf_size a power of two) of
+  // `leaf_size` consecutive micro-batches each; a leaf is BackwardWeightMany of its micro-batches
+  // into zeroed gradients, an inner node the elementwise sum lower + upper of its children.
+  // Returns true having done so; false, having changed nothing, where the layer has no routine
+  // of its own for it (the default): the caller then computes the leaves with BackwardWeightMany
+  // into zeroed buffers and adds them in tree order (model::AddWeightGradNode), with the same
+  // bits. A Linear computes the tree block by block of its gradient, in cache.
+  virtual bool BackwardWeightNode(absl::Span<const Tensor> params,
+                                  absl::Span<const WeightGradInputs> inputs, int64_t leaf_size,
+                                  absl::Span<Tensor> grads) const {
+    return false;
+  }
 };
 
 }  // namespace pipetrain::math

@@ -1,11 +1,13 @@
 #include "common/math/linear.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <vector>
 
 #include "common/math/init.h"
 #include "common/math/packed_gemm.h"
+#include "common/math/tree_sum.h"
 
 namespace pipetrain::math {
 
@@ -39,6 +41,34 @@ void LinearBackwardWeightMany(absl::Span<const WeightGradInputs> inputs, MatrixM
   if (gb != nullptr) {
     for (const WeightGradInputs& in : inputs) AccumulateColumnSums(in.dy, gb);
   }
+}
+
+bool LinearBackwardWeightNode(absl::Span<const WeightGradInputs> inputs, int64_t leaf_size,
+                              MatrixMap gw, float* gb) {
+  std::vector<DyTxTerm> terms;
+  terms.reserve(inputs.size());
+  for (const WeightGradInputs& in : inputs) {
+    assert(in.x.rows() == in.dy.rows() && gw.rows() == in.dy.cols() && gw.cols() == in.x.cols());
+    terms.push_back({in.dy, in.x});
+  }
+  if (!AccumulateDyTxNode(terms, leaf_size, gw)) return false;
+  if (gb == nullptr) return true;
+  // The bias's tree on `out`-float slots: a leaf is its micro-batches' column sums added to zeros.
+  const int64_t leaves = static_cast<int64_t>(inputs.size()) / leaf_size;
+  const size_t out = static_cast<size_t>(gw.rows());
+  std::vector<float> slots(static_cast<size_t>(TreeSlots(leaves)) * out);
+  auto slot = [&](int s) { return absl::MakeSpan(slots.data() + s * out, out); };
+  EvaluateTree(
+      leaves,
+      [&](int64_t j, int s) {
+        std::fill(slot(s).begin(), slot(s).end(), 0.0f);
+        for (int64_t t = j * leaf_size; t < (j + 1) * leaf_size; ++t) {
+          AccumulateColumnSums(inputs[t].dy, slot(s).data());
+        }
+      },
+      [](int64_t, int) { return false; }, [&](int s) { AddInTreeOrder(slot(s + 1), slot(s)); });
+  AddInTreeOrder(slot(0), absl::MakeSpan(gb, out));
+  return true;
 }
 
 void AccumulateColumnSums(ConstMatrixMap dy, float* g) {
@@ -117,6 +147,13 @@ void Linear::BackwardWeightMany(absl::Span<const Tensor> params,
                                 absl::Span<Tensor> grads) const {
   LinearBackwardWeightMany(inputs, MatrixMap(grads[0].data.data(), out_, in_),
                            bias_ ? grads[1].data.data() : nullptr);
+}
+
+bool Linear::BackwardWeightNode(absl::Span<const Tensor> params,
+                                absl::Span<const WeightGradInputs> inputs, int64_t leaf_size,
+                                absl::Span<Tensor> grads) const {
+  return LinearBackwardWeightNode(inputs, leaf_size, MatrixMap(grads[0].data.data(), out_, in_),
+                                  bias_ ? grads[1].data.data() : nullptr);
 }
 
 std::unique_ptr<ParamCache> Linear::NewParamCache() const {

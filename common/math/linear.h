@@ -33,6 +33,11 @@ void LinearBackwardWeight(ConstMatrixMap x, ConstMatrixMap dy, MatrixMap gw, flo
 // LinearBackwardWeight of each (x, dy) of `inputs` in turn, bitwise, in fewer passes over gw
 // where the micro-batches share a shape (packed_gemm.h, AccumulateDyTx).
 void LinearBackwardWeightMany(absl::Span<const WeightGradInputs> inputs, MatrixMap gw, float* gb);
+// gw = gw + N_w, gb = gb + N_b (if gb != nullptr) for N the node of the canonical accumulation
+// tree over `inputs` (Layer::BackwardWeightNode): true; false, having changed nothing, where the
+// weight's product cannot run block by block (packed_gemm.h, AccumulateDyTxNode).
+bool LinearBackwardWeightNode(absl::Span<const WeightGradInputs> inputs, int64_t leaf_size,
+                              MatrixMap gw, float* gb);
 // g[j] += dy(r, j) for r = 0, 1, ..., rows-1 in that order (a fixed summation order per column).
 void AccumulateColumnSums(ConstMatrixMap dy, float* g);
 
@@ -66,6 +71,9 @@ class Linear final : public Layer {
                       const Stash& stash, absl::Span<Tensor> grads) const override;
   void BackwardWeightMany(absl::Span<const Tensor> params,
                           absl::Span<const WeightGradInputs> inputs,
+                          absl::Span<Tensor> grads) const override;
+  bool BackwardWeightNode(absl::Span<const Tensor> params,
+                          absl::Span<const WeightGradInputs> inputs, int64_t leaf_size,
                           absl::Span<Tensor> grads) const override;
 
   // Keeps the weight packed for the forward and the input-gradient products (packed_gemm.h):

@@ -4,6 +4,8 @@
 #include <memory>
 #include <new>
 
+#include "common/math/tree_sum.h"
+
 namespace pipetrain::math {
 
 // The product in Eigen's terms: res (m x n, column-major) = lhs (m x k) * rhs (k x n,
@@ -237,6 +239,127 @@ bool AccumulateDyTxBlocked(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
   return true;
 }
 
+// Bytes of one slot of AccumulateDyTxNodeBlocked's tree: a block of gw and the log2(leaves) + 1
+// slots of its tree stay in L2 while every term's update is added to them.
+constexpr Eigen::Index kNodeBlockBytes = 32 * 1024;
+
+// The packed operands and tree slots of AccumulateDyTxNodeBlocked for one block of gw^T.
+struct NodePass {
+  const float* lhs_blocks;  // term t's packed x^T block at t * lhs_floats.
+  Eigen::Index lhs_floats;
+  const float* rhs_blocks;  // term t's packed dy block at t * rhs_floats.
+  Eigen::Index rhs_floats;
+  Eigen::Index k;  // depth: the micro-batches' rows.
+  int64_t leaf_size;
+  int64_t leaves;
+  float* slots;  // slot s at s * slot_floats.
+  Eigen::Index slot_floats;
+};
+
+// Columns [c, c + cols) of the block: the node's tree evaluated in the slots (mc x cols each,
+// column-major, stride mc), its root added to gw^T's block at `res` (column-major, stride
+// `res_stride`).
+void AddNodePass(const NodePass& p, Eigen::Index mc, Eigen::Index c, Eigen::Index cols, float* res,
+                 Eigen::Index res_stride) {
+  using ResMapper = PackedWeightAccess::ResMapper;
+  PackedWeightAccess::Gebp gebp;
+  const Eigen::Index floats = mc * cols;
+  auto slot = [&](int s) { return p.slots + s * p.slot_floats; };
+  auto add_term = [&](float* dst, int64_t t) {
+    gebp(ResMapper(dst, mc, 1), p.lhs_blocks + t * p.lhs_floats,
+         p.rhs_blocks + t * p.rhs_floats + c * p.k, mc, p.k, cols, 1.0f);
+  };
+  EvaluateTree(
+      p.leaves,
+      [&](int64_t j, int s) {
+        std::fill(slot(s), slot(s) + floats, 0.0f);
+        for (int64_t t = j * p.leaf_size; t < (j + 1) * p.leaf_size; ++t) add_term(slot(s), t);
+      },
+      [&](int64_t j, int s) {
+        if (p.leaf_size != 1) return false;
+        add_term(slot(s), j);
+        return true;
+      },
+      [&](int s) {
+        AddInTreeOrder(absl::MakeConstSpan(slot(s + 1), floats), absl::MakeSpan(slot(s), floats));
+      });
+  for (Eigen::Index col = 0; col < cols; ++col) {
+    AddInTreeOrder(absl::MakeConstSpan(slot(0) + col * mc, mc),
+                   absl::MakeSpan(res + col * res_stride, mc));
+  }
+}
+
+// AccumulateDyTxNode where the terms share one shape, there are at least two, and Eigen runs their
+// product as its sequential GEMM with one depth block; false, having changed nothing, elsewhere.
+// Eigen's GEMM loop as in AccumulateDyTxBlocked, with every block of gw^T evaluating the node's
+// tree in block-sized slots: a leaf is its terms' kernel results added to a zeroed slot in order,
+// exactly as the product `leaf = dy^T x` (setZero, then the kernel adds its result) and `leaf +=`
+// of the next term compute them; a right leaf of one term is added by the kernel to its left
+// sibling directly (the same bits: the kernel adds its result r to the slot once, s + r, and
+// s + (0 + r) equals s + r because no slot holds -0, docs/numerics.md); the root is added to gw.
+bool AccumulateDyTxNodeBlocked(absl::Span<const DyTxTerm> terms, int64_t leaf_size, MatrixMap gw) {
+  using Index = Eigen::Index;
+  using Traits = PackedWeightAccess::Traits;
+  const size_t count = terms.size();
+  if (count < 2) return false;
+  const Index m = gw.cols();
+  const Index n = gw.rows();
+  const Index k = terms[0].x.rows();
+  for (const DyTxTerm& t : terms) {
+    if (t.x.rows() != k || t.dy.rows() != k || t.x.cols() != m || t.dy.cols() != n) return false;
+  }
+  if (!PackedWeightAccess::EigenRunsSequentialGemm(m, n, k)) return false;
+  const PackedWeightAccess::Blocking b = PackedWeightAccess::EigenBlocking(m, n, k);
+  if (b.kc < k) return false;
+  const int64_t leaves = static_cast<int64_t>(count) / leaf_size;
+  const int slots = TreeSlots(leaves);
+  const Index lhs_floats = PackedWeightAccess::BlockFloats(b);
+  const Index rhs_floats = PackedWeightAccess::BlockFloats({k, b.nc, 0});
+  const Index pass_cols =
+      std::max<Index>(Traits::nr, kNodeBlockBytes / static_cast<Index>(sizeof(float)) /
+                                      std::max<Index>(1, b.mc) / Traits::nr * Traits::nr);
+  const Index slot_floats = b.mc * pass_cols;
+  std::unique_ptr<AlignedFloats> lhs_blocks, rhs_blocks, slot_data;
+  try {
+    lhs_blocks = std::make_unique<AlignedFloats>(count * static_cast<size_t>(lhs_floats));
+    rhs_blocks = std::make_unique<AlignedFloats>(count * static_cast<size_t>(rhs_floats));
+    slot_data = std::make_unique<AlignedFloats>(static_cast<size_t>(slots * slot_floats));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  using LhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
+  using RhsMapper = Eigen::internal::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
+  Eigen::internal::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
+                                 typename Traits::LhsPacket4Packing, Eigen::ColMajor>
+      pack_lhs;
+  Eigen::internal::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::RowMajor> pack_rhs;
+  const NodePass pass{lhs_blocks->data, lhs_floats, rhs_blocks->data, rhs_floats, k,
+                      leaf_size,        leaves,     slot_data->data,  slot_floats};
+  for (Index i2 = 0; i2 < m; i2 += b.mc) {
+    const Index mc = std::min(i2 + b.mc, m) - i2;
+    for (size_t t = 0; t < count; ++t) {
+      pack_lhs(lhs_blocks->data + t * lhs_floats,
+               LhsMapper(terms[t].x.data(), terms[t].x.outerStride()).getSubMapper(i2, 0), k, mc);
+    }
+    for (Index j2 = 0; j2 < n; j2 += b.nc) {
+      const Index nc = std::min(j2 + b.nc, n) - j2;
+      for (size_t t = 0; t < count; ++t) {
+        pack_rhs(rhs_blocks->data + t * rhs_floats,
+                 RhsMapper(terms[t].dy.data(), terms[t].dy.outerStride()).getSubMapper(0, j2), k,
+                 nc);
+      }
+      for (Index c = 0; c < nc; c += pass_cols) {
+        // Whole panels of Traits::nr per pass, as in AccumulateDyTxBlocked: every column takes the
+        // kernel path it takes in Eigen's call over the whole block.
+        const Index cols = std::min(c + pass_cols, nc) - c;
+        AddNodePass(pass, mc, c, cols, gw.data() + (j2 + c) * gw.outerStride() + i2,
+                    gw.outerStride());
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void ProductXWt(ConstMatrixMap x, ConstMatrixMap w, MatrixMap y, PackedWeight* packed) {
@@ -270,6 +393,30 @@ bool AccumulateDyTx(absl::Span<const DyTxTerm> terms, MatrixMap gw) {
   if (AccumulateDyTxBlocked(terms, gw)) return true;
   for (const DyTxTerm& t : terms) gw.noalias() += t.dy.transpose() * t.x;
   return false;
+}
+
+}  // namespace pipetrain::math
+
+namespace pipetrain::math {
+
+bool AccumulateDyTxNode(absl::Span<const DyTxTerm> terms, int64_t leaf_size, MatrixMap gw) {
+  const int64_t count = static_cast<int64_t>(terms.size());
+  if (leaf_size < 1 || count % leaf_size != 0 || Log2OfPowerOfTwo(count / leaf_size) < 0) {
+    return false;
+  }
+  if (count == 1) {
+    // gw + (0 + r) is gw + r: Eigen's product with one depth block adds the kernel's result once.
+    using Access = PackedWeightAccess;
+    const DyTxTerm& t = terms[0];
+    const Eigen::Index k = t.x.rows();
+    if (!Access::EigenRunsSequentialGemm(gw.cols(), gw.rows(), k) ||
+        Access::EigenBlocking(gw.cols(), gw.rows(), k).kc < k) {
+      return false;
+    }
+    gw.noalias() += t.dy.transpose() * t.x;
+    return true;
+  }
+  return AccumulateDyTxNodeBlocked(terms, leaf_size, gw);
 }
 
 }  // namespace pipetrain::math

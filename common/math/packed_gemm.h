@@ -74,6 +74,15 @@ struct DyTxTerm {
 // whether it ran the blocked loop (for tests and benchmarks; the result is the same).
 bool AccumulateDyTx(absl::Span<const DyTxTerm> terms, MatrixMap gw);
 
+// gw [out, in] = gw + N elementwise, N the node of the canonical accumulation tree over the terms
+// (docs/numerics.md, "Accumulation order"): terms.size() / leaf_size leaves (a power of two) of
+// `leaf_size` consecutive terms each, a leaf the product of its first term (`N_j = dy^T x`)
+// with each later one accumulated (`N_j += dy^T x`), inner nodes lower + upper. Where the terms
+// share one shape and Eigen runs their product as its sequential GEMM with one depth block, it
+// computes N block by block of gw in cache and returns true; elsewhere (or on bad counts) it
+// returns false having changed nothing, and the caller computes N by its leaves.
+bool AccumulateDyTxNode(absl::Span<const DyTxTerm> terms, int64_t leaf_size, MatrixMap gw);
+
 }  // namespace pipetrain::math
 
 #endif  // PIPETRAIN_COMMON_MATH_PACKED_GEMM_H_

@@ -35,6 +35,9 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   model->kernels().ConfigureEigen(options.threads);
   PT_ASSIGN_OR_RETURN(
       Stage stage, Stage::Create(model, 0, model->num_layers(), options.seed, options.optimizer));
+  // Every step adds its micro-batches' gradients in the canonical tree order, as the workers do.
+  PT_ASSIGN_OR_RETURN(const GradTree tree, GradTree::Create(options.microbatches));
+  PT_RETURN_IF_ERROR(stage.SetGradTree(tree));
   return std::unique_ptr<ReferenceTrainer>(new ReferenceTrainer(model, options, std::move(stage)));
 }
 

@@ -1,10 +1,11 @@
 // The single-process reference trainer: the oracle every pipeline run is compared against.
 //
 // A step splits a batch of B samples into M consecutive micro-batches (B % M != 0 is an error),
-// runs F, I and W of every micro-batch in increasing micro-batch order (so every parameter's
-// gradient is accumulated in that order), scales each micro-batch's gradient by 1/(B·rows per
-// sample) through the loss, sums the micro-batch losses in increasing order, computes the global
-// gradient norm over layers in increasing order, and applies the optimizer.
+// runs F, I and W of every micro-batch in increasing micro-batch order (every parameter's gradient
+// added in the gradient tree's order of M, GradTree, as every pipeline stage adds it), scales each
+// micro-batch's gradient by 1/(B·rows per sample) through the loss, sums the micro-batch losses in
+// increasing order, computes the global gradient norm over layers in increasing order, and applies
+// the optimizer.
 #ifndef PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 #define PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 

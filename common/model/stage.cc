@@ -1,13 +1,17 @@
 #include "common/model/stage.h"
 
 #include <algorithm>
+#include <cassert>
+#include <iterator>
 #include <new>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/math/tree_sum.h"
 #include "common/util/checked_math.h"
+#include "common/util/status_macros.h"
 
 namespace pipetrain::model {
 namespace {
@@ -157,8 +161,45 @@ const math::Matrix& Stage::BackwardInputFromOutputGrad(bool need_input_grad,
   return mb->grads[0];
 }
 
+absl::Status Stage::SetGradTree(const GradTree& tree, MicrobatchRange share) {
+  PT_ASSIGN_OR_RETURN(GradTreeFolder folder, GradTreeFolder::Create(tree, share));
+  next_folder_ = std::move(folder);
+  if (weight_grads_this_step_ == 0 && deferred_.empty()) RestartGradTree();
+  return absl::OkStatus();
+}
+
+void Stage::RestartGradTree() {
+  if (next_folder_.has_value()) {
+    folder_ = std::move(*next_folder_);
+    next_folder_.reset();
+  } else {
+    folder_.Restart();
+  }
+  weight_grads_this_step_ = 0;
+  added_.clear();
+}
+
 void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq) {
-  grads_zero_ = false;
+  // The share's next micro-batch: valid and new while the step has fewer W than the share.
+  const absl::Status status =
+      BackwardWeightAt(folder_.share().lo + weight_grads_this_step_, mb, grad_norm_sq);
+  assert(status.ok());
+  (void)status;
+}
+
+absl::Status Stage::BackwardWeightAt(int64_t microbatch, MicrobatchState* mb,
+                                     std::vector<double>* grad_norm_sq) {
+  const MicrobatchRange share = folder_.share();
+  if (microbatch < share.lo || microbatch >= share.hi) {
+    return absl::InvalidArgumentError(absl::StrCat("W of micro-batch ", microbatch,
+                                                   " outside the stage's share [", share.lo, ", ",
+                                                   share.hi, ") of the step"));
+  }
+  if (!added_.insert(microbatch).second) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("W of micro-batch ", microbatch, " was already added this step"));
+  }
+  ++weight_grads_this_step_;
   const int64_t n = last_ - first_;
   DeferredWeightGrad d;
   d.inputs.resize(n);
@@ -171,7 +212,7 @@ void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_s
     d.stashes[k] = std::move(mb->stashes[k]);
     deferred_bytes_ += DeferredBytes(d, k);
   }
-  deferred_.push_back(std::move(d));
+  deferred_.emplace(microbatch, std::move(d));
   // Free the rest of the micro-batch's memory but keep the vectors for reuse.
   for (auto& m : mb->inputs) m.resize(0, 0);
   for (auto& m : mb->grads) m.resize(0, 0);
@@ -181,6 +222,7 @@ void Stage::BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_s
   if (grad_norm_sq != nullptr || deferred_bytes_ > weight_grad_defer_bytes_) {
     AddDeferredWeightGrads(grad_norm_sq);
   }
+  return absl::OkStatus();
 }
 
 int64_t Stage::DeferredBytes(const DeferredWeightGrad& d, int64_t k) {
@@ -188,25 +230,99 @@ int64_t Stage::DeferredBytes(const DeferredWeightGrad& d, int64_t k) {
       (d.inputs[k].size() + d.output_grads[k].size() + d.stashes[k].data.size()) * sizeof(float));
 }
 
-void Stage::AddDeferredWeightGradsOfLayer(int64_t k) {
-  if (params_[k].empty() || deferred_.empty()) return;
-  std::vector<math::WeightGradInputs> inputs;
-  inputs.reserve(deferred_.size());
-  for (const DeferredWeightGrad& d : deferred_) {
-    inputs.push_back(
-        {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
-  }
-  model_->layer(first_ + k).BackwardWeightMany(params_[k], inputs, absl::MakeSpan(grads_[k]));
+absl::Span<math::Tensor> Stage::GradBuffer(int64_t k, int b) {
+  if (b == 0) return absl::MakeSpan(grads_[k]);
+  if (spare_.size() < static_cast<size_t>(b)) spare_.resize(b);
+  std::vector<std::vector<math::Tensor>>& buffer = spare_[b - 1];
+  if (buffer.empty()) buffer.resize(last_ - first_);
+  if (buffer[k].size() != grads_[k].size()) buffer[k] = grads_[k];  // shapes; zeroed by the op.
+  return absl::MakeSpan(buffer[k]);
 }
 
-void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
+void Stage::RunFoldOps(int64_t k, const std::vector<FoldOp>& ops) {
+  if (params_[k].empty()) return;
+  const math::Layer& layer = model_->layer(first_ + k);
+  std::vector<math::WeightGradInputs> inputs;
+  for (const FoldOp& op : ops) {
+    absl::Span<math::Tensor> dest = GradBuffer(k, op.dest);
+    if (op.kind == FoldOp::Kind::kCombine) {
+      for (size_t p = 0; p < dest.size(); ++p) {
+        math::AddInTreeOrder(GradBuffer(k, op.src)[p].data, absl::MakeSpan(dest[p].data));
+      }
+      continue;
+    }
+    // A new spare buffer starts at zero; buffer 0 (the gradients) is zero at a step's start.
+    const bool zero = op.dest_zero && (op.dest != 0 || grads_zero_);
+    if (op.dest_zero && op.dest != 0) {
+      for (math::Tensor& t : dest) std::fill(t.data.begin(), t.data.end(), 0.0f);
+    }
+    inputs.clear();
+    for (int64_t i = op.range.lo; i < op.range.hi; ++i) {
+      const DeferredWeightGrad& d = deferred_.at(i);
+      inputs.push_back(
+          {math::AsConstMap(d.inputs[k]), math::AsConstMap(d.output_grads[k]), &d.stashes[k]});
+    }
+    if (op.kind == FoldOp::Kind::kAccumulate) {
+      layer.BackwardWeightMany(params_[k], inputs, dest);
+    } else {
+      AddWeightGradNode(layer, params_[k], inputs, folder_.tree().leaf_size(), zero, dest);
+    }
+  }
+}
+
+void Stage::RunFold(const std::vector<FoldOp>& ops, const std::vector<int64_t>& consumed,
+                    std::vector<double>* grad_norm_sq) {
   const int64_t n = last_ - first_;
   if (grad_norm_sq != nullptr) grad_norm_sq->assign(n, 0.0);
   for (int64_t k = n - 1; k >= 0; --k) {
-    AddDeferredWeightGradsOfLayer(k);
+    if (!ops.empty()) RunFoldOps(k, ops);
     if (grad_norm_sq != nullptr) (*grad_norm_sq)[k] = LayerGradNormSq(k);
   }
-  DropDeferredWeightGrads();
+  if (!ops.empty()) grads_zero_ = false;
+  for (int64_t i : consumed) {
+    auto it = deferred_.find(i);
+    for (int64_t k = 0; k < n; ++k) deferred_bytes_ -= DeferredBytes(it->second, k);
+    deferred_.erase(it);
+  }
+}
+
+void Stage::AddDeferredWeightGrads(std::vector<double>* grad_norm_sq) {
+  std::vector<int64_t> available;
+  available.reserve(deferred_.size());
+  for (const auto& [i, d] : deferred_) available.push_back(i);
+  std::vector<int64_t> consumed;
+  const std::vector<FoldOp> ops = folder_.Fold(available, &consumed);
+  RunFold(ops, consumed, grad_norm_sq);
+}
+
+void Stage::FinishGradsForRead(std::vector<double>* grad_norm_sq) {
+  std::vector<int64_t> available;
+  for (const auto& [i, d] : deferred_) available.push_back(i);
+  std::vector<int64_t> consumed;
+  std::vector<FoldOp> ops = folder_.Fold(available, &consumed);
+  if (!folder_.complete() && weight_grads_this_step_ > 0) {
+    // Micro-batches a leaf could not take yet are added in order after its pending part.
+    for (const FoldOp& op : folder_.Close()) ops.push_back(op);
+    std::vector<int64_t> left;
+    std::set_difference(available.begin(), available.end(), consumed.begin(), consumed.end(),
+                        std::back_inserter(left));
+    std::vector<int64_t> rest;
+    for (const FoldOp& op : folder_.Fold(left, &rest)) ops.push_back(op);
+    consumed.insert(consumed.end(), rest.begin(), rest.end());
+  }
+  RunFold(ops, consumed, grad_norm_sq);
+}
+
+int64_t Stage::GradTreeBufferBytes() const {
+  int64_t bytes = 0;
+  for (const auto& buffer : spare_) {
+    for (const auto& layer : buffer) {
+      for (const math::Tensor& t : layer) {
+        bytes += static_cast<int64_t>(t.data.size() * sizeof(float));
+      }
+    }
+  }
+  return bytes;
 }
 
 void Stage::DropDeferredWeightGrads() {
@@ -221,6 +337,7 @@ void Stage::set_weight_grad_defer_bytes(int64_t bytes) {
 
 void Stage::ZeroGrads() {
   DropDeferredWeightGrads();
+  RestartGradTree();
   if (grads_zero_) return;
   for (auto& layer : grads_) {
     for (auto& g : layer) std::fill(g.data.begin(), g.data.end(), 0.0f);
@@ -236,12 +353,13 @@ double Stage::LayerGradNormSq(int64_t k) const {
 
 std::vector<double> Stage::GradNormSqPerLayer() {
   std::vector<double> out;
-  AddDeferredWeightGrads(&out);
+  FinishGradsForRead(&out);
   return out;
 }
 
 void Stage::ApplyOptimizer(int64_t step, float clip_scale) {
-  AddDeferredWeightGrads(nullptr);
+  FinishGradsForRead(nullptr);
+  RestartGradTree();
   for (size_t k = 0; k < params_.size(); ++k) {
     for (size_t p = 0; p < params_[k].size(); ++p) {
       std::vector<float>& grad = grads_[k][p].data;
@@ -285,7 +403,7 @@ std::map<std::string, math::Tensor> Stage::ExportState() const {
 
 absl::Status Stage::ImportState(const std::map<std::string, math::Tensor>& tensors) {
   // Deferred micro-batches belong to the parameters they were computed with.
-  AddDeferredWeightGrads(nullptr);
+  FinishGradsForRead(nullptr);
   // Copy into fresh storage first so that a failure leaves the stage unchanged.
   auto params = params_;
   auto state = state_;

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "common/math/layer.h"
 #include "common/math/optimizer.h"
 #include "common/math/tensor.h"
+#include "common/model/grad_tree.h"
 #include "common/model/model.h"
 
 namespace pipetrain::model {
@@ -65,16 +68,38 @@ class Stage {
   const math::Matrix& BackwardInput(math::Matrix&& dy, bool need_input_grad,
                                     MicrobatchState* mb) const;
 
-  // W: adds the weight gradients of `mb` to this stage's gradients and frees what `mb` held.
-  // Requires BackwardInput on `mb`. Callers must call it in increasing micro-batch order.
-  // The stage may defer the arithmetic: it then keeps what the layers' W reads (their inputs,
-  // output gradients and stashes, moved out of `mb`) and adds the deferred micro-batches together,
-  // in order, once they hold more than weight_grad_defer_bytes(), at the call with
-  // `grad_norm_sq`, or before anything reads the gradients. The gradients are bitwise the same
-  // as without deferring (math::Layer::BackwardWeightMany); only the time and memory differ.
-  // With `grad_norm_sq` (for the step's last micro-batch) it also sets *grad_norm_sq to what
+  // The step's gradient tree (grad_tree.h) and this stage's share of it, a node of the tree
+  // ([0, M) unless the stage is one data-parallel replica): at the end of the share's W the
+  // gradients are that node's, bitwise, however W were grouped, deferred or ordered. Takes
+  // effect at the next step start (now if no W of this step was added or deferred yet).
+  // INVALID_ARGUMENT if the share is not a node of `tree`. Until it is called a stage adds its
+  // micro-batches in increasing order (GradTree::Sequential()).
+  absl::Status SetGradTree(const GradTree& tree, MicrobatchRange share);
+  // SetGradTree(tree, the whole step).
+  absl::Status SetGradTree(const GradTree& tree) {
+    return SetGradTree(tree, MicrobatchRange{0, tree.microbatches()});
+  }
+  const GradTree& grad_tree() const { return folder_.tree(); }
+  MicrobatchRange grad_share() const { return folder_.share(); }
+
+  // W of micro-batch `microbatch` (an index in the share): adds the weight gradients of `mb` to
+  // this stage's gradients in the tree's order and frees what `mb` held. Requires BackwardInput
+  // on `mb`. Micro-batches may come in any order; a node is added when both of its children are
+  // complete. The stage may defer the arithmetic: it then keeps what the layers' W reads (their
+  // inputs, output gradients and stashes, moved out of `mb`) and adds the deferred micro-batches
+  // together once they hold more than weight_grad_defer_bytes(), at the call with
+  // `grad_norm_sq`, or before anything reads the gradients. The gradients are bitwise the same as
+  // without deferring; only the time and memory differ.
+  // With `grad_norm_sq` (for the share's last micro-batch) it also sets *grad_norm_sq to what
   // GradNormSqPerLayer() returns afterwards, bit for bit, each layer's sum taken as soon as its
   // gradient is complete (while it is in cache, instead of another pass over every gradient).
+  // INVALID_ARGUMENT (nothing changed) if `microbatch` is not in the share; FAILED_PRECONDITION
+  // if its W was already added this step.
+  absl::Status BackwardWeightAt(int64_t microbatch, MicrobatchState* mb,
+                                std::vector<double>* grad_norm_sq = nullptr);
+  // BackwardWeightAt of the next micro-batch of the share in increasing order (the first W of a
+  // step is the share's first micro-batch): for callers that run W in order. Requires fewer W
+  // this step than the share has micro-batches (asserted in debug builds; else nothing is added).
   void BackwardWeight(MicrobatchState* mb, std::vector<double>* grad_norm_sq = nullptr);
 
   // The most bytes of deferred micro-batches BackwardWeight keeps before it adds them; by default
@@ -87,19 +112,24 @@ class Stage {
   void set_weight_grad_defer_bytes(int64_t bytes);
   // Bytes deferred micro-batches hold now.
   int64_t DeferredWeightGradBytes() const { return deferred_bytes_; }
-  // Adds every deferred micro-batch's weight gradients now, in order, and drops them. With
-  // `grad_norm_sq` (after the step's last BackwardWeight) it sets *grad_norm_sq as BackwardWeight
-  // with `grad_norm_sq` does.
+  // Adds the deferred micro-batches' weight gradients now, as far as the tree's order allows (a
+  // leaf's micro-batches only after its earlier ones), and drops them. With `grad_norm_sq` (after
+  // the share's last W) it sets *grad_norm_sq as BackwardWeight with `grad_norm_sq` does.
   void AddDeferredWeightGrads(std::vector<double>* grad_norm_sq = nullptr);
 
-  // Sets all gradients to zero (start of a step), dropping deferred micro-batches. Free when they
-  // are zero already: fresh, or since the last ApplyOptimizer or ZeroGrads with no BackwardWeight
-  // in between.
+  // Sets all gradients to zero and starts a step (the first W is the share's first micro-batch),
+  // dropping deferred micro-batches and pending tree nodes. Free when the gradients are zero
+  // already: fresh, or since the last ApplyOptimizer or ZeroGrads with no W in between.
   void ZeroGrads();
   // Sum of squares of each layer's gradients (params in order, elements in order, in double).
+  // Like everything that reads the gradients (grads, ApplyOptimizer, ImportState), it first adds
+  // what is deferred; if the share is not complete yet, it also adds the pending nodes to the
+  // gradients in increasing micro-batch order (not the canonical order, which only a complete
+  // share has) and the step's later W are added in increasing order.
   std::vector<double> GradNormSqPerLayer();
   // Applies optimizer update number `step` (1-based) with gradients scaled by `clip_scale`, and
-  // leaves the gradients zero (each tensor cleared right after its update, while in cache).
+  // leaves the gradients zero (each tensor cleared right after its update, while in cache); the
+  // next W starts a step.
   void ApplyOptimizer(int64_t step, float clip_scale);
 
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
@@ -115,9 +145,13 @@ class Stage {
   // Parameters of global layer `l` (first <= l < last).
   const std::vector<math::Tensor>& params(int64_t l) const { return params_[l - first_]; }
   const std::vector<math::Tensor>& grads(int64_t l) {
-    AddDeferredWeightGrads(nullptr);
+    FinishGradsForRead(nullptr);
     return grads_[l - first_];
   }
+  // Spare gradient buffers the tree holds (kept between steps): nodes complete before their
+  // sibling, when W are added in more than one pass per step (at most log2 of the share's leaves
+  // with W in increasing order; none when every W of the share is deferred to its last).
+  int64_t GradTreeBufferBytes() const;
 
  private:
   Stage() = default;
@@ -134,8 +168,18 @@ class Stage {
     std::vector<math::Stash> stashes;
   };
 
-  // Adds local layer k's deferred weight gradients.
-  void AddDeferredWeightGradsOfLayer(int64_t k);
+  // Runs `ops` (GradTreeFolder::Fold) on local layer k's gradients.
+  void RunFoldOps(int64_t k, const std::vector<FoldOp>& ops);
+  // The gradient buffer `b` of local layer k (0: grads_[k]; else a spare, allocated zero).
+  absl::Span<math::Tensor> GradBuffer(int64_t k, int b);
+  // AddDeferredWeightGrads, then, if the share is incomplete, the folder's Close().
+  void FinishGradsForRead(std::vector<double>* grad_norm_sq);
+  // Runs `ops` on every layer (last first), taking each layer's norm after its ops when
+  // grad_norm_sq is set, and drops the micro-batches in `consumed`.
+  void RunFold(const std::vector<FoldOp>& ops, const std::vector<int64_t>& consumed,
+               std::vector<double>* grad_norm_sq);
+  // Starts a step: a fresh folder for the tree and share, no W added.
+  void RestartGradTree();
   // Drops every deferred micro-batch.
   void DropDeferredWeightGrads();
   // Bytes entry `d` holds for local layer k.
@@ -156,8 +200,14 @@ class Stage {
   std::vector<std::vector<math::Tensor>> grads_;   // [layer][param]
   // [layer]: what the layer derives from params_[layer] (null if nothing); told of every change.
   mutable std::vector<std::unique_ptr<math::ParamCache>> caches_;
-  bool grads_zero_ = true;                    // every gradient is known to be zero.
-  std::vector<DeferredWeightGrad> deferred_;  // in micro-batch order.
+  bool grads_zero_ = true;  // every gradient is known to be zero.
+  // The step's tree and this stage's share; pending nodes live in spare_[buffer - 1][layer].
+  GradTreeFolder folder_ = GradTreeFolder::Sequential();
+  std::optional<GradTreeFolder> next_folder_;  // SetGradTree's, for the next step.
+  int64_t weight_grads_this_step_ = 0;         // W calls since the step started.
+  std::set<int64_t> added_;                    // micro-batches whose W came this step.
+  std::vector<std::vector<std::vector<math::Tensor>>> spare_;  // [buffer - 1][layer][param]
+  std::map<int64_t, DeferredWeightGrad> deferred_;             // by micro-batch.
   int64_t deferred_bytes_ = 0;
   int64_t weight_grad_defer_bytes_ = 0;
   std::vector<std::vector<std::vector<std::vector<float>>>> state_;  // [layer][param][state]

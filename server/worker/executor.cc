@@ -164,7 +164,13 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   ApplyPendingUpdate();
   report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
   DiscardInFlight();
-  for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+  // The step's gradients are added in the canonical tree order of its m micro-batches
+  // (model::GradTree), the reference trainer's.
+  PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(m));
+  for (OwnedChunk& c : chunks_) {
+    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree));
+    c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+  }
   step_microbatches_ = m;
   weight_grads_done_.assign(chunks_.size(), 0);
   chunk_norms_.assign(chunks_.size(), {});
@@ -467,7 +473,7 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;
   auto norms = [&](size_t chunk) { return take_norms_ ? &chunk_norms_[chunk] : nullptr; };
   model::Stage& stage = chunks_[local].stage;
-  stage.BackwardWeight(&f->state, all_done ? norms(local) : nullptr);
+  PT_RETURN_IF_ERROR(stage.BackwardWeightAt(a.mb, &f->state, all_done ? norms(local) : nullptr));
   if (all_done) {
     // Every deferred weight gradient is added now, in this action, with or without norms: the
     // step's gradients are complete when it reports done.

@@ -3,7 +3,8 @@
 //
 // The executor is the pipeline twin of model::ReferenceTrainer::Step: every chunk is a
 // model::Stage, the last chunk's loss is computed with scale 1/batch_rows exactly as the reference
-// does, weight gradients are accumulated per chunk in increasing micro-batch order (checked), and
+// does, weight gradients are added per chunk in the gradient tree's order of the step's
+// micro-batches (model::GradTree; W run in increasing micro-batch order per chunk, checked), and
 // the optimizer runs only on Commit with the clip scale the coordinator computed from every
 // worker's per-layer squared gradient norms. Hence a pipeline of executors is bitwise equal to the
 // reference for any placement and any valid schedule (tests/server/worker/executor_test.cc).

@@ -178,6 +178,73 @@ TEST(KernelsTest, WeightGradientsOfManyMicrobatchesAreThoseOfOneAtATime) {
   }
 }
 
+// A layer's own tree node (Layer::BackwardWeightNode; a Linear's blocked tree) gives, at every
+// level, the bits of the gradient tree's definition: leaves BackwardWeight into zeros, nodes
+// lower + upper, added to the gradients (zero or not); layers without one decline and change
+// nothing. Four micro-batches as four leaves of one and as two leaves of two.
+TEST(KernelsTest, WeightGradientTreeNodesAreTheirDefinitionAtEverySupportedLevel) {
+  for (Isa isa : SupportedIsas()) {
+    const Kernels& k = KernelsFor(isa);
+    k.ConfigureEigen(1);
+    std::vector<LayerCase> cases = AllLayers(k);
+    cases.push_back({"linear 512x512", k.MakeLinear(512, 512, true), RandomMatrix(32, 512, 6)});
+    for (LayerCase& c : cases) {
+      const std::vector<Tensor> params = Init(*c.layer);
+      std::vector<Matrix> xs, dys;
+      std::vector<Stash> stashes(4);
+      std::vector<WeightGradInputs> inputs;
+      for (int mb = 0; mb < 4; ++mb) {
+        xs.push_back(c.x);
+        if (c.name.rfind("embedding", 0) != 0) xs.back() = c.x * (1.0f - 0.2f * mb);
+        dys.push_back(RandomMatrix(c.x.rows(), c.layer->out_features(), 60 + mb));
+        Matrix y(c.x.rows(), c.layer->out_features()), dx(c.x.rows(), c.layer->in_features());
+        c.layer->Forward(params, AsConstMap(xs[mb]), AsMap(y), &stashes[mb]);
+        c.layer->BackwardInput(params, AsConstMap(xs[mb]), AsConstMap(dys[mb]), &stashes[mb],
+                               AsMap(dx));
+      }
+      for (int mb = 0; mb < 4; ++mb) {
+        inputs.push_back({AsConstMap(xs[mb]), AsConstMap(dys[mb]), &stashes[mb]});
+      }
+      // The leaf of micro-batches [lo, hi), BackwardWeight one after another into zeros.
+      auto leaf = [&](int lo, int hi) {
+        std::vector<Tensor> g = params;
+        for (Tensor& t : g) std::fill(t.data.begin(), t.data.end(), 0.0f);
+        for (int mb = lo; mb < hi; ++mb) {
+          c.layer->BackwardWeight(params, AsConstMap(xs[mb]), AsConstMap(dys[mb]), stashes[mb],
+                                  absl::MakeSpan(g));
+        }
+        return g;
+      };
+      auto add = [](std::vector<Tensor> lower, const std::vector<Tensor>& upper) {
+        for (size_t p = 0; p < lower.size(); ++p) {
+          for (size_t e = 0; e < lower[p].data.size(); ++e) {
+            lower[p].data[e] = lower[p].data[e] + upper[p].data[e];
+          }
+        }
+        return lower;
+      };
+      for (int64_t leaf_size : {1, 2}) {
+        const std::vector<Tensor> node =
+            leaf_size == 1 ? add(add(leaf(0, 1), leaf(1, 2)), add(leaf(2, 3), leaf(3, 4)))
+                           : add(leaf(0, 2), leaf(2, 4));
+        for (bool zero_start : {true, false}) {
+          SCOPED_TRACE(std::string(IsaName(isa)) + " " + c.name + ", leaves of " +
+                       std::to_string(leaf_size) + (zero_start ? ", from zero" : ""));
+          std::vector<Tensor> start = leaf(zero_start ? 0 : 3, zero_start ? 0 : 4);
+          std::vector<Tensor> grads = start;
+          const bool ran =
+              c.layer->BackwardWeightNode(params, inputs, leaf_size, absl::MakeSpan(grads));
+          const std::vector<Tensor> expected = ran ? add(start, node) : start;
+          EXPECT_EQ(ran, c.name.rfind("linear", 0) == 0);
+          for (size_t p = 0; p < grads.size(); ++p) {
+            EXPECT_TRUE(BitwiseEqual(grads[p].data, expected[p].data)) << "param " << p;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, LossesAreBitwiseStableAtEverySupportedLevel) {
   Matrix pred = RandomMatrix(32, 10, 21);
   Matrix labels(32, 1);

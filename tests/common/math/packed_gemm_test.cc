@@ -5,9 +5,11 @@
 #include "common/math/packed_gemm.h"
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/math/det_math.h"
+#include "common/math/tree_sum.h"
 #include "gtest/gtest.h"
 #include "tests/common/math/grad_check.h"
 
@@ -230,6 +232,85 @@ TEST_F(PackedGemmTest, AccumulatingMicrobatchesOfDifferentRowsGivesEigensBits) {
 TEST_F(PackedGemmTest, AccumulatingWithSeveralEigenThreadsGivesEigensBits) {
   Eigen::setNbThreads(2);
   EXPECT_FALSE(ExpectAccumulateEqualsEigen(8, 32, 32, 512, 512, 9300));
+  Eigen::setNbThreads(1);
+}
+
+// The canonical tree's node over terms [lo, hi) by its definition: a leaf is Eigen's product of
+// its first term with each later one accumulated, an inner node lower + upper element by element.
+Matrix TreeNodeByDefinition(const std::vector<Matrix>& xs, const std::vector<Matrix>& dys,
+                            int64_t lo, int64_t hi, int64_t leaf_size) {
+  if (hi - lo == leaf_size) {
+    Matrix leaf(dys[lo].cols(), xs[lo].cols());
+    AsMap(leaf).noalias() = AsConstMap(dys[lo]).transpose() * AsConstMap(xs[lo]);
+    for (int64_t t = lo + 1; t < hi; ++t) {
+      AsMap(leaf).noalias() += AsConstMap(dys[t]).transpose() * AsConstMap(xs[t]);
+    }
+    return leaf;
+  }
+  const int64_t mid = lo + (hi - lo) / 2;
+  Matrix lower = TreeNodeByDefinition(xs, dys, lo, mid, leaf_size);
+  const Matrix upper = TreeNodeByDefinition(xs, dys, mid, hi, leaf_size);
+  for (int64_t i = 0; i < lower.size(); ++i) lower.data()[i] = lower.data()[i] + upper.data()[i];
+  return lower;
+}
+
+// gw + node over `terms` micro-batches (leaves of `leaf_size`) from AccumulateDyTxNode against the
+// definition, from a zero and from a non-zero gradient. Returns whether AccumulateDyTxNode ran
+// (else it must have left gw unchanged).
+bool ExpectNodeEqualsDefinition(int64_t terms, int64_t leaf_size, int64_t rows, int64_t in,
+                                int64_t out, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << terms << " terms in leaves of " << leaf_size << ", rows "
+                                    << rows << " in " << in << " out " << out);
+  std::vector<Matrix> xs, dys;
+  std::vector<DyTxTerm> list;
+  for (int64_t t = 0; t < terms; ++t) {
+    xs.push_back(RandomMatrix(rows, in, seed + 2 * t));
+    dys.push_back(RandomMatrix(rows, out, seed + 2 * t + 1));
+  }
+  for (int64_t t = 0; t < terms; ++t) list.push_back({AsConstMap(dys[t]), AsConstMap(xs[t])});
+  // Only 2^u leaves have a tree; for other counts the node is never used.
+  const bool tree = terms % leaf_size == 0 && Log2OfPowerOfTwo(terms / leaf_size) >= 0;
+  const Matrix node =
+      tree ? TreeNodeByDefinition(xs, dys, 0, terms, leaf_size) : Matrix(Matrix::Zero(out, in));
+  bool ran = false;
+  for (const Matrix& start : {Matrix(Matrix::Zero(out, in)), RandomMatrix(out, in, seed + 999)}) {
+    Matrix expected = start;
+    for (int64_t i = 0; i < expected.size(); ++i) {
+      expected.data()[i] = expected.data()[i] + node.data()[i];
+    }
+    Matrix gw = start;
+    ran = AccumulateDyTxNode(list, leaf_size, AsMap(gw));
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(gw), AsConstMap(ran ? expected : start)));
+  }
+  return ran;
+}
+
+// The node's bits whatever the shape: the blocked tree (with a one-term right leaf added by the
+// kernel to its left sibling) and the one-term node `gw += dy^T x` equal the definition's
+// `gw + (0 + dy^T x)` trees; where Eigen would not run one depth block it declines.
+TEST_F(PackedGemmTest, TheTreeNodeOfMicrobatchesGivesTheBitsOfItsDefinition) {
+  uint64_t seed = 20000;
+  int ran = 0, shapes = 0;
+  for (auto [terms, leaf] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {2, 1}, {4, 1}, {8, 1}, {3, 3}, {6, 3}, {12, 3}, {10, 5}, {2, 2}}) {
+    for (int64_t rows : {1, 2, 7, 32, 64, 300}) {
+      for (int64_t in : {1, 3, 16, 150, 512}) {
+        for (int64_t out : {1, 2, 5, 16, 129, 512}) {
+          ran += ExpectNodeEqualsDefinition(terms, leaf, rows, in, out, seed += 101);
+          ++shapes;
+        }
+      }
+    }
+  }
+  EXPECT_GT(ran, shapes / 2);
+  // The deep MLP's: 8 micro-batches of 32 rows through a 512x512 layer, and one alone.
+  EXPECT_TRUE(ExpectNodeEqualsDefinition(8, 1, 32, 512, 512, 1));
+  EXPECT_TRUE(ExpectNodeEqualsDefinition(1, 1, 32, 512, 512, 2));
+  // Counts that are not 2^u leaves, and several Eigen threads: declined, gw unchanged.
+  EXPECT_FALSE(ExpectNodeEqualsDefinition(3, 1, 32, 64, 64, 3));
+  EXPECT_FALSE(ExpectNodeEqualsDefinition(6, 4, 32, 64, 64, 4));
+  Eigen::setNbThreads(2);
+  EXPECT_FALSE(ExpectNodeEqualsDefinition(4, 1, 32, 512, 512, 5));
   Eigen::setNbThreads(1);
 }
 

@@ -118,6 +118,10 @@ TEST_P(ReferenceTrainerTest, AnyStageSplitIsBitwiseEqualToTheReference) {
     for (auto [a, b] : ranges) {
       auto s = Stage::Create(model.get(), a, b, o.seed, o.optimizer);
       ASSERT_TRUE(s.ok());
+      // The step's canonical gradient tree, as the workers set it.
+      auto tree = GradTree::Create(o.microbatches);
+      ASSERT_TRUE(tree.ok());
+      ASSERT_TRUE(s->SetGradTree(*tree).ok());
       stages.push_back(std::move(*s));
     }
     std::vector<float> losses;
