@@ -34,6 +34,18 @@ absl::Status CheckCostArguments(int64_t samples, double gflops) {
   return absl::OkStatus();
 }
 
+absl::Status CheckMeasureOptions(const MeasureOptions& options) {
+  if (options.repeats < 1 || options.repeats > 1000 || options.threads < 1 ||
+      options.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("measuring needs repeats in [1, 1000] and threads in [1, 1024], got ",
+                     options.repeats, " and ", options.threads));
+  }
+  return absl::OkStatus();
+}
+
+// The median of the repeats: what a step will typically see on this machine as it is loaded now
+// (the speed a worker registers is the idle one instead: speed_probe.h).
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -112,12 +124,7 @@ absl::StatusOr<ModelCosts> MeasureLayerCosts(const model::Model& model, int64_t 
                                              const math::OptimizerConfig& optimizer, double gflops,
                                              const MeasureOptions& options) {
   PT_RETURN_IF_ERROR(CheckCostArguments(samples, gflops));
-  if (options.repeats < 1 || options.repeats > 1000 || options.threads < 1 ||
-      options.threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("measuring needs repeats in [1, 1000] and threads in [1, 1024], got ",
-                     options.repeats, " and ", options.threads));
-  }
+  PT_RETURN_IF_ERROR(CheckMeasureOptions(options));
   PT_RETURN_IF_ERROR(model.CheckMicrobatchActivations(samples));
   model.kernels().ConfigureEigen(options.threads);
   ModelCosts costs;
@@ -132,6 +139,58 @@ absl::StatusOr<ModelCosts> MeasureLayerCosts(const model::Model& model, int64_t 
     costs.layers.push_back(cost);
   }
   return costs;
+}
+
+absl::StatusOr<ChunkSeconds> MeasureChunkSeconds(const model::Model& model, int64_t first,
+                                                 int64_t last, int64_t samples,
+                                                 const math::OptimizerConfig& optimizer,
+                                                 const MeasureOptions& options) {
+  PT_RETURN_IF_ERROR(CheckCostArguments(samples, 1));
+  PT_RETURN_IF_ERROR(CheckMeasureOptions(options));
+  if (first < 0 || first >= last || last > model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk [", first, ", ", last,
+                                                   ") is not a layer range of a model of ",
+                                                   model.num_layers(), " layers"));
+  }
+  model.kernels().ConfigureEigen(options.threads);
+  PT_ASSIGN_OR_RETURN(model::Stage stage,
+                      model::Stage::Create(&model, first, last, options.seed, optimizer));
+  stage.set_weight_grad_defer_bytes(0);
+  const int64_t rows = samples * model.tokens_per_sample();
+  const bool tokens = model.layer(first).kind() == "embedding";
+  const math::Matrix x =
+      math::Matrix::Constant(rows, model.layer(first).in_features(), tokens ? 0.0f : 0.5f);
+  const math::Matrix dy = math::Matrix::Constant(rows, model.layer(last - 1).out_features(), 1e-3f);
+  const bool loss = last == model.num_layers();
+  const math::Matrix targets = math::Matrix::Zero(rows, model.target_features());
+  math::Matrix dpred(rows, model.layer(last - 1).out_features());
+  std::vector<double> f, i, w, opt;
+  for (int r = 0; r <= options.repeats; ++r) {
+    model::MicrobatchState mb;
+    auto t0 = std::chrono::steady_clock::now();
+    const math::Matrix& pred = stage.Forward(math::AsConstMap(x), &mb);
+    if (loss) {
+      model.loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets), 1.0 / rows,
+                               math::AsMap(dpred));
+    }
+    const double tf = SecondsSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    stage.BackwardInput(math::AsConstMap(loss ? dpred : dy), first > 0, &mb);
+    const double ti = SecondsSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    stage.BackwardWeight(&mb);
+    const double tw = SecondsSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    stage.ApplyOptimizer(r + 1, 1.0f);
+    const double to = SecondsSince(t0);
+    if (r == 0) continue;
+    f.push_back(tf);
+    i.push_back(ti);
+    w.push_back(tw);
+    opt.push_back(to);
+  }
+  return ChunkSeconds{Median(std::move(f)), Median(std::move(i)), Median(std::move(w)),
+                      Median(std::move(opt))};
 }
 
 }  // namespace pipetrain::plan

@@ -35,11 +35,16 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
   }
   const double bw = o.link.bytes_per_second;
   if (!(o.link.latency_seconds >= 0 && o.link.latency_seconds <= 1e6) ||
-      !(bw == 0 || (bw >= schedule::kMinBandwidth && bw <= schedule::kMaxBandwidth))) {
+      !(bw == 0 || (bw >= schedule::kMinBandwidth && bw <= schedule::kMaxBandwidth)) ||
+      !(o.link.cpu_seconds_per_message >= 0 && o.link.cpu_seconds_per_message <= 1e6)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "link latency must be in [0, 1e6] s and bandwidth 0 (infinite) or in [1e-3, 1e30] bytes/s, "
-        "got ",
-        o.link.latency_seconds, " s and ", bw, " bytes/s"));
+        "link latency and CPU per message must be in [0, 1e6] s and bandwidth 0 (infinite) or in "
+        "[1e-3, 1e30] bytes/s, got ",
+        o.link.latency_seconds, " s, ", o.link.cpu_seconds_per_message, " s and ", bw, " bytes/s"));
+  }
+  if (o.host_cpus < 0 || o.threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("host CPUs must be >= 0 and threads >= 1, got ",
+                                                   o.host_cpus, " and ", o.threads));
   }
   if (!(o.step_overhead_seconds >= 0 && o.step_overhead_seconds <= 1e6)) {
     return absl::InvalidArgumentError(
@@ -48,27 +53,66 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
   return absl::OkStatus();
 }
 
+// Tensors chunk c's F and backward send or receive across ranks (or from the coordinator).
+struct MessageCounts {
+  int forward = 0;
+  int backward = 0;
+};
+
+MessageCounts CountMessages(const schedule::Placement& placement, int c) {
+  const int owner = placement.OwnerOf(c);
+  const int last = placement.num_chunks() - 1;
+  const bool remote_prev = c == 0 || placement.OwnerOf(c - 1) != owner;
+  const bool remote_next = c < last && placement.OwnerOf(c + 1) != owner;
+  MessageCounts n;
+  n.forward = (remote_prev ? 1 : 0) + (remote_next ? 1 : 0) + (c == last ? 1 : 0);
+  n.backward = (remote_next ? 1 : 0) + (c > 0 && remote_prev ? 1 : 0);
+  return n;
+}
+
+// Chunk c's seconds at costs.gflops: from options.chunk_timer, else its layers' sums.
+absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
+                                       const ModelCosts& costs, const PlannerOptions& options,
+                                       int microbatches) {
+  const int first = cut.boundaries[c];
+  const int last = cut.boundaries[c + 1];
+  if (options.chunk_timer) return options.chunk_timer(first, last, microbatches);
+  ChunkSeconds sum;
+  for (int l = first; l < last; ++l) {
+    sum.forward += costs.layers[l].forward;
+    sum.backward_input += costs.layers[l].backward_input;
+    sum.backward_weight += costs.layers[l].backward_weight;
+    sum.optimizer += costs.layers[l].optimizer;
+  }
+  return sum;
+}
+
 // The simulator's cost model of `cut` on the first S workers: each chunk's op seconds at its
 // owner's speed, its stash and output bytes, the link, each rank's optimizer update first.
-schedule::CostModel PlanCostModel(const partition::Partition& cut, const ModelCosts& costs,
-                                  const PlannerOptions& options) {
+absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cut,
+                                                  const ModelCosts& costs,
+                                                  const PlannerOptions& options, int microbatches) {
   const schedule::Placement& placement = cut.placement;
+  const double threads = static_cast<double>(placement.stages) * options.threads;
+  const double share = options.host_cpus > 0 ? std::min(1.0, options.host_cpus / threads) : 1.0;
   schedule::CostModel model;
   model.worker_start.assign(placement.stages, 0.0);
   for (int c = 0; c < placement.num_chunks(); ++c) {
     const int owner = placement.OwnerOf(c);
-    const double scale = costs.gflops / options.workers[owner].gflops;
-    schedule::OpCosts op{0, 0, 0, 0};
+    const double scale = costs.gflops / options.workers[owner].gflops / share;
+    PT_ASSIGN_OR_RETURN(const ChunkSeconds seconds,
+                        ChunkCost(cut, c, costs, options, microbatches));
+    const MessageCounts messages = CountMessages(placement, c);
+    const double cpu = options.link.cpu_seconds_per_message;
+    schedule::OpCosts op{seconds.forward * scale + messages.forward * cpu, 0,
+                         seconds.backward_input * scale + messages.backward * cpu,
+                         seconds.backward_weight * scale};
+    op.b = op.i + op.w;
+    model.worker_start[owner] += seconds.optimizer * scale;
     double stash = 0;
     for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
-      const LayerCost& layer = costs.layers[l];
-      op.f += layer.forward * scale;
-      op.i += layer.backward_input * scale;
-      op.w += layer.backward_weight * scale;
-      stash += layer.activation_bytes;
-      model.worker_start[owner] += layer.optimizer * scale;
+      stash += costs.layers[l].activation_bytes;
     }
-    op.b = op.i + op.w;
     model.chunk_costs.push_back(op);
     model.activation_bytes.push_back(stash);
     model.boundary_bytes.push_back(costs.layers[cut.boundaries[c + 1] - 1].output_bytes);
@@ -95,6 +139,13 @@ void FillMemory(const partition::Partition& cut, const ModelCosts& costs,
     const double cap = options.workers[w].memory_bytes;
     if (cap > 0 && choice->peak_memory_bytes[w] > cap) choice->fits_memory = false;
   }
+}
+
+// The most memory a rank of `p` needs.
+double PeakOf(const PlanChoice& p) {
+  double peak = 0;
+  for (double m : p.peak_memory_bytes) peak = std::max(peak, m);
+  return peak;
 }
 
 // The virtual-stage counts to try for `kind`.
@@ -158,8 +209,9 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
   popts.virtual_stages = virtual_stages;
   for (int w = 0; w < stages; ++w) popts.speeds.push_back(options.workers[w].gflops);
   PT_ASSIGN_OR_RETURN(partition::Partition cut, partition::PartitionLayers(partition_costs, popts));
-  PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim,
-                      schedule::Simulate(plan, PlanCostModel(cut, costs, options)));
+  PT_ASSIGN_OR_RETURN(const schedule::CostModel cost_model,
+                      PlanCostModel(cut, costs, options, microbatches));
+  PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, cost_model));
   PlanChoice choice;
   choice.stages = stages;
   choice.kind = kind;
@@ -206,10 +258,11 @@ absl::StatusOr<std::vector<PlanChoice>> RankPlans(
   std::stable_sort(plans.begin(), plans.end(), [&](const auto& a, const auto& b) {
     const PlanChoice& x = a.first;
     const PlanChoice& y = b.first;
-    return std::make_tuple(!x.fits_memory, -rate(x), x.stages, x.microbatches, a.second,
-                           x.virtual_stages) < std::make_tuple(!y.fits_memory, -rate(y), y.stages,
-                                                               y.microbatches, b.second,
-                                                               y.virtual_stages);
+    const auto kx = std::make_tuple(!x.fits_memory, -rate(x), x.stages, PeakOf(x), x.microbatches,
+                                    a.second, x.virtual_stages);
+    const auto ky = std::make_tuple(!y.fits_memory, -rate(y), y.stages, PeakOf(y), y.microbatches,
+                                    b.second, y.virtual_stages);
+    return kx < ky;
   });
   std::vector<PlanChoice> out;
   for (auto& p : plans) out.push_back(std::move(p.first));

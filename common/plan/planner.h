@@ -9,6 +9,7 @@
 #define PIPETRAIN_COMMON_PLAN_PLANNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,7 +32,17 @@ struct WorkerResources {
 struct LinkCosts {
   double latency_seconds = 0;   // >= 0.
   double bytes_per_second = 0;  // 0: infinite, else in [1e-3, 1e30].
+  // CPU seconds a worker spends on each tensor it sends or receives (its link threads share its
+  // CPUs with the compute), charged to the op that sends or receives it: F for the input (from
+  // the coordinator or the previous chunk's owner), the targets (last chunk) and the output; B or
+  // I for the gradients. >= 0.
+  double cpu_seconds_per_message = 0;
 };
+
+// The seconds of one micro-batch on the chunk of layers [first, last) when a step has
+// `microbatches` of them, at the speed ModelCosts::gflops (e.g. MeasureChunkSeconds, memoized).
+using ChunkTimer =
+    std::function<absl::StatusOr<ChunkSeconds>(int first, int last, int microbatches)>;
 
 struct PlannerOptions {
   int64_t batch = 0;                     // B, samples per step, >= 1.
@@ -40,6 +51,14 @@ struct PlannerOptions {
   std::vector<schedule::ScheduleKind> kinds;
   int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
   LinkCosts link;
+  // Set: each chunk's seconds come from it (layers timed together, as a worker runs them);
+  // unset: the sums of the layers' seconds in the ModelCosts.
+  ChunkTimer chunk_timer;
+  // > 0: the workers share one host of this many CPUs (`pipetrain local`): a plan of S stages
+  // runs S x threads compute threads, and where that is more than host_cpus every worker
+  // computes at host_cpus / (S x threads) of its speed. 0: every worker has CPUs of its own.
+  int host_cpus = 0;
+  int threads = 1;  // compute threads per worker, >= 1 (used with host_cpus).
   // Fixed seconds per step beyond the simulated pipeline (the coordinator's RunStep, StepDone
   // and Commit round trips), >= 0.
   double step_overhead_seconds = 0;
@@ -79,10 +98,10 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
 // Every plan of 1..N stages, options.kinds (virtual stages: the kind's, 2..max_virtual for
 // interleaved ones) and micro-batch counts M among the keys of `costs_by_microbatches` (each
 // dividing the batch), best first: plans that fit memory before those that do not, then higher
-// predicted samples/s, then fewer stages, fewer micro-batches, the kinds' order. Plans a rule
-// refuses (e.g. interleaved with M not a multiple of S, more chunks than layers) are left out.
-// INVALID_ARGUMENT for bad options, an M that does not divide the batch or costs of the wrong
-// size; FAILED_PRECONDITION if no plan is possible.
+// predicted samples/s, then fewer stages, less peak memory, fewer micro-batches, the kinds' order.
+// Plans a rule refuses (e.g. interleaved with M not a multiple of S, more chunks than layers) are
+// left out. INVALID_ARGUMENT for bad options, an M that does not divide the batch or costs of the
+// wrong size; FAILED_PRECONDITION if no plan is possible.
 absl::StatusOr<std::vector<PlanChoice>> RankPlans(
     const std::vector<double>& partition_costs,
     const std::map<int, ModelCosts>& costs_by_microbatches, const PlannerOptions& options);

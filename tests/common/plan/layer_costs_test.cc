@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "common/model/model.h"
 #include "gtest/gtest.h"
@@ -63,6 +64,25 @@ TEST(LayerCostsTest, MeasuredCostsHaveEveryFigure) {
     EXPECT_EQ(c.activation_bytes, flops->layers[l].activation_bytes);
     EXPECT_EQ(c.output_bytes, flops->layers[l].output_bytes);
     EXPECT_EQ(c.state_bytes, flops->layers[l].state_bytes);
+  }
+}
+
+TEST(LayerCostsTest, ChunkSecondsHaveEveryFigureAndCheckTheRange) {
+  std::unique_ptr<model::Model> m = SmallModel();
+  const math::OptimizerConfig adamw;
+  MeasureOptions options;
+  options.repeats = 3;
+  for (auto [first, last] : {std::pair<int, int>{0, 3}, {0, 1}, {1, 3}}) {
+    absl::StatusOr<ChunkSeconds> c = MeasureChunkSeconds(*m, first, last, 2, adamw, options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (double t : {c->forward, c->backward_input, c->backward_weight, c->optimizer}) {
+      EXPECT_TRUE(std::isfinite(t) && t >= 0) << first << "-" << last;
+    }
+  }
+  for (auto [first, last] : {std::pair<int, int>{2, 2}, {-1, 1}, {0, 4}}) {
+    absl::Status s = MeasureChunkSeconds(*m, first, last, 2, adamw, options).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << first << "-" << last;
+    EXPECT_NE(s.message().find("is not a layer range"), std::string::npos) << s;
   }
 }
 

@@ -2,6 +2,7 @@
 #include "common/plan/planner.h"
 
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -52,6 +53,43 @@ TEST(PlannerTest, OneFOneBMatchesItsClosedForm) {
   EXPECT_EQ(p->replicas, 1);
 }
 
+// Each tensor a worker sends or receives costs it CPU time on the op that moves it: with one
+// micro-batch over two stages (F 1 s, B 2 s each) and 1 s per tensor, rank 0's F takes the input
+// and sends its output (+2), rank 1's F takes the activation and the targets (+2), rank 1's B
+// sends the gradient (+1) and rank 0's B takes it (+1): 6 s of compute become 12.
+TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
+  const std::vector<double> flops(2, 1.0);
+  PlannerOptions o = Options(1, 2);
+  o.link.cpu_seconds_per_message = 1;
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(2, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->step_seconds, 12.0);
+}
+
+// A chunk timer replaces the layers' sums, once per chunk and micro-batch count.
+TEST(PlannerTest, ChunkTimerGivesTheChunksSeconds) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(2, 2);
+  std::vector<std::tuple<int, int, int>> calls;
+  o.chunk_timer = [&calls](int first, int last, int m) -> absl::StatusOr<ChunkSeconds> {
+    calls.emplace_back(first, last, m);
+    return ChunkSeconds{1, 1, 1, 0.5};
+  };
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(calls, (std::vector<std::tuple<int, int, int>>{{0, 2, 2}, {2, 4, 2}}));
+  // The update (0.5 s) first, then GPipe with F 1, B 2 over 2 stages and 2 micro-batches: 9 s.
+  EXPECT_DOUBLE_EQ(p->step_seconds, 9.5);
+  o.chunk_timer = [](int, int, int) -> absl::StatusOr<ChunkSeconds> {
+    return absl::ResourceExhaustedError("chunk too large");
+  };
+  EXPECT_EQ(
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2).status().code(),
+      absl::StatusCode::kResourceExhausted);
+}
+
 // A worker twice as fast takes half the time for the same layers; the cut follows the speeds.
 TEST(PlannerTest, WorkerSpeedsScaleTheCostsAndTheCut) {
   const std::vector<double> flops(3, 1.0);
@@ -64,6 +102,23 @@ TEST(PlannerTest, WorkerSpeedsScaleTheCostsAndTheCut) {
   EXPECT_DOUBLE_EQ(p->imbalance, 1.0);
   // GPipe, M=2, both stages F=1, B=2: (M + S - 1) x (F + B) = 9.
   EXPECT_DOUBLE_EQ(p->step_seconds, 9.0);
+}
+
+// Two workers on one host of 1 CPU (`pipetrain local --stages 2` on a single core) each compute
+// at half speed: the same 1F1B plan takes twice as long as on two hosts.
+TEST(PlannerTest, WorkersSharingTooFewCpusSlowDown) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2);
+  o.host_cpus = 1;
+  absl::StatusOr<PlanChoice> shared =
+      EvaluatePlan(flops, Equal(4, 1, 0.5, 0.5, 0.5), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_DOUBLE_EQ(shared->step_seconds, 2 * 15.0);
+  o.host_cpus = 2;  // one each: full speed.
+  absl::StatusOr<PlanChoice> own =
+      EvaluatePlan(flops, Equal(4, 1, 0.5, 0.5, 0.5), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_DOUBLE_EQ(own->step_seconds, 15.0);
 }
 
 std::map<int, ModelCosts> ProportionalCosts(int layers, int64_t batch, std::vector<int> ms,
