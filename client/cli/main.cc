@@ -283,10 +283,9 @@ const ProgramSpec& Program() {
            "",
            "rank every plan (stages, schedule, virtual stages, micro-batches) by predicted "
            "samples/s on a coordinator's workers or --local N here (docs/scaling.md)",
-           Concat(Concat({"model", "data", "data_dir", "tokenizer", "batch", "seed", "threads",
-                          "optimizer", "isa", "local", "coordinator", "memory_cap", "link_latency",
-                          "link_bandwidth", "step_overhead", "top", "json"},
-                         {}),
+           Concat({"model", "data", "data_dir", "tokenizer", "batch", "seed", "threads",
+                   "optimizer", "isa", "local", "coordinator", "memory_cap", "link_latency",
+                   "link_bandwidth", "message_cpu", "step_overhead", "top", "json"},
                   kSecurityFlags),
            {{"model", kRequired},
             {"local", "none: give --coordinator"},
