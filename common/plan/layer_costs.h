@@ -5,8 +5,8 @@
 //  - CostsFromFlops: each op's FLOPs (math::Layer::Flops) at a given GFLOP/s. Exact for the ratio
 //    between layers of one kind, blind to how well each kind uses the CPU.
 //  - MeasureLayerCosts: the ops timed on this machine, through the code a stage worker runs
-//    (model::Stage over one layer at a time), the median of several repeats: what a step will
-//    typically see on this machine as loaded now. Small layers (layer norms, embeddings, short
+//    (model::Stage over one layer at a time), the fastest of several repeats (contention from
+//    other processes only adds time). Small layers (layer norms, embeddings, short
 //    micro-batches) run far below the GEMM rate, which FLOPs cannot see.
 //  - MeasureChunkSeconds: a chunk's layers timed together, as a worker runs them: what the
 //    planner uses (`pipetrain plan`), since layers timed alone miss how they share the caches.
@@ -60,8 +60,8 @@ struct MeasureOptions {
 
 // Costs timed on this machine: for each layer, a model::Stage over that layer alone runs F, I
 // (dX skipped for layer 0, as the first stage does), W (not deferred) and an optimizer update on
-// a micro-batch of `samples` samples (token ids 0, other inputs and gradients constant); each
-// figure is the median of the repeats. `gflops` is this machine's speed probe. Allocates one
+// a micro-batch of `samples` samples (token ids and values from a fixed pseudo-random sequence);
+// each figure is the fastest of the repeats. `gflops` is this machine's speed probe. Allocates one
 // layer's parameters and one micro-batch at a time. Errors: INVALID_ARGUMENT for arguments out
 // of range, those of model::Stage::Create (RESOURCE_EXHAUSTED when a layer does not fit). Sets
 // the model's Eigen thread count; not thread-safe against other compute at the model's level.
@@ -80,7 +80,7 @@ struct ChunkSeconds {
 // Times a model::Stage over layers [first, last) on this machine as a stage worker runs it: per
 // repeat, F, I (no dX for first == 0) and W (the stage's own W deferral) of one micro-batch of
 // `samples` samples, and for the chunk holding the last layer the loss between F and I; the
-// optimizer update once per repeat. Medians of options.repeats after a warm-up. Layers timed
+// optimizer update once per repeat. The fastest of options.repeats after a warm-up. Layers timed
 // together share the caches as they do on a worker, which layers timed alone do not (a model
 // whose chunks' weights outgrow a core's cache runs each layer slower than alone). Errors as
 // MeasureLayerCosts, and INVALID_ARGUMENT for a bad range.
