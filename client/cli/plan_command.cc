@@ -192,6 +192,7 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   const model::Model& net = *setup.model;
   PlanResult result;
   result.batch = o.training.batch;
+  const int host_cpus = util::UsableCpuCount();  // before the timing confines this thread.
   ConfinedTimingScope confined(o.training.threads);
   const math::Kernels& kernels = net.kernels();
   PT_ASSIGN_OR_RETURN(const plan::SpeedProbe probe,
@@ -207,7 +208,7 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   po.step_overhead_seconds = o.step_overhead_seconds;
   po.chunk_timer = [&timings](int first, int last, int m) { return timings(first, last, m); };
   po.threads = o.training.threads;
-  if (o.local_workers > 0) po.host_cpus = util::UsableCpuCount();
+  if (o.local_workers > 0) po.host_cpus = host_cpus;
   PT_ASSIGN_OR_RETURN(result.plans, plan::RankPlans(net.LayerFlops(1), by_m, po));
   return result;
 }

@@ -1,7 +1,8 @@
 #include "common/plan/layer_costs.h"
 
+#include <time.h>
+
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,12 +68,21 @@ absl::Status CheckMeasureOptions(const MeasureOptions& options) {
   return absl::OkStatus();
 }
 
-// The fastest of the repeats: contention from other processes only ever adds time (as for the
-// speed probe), so the fastest is the closest to what the machine does when the step has it.
-double Fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+// The median of the repeats (their CPU seconds: a first touch or a cache flushed by another
+// process is an outlier, not the rule).
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+// The CPU seconds this process has used: what an op costs a core, without the time other
+// processes held the core (on a shared host the wall time of an op is mostly theirs). The
+// timing thread is the only busy one while it measures; with T compute threads an op's time is
+// its CPU seconds / T.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Times layer `l` alone (see MeasureLayerCosts) and fills the seconds of `cost`.
@@ -88,28 +98,28 @@ absl::Status TimeLayer(const model::Model& model, int64_t l, int64_t rows,
   std::vector<double> f, i, w, opt;
   for (int r = 0; r <= options.repeats; ++r) {
     model::MicrobatchState mb;
-    auto t0 = std::chrono::steady_clock::now();
+    double t0 = ProcessCpuSeconds();
     stage.Forward(math::AsConstMap(x), &mb);
-    const double tf = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double tf = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.BackwardInput(math::AsConstMap(dy), l > 0, &mb);
-    const double ti = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double ti = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.BackwardWeight(&mb);
-    const double tw = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double tw = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.ApplyOptimizer(r + 1, 1.0f);
-    const double to = SecondsSince(t0);
+    const double to = (ProcessCpuSeconds() - t0) / options.threads;
     if (r == 0) continue;  // warm-up: first touches, parameter caches.
     f.push_back(tf);
     i.push_back(ti);
     w.push_back(tw);
     opt.push_back(to);
   }
-  cost->forward = Fastest(f);
-  cost->backward_input = Fastest(i);
-  cost->backward_weight = Fastest(w);
-  cost->optimizer = Fastest(opt);
+  cost->forward = Median(std::move(f));
+  cost->backward_input = Median(std::move(i));
+  cost->backward_weight = Median(std::move(w));
+  cost->optimizer = Median(std::move(opt));
   return absl::OkStatus();
 }
 
@@ -186,29 +196,30 @@ absl::StatusOr<ChunkSeconds> MeasureChunkSeconds(const model::Model& model, int6
   std::vector<double> f, i, w, opt;
   for (int r = 0; r <= options.repeats; ++r) {
     model::MicrobatchState mb;
-    auto t0 = std::chrono::steady_clock::now();
+    double t0 = ProcessCpuSeconds();
     const math::Matrix& pred = stage.Forward(math::AsConstMap(x), &mb);
     if (loss) {
       model.loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets), 1.0 / rows,
                                math::AsMap(dpred));
     }
-    const double tf = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double tf = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.BackwardInput(math::AsConstMap(loss ? dpred : dy), first > 0, &mb);
-    const double ti = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double ti = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.BackwardWeight(&mb);
-    const double tw = SecondsSince(t0);
-    t0 = std::chrono::steady_clock::now();
+    const double tw = (ProcessCpuSeconds() - t0) / options.threads;
+    t0 = ProcessCpuSeconds();
     stage.ApplyOptimizer(r + 1, 1.0f);
-    const double to = SecondsSince(t0);
+    const double to = (ProcessCpuSeconds() - t0) / options.threads;
     if (r == 0) continue;
     f.push_back(tf);
     i.push_back(ti);
     w.push_back(tw);
     opt.push_back(to);
   }
-  return ChunkSeconds{Fastest(f), Fastest(i), Fastest(w), Fastest(opt)};
+  return ChunkSeconds{Median(std::move(f)), Median(std::move(i)), Median(std::move(w)),
+                      Median(std::move(opt))};
 }
 
 }  // namespace pipetrain::plan

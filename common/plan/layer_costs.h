@@ -5,8 +5,9 @@
 //  - CostsFromFlops: each op's FLOPs (math::Layer::Flops) at a given GFLOP/s. Exact for the ratio
 //    between layers of one kind, blind to how well each kind uses the CPU.
 //  - MeasureLayerCosts: the ops timed on this machine, through the code a stage worker runs
-//    (model::Stage over one layer at a time), the fastest of several repeats (contention from
-//    other processes only adds time). Small layers (layer norms, embeddings, short
+//    (model::Stage over one layer at a time), the median of several repeats, in CPU seconds
+//    of this process (divided by the compute threads): what an op costs a core, without the
+//    time other processes of a shared host held it. Small layers (layer norms, embeddings, short
 //    micro-batches) run far below the GEMM rate, which FLOPs cannot see.
 //  - MeasureChunkSeconds: a chunk's layers timed together, as a worker runs them: what the
 //    planner uses (`pipetrain plan`), since layers timed alone miss how they share the caches.
@@ -61,10 +62,11 @@ struct MeasureOptions {
 // Costs timed on this machine: for each layer, a model::Stage over that layer alone runs F, I
 // (dX skipped for layer 0, as the first stage does), W (not deferred) and an optimizer update on
 // a micro-batch of `samples` samples (token ids and values from a fixed pseudo-random sequence);
-// each figure is the fastest of the repeats. `gflops` is this machine's speed probe. Allocates one
-// layer's parameters and one micro-batch at a time. Errors: INVALID_ARGUMENT for arguments out
-// of range, those of model::Stage::Create (RESOURCE_EXHAUSTED when a layer does not fit). Sets
-// the model's Eigen thread count; not thread-safe against other compute at the model's level.
+// each figure is the median of the repeats (CPU seconds / threads). `gflops` is this machine's
+// speed probe. Allocates one layer's parameters and one micro-batch at a time. Errors:
+// INVALID_ARGUMENT for arguments out of range, those of model::Stage::Create (RESOURCE_EXHAUSTED
+// when a layer does not fit). Sets the model's Eigen thread count; not thread-safe against other
+// compute at the model's level.
 absl::StatusOr<ModelCosts> MeasureLayerCosts(const model::Model& model, int64_t samples,
                                              const math::OptimizerConfig& optimizer, double gflops,
                                              const MeasureOptions& options);
@@ -80,10 +82,10 @@ struct ChunkSeconds {
 // Times a model::Stage over layers [first, last) on this machine as a stage worker runs it: per
 // repeat, F, I (no dX for first == 0) and W (the stage's own W deferral) of one micro-batch of
 // `samples` samples, and for the chunk holding the last layer the loss between F and I; the
-// optimizer update once per repeat. The fastest of options.repeats after a warm-up. Layers timed
-// together share the caches as they do on a worker, which layers timed alone do not (a model
-// whose chunks' weights outgrow a core's cache runs each layer slower than alone). Errors as
-// MeasureLayerCosts, and INVALID_ARGUMENT for a bad range.
+// optimizer update once per repeat. Medians of options.repeats after a warm-up, as
+// MeasureLayerCosts. Layers timed together share the caches as they do on a worker, which layers
+// timed alone do not (a model whose chunks' weights outgrow a core's cache runs each layer slower
+// than alone). Errors as MeasureLayerCosts, and INVALID_ARGUMENT for a bad range.
 absl::StatusOr<ChunkSeconds> MeasureChunkSeconds(const model::Model& model, int64_t first,
                                                  int64_t last, int64_t samples,
                                                  const math::OptimizerConfig& optimizer,
