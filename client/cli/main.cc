@@ -289,6 +289,7 @@ const ProgramSpec& Program() {
                   kSecurityFlags),
            {{"model", kRequired},
             {"local", "none: give --coordinator"},
+            {"isa", "the highest this CPU runs"},
             {"memory_cap", "each worker's memory (--local: this host's / N)"}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
