@@ -30,12 +30,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/cli/export_command.h"
 #include "client/cli/inference_commands.h"
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/local_command.h"
 #include "client/cli/partition_command.h"
+#include "client/cli/plan_command.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/schedule_command.h"
 #include "client/cli/tokenizer_command.h"
@@ -46,6 +49,7 @@
 #include "common/model/model.h"
 #include "common/net/token_auth.h"
 #include "common/util/command_line.h"
+#include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
 #include "common/util/lock_checks.h"
 #include "common/util/status_macros.h"
@@ -162,7 +166,20 @@ ABSL_FLAG(std::string, costs, "",
           "schedule: F,B,I,W times of one worker's share; partition: per-layer costs c0,c1,...");
 ABSL_FLAG(std::string, speeds, "", "partition: relative speed of each rank s0,s1,...");
 ABSL_FLAG(std::string, memory_cap, "",
-          "partition: memory cap per rank (one value or one per rank; K/M/G/KiB/MiB/GiB)");
+          "partition/plan: memory cap per rank (one value or one per rank; K/M/G/KiB/MiB/GiB)");
+// plan (and train/local --plan auto)
+ABSL_FLAG(std::string, plan, "",
+          "train/local: auto = run the best plan of `pipetrain plan` (stages, schedule, virtual "
+          "stages, micro-batches) instead of --stages/--schedule/--virtual/--microbatches");
+ABSL_FLAG(int32_t, local, 0, "plan: plan for N workers on this host (instead of --coordinator)");
+ABSL_FLAG(double, link_latency, 100e-6,
+          "plan: seconds a message between two workers takes besides its bytes");
+ABSL_FLAG(double, link_bandwidth, 2e9, "plan: bytes per second between two workers (0: infinite)");
+ABSL_FLAG(double, message_cpu, 30e-6,
+          "plan: CPU seconds a worker spends on each tensor it sends or receives");
+ABSL_FLAG(double, step_overhead, 1.2e-3,
+          "plan: seconds per step outside the workers' actions (the coordinator's round trips)");
+ABSL_FLAG(int32_t, top, 10, "plan: how many of the ranked plans to print");
 
 namespace pipetrain::cli {
 namespace {
@@ -180,7 +197,7 @@ const std::vector<std::string> kTrainingFlags = {
     "isa"};                                                           // instruction set
 const std::vector<std::string> kPipelineFlags = {"stages",      "schedule",   "virtual",
                                                  "trace",       "trace_steps", "min_stages",
-                                                 "replace_timeout"};
+                                                 "replace_timeout", "plan"};
 // How a command reaches a coordinator securely: TLS files and a token (docs/security.md).
 const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca", "token_file"};
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
@@ -196,7 +213,8 @@ const std::vector<HelpTopic> kFlagTopics = {
       "eval_every", "input", "out", "vocab_size", "model_type", "character_coverage"}},
     {"schedule",
      {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
-      "min_stages"}},
+      "min_stages", "plan", "local", "link_latency", "link_bandwidth", "message_cpu",
+      "step_overhead", "top"}},
     {"optimizer", {"optimizer", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min"}},
     {"checkpoints", {"save", "checkpoint_every", "keep_checkpoints", "resume", "checkpoint"}},
     {"compute", {"threads", "isa", "max_isa", "pin_workers"}},
@@ -211,7 +229,7 @@ const std::vector<HelpTopic> kCommandTopics = {
     {"data commands", {"tokenizer"}},
     {"checkpoints in other formats", {"export", "import"}},
     {"using a checkpoint", {"generate", "predict"}},
-    {"planning commands (no coordinator needed)", {"schedule", "partition"}},
+    {"planning commands (no coordinator needed)", {"schedule", "partition", "plan"}},
     {"commands for a coordinator's jobs and workers",
      {"jobs", "status", "watch", "cancel", "workers"}}};
 
@@ -261,6 +279,18 @@ const ProgramSpec& Program() {
             {"schedule", "none: one chunk per stage"},
             {"format", "text"},
             {"virtual", "the schedule's, else 1"}}},
+          {"plan",
+           "",
+           "rank every plan (stages, schedule, virtual stages, micro-batches) by predicted "
+           "samples/s on a coordinator's workers or --local N here (docs/scaling.md)",
+           Concat({"model", "data", "data_dir", "tokenizer", "batch", "seed", "threads",
+                   "optimizer", "isa", "local", "coordinator", "memory_cap", "link_latency",
+                   "link_bandwidth", "message_cpu", "step_overhead", "top", "json"},
+                  kSecurityFlags),
+           {{"model", kRequired},
+            {"local", "none: give --coordinator"},
+            {"isa", "the highest this CPU runs"},
+            {"memory_cap", "each worker's memory (--local: this host's / N)"}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),
@@ -522,9 +552,75 @@ absl::Status RunPredict(const CommandLine& line) {
   return RunPredictCommand(o, std::cout);
 }
 
+// The options of `plan` from its flags.
+absl::StatusOr<PlanCommandOptions> PlanOptionsFromFlags(const CommandLine& line) {
+  PlanCommandOptions o;
+  o.training = TrainingOptionsFromFlags(line);
+  o.local_workers = absl::GetFlag(FLAGS_local);
+  if (!line.Given("local")) o.coordinator = CoordinatorAddress(line);
+  PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
+  if (const std::string caps = absl::GetFlag(FLAGS_memory_cap); !caps.empty()) {
+    for (absl::string_view part : absl::StrSplit(caps, ',')) {
+      PT_ASSIGN_OR_RETURN(double cap, ParseMemoryBytes(part));
+      o.memory_caps.push_back(cap);
+    }
+  }
+  o.link_latency_seconds = absl::GetFlag(FLAGS_link_latency);
+  o.link_bytes_per_second = absl::GetFlag(FLAGS_link_bandwidth);
+  o.message_cpu_seconds = absl::GetFlag(FLAGS_message_cpu);
+  o.step_overhead_seconds = absl::GetFlag(FLAGS_step_overhead);
+  o.top = absl::GetFlag(FLAGS_top);
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
+absl::Status RunPlan(const CommandLine& line) {
+  PT_ASSIGN_OR_RETURN(PlanCommandOptions o, PlanOptionsFromFlags(line));
+  return RunPlanCommand(o, std::cout);
+}
+
+// --plan auto: the best plan of `pipetrain plan` (for `local_workers` workers here, or 0: the
+// coordinator's idle workers) replaces the stages, schedule, virtual stages and micro-batches of
+// `t`; says which on standard output (standard error with --json). No --plan: nothing.
+absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainCommandOptions* t) {
+  const std::string mode = absl::GetFlag(FLAGS_plan);
+  if (!line.Given("plan")) return absl::OkStatus();
+  if (mode != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--plan must be auto, got '", mode, "'"));
+  }
+  for (const char* flag : {"schedule", "virtual", "microbatches"}) {
+    if (line.Given(flag)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--plan auto chooses ", DashedFlag(flag), ": give one of them, not both"));
+    }
+  }
+  PlanCommandOptions o;
+  o.training = t->training;
+  o.local_workers = local_workers;
+  o.coordinator = local_workers > 0 ? "" : t->coordinator;
+  o.client = t->client;
+  PT_ASSIGN_OR_RETURN(const PlanResult result, ComputePlans(o));
+  PT_ASSIGN_OR_RETURN(const plan::PlanChoice best, BestPlan(result));
+  t->stages = best.stages;
+  t->schedule = std::string(schedule::ScheduleKindName(best.kind));
+  t->virtual_stages = best.virtual_stages;
+  t->training.microbatches = best.microbatches;
+  (t->training.json ? std::cerr : std::cout) << absl::StrFormat(
+      "plan auto: %s of %d plans on %d workers: predicted %.0f samples/s, step %.2f ms, bubble "
+      "%.1f%%\n",
+      plan::PlanLabel(best), result.plans.size(), result.workers.size(), best.samples_per_second,
+      best.step_seconds * 1e3, best.bubble * 100);
+  return absl::OkStatus();
+}
+
 absl::Status RunTrain(const CommandLine& line) {
   PT_ASSIGN_OR_RETURN(TrainCommandOptions o, TrainOptionsFromFlags(line));
   PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&o.client));
+  if (line.Given("plan") && line.Given("stages")) {
+    return absl::InvalidArgumentError(
+        "--plan auto chooses --stages from the coordinator's idle workers: give one of them");
+  }
+  PT_RETURN_IF_ERROR(ApplyAutoPlan(line, 0, &o));
   InterruptScope interrupts;  // Ctrl-C cancels the job between steps instead of killing us.
   return RunTrainCommand(o, std::cout, [] { return InterruptScope::Interrupted(); });
 }
@@ -572,6 +668,12 @@ std::string Environment(const char* name) {
 absl::Status RunLocal(const CommandLine& line) {
   LocalCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.train, TrainOptionsFromFlags(line));
+  // --plan auto: --stages is how many workers it may start (default: one per --threads CPUs).
+  const int workers =
+      line.Given("stages")
+          ? o.train.stages
+          : std::max(1, util::UsableCpuCount() / std::max(1, o.train.training.threads));
+  PT_RETURN_IF_ERROR(ApplyAutoPlan(line, workers, &o.train));
   o.pin_workers = absl::GetFlag(FLAGS_pin_workers);
   o.coordinator_binary = Environment(kCoordinatorBinaryEnv);
   o.worker_binary = Environment(kStageWorkerBinaryEnv);
@@ -699,6 +801,8 @@ int Main(int argc, char** argv) {
     status = RunSchedule(line);
   } else if (command == "partition") {
     status = RunPartition(line);
+  } else if (command == "plan") {
+    status = RunPlan(line);
   } else if (command == "evaluate") {
     status = RunEvaluate(line);
   } else if (command == "generate") {

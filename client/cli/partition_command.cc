@@ -38,40 +38,6 @@ absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view flag, absl::s
   return values;
 }
 
-// "16GiB", "1.5G", "4096": bytes.
-absl::StatusOr<double> ParseBytes(absl::string_view text) {
-  absl::string_view s = absl::StripAsciiWhitespace(text);
-  struct Suffix {
-    const char* name;
-    double factor;
-  };
-  static constexpr Suffix kSuffixes[] = {{"KiB", 1024.0},
-                                         {"MiB", 1048576.0},
-                                         {"GiB", 1073741824.0},
-                                         {"TiB", 1099511627776.0},
-                                         {"K", 1e3},
-                                         {"M", 1e6},
-                                         {"G", 1e9},
-                                         {"T", 1e12},
-                                         {"B", 1.0}};
-  double factor = 1;
-  for (const Suffix& suffix : kSuffixes) {
-    if (absl::EndsWith(s, suffix.name)) {
-      s.remove_suffix(std::char_traits<char>::length(suffix.name));
-      factor = suffix.factor;
-      break;
-    }
-  }
-  double v = 0;
-  if (!absl::SimpleAtod(s, &v) || !(v >= 0 && v * factor <= partition::kMaxMemoryBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--memory-cap needs byte counts in [0, 2^53] with an optional suffix K, M, G, T, KiB, "
-        "MiB, GiB or TiB (got \"",
-        text, "\")"));
-  }
-  return v * factor;
-}
-
 // "512 B", "1.5 KiB", "15.22 MiB".
 std::string HumanBytes(double x) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -159,6 +125,39 @@ std::string JsonReport(const PartitionCommandOptions& o, const partition::Partit
 
 }  // namespace
 
+absl::StatusOr<double> ParseMemoryBytes(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  struct Suffix {
+    const char* name;
+    double factor;
+  };
+  static constexpr Suffix kSuffixes[] = {{"KiB", 1024.0},
+                                         {"MiB", 1048576.0},
+                                         {"GiB", 1073741824.0},
+                                         {"TiB", 1099511627776.0},
+                                         {"K", 1e3},
+                                         {"M", 1e6},
+                                         {"G", 1e9},
+                                         {"T", 1e12},
+                                         {"B", 1.0}};
+  double factor = 1;
+  for (const Suffix& suffix : kSuffixes) {
+    if (absl::EndsWith(s, suffix.name)) {
+      s.remove_suffix(std::char_traits<char>::length(suffix.name));
+      factor = suffix.factor;
+      break;
+    }
+  }
+  double v = 0;
+  if (!absl::SimpleAtod(s, &v) || !(v >= 0 && v * factor <= partition::kMaxMemoryBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory-cap needs byte counts in [0, 2^53] with an optional suffix K, M, G, T, KiB, "
+        "MiB, GiB or TiB (got \"",
+        text, "\")"));
+  }
+  return v * factor;
+}
+
 absl::StatusOr<PartitionCommandOptions> ParsePartitionCommandOptions(
     absl::string_view costs_csv, absl::string_view speeds_csv, absl::string_view memory_caps_csv,
     absl::string_view stages, absl::string_view format, const ModelLayers* model,
@@ -192,7 +191,7 @@ absl::StatusOr<PartitionCommandOptions> ParsePartitionCommandOptions(
   }
   if (!memory_caps_csv.empty()) {
     for (absl::string_view part : absl::StrSplit(memory_caps_csv, ',')) {
-      PT_ASSIGN_OR_RETURN(double cap, ParseBytes(part));
+      PT_ASSIGN_OR_RETURN(double cap, ParseMemoryBytes(part));
       o.memory_caps.push_back(cap);
     }
     if (o.memory_caps.size() == 1) o.memory_caps.assign(o.stages, o.memory_caps[0]);

@@ -47,6 +47,11 @@ struct PartitionCommandOptions {
   PartitionFormat format = PartitionFormat::kText;  // --format (default text).
 };
 
+// One --memory-cap value: "16GiB", "1.5G", "4096" — bytes with an optional suffix K, M, G, T
+// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), in [0, partition::kMaxMemoryBytes].
+// INVALID_ARGUMENT naming --memory-cap and the value otherwise. Pure.
+absl::StatusOr<double> ParseMemoryBytes(absl::string_view text);
+
 // Parses raw flag values (empty = not given). Exactly one of `costs_csv` and `model` must be
 // given. `kind` (optional) is a schedule kind whose placement to cut for ("interleaved" ->
 // looped, "zb-v"/"dualpipe-v" -> V-shape, others linear); `virtual_stages` (optional) defaults

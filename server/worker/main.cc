@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, advertise, "", "host:port peers use to reach this worker.
 ABSL_FLAG(double, emulate_gflops, 0,
           "emulate a worker of X GFLOP/s: every action takes at least FLOPs / (X * 1e9) seconds "
           "(benchmarks).");
+ABSL_FLAG(std::string, gflops, "",
+          "GFLOP/s to register instead of measuring (> 0), e.g. the same value on hosts known to "
+          "be equal: the coordinator partitions layers by it");
 ABSL_FLAG(int, threads_max, 0, "Most compute threads a job may ask for.");
 ABSL_FLAG(std::string, cpus, "",
           "CPUs every thread of this worker runs on, as a list like 0-3,8. Several workers on one "
@@ -119,6 +122,12 @@ absl::StatusOr<pipetrain::worker::StageWorkerOptions> OptionsFromFlags() {
   options.name = absl::GetFlag(FLAGS_name);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.emulate_gflops = absl::GetFlag(FLAGS_emulate_gflops);
+  if (const std::string gflops = absl::GetFlag(FLAGS_gflops); !gflops.empty()) {
+    if (!absl::SimpleAtod(gflops, &options.gflops) || !(options.gflops > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gflops must be a number > 0 (GFLOP/s), got '", gflops, "'"));
+    }
+  }
   options.threads_max = absl::GetFlag(FLAGS_threads_max);
   options.keepalive = absl::GetFlag(FLAGS_keepalive);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_size);
@@ -176,6 +185,7 @@ int main(int argc, char** argv) {
        {"cpus", "all the process may use"},
        {"max_isa", "the highest this CPU runs"},
        {"emulate_gflops", "off"},
+       {"gflops", "measured: the 90th percentile of 200 short sgemm probes"},
        {"threads_max", "every CPU this worker may run on"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {

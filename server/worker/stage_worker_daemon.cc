@@ -16,8 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/math/kernels.h"
+#include "common/partition/partitioner.h"
+#include "common/plan/speed_probe.h"
 #include "common/util/cpu_set.h"
 #include "common/util/heap_tuning.h"
+#include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
 #include "pipetrain/v1/worker.grpc.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
@@ -47,8 +50,9 @@ absl::Status StageWorkerOptions::Check() const {
   if (threads_max < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads_max must be >= 0, got ", threads_max));
   }
-  if (!(gflops >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("gflops must be >= 0, got ", gflops));
+  if (!(gflops == 0 || (gflops >= partition::kMinSpeed && gflops <= partition::kMaxSpeed))) {
+    return absl::InvalidArgumentError(absl::StrCat("--gflops must be in [", partition::kMinSpeed,
+                                                   ", ", partition::kMaxSpeed, "], got ", gflops));
   }
   if (redial_initial <= absl::ZeroDuration() || redial_max < redial_initial) {
     return absl::InvalidArgumentError("redial backoff needs 0 < redial_initial <= redial_max");
@@ -85,6 +89,20 @@ absl::Status StageWorkerOptions::Check() const {
   return link.Check();
 }
 
+absl::StatusOr<WorkerSpeed> ChooseWorkerSpeed(const StageWorkerOptions& options, math::Isa isa) {
+  if (options.gflops > 0) return WorkerSpeed{options.gflops, "given by --gflops"};
+  if (options.emulate_gflops > 0) {
+    return WorkerSpeed{options.emulate_gflops, "emulated, --emulate-gflops"};
+  }
+  const math::Kernels& kernels = math::KernelsFor(isa);
+  // One 256^3 product per sample (MeasureGemmGflops stops after the first product past 0 s).
+  PT_ASSIGN_OR_RETURN(const plan::SpeedProbe probe,
+                      plan::ProbeSpeed([&kernels] { return kernels.MeasureGemmGflops(0); }));
+  return WorkerSpeed{probe.speed, absl::StrFormat("probe: 90th percentile of %d sgemm samples, "
+                                                  "median %.2f",
+                                                  probe.samples, probe.median)};
+}
+
 // ---------------------------------------------------------------------------------------------
 // StageWorkerDaemon
 
@@ -97,17 +115,13 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   std::call_once(pinned, [] {
     for (math::Isa isa : math::SupportedIsas()) math::KernelsFor(isa).ConfigureEigen(1);
   });
-  // The speed the coordinator partitions by: given, else the emulated rate (what the actions will
-  // really take), else measured at the highest level this worker offers.
-  const double gflops = options.gflops > 0 ? options.gflops
-                        : options.emulate_gflops > 0
-                            ? options.emulate_gflops
-                            : math::KernelsFor(isas.back()).MeasureGemmGflops(0.1);
-  std::unique_ptr<StageWorkerDaemon> daemon(new StageWorkerDaemon(options, gflops));
+  PT_ASSIGN_OR_RETURN(const WorkerSpeed speed, ChooseWorkerSpeed(options, isas.back()));
+  std::unique_ptr<StageWorkerDaemon> daemon(new StageWorkerDaemon(options, speed.gflops));
   if (absl::Status s = daemon->StartServer(); !s.ok()) return s;
   daemon->Log(absl::StrFormat(
-      "serving on %s (listen %s), %.2f GFLOP/s, instruction sets %s, coordinator %s",
-      daemon->address_, options.listen, gflops, math::IsaListName(isas), options.coordinator));
+      "serving on %s (listen %s), %.2f GFLOP/s (%s), instruction sets %s, coordinator %s",
+      daemon->address_, options.listen, speed.gflops, speed.source, math::IsaListName(isas),
+      options.coordinator));
   if (options.tls.enabled()) {
     // Checked by StartServer; the line names the certificate and its expiry.
     absl::StatusOr<std::string> tls = net::CheckTlsFiles(options.tls);

@@ -69,9 +69,10 @@ struct StageWorkerOptions {
   double emulate_gflops = 0;
   // Upper bound on Assign.threads (compute threads); 0 (default): the hardware's core count.
   int threads_max = 0;
-  // > 0: report this GFLOP/s instead of running the sgemm probe (tests). Default 0: the
-  // emulated rate with emulate_gflops > 0 (what actions will take), else the probe (at the
-  // highest instruction-set level this worker runs).
+  // > 0 (--gflops): report this GFLOP/s instead of running the sgemm probe, e.g. for hosts known
+  // to be equal; in [partition::kMinSpeed, partition::kMaxSpeed]. Default 0: the emulated rate
+  // with emulate_gflops > 0 (what actions will take), else the probe (plan::ProbeSpeed over
+  // single sgemm products at the highest instruction-set level this worker runs).
   double gflops = 0;
   // The highest instruction-set level this worker offers the coordinator (--max-isa; the levels
   // it registers are those this binary has and this CPU runs, up to this one). None (default):
@@ -123,6 +124,19 @@ struct StageWorkerOptions {
   // OK, or INVALID_ARGUMENT naming the bad field.
   absl::Status Check() const;
 };
+
+// The GFLOP/s a worker registers (what the coordinator partitions with) and where it came from.
+struct WorkerSpeed {
+  double gflops = 0;
+  std::string source;  // e.g. "given by --gflops", "probe: 90th percentile of 200 ...".
+};
+
+// options.gflops when > 0, else options.emulate_gflops when > 0, else the speed probe
+// (plan::ProbeSpeed over single 256^3 sgemm products at `isa`, which this CPU must run; about
+// 0.2 s on an idle core, at most 2 s on a busy one). Errors only from the probe (INVALID_ARGUMENT
+// for a sample that is not > 0). Not thread-safe against other products at `isa` (it sets
+// Eigen's thread count for the probe).
+absl::StatusOr<WorkerSpeed> ChooseWorkerSpeed(const StageWorkerOptions& options, math::Isa isa);
 
 class StageWorkerDaemon final : private JobHost {
  public:

@@ -29,9 +29,9 @@ CommandRun RunBinary(const std::string& binary, const std::string& args) {
 CommandRun Pipetrain(const std::string& args) { return RunBinary(PIPETRAIN_BINARY, args); }
 
 const std::vector<std::string> kCommands = {
-    "reference", "schedule", "partition", "train",  "local",     "evaluate",
-    "generate",  "predict",  "tokenizer", "export", "import",    "jobs",
-    "workers",   "status",   "watch",     "cancel", "checkpoint"};
+    "reference", "schedule", "partition", "plan",      "train",  "local",
+    "evaluate",  "generate", "predict",   "tokenizer", "export", "import",
+    "jobs",      "workers",  "status",    "watch",     "cancel", "checkpoint"};
 
 // One flag of a help text: "  --name (default: X)" or "  --name (required)", and its meaning
 // (the indented lines below it, joined).

@@ -58,9 +58,9 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
       a.insert(a.end(), b.begin(), b.end());
       return a;
     };
-    const std::vector<std::string> pipeline = {"--stages",         "--schedule",    "--virtual",
-                                               "--trace",          "--trace-steps", "--min-stages",
-                                               "--replace-timeout"};
+    const std::vector<std::string> pipeline = {"--stages",          "--schedule",    "--virtual",
+                                               "--trace",           "--trace-steps", "--min-stages",
+                                               "--replace-timeout", "--plan"};
     const std::vector<std::string> security = {"--tls-cert", "--tls-key", "--tls-ca",
                                                "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{
@@ -71,6 +71,11 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
         {"partition",
          {"--costs", "--model", "--data", "--data-dir", "--tokenizer", "--batch", "--microbatches",
           "--stages", "--speeds", "--memory-cap", "--schedule", "--kind", "--virtual", "--format"}},
+        {"plan",
+         with({"--model", "--data", "--data-dir", "--tokenizer", "--batch", "--seed", "--threads",
+               "--optimizer", "--isa", "--local", "--coordinator", "--memory-cap", "--link-latency",
+               "--link-bandwidth", "--message-cpu", "--step-overhead", "--top", "--json"},
+              security)},
         {"train",
          with(with(with({"--coordinator", "--reconnect-timeout"}, security), training), pipeline)},
         {"local", with(with(training, pipeline), {"--max-isa", "--pin-workers"})},
@@ -231,6 +236,7 @@ TEST(CliFlagsTest, UnusedFlagIsRefusedEvenAtItsDefaultValue) {
       {"schedule --kind 1f1b --stages 2 --microbatches 4 --steps 100",
        "--steps not used by `pipetrain schedule`"},
       {"partition --costs 1,2 --stages 2 --seed 0", "--seed not used by `pipetrain partition`"},
+      {"plan --local 2" + model + " --steps 100", "--steps not used by `pipetrain plan`"},
       {"train --coordinator 127.0.0.1:1" + model + " --kind zb-v",
        "--kind not used by `pipetrain train`"},
       {"local" + model + " --kind ''", "--kind not used by `pipetrain local`"},

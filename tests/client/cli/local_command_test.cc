@@ -76,6 +76,29 @@ TEST_F(LocalRefusalTest, AJobThatCanRunStartsTheDaemons) {
   EXPECT_THAT(testing::ReadFile(started_), HasSubstr("--listen=127.0.0.1:0"));
 }
 
+// --plan auto chooses the schedule, virtual stages and micro-batches: giving one too, or a mode
+// other than auto, is refused before anything is planned or started. A plan that runs starts the
+// daemons with its stages, after saying which plan it chose.
+TEST_F(LocalRefusalTest, PlanAutoRefusesWhatItChoosesAndSaysItsChoice) {
+  const std::string model = " --model " + Example("mlp_digits.textproto") + " --steps 1";
+  ExpectRefused("--plan auto --schedule gpipe" + model,
+                "--plan auto chooses --schedule: give one of them, not both");
+  ExpectRefused("--plan auto --microbatches 4" + model,
+                "--plan auto chooses --microbatches: give one of them, not both");
+  ExpectRefused("--plan fastest" + model, "--plan must be auto, got 'fastest'");
+  const testing::CommandRun r = Pipetrain("local --plan auto --stages 2 --batch 8" + model);
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "plan auto: 1 replica x [12] stages? x [12] virtual, [a-z0-9-]+, [1248] "
+                         "micro-batches of [0-9]+ plans on 2 workers: predicted [0-9]+ samples/s"))
+      << r.out;
+  EXPECT_TRUE(Started());
+  // train plans over the coordinator's idle workers: --stages is its choice too.
+  const testing::CommandRun t =
+      Pipetrain("train --coordinator 127.0.0.1:1 --plan auto --stages 2" + model);
+  EXPECT_EQ(t.exit_code, 1) << t.out;
+  EXPECT_THAT(t.out, HasSubstr("--plan auto chooses --stages from the coordinator's idle workers"));
+}
+
 TEST_F(LocalRefusalTest, FewerLayersThanChunksSaysWhatFits) {
   ExpectRefused(
       "--stages 4 --schedule zb-v --model " + Example("gpt_char.textproto") + " --data text",

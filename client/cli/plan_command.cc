@@ -1,0 +1,287 @@
+#include "client/cli/plan_command.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/training_setup.h"
+#include "common/plan/layer_costs.h"
+#include "common/plan/speed_probe.h"
+#include "common/util/cpu_set.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::cli {
+namespace {
+
+double HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page_size > 0 ? static_cast<double>(pages) * page_size : 0;
+}
+
+absl::Status CheckPlanOptions(const PlanCommandOptions& o) {
+  if ((o.local_workers > 0) == !o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --local N (plan for N workers on this host) and --coordinator "
+        "HOST:PORT (plan for its idle workers)");
+  }
+  if (o.local_workers < 0 || o.local_workers > util::kMaxCpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--local must be in [1, ", util::kMaxCpus, "], got ", o.local_workers));
+  }
+  if (!(o.link_latency_seconds >= 0 && o.link_latency_seconds <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link-latency must be in [0, 1e6] seconds, got ", o.link_latency_seconds));
+  }
+  const double bw = o.link_bytes_per_second;
+  if (!(bw == 0 || (bw >= 1e-3 && bw <= 1e30))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link-bandwidth must be 0 (infinite) or in [1e-3, 1e30] bytes/s, got ", bw));
+  }
+  if (!(o.message_cpu_seconds >= 0 && o.message_cpu_seconds <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--message-cpu must be in [0, 1e6] seconds, got ", o.message_cpu_seconds));
+  }
+  if (!(o.step_overhead_seconds >= 0 && o.step_overhead_seconds <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--step-overhead must be in [0, 1e6] seconds, got ", o.step_overhead_seconds));
+  }
+  if (o.top < 1 || o.max_microbatches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--top must be >= 1, got ", o.top));
+  }
+  return CheckTrainingOptions(o.training);
+}
+
+// --local N twins at this host's speed, or the coordinator's idle workers in rank order; then
+// --memory-cap over their memory.
+absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommandOptions& o,
+                                                               double local_gflops) {
+  std::vector<plan::WorkerResources> workers;
+  if (o.local_workers > 0) {
+    for (int w = 0; w < o.local_workers; ++w) {
+      workers.push_back(
+          {absl::StrCat("local-", w), local_gflops, HostMemoryBytes() / o.local_workers});
+    }
+  } else {
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                        client::Client::Connect(o.coordinator, o.client));
+    PT_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> infos, client->ListWorkers());
+    for (const v1::WorkerInfo& w : infos) {
+      if (!w.job().empty()) continue;
+      workers.push_back({w.name(), w.gflops(), static_cast<double>(w.memory_bytes())});
+    }
+    if (workers.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("the coordinator at ", o.coordinator,
+                                                        " has no idle worker to plan for (",
+                                                        infos.size(), " registered)"));
+    }
+  }
+  if (!o.memory_caps.empty()) {
+    if (o.memory_caps.size() != 1 && o.memory_caps.size() != workers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("--memory-cap has ", o.memory_caps.size(),
+                                                     " values; need one, or one per worker (",
+                                                     workers.size(), ")"));
+    }
+    for (size_t w = 0; w < workers.size(); ++w) {
+      workers[w].memory_bytes = o.memory_caps[o.memory_caps.size() == 1 ? 0 : w];
+    }
+  }
+  return workers;
+}
+
+// The byte figures (and FLOP-rate seconds) of every micro-batch count M dividing the batch, up
+// to max_microbatches.
+absl::StatusOr<std::map<int, plan::ModelCosts>> CostsByMicrobatches(
+    const PlanCommandOptions& o, const model::Model& net, const math::OptimizerConfig& optimizer,
+    double gflops) {
+  std::map<int, plan::ModelCosts> by_m;
+  const int64_t batch = o.training.batch;
+  for (int64_t m = 1; m <= std::min<int64_t>(batch, o.max_microbatches); ++m) {
+    if (batch % m != 0) continue;
+    PT_ASSIGN_OR_RETURN(by_m[static_cast<int>(m)],
+                        plan::CostsFromFlops(net, batch / m, optimizer, gflops));
+  }
+  return by_m;
+}
+
+// Times chunks on this machine (plan::MeasureChunkSeconds), each (first, last, M) once.
+class ChunkTimings {
+ public:
+  ChunkTimings(const model::Model* net, const math::OptimizerConfig& optimizer,
+               const TrainingOptions& training)
+      : net_(net), optimizer_(optimizer), batch_(training.batch) {
+    measure_.threads = training.threads;
+    measure_.seed = training.seed;
+  }
+
+  absl::StatusOr<plan::ChunkSeconds> operator()(int first, int last, int microbatches) {
+    const auto key = std::make_tuple(first, last, microbatches);
+    if (auto it = seconds_.find(key); it != seconds_.end()) return it->second;
+    PT_ASSIGN_OR_RETURN(
+        plan::ChunkSeconds s,
+        plan::MeasureChunkSeconds(*net_, first, last, batch_ / microbatches, optimizer_, measure_));
+    seconds_[key] = s;
+    return s;
+  }
+
+ private:
+  const model::Model* net_;
+  math::OptimizerConfig optimizer_;
+  int64_t batch_;
+  plan::MeasureOptions measure_;
+  std::map<std::tuple<int, int, int>, plan::ChunkSeconds> seconds_;
+};
+
+// Confines the calling thread to the first `threads` CPUs it may use while it lives, as `pipetrain
+// local` confines each worker (an unconfined thread timed the deep MLP 1.6x slower than a
+// confined worker ran it on a loaded host), and gives it back its CPUs after. Does nothing when
+// the CPUs do not fit or the kernel refuses (the timings are then those of an unconfined thread).
+class ConfinedTimingScope {
+ public:
+  explicit ConfinedTimingScope(int threads) {
+    CPU_ZERO(&saved_);
+    if (sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
+    const std::vector<std::vector<int>> group = util::CpuGroups(util::AllowedCpus(), 1, threads);
+    confined_ = !group.empty() && util::ConfineToCpus(group[0]).ok();
+  }
+  // Restores the saved mask directly: ConfineToCpus refuses CPUs outside the confined set.
+  ~ConfinedTimingScope() {
+    if (confined_) sched_setaffinity(0, sizeof(saved_), &saved_);
+  }
+  ConfinedTimingScope(const ConfinedTimingScope&) = delete;
+  ConfinedTimingScope& operator=(const ConfinedTimingScope&) = delete;
+
+ private:
+  cpu_set_t saved_;
+  bool confined_ = false;
+};
+
+std::string HumanBytes(double x) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (x >= 1024 && unit < 4) {
+    x /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%.0f B", x) : absl::StrFormat("%.1f %s", x, kUnits[unit]);
+}
+
+double MaxOf(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+}  // namespace
+
+absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
+  PT_RETURN_IF_ERROR(CheckPlanOptions(o));
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, ReferenceIsaFor(o.training));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, OptimizerConfigFor(o.training));
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                      TokenizerForTraining(o.training, /*remote=*/false));
+  PT_ASSIGN_OR_RETURN(TrainingSetup setup,
+                      SetUpTrainingFromFile(o.training.model_path, o.training.data,
+                                            o.training.data_dir, o.training.seed, isa, tokenizer));
+  const model::Model& net = *setup.model;
+  PlanResult result;
+  result.batch = o.training.batch;
+  const int host_cpus = util::UsableCpuCount();  // before the timing confines this thread.
+  ConfinedTimingScope confined(o.training.threads);
+  const math::Kernels& kernels = net.kernels();
+  PT_ASSIGN_OR_RETURN(const plan::SpeedProbe probe,
+                      plan::ProbeSpeed([&kernels] { return kernels.MeasureGemmGflops(0); }));
+  result.local_gflops = probe.speed;
+  PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, probe.speed));
+  PT_ASSIGN_OR_RETURN(const auto by_m, CostsByMicrobatches(o, net, optimizer, probe.speed));
+  ChunkTimings timings(&net, optimizer, o.training);
+  plan::PlannerOptions po;
+  po.batch = o.training.batch;
+  po.workers = result.workers;
+  po.link = {o.link_latency_seconds, o.link_bytes_per_second, o.message_cpu_seconds};
+  po.step_overhead_seconds = o.step_overhead_seconds;
+  po.chunk_timer = [&timings](int first, int last, int m) { return timings(first, last, m); };
+  po.threads = o.training.threads;
+  if (o.local_workers > 0) po.host_cpus = host_cpus;
+  PT_ASSIGN_OR_RETURN(result.plans, plan::RankPlans(net.LayerFlops(1), by_m, po));
+  return result;
+}
+
+absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result) {
+  if (result.plans.empty() || !result.plans.front().fits_memory) {
+    double least = 0;
+    for (const plan::PlanChoice& p : result.plans) {
+      const double need = MaxOf(p.peak_memory_bytes);
+      if (least == 0 || need < least) least = need;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("no plan fits the workers' memory: the smallest needs ", HumanBytes(least),
+                     " on one worker (give --memory-cap, more workers, or a smaller --batch)"));
+  }
+  return result.plans.front();
+}
+
+std::string FormatPlans(const PlanResult& r, int top, bool json) {
+  std::string out;
+  const int n = std::min<int>(top, static_cast<int>(r.plans.size()));
+  if (json) {
+    for (int k = 0; k < n; ++k) {
+      const plan::PlanChoice& p = r.plans[k];
+      const nlohmann::ordered_json j = {
+          {"rank", k + 1},
+          {"replicas", p.replicas},
+          {"stages", p.stages},
+          {"schedule", std::string(schedule::ScheduleKindName(p.kind))},
+          {"virtual", p.virtual_stages},
+          {"microbatches", p.microbatches},
+          {"samples_per_second", p.samples_per_second},
+          {"step_seconds", p.step_seconds},
+          {"bubble", p.bubble},
+          {"imbalance", p.imbalance},
+          {"boundaries", p.boundaries},
+          {"peak_memory_bytes", p.peak_memory_bytes},
+          {"fits_memory", p.fits_memory}};
+      absl::StrAppend(&out, j.dump(), "\n");
+    }
+    return out;
+  }
+  absl::StrAppend(&out, absl::StrFormat("%d plans for batch %d on %d workers (", r.plans.size(),
+                                        r.batch, r.workers.size()));
+  for (size_t w = 0; w < r.workers.size(); ++w) {
+    absl::StrAppend(&out, w == 0 ? "" : ", ",
+                    absl::StrFormat("%s %.1f GFLOP/s %s", r.workers[w].name, r.workers[w].gflops,
+                                    HumanBytes(r.workers[w].memory_bytes)));
+  }
+  absl::StrAppend(&out,
+                  absl::StrFormat("); layer costs timed here at %.1f GFLOP/s\n", r.local_gflops));
+  constexpr char kRow[] = "%-4s %-8s %-6s %-20s %-7s %-12s %10s %9s %7s %9s %11s %s\n";
+  absl::StrAppend(
+      &out, absl::StrFormat(kRow, "#", "REPLICAS", "STAGES", "SCHEDULE", "VIRTUAL", "MICROBATCHES",
+                            "SAMPLES/S", "STEP MS", "BUBBLE", "IMBALANCE", "PEAK MEMORY", "FITS"));
+  for (int k = 0; k < n; ++k) {
+    const plan::PlanChoice& p = r.plans[k];
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  kRow, absl::StrCat(k + 1), absl::StrCat(p.replicas), absl::StrCat(p.stages),
+                  schedule::ScheduleKindName(p.kind), absl::StrCat(p.virtual_stages),
+                  absl::StrCat(p.microbatches), absl::StrFormat("%.0f", p.samples_per_second),
+                  absl::StrFormat("%.2f", p.step_seconds * 1e3),
+                  absl::StrFormat("%.1f%%", p.bubble * 100), absl::StrFormat("%.3f", p.imbalance),
+                  HumanBytes(MaxOf(p.peak_memory_bytes)), p.fits_memory ? "yes" : "no"));
+  }
+  return out;
+}
+
+absl::Status RunPlanCommand(const PlanCommandOptions& options, std::ostream& out) {
+  PT_ASSIGN_OR_RETURN(const PlanResult result, ComputePlans(options));
+  out << FormatPlans(result, options.top, options.json);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,78 @@
+// `pipetrain plan`: the ranked plans for a model and batch on this host's or a coordinator's
+// workers (docs/scaling.md), and the choice `train --plan auto` and `local --plan auto` run.
+//
+//   pipetrain plan --model FILE [--data ...] --batch B (--local N | --coordinator ADDR)
+//       [--threads T] [--optimizer ...] [--memory-cap BYTES[,...]] [--link-latency S]
+//       [--link-bandwidth BYTES_PER_S] [--message-cpu S] [--step-overhead S] [--top K] [--json]
+//
+// The per-layer costs are timed on this machine (plan::MeasureLayerCosts) for every micro-batch
+// count M dividing B (up to 64) and scaled to each worker by its GFLOP/s against this machine's
+// speed probe; every runnable plan is cut as the coordinator cuts, simulated and checked against
+// the workers' memory (plan::RankPlans). Not thread-safe (it runs compute on the calling thread).
+#ifndef PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
+#define PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/cli/training_options.h"
+#include "client/sdk/client.h"
+#include "common/plan/planner.h"
+
+namespace pipetrain::cli {
+
+struct PlanCommandOptions {
+  // --model, --data, --data-dir, --tokenizer, --batch, --seed, --threads, --optimizer, --isa.
+  TrainingOptions training;
+  // --local N: plan for N workers on this host (each at this host's probe speed; memory: the
+  // host's physical memory / N). 0: the idle workers of `coordinator`.
+  int local_workers = 0;
+  std::string coordinator;  // --coordinator HOST:PORT, with local_workers == 0.
+  client::ClientOptions client;
+  // --memory-cap: bytes a plan may fill per worker, one value or one per worker (as `partition`).
+  // Empty: each worker's memory.
+  std::vector<double> memory_caps;
+  // --link-latency (seconds per message, >= 0) and --link-bandwidth (bytes/s; 0: infinite).
+  // Defaults: what docs/performance.md measured between two pinned workers on one host
+  // (~100 us per tensor, ~2 GB/s for a stream).
+  double link_latency_seconds = 100e-6;
+  double link_bytes_per_second = 2e9;
+  // --message-cpu: CPU seconds a worker spends per tensor it sends or receives, >= 0 (default
+  // 30 us: what the busy time of pinned workers on one host grew by per tensor, docs/scaling.md).
+  double message_cpu_seconds = 30e-6;
+  // --step-overhead: seconds per step outside the workers' action lists (RunStep, StepDone and
+  // Commit round trips; docs/performance.md: 1.0-1.2 ms), >= 0.
+  double step_overhead_seconds = 1.2e-3;
+  int max_microbatches = 64;  // M tried: the divisors of B up to this.
+  int top = 10;               // --top K: rows printed, >= 1.
+  bool json = false;          // --json: one JSON object per plan instead of the table.
+};
+
+// The plans and what they were computed from.
+struct PlanResult {
+  int64_t batch = 0;
+  double local_gflops = 0;  // this machine's speed probe: the speed the timed costs hold at.
+  std::vector<plan::WorkerResources> workers;
+  std::vector<plan::PlanChoice> plans;  // best first.
+};
+
+// Measures and ranks. Errors: INVALID_ARGUMENT for bad options (naming the flag), those of the
+// training setup (model, data), UNAVAILABLE and others from the coordinator, FAILED_PRECONDITION
+// when it has no idle worker or no plan runs.
+absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& options);
+
+// The best plan that fits every worker's memory. FAILED_PRECONDITION naming the smallest need if
+// none does.
+absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result);
+
+// The ranked table (or JSON lines) of the first `top` plans, with a header naming the workers.
+std::string FormatPlans(const PlanResult& result, int top, bool json);
+
+// ComputePlans, then FormatPlans to `out`.
+absl::Status RunPlanCommand(const PlanCommandOptions& options, std::ostream& out);
+
+}  // namespace pipetrain::cli
+
+#endif  // PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_

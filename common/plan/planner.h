@@ -1,0 +1,111 @@
+// The planner: every plan the workers can run for a batch, each cut by the exact partitioner and
+// timed by the simulator on measured costs, checked against the workers' memory and ranked by
+// predicted throughput (docs/scaling.md).
+//
+// A plan is (replicas, stages, schedule, virtual stages, micro-batches). Replicas are always 1
+// for now (data parallelism is another issue); the type and the table carry the column so that
+// R slots in. Pure functions; thread-safe.
+#ifndef PIPETRAIN_COMMON_PLAN_PLANNER_H_
+#define PIPETRAIN_COMMON_PLAN_PLANNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/plan/layer_costs.h"
+#include "common/schedule/ir.h"
+
+namespace pipetrain::plan {
+
+// A worker plans may use, in the order the coordinator gives ranks (a plan of S stages uses the
+// first S).
+struct WorkerResources {
+  std::string name;
+  double gflops = 0;        // its registered speed, in [1e-6, 1e9].
+  double memory_bytes = 0;  // what a plan may fill on it; 0: unknown (not checked).
+};
+
+// The link between two workers: a message of n bytes takes latency + n / bandwidth.
+struct LinkCosts {
+  double latency_seconds = 0;   // >= 0.
+  double bytes_per_second = 0;  // 0: infinite, else in [1e-3, 1e30].
+  // CPU seconds a worker spends on each tensor it sends or receives (its link threads share its
+  // CPUs with the compute), charged to the op that sends or receives it: F for the input (from
+  // the coordinator or the previous chunk's owner), the targets (last chunk) and the output; B or
+  // I for the gradients. >= 0.
+  double cpu_seconds_per_message = 0;
+};
+
+// The seconds of one micro-batch on the chunk of layers [first, last) when a step has
+// `microbatches` of them, at the speed ModelCosts::gflops (e.g. MeasureChunkSeconds, memoized).
+using ChunkTimer =
+    std::function<absl::StatusOr<ChunkSeconds>(int first, int last, int microbatches)>;
+
+struct PlannerOptions {
+  int64_t batch = 0;                     // B, samples per step, >= 1.
+  std::vector<WorkerResources> workers;  // N >= 1: plans have 1..N stages.
+  // Schedules to consider; empty: every schedule the workers run (schedule::CheckExecutable).
+  std::vector<schedule::ScheduleKind> kinds;
+  int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
+  LinkCosts link;
+  // Set: each chunk's seconds come from it (layers timed together, as a worker runs them);
+  // unset: the sums of the layers' seconds in the ModelCosts.
+  ChunkTimer chunk_timer;
+  // > 0: the workers share one host of this many CPUs (`pipetrain local`): a plan of S stages
+  // runs S x threads compute threads, and where that is more than host_cpus every worker
+  // computes at host_cpus / (S x threads) of its speed. 0: every worker has CPUs of its own.
+  int host_cpus = 0;
+  int threads = 1;  // compute threads per worker, >= 1 (used with host_cpus).
+  // Fixed seconds per step beyond the simulated pipeline (the coordinator's RunStep, StepDone
+  // and Commit round trips), >= 0.
+  double step_overhead_seconds = 0;
+};
+
+// One plan and what the planner predicts for it.
+struct PlanChoice {
+  int replicas = 1;
+  int stages = 1;
+  schedule::ScheduleKind kind = schedule::ScheduleKind::kOneFOneB;
+  int virtual_stages = 1;
+  int microbatches = 1;
+  std::vector<int> boundaries;  // the partitioner's cut (S*V+1 layer indices).
+  double imbalance = 1;         // the cut's max/mean worker time (as the coordinator reports).
+  double step_seconds = 0;      // simulated step (incl. optimizer updates) + overhead.
+  double samples_per_second = 0;
+  double bubble = 0;                      // the simulated step's bubble fraction.
+  std::vector<double> peak_memory_bytes;  // [rank] state + peak stashed activations.
+  bool fits_memory = true;                // every rank's peak within its worker's memory.
+};
+
+// "4 stages x 2 virtual, interleaved, 8 micro-batches" style label for messages.
+std::string PlanLabel(const PlanChoice& plan);
+
+// The prediction for one plan. `partition_costs` ([layer], what the coordinator cuts by: F+B+W
+// FLOPs of one sample, model::Model::LayerFlops(1)) and the first `stages` workers' speeds give
+// the cut the coordinator will make; `costs` (micro-batches of batch / microbatches samples) give
+// each op's seconds at worker w as seconds * costs.gflops / w.gflops, the optimizer update runs at
+// the start of the step, and every message between workers crosses options.link. Errors:
+// INVALID_ARGUMENT for a plan the workers cannot run or numbers out of range (naming them),
+// those of partition::PartitionLayers and schedule::Simulate.
+absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_costs,
+                                        const ModelCosts& costs, const PlannerOptions& options,
+                                        int stages, schedule::ScheduleKind kind, int virtual_stages,
+                                        int microbatches);
+
+// Every plan of 1..N stages, options.kinds (virtual stages: the kind's, 2..max_virtual for
+// interleaved ones) and micro-batch counts M among the keys of `costs_by_microbatches` (each
+// dividing the batch), best first: plans that fit memory before those that do not, then higher
+// predicted samples/s, then fewer stages, less peak memory, fewer micro-batches, the kinds' order.
+// Plans a rule refuses (e.g. interleaved with M not a multiple of S, more chunks than layers) are
+// left out. INVALID_ARGUMENT for bad options, an M that does not divide the batch or costs of the
+// wrong size; FAILED_PRECONDITION if no plan is possible.
+absl::StatusOr<std::vector<PlanChoice>> RankPlans(
+    const std::vector<double>& partition_costs,
+    const std::map<int, ModelCosts>& costs_by_microbatches, const PlannerOptions& options);
+
+}  // namespace pipetrain::plan
+
+#endif  // PIPETRAIN_COMMON_PLAN_PLANNER_H_

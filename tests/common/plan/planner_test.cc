@@ -1,0 +1,231 @@
+// The planner's choices on hand-made costs whose best plan is known.
+#include "common/plan/planner.h"
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain::plan {
+namespace {
+
+using schedule::ScheduleKind;
+
+// L equal layers of micro-batches of `samples` samples: per layer op seconds f, i, w (at 1
+// GFLOP/s), `act` stashed and `out` sent bytes per sample.
+ModelCosts Equal(int layers, int64_t samples, double f, double i, double w, double act = 0,
+                 double out = 0) {
+  ModelCosts c;
+  c.samples = samples;
+  c.gflops = 1;
+  for (int l = 0; l < layers; ++l) {
+    LayerCost lc;
+    lc.forward = f;
+    lc.backward_input = i;
+    lc.backward_weight = w;
+    lc.activation_bytes = act * samples;
+    lc.output_bytes = out * samples;
+    c.layers.push_back(lc);
+  }
+  return c;
+}
+
+PlannerOptions Options(int64_t batch, int workers, std::vector<ScheduleKind> kinds = {}) {
+  PlannerOptions o;
+  o.batch = batch;
+  for (int w = 0; w < workers; ++w) o.workers.push_back({"w" + std::to_string(w), 1.0, 0});
+  o.kinds = std::move(kinds);
+  return o;
+}
+
+// 1F1B over 2 equal stages with free links: (M + S - 1) x (F + B) and the closed-form bubble.
+TEST(PlannerTest, OneFOneBMatchesItsClosedForm) {
+  const std::vector<double> flops(4, 1.0);
+  const ModelCosts costs = Equal(4, 1, 0.5, 0.5, 0.5);
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, costs, Options(4, 2), 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->step_seconds, 5 * 3.0);
+  EXPECT_DOUBLE_EQ(p->samples_per_second, 4 / 15.0);
+  EXPECT_DOUBLE_EQ(p->bubble, 1.0 / 5);
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(p->replicas, 1);
+}
+
+// Each tensor a worker sends or receives costs it CPU time on the op that moves it: with one
+// micro-batch over two stages (F 1 s, B 2 s each) and 1 s per tensor, rank 0's F takes the input
+// and sends its output (+2), rank 1's F takes the activation and the targets (+2), rank 1's B
+// sends the gradient (+1) and rank 0's B takes it (+1): 6 s of compute become 12.
+TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
+  const std::vector<double> flops(2, 1.0);
+  PlannerOptions o = Options(1, 2);
+  o.link.cpu_seconds_per_message = 1;
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(2, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->step_seconds, 12.0);
+}
+
+// A chunk timer replaces the layers' sums, once per chunk and micro-batch count.
+TEST(PlannerTest, ChunkTimerGivesTheChunksSeconds) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(2, 2);
+  std::vector<std::tuple<int, int, int>> calls;
+  o.chunk_timer = [&calls](int first, int last, int m) -> absl::StatusOr<ChunkSeconds> {
+    calls.emplace_back(first, last, m);
+    return ChunkSeconds{1, 1, 1, 0.5};
+  };
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(calls, (std::vector<std::tuple<int, int, int>>{{0, 2, 2}, {2, 4, 2}}));
+  // The update (0.5 s) first, then GPipe with F 1, B 2 over 2 stages and 2 micro-batches: 9 s.
+  EXPECT_DOUBLE_EQ(p->step_seconds, 9.5);
+  o.chunk_timer = [](int, int, int) -> absl::StatusOr<ChunkSeconds> {
+    return absl::ResourceExhaustedError("chunk too large");
+  };
+  EXPECT_EQ(
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2).status().code(),
+      absl::StatusCode::kResourceExhausted);
+}
+
+// A worker twice as fast takes half the time for the same layers; the cut follows the speeds.
+TEST(PlannerTest, WorkerSpeedsScaleTheCostsAndTheCut) {
+  const std::vector<double> flops(3, 1.0);
+  PlannerOptions o = Options(2, 2);
+  o.workers[0].gflops = 2;  // rank 0 takes two layers in the time rank 1 takes one.
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(3, 1, 1, 1, 1), o, 2, ScheduleKind::kGPipe, 1, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 3}));
+  EXPECT_DOUBLE_EQ(p->imbalance, 1.0);
+  // GPipe, M=2, both stages F=1, B=2: (M + S - 1) x (F + B) = 9.
+  EXPECT_DOUBLE_EQ(p->step_seconds, 9.0);
+}
+
+// Two workers on one host of 1 CPU (`pipetrain local --stages 2` on a single core) each compute
+// at half speed: the same 1F1B plan takes twice as long as on two hosts.
+TEST(PlannerTest, WorkersSharingTooFewCpusSlowDown) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2);
+  o.host_cpus = 1;
+  absl::StatusOr<PlanChoice> shared =
+      EvaluatePlan(flops, Equal(4, 1, 0.5, 0.5, 0.5), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_DOUBLE_EQ(shared->step_seconds, 2 * 15.0);
+  o.host_cpus = 2;  // one each: full speed.
+  absl::StatusOr<PlanChoice> own =
+      EvaluatePlan(flops, Equal(4, 1, 0.5, 0.5, 0.5), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_DOUBLE_EQ(own->step_seconds, 15.0);
+}
+
+std::map<int, ModelCosts> ProportionalCosts(int layers, int64_t batch, std::vector<int> ms,
+                                            double per_sample, double out) {
+  std::map<int, ModelCosts> by_m;
+  for (int m : ms) {
+    const int64_t samples = batch / m;
+    by_m[m] = Equal(layers, samples, per_sample * samples, per_sample * samples,
+                    per_sample * samples, 0, out);
+  }
+  return by_m;
+}
+
+// Messages of 1 MB over 100 kB/s take 10 s each, against 0.1 s of compute per layer: one stage
+// wins. The same model over a free link splits across both workers.
+TEST(PlannerTest, BandwidthStarvedLinkFavoursFewerStages) {
+  const std::vector<double> flops(4, 1.0);
+  const std::map<int, ModelCosts> by_m = ProportionalCosts(4, 4, {1, 2, 4}, 0.1 / 4, 1e6 / 4);
+  PlannerOptions o = Options(4, 2, {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB});
+  o.link.bytes_per_second = 1e5;
+  absl::StatusOr<std::vector<PlanChoice>> starved = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(starved.ok()) << starved.status();
+  EXPECT_EQ(starved->front().stages, 1) << PlanLabel(starved->front());
+  o.link.bytes_per_second = 0;
+  absl::StatusOr<std::vector<PlanChoice>> free = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_EQ(free->front().stages, 2) << PlanLabel(free->front());
+  EXPECT_EQ(free->front().microbatches, 4) << PlanLabel(free->front());
+  for (size_t k = 1; k < free->size(); ++k) {
+    EXPECT_GE((*free)[k - 1].samples_per_second, (*free)[k].samples_per_second * (1 - 1e-8));
+  }
+}
+
+// Small micro-batches run less efficiently (0.3 s per layer-op for 1 sample against 0.4 s for 4),
+// so without a memory limit 2 micro-batches win (S=2: 3 x 2.4 s against 9 x 1.8 s). A 1000-byte
+// cap refuses every plan that stashes 1600 bytes on a rank (100 bytes per sample and layer):
+// only 8 micro-batches under 1F1B (2 in flight on rank 0) fit, and the planner picks it.
+TEST(PlannerTest, TightMemoryFavoursMoreMicrobatchesAndFewerInFlight) {
+  const std::vector<double> flops(4, 1.0);
+  std::map<int, ModelCosts> by_m;
+  by_m[2] = Equal(4, 4, 0.4, 0.4, 0.4, 100);
+  by_m[8] = Equal(4, 1, 0.3, 0.3, 0.3, 100);
+  PlannerOptions o = Options(8, 2, {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB});
+  absl::StatusOr<std::vector<PlanChoice>> loose = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_EQ(loose->front().microbatches, 2) << PlanLabel(loose->front());
+  EXPECT_EQ(loose->front().stages, 2);
+  EXPECT_DOUBLE_EQ(loose->front().step_seconds, 7.2);
+  EXPECT_DOUBLE_EQ(loose->front().peak_memory_bytes[0], 1600);
+  for (WorkerResources& w : o.workers) w.memory_bytes = 1000;
+  absl::StatusOr<std::vector<PlanChoice>> tight = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  const PlanChoice& best = tight->front();
+  EXPECT_TRUE(best.fits_memory);
+  EXPECT_EQ(best.microbatches, 8) << PlanLabel(best);
+  EXPECT_EQ(best.kind, ScheduleKind::kOneFOneB) << PlanLabel(best);
+  EXPECT_EQ(best.stages, 2);
+  EXPECT_DOUBLE_EQ(best.peak_memory_bytes[0], 400);
+  EXPECT_DOUBLE_EQ(best.step_seconds, 16.2);
+  EXPECT_FALSE(tight->back().fits_memory);  // the rest are listed after, marked.
+}
+
+// Every runnable kind is tried; interleaved only where M is a multiple of S and each chunk has a
+// layer; dualpipe (never run) is not.
+TEST(PlannerTest, EnumeratesOnlyRunnablePlans) {
+  const std::vector<double> flops(4, 1.0);
+  absl::StatusOr<std::vector<PlanChoice>> plans =
+      RankPlans(flops, ProportionalCosts(4, 4, {1, 2, 4}, 0.1, 0), Options(4, 2));
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  bool interleaved = false;
+  for (const PlanChoice& p : *plans) {
+    EXPECT_NE(p.kind, ScheduleKind::kDualPipe);
+    EXPECT_LE(p.stages * p.virtual_stages, 4) << PlanLabel(p);
+    if (p.kind == ScheduleKind::kInterleaved) {
+      interleaved = true;
+      EXPECT_EQ(p.microbatches % p.stages, 0) << PlanLabel(p);
+    }
+  }
+  EXPECT_TRUE(interleaved);
+}
+
+TEST(PlannerTest, RefusesBadInput) {
+  const std::vector<double> flops(4, 1.0);
+  // 3 micro-batches of 1 sample do not make a batch of 4.
+  std::map<int, ModelCosts> by_m;
+  by_m[3] = Equal(4, 1, 1, 1, 1);
+  EXPECT_EQ(RankPlans(flops, by_m, Options(4, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Costs for 3 layers of a 4-layer model.
+  by_m.clear();
+  by_m[4] = Equal(3, 1, 1, 1, 1);
+  EXPECT_EQ(RankPlans(flops, by_m, Options(4, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PlannerOptions no_workers = Options(4, 0);
+  EXPECT_EQ(RankPlans(flops, ProportionalCosts(4, 4, {4}, 1, 0), no_workers).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PlannerOptions bad_link = Options(4, 2);
+  bad_link.link.bytes_per_second = -1;
+  absl::Status s = RankPlans(flops, ProportionalCosts(4, 4, {4}, 1, 0), bad_link).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bandwidth"), std::string::npos) << s;
+  EXPECT_EQ(
+      EvaluatePlan(flops, Equal(4, 1, 1, 1, 1), Options(4, 2), 3, ScheduleKind::kOneFOneB, 1, 4)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);  // 3 stages on 2 workers.
+}
+
+}  // namespace
+}  // namespace pipetrain::plan
