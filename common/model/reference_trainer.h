@@ -4,7 +4,8 @@
 // runs F, I and W of every micro-batch in increasing micro-batch order (so every parameter's
 // gradient is accumulated in that order), scales each micro-batch's gradient by 1/(B·rows per
 // sample) through the loss, sums the micro-batch losses in increasing order, computes the global
-// gradient norm over layers in increasing order, and applies the optimizer.
+// gradient norm over layers in increasing order, and applies the optimizer. A tied embedding's
+// two gradient parts are summed (Stage::CombineTiedGrads) before the norm.
 #ifndef PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 #define PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 
