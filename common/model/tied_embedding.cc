@@ -8,7 +8,7 @@
 namespace pipetrain::model {
 namespace {
 
-std::string Shape(const std::vector<int64_t>& shape) {
+std::string TieShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
@@ -44,10 +44,11 @@ absl::StatusOr<std::optional<TiedEmbedding>> ResolveTiedEmbedding(
   if (table.empty() || weight[0].shape != table[TiedEmbedding::kParam].shape) {
     return TieError(absl::StrCat(
         "the head's weight (layer ", last,
-        ", [out_features, in_features] = ", Shape(weight[0].shape),
+        ", [out_features, in_features] = ", TieShapeText(weight[0].shape),
         ") differs from the embedding's token table (layer 0, [vocab_size, "
         "dim] = ",
-        table.empty() ? std::string("none") : Shape(table[TiedEmbedding::kParam].shape), ")"));
+        table.empty() ? std::string("none") : TieShapeText(table[TiedEmbedding::kParam].shape),
+        ")"));
   }
   TiedEmbedding tie;
   tie.embedding_layer = 0;
@@ -59,14 +60,14 @@ absl::StatusOr<std::optional<TiedEmbedding>> ResolveTiedEmbedding(
 absl::StatusOr<math::Tensor> SumTiedGradients(const math::Tensor& embedding_part,
                                               const math::Tensor& head_part) {
   if (embedding_part.shape != head_part.shape) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tied gradient parts differ in shape: the embedding's is ",
-                     Shape(embedding_part.shape), ", the head's ", Shape(head_part.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tied gradient parts differ in shape: the embedding's is ",
+        TieShapeText(embedding_part.shape), ", the head's ", TieShapeText(head_part.shape)));
   }
   const size_t n = static_cast<size_t>(math::NumElements(embedding_part.shape));
   if (embedding_part.data.size() != n || head_part.data.size() != n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tied gradient parts of shape ", Shape(embedding_part.shape), " hold ",
+        "tied gradient parts of shape ", TieShapeText(embedding_part.shape), " hold ",
         embedding_part.data.size(), " and ", head_part.data.size(), " floats, expected ", n));
   }
   math::Tensor sum{embedding_part.shape, std::vector<float>(n)};
