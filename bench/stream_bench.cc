@@ -12,6 +12,8 @@
 //   Exchange x2, x4  the same Exchange path over a striped link of 2 and 4 connections (one
 //              HTTP/2 connection and stream each; tensors of >= --stripe_min_kib split over
 //              them in blocks of >= 1 MiB, so 64 KiB and 1 MiB stay whole): docs/wire.md §5.
+//   gradient exchange  4 MiB tensors as the gradient exchange sends them (tied_gradient frames,
+//              docs/wire.md §7) over one Exchange connection, against raw TCP in the same run.
 // Prints MB/s (1 MB = 10^6 bytes), the ratios Exchange / TCP for 1, 2 and 4 connections (goal
 // >= 0.8), Exchange / bare gRPC and Exchange+TLS / Exchange, and the CPU time both processes
 // spent per GB moved for each transport.
@@ -63,7 +65,9 @@
 #include "server/link/peer_link.h"
 
 ABSL_FLAG(std::string, role, "", "internal: 'sender' for the spawned child; empty for the driver");
-ABSL_FLAG(std::string, mode, "grpc", "internal (sender): 'grpc', 'tls', 'bare' or 'tcp'");
+ABSL_FLAG(std::string, mode, "grpc",
+          "internal (sender): 'grpc', 'tls', 'tied' (grpc with tied_gradient frames), 'bare' or "
+          "'tcp'");
 ABSL_FLAG(std::string, tls_dir, "",
           "directory of scripts/make_test_certs.sh's files for the TLS case (default: made in a "
           "temporary directory with that script)");
@@ -242,9 +246,11 @@ absl::Status GrpcSend(const Options& options) {
       options.link, {Validation(), callbacks});
   PT_RETURN_IF_ERROR(link.status());
   auto tensor = MakeTensor(options.bytes);
+  // The gradient exchange's frames name the receiving end's chunk (1, the last of 2).
+  const TensorKind kind =
+      options.mode == "tied" ? TensorKind::kTiedGradient : TensorKind::kActivation;
   for (int64_t i = 0; i < options.count; ++i) {
-    PT_RETURN_IF_ERROR(
-        (*link)->Send(TensorKey{0, static_cast<int32_t>(i), 1, TensorKind::kActivation}, tensor));
+    PT_RETURN_IF_ERROR((*link)->Send(TensorKey{0, static_cast<int32_t>(i), 1, kind}, tensor));
   }
   if (!acked.WaitForNotificationWithTimeout(kCaseTimeout)) {
     return absl::DeadlineExceededError("no ack from the receiver");
@@ -581,7 +587,8 @@ absl::StatusOr<CaseResult> RunBareCase(const Options& options, int64_t bytes, in
 
 // The Exchange case over `connections` connections, plaintext or (`tls`) over mTLS.
 absl::StatusOr<CaseResult> RunGrpcCase(const Options& options, int64_t bytes, int64_t warmup,
-                                       int64_t count, int connections, bool tls = false) {
+                                       int64_t count, int connections, bool tls = false,
+                                       bool tied = false) {
   GrpcReceiver receiver(warmup, count);
   auto service = link::ExchangeService::Create(
       options.link, [&receiver](const link::PeerHello&, std::unique_ptr<link::PeerLink> link) {
@@ -598,8 +605,8 @@ absl::StatusOr<CaseResult> RunGrpcCase(const Options& options, int64_t bytes, in
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return absl::InternalError("cannot start the server");
   absl::StatusOr<CaseResult> result = RunCase(
-      options, tls ? "tls" : "grpc", port, bytes, count, [&] { return receiver.Wait(); },
-      connections);
+      options, tls ? "tls" : (tied ? "tied" : "grpc"), port, bytes, count,
+      [&] { return receiver.Wait(); }, connections);
   receiver.Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return result;
@@ -618,6 +625,35 @@ struct Best {
     cpu_seconds = std::min(cpu_seconds, r.cpu_seconds);
   }
 };
+
+// The gradient exchange's frames (tied_gradient) over one Exchange connection against raw TCP,
+// 4 MiB tensors, best of the repeats (alternating); prints one line. False if a run failed.
+bool DriveGradientExchange(const Options& options) {
+  const int64_t bytes = int64_t{4} << 20;
+  const int64_t measured = std::max<int64_t>(8, options.budget_bytes / bytes);
+  const int64_t warmup = std::max<int64_t>(2, measured / 8);
+  Best tcp, tied;
+  for (int r = 0; r < options.repeats; ++r) {
+    absl::StatusOr<CaseResult> a = RunTcpCase(options, bytes, warmup, warmup + measured);
+    absl::StatusOr<CaseResult> b =
+        RunGrpcCase(options, bytes, warmup, warmup + measured, 1, /*tls=*/false, /*tied=*/true);
+    if (!a.ok() || !b.ok()) {
+      std::printf("gradient exchange failed: %s\n",
+                  (a.ok() ? b.status() : a.status()).ToString().c_str());
+      return false;
+    }
+    tcp.Add(*a);
+    tied.Add(*b);
+  }
+  const double moved = static_cast<double>(bytes) * static_cast<double>(measured);
+  const double mbs_tcp = moved / tcp.seconds / 1e6;
+  const double mbs_tied = moved / tied.seconds / 1e6;
+  std::printf(
+      "gradient exchange (tied_gradient frames, 4 MiB, one connection): %.0f MB/s, raw TCP %.0f "
+      "MB/s, ratio %.2f\n",
+      mbs_tied, mbs_tcp, mbs_tied / mbs_tcp);
+  return true;
+}
 
 int Drive(const Options& options) {
   std::printf(
@@ -711,6 +747,7 @@ int Drive(const Options& options) {
         "0.80)\n",
         worst_large[0], worst_large[1], worst_large[2]);
     std::printf("worst Exchange over mTLS / plaintext Exchange ratio %.2f\n", worst_tls);
+    all_ok = DriveGradientExchange(options);
   }
   return all_ok ? 0 : 1;
 }
@@ -779,7 +816,7 @@ int main(int argc, char** argv) {
     status = pipetrain::bench::TcpSend(options);
   } else if (options.mode == "bare") {
     status = pipetrain::bench::BareSend(options);
-  } else if (options.mode == "grpc" || options.mode == "tls") {
+  } else if (options.mode == "grpc" || options.mode == "tls" || options.mode == "tied") {
     status = pipetrain::bench::GrpcSend(options);
   } else {
     std::fprintf(stderr, "stream_bench: unknown --mode '%s'\n", options.mode.c_str());

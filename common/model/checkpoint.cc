@@ -411,7 +411,10 @@ std::string LayerShardFile(int64_t layer) {
 std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last) {
   std::vector<CheckpointShard> out;
   for (int64_t l = first; l < last; ++l) {
-    if (model.layer(l).params().empty()) continue;
+    size_t stored = model.layer(l).params().size();
+    // A tied head's weight is stored as the embedding's token table (Stage::ExportState).
+    if (model.tie().has_value() && l == model.tie()->head_layer) --stored;
+    if (stored == 0) continue;
     CheckpointShard shard;
     shard.file = LayerShardFile(l);
     shard.first_layer = l;

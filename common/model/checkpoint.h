@@ -122,8 +122,9 @@ absl::StatusOr<io::SafetensorsFile> ParseCheckpointShard(const std::string& path
 // "layer-00003.safetensors" for layer 3.
 std::string LayerShardFile(int64_t layer);
 
-// The per-layer shards of layers [first, last) of `model` that have parameters, in layer order
-// (without digests).
+// The per-layer shards of layers [first, last) of `model` that have parameters to store, in
+// layer order (without digests). A tied head without bias has none: its weight is the embedding's
+// token table, stored in the embedding's file.
 std::vector<CheckpointShard> LayerShards(const Model& model, int64_t first, int64_t last);
 
 // Creates a fresh, empty staging directory beside `dir` ("DIR.tmp-PID-RANDOM", see

@@ -71,7 +71,14 @@ absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
                                             std::map<std::string, math::Tensor>* tensors) {
   ModelParams params(static_cast<size_t>(model.num_layers()));
   for (int64_t l = 0; l < model.num_layers(); ++l) {
-    for (const math::ParamSpec& spec : model.layer(l).params()) {
+    const std::vector<math::ParamSpec> specs = model.layer(l).params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const math::ParamSpec& spec = specs[p];
+      if (model.tie().has_value() && l == model.tie()->head_layer && p == TiedEmbedding::kParam) {
+        // A tied head's weight is the embedding's token table (taken above, same shape).
+        params[l].push_back(params[model.tie()->embedding_layer][TiedEmbedding::kParam]);
+        continue;
+      }
       const std::string name = absl::StrCat("layers.", l, ".", spec.name);
       auto it = tensors->find(name);
       if (it == tensors->end()) {

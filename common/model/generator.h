@@ -29,8 +29,8 @@ using ModelParams = std::vector<std::vector<math::Tensor>>;
 
 // Moves the parameters of every layer of `model` out of `tensors` (a checkpoint's, keyed
 // "layers.<l>.<name>" as Stage::ExportState writes them; other entries, e.g. the optimizer's, are
-// ignored). NOT_FOUND naming a missing tensor; INVALID_ARGUMENT naming a tensor whose shape is not
-// the layer's.
+// ignored). A tied head (Model::tie) gets a copy of the embedding's token table. NOT_FOUND naming
+// a missing tensor; INVALID_ARGUMENT naming a tensor whose shape is not the layer's.
 absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
                                             std::map<std::string, math::Tensor>* tensors);
 

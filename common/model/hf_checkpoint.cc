@@ -53,12 +53,17 @@ math::Tensor Transposed(const math::Tensor& t) {
   return out;
 }
 
-// The shape of every parameter of `model` by checkpoint name.
+// The shape of every parameter of `model` by checkpoint name (a tied head's weight is the
+// embedding's token table, stored under that name only).
 std::map<std::string, std::vector<int64_t>> ParamShapes(const Model& model) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (int64_t l = 0; l < model.num_layers(); ++l) {
-    for (const math::ParamSpec& p : model.layer(l).params()) {
-      shapes[absl::StrCat("layers.", l, ".", p.name)] = p.shape;
+    const std::vector<math::ParamSpec> params = model.layer(l).params();
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (model.tie().has_value() && l == model.tie()->head_layer && p == TiedEmbedding::kParam) {
+        continue;
+      }
+      shapes[absl::StrCat("layers.", l, ".", params[p].name)] = params[p].shape;
     }
   }
   return shapes;

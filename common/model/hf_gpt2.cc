@@ -167,7 +167,9 @@ absl::StatusOr<std::string> Config(const Model& model) {
   j["scale_attn_weights"] = true;
   j["scale_attn_by_inverse_layer_idx"] = false;
   j["reorder_and_upcast_attn"] = false;
-  j["tie_word_embeddings"] = false;  // lm_head is a layer of its own
+  // A tied model's lm_head is the embedding's table (no lm_head.weight in the export); an untied
+  // one's is a layer of its own.
+  j["tie_word_embeddings"] = model.tie().has_value();
   j["initializer_range"] = 0.02;
   // GPT2Config's defaults (50256) lie beyond a character vocabulary; pipetrain has no such tokens.
   j["bos_token_id"] = nullptr;
@@ -275,7 +277,9 @@ std::vector<HfTensorName> TensorNames(const Model& model) {
              std::end(kBlockRules), &out);
   }
   AddRules("transformer.", n - 2, std::begin(kFinalNormRules), std::end(kFinalNormRules), &out);
-  AddRules("", n - 1, std::begin(kHeadRules), std::end(kHeadRules), &out);
+  if (!model.tie().has_value()) {
+    AddRules("", n - 1, std::begin(kHeadRules), std::end(kHeadRules), &out);
+  }
   return out;
 }
 

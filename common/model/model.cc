@@ -505,6 +505,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
     model->layers_.push_back(std::move(layer));
   }
   model->tokens_per_sample_ = context == 0 ? 1 : context;
+  PT_ASSIGN_OR_RETURN(model->tie_, ResolveTiedEmbedding(spec, model->layers_));
   PT_ASSIGN_OR_RETURN(
       model->sample_activation_bytes_,
       CheckSampleActivations(model->layers_, features, model->tokens_per_sample_, limits));
@@ -596,6 +597,7 @@ absl::Status Model::CheckMicrobatchActivations(int64_t samples) const {
 int64_t Model::NumParameters() const {
   int64_t n = 0;
   for (int64_t b : LayerParamBytes()) n += b / static_cast<int64_t>(sizeof(float));
+  if (tie_.has_value()) n -= math::NumElements(tie_->shape);
   return n;
 }
 

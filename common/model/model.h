@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "common/math/kernels.h"
 #include "common/math/layer.h"
 #include "common/math/loss.h"
+#include "common/model/tied_embedding.h"
 #include "pipetrain/v1/model.pb.h"
 
 namespace pipetrain::model {
@@ -95,12 +97,14 @@ class Model {
   int64_t target_features() const { return loss_->target_features(output_features()); }
   // Rows per sample: the context length for token models, else 1.
   int64_t tokens_per_sample() const { return tokens_per_sample_; }
+  // The tied input/output embedding (ModelSpec.tie_embeddings), nullopt when not tied.
+  const std::optional<TiedEmbedding>& tie() const { return tie_; }
 
   // Per-layer F+B+W FLOPs for a micro-batch of `samples` samples (the partitioner's cost).
   std::vector<double> LayerFlops(int64_t samples) const;
   // Per-layer parameter bytes (float32).
   std::vector<int64_t> LayerParamBytes() const;
-  // Total parameter count.
+  // Total parameter count (a tied table counted once).
   int64_t NumParameters() const;
   // The limits the model was built with (Stage::Create and ReferenceTrainer check against them).
   const ModelLimits& limits() const { return limits_; }
@@ -128,6 +132,7 @@ class Model {
   std::vector<std::unique_ptr<math::Layer>> layers_;
   std::unique_ptr<math::Loss> loss_;
   int64_t tokens_per_sample_ = 1;
+  std::optional<TiedEmbedding> tie_;
   math::Isa isa_ = math::Isa::kGeneric;
   ModelLimits limits_;
   int64_t sample_activation_bytes_ = 0;

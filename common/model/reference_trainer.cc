@@ -86,6 +86,9 @@ StepResult ReferenceTrainer::StepUnguarded(const io::Batch& batch) {
     stage_.BackwardInput(math::AsConstMap(dpred), /*need_input_grad=*/false, &mb_);
     stage_.BackwardWeight(&mb_);
   }
+  // A tied table's two parts become one gradient before the norm and the update
+  // (docs/numerics.md, "Tied embedding").
+  stage_.CombineTiedGrads();
   result.grad_norm_sq = SumLayerNormSq(stage_.GradNormSqPerLayer());
   result.clip_scale = math::ClipScale(result.grad_norm_sq, options_.optimizer.clip_norm);
   ++steps_done_;

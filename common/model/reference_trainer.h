@@ -4,8 +4,8 @@
 // runs F, I and W of every micro-batch in increasing micro-batch order (every parameter's gradient
 // added in the gradient tree's order of M, GradTree, as every pipeline stage adds it), scales each
 // micro-batch's gradient by 1/(B·rows per sample) through the loss, sums the micro-batch losses in
-// increasing order, computes the global gradient norm over layers in increasing order, and applies
-// the optimizer.
+// increasing order, sums a tied embedding's two gradient parts (Stage::CombineTiedGrads), computes
+// the global gradient norm over layers in increasing order, and applies the optimizer.
 #ifndef PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 #define PIPETRAIN_COMMON_MODEL_REFERENCE_TRAINER_H_
 

@@ -91,6 +91,14 @@ void Stage::AllocateParameters(uint64_t seed) {
   for (int64_t l = first_; l < last_; ++l) {
     std::vector<math::Tensor> params;
     model_->layer(l).Init(seed, l, &params);
+    if (model_->tie().has_value() && l == model_->tie()->head_layer) {
+      // The head's copy of the tied table starts as the embedding's table: the same bits on
+      // whichever stage holds either.
+      const int64_t e = model_->tie()->embedding_layer;
+      std::vector<math::Tensor> table;
+      model_->layer(e).Init(seed, e, &table);
+      params[TiedEmbedding::kParam] = std::move(table[TiedEmbedding::kParam]);
+    }
     std::vector<math::Tensor> grads = params;
     std::vector<std::vector<std::vector<float>>> state(params.size());
     for (size_t p = 0; p < params.size(); ++p) {
@@ -347,8 +355,72 @@ void Stage::ZeroGrads() {
 
 double Stage::LayerGradNormSq(int64_t k) const {
   double sum = 0;
-  for (const auto& g : grads_[k]) sum += math::SumOfSquares(g.data);
+  for (size_t p = 0; p < grads_[k].size(); ++p) {
+    if (!IsTiedHeadCopy(k, p)) sum += math::SumOfSquares(grads_[k][p].data);
+  }
   return sum;
+}
+
+bool Stage::IsTiedHeadCopy(int64_t k, size_t p) const {
+  return p == TiedEmbedding::kParam && k == TiedLocalLayer(TieEnd::kHead);
+}
+
+int64_t Stage::TiedLocalLayer(TieEnd end) const {
+  if (!model_->tie().has_value()) return -1;
+  const int64_t l =
+      end == TieEnd::kEmbedding ? model_->tie()->embedding_layer : model_->tie()->head_layer;
+  return l >= first_ && l < last_ ? l - first_ : -1;
+}
+
+bool Stage::holds_tied(TieEnd end) const { return TiedLocalLayer(end) >= 0; }
+
+absl::StatusOr<math::Tensor> Stage::TiedGradPart(TieEnd end) {
+  const int64_t k = TiedLocalLayer(end);
+  if (k < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage of layers [", first_, ", ", last_, ") holds no ",
+        end == TieEnd::kEmbedding ? "embedding" : "head", " copy of a tied embedding table"));
+  }
+  AddDeferredWeightGrads(nullptr);
+  return grads_[k][TiedEmbedding::kParam];
+}
+
+absl::StatusOr<double> Stage::SetTiedGrad(TieEnd end, const math::Tensor& sum) {
+  const int64_t k = TiedLocalLayer(end);
+  if (k < 0) return TiedGradPart(end).status();  // the FAILED_PRECONDITION above.
+  AddDeferredWeightGrads(nullptr);
+  math::Tensor& grad = grads_[k][TiedEmbedding::kParam];
+  if (sum.shape != grad.shape || sum.data.size() != grad.data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tied gradient of shape [", absl::StrJoin(sum.shape, ","), "] with ",
+                     sum.data.size(), " floats for layer ", first_ + k, "'s table of shape [",
+                     absl::StrJoin(grad.shape, ","), "]"));
+  }
+  grad.data = sum.data;
+  grads_zero_ = false;
+  return LayerGradNormSq(k);
+}
+
+void Stage::CombineTiedGrads() {
+  const int64_t e = TiedLocalLayer(TieEnd::kEmbedding);
+  const int64_t h = TiedLocalLayer(TieEnd::kHead);
+  if (e < 0 || h < 0) return;
+  AddDeferredWeightGrads(nullptr);
+  // Model::Build checked that both copies have the table's shape, so the sum cannot fail.
+  absl::StatusOr<math::Tensor> sum =
+      SumTiedGradients(grads_[e][TiedEmbedding::kParam], grads_[h][TiedEmbedding::kParam]);
+  if (!sum.ok()) return;
+  grads_[h][TiedEmbedding::kParam].data = sum->data;
+  grads_[e][TiedEmbedding::kParam].data = std::move(sum->data);
+  grads_zero_ = false;
+}
+
+std::pair<int64_t, std::string> Stage::CheckpointParam(int64_t k, size_t p) const {
+  if (IsTiedHeadCopy(k, p)) {
+    const int64_t e = model_->tie()->embedding_layer;
+    return {e, model_->layer(e).params()[TiedEmbedding::kParam].name};
+  }
+  return {first_ + k, model_->layer(first_ + k).params()[p].name};
 }
 
 std::vector<double> Stage::GradNormSqPerLayer() {
@@ -391,6 +463,7 @@ std::map<std::string, math::Tensor> Stage::ExportState() const {
     const int64_t l = first_ + static_cast<int64_t>(k);
     const std::vector<math::ParamSpec> specs = model_->layer(l).params();
     for (size_t p = 0; p < specs.size(); ++p) {
+      if (IsTiedHeadCopy(static_cast<int64_t>(k), p)) continue;  // stored as the embedding's.
       out[ParamName(l, specs[p].name)] = params_[k][p];
       for (size_t s = 0; s < state_names_.size(); ++s) {
         out[StateName(l, specs[p].name, state_names_[s])] =
@@ -411,14 +484,14 @@ absl::Status Stage::ImportState(const std::map<std::string, math::Tensor>& tenso
     const int64_t l = first_ + static_cast<int64_t>(k);
     const std::vector<math::ParamSpec> specs = model_->layer(l).params();
     for (size_t p = 0; p < specs.size(); ++p) {
-      if (auto s =
-              CopyTensor(tensors, ParamName(l, specs[p].name), specs[p].shape, &params[k][p].data);
+      const auto [from, name] = CheckpointParam(static_cast<int64_t>(k), p);
+      if (auto s = CopyTensor(tensors, ParamName(from, name), specs[p].shape, &params[k][p].data);
           !s.ok()) {
         return s;
       }
       for (size_t st = 0; st < state_names_.size(); ++st) {
-        if (auto s = CopyTensor(tensors, StateName(l, specs[p].name, state_names_[st]),
-                                specs[p].shape, &state[k][p][st]);
+        if (auto s = CopyTensor(tensors, StateName(from, name, state_names_[st]), specs[p].shape,
+                                &state[k][p][st]);
             !s.ok()) {
           return s;
         }

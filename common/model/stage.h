@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +22,7 @@
 #include "common/math/tensor.h"
 #include "common/model/grad_tree.h"
 #include "common/model/model.h"
+#include "common/model/tied_embedding.h"
 
 namespace pipetrain::model {
 
@@ -132,14 +134,35 @@ class Stage {
   // next W starts a step.
   void ApplyOptimizer(int64_t step, float clip_scale);
 
+  // The tied embedding (Model::tie(), model/tied_embedding.h): whether this stage holds the copy
+  // of the tied table at `end` (false for every end of an untied model).
+  bool holds_tied(TieEnd end) const;
+  // This stage's part of the tied table's gradient: the gradient of its copy at `end` (the
+  // embedding's token-table gradient or the head's weight gradient), accumulated over the step's
+  // micro-batches so far, deferred ones included. FAILED_PRECONDITION unless holds_tied(end).
+  absl::StatusOr<math::Tensor> TiedGradPart(TieEnd end);
+  // Sets the gradient of the copy at `end` to the tied gradient `sum` (SumTiedGradients of both
+  // parts), after the step's last BackwardWeight and before ApplyOptimizer, and returns the new
+  // squared gradient norm of that copy's layer (GradNormSqPerLayer's entry for it).
+  // FAILED_PRECONDITION unless holds_tied(end); INVALID_ARGUMENT if `sum` is not of the table's
+  // shape.
+  absl::StatusOr<double> SetTiedGrad(TieEnd end, const math::Tensor& sum);
+  // For a stage that holds both copies (the reference trainer's, or S=1): sets both gradients to
+  // the tied gradient of its two parts. Does nothing otherwise. Call after the step's last
+  // BackwardWeight, before GradNormSqPerLayer and ApplyOptimizer.
+  void CombineTiedGrads();
+
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
   // forward and input-gradient products, about twice their size once used).
   int64_t ParamCacheBytes() const;
 
-  // Tensors keyed by global names: "layers.<l>.<param>" and "optim.<l>.<param>.<state>".
+  // Tensors keyed by global names: "layers.<l>.<param>" and "optim.<l>.<param>.<state>". A tied
+  // head's copy of the table is not among them (it is the embedding's "token.weight").
   std::map<std::string, math::Tensor> ExportState() const;
   // Loads every tensor this stage owns from `tensors` (extra entries for other layers are
-  // ignored). INVALID_ARGUMENT / NOT_FOUND naming the tensor on a missing or mis-shaped entry.
+  // ignored); a tied head's copy of the table from the embedding's "token.weight" and its
+  // optimizer state. INVALID_ARGUMENT / NOT_FOUND naming the tensor on a missing or mis-shaped
+  // entry.
   absl::Status ImportState(const std::map<std::string, math::Tensor>& tensors);
 
   // Parameters of global layer `l` (first <= l < last).
@@ -184,8 +207,16 @@ class Stage {
   void DropDeferredWeightGrads();
   // Bytes entry `d` holds for local layer k.
   static int64_t DeferredBytes(const DeferredWeightGrad& d, int64_t k);
-  // Sum of squares of the gradients of local layer k (params in order, elements in order).
+  // Sum of squares of the gradients of local layer k (params in order, elements in order; a tied
+  // head's copy of the table left out: the embedding's layer counts the tied gradient once).
   double LayerGradNormSq(int64_t k) const;
+  // Local layer index of the copy at `end`, or -1 if this stage does not hold it.
+  int64_t TiedLocalLayer(TieEnd end) const;
+  // The (global layer, parameter name) under which local layer k's parameter p and its optimizer
+  // state are stored in a checkpoint: the embedding's table for a tied head's copy.
+  std::pair<int64_t, std::string> CheckpointParam(int64_t k, size_t p) const;
+  // Whether local layer k's parameter p is a tied head's copy of the table.
+  bool IsTiedHeadCopy(int64_t k, size_t p) const;
   // F over mb->inputs[0] (already set, inputs sized n + 1).
   const math::Matrix& ForwardFromInput(MicrobatchState* mb) const;
   // I from mb->grads[n] (already set, grads sized n + 1).

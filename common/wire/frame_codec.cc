@@ -50,7 +50,7 @@ void AppendVarint(uint64_t value, std::string* out) {
 
 bool ValidKind(int kind) {
   return kind >= static_cast<int>(TensorKind::kActivation) &&
-         kind <= static_cast<int>(TensorKind::kTarget);
+         kind <= static_cast<int>(TensorKind::kTiedGradient);
 }
 
 absl::Status CheckKey(const TensorKey& key) {
@@ -317,6 +317,9 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
       break;
     case TensorKind::kTarget:
       chunk_fits_kind = h.chunk() == last_chunk;
+      break;
+    case TensorKind::kTiedGradient:  // for the embedding's or the head's owner.
+      chunk_fits_kind = h.chunk() == 0 || h.chunk() == last_chunk;
       break;
   }
   if (!chunk_fits_kind) {

@@ -38,9 +38,9 @@ inline constexpr int64_t kMaxFrameMessageBytes = kMaxFragmentBytes + kMaxHeaderB
 
 // Bit of `kind` in FrameValidation::allowed_kinds.
 constexpr uint32_t KindBit(TensorKind kind) { return uint32_t{1} << static_cast<int>(kind); }
-inline constexpr uint32_t kAllKinds = KindBit(TensorKind::kActivation) |
-                                      KindBit(TensorKind::kGradient) | KindBit(TensorKind::kInput) |
-                                      KindBit(TensorKind::kTarget);
+inline constexpr uint32_t kAllKinds =
+    KindBit(TensorKind::kActivation) | KindBit(TensorKind::kGradient) |
+    KindBit(TensorKind::kInput) | KindBit(TensorKind::kTarget) | KindBit(TensorKind::kTiedGradient);
 
 // The (job, generation) a stream carries; every frame on it names both.
 struct StreamIdentity {

@@ -6,6 +6,8 @@
 //   kGradient,   chunk c: dL/d(output of chunk c) (the input gradient from chunk c+1's B or I).
 //   kInput,      chunk 0: the micro-batch's model inputs (sent by the coordinator).
 //   kTarget,     last chunk: the micro-batch's targets (sent by the coordinator).
+//   kTiedGradient, chunk 0 or the last chunk (micro-batch 0): the other end's part of a tied
+//                embedding table's gradient, for the owner of `chunk` (model/tied_embedding.h).
 #ifndef PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 #define PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 
@@ -18,7 +20,13 @@
 
 namespace pipetrain::wire {
 
-enum class TensorKind : uint8_t { kActivation = 1, kGradient = 2, kInput = 3, kTarget = 4 };
+enum class TensorKind : uint8_t {
+  kActivation = 1,
+  kGradient = 2,
+  kInput = 3,
+  kTarget = 4,
+  kTiedGradient = 5,
+};
 
 inline const char* TensorKindName(TensorKind kind) {
   switch (kind) {
@@ -30,6 +38,8 @@ inline const char* TensorKindName(TensorKind kind) {
       return "input";
     case TensorKind::kTarget:
       return "target";
+    case TensorKind::kTiedGradient:
+      return "tied_gradient";
   }
   return "unknown";
 }

@@ -2,6 +2,7 @@
 // (every rank uploads its shards into a staging directory that is published once complete) and
 // the checks of the transfers (PutState, FetchState).
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -342,8 +343,23 @@ absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
         absl::StrCat("job '", job->id, "' restarts from no checkpoint"));
   }
   PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, request.worker()));
+  // A tied head's copy of the table is stored in the embedding's file (model/tied_embedding.h):
+  // the head's rank gets that file too.
+  const std::optional<model::TiedEmbedding>& tie = job->model->tie();
+  bool holds_head = false;
+  for (const v1::ChunkSpec& c : job->chunks) {
+    holds_head =
+        holds_head || (tie.has_value() && c.rank() == rank && tie->head_layer >= c.first_layer() &&
+                       tie->head_layer < c.last_layer());
+  }
   std::vector<StateFile> files;
   for (const model::CheckpointShard& shard : job->restore->shards) {
+    if (holds_head && shard.first_layer <= tie->embedding_layer &&
+        tie->embedding_layer < shard.last_layer) {
+      files.push_back(
+          StateFile{shard, io::JoinPath(job->restore_dir, shard.file), job->restore_dir});
+      continue;
+    }
     for (const v1::ChunkSpec& c : job->chunks) {
       if (c.rank() == rank && shard.first_layer >= c.first_layer() &&
           shard.last_layer <= c.last_layer()) {

@@ -10,6 +10,7 @@
 #include "common/util/status_macros.h"
 #include "common/wire/eval_key.h"
 #include "server/worker/action_list.h"
+#include "server/worker/gradient_exchange.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -18,6 +19,26 @@ using schedule::Action;
 using schedule::Op;
 using wire::TensorKey;
 using wire::TensorKind;
+
+// The executor's data plane as an ExchangeTransport: sends through the Sender, takes from the
+// mailbox with the executor's input timeout.
+class MailboxTransport final : public ExchangeTransport {
+ public:
+  MailboxTransport(Sender* sender, Mailbox* mailbox, absl::Duration timeout)
+      : sender_(sender), mailbox_(mailbox), timeout_(timeout) {}
+  void Send(const TensorKey& key, math::Matrix tensor) override {
+    sender_->Send(key, std::move(tensor));
+  }
+  absl::StatusOr<math::Matrix> Take(const TensorKey& key) override {
+    return mailbox_->Take(key, timeout_ == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                                    : absl::Now() + timeout_);
+  }
+
+ private:
+  Sender* const sender_;
+  Mailbox* const mailbox_;
+  const absl::Duration timeout_;
+};
 
 // Prefixes `status`'s message with `context`, keeping its code.
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
@@ -174,7 +195,8 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   step_microbatches_ = m;
   weight_grads_done_.assign(chunks_.size(), 0);
   chunk_norms_.assign(chunks_.size(), {});
-  const absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
+  absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
+  if (status.ok()) status = ExchangeTiedGradients(step);
   if (!status.ok()) {
     phase_ = Phase::kFailed;
     return status;
@@ -485,6 +507,45 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
     }
   }
   ReleaseInFlight(a.mb, local);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::ExchangeTiedGradients(int64_t step) {
+  if (!model_->tie().has_value()) return absl::OkStatus();
+  const int last = num_chunks_ - 1;
+  const int e = local_of_chunk_[0];
+  const int h = local_of_chunk_[last];
+  if (e < 0 && h < 0) return absl::OkStatus();
+  using model::TieEnd;
+  absl::StatusOr<math::Tensor> sum;
+  if (e >= 0 && h >= 0) {
+    PT_ASSIGN_OR_RETURN(const math::Tensor embedding_part,
+                        chunks_[e].stage.TiedGradPart(TieEnd::kEmbedding));
+    PT_ASSIGN_OR_RETURN(const math::Tensor head_part, chunks_[h].stage.TiedGradPart(TieEnd::kHead));
+    sum = model::SumTiedGradients(embedding_part, head_part);
+  } else {
+    // One end here, the other on a peer: send ours to the owner of the other end's chunk.
+    const bool embedding = e >= 0;
+    PT_ASSIGN_OR_RETURN(const math::Tensor part,
+                        chunks_[embedding ? e : h].stage.TiedGradPart(embedding ? TieEnd::kEmbedding
+                                                                                : TieEnd::kHead));
+    MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
+    sum =
+        SumWithPeer(&transport, TensorKey{step, 0, embedding ? last : 0, TensorKind::kTiedGradient},
+                    TensorKey{step, 0, embedding ? 0 : last, TensorKind::kTiedGradient}, part,
+                    /*mine_is_lower=*/embedding);
+  }
+  if (!sum.ok()) return WithContext(sum.status(), absl::StrCat("step ", step, ": tied embedding"));
+  for (const auto& [local, end] : {std::pair(e, TieEnd::kEmbedding), std::pair(h, TieEnd::kHead)}) {
+    if (local < 0) continue;
+    model::Stage& stage = chunks_[local].stage;
+    PT_ASSIGN_OR_RETURN(const double norm_sq, stage.SetTiedGrad(end, *sum));
+    const int64_t layer =
+        end == TieEnd::kEmbedding ? model_->tie()->embedding_layer : model_->tie()->head_layer;
+    std::vector<double>& norms = chunk_norms_[local];
+    const size_t k = static_cast<size_t>(layer - stage.first_layer());
+    if (take_norms_ && k < norms.size()) norms[k] = norm_sq;
+  }
   return absl::OkStatus();
 }
 

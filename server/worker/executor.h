@@ -163,7 +163,12 @@ class StepExecutor {
   // A violation is INVALID_ARGUMENT naming the position and the action.
   // While running: F(mb, c) takes kInput (c = 0) or kActivation, and for the last chunk kTarget,
   // then sends kActivation for c+1 (c not last); I(mb, c) takes kGradient (c not last) and sends
-  // kGradient for c-1 (c > 0); B = I then W. Received tensors are shape-checked
+  // kGradient for c-1 (c > 0); B = I then W. For a tied embedding (model::Model::tie) the step
+  // ends with the tied gradient: a worker holding both chunk 0 and the last chunk sums their
+  // parts itself; a worker holding one of them sends its part to the other's owner
+  // (kTiedGradient for that chunk, micro-batch 0) and takes the peer's (SumWithPeer: the
+  // embedding's part first), so that both copies get the same gradient and the reported norms
+  // count it once (at the embedding's layer). Received tensors are shape-checked
   // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
   // error message names the action and its position.
   absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
@@ -238,6 +243,9 @@ class StepExecutor {
   absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);
+  // After the step's last W: gives every tied-table copy held here the tied gradient (see
+  // RunStep) and updates the copies' layers in chunk_norms_.
+  absl::Status ExchangeTiedGradients(int64_t step);
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
   // Bytes held by the in-flight states (inputs, stashes, gradients, dpred) and by what the stages

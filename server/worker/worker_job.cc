@@ -31,6 +31,12 @@ absl::Status RestoreChunks(const v1::Assign& a, JobHost* host, std::vector<Owned
   for (const OwnedChunk& c : *chunks) {
     request.layer_ranges.emplace_back(a.chunks(c.chunk).first_layer(),
                                       a.chunks(c.chunk).last_layer());
+    // A tied head's copy of the table is stored in the embedding's file
+    // (model/tied_embedding.h), which the coordinator sends along.
+    if (c.stage.holds_tied(model::TieEnd::kHead) &&
+        !c.stage.holds_tied(model::TieEnd::kEmbedding)) {
+      request.layer_ranges.emplace_back(0, 1);
+    }
   }
   absl::StatusOr<std::map<std::string, math::Tensor>> state =
       FetchState(host->coordinator(), request);
@@ -171,7 +177,20 @@ absl::StatusOr<std::vector<OwnedChunk>> WorkerJob::BuildChunks(
     }
   }
   if (chunks.empty()) return AssignError(a, absl::StrCat("rank ", rank_, " holds no chunk"));
+  AddTiePeer();
   return chunks;
+}
+
+void WorkerJob::AddTiePeer() {
+  const int embedding = owner_[0];
+  const int head = owner_[num_chunks_ - 1];
+  if (!model_->tie().has_value() || embedding == head) return;
+  int peer = -1;
+  if (rank_ == embedding) peer = head;
+  if (rank_ == head) peer = embedding;
+  if (peer < 0) return;
+  std::vector<int>& peers = peer > rank_ ? higher_peers_ : lower_peers_;
+  if (std::find(peers.begin(), peers.end(), peer) == peers.end()) peers.push_back(peer);
 }
 
 void WorkerJob::Launch() {

@@ -162,6 +162,13 @@ class WorkerJob final : public Sender {
   // (shards_) and neighbours (higher_peers_, lower_peers_). INVALID_ARGUMENT (AssignError) if a
   // Stage cannot be built or the rank holds no chunk.
   absl::StatusOr<std::vector<OwnedChunk>> BuildChunks(const math::OptimizerConfig& optimizer);
+  // For a tied embedding whose ends are on two ranks, each of them is the other's peer (the
+  // gradient exchange, server/worker/gradient_exchange.h): adds it to higher_peers_ or
+  // lower_peers_.
+  void AddTiePeer();
+  // The kinds a stream with stage peer `peer_rank` carries: activations and gradients, and the
+  // tied gradient when a tied embedding's ends are on this rank and that peer.
+  uint32_t StageLinkKinds(int peer_rank) const;
   // Configures the pacer (if any), makes a PeerSlot per neighbour, sets the job's Eigen threads
   // and starts the compute thread.
   void Launch() ABSL_LOCKS_EXCLUDED(links_mu_);

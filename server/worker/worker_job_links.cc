@@ -44,11 +44,26 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   return settings;
 }
 
+uint32_t WorkerJob::StageLinkKinds(int peer_rank) const {
+  uint32_t kinds = wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient);
+  const int embedding = owner_[0];
+  const int head = owner_[num_chunks_ - 1];
+  if (model_->tie().has_value() && embedding != head &&
+      ((rank_ == embedding && peer_rank == head) || (rank_ == head && peer_rank == embedding))) {
+    kinds |= wire::KindBit(TensorKind::kTiedGradient);
+  }
+  return kinds;
+}
+
 absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matrix tensor) {
   // The frame decoder checked job, generation, ranges and kinds; here: does the tensor belong here,
   // from this peer?
   bool ok = key.chunk >= 0 && key.chunk < num_chunks_ && owner_[key.chunk] == rank_;
-  if (ok && peer_rank >= 0) {
+  if (ok && key.kind == TensorKind::kTiedGradient) {
+    // The other end's part: for chunk 0 from the last chunk's owner and the other way round.
+    const int from = key.chunk == 0 ? num_chunks_ - 1 : 0;
+    ok = peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
+  } else if (ok && peer_rank >= 0) {
     const int from = key.kind == TensorKind::kActivation ? key.chunk - 1 : key.chunk + 1;
     ok = (key.kind == TensorKind::kActivation || key.kind == TensorKind::kGradient) && from >= 0 &&
          from < num_chunks_ && owner_[from] == peer_rank;
@@ -181,11 +196,10 @@ absl::StatusOr<LinkSettings> WorkerJob::AcceptNeighbour(const PeerHello& hello,
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_,
                      " accepts Exchange streams only from 'coordinator' and lower-rank "
-                     "neighbours, not from '",
+                     "neighbours (or a tied embedding's other end), not from '",
                      hello.peer, "'"));
   }
-  LinkSettings settings = SettingsFor(
-      wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), peer_rank);
+  LinkSettings settings = SettingsFor(StageLinkKinds(peer_rank), peer_rank);
   std::vector<std::pair<TensorKey, std::shared_ptr<const math::Matrix>>> pending;
   PeerLink* raw = link.get();
   {
@@ -214,8 +228,7 @@ void WorkerJob::DialPeers() {
           : link::AutoLinkConnections(util::UsableCpuCount(), assign_.threads());
   for (int p : higher_peers_) {
     const std::string& address = assign_.worker_addresses(p);
-    LinkSettings settings = SettingsFor(
-        wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient), p);
+    LinkSettings settings = SettingsFor(StageLinkKinds(p), p);
     if (connections > 1) {
       host_->Log(absl::StrCat("link to stage/", p, " (", address, "): ", connections,
                               " connections, tensors of at least ", options_.link.stripe_min_bytes,

@@ -1,8 +1,8 @@
 // The project's central test: `pipetrain local` (a coordinator and S stage_worker processes on
 // 127.0.0.1) reproduces `pipetrain reference` bit for bit — per-step losses (the --json lines,
 // compared as text) and the final weights and optimizer state (the --save layer files, compared
-// byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind, and for
-// the LLaMA and deep GPT examples on S = 4.
+// byte for byte) — for the digits MLP and a char GPT, S = 2 and 4, and every schedule kind, for the
+// LLaMA and deep GPT examples on S = 4, and for the tied LLaMA example on S = 2 and 4.
 // Also: Ctrl-C stops `pipetrain local` and leaves no daemon behind, and `local` runs each worker
 // on a CPU of its own.
 #include <dirent.h>
@@ -23,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -182,6 +183,18 @@ TEST_F(DistributedTest, CharGptMatchesReference) {
 // (its 9 layers give the V = 2 schedules their 8 chunks).
 TEST_F(DistributedTest, ExampleLlamaCharMatchesReferenceOnFourStages) {
   ExpectLocalEqualsReference({Example("llama_char.textproto"), "text", "llama"}, *dir_, {4});
+}
+
+// The tied LLaMA example (ModelSpec.tie_embeddings): where the embedding and the head are on two
+// ranks (1F1B, interleaved) they exchange their parts of the table's gradient every step; where
+// one rank holds both (the V-shaped zb-v and dualpipe-v) it sums them itself. Either way the
+// table is stored once (no layer file for the head) and equals the reference's bit for bit.
+TEST_F(DistributedTest, ExampleTiedLlamaMatchesReference) {
+  ExpectLocalEqualsReference({Example("llama_char_tied.textproto"), "text", "llama-tied"}, *dir_,
+                             {2, 4}, {"1f1b", "interleaved", "zb-v", "dualpipe-v"});
+  EXPECT_FALSE(
+      absl::StrContains(absl::StrJoin(LayerFiles(*dir_ + "/ref-llama-tied"), " "), "layer-00008"))
+      << "the tied head has a layer file";
 }
 
 // The deep GPT example runs the schedules that place two chunks per stage on 4 stages (the

@@ -36,6 +36,20 @@ inline constexpr char kGptSpec[] = R"pb(
   loss { softmax_cross_entropy {} }
 )pb";
 
+// kGptSpec with a tied input/output embedding: the head (layer 4) has no bias and shares the
+// embedding's token table [11, 8].
+inline constexpr char kTiedGptSpec[] = R"pb(
+  name: "tied_gpt"
+  input_features: 1
+  layers { embedding { vocab_size: 11 dim: 8 context: 4 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { layer_norm {} }
+  layers { linear { out_features: 11 no_bias: true } }
+  loss { softmax_cross_entropy {} }
+  tie_embeddings: true
+)pb";
+
 inline std::unique_ptr<Model> BuildOrDie(const char* text) {
   auto spec = ParseModelSpecText(text, "test");
   EXPECT_TRUE(spec.ok()) << spec.status();

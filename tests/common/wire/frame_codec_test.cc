@@ -324,6 +324,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadHeaderCase{"TargetNotLastChunk",
                       [](pb::FrameHeader* h) { h->set_kind(pb::TENSOR_KIND_TARGET); },
                       absl::StatusCode::kInvalidArgument, "target cannot name chunk 1"},
+        BadHeaderCase{"TiedGradientOfAMiddleChunk",
+                      [](pb::FrameHeader* h) { h->set_kind(pb::TENSOR_KIND_TIED_GRADIENT); },
+                      absl::StatusCode::kInvalidArgument, "tied_gradient cannot name chunk 1"},
+        BadHeaderCase{"StaleTiedGradient",
+                      [](pb::FrameHeader* h) {
+                        h->set_kind(pb::TENSOR_KIND_TIED_GRADIENT);
+                        h->set_chunk(0);
+                        h->set_generation(kGeneration - 1);
+                      },
+                      absl::StatusCode::kAborted, "stale frame tied_gradient"},
         BadHeaderCase{"NoDtype", [](pb::FrameHeader* h) { h->set_dtype(pb::DTYPE_UNSPECIFIED); },
                       absl::StatusCode::kInvalidArgument, "only F32"},
         BadHeaderCase{"Rank1", [](pb::FrameHeader* h) { h->mutable_shape()->RemoveLast(); },
@@ -365,6 +375,21 @@ TEST(FrameCodecTest, KindNotAllowedOnStream) {
   absl::Status status = DecodeOne(FrameBytes(Header(kKey, 2, 3), std::string(24, 'x')), v);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("not accepted on this stream"));
+}
+
+// The tied embedding's gradient parts (docs/wire.md, "Gradient exchange") name the chunk of the
+// receiving end, 0 or the last, and only streams that allow the kind carry them.
+TEST(FrameCodecTest, TiedGradientNamesAnEndAndNeedsItsKindAllowed) {
+  for (int32_t chunk : {0, 2}) {
+    const TensorKey key{5, 0, chunk, TensorKind::kTiedGradient};
+    EXPECT_TRUE(DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x'))).ok()) << chunk;
+    FrameValidation v = Validation();
+    v.allowed_kinds = KindBit(TensorKind::kActivation) | KindBit(TensorKind::kGradient);
+    const absl::Status refused = DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), v);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("tied_gradient frames are not accepted on this stream"));
+  }
 }
 
 TEST(FrameCodecTest, PayloadLengthErrors) {

@@ -91,6 +91,24 @@ constexpr char kGptSpec[] = R"pb(
 )pb";
 constexpr int kGptLayers = 9;
 
+// kGptSpec with a tied input/output embedding (the head without bias shares the token table):
+// where chunk 0 and the last chunk are on two workers they exchange their parts of its gradient.
+constexpr char kTiedGptSpec[] = R"pb(
+  name: "tied_gpt"
+  input_features: 1
+  layers { embedding { vocab_size: 11 dim: 8 context: 4 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { transformer_block { heads: 2 } }
+  layers { layer_norm {} }
+  layers { linear { out_features: 11 no_bias: true } }
+  loss { softmax_cross_entropy {} }
+  tie_embeddings: true
+)pb";
+
 constexpr uint64_t kSeed = 7;
 constexpr int64_t kSamples = 16;  // per batch: divisible by every M used here.
 
@@ -508,7 +526,8 @@ std::vector<PipelineConfig> AllConfigs() {
     int layers;
   };
   const std::vector<ModelDef> models = {{"mlp", kDigitsMlpSpec, kDigitsMlpLayers},
-                                        {"gpt", kGptSpec, kGptLayers}};
+                                        {"gpt", kGptSpec, kGptLayers},
+                                        {"tiedgpt", kTiedGptSpec, kGptLayers}};
   std::vector<PipelineConfig> out;
   for (const ModelDef& m : models) {
     for (const KindV& k : kinds) {
@@ -979,6 +998,121 @@ TEST_F(SingleWorkerTest, InputTimeoutNamesTheActionAndTheKey) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("position 0 F(mb=0, chunk=0)"));
   EXPECT_THAT(s.message(), HasSubstr("input(step=9, mb=0, chunk=0)"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tied embedding's gradient exchange, seen from the worker holding the embedding (chunk 0 of
+// 2): its Sender plays the peer holding the head.
+
+enum class TiePeer { kAnswers, kWrongShape, kLost };
+
+class TiePeerSender : public Sender {
+ public:
+  TiePeerSender(Mailbox* mailbox, TiePeer peer) : mailbox_(mailbox), peer_(peer) {}
+  void Send(const TensorKey& key, math::Matrix tensor) override {
+    if (key.kind != TensorKind::kTiedGradient) return;  // chunk 1's activations.
+    EXPECT_EQ(key, (TensorKey{key.step, 0, 1, TensorKind::kTiedGradient}));
+    sent_ = std::move(tensor);
+    const TensorKey reply{key.step, 0, 0, TensorKind::kTiedGradient};
+    switch (peer_) {
+      case TiePeer::kAnswers:
+        EXPECT_TRUE(mailbox_->Put(reply, math::Matrix::Constant(11, 8, 0.5f)).ok());
+        break;
+      case TiePeer::kWrongShape:
+        EXPECT_TRUE(mailbox_->Put(reply, math::Matrix::Constant(8, 11, 0.5f)).ok());
+        break;
+      case TiePeer::kLost:  // what a broken link does to the mailbox (WorkerJob::LinkFailed).
+        mailbox_->Abort(absl::UnavailableError("link to stage/1 failed: connection refused"));
+        break;
+    }
+  }
+  const math::Matrix& sent() const { return sent_; }
+
+ private:
+  Mailbox* const mailbox_;
+  const TiePeer peer_;
+  math::Matrix sent_;
+};
+
+struct TieRun {
+  absl::StatusOr<StepReport> report = absl::UnknownError("not run");
+  std::vector<LayerNormSq> norms;  // after the step
+  math::Matrix sent;
+};
+
+// Runs step 1 (F and B of one micro-batch of 2 samples) on chunk 0 (layers [0, 2)) of the 9-layer
+// tied GPT, with `peer` answering the exchange.
+TieRun RunEmbeddingWorker(const model::Model& model, TiePeer peer) {
+  Mailbox mailbox;
+  TiePeerSender sender(&mailbox, peer);
+  std::vector<OwnedChunk> chunks;
+  auto stage = model::Stage::Create(&model, 0, 2, kSeed, Optimizer(math::OptimizerKind::kSgd));
+  EXPECT_TRUE(stage.ok());
+  chunks.push_back(OwnedChunk{0, std::move(*stage)});
+  auto e = StepExecutor::Create(&model, std::move(chunks), 2, &mailbox, &sender,
+                                ExecutorOptions{absl::Seconds(30)});
+  EXPECT_TRUE(e.ok()) << e.status();
+  const io::Batch batch = model::testing::MakeBatch(model, 2, 1);
+  EXPECT_TRUE(mailbox.Put(TensorKey{1, 0, 0, TensorKind::kInput}, batch.inputs).ok());
+  math::Matrix dy(batch.inputs.rows(), 8);
+  for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = 0.01f * static_cast<float>(i % 7);
+  EXPECT_TRUE(mailbox.Put(TensorKey{1, 0, 0, TensorKind::kGradient}, dy).ok());
+  TieRun run;
+  run.report = (*e)->RunStep(1, {{Op::kForward, 0, 0}, {Op::kBackward, 0, 0}}, batch.inputs.rows());
+  if (run.report.ok()) run.norms = (*e)->GradNormSqPerLayer();
+  run.sent = sender.sent();
+  return run;
+}
+
+TEST(TiedExchangeTest, SendsItsPartAndKeepsTheSumWithTheEmbeddingsPartFirst) {
+  auto model = model::testing::BuildOrDie(kTiedGptSpec);
+  const TieRun run = RunEmbeddingWorker(*model, TiePeer::kAnswers);
+  ASSERT_TRUE(run.report.ok()) << run.report.status();
+  // The same F, I and W by hand: the part sent is the embedding's gradient, and the norm of
+  // layer 0 is that of (part + the peer's 0.5) and the position table's gradient.
+  auto stage = model::Stage::Create(model.get(), 0, 2, kSeed, Optimizer(math::OptimizerKind::kSgd));
+  ASSERT_TRUE(stage.ok());
+  const io::Batch batch = model::testing::MakeBatch(*model, 2, 1);
+  model::MicrobatchState mb;
+  stage->Forward(math::AsConstMap(batch.inputs), &mb);
+  math::Matrix dy(batch.inputs.rows(), 8);
+  for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = 0.01f * static_cast<float>(i % 7);
+  stage->BackwardInput(math::AsConstMap(dy), false, &mb);
+  stage->BackwardWeight(&mb);
+  absl::StatusOr<math::Tensor> part = stage->TiedGradPart(model::TieEnd::kEmbedding);
+  ASSERT_TRUE(part.ok());
+  ASSERT_EQ(run.sent.rows(), 11);
+  ASSERT_EQ(run.sent.cols(), 8);
+  EXPECT_EQ(std::memcmp(run.sent.data(), part->data.data(), part->data.size() * sizeof(float)), 0);
+  math::Tensor peer{{11, 8}, std::vector<float>(88, 0.5f)};
+  absl::StatusOr<math::Tensor> sum = model::SumTiedGradients(*part, peer);
+  ASSERT_TRUE(sum.ok());
+  absl::StatusOr<double> norm = stage->SetTiedGrad(model::TieEnd::kEmbedding, *sum);
+  ASSERT_TRUE(norm.ok());
+  ASSERT_FALSE(run.norms.empty());
+  EXPECT_EQ(run.norms[0].layer, 0);
+  EXPECT_EQ(Bits(run.norms[0].norm_sq), Bits(*norm));
+  ASSERT_FALSE(run.report->layer_grad_norm_sq.empty());
+  EXPECT_EQ(Bits(run.report->layer_grad_norm_sq[0].norm_sq), Bits(*norm)) << "reported norm";
+}
+
+TEST(TiedExchangeTest, APeerPartOfAnotherShapeIsInvalidArgument) {
+  auto model = model::testing::BuildOrDie(kTiedGptSpec);
+  const TieRun run = RunEmbeddingWorker(*model, TiePeer::kWrongShape);
+  ASSERT_FALSE(run.report.ok());
+  EXPECT_EQ(run.report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.report.status().message(),
+              HasSubstr("step 1: tied embedding: gradient exchange: the peer's part "
+                        "tied_gradient(step=1, mb=0, chunk=0) has shape [8, 11], the local part "
+                        "[11, 8]"));
+}
+
+TEST(TiedExchangeTest, ALostPeerFailsTheStepWithUnavailable) {
+  auto model = model::testing::BuildOrDie(kTiedGptSpec);
+  const TieRun run = RunEmbeddingWorker(*model, TiePeer::kLost);
+  ASSERT_FALSE(run.report.ok());
+  EXPECT_EQ(run.report.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(run.report.status().message(), HasSubstr("link to stage/1 failed"));
 }
 
 TEST(ExecutorCreateTest, RejectsInconsistentChunks) {

@@ -550,7 +550,11 @@ struct ScheduleCase {
 };
 
 class StageWorkerScheduleTest : public StageWorkerTest,
-                                public ::testing::WithParamInterface<ScheduleCase> {};
+                                public ::testing::WithParamInterface<ScheduleCase> {
+ protected:
+  // Two steps of the parameter's schedule and a checkpoint, bitwise equal to the reference.
+  void ExpectTwoStepsBitwiseEqualToTheReference();
+};
 
 std::string CaseName(const ::testing::TestParamInfo<ScheduleCase>& info) {
   std::string name(schedule::ScheduleKindName(info.param.kind));
@@ -572,6 +576,10 @@ INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerScheduleTest,
 // rank 1 to rank 0 (chunk 1 -> 2) over the stream rank 0 dialled; ZB-V places chunks 0 and 3 on
 // rank 0, which then gets both inputs and targets from the coordinator.
 TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
+  ExpectTwoStepsBitwiseEqualToTheReference();
+}
+
+void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   constexpr int64_t kGeneration = 1;
   AssignBoth(kGeneration);
@@ -678,6 +686,80 @@ TEST_P(StageWorkerScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
     ASSERT_FALSE(want.empty()) << shard.file;
     EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
   }
+}
+
+// The tied GPT (tie_embeddings) on two daemons: with 1F1B and interleaved the ranks of chunk 0 and
+// the last chunk exchange their parts of the table's gradient over the Exchange stream between
+// them; with ZB-V rank 0 holds both ends and sums them itself. Every step and the checkpoint (no
+// file for the head) are the reference's bit for bit.
+class StageWorkerTiedScheduleTest : public StageWorkerScheduleTest {
+ protected:
+  void SetUp() override {
+    StageWorkerScheduleTest::SetUp();
+    model_ = model::testing::BuildOrDie(model::testing::kTiedGptSpec);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerTiedScheduleTest,
+                         ::testing::Values(ScheduleCase{schedule::ScheduleKind::kOneFOneB, 1},
+                                           ScheduleCase{schedule::ScheduleKind::kInterleaved, 2},
+                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2}),
+                         CaseName);
+
+TEST_P(StageWorkerTiedScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
+  ExpectTwoStepsBitwiseEqualToTheReference();
+}
+
+// Opens an Exchange stream to worker `w` as `peer` (with the generation's secret), sends one
+// [2, 3] tensor under `key` and returns the status the stream ends with (DEADLINE_EXCEEDED if it
+// still runs after 10 s).
+absl::Status SendAndAwaitEnd(const std::string& address, const std::string& peer,
+                             int64_t generation, const std::string& secret, int chunks,
+                             const TensorKey& key) {
+  absl::Mutex mu;
+  absl::Status ended;
+  bool done = false;
+  LinkSettings settings;
+  settings.validation.expected = wire::StreamIdentity{kJob, generation};
+  settings.validation.num_microbatches = kMicrobatches;
+  settings.validation.num_chunks = chunks;
+  settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
+  settings.callbacks.on_error = [&](const absl::Status& status) {
+    absl::MutexLock lock(&mu);
+    ended = status;
+    done = true;
+  };
+  absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+      link::CreateExchangeChannel(address), address,
+      PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
+  if (!link.ok()) return link.status();
+  absl::Status sent = (*link)->Send(key, std::make_shared<const math::Matrix>(2, 3));
+  {
+    absl::MutexLock lock(&mu);
+    if (sent.ok() && !mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
+      ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
+    }
+  }
+  (*link)->Shutdown();  // no callback runs after this: `mu` may go.
+  absl::MutexLock lock(&mu);
+  return sent.ok() ? ended : sent;
+}
+
+// Only the tie's other end sends a tied_gradient: the coordinator's feed stream to rank 0 (inputs
+// and targets only) is refused naming the kind. The tie's own stream is a neighbour's, fenced by
+// generation and secret like every other.
+TEST_P(StageWorkerTiedScheduleTest, ATiedGradientFromAnotherPeerIsRefused) {
+  if (GetParam().kind != schedule::ScheduleKind::kOneFOneB) GTEST_SKIP() << "one case suffices";
+  UsePlan(GetParam().kind, GetParam().virtual_stages);
+  AssignBoth(1);
+  const absl::Status feed =
+      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
+                      TensorKey{1, 0, 0, TensorKind::kTiedGradient});
+  EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
+  EXPECT_THAT(feed.message(), HasSubstr("tied_gradient frames are not accepted on this stream"));
+  EXPECT_EQ(StreamEnd(1, "stage/0", 2, SecretOf(2)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(StreamEnd(1, "stage/0", 1, "not-the-secret").code(),
+            absl::StatusCode::kUnauthenticated);
 }
 
 // Daemons emulating 1e-4 GFLOP/s (1e5 FLOP/s): the test MLP's step then takes ~0.1 s of
