@@ -1,5 +1,6 @@
 #include "common/math/llama_block.h"
 
+#include <algorithm>
 #include <cassert>
 
 #include "common/math/det_math.h"
@@ -23,16 +24,46 @@ int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kReg
 
 ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
 
-// sigmoid(g) in double.
-double Sigmoid(float g) { return 1.0 / (1.0 + PortableExp(-static_cast<double>(g))); }
+// silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double, rounded to float; its
+// derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to float.
+// Elements per chunk of the SwiGLU passes: their exponentials go through PortableExpArray from a
+// buffer of this many doubles on the stack.
+constexpr int64_t kSwiGluChunk = 256;
 
-// silu(g) = g sigmoid(g), rounded to float.
-float Silu(float g) { return static_cast<float>(static_cast<double>(g) * Sigmoid(g)); }
+// e[i] = PortableExp(-g[i]) for i < len (so that 1 / (1 + e[i]) is Sigmoid(g[i]) bitwise).
+void NegExpChunk(const float* g, int64_t len, double* e) {
+  for (int64_t i = 0; i < len; ++i) e[i] = -static_cast<double>(g[i]);
+  PortableExpArray(e, len, e);
+}
 
-// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g), rounded to float.
-float SiluGrad(float g) {
-  const double s = Sigmoid(g);
-  return static_cast<float>(s * (1.0 + static_cast<double>(g) * (1.0 - s)));
+// m = silu(g) u over n elements; bitwise Silu(g[i]) * u[i].
+void SwiGluForward(const float* g, const float* u, int64_t n, float* m) {
+  double e[kSwiGluChunk];
+  for (int64_t start = 0; start < n; start += kSwiGluChunk) {
+    const int64_t len = std::min(kSwiGluChunk, n - start);
+    NegExpChunk(g + start, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      const double gd = g[start + i];
+      m[start + i] = static_cast<float>(gd * (1.0 / (1.0 + e[i]))) * u[start + i];
+    }
+  }
+}
+
+// Given dm (in du): dg = dm u silu'(g) and du = dm silu(g), bitwise SiluGrad's and Silu's.
+void SwiGluBackward(const float* g, const float* u, int64_t n, float* dg, float* du) {
+  double e[kSwiGluChunk];
+  for (int64_t start = 0; start < n; start += kSwiGluChunk) {
+    const int64_t len = std::min(kSwiGluChunk, n - start);
+    NegExpChunk(g + start, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t at = start + i;
+      const double gd = g[at];
+      const double sig = 1.0 / (1.0 + e[i]);
+      const float dm = du[at];
+      dg[at] = dm * u[at] * static_cast<float>(sig * (1.0 + gd * (1.0 - sig)));
+      du[at] = dm * static_cast<float>(gd * sig);
+    }
+  }
 }
 
 }  // namespace
@@ -112,11 +143,12 @@ FlopCount LlamaBlock::Flops(int64_t rows) const {
   const double d = static_cast<double>(config_.dim);
   const double kvd = static_cast<double>(kv_dim_);
   const double hid = static_cast<double>(config_.hidden);
-  const double t = static_cast<double>(config_.context);
-  const double scores = n * static_cast<double>(config_.heads) * t;  // samples * H * T^2
+  // Keys per query row the causal products compute (T when T <= kCausalBlock).
+  const double keys = CausalScoreEntries(config_.context) / static_cast<double>(config_.context);
+  const double scores = n * static_cast<double>(config_.heads) * keys;  // samples * H * entries
   // Weight GEMMs: q, o (d x d), k, v (K hd x d), gate, up, down (hidden x d).
   const double weight_gemm = 2.0 * n * (2.0 * d * d + 2.0 * d * kvd + 3.0 * d * hid);
-  const double attn_gemm = 2.0 * n * t * d;  // one T x T x hd product per sample, all heads
+  const double attn_gemm = 2.0 * n * keys * d;  // one causal product per sample, all heads
   const double rope = kRopeFlopsPerElement * n * (d + kvd);
   FlopCount f;
   f.forward = weight_gemm + 2.0 * attn_gemm + 2.0 * kRmsNormForwardFlopsPerElement * n * d +
@@ -166,7 +198,7 @@ void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, fl
   LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
   LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
   float* m = s + l.m;
-  for (int64_t i = 0; i < n * hid; ++i) m[i] = Silu(g.data()[i]) * u.data()[i];
+  SwiGluForward(g.data(), u.data(), n * hid, m);
   LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
                 nullptr, y);
   y += h;
@@ -193,17 +225,10 @@ void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMa
   // dm = dy Wd (in the du region); dg = dm u silu'(g), du = dm silu(g).
   MatrixMap du(s + l.du, n, hid);
   LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du);
-  const float* g = s + l.g;
-  const float* u = s + l.u;
-  float* dg = s + l.dg;
-  for (int64_t i = 0; i < n * hid; ++i) {
-    const float dm = du.data()[i];
-    dg[i] = dm * u[i] * SiluGrad(g[i]);
-    du.data()[i] = dm * Silu(g[i]);
-  }
+  SwiGluBackward(s + l.g, s + l.u, n * hid, s + l.dg, du.data());
   // db = dg Wg + du Wu; dh = dy + RMSNorm2'(db).
   MatrixMap db(s + l.db, n, d);
-  LinearBackwardInput(ConstMatrixMap(dg, n, hid),
+  LinearBackwardInput(ConstMatrixMap(s + l.dg, n, hid),
                       ConstMatrixMap(params[kGateW].data.data(), hid, d), db);
   db.noalias() += AsConst(du) * ConstMatrixMap(params[kUpW].data.data(), hid, d);
   MatrixMap dh(s + l.dh, n, d);

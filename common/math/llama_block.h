@@ -45,8 +45,8 @@ struct LlamaBlockConfig {
 // BackwardInput adds dg, du, dh, db, the pre-rotation dq and dk, dv and da, so BackwardWeight runs
 // only weight-gradient GEMMs and the norms' reductions. Plus a T^2 scratch. Forward sizes the
 // whole stash once (no reallocation when it already has the right size).
-// FLOPs: docs/numerics.md (GEMMs exact, elementwise approximate; scores computed for the full
-// T x T square, then masked).
+// FLOPs: docs/numerics.md (GEMMs exact, elementwise approximate; the causal products count
+// CausalScoreEntries(T) scores per sample and head).
 class LlamaBlock final : public Layer {
  public:
   explicit LlamaBlock(const LlamaBlockConfig& config);

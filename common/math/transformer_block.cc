@@ -119,11 +119,12 @@ FlopCount TransformerBlock::Flops(int64_t rows) const {
   const double n = static_cast<double>(rows);
   const double d = static_cast<double>(dim_);
   const double hid = static_cast<double>(hidden_);
-  const double t = static_cast<double>(context_);
-  const double scores = n * static_cast<double>(heads_) * t;  // samples * heads * T^2
-  // GEMMs: weights 2 n (3d d + d d + d hid + hid d); attention 2 n T d per T x T x hd product.
+  // Keys per query row the causal products compute (T when T <= kCausalBlock).
+  const double keys = CausalScoreEntries(context_) / static_cast<double>(context_);
+  const double scores = n * static_cast<double>(heads_) * keys;  // samples * heads * entries
+  // GEMMs: weights 2 n (3d d + d d + d hid + hid d); attention 2 n keys d per causal product.
   const double weight_gemm = 2.0 * n * (4.0 * d * d + 2.0 * d * hid);
-  const double attn_gemm = 2.0 * n * t * d;
+  const double attn_gemm = 2.0 * n * keys * d;
   const double biases = n * (5.0 * d + hid);
   FlopCount f;
   f.forward = weight_gemm + 2.0 * attn_gemm + biases +
@@ -137,6 +138,20 @@ FlopCount TransformerBlock::Flops(int64_t rows) const {
   return f;
 }
 
+namespace {
+
+// Columns col0 .. col0+cols-1 of rows row0 .. row0+rows-1 of m.
+ConstStridedMap ColumnsOf(ConstMatrixMap m, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) {
+  return ConstStridedMap(m.data() + row0 * m.cols() + col0, rows, cols,
+                         Eigen::OuterStride<>(m.cols()));
+}
+StridedMap ColumnsOf(MatrixMap m, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  return StridedMap(m.data() + row0 * m.cols() + col0, rows, cols, Eigen::OuterStride<>(m.cols()));
+}
+
+}  // namespace
+
 void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMap out) const {
   const int64_t t = context_;
   const int64_t hd = head_dim_;
@@ -145,14 +160,10 @@ void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMa
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   for (int64_t s = 0; s < samples; ++s) {
     for (int64_t h = 0; h < heads_; ++h) {
-      const auto q = qkv.block(s * t, h * hd, t, hd);
-      const auto k = qkv.block(s * t, d + h * hd, t, hd);
-      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
-      float* a_data = att + (s * heads_ + h) * t * t;
-      MatrixMap a(a_data, t, t);
-      a.noalias() = q * k.transpose();
-      CausalSoftmaxRows(t, t, 0, scale, a_data);
-      out.block(s * t, h * hd, t, hd).noalias() = a * v;
+      CausalHeadForward(ColumnsOf(qkv, s * t, t, h * hd, hd),
+                        ColumnsOf(qkv, s * t, t, d + h * hd, hd),
+                        ColumnsOf(qkv, s * t, t, 2 * d + h * hd, hd), 0, scale,
+                        att + (s * heads_ + h) * t * t, ColumnsOf(out, s * t, t, h * hd, hd));
     }
   }
 }
@@ -164,22 +175,14 @@ void TransformerBlock::AttentionBackward(ConstMatrixMap qkv, const float* att, C
   const int64_t d = dim_;
   const int64_t samples = qkv.rows() / t;
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  MatrixMap ds(scratch, t, t);
   for (int64_t s = 0; s < samples; ++s) {
     for (int64_t h = 0; h < heads_; ++h) {
-      const auto q = qkv.block(s * t, h * hd, t, hd);
-      const auto k = qkv.block(s * t, d + h * hd, t, hd);
-      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
-      const auto dout_h = dout.block(s * t, h * hd, t, hd);
-      const float* a_data = att + (s * heads_ + h) * t * t;
-      ConstMatrixMap a(a_data, t, t);
-      // dP = dO V^T, dV = P^T dO.
-      ds.noalias() = dout_h * v.transpose();
-      dqkv.block(s * t, 2 * d + h * hd, t, hd).noalias() = a.transpose() * dout_h;
-      CausalSoftmaxBackwardRows(t, scale, a_data, scratch);
-      // dQ = dS K, dK = dS^T Q.
-      dqkv.block(s * t, h * hd, t, hd).noalias() = ds * k;
-      dqkv.block(s * t, d + h * hd, t, hd).noalias() = ds.transpose() * q;
+      CausalHeadBackward(
+          ColumnsOf(qkv, s * t, t, h * hd, hd), ColumnsOf(qkv, s * t, t, d + h * hd, hd),
+          ColumnsOf(qkv, s * t, t, 2 * d + h * hd, hd), att + (s * heads_ + h) * t * t,
+          ColumnsOf(dout, s * t, t, h * hd, hd), scale, scratch, /*accumulate=*/false,
+          ColumnsOf(dqkv, s * t, t, h * hd, hd), ColumnsOf(dqkv, s * t, t, d + h * hd, hd),
+          ColumnsOf(dqkv, s * t, t, 2 * d + h * hd, hd));
     }
   }
 }
@@ -342,15 +345,11 @@ void TransformerBlock::AttentionIncremental(ConstMatrixMap qkv, int64_t position
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const ConstMatrixMap k_all(keys, len, d);
   const ConstMatrixMap v_all(values, len, d);
-  MatrixMap a(att, n, len);
   for (int64_t h = 0; h < heads_; ++h) {
-    const auto q = qkv.block(0, h * hd, n, hd);
-    const auto k = k_all.block(0, h * hd, len, hd);
-    const auto v = v_all.block(0, h * hd, len, hd);
-    a.noalias() = q * k.transpose();
     // Row i is position position+i.
-    CausalSoftmaxRows(n, len, position, scale, att);
-    out.block(0, h * hd, n, hd).noalias() = a * v;
+    CausalHeadForward(ColumnsOf(qkv, 0, n, h * hd, hd), ColumnsOf(k_all, 0, len, h * hd, hd),
+                      ColumnsOf(v_all, 0, len, h * hd, hd), position, scale, att,
+                      ColumnsOf(out, 0, n, h * hd, hd));
   }
 }
 

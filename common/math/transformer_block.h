@@ -18,7 +18,7 @@ namespace pipetrain::math {
 // of sample s in order. With d = dim, hidden = mlp_ratio * d, hd = d / heads:
 //   a   = LN1(x)                          (eps 1e-5)
 //   qkv = a Wqkv^T + bqkv                 [r, 3d]: q | k | v, head h in columns h*hd..h*hd+hd-1
-//   per sample and head: P = causal_softmax(q k^T / sqrt(hd)), o = P v
+//   per sample and head: P = causal_softmax(q k^T / sqrt(hd)), o = P v (CausalHeadForward)
 //   h   = x + o Wproj^T + bproj
 //   y   = h + fc2(GELU(LN2(h) Wfc^T + bfc)), fc2(g) = g Wfc2^T + bfc2
 // Params (in this order): ln1.weight [d], ln1.bias [d], attn.qkv.weight [3d, d],
@@ -31,8 +31,10 @@ namespace pipetrain::math {
 // gradients of mlp.fc, attn.proj (= dh), ln2, attn.qkv and ln1, so BackwardWeight runs only
 // weight-gradient GEMMs and reductions. A context^2 scratch for one attention head is included.
 // Forward sizes the whole stash once (no reallocation when it already has the right size).
-// FLOPs: see docs/numerics.md (GEMMs exact, elementwise approximate; scores are computed for the
-// full context x context square, then masked).
+// Attention: gqa_attention.h's CausalHeadForward/Backward per sample and head (the masked half of
+// the scores is never computed).
+// FLOPs: see docs/numerics.md (GEMMs exact, elementwise approximate; the causal products count
+// CausalScoreEntries(context) scores per sample and head).
 class TransformerBlock final : public Layer {
  public:
   // dim, heads, context, mlp_ratio > 0; heads divides dim.
