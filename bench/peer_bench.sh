@@ -22,6 +22,7 @@
 #
 # Usage: bench/peer_bench.sh [BUILD_DIR] [STEPS] [ROUNDS] [MODELS]
 #   (defaults: build 25 3 "mlp gpt llama"; the transformers run STEPS/2 steps, at least 4)
+# Env: SCHEDULES, the pipetrain S=2 schedules to run (default: all six).
 # Needs Debian's python3-torch; without it the PyTorch rows are skipped with a message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -101,7 +102,8 @@ torch_sps() {
 }
 
 runs=("torch single" "torch 1f1b" "torch 1f1b --pin" "reference")
-for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do runs+=("local $kind"); done
+schedules=${SCHEDULES:-gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v}
+for kind in $schedules; do runs+=("local $kind"); done
 declare -A best
 for ((r = 1; r <= rounds; ++r)); do
   for model in $models; do
@@ -144,7 +146,7 @@ for model in $models; do
   row "pipetrain reference" "reference" "torch single"
   row "PyTorch 1F1B, gloo, 2 ranks" "torch 1f1b" "torch 1f1b" "torch 1f1b --pin"
   row "PyTorch 1F1B, gloo, 2 ranks, pinned" "torch 1f1b --pin" "torch 1f1b" "torch 1f1b --pin"
-  for kind in gpipe 1f1b interleaved zb-h1 zb-v dualpipe-v; do
+  for kind in $schedules; do
     row "pipetrain local S=2 $kind" "local $kind" "torch 1f1b" "torch 1f1b --pin"
   done
 done

@@ -9,6 +9,7 @@
 #include "common/math/init.h"
 #include "common/math/layer_norm.h"
 #include "common/math/linear.h"
+#include "common/math/packed_gemm.h"
 
 namespace pipetrain::math {
 namespace {
@@ -187,8 +188,67 @@ void TransformerBlock::AttentionBackward(ConstMatrixMap qkv, const float* att, C
   }
 }
 
+namespace {
+
+// The weights a TransformerBlockParamCache packs, in its arrays' order.
+constexpr int kPackedWeights[] = {kQkvW, kProjW, kFcW, kFc2W};
+constexpr int kNumPacked = 4;
+
+// Each matrix of kPackedWeights packed for y = x W^T and for dx = dy W.
+class TransformerBlockParamCache final : public ParamCache {
+ public:
+  void ParamsChanged() override {
+    for (int i = 0; i < kNumPacked; ++i) {
+      forward[i].Invalidate();
+      backward_input[i].Invalidate();
+    }
+  }
+  void Refresh(absl::Span<const Tensor> params) override {
+    for (int i = 0; i < kNumPacked; ++i) {
+      const Tensor& w = params[kPackedWeights[i]];
+      const ConstMatrixMap m(w.data.data(), w.shape[0], w.shape[1]);
+      RepackXWt(m, &forward[i]);
+      RepackDyW(m, &backward_input[i]);
+    }
+  }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (int i = 0; i < kNumPacked; ++i) total += forward[i].bytes() + backward_input[i].bytes();
+    return total;
+  }
+
+  PackedWeight forward[kNumPacked];
+  PackedWeight backward_input[kNumPacked];
+};
+
+// The packing of params[param] in `cache` (null: none) for the forward or input-gradient product.
+PackedWeight* PackedFor(ParamCache* cache, int param, bool forward) {
+  if (cache == nullptr) return nullptr;
+  auto* c = static_cast<TransformerBlockParamCache*>(cache);
+  for (int i = 0; i < kNumPacked; ++i) {
+    if (kPackedWeights[i] == param) return forward ? &c->forward[i] : &c->backward_input[i];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<ParamCache> TransformerBlock::NewParamCache() const {
+  return std::make_unique<TransformerBlockParamCache>();
+}
+
 void TransformerBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
                                Stash* stash) const {
+  ForwardCached(params, nullptr, x, y, stash);
+}
+
+void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                     ConstMatrixMap dy, Stash* stash, MatrixMap dx) const {
+  BackwardInputCached(params, nullptr, x, dy, stash, dx);
+}
+
+void TransformerBlock::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                     ConstMatrixMap x, MatrixMap y, Stash* stash) const {
   assert(x.cols() == dim_ && y.rows() == x.rows() && y.cols() == dim_ && x.rows() % context_ == 0 &&
          params.size() == kNumParams);
   const int64_t n = x.rows();
@@ -203,24 +263,28 @@ void TransformerBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x
   MatrixMap ln1(s + l.ln1, n, d);
   LayerNormForward(x, p(kLn1W), p(kLn1B), kLnEps, ln1, s + l.mean1, s + l.rstd1);
   MatrixMap qkv(s + l.qkv, n, 3 * d);
-  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv);
+  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv,
+                PackedFor(cache, kQkvW, true));
   MatrixMap attn(s + l.attn, n, d);
   AttentionForward(AsConst(qkv), s + l.att, attn);
   MatrixMap h(s + l.h, n, d);
-  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h);
+  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h,
+                PackedFor(cache, kProjW, true));
   h += x;
   MatrixMap ln2(s + l.ln2, n, d);
   LayerNormForward(AsConst(h), p(kLn2W), p(kLn2B), kLnEps, ln2, s + l.mean2, s + l.rstd2);
   MatrixMap fc(s + l.fc, n, hidden_);
-  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc);
+  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc,
+                PackedFor(cache, kFcW, true));
   GeluForward(s + l.fc, n * hidden_, s + l.gelu);
   LinearForward(ConstMatrixMap(s + l.gelu, n, hidden_), ConstMatrixMap(p(kFc2W), d, hidden_),
-                p(kFc2B), y);
+                p(kFc2B), y, PackedFor(cache, kFc2W, true));
   y += h;
 }
 
-void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x,
-                                     ConstMatrixMap dy, Stash* stash, MatrixMap dx) const {
+void TransformerBlock::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                           ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                           MatrixMap dx) const {
   const int64_t n = x.rows();
   const int64_t d = dim_;
   const Layout l = MakeLayout(n);
@@ -230,22 +294,26 @@ void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatri
 
   // MLP: dfc = (dy Wfc2) * gelu'(fc); dln2 = dfc Wfc; dh = dy + LN2'(dln2).
   MatrixMap dfc(s + l.dfc, n, hidden_);
-  LinearBackwardInput(dy, ConstMatrixMap(p(kFc2W), d, hidden_), dfc);
+  LinearBackwardInput(dy, ConstMatrixMap(p(kFc2W), d, hidden_), dfc,
+                      PackedFor(cache, kFc2W, false));
   GeluBackward(s + l.fc, s + l.dfc, n * hidden_, s + l.dfc);
   MatrixMap dln2(s + l.dln2, n, d);
-  LinearBackwardInput(AsConst(dfc), ConstMatrixMap(p(kFcW), hidden_, d), dln2);
+  LinearBackwardInput(AsConst(dfc), ConstMatrixMap(p(kFcW), hidden_, d), dln2,
+                      PackedFor(cache, kFcW, false));
   MatrixMap dh(s + l.dh, n, d);
   dh = dy;
   LayerNormBackwardInput(ConstMatrixMap(s + l.h, n, d), AsConst(dln2), p(kLn2W), s + l.mean2,
                          s + l.rstd2, /*accumulate=*/true, dh);
   // Attention: d(attn) = dh Wproj (held in the dln1 region until dln1 is written), then dqkv.
   MatrixMap dattn(s + l.dln1, n, d);
-  LinearBackwardInput(AsConst(dh), ConstMatrixMap(p(kProjW), d, d), dattn);
+  LinearBackwardInput(AsConst(dh), ConstMatrixMap(p(kProjW), d, d), dattn,
+                      PackedFor(cache, kProjW, false));
   MatrixMap dqkv(s + l.dqkv, n, 3 * d);
   AttentionBackward(ConstMatrixMap(s + l.qkv, n, 3 * d), s + l.att, AsConst(dattn), s + l.scratch,
                     dqkv);
   MatrixMap dln1(s + l.dln1, n, d);
-  LinearBackwardInput(AsConst(dqkv), ConstMatrixMap(p(kQkvW), 3 * d, d), dln1);
+  LinearBackwardInput(AsConst(dqkv), ConstMatrixMap(p(kQkvW), 3 * d, d), dln1,
+                      PackedFor(cache, kQkvW, false));
   if (dx.rows() == 0) return;
   // dx = dh + LN1'(dln1).
   dx = dh;

@@ -60,6 +60,14 @@ class TransformerBlock final : public Layer {
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 
+  // The four weights (attn.qkv, attn.proj, mlp.fc, mlp.proj) packed for their forward and
+  // input-gradient products (packed_gemm.h), as a Linear's: bitwise the uncached results.
+  std::unique_ptr<ParamCache> NewParamCache() const override;
+  void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                     MatrixMap y, Stash* stash) const override;
+  void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           ConstMatrixMap dy, Stash* stash, MatrixMap dx) const override;
+
   // Incremental forward (KV cache; docs/inference.md). The state holds the keys and values of
   // every head for up to context() positions (2 * context * dim floats, allocated once). Rows of
   // x are positions position .. position+n-1 of one sequence; row i attends to positions
