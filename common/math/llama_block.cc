@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cassert>
+#include <memory>
 
 #include "common/math/det_math.h"
 #include "common/math/init.h"
 #include "common/math/linear.h"
+#include "common/math/packed_gemm.h"
 #include "common/math/rms_norm.h"
 
 namespace pipetrain::math {
@@ -24,10 +26,9 @@ int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kReg
 
 ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
 
-// silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double, rounded to float; its
-// derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to float.
-// Elements per chunk of the SwiGLU passes: their exponentials go through PortableExpArray from a
-// buffer of this many doubles on the stack.
+// The SwiGLU passes: silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double, rounded to
+// float; its derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to float. Elements per chunk:
+// their exponentials go through PortableExpArray from a buffer of this many doubles on the stack.
 constexpr int64_t kSwiGluChunk = 256;
 
 // e[i] = PortableExp(-g[i]) for i < len (so that 1 / (1 + e[i]) is Sigmoid(g[i]) bitwise).
@@ -64,6 +65,50 @@ void SwiGluBackward(const float* g, const float* u, int64_t n, float* dg, float*
       du[at] = dm * static_cast<float>(gd * sig);
     }
   }
+}
+
+// The weights a LlamaBlockParamCache packs, in its arrays' order.
+constexpr int kLlamaPackedWeights[] = {kQW, kKW, kVW, kOW, kGateW, kUpW, kDownW};
+constexpr int kLlamaNumPacked = 7;
+
+// Each matrix of kLlamaPackedWeights packed for y = x W^T, and for dx = dy W where that product
+// assigns (attn.o, attn.q, mlp.gate, mlp.down; the accumulating ones stay unpacked).
+class LlamaBlockParamCache final : public ParamCache {
+ public:
+  void ParamsChanged() override {
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      forward[i].Invalidate();
+      backward_input[i].Invalidate();
+    }
+  }
+  void Refresh(absl::Span<const Tensor> params) override {
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      const Tensor& w = params[kLlamaPackedWeights[i]];
+      const ConstMatrixMap m(w.data.data(), w.shape[0], w.shape[1]);
+      RepackXWt(m, &forward[i]);
+      RepackDyW(m, &backward_input[i]);  // nothing for the weights never packed for it
+    }
+  }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      total += forward[i].bytes() + backward_input[i].bytes();
+    }
+    return total;
+  }
+
+  PackedWeight forward[kLlamaNumPacked];
+  PackedWeight backward_input[kLlamaNumPacked];
+};
+
+// The packing of params[param] in `cache` (null: none) for its forward or input-gradient product.
+PackedWeight* LlamaPacked(ParamCache* cache, int param, bool forward) {
+  if (cache == nullptr) return nullptr;
+  auto* c = static_cast<LlamaBlockParamCache*>(cache);
+  for (int i = 0; i < kLlamaNumPacked; ++i) {
+    if (kLlamaPackedWeights[i] == param) return forward ? &c->forward[i] : &c->backward_input[i];
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -162,7 +207,7 @@ FlopCount LlamaBlock::Flops(int64_t rows) const {
 }
 
 void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x,
-                                  const Layout& l, float* s) const {
+                                  const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = x.rows();
   const int64_t d = config_.dim;
   auto w = [&params](int i, int64_t rows, int64_t cols) {
@@ -173,20 +218,20 @@ void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMa
   MatrixMap q(s + l.q, n, d);
   MatrixMap k(s + l.k, n, kv_dim_);
   MatrixMap v(s + l.v, n, kv_dim_);
-  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q);
-  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k);
-  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v);
+  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q, LlamaPacked(cache, kQW, true));
+  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k, LlamaPacked(cache, kKW, true));
+  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v, LlamaPacked(cache, kVW, true));
   rope_.Apply(q);
   rope_.Apply(k);
   MatrixMap o(s + l.o, n, d);
   GqaAttentionForward(shape_, AsConst(q), AsConst(k), AsConst(v), s + l.att, o);
   MatrixMap h(s + l.h, n, d);
-  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h);
+  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h, LlamaPacked(cache, kOW, true));
   h += x;
 }
 
-void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s,
-                            MatrixMap y) const {
+void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+                            ParamCache* cache) const {
   const int64_t n = y.rows();
   const int64_t d = config_.dim;
   const int64_t hid = config_.hidden;
@@ -195,17 +240,33 @@ void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, fl
   RmsNormForward(h, params[kNorm2W].data.data(), config_.norm_eps, b, s + l.rstd2);
   MatrixMap g(s + l.g, n, hid);
   MatrixMap u(s + l.u, n, hid);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g,
+                LlamaPacked(cache, kGateW, true));
+  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u,
+                LlamaPacked(cache, kUpW, true));
   float* m = s + l.m;
   SwiGluForward(g.data(), u.data(), n * hid, m);
   LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
-                nullptr, y);
+                nullptr, y, LlamaPacked(cache, kDownW, true));
   y += h;
+}
+
+std::unique_ptr<ParamCache> LlamaBlock::NewParamCache() const {
+  return std::make_unique<LlamaBlockParamCache>();
 }
 
 void LlamaBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
                          Stash* stash) const {
+  ForwardCached(params, nullptr, x, y, stash);
+}
+
+void LlamaBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                               Stash* stash, MatrixMap dx) const {
+  BackwardInputCached(params, nullptr, x, dy, stash, dx);
+}
+
+void LlamaBlock::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                               MatrixMap y, Stash* stash) const {
   assert(x.cols() == config_.dim && y.rows() == x.rows() && y.cols() == config_.dim &&
          x.rows() % config_.context == 0 && params.size() == kNumParams);
   const Layout l = MakeLayout(x.rows());
@@ -213,23 +274,25 @@ void LlamaBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, Matr
     stash->data.resize(static_cast<size_t>(l.total));
   }
   float* s = stash->data.data();
-  AttentionForward(params, x, l, s);
-  MlpForward(params, l, s, y);
+  AttentionForward(params, x, l, s, cache);
+  MlpForward(params, l, s, y, cache);
 }
 
 void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy,
-                                  const Layout& l, float* s) const {
+                                  const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = dy.rows();
   const int64_t d = config_.dim;
   const int64_t hid = config_.hidden;
   // dm = dy Wd (in the du region); dg = dm u silu'(g), du = dm silu(g).
   MatrixMap du(s + l.du, n, hid);
-  LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du);
+  LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du,
+                      LlamaPacked(cache, kDownW, false));
   SwiGluBackward(s + l.g, s + l.u, n * hid, s + l.dg, du.data());
   // db = dg Wg + du Wu; dh = dy + RMSNorm2'(db).
   MatrixMap db(s + l.db, n, d);
   LinearBackwardInput(ConstMatrixMap(s + l.dg, n, hid),
-                      ConstMatrixMap(params[kGateW].data.data(), hid, d), db);
+                      ConstMatrixMap(params[kGateW].data.data(), hid, d), db,
+                      LlamaPacked(cache, kGateW, false));
   db.noalias() += AsConst(du) * ConstMatrixMap(params[kUpW].data.data(), hid, d);
   MatrixMap dh(s + l.dh, n, d);
   dh = dy;
@@ -238,7 +301,7 @@ void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMa
 }
 
 void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows,
-                                        const Layout& l, float* s) const {
+                                        const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = rows;
   const int64_t d = config_.dim;
   auto w = [&params](int i, int64_t r, int64_t c) {
@@ -246,7 +309,8 @@ void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t
   };
   // do = dh Wo (held in the da region until da is written).
   MatrixMap dout(s + l.da, n, d);
-  LinearBackwardInput(ConstMatrixMap(s + l.dh, n, d), w(kOW, d, d), dout);
+  LinearBackwardInput(ConstMatrixMap(s + l.dh, n, d), w(kOW, d, d), dout,
+                      LlamaPacked(cache, kOW, false));
   MatrixMap dq(s + l.dq, n, d);
   MatrixMap dk(s + l.dk, n, kv_dim_);
   MatrixMap dv(s + l.dv, n, kv_dim_);
@@ -258,20 +322,21 @@ void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t
   rope_.ApplyTranspose(dk);
   // da = dq Wq + dk Wk + dv Wv (in that order).
   MatrixMap da(s + l.da, n, d);
-  LinearBackwardInput(AsConst(dq), w(kQW, d, d), da);
+  LinearBackwardInput(AsConst(dq), w(kQW, d, d), da, LlamaPacked(cache, kQW, false));
   da.noalias() += AsConst(dk) * w(kKW, kv_dim_, d);
   da.noalias() += AsConst(dv) * w(kVW, kv_dim_, d);
 }
 
-void LlamaBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
-                               Stash* stash, MatrixMap dx) const {
+void LlamaBlock::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                     ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                     MatrixMap dx) const {
   const int64_t n = x.rows();
   const int64_t d = config_.dim;
   const Layout l = MakeLayout(n);
   assert(stash->data.size() == static_cast<size_t>(l.total));
   float* s = stash->data.data();
-  MlpBackwardInput(params, dy, l, s);
-  AttentionBackwardInput(params, n, l, s);
+  MlpBackwardInput(params, dy, l, s, cache);
+  AttentionBackwardInput(params, n, l, s, cache);
   if (dx.rows() == 0) return;
   // dx = dh + RMSNorm1'(da).
   dx = ConstMatrixMap(s + l.dh, n, d);

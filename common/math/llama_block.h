@@ -5,6 +5,7 @@
 #define PIPETRAIN_COMMON_MATH_LLAMA_BLOCK_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -69,6 +70,15 @@ class LlamaBlock final : public Layer {
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 
+  // The seven weights packed for their forward products, and attn.o, attn.q, mlp.gate and
+  // mlp.down for their input-gradient products (packed_gemm.h), as a Linear's: bitwise the
+  // uncached results.
+  std::unique_ptr<ParamCache> NewParamCache() const override;
+  void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                     MatrixMap y, Stash* stash) const override;
+  void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           ConstMatrixMap dy, Stash* stash, MatrixMap dx) const override;
+
  private:
   // Float offsets of the stash regions for a micro-batch of `rows` rows.
   struct Layout {
@@ -78,13 +88,15 @@ class LlamaBlock final : public Layer {
   };
   Layout MakeLayout(int64_t rows) const;
 
+  // `cache`: a LlamaBlockParamCache (the weights packed) or null.
   void AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x, const Layout& l,
-                        float* s) const;
-  void MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y) const;
+                        float* s, ParamCache* cache = nullptr) const;
+  void MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+                  ParamCache* cache = nullptr) const;
   void MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy, const Layout& l,
-                        float* s) const;
+                        float* s, ParamCache* cache = nullptr) const;
   void AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows, const Layout& l,
-                              float* s) const;
+                              float* s, ParamCache* cache = nullptr) const;
 
   const LlamaBlockConfig config_;
   const int64_t head_dim_;

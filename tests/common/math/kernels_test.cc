@@ -47,6 +47,9 @@ std::vector<LayerCase> AllLayers(const Kernels& k) {
                    // dim 48, 4 heads, 2 kv heads, context 8, hidden 136.
                    k.MakeLlamaBlock({48, 4, 2, 8, 136, 10000.0, 1e-5f}),
                    RandomMatrix(2 * 8, 48, 7)});
+  // Context 40: two causal query blocks; dim 64, 4 heads, 2 kv heads, hidden 172.
+  cases.push_back({"llama_block_long", k.MakeLlamaBlock({64, 4, 2, 40, 172, 10000.0, 1e-5f}),
+                   RandomMatrix(2 * 40, 64, 9)});
   return cases;
 }
 
@@ -82,7 +85,8 @@ TEST(KernelsTest, EveryLayerIsBitwiseStableAtEverySupportedLevel) {
 }
 
 // Every level's layers give the same bits with and without their parameter cache (a Linear's or
-// a transformer block's packed weights), also after the parameters change and the cache is told.
+// a transformer or LLaMA block's packed weights), also after the parameters change and the cache is
+// told.
 TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
   for (Isa isa : SupportedIsas()) {
     const Kernels& k = KernelsFor(isa);
@@ -90,7 +94,10 @@ TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
     for (LayerCase& c : AllLayers(k)) {
       SCOPED_TRACE(std::string(IsaName(isa)) + " " + c.name);
       std::unique_ptr<ParamCache> cache = c.layer->NewParamCache();
-      EXPECT_EQ(cache != nullptr, c.name == "linear" || c.name.rfind("transformer_block", 0) == 0);
+      // The layers with weight products: Linear and the two blocks.
+      const bool packs = c.name == "linear" || c.name.rfind("transformer_block", 0) == 0 ||
+                         c.name.rfind("llama_block", 0) == 0;
+      EXPECT_EQ(cache != nullptr, packs);
       std::vector<Tensor> params = Init(*c.layer);
       for (int change = 0; change < 3; ++change) {
         const Matrix dy = RandomMatrix(c.x.rows(), c.layer->out_features(), 9 + change);
