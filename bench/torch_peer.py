@@ -30,7 +30,8 @@ whole batch, the batch split into M micro-batches whose gradients accumulate:
 PyTorch.
 
 Prints `samples_per_s <float>` — B * (steps - 1) / (wall time of steps 2..steps), i.e. the steady
-state after one warm-up step, measured between barriers — and `final_loss <float>`, the last
+state after one warm-up step, measured between barriers; single mode also `cpu_samples_per_s`, the
+same over the process's CPU time — and `final_loss <float>`, the last
 step's loss, which both modes share up to rounding (same seed, weights and batches). Exits 3 with a message on
 stderr if torch is missing. Usage:
   bench/torch_peer.py --mode single|1f1b [--model mlp|gpt|llama] [--vocab 76] [--pin]
@@ -277,9 +278,12 @@ def run_single(args):
         return loss
 
     step(0)  # warm-up: allocations, first-touch
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(1, args.steps):
         loss = step(i)
+    cpu = time.process_time() - cpu_start
+    # CPU seconds of this one-thread process: on a loaded machine less inflated than wall time.
+    print(f"cpu_samples_per_s {args.batch * (args.steps - 1) / cpu:.1f}")
     return time.perf_counter() - start, loss
 
 
