@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/math/gqa_attention.h"
 #include "common/math/isa.h"
 #include "common/math/kernels.h"
 #include "common/model/grad_tree.h"
@@ -141,6 +142,50 @@ void BenchLinear(int rows, int in, int out, int threads) {
   Row("input gradient (I)", f.backward_input, ti, si);
   Row("input gradient (I), packed once", f.backward_input, ti_cached, si);
   Row("weight gradient (W)", f.backward_weight, tw, sw);
+}
+
+// Causal attention (gqa_attention.h) at the transformer peer's shapes (bench/gpt_peer.textproto:
+// one micro-batch of 8 samples, context 128, 8 heads of 32), forward and backward, beside sgemm
+// at the same GEMM FLOPs: the causal products only (CausalScoreEntries), rated at sgemm's speed on
+// the T x T x hd products one head needs. Built at PIPETRAIN_ARCH (pipetrain_math_layers), not at
+// the default level: the attention is not a layer of its own. The last line compares the whole
+// attention (softmax included) with sgemm running the full-square products alone, as an
+// attention that computes the masked half (PyTorch's) does.
+void BenchAttention() {
+  const int t = 128, heads = 8, hd = 32, samples = 8, rows = samples * t, d = heads * hd;
+  const math::GqaShape shape{heads, heads, hd, t};
+  const math::Matrix q = math::Matrix::Random(rows, d), k = math::Matrix::Random(rows, d),
+                     v = math::Matrix::Random(rows, d), dout = math::Matrix::Random(rows, d);
+  math::Matrix out(rows, d), dq(rows, d), dk(rows, d), dv(rows, d);
+  std::vector<float> probs(static_cast<size_t>(math::GqaProbabilityFloats(shape, rows)));
+  std::vector<float> scratch(static_cast<size_t>(t) * t);
+  auto forward = [&] {
+    math::GqaAttentionForward(shape, math::AsConstMap(q), math::AsConstMap(k), math::AsConstMap(v),
+                              probs.data(), math::AsMap(out));
+  };
+  const double tf = SecondsPerCall(forward);
+  const double tb = SecondsPerCall([&] {
+    math::GqaAttentionBackward(shape, math::AsConstMap(q), math::AsConstMap(k), math::AsConstMap(v),
+                               probs.data(), math::AsConstMap(dout), scratch.data(),
+                               math::AsMap(dq), math::AsMap(dk), math::AsMap(dv));
+  });
+  // One head's full-square products: S = q k^T [T, T] (depth hd), O = P v (depth T).
+  const double s_head = SgemmSeconds({CblasNoTrans, CblasTrans, t, t, hd, 0.0f}) +
+                        SgemmSeconds({CblasNoTrans, CblasNoTrans, t, hd, t, 0.0f});
+  const double full_head_flops = 2 * 2.0 * t * t * hd;
+  const double sgemm_rate = full_head_flops / s_head;
+  const double causal = math::CausalScoreEntries(t) * samples * heads;
+  const double f_flops = 2 * 2.0 * causal * hd, b_flops = 4 * 2.0 * causal * hd;
+  std::printf(
+      " causal attention, %d samples x context %d, %d heads of %d (%s; %.0f of %d scores)\n",
+      samples, t, heads, hd, PIPETRAIN_ARCH_NAME, math::CausalScoreEntries(t), t * t);
+  Row("forward (F), GEMM FLOPs", f_flops, tf, f_flops / sgemm_rate);
+  Row("backward (I), GEMM FLOPs", b_flops, tb, b_flops / sgemm_rate);
+  const double full_f = s_head * samples * heads;
+  std::printf("  %-34s %8.3f ms   sgemm full square %8.3f ms   ratio %.3f\n",
+              "forward incl. softmax", tf * 1e3, full_f * 1e3, full_f / tf);
+  std::printf("  %-34s %8.3f ms   sgemm full square %8.3f ms   ratio %.3f\n",
+              "backward incl. softmax", tb * 1e3, 2 * full_f * 1e3, 2 * full_f / tb);
 }
 
 // Backward as one action per micro-batch (B: BackwardInput then BackwardWeight at once, as GPipe,
@@ -364,6 +409,7 @@ int main(int argc, char** argv) {
     pipetrain::BenchLinear(256, 1024, 1024, threads);
     if (int rc = pipetrain::BenchMlpStep(spec); rc != 0) return rc;
     if (threads == 1) pipetrain::BenchSplitBackwards();
+    pipetrain::BenchAttention();
   }
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "common/math/activations.h"
 
+#include <algorithm>
+
 #include "common/math/det_math.h"
 
 namespace pipetrain::math {
@@ -7,25 +9,36 @@ namespace {
 
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
 constexpr double kGeluCubic = 0.044715;
+// Elements per chunk of the GELU passes: their exponentials go through PortableExpArray from a
+// buffer of this many doubles on the stack.
+constexpr int64_t kGeluChunk = 256;
+
+// -2u of GeluScalar, and of GeluGradScalar (whose x^3 is rounded in another order).
+double GeluExpArg(double xd) { return -2.0 * (kSqrt2OverPi * (xd + kGeluCubic * xd * xd * xd)); }
+double GeluGradExpArg(double xd) {
+  const double x2 = xd * xd;
+  return -2.0 * (kSqrt2OverPi * (xd + kGeluCubic * x2 * xd));
+}
+
+// GeluGradScalar given e = PortableExp(GeluGradExpArg(x)).
+float GeluGradFromExp(float x, double e) {
+  const double xd = x;
+  const double x2 = xd * xd;
+  const double s = 1.0 / (1.0 + e);
+  const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x2);
+  return static_cast<float>(s + xd * s * (1.0 - s) * 2.0 * du);
+}
 
 }  // namespace
 
 // 0.5 x (1 + tanh(u)) = x sigmoid(2u): one exp, no cancellation for negative x.
 float GeluScalar(float x) {
   const double xd = x;
-  const double u = kSqrt2OverPi * (xd + kGeluCubic * xd * xd * xd);
-  return static_cast<float>(xd / (1.0 + PortableExp(-2.0 * u)));
+  return static_cast<float>(xd / (1.0 + PortableExp(GeluExpArg(xd))));
 }
 
 // d/dx [x s(2u)] = s + x s (1 - s) 2 u', s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 0.044715 x^2).
-float GeluGradScalar(float x) {
-  const double xd = x;
-  const double x2 = xd * xd;
-  const double u = kSqrt2OverPi * (xd + kGeluCubic * x2 * xd);
-  const double s = 1.0 / (1.0 + PortableExp(-2.0 * u));
-  const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x2);
-  return static_cast<float>(s + xd * s * (1.0 - s) * 2.0 * du);
-}
+float GeluGradScalar(float x) { return GeluGradFromExp(x, PortableExp(GeluGradExpArg(x))); }
 
 void ReluForward(const float* x, int64_t n, float* y) {
   // NaN propagates (NaN < 0 is false) so a diverged input stays visible downstream.
@@ -36,12 +49,30 @@ void ReluBackward(const float* x, const float* dy, int64_t n, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
 
+// Bitwise GeluScalar per element; the exponentials a chunk at a time through PortableExpArray.
 void GeluForward(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = GeluScalar(x[i]);
+  double e[kGeluChunk];
+  for (int64_t start = 0; start < n; start += kGeluChunk) {
+    const int64_t len = std::min(kGeluChunk, n - start);
+    for (int64_t i = 0; i < len; ++i) e[i] = GeluExpArg(x[start + i]);
+    PortableExpArray(e, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      y[start + i] = static_cast<float>(static_cast<double>(x[start + i]) / (1.0 + e[i]));
+    }
+  }
 }
 
+// Bitwise dy * GeluGradScalar per element, chunked as GeluForward.
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluGradScalar(x[i]);
+  double e[kGeluChunk];
+  for (int64_t start = 0; start < n; start += kGeluChunk) {
+    const int64_t len = std::min(kGeluChunk, n - start);
+    for (int64_t i = 0; i < len; ++i) e[i] = GeluGradExpArg(x[start + i]);
+    PortableExpArray(e, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      dx[start + i] = dy[start + i] * GeluGradFromExp(x[start + i], e[i]);
+    }
+  }
 }
 
 void Relu::Init(uint64_t seed, int64_t layer_index, std::vector<Tensor>* params) const {

@@ -14,10 +14,19 @@
 #ifndef PIPETRAIN_COMMON_MATH_DET_MATH_H_
 #define PIPETRAIN_COMMON_MATH_DET_MATH_H_
 
+#include <cstdint>
+
 namespace pipetrain::math {
 
 // e^x. Returns +inf above ~709.78, 0 below ~-745.13, NaN for NaN.
 double PortableExp(double x);
+
+// y[i] = PortableExp(x[i]) for i < n, bitwise: the same IEEE-754 operations in the same order.
+// With AVX-512 (x86-64-v4) 8 arguments at a time in vector registers (GCC/Clang vector
+// extensions), arguments outside [-700, 700] or NaN through PortableExp itself; at other levels
+// PortableExp one argument at a time. x and y may be the same array (not otherwise overlapping).
+// n >= 0.
+void PortableExpArray(const double* x, int64_t n, double* y);
 
 // Natural logarithm. Returns -inf for 0, NaN for negative or NaN arguments, +inf for +inf.
 double PortableLog(double x);

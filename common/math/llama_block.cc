@@ -1,5 +1,6 @@
 #include "common/math/llama_block.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <memory>
@@ -7,6 +8,7 @@
 #include "common/math/det_math.h"
 #include "common/math/init.h"
 #include "common/math/linear.h"
+#include "common/math/packed_gemm.h"
 #include "common/math/rms_norm.h"
 
 namespace pipetrain::math {
@@ -25,16 +27,89 @@ int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kReg
 
 ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
 
-// sigmoid(g) in double.
-double Sigmoid(float g) { return 1.0 / (1.0 + PortableExp(-static_cast<double>(g))); }
+// The SwiGLU passes: silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double, rounded to
+// float; its derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to float. Elements per chunk:
+// their exponentials go through PortableExpArray from a buffer of this many doubles on the stack.
+constexpr int64_t kSwiGluChunk = 256;
 
-// silu(g) = g sigmoid(g), rounded to float.
-float Silu(float g) { return static_cast<float>(static_cast<double>(g) * Sigmoid(g)); }
+// e[i] = PortableExp(-g[i]) for i < len (so that 1 / (1 + e[i]) is Sigmoid(g[i]) bitwise).
+void NegExpChunk(const float* g, int64_t len, double* e) {
+  for (int64_t i = 0; i < len; ++i) e[i] = -static_cast<double>(g[i]);
+  PortableExpArray(e, len, e);
+}
 
-// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g), rounded to float.
-float SiluGrad(float g) {
-  const double s = Sigmoid(g);
-  return static_cast<float>(s * (1.0 + static_cast<double>(g) * (1.0 - s)));
+// m = silu(g) u over n elements; bitwise Silu(g[i]) * u[i].
+void SwiGluForward(const float* g, const float* u, int64_t n, float* m) {
+  double e[kSwiGluChunk];
+  for (int64_t start = 0; start < n; start += kSwiGluChunk) {
+    const int64_t len = std::min(kSwiGluChunk, n - start);
+    NegExpChunk(g + start, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      const double gd = g[start + i];
+      m[start + i] = static_cast<float>(gd * (1.0 / (1.0 + e[i]))) * u[start + i];
+    }
+  }
+}
+
+// Given dm (in du): dg = dm u silu'(g) and du = dm silu(g), bitwise SiluGrad's and Silu's.
+void SwiGluBackward(const float* g, const float* u, int64_t n, float* dg, float* du) {
+  double e[kSwiGluChunk];
+  for (int64_t start = 0; start < n; start += kSwiGluChunk) {
+    const int64_t len = std::min(kSwiGluChunk, n - start);
+    NegExpChunk(g + start, len, e);
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t at = start + i;
+      const double gd = g[at];
+      const double sig = 1.0 / (1.0 + e[i]);
+      const float dm = du[at];
+      dg[at] = dm * u[at] * static_cast<float>(sig * (1.0 + gd * (1.0 - sig)));
+      du[at] = dm * static_cast<float>(gd * sig);
+    }
+  }
+}
+
+// The weights a LlamaBlockParamCache packs, in its arrays' order.
+constexpr int kLlamaPackedWeights[] = {kQW, kKW, kVW, kOW, kGateW, kUpW, kDownW};
+constexpr int kLlamaNumPacked = 7;
+
+// Each matrix of kLlamaPackedWeights packed for y = x W^T, and for dx = dy W where that product
+// assigns (attn.o, attn.q, mlp.gate, mlp.down; the accumulating ones stay unpacked).
+class LlamaBlockParamCache final : public ParamCache {
+ public:
+  void ParamsChanged() override {
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      forward[i].Invalidate();
+      backward_input[i].Invalidate();
+    }
+  }
+  void Refresh(absl::Span<const Tensor> params) override {
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      const Tensor& w = params[kLlamaPackedWeights[i]];
+      const ConstMatrixMap m(w.data.data(), w.shape[0], w.shape[1]);
+      RepackXWt(m, &forward[i]);
+      RepackDyW(m, &backward_input[i]);  // nothing for the weights never packed for it
+    }
+  }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (int i = 0; i < kLlamaNumPacked; ++i) {
+      total += forward[i].bytes() + backward_input[i].bytes();
+    }
+    return total;
+  }
+
+  PackedWeight forward[kLlamaNumPacked];
+  PackedWeight backward_input[kLlamaNumPacked];
+};
+
+// The packing of params[param] in `cache` (null: none) for its forward or input-gradient product.
+PackedWeight* LlamaPacked(ParamCache* cache, int param, bool forward) {
+  if (cache == nullptr) return nullptr;
+  auto* c = static_cast<LlamaBlockParamCache*>(cache);
+  for (int i = 0; i < kLlamaNumPacked; ++i) {
+    if (kLlamaPackedWeights[i] == param) return forward ? &c->forward[i] : &c->backward_input[i];
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -114,11 +189,12 @@ FlopCount LlamaBlock::Flops(int64_t rows) const {
   const double d = static_cast<double>(config_.dim);
   const double kvd = static_cast<double>(kv_dim_);
   const double hid = static_cast<double>(config_.hidden);
-  const double t = static_cast<double>(config_.context);
-  const double scores = n * static_cast<double>(config_.heads) * t;  // samples * H * T^2
+  // Keys per query row the causal products compute (T when T <= kCausalBlock).
+  const double keys = CausalScoreEntries(config_.context) / static_cast<double>(config_.context);
+  const double scores = n * static_cast<double>(config_.heads) * keys;  // samples * H * entries
   // Weight GEMMs: q, o (d x d), k, v (K hd x d), gate, up, down (hidden x d).
   const double weight_gemm = 2.0 * n * (2.0 * d * d + 2.0 * d * kvd + 3.0 * d * hid);
-  const double attn_gemm = 2.0 * n * t * d;  // one T x T x hd product per sample, all heads
+  const double attn_gemm = 2.0 * n * keys * d;  // one causal product per sample, all heads
   const double rope = kRopeFlopsPerElement * n * (d + kvd);
   FlopCount f;
   f.forward = weight_gemm + 2.0 * attn_gemm + 2.0 * kRmsNormForwardFlopsPerElement * n * d +
@@ -132,7 +208,7 @@ FlopCount LlamaBlock::Flops(int64_t rows) const {
 }
 
 void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x,
-                                  const Layout& l, float* s) const {
+                                  const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = x.rows();
   const int64_t d = config_.dim;
   auto w = [&params](int i, int64_t rows, int64_t cols) {
@@ -143,20 +219,20 @@ void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMa
   MatrixMap q(s + l.q, n, d);
   MatrixMap k(s + l.k, n, kv_dim_);
   MatrixMap v(s + l.v, n, kv_dim_);
-  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q);
-  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k);
-  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v);
+  LinearForward(AsConst(a), w(kQW, d, d), nullptr, q, LlamaPacked(cache, kQW, true));
+  LinearForward(AsConst(a), w(kKW, kv_dim_, d), nullptr, k, LlamaPacked(cache, kKW, true));
+  LinearForward(AsConst(a), w(kVW, kv_dim_, d), nullptr, v, LlamaPacked(cache, kVW, true));
   rope_.Apply(q);
   rope_.Apply(k);
   MatrixMap o(s + l.o, n, d);
   GqaAttentionForward(shape_, AsConst(q), AsConst(k), AsConst(v), s + l.att, o);
   MatrixMap h(s + l.h, n, d);
-  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h);
+  LinearForward(AsConst(o), w(kOW, d, d), nullptr, h, LlamaPacked(cache, kOW, true));
   h += x;
 }
 
-void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s,
-                            MatrixMap y) const {
+void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+                            ParamCache* cache) const {
   const int64_t n = y.rows();
   const int64_t d = config_.dim;
   const int64_t hid = config_.hidden;
@@ -165,17 +241,33 @@ void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, fl
   RmsNormForward(h, params[kNorm2W].data.data(), config_.norm_eps, b, s + l.rstd2);
   MatrixMap g(s + l.g, n, hid);
   MatrixMap u(s + l.u, n, hid);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
+  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g,
+                LlamaPacked(cache, kGateW, true));
+  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u,
+                LlamaPacked(cache, kUpW, true));
   float* m = s + l.m;
-  for (int64_t i = 0; i < n * hid; ++i) m[i] = Silu(g.data()[i]) * u.data()[i];
+  SwiGluForward(g.data(), u.data(), n * hid, m);
   LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
-                nullptr, y);
+                nullptr, y, LlamaPacked(cache, kDownW, true));
   y += h;
+}
+
+std::unique_ptr<ParamCache> LlamaBlock::NewParamCache() const {
+  return std::make_unique<LlamaBlockParamCache>();
 }
 
 void LlamaBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
                          Stash* stash) const {
+  ForwardCached(params, nullptr, x, y, stash);
+}
+
+void LlamaBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
+                               Stash* stash, MatrixMap dx) const {
+  BackwardInputCached(params, nullptr, x, dy, stash, dx);
+}
+
+void LlamaBlock::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                               MatrixMap y, Stash* stash) const {
   assert(x.cols() == config_.dim && y.rows() == x.rows() && y.cols() == config_.dim &&
          x.rows() % config_.context == 0 && params.size() == kNumParams);
   const Layout l = MakeLayout(x.rows());
@@ -183,30 +275,25 @@ void LlamaBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, Matr
     stash->data.resize(static_cast<size_t>(l.total));
   }
   float* s = stash->data.data();
-  AttentionForward(params, x, l, s);
-  MlpForward(params, l, s, y);
+  AttentionForward(params, x, l, s, cache);
+  MlpForward(params, l, s, y, cache);
 }
 
 void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy,
-                                  const Layout& l, float* s) const {
+                                  const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = dy.rows();
   const int64_t d = config_.dim;
   const int64_t hid = config_.hidden;
   // dm = dy Wd (in the du region); dg = dm u silu'(g), du = dm silu(g).
   MatrixMap du(s + l.du, n, hid);
-  LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du);
-  const float* g = s + l.g;
-  const float* u = s + l.u;
-  float* dg = s + l.dg;
-  for (int64_t i = 0; i < n * hid; ++i) {
-    const float dm = du.data()[i];
-    dg[i] = dm * u[i] * SiluGrad(g[i]);
-    du.data()[i] = dm * Silu(g[i]);
-  }
+  LinearBackwardInput(dy, ConstMatrixMap(params[kDownW].data.data(), d, hid), du,
+                      LlamaPacked(cache, kDownW, false));
+  SwiGluBackward(s + l.g, s + l.u, n * hid, s + l.dg, du.data());
   // db = dg Wg + du Wu; dh = dy + RMSNorm2'(db).
   MatrixMap db(s + l.db, n, d);
-  LinearBackwardInput(ConstMatrixMap(dg, n, hid),
-                      ConstMatrixMap(params[kGateW].data.data(), hid, d), db);
+  LinearBackwardInput(ConstMatrixMap(s + l.dg, n, hid),
+                      ConstMatrixMap(params[kGateW].data.data(), hid, d), db,
+                      LlamaPacked(cache, kGateW, false));
   db.noalias() += AsConst(du) * ConstMatrixMap(params[kUpW].data.data(), hid, d);
   MatrixMap dh(s + l.dh, n, d);
   dh = dy;
@@ -215,7 +302,7 @@ void LlamaBlock::MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMa
 }
 
 void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows,
-                                        const Layout& l, float* s) const {
+                                        const Layout& l, float* s, ParamCache* cache) const {
   const int64_t n = rows;
   const int64_t d = config_.dim;
   auto w = [&params](int i, int64_t r, int64_t c) {
@@ -223,7 +310,8 @@ void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t
   };
   // do = dh Wo (held in the da region until da is written).
   MatrixMap dout(s + l.da, n, d);
-  LinearBackwardInput(ConstMatrixMap(s + l.dh, n, d), w(kOW, d, d), dout);
+  LinearBackwardInput(ConstMatrixMap(s + l.dh, n, d), w(kOW, d, d), dout,
+                      LlamaPacked(cache, kOW, false));
   MatrixMap dq(s + l.dq, n, d);
   MatrixMap dk(s + l.dk, n, kv_dim_);
   MatrixMap dv(s + l.dv, n, kv_dim_);
@@ -235,20 +323,21 @@ void LlamaBlock::AttentionBackwardInput(absl::Span<const Tensor> params, int64_t
   rope_.ApplyTranspose(dk);
   // da = dq Wq + dk Wk + dv Wv (in that order).
   MatrixMap da(s + l.da, n, d);
-  LinearBackwardInput(AsConst(dq), w(kQW, d, d), da);
+  LinearBackwardInput(AsConst(dq), w(kQW, d, d), da, LlamaPacked(cache, kQW, false));
   da.noalias() += AsConst(dk) * w(kKW, kv_dim_, d);
   da.noalias() += AsConst(dv) * w(kVW, kv_dim_, d);
 }
 
-void LlamaBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
-                               Stash* stash, MatrixMap dx) const {
+void LlamaBlock::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                     ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                     MatrixMap dx) const {
   const int64_t n = x.rows();
   const int64_t d = config_.dim;
   const Layout l = MakeLayout(n);
   assert(stash->data.size() == static_cast<size_t>(l.total));
   float* s = stash->data.data();
-  MlpBackwardInput(params, dy, l, s);
-  AttentionBackwardInput(params, n, l, s);
+  MlpBackwardInput(params, dy, l, s, cache);
+  AttentionBackwardInput(params, n, l, s, cache);
   if (dx.rows() == 0) return;
   // dx = dh + RMSNorm1'(da).
   dx = ConstMatrixMap(s + l.dh, n, d);

@@ -46,8 +46,8 @@ struct LlamaBlockConfig {
 // BackwardInput adds dg, du, dh, db, the pre-rotation dq and dk, dv and da, so BackwardWeight runs
 // only weight-gradient GEMMs and the norms' reductions. Plus a T^2 scratch. Forward sizes the
 // whole stash once (no reallocation when it already has the right size).
-// FLOPs: docs/numerics.md (GEMMs exact, elementwise approximate; scores computed for the full
-// T x T square, then masked).
+// FLOPs: docs/numerics.md (GEMMs exact, elementwise approximate; the causal products count
+// CausalScoreEntries(T) scores per sample and head).
 class LlamaBlock final : public Layer {
  public:
   explicit LlamaBlock(const LlamaBlockConfig& config);
@@ -70,6 +70,14 @@ class LlamaBlock final : public Layer {
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
 
+  // The seven weights packed for their forward products, and attn.o, attn.q, mlp.gate and
+  // mlp.down for their input-gradient products (packed_gemm.h), as a Linear's: bitwise the
+  // uncached results.
+  std::unique_ptr<ParamCache> NewParamCache() const override;
+  void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                     MatrixMap y, Stash* stash) const override;
+  void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           ConstMatrixMap dy, Stash* stash, MatrixMap dx) const override;
   // Incremental forward (KV cache; docs/inference.md). The state holds the keys (after RoPE) and
   // values of the K key/value heads for up to context positions (2 * context * K hd floats,
   // allocated once): grouped-query heads cache only the kv heads. Rows of x are positions
@@ -92,13 +100,15 @@ class LlamaBlock final : public Layer {
   };
   Layout MakeLayout(int64_t rows) const;
 
+  // `cache`: a LlamaBlockParamCache (the weights packed) or null.
   void AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x, const Layout& l,
-                        float* s) const;
-  void MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y) const;
+                        float* s, ParamCache* cache = nullptr) const;
+  void MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+                  ParamCache* cache = nullptr) const;
   void MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy, const Layout& l,
-                        float* s) const;
+                        float* s, ParamCache* cache = nullptr) const;
   void AttentionBackwardInput(absl::Span<const Tensor> params, int64_t rows, const Layout& l,
-                              float* s) const;
+                              float* s, ParamCache* cache = nullptr) const;
 
   // Float offsets of ForwardIncremental's scratch regions for n new rows attending to `len`
   // positions.

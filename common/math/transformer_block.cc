@@ -9,6 +9,7 @@
 #include "common/math/init.h"
 #include "common/math/layer_norm.h"
 #include "common/math/linear.h"
+#include "common/math/packed_gemm.h"
 
 namespace pipetrain::math {
 namespace {
@@ -119,11 +120,12 @@ FlopCount TransformerBlock::Flops(int64_t rows) const {
   const double n = static_cast<double>(rows);
   const double d = static_cast<double>(dim_);
   const double hid = static_cast<double>(hidden_);
-  const double t = static_cast<double>(context_);
-  const double scores = n * static_cast<double>(heads_) * t;  // samples * heads * T^2
-  // GEMMs: weights 2 n (3d d + d d + d hid + hid d); attention 2 n T d per T x T x hd product.
+  // Keys per query row the causal products compute (T when T <= kCausalBlock).
+  const double keys = CausalScoreEntries(context_) / static_cast<double>(context_);
+  const double scores = n * static_cast<double>(heads_) * keys;  // samples * heads * entries
+  // GEMMs: weights 2 n (3d d + d d + d hid + hid d); attention 2 n keys d per causal product.
   const double weight_gemm = 2.0 * n * (4.0 * d * d + 2.0 * d * hid);
-  const double attn_gemm = 2.0 * n * t * d;
+  const double attn_gemm = 2.0 * n * keys * d;
   const double biases = n * (5.0 * d + hid);
   FlopCount f;
   f.forward = weight_gemm + 2.0 * attn_gemm + biases +
@@ -137,6 +139,20 @@ FlopCount TransformerBlock::Flops(int64_t rows) const {
   return f;
 }
 
+namespace {
+
+// Columns col0 .. col0+cols-1 of rows row0 .. row0+rows-1 of m.
+ConstStridedMap ColumnsOf(ConstMatrixMap m, int64_t row0, int64_t rows, int64_t col0,
+                          int64_t cols) {
+  return ConstStridedMap(m.data() + row0 * m.cols() + col0, rows, cols,
+                         Eigen::OuterStride<>(m.cols()));
+}
+StridedMap ColumnsOf(MatrixMap m, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  return StridedMap(m.data() + row0 * m.cols() + col0, rows, cols, Eigen::OuterStride<>(m.cols()));
+}
+
+}  // namespace
+
 void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMap out) const {
   const int64_t t = context_;
   const int64_t hd = head_dim_;
@@ -145,14 +161,10 @@ void TransformerBlock::AttentionForward(ConstMatrixMap qkv, float* att, MatrixMa
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   for (int64_t s = 0; s < samples; ++s) {
     for (int64_t h = 0; h < heads_; ++h) {
-      const auto q = qkv.block(s * t, h * hd, t, hd);
-      const auto k = qkv.block(s * t, d + h * hd, t, hd);
-      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
-      float* a_data = att + (s * heads_ + h) * t * t;
-      MatrixMap a(a_data, t, t);
-      a.noalias() = q * k.transpose();
-      CausalSoftmaxRows(t, t, 0, scale, a_data);
-      out.block(s * t, h * hd, t, hd).noalias() = a * v;
+      CausalHeadForward(ColumnsOf(qkv, s * t, t, h * hd, hd),
+                        ColumnsOf(qkv, s * t, t, d + h * hd, hd),
+                        ColumnsOf(qkv, s * t, t, 2 * d + h * hd, hd), 0, scale,
+                        att + (s * heads_ + h) * t * t, ColumnsOf(out, s * t, t, h * hd, hd));
     }
   }
 }
@@ -164,28 +176,79 @@ void TransformerBlock::AttentionBackward(ConstMatrixMap qkv, const float* att, C
   const int64_t d = dim_;
   const int64_t samples = qkv.rows() / t;
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  MatrixMap ds(scratch, t, t);
   for (int64_t s = 0; s < samples; ++s) {
     for (int64_t h = 0; h < heads_; ++h) {
-      const auto q = qkv.block(s * t, h * hd, t, hd);
-      const auto k = qkv.block(s * t, d + h * hd, t, hd);
-      const auto v = qkv.block(s * t, 2 * d + h * hd, t, hd);
-      const auto dout_h = dout.block(s * t, h * hd, t, hd);
-      const float* a_data = att + (s * heads_ + h) * t * t;
-      ConstMatrixMap a(a_data, t, t);
-      // dP = dO V^T, dV = P^T dO.
-      ds.noalias() = dout_h * v.transpose();
-      dqkv.block(s * t, 2 * d + h * hd, t, hd).noalias() = a.transpose() * dout_h;
-      CausalSoftmaxBackwardRows(t, scale, a_data, scratch);
-      // dQ = dS K, dK = dS^T Q.
-      dqkv.block(s * t, h * hd, t, hd).noalias() = ds * k;
-      dqkv.block(s * t, d + h * hd, t, hd).noalias() = ds.transpose() * q;
+      CausalHeadBackward(
+          ColumnsOf(qkv, s * t, t, h * hd, hd), ColumnsOf(qkv, s * t, t, d + h * hd, hd),
+          ColumnsOf(qkv, s * t, t, 2 * d + h * hd, hd), att + (s * heads_ + h) * t * t,
+          ColumnsOf(dout, s * t, t, h * hd, hd), scale, scratch, /*accumulate=*/false,
+          ColumnsOf(dqkv, s * t, t, h * hd, hd), ColumnsOf(dqkv, s * t, t, d + h * hd, hd),
+          ColumnsOf(dqkv, s * t, t, 2 * d + h * hd, hd));
     }
   }
 }
 
+namespace {
+
+// The weights a TransformerBlockParamCache packs, in its arrays' order.
+constexpr int kPackedWeights[] = {kQkvW, kProjW, kFcW, kFc2W};
+constexpr int kNumPacked = 4;
+
+// Each matrix of kPackedWeights packed for y = x W^T and for dx = dy W.
+class TransformerBlockParamCache final : public ParamCache {
+ public:
+  void ParamsChanged() override {
+    for (int i = 0; i < kNumPacked; ++i) {
+      forward[i].Invalidate();
+      backward_input[i].Invalidate();
+    }
+  }
+  void Refresh(absl::Span<const Tensor> params) override {
+    for (int i = 0; i < kNumPacked; ++i) {
+      const Tensor& w = params[kPackedWeights[i]];
+      const ConstMatrixMap m(w.data.data(), w.shape[0], w.shape[1]);
+      RepackXWt(m, &forward[i]);
+      RepackDyW(m, &backward_input[i]);
+    }
+  }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (int i = 0; i < kNumPacked; ++i) total += forward[i].bytes() + backward_input[i].bytes();
+    return total;
+  }
+
+  PackedWeight forward[kNumPacked];
+  PackedWeight backward_input[kNumPacked];
+};
+
+// The packing of params[param] in `cache` (null: none) for the forward or input-gradient product.
+PackedWeight* PackedFor(ParamCache* cache, int param, bool forward) {
+  if (cache == nullptr) return nullptr;
+  auto* c = static_cast<TransformerBlockParamCache*>(cache);
+  for (int i = 0; i < kNumPacked; ++i) {
+    if (kPackedWeights[i] == param) return forward ? &c->forward[i] : &c->backward_input[i];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<ParamCache> TransformerBlock::NewParamCache() const {
+  return std::make_unique<TransformerBlockParamCache>();
+}
+
 void TransformerBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x, MatrixMap y,
                                Stash* stash) const {
+  ForwardCached(params, nullptr, x, y, stash);
+}
+
+void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x,
+                                     ConstMatrixMap dy, Stash* stash, MatrixMap dx) const {
+  BackwardInputCached(params, nullptr, x, dy, stash, dx);
+}
+
+void TransformerBlock::ForwardCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                     ConstMatrixMap x, MatrixMap y, Stash* stash) const {
   assert(x.cols() == dim_ && y.rows() == x.rows() && y.cols() == dim_ && x.rows() % context_ == 0 &&
          params.size() == kNumParams);
   const int64_t n = x.rows();
@@ -200,24 +263,28 @@ void TransformerBlock::Forward(absl::Span<const Tensor> params, ConstMatrixMap x
   MatrixMap ln1(s + l.ln1, n, d);
   LayerNormForward(x, p(kLn1W), p(kLn1B), kLnEps, ln1, s + l.mean1, s + l.rstd1);
   MatrixMap qkv(s + l.qkv, n, 3 * d);
-  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv);
+  LinearForward(AsConst(ln1), ConstMatrixMap(p(kQkvW), 3 * d, d), p(kQkvB), qkv,
+                PackedFor(cache, kQkvW, true));
   MatrixMap attn(s + l.attn, n, d);
   AttentionForward(AsConst(qkv), s + l.att, attn);
   MatrixMap h(s + l.h, n, d);
-  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h);
+  LinearForward(AsConst(attn), ConstMatrixMap(p(kProjW), d, d), p(kProjB), h,
+                PackedFor(cache, kProjW, true));
   h += x;
   MatrixMap ln2(s + l.ln2, n, d);
   LayerNormForward(AsConst(h), p(kLn2W), p(kLn2B), kLnEps, ln2, s + l.mean2, s + l.rstd2);
   MatrixMap fc(s + l.fc, n, hidden_);
-  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc);
+  LinearForward(AsConst(ln2), ConstMatrixMap(p(kFcW), hidden_, d), p(kFcB), fc,
+                PackedFor(cache, kFcW, true));
   GeluForward(s + l.fc, n * hidden_, s + l.gelu);
   LinearForward(ConstMatrixMap(s + l.gelu, n, hidden_), ConstMatrixMap(p(kFc2W), d, hidden_),
-                p(kFc2B), y);
+                p(kFc2B), y, PackedFor(cache, kFc2W, true));
   y += h;
 }
 
-void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatrixMap x,
-                                     ConstMatrixMap dy, Stash* stash, MatrixMap dx) const {
+void TransformerBlock::BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache,
+                                           ConstMatrixMap x, ConstMatrixMap dy, Stash* stash,
+                                           MatrixMap dx) const {
   const int64_t n = x.rows();
   const int64_t d = dim_;
   const Layout l = MakeLayout(n);
@@ -227,22 +294,26 @@ void TransformerBlock::BackwardInput(absl::Span<const Tensor> params, ConstMatri
 
   // MLP: dfc = (dy Wfc2) * gelu'(fc); dln2 = dfc Wfc; dh = dy + LN2'(dln2).
   MatrixMap dfc(s + l.dfc, n, hidden_);
-  LinearBackwardInput(dy, ConstMatrixMap(p(kFc2W), d, hidden_), dfc);
+  LinearBackwardInput(dy, ConstMatrixMap(p(kFc2W), d, hidden_), dfc,
+                      PackedFor(cache, kFc2W, false));
   GeluBackward(s + l.fc, s + l.dfc, n * hidden_, s + l.dfc);
   MatrixMap dln2(s + l.dln2, n, d);
-  LinearBackwardInput(AsConst(dfc), ConstMatrixMap(p(kFcW), hidden_, d), dln2);
+  LinearBackwardInput(AsConst(dfc), ConstMatrixMap(p(kFcW), hidden_, d), dln2,
+                      PackedFor(cache, kFcW, false));
   MatrixMap dh(s + l.dh, n, d);
   dh = dy;
   LayerNormBackwardInput(ConstMatrixMap(s + l.h, n, d), AsConst(dln2), p(kLn2W), s + l.mean2,
                          s + l.rstd2, /*accumulate=*/true, dh);
   // Attention: d(attn) = dh Wproj (held in the dln1 region until dln1 is written), then dqkv.
   MatrixMap dattn(s + l.dln1, n, d);
-  LinearBackwardInput(AsConst(dh), ConstMatrixMap(p(kProjW), d, d), dattn);
+  LinearBackwardInput(AsConst(dh), ConstMatrixMap(p(kProjW), d, d), dattn,
+                      PackedFor(cache, kProjW, false));
   MatrixMap dqkv(s + l.dqkv, n, 3 * d);
   AttentionBackward(ConstMatrixMap(s + l.qkv, n, 3 * d), s + l.att, AsConst(dattn), s + l.scratch,
                     dqkv);
   MatrixMap dln1(s + l.dln1, n, d);
-  LinearBackwardInput(AsConst(dqkv), ConstMatrixMap(p(kQkvW), 3 * d, d), dln1);
+  LinearBackwardInput(AsConst(dqkv), ConstMatrixMap(p(kQkvW), 3 * d, d), dln1,
+                      PackedFor(cache, kQkvW, false));
   if (dx.rows() == 0) return;
   // dx = dh + LN1'(dln1).
   dx = dh;
@@ -342,15 +413,11 @@ void TransformerBlock::AttentionIncremental(ConstMatrixMap qkv, int64_t position
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const ConstMatrixMap k_all(keys, len, d);
   const ConstMatrixMap v_all(values, len, d);
-  MatrixMap a(att, n, len);
   for (int64_t h = 0; h < heads_; ++h) {
-    const auto q = qkv.block(0, h * hd, n, hd);
-    const auto k = k_all.block(0, h * hd, len, hd);
-    const auto v = v_all.block(0, h * hd, len, hd);
-    a.noalias() = q * k.transpose();
     // Row i is position position+i.
-    CausalSoftmaxRows(n, len, position, scale, att);
-    out.block(0, h * hd, n, hd).noalias() = a * v;
+    CausalHeadForward(ColumnsOf(qkv, 0, n, h * hd, hd), ColumnsOf(k_all, 0, len, h * hd, hd),
+                      ColumnsOf(v_all, 0, len, h * hd, hd), position, scale, att,
+                      ColumnsOf(out, 0, n, h * hd, hd));
   }
 }
 

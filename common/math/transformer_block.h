@@ -18,7 +18,7 @@ namespace pipetrain::math {
 // of sample s in order. With d = dim, hidden = mlp_ratio * d, hd = d / heads:
 //   a   = LN1(x)                          (eps 1e-5)
 //   qkv = a Wqkv^T + bqkv                 [r, 3d]: q | k | v, head h in columns h*hd..h*hd+hd-1
-//   per sample and head: P = causal_softmax(q k^T / sqrt(hd)), o = P v
+//   per sample and head: P = causal_softmax(q k^T / sqrt(hd)), o = P v (CausalHeadForward)
 //   h   = x + o Wproj^T + bproj
 //   y   = h + fc2(GELU(LN2(h) Wfc^T + bfc)), fc2(g) = g Wfc2^T + bfc2
 // Params (in this order): ln1.weight [d], ln1.bias [d], attn.qkv.weight [3d, d],
@@ -31,8 +31,10 @@ namespace pipetrain::math {
 // gradients of mlp.fc, attn.proj (= dh), ln2, attn.qkv and ln1, so BackwardWeight runs only
 // weight-gradient GEMMs and reductions. A context^2 scratch for one attention head is included.
 // Forward sizes the whole stash once (no reallocation when it already has the right size).
-// FLOPs: see docs/numerics.md (GEMMs exact, elementwise approximate; scores are computed for the
-// full context x context square, then masked).
+// Attention: gqa_attention.h's CausalHeadForward/Backward per sample and head (the masked half of
+// the scores is never computed).
+// FLOPs: see docs/numerics.md (GEMMs exact, elementwise approximate; the causal products count
+// CausalScoreEntries(context) scores per sample and head).
 class TransformerBlock final : public Layer {
  public:
   // dim, heads, context, mlp_ratio > 0; heads divides dim.
@@ -57,6 +59,14 @@ class TransformerBlock final : public Layer {
                      Stash* stash, MatrixMap dx) const override;
   void BackwardWeight(absl::Span<const Tensor> params, ConstMatrixMap x, ConstMatrixMap dy,
                       const Stash& stash, absl::Span<Tensor> grads) const override;
+
+  // The four weights (attn.qkv, attn.proj, mlp.fc, mlp.proj) packed for their forward and
+  // input-gradient products (packed_gemm.h), as a Linear's: bitwise the uncached results.
+  std::unique_ptr<ParamCache> NewParamCache() const override;
+  void ForwardCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                     MatrixMap y, Stash* stash) const override;
+  void BackwardInputCached(absl::Span<const Tensor> params, ParamCache* cache, ConstMatrixMap x,
+                           ConstMatrixMap dy, Stash* stash, MatrixMap dx) const override;
 
   // Incremental forward (KV cache; docs/inference.md). The state holds the keys and values of
   // every head for up to context() positions (2 * context * dim floats, allocated once). Rows of

@@ -1,6 +1,8 @@
 #include "common/math/activations.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -68,6 +70,36 @@ TEST(GeluTest, ScalarDerivativeMatchesDoubleFiniteDifferences) {
     const double numeric = (GeluReference(x + h) - GeluReference(x - h)) / (2 * h);
     EXPECT_NEAR(GeluGradScalar(static_cast<float>(x)), numeric, 1e-6) << x;
   }
+}
+
+uint32_t FloatBits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// The array passes (exponentials a chunk at a time, vectorised) round exactly as the scalars.
+TEST(GeluTest, ArrayPassesAreBitwiseTheScalars) {
+  std::vector<float> x;
+  for (float v = -30.0f; v <= 30.0f; v += 0.00917f) x.push_back(v);
+  for (float v :
+       {0.0f, -0.0f, 1e-30f, -1e-30f, 1e30f, -1e30f, std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    x.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());  // not a multiple of the chunk or the lanes
+  std::vector<float> dy(x.size()), y(x.size()), dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) dy[i] = 0.5f + 0.001f * static_cast<float>(i % 977);
+  GeluForward(x.data(), n, y.data());
+  GeluBackward(x.data(), dy.data(), n, dx.data());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(FloatBits(y[i]), FloatBits(GeluScalar(x[i]))) << x[i];
+    ASSERT_EQ(FloatBits(dx[i]), FloatBits(dy[i] * GeluGradScalar(x[i]))) << x[i];
+  }
+  // In place (dx aliasing dy), as the transformer block runs it.
+  std::vector<float> inplace = dy;
+  GeluBackward(x.data(), inplace.data(), n, inplace.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(inplace[i]), FloatBits(dx[i])) << x[i];
 }
 
 TEST(GeluTest, LayerGradientMatchesFiniteDifferences) {

@@ -2,9 +2,11 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "common/math/tensor.h"
 #include "gtest/gtest.h"
@@ -40,6 +42,39 @@ TEST(PortableExpTest, SpecialValues) {
   EXPECT_EQ(PortableExp(-kInf), 0.0);
   EXPECT_EQ(PortableExp(kInf), kInf);
   EXPECT_TRUE(std::isnan(PortableExp(std::nan(""))));
+}
+
+// Bit pattern of a double (so that NaN compares equal to itself).
+uint64_t Bits(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+TEST(PortableExpArrayTest, BitwisePortableExpForEveryArgumentAndLength) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> wide(-800.0, 800.0), narrow(-30.0, 5.0);
+  std::vector<double> x;
+  for (int i = 0; i < 4000; ++i) x.push_back(i % 2 == 0 ? narrow(rng) : wide(rng));
+  // Every special case and range edge, at every lane position (the vector path and its fallback).
+  const double specials[] = {0.0,    -0.0,   700.0, -700.0, 700.0001,     -700.0001, 709.9,
+                             -745.2, -744.9, kInf,  -kInf,  std::nan(""), 1e-300,    -1e-300};
+  for (int shift = 0; shift < 8; ++shift) {
+    for (int k = 0; k < shift; ++k) x.push_back(narrow(rng));
+    for (double s : specials) x.push_back(s);
+  }
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9},
+                    static_cast<int64_t>(x.size())}) {
+    std::vector<double> y(static_cast<size_t>(n), -1.0);
+    PortableExpArray(x.data(), n, y.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(Bits(y[i]), Bits(PortableExp(x[i]))) << "x[" << i << "] = " << x[i] << ", n " << n;
+    }
+  }
+  // In place.
+  std::vector<double> y = x;
+  PortableExpArray(y.data(), static_cast<int64_t>(y.size()), y.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(Bits(y[i]), Bits(PortableExp(x[i]))) << x[i];
 }
 
 TEST(PortableLogTest, MatchesStdLog) {

@@ -1,6 +1,7 @@
 #include "common/math/gqa_attention.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -68,34 +69,110 @@ TEST(GqaAttentionTest, EqualsMultiHeadAttentionOnReplicatedKeysAndValues) {
   }
 }
 
-TEST(GqaAttentionTest, ForwardMatchesDoubleReference) {
-  const int64_t heads = 4, kv = 2, hd = 4, t = 6, rows = 2 * t;
-  const GqaShape shape{heads, kv, hd, t};
-  const Matrix q = RandomMatrix(rows, heads * hd, 5, -2, 2);
-  const Matrix k = RandomMatrix(rows, kv * hd, 6, -2, 2);
-  const Matrix v = RandomMatrix(rows, kv * hd, 7);
-  const Grads g = RunAttention(shape, q, k, v, Matrix::Zero(rows, heads * hd));
-  for (int64_t s = 0; s < 2; ++s) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t j = h / 2;
-      for (int64_t i = 0; i < t; ++i) {
-        std::vector<double> w(static_cast<size_t>(i + 1));
-        double z = 0;
-        for (int64_t c = 0; c <= i; ++c) {
-          double dot = 0;
-          for (int64_t e = 0; e < hd; ++e) {
-            dot += static_cast<double>(q(s * t + i, h * hd + e)) * k(s * t + c, j * hd + e);
-          }
-          z += (w[c] = std::exp(dot / 2.0));  // 1/sqrt(hd) = 1/2
+using MatrixD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Causal attention of one head in double: out = P v, and its gradients for dout.
+struct HeadReference {
+  MatrixD out, dq, dk, dv;
+};
+
+HeadReference ReferenceHead(const MatrixD& q, const MatrixD& k, const MatrixD& v,
+                            const MatrixD& dout) {
+  const int64_t t = q.rows();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
+  MatrixD p = MatrixD::Zero(t, t);
+  for (int64_t i = 0; i < t; ++i) {
+    double z = 0;
+    for (int64_t c = 0; c <= i; ++c) z += (p(i, c) = std::exp(scale * q.row(i).dot(k.row(c))));
+    p.row(i) /= z;
+  }
+  const MatrixD dp = dout * v.transpose();
+  MatrixD ds = MatrixD::Zero(t, t);
+  for (int64_t i = 0; i < t; ++i) {
+    const double dot = p.row(i).dot(dp.row(i));
+    for (int64_t c = 0; c <= i; ++c) ds(i, c) = scale * p(i, c) * (dp(i, c) - dot);
+  }
+  return {p * v, ds * k, ds.transpose() * q, p.transpose() * dout};
+}
+
+// Contexts of one, two and three query blocks (the last one short) against the double reference,
+// gradients included; kv heads summed over their groups.
+TEST(GqaAttentionTest, MatchesDoubleReferenceForOneAndSeveralQueryBlocks) {
+  for (int64_t t : {int64_t{6}, kCausalBlock, int64_t{2 * kCausalBlock + 6}}) {
+    SCOPED_TRACE(t);
+    const int64_t heads = 4, kv = 2, hd = 4, rows = 2 * t, group = heads / kv;
+    const GqaShape shape{heads, kv, hd, t};
+    const Matrix q = RandomMatrix(rows, heads * hd, 5, -2, 2);
+    const Matrix k = RandomMatrix(rows, kv * hd, 6, -2, 2);
+    const Matrix v = RandomMatrix(rows, kv * hd, 7);
+    const Matrix dout = RandomMatrix(rows, heads * hd, 8);
+    const Grads g = RunAttention(shape, q, k, v, dout);
+    for (int64_t s = 0; s < 2; ++s) {
+      for (int64_t j = 0; j < kv; ++j) {
+        MatrixD dk = MatrixD::Zero(t, hd), dv = MatrixD::Zero(t, hd);
+        for (int64_t h = j * group; h < (j + 1) * group; ++h) {
+          const HeadReference want = ReferenceHead(q.block(s * t, h * hd, t, hd).cast<double>(),
+                                                   k.block(s * t, j * hd, t, hd).cast<double>(),
+                                                   v.block(s * t, j * hd, t, hd).cast<double>(),
+                                                   dout.block(s * t, h * hd, t, hd).cast<double>());
+          EXPECT_LT(
+              (g.out.block(s * t, h * hd, t, hd).cast<double>() - want.out).cwiseAbs().maxCoeff(),
+              2e-6);
+          EXPECT_LT(
+              (g.dq.block(s * t, h * hd, t, hd).cast<double>() - want.dq).cwiseAbs().maxCoeff(),
+              1e-5);
+          dk += want.dk;
+          dv += want.dv;
         }
-        for (int64_t e = 0; e < hd; ++e) {
-          double want = 0;
-          for (int64_t c = 0; c <= i; ++c) want += w[c] / z * v(s * t + c, j * hd + e);
-          EXPECT_NEAR(g.out(s * t + i, h * hd + e), want, 2e-6);
-        }
+        EXPECT_LT((g.dk.block(s * t, j * hd, t, hd).cast<double>() - dk).cwiseAbs().maxCoeff(),
+                  1e-5);
+        EXPECT_LT((g.dv.block(s * t, j * hd, t, hd).cast<double>() - dv).cwiseAbs().maxCoeff(),
+                  1e-5);
       }
     }
   }
+}
+
+// The products never read the masked half: whatever the probability and scratch buffers held
+// before (NaN here), the results are bitwise those from zeroed buffers, and P is exactly 0 above
+// the diagonal.
+TEST(GqaAttentionTest, MaskedHalfIsNeverRead) {
+  const int64_t t = 2 * kCausalBlock + 6, heads = 2, hd = 4, rows = t;
+  const GqaShape shape{heads, heads, hd, t};
+  const Matrix q = RandomMatrix(rows, heads * hd, 11, -2, 2);
+  const Matrix k = RandomMatrix(rows, heads * hd, 12, -2, 2);
+  const Matrix v = RandomMatrix(rows, heads * hd, 13);
+  const Matrix dout = RandomMatrix(rows, heads * hd, 14);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<Matrix> results;
+  for (float fill : {0.0f, nan}) {
+    std::vector<float> probs(static_cast<size_t>(GqaProbabilityFloats(shape, rows)), fill);
+    std::vector<float> scratch(static_cast<size_t>(t * t), fill);
+    Matrix out(rows, heads * hd), dq(rows, heads * hd), dk(rows, heads * hd), dv(rows, heads * hd);
+    GqaAttentionForward(shape, AsConstMap(q), AsConstMap(k), AsConstMap(v), probs.data(),
+                        AsMap(out));
+    GqaAttentionBackward(shape, AsConstMap(q), AsConstMap(k), AsConstMap(v), probs.data(),
+                         AsConstMap(dout), scratch.data(), AsMap(dq), AsMap(dk), AsMap(dv));
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t c = i + 1; c < t; ++c)
+          ASSERT_EQ(probs[(h * t + i) * t + c], 0.0f) << i << " " << c;
+      }
+    }
+    for (const Matrix* m : {&out, &dq, &dk, &dv}) results.push_back(*m);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(results[i]), AsConstMap(results[i + 4]))) << i;
+  }
+}
+
+TEST(GqaAttentionTest, CausalScoreEntriesCountTheComputedBlocks) {
+  EXPECT_EQ(CausalScoreEntries(6), 36.0);
+  EXPECT_EQ(CausalScoreEntries(kCausalBlock), static_cast<double>(kCausalBlock * kCausalBlock));
+  // 128 = four blocks of 32: 32 (32 + 64 + 96 + 128) of the 16384 scores.
+  EXPECT_EQ(CausalScoreEntries(128), 10240.0);
+  // 70 = 32 + 32 + 6.
+  EXPECT_EQ(CausalScoreEntries(70), 32.0 * 32 + 32.0 * 64 + 6.0 * 70);
 }
 
 }  // namespace

@@ -38,12 +38,18 @@ std::vector<LayerCase> AllLayers(const Kernels& k) {
   cases.push_back({"embedding", k.MakeEmbedding(29, 48, 8, true), tokens});
   cases.push_back(
       {"transformer_block", k.MakeTransformerBlock(48, 4, 8, 4), RandomMatrix(2 * 8, 48, 5)});
+  // Context 40: two causal query blocks (gqa_attention.h), the second one short.
+  cases.push_back({"transformer_block_long", k.MakeTransformerBlock(64, 2, 40, 4),
+                   RandomMatrix(2 * 40, 64, 8)});
   cases.push_back({"rms_norm", k.MakeRmsNorm(72, 1e-5f), RandomMatrix(16, 72, 6)});
   cases.push_back({"embedding_no_positions", k.MakeEmbedding(29, 48, 8, false), tokens});
   cases.push_back({"llama_block",
                    // dim 48, 4 heads, 2 kv heads, context 8, hidden 136.
                    k.MakeLlamaBlock({48, 4, 2, 8, 136, 10000.0, 1e-5f}),
                    RandomMatrix(2 * 8, 48, 7)});
+  // Context 40: two causal query blocks; dim 64, 4 heads, 2 kv heads, hidden 172.
+  cases.push_back({"llama_block_long", k.MakeLlamaBlock({64, 4, 2, 40, 172, 10000.0, 1e-5f}),
+                   RandomMatrix(2 * 40, 64, 9)});
   return cases;
 }
 
@@ -78,8 +84,9 @@ TEST(KernelsTest, EveryLayerIsBitwiseStableAtEverySupportedLevel) {
   }
 }
 
-// Every level's layers give the same bits with and without their parameter cache (a Linear's
-// packed weight), also after the parameters change and the cache is told.
+// Every level's layers give the same bits with and without their parameter cache (a Linear's or
+// a transformer or LLaMA block's packed weights), also after the parameters change and the cache is
+// told.
 TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
   for (Isa isa : SupportedIsas()) {
     const Kernels& k = KernelsFor(isa);
@@ -87,7 +94,10 @@ TEST(KernelsTest, ParamCachesChangeNoBitAtEverySupportedLevel) {
     for (LayerCase& c : AllLayers(k)) {
       SCOPED_TRACE(std::string(IsaName(isa)) + " " + c.name);
       std::unique_ptr<ParamCache> cache = c.layer->NewParamCache();
-      EXPECT_EQ(cache != nullptr, c.name == "linear");
+      // The layers with weight products: Linear and the two blocks.
+      const bool packs = c.name == "linear" || c.name.rfind("transformer_block", 0) == 0 ||
+                         c.name.rfind("llama_block", 0) == 0;
+      EXPECT_EQ(cache != nullptr, packs);
       std::vector<Tensor> params = Init(*c.layer);
       for (int change = 0; change < 3; ++change) {
         const Matrix dy = RandomMatrix(c.x.rows(), c.layer->out_features(), 9 + change);

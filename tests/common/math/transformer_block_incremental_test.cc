@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/math/gqa_attention.h"
 #include "common/math/isa.h"
 #include "common/math/kernels.h"
 #include "common/math/transformer_block.h"
@@ -81,6 +82,24 @@ TEST(TransformerBlockIncrementalTest, AWholeSampleAtOnceIsBitwiseForward) {
   EXPECT_EQ(state->bytes(), 2 * kContext * kDim * 4);
   const Matrix y = Incremental(block, p, x, {kContext}, state.get());
   EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(FullForward(block, p, x))));
+}
+
+// With several causal query blocks (gqa_attention.h) the cached forward of a whole sample still
+// runs Forward's products, and uneven chunks stay within rounding.
+TEST(TransformerBlockIncrementalTest, SeveralQueryBlocksAtOnceAreBitwiseForward) {
+  const int64_t context = 2 * kCausalBlock + 6;
+  const TransformerBlock block(kDim, kHeads, context, kRatio);
+  const std::vector<Tensor> p = RandomParams(block, 21);
+  const Matrix x = RandomMatrix(context, kDim, 22);
+  const Matrix full = FullForward(block, p, x);
+  const std::unique_ptr<IncrementalState> whole = block.NewIncrementalState();
+  EXPECT_TRUE(
+      BitwiseEqual(AsConstMap(Incremental(block, p, x, {context}, whole.get())), AsConstMap(full)));
+  const std::unique_ptr<IncrementalState> chunked = block.NewIncrementalState();
+  const Matrix y = Incremental(block, p, x, {5, 40, 1, context - 46}, chunked.get());
+  for (int64_t r = 0; r < context; ++r) {
+    EXPECT_LE(MaxRelativeError(y.row(r), full.row(r)), 2e-6) << "position " << r;
+  }
 }
 
 // One position per call (what generation does) and uneven chunks: the products have other shapes

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/math/gqa_attention.h"
 #include "gtest/gtest.h"
 #include "tests/common/math/grad_check.h"
 
@@ -147,6 +148,14 @@ TEST(TransformerBlockTest, GradientsMatchFiniteDifferences) {
   const TransformerBlock block(8, 2, 4, 2);
   ExpectLayerGradientsMatch(block, RandomParams(block, 3), RandomMatrix(8, 8, 4, -1.5f, 1.5f),
                             RandomMatrix(8, 8, 5), /*check_input=*/true);
+}
+
+// A context of two causal query blocks (gqa_attention.h, kCausalBlock), the second one short.
+TEST(TransformerBlockTest, GradientsMatchFiniteDifferencesOverSeveralQueryBlocks) {
+  const int64_t t = kCausalBlock + 5;
+  const TransformerBlock block(8, 2, t, 2);
+  ExpectLayerGradientsMatch(block, RandomParams(block, 13), RandomMatrix(t, 8, 14, -1.5f, 1.5f),
+                            RandomMatrix(t, 8, 15), /*check_input=*/true);
 }
 
 TEST(TransformerBlockTest, AttentionIsCausalAndSamplesAreIndependent) {
