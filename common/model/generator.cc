@@ -10,10 +10,9 @@
 #include "common/util/status_macros.h"
 
 namespace pipetrain::model {
-namespace {
 
-// What `spec` is, for the refusal of a model that is not a language model.
-absl::Status CheckLanguageModel(const v1::ModelSpec& spec, const Model& model) {
+absl::Status CheckLanguageModel(const Model& model) {
+  const v1::ModelSpec& spec = model.spec();
   const std::string what =
       absl::StrCat("model '", spec.name(), "' (", LayerKindName(spec.layers(0)), " first, loss ",
                    spec.loss().has_softmax_cross_entropy() ? "softmax cross-entropy" : "MSE", ")");
@@ -39,6 +38,8 @@ absl::Status CheckLanguageModel(const v1::ModelSpec& spec, const Model& model) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // OK if params[l] has the shapes of model.layer(l)'s parameters for every layer.
 absl::Status CheckParams(const Model& model, const ModelParams& params) {
@@ -111,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model* model,
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("compute threads must be >= 1, got ", threads));
   }
-  PT_RETURN_IF_ERROR(CheckLanguageModel(model->spec(), *model));
+  PT_RETURN_IF_ERROR(CheckLanguageModel(*model));
   PT_RETURN_IF_ERROR(CheckParams(*model, *params));
   if (!math::CpuSupportsIsa(model->isa())) {
     return absl::FailedPreconditionError(absl::StrCat(

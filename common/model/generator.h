@@ -36,6 +36,10 @@ using ModelParams = std::vector<std::vector<math::Tensor>>;
 absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
                                             std::map<std::string, math::Tensor>* tensors);
 
+// OK if `model` is a language model every layer of which has an incremental forward (what
+// generation needs), else INVALID_ARGUMENT saying what the model is instead.
+absl::Status CheckLanguageModel(const Model& model);
+
 // Most tokens one Generate call produces.
 inline constexpr int64_t kMaxGenerateTokens = int64_t{1} << 20;
 
