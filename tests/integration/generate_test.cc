@@ -115,6 +115,15 @@ TEST_F(GenerateTest, GenerateOnTheLiveJobGivesTheLocalGeneratorsTextForTheSameSe
     ASSERT_EQ(local.exit_code, 0) << ReadFile(dir_ + "/generate.err");
     EXPECT_EQ(local.out, text + "\n");
   }
+  // `pipetrain generate --coordinator --job`: the same text as --resume, from the live job.
+  const testing::CommandRun remote =
+      testing::RunCommand(absl::StrCat(
+          PIPETRAIN_BINARY, " generate --coordinator ", daemons_.address(), " --job ", job->job(),
+          " --data text --data-dir " PIPETRAIN_SOURCE_DIR "/data --prompt 'of the' --max-tokens 40 "
+          "--temperature 0.8 --top-k 5 --seed 3 2>",
+          dir_, "/remote.err"));
+  ASSERT_EQ(remote.exit_code, 0) << ReadFile(dir_ + "/remote.err");
+  EXPECT_EQ(remote.out, LocalGenerate(ck, "of the").out);
   // The job trains on, and the Client's Generate of the same weights gives the same tokens.
   absl::StatusOr<v1::GenerateResult> again = daemons_.client().Generate(job->job(), options);
   ASSERT_TRUE(again.ok()) << again.status();
