@@ -91,10 +91,9 @@ absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
   return params;
 }
 
-Generator::Generator(const Model* model, const ModelParams* params,
-                     std::unique_ptr<ChunkDecoder> decoder, int64_t vocab, int64_t context)
-    : model_(model),
-      params_(params),
+Generator::Generator(const ModelParams* params, std::unique_ptr<ChunkDecoder> decoder,
+                     int64_t vocab, int64_t context)
+    : params_(params),
       vocab_(vocab),
       context_(context),
       decoder_(std::move(decoder)),
@@ -121,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model* model,
   PT_ASSIGN_OR_RETURN(std::unique_ptr<ChunkDecoder> decoder,
                       ChunkDecoder::Create(model, 0, model->num_layers(), 1));
   model->kernels().ConfigureEigen(threads);
-  return std::unique_ptr<Generator>(new Generator(model, params, std::move(decoder),
+  return std::unique_ptr<Generator>(new Generator(params, std::move(decoder),
                                                   model->spec().layers(0).embedding().vocab_size(),
                                                   model->tokens_per_sample()));
 }

@@ -104,14 +104,13 @@ class Generator {
       const std::function<void(int64_t token)>& on_token = nullptr);
 
  private:
-  Generator(const Model* model, const ModelParams* params, std::unique_ptr<ChunkDecoder> decoder,
-            int64_t vocab, int64_t context);
+  Generator(const ModelParams* params, std::unique_ptr<ChunkDecoder> decoder, int64_t vocab,
+            int64_t context);
 
   // Runs `run`'s tokens through every layer (forgetting every position first when it restarts)
   // and sets logits_ to the last row's output.
   absl::Status Run(const DecodeRun& run);
 
-  const Model* const model_;
   const ModelParams* const params_;
   const int64_t vocab_;
   const int64_t context_;
