@@ -28,6 +28,14 @@ absl::Status CheckGenerateRequest(const v1::GenerateRequest& request, const mode
                                                      " prompts, more than the ",
                                                      kMaxGeneratePrompts, " one request may hold"));
   }
+  const int64_t logit_bytes = int64_t{request.prompts_size()} * vocab * 4;
+  if (logit_bytes > kMaxGenerateLogitBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Generate: ", request.prompts_size(), " prompts of a vocabulary of ", vocab,
+                     " make ", logit_bytes, " bytes of logits per token, more than the ",
+                     kMaxGenerateLogitBytes, " a decode round may return: send at most ",
+                     kMaxGenerateLogitBytes / (vocab * 4), " prompts per request"));
+  }
   for (int p = 0; p < request.prompts_size(); ++p) {
     const auto& tokens = request.prompts(p).tokens();
     if (tokens.empty())

@@ -43,11 +43,15 @@ inline constexpr int64_t kMaxGeneratePrompts = 64;
 inline constexpr int64_t kMaxGeneratePromptTokens = 65536;
 // Most tokens one Generate request generates per prompt (its decode rounds).
 inline constexpr int64_t kMaxGenerateRounds = 4096;
+// Most bytes of logits one decode round's GenDone may carry (prompts x vocabulary x 4): far below
+// the coordinator's --max-message-size default (512 MiB).
+inline constexpr int64_t kMaxGenerateLogitBytes = int64_t{16} << 20;
 
 // OK if `request` fits `net`: FAILED_PRECONDITION when `net` is not a language model
 // (model::CheckLanguageModel's reason); INVALID_ARGUMENT for no prompt, an empty prompt, a token
 // outside [0, vocab) (naming prompt and position), max_tokens < 1 or bad sampling options;
-// RESOURCE_EXHAUSTED beyond kMaxGeneratePrompts, kMaxGeneratePromptTokens or kMaxGenerateRounds.
+// RESOURCE_EXHAUSTED beyond kMaxGeneratePrompts, kMaxGeneratePromptTokens, kMaxGenerateRounds or
+// kMaxGenerateLogitBytes.
 absl::Status CheckGenerateRequest(const v1::GenerateRequest& request, const model::Model& net);
 
 class GenerateRun {

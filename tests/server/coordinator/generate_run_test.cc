@@ -25,8 +25,8 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
-using ::testing::HasSubstr;
 using testing::FakeNextToken;
+using ::testing::HasSubstr;
 using testing::MakeSpec;
 using wire::kEvalStepBase;
 
@@ -158,6 +158,23 @@ TEST_F(GenerateRunTest, ABadRequestIsRefusedBeforeAnyWorkerHearsOfIt) {
   expect(Request("job-none", {{1}}, 4), absl::StatusCode::kNotFound, "job-none");
   EXPECT_TRUE(links_->Sent(0).empty());
   EXPECT_THAT(workers_[0]->Received(), ElementsAre("assign", "open_links"));
+}
+
+// A large vocabulary bounds the prompts per request: their logits come back every round.
+TEST(CheckGenerateRequestTest, TheLogitsOfARoundAreBounded) {
+  absl::StatusOr<v1::ModelSpec> spec = model::ParseModelSpecText(
+      "name: 'wide' input_features: 1 layers { embedding { vocab_size: 70000 dim: 8 context: 4 } } "
+      "layers { linear { out_features: 70000 } } loss { softmax_cross_entropy {} }",
+      "test");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::unique_ptr<model::Model>> net = model::Model::Build(*spec);
+  ASSERT_TRUE(net.ok()) << net.status();
+  v1::GenerateRequest request = Request("job", std::vector<std::vector<int64_t>>(59, {1}), 4);
+  EXPECT_TRUE(CheckGenerateRequest(request, **net).ok());
+  request.add_prompts()->add_tokens(1);  // 60 x 70000 x 4 bytes > 16 MiB
+  const absl::Status refused = CheckGenerateRequest(request, **net);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("send at most 59 prompts per request"));
 }
 
 TEST_F(GenerateRunTest, ANonLanguageModelIsRefused) {
