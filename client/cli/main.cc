@@ -40,6 +40,7 @@
 #include "client/cli/partition_command.h"
 #include "client/cli/plan_command.h"
 #include "client/cli/reference_command.h"
+#include "client/cli/remote_generate.h"
 #include "client/cli/schedule_command.h"
 #include "client/cli/tokenizer_command.h"
 #include "client/cli/train_command.h"
@@ -130,6 +131,9 @@ ABSL_FLAG(std::string, prompt, "", "generate: the text to continue");
 ABSL_FLAG(int64_t, max_tokens, 200, "generate: tokens (characters) to generate");
 ABSL_FLAG(double, temperature, 1.0, "generate: logits are divided by it; 0: greedy");
 ABSL_FLAG(int64_t, top_k, 0, "generate: sample among the K most likely tokens (0: all of them)");
+ABSL_FLAG(std::string, job, "",
+          "generate: the id of a running job to generate from through the service (with "
+          "--coordinator and --data), instead of a checkpoint");
 // train / local
 ABSL_FLAG(std::string, coordinator, "", "the coordinator's HOST:PORT (its --listen)");
 ABSL_FLAG(std::string, tls_cert, "", "this client's PEM certificate (mTLS to the coordinator)");
@@ -222,7 +226,7 @@ const std::vector<HelpTopic> kFlagTopics = {
      {"coordinator", "reconnect_timeout", "replace_timeout", "reason", "tls_cert", "tls_key",
       "tls_ca", "token_file"}},
     {"output", {"json", "log_every", "format", "trace", "trace_steps", "out"}},
-    {"generation", {"prompt", "max_tokens", "temperature", "top_k"}}};
+    {"generation", {"prompt", "max_tokens", "temperature", "top_k", "job"}}};
 // The headings `pipetrain help` lists the commands under.
 const std::vector<HelpTopic> kCommandTopics = {
     {"training commands", {"reference", "train", "local", "evaluate"}},
@@ -330,8 +334,8 @@ const ProgramSpec& Program() {
            "",
            "continue a text with a checkpoint of a language model",
            {"resume", "checkpoint", "prompt", "max_tokens", "temperature", "top_k", "seed", "data",
-            "data_dir"},
-           {{"resume", kRequired},
+            "data_dir", "job", "coordinator", "tls_cert", "tls_key", "tls_ca", "token_file"},
+           {{"resume", "required unless --job"},
             {"prompt", kRequired},
             {"data", "the checkpoint's"},
             {"top_k", "the whole vocabulary"}}},
@@ -528,6 +532,19 @@ absl::Status RunExportOrImport(const CommandLine& line, const std::string& dir) 
 }
 
 absl::Status RunGenerate(const CommandLine& line) {
+  if (line.Given("job")) {  // a running job's live weights, through the service.
+    RemoteGenerateOptions r;
+    PT_RETURN_IF_ERROR(ClientSecurityFromFlags(&r.client));
+    r.coordinator = CoordinatorAddress(line);
+    r.job = absl::GetFlag(FLAGS_job);
+    if (line.Given("data")) r.data = absl::GetFlag(FLAGS_data);
+    r.data_dir = absl::GetFlag(FLAGS_data_dir);
+    r.prompt = absl::GetFlag(FLAGS_prompt);
+    r.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    r.sampling = {absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k),
+                  absl::GetFlag(FLAGS_seed)};
+    return RunRemoteGenerateCommand(r, std::cout);
+  }
   GenerateCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),
                                                     "checkpoint", absl::GetFlag(FLAGS_checkpoint)));

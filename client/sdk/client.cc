@@ -292,6 +292,14 @@ absl::StatusOr<v1::EvaluateResult> TrainSession::Evaluate(const BatchView& sampl
       [&] { return client_->Evaluate(job_, samples, chunk_samples); });
 }
 
+absl::StatusOr<v1::GenerateResult> TrainSession::Generate(const GenerateOptions& options) {
+  if (!sent_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Generate with ", sent_.size(), " batch(es) sent and unanswered: Receive first"));
+  }
+  return ThroughRecovery<v1::GenerateResult>([&] { return client_->Generate(job_, options); });
+}
+
 absl::Status TrainSession::AwaitRecovery(const absl::Status& why) {
   if (!options_.replay || !Recoverable(why)) return why;
   if (!sent_.empty()) {
@@ -620,6 +628,20 @@ absl::StatusOr<v1::EvaluateResult> Client::Evaluate(const std::string& job,
   if (samples.inputs != nullptr) ToDense(*samples.inputs, request.mutable_inputs());
   if (samples.targets != nullptr) ToDense(*samples.targets, request.mutable_targets());
   return Unary(&v1::Coordinator::Stub::Evaluate, request, "Evaluate", options_.long_call_timeout);
+}
+
+absl::StatusOr<v1::GenerateResult> Client::Generate(const std::string& job,
+                                                    const GenerateOptions& options) {
+  v1::GenerateRequest request;
+  request.set_job(job);
+  for (const std::vector<int64_t>& prompt : options.prompts) {
+    request.add_prompts()->mutable_tokens()->Add(prompt.begin(), prompt.end());
+  }
+  request.set_max_tokens(options.max_tokens);
+  request.set_temperature(options.temperature);
+  request.set_top_k(options.top_k);
+  request.set_seed(options.seed);
+  return Unary(&v1::Coordinator::Stub::Generate, request, "Generate", options_.long_call_timeout);
 }
 
 std::optional<std::string> Client::failed_checkpoint(const std::string& job) const {

@@ -155,6 +155,16 @@ struct TrainOptions {
 // it, or the session closed it in order and read its final status), so the coordinator has always
 // released the job when the new one claims it. Not thread-safe (one thread drives a session); the
 // Client must outlive it.
+// What to generate (Client::Generate): prompts of token ids of the job's vocabulary and the
+// sampling, as `pipetrain generate`'s flags (docs/inference.md, "Sampling").
+struct GenerateOptions {
+  std::vector<std::vector<int64_t>> prompts;  // 1 .. 64 prompts, each at least one token.
+  int64_t max_tokens = 200;                   // per prompt, in [1, 4096].
+  double temperature = 1.0;                   // 0: greedy.
+  int64_t top_k = 0;                          // 0: the whole vocabulary.
+  uint64_t seed = 0;                          // every prompt's sampler is seeded with it.
+};
+
 class TrainSession {
  public:
   // Batches that may be sent and not yet answered: the coordinator's running step and one read
@@ -207,6 +217,10 @@ class TrainSession {
   // evaluation interrupted by a recovery is retried after the replay, as Checkpoint is.
   // FAILED_PRECONDITION while batches are unanswered.
   absl::StatusOr<v1::EvaluateResult> Evaluate(const BatchView& samples, int64_t chunk_samples = 0);
+  // Client::Generate of the job between two steps (the stream stays open); with replay on, a
+  // generation interrupted by a recovery is retried after the replay, as Checkpoint is.
+  // FAILED_PRECONDITION while batches are unanswered.
+  absl::StatusOr<v1::GenerateResult> Generate(const GenerateOptions& options);
   // A checkpoint of `steps_done` steps is complete: batches of earlier steps are dropped.
   void CheckpointDone(int64_t steps_done);
   // After another call on the job failed with `why`: if replay is on and `why` is ABORTED or
@@ -325,6 +339,15 @@ class Client {
   // chunks, FAILED_PRECONDITION, ABORTED while recovering, a worker's failure).
   absl::StatusOr<v1::EvaluateResult> Evaluate(const std::string& job, const BatchView& samples,
                                               int64_t chunk_samples = 0);
+  // Generates options.max_tokens tokens after each of options.prompts from `job`'s committed
+  // weights (a language model), decoding through its pipeline with KV caches on its workers,
+  // between two steps (coordinator.proto, Generate): each prompt's tokens are those
+  // `pipetrain generate --resume` gives it alone on a checkpoint of the same weights with the same
+  // sampling and seed. Changes nothing. Deadline: long_call_timeout. Errors as Generate's
+  // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION for a job that is not READY or not
+  // a language model, ABORTED while recovering, a worker's failure).
+  absl::StatusOr<v1::GenerateResult> Generate(const std::string& job,
+                                              const GenerateOptions& options);
   // The directory of `job`'s last Checkpoint through this Client if it failed (its weights are
   // unsaved: ScopedJob then leaves the job running, for a retry); nullopt otherwise. Thread-safe.
   std::optional<std::string> failed_checkpoint(const std::string& job) const;

@@ -10,10 +10,9 @@
 #include "common/util/status_macros.h"
 
 namespace pipetrain::model {
-namespace {
 
-// What `spec` is, for the refusal of a model that is not a language model.
-absl::Status CheckLanguageModel(const v1::ModelSpec& spec, const Model& model) {
+absl::Status CheckLanguageModel(const Model& model) {
+  const v1::ModelSpec& spec = model.spec();
   const std::string what =
       absl::StrCat("model '", spec.name(), "' (", LayerKindName(spec.layers(0)), " first, loss ",
                    spec.loss().has_softmax_cross_entropy() ? "softmax cross-entropy" : "MSE", ")");
@@ -39,6 +38,8 @@ absl::Status CheckLanguageModel(const v1::ModelSpec& spec, const Model& model) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // OK if params[l] has the shapes of model.layer(l)'s parameters for every layer.
 absl::Status CheckParams(const Model& model, const ModelParams& params) {
@@ -97,16 +98,13 @@ absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
   return params;
 }
 
-Generator::Generator(const Model* model, const ModelParams* params, int64_t vocab, int64_t context)
-    : model_(model), params_(params), vocab_(vocab), context_(context) {
-  const int64_t n = model->num_layers();
-  states_.resize(static_cast<size_t>(n));
-  scratch_.resize(static_cast<size_t>(n));
-  outputs_.resize(static_cast<size_t>(n));
-  for (int64_t l = 0; l < n; ++l) {
-    states_[l] = model->layer(l).NewIncrementalState();
-    outputs_[l].resize(context, model->layer(l).out_features());
-  }
+Generator::Generator(const ModelParams* params, std::unique_ptr<ChunkDecoder> decoder,
+                     int64_t vocab, int64_t context)
+    : params_(params),
+      vocab_(vocab),
+      context_(context),
+      decoder_(std::move(decoder)),
+      window_(context, vocab) {
   input_.resize(context, 1);
   logits_.resize(static_cast<size_t>(vocab));
 }
@@ -120,81 +118,43 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model* model,
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("compute threads must be >= 1, got ", threads));
   }
-  PT_RETURN_IF_ERROR(CheckLanguageModel(model->spec(), *model));
+  PT_RETURN_IF_ERROR(CheckLanguageModel(*model));
   PT_RETURN_IF_ERROR(CheckParams(*model, *params));
   if (!math::CpuSupportsIsa(model->isa())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "this CPU cannot run the model's instruction set ", math::IsaName(model->isa())));
   }
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<ChunkDecoder> decoder,
+                      ChunkDecoder::Create(model, 0, model->num_layers(), 1));
   model->kernels().ConfigureEigen(threads);
-  return std::unique_ptr<Generator>(new Generator(
-      model, params, model->spec().layers(0).embedding().vocab_size(), model->tokens_per_sample()));
+  return std::unique_ptr<Generator>(new Generator(params, std::move(decoder),
+                                                  model->spec().layers(0).embedding().vocab_size(),
+                                                  model->tokens_per_sample()));
 }
 
-void Generator::ClearStates() {
-  for (auto& s : states_) {
-    if (s != nullptr) s->Clear();
-  }
-}
-
-void Generator::Run(int64_t position) {
-  const int64_t end = static_cast<int64_t>(window_.size());
-  const int64_t n = end - position;
-  assert(n >= 1 && end <= context_);
-  for (int64_t i = 0; i < n; ++i) input_(i, 0) = static_cast<float>(window_[position + i]);
-  const float* x = input_.data();  // the layer's input, [n, cols]
-  int64_t cols = 1;
-  for (int64_t l = 0; l < model_->num_layers(); ++l) {
-    math::Matrix& out = outputs_[l];
-    model_->layer(l).ForwardIncremental((*params_)[l], position, math::ConstMatrixMap(x, n, cols),
-                                        states_[l].get(), &scratch_[l],
-                                        math::MatrixMap(out.data(), n, out.cols()));
-    x = out.data();
-    cols = out.cols();
-  }
-  std::copy(x + (n - 1) * vocab_, x + n * vocab_, logits_.begin());
+absl::Status Generator::Run(const DecodeRun& run) {
+  if (run.restart) decoder_->Clear(0);
+  const absl::Span<const int64_t> tokens = window_.RunTokens(run);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  assert(n >= 1 && n <= context_);
+  for (int64_t i = 0; i < n; ++i) input_(i, 0) = static_cast<float>(tokens[i]);
+  PT_ASSIGN_OR_RETURN(
+      math::ConstMatrixMap y,
+      decoder_->Forward(*params_, 0, run.position, math::ConstMatrixMap(input_.data(), n, 1)));
+  std::copy(y.data() + (n - 1) * vocab_, y.data() + n * vocab_, logits_.begin());
   positions_computed_ += n;
+  return absl::OkStatus();
 }
 
 absl::Status Generator::Start(absl::Span<const int64_t> prompt) {
-  if (prompt.empty()) {
-    return absl::InvalidArgumentError("the prompt is empty: generation needs at least one token");
-  }
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", prompt[i],
-                                                     ", outside the vocabulary [0, ", vocab_, ")"));
-    }
-  }
-  const size_t keep = std::min(prompt.size(), static_cast<size_t>(context_));
-  window_.assign(prompt.end() - keep, prompt.end());
-  ClearStates();
-  slides_ = 0;
+  PT_ASSIGN_OR_RETURN(const DecodeRun run, window_.Start(prompt));
   positions_computed_ = 0;
-  started_ = true;
-  Run(0);
-  return absl::OkStatus();
+  return Run(run);
 }
 
 absl::Status Generator::Append(int64_t token) {
-  if (!started_) return absl::FailedPreconditionError("Append before Start");
-  if (token < 0 || token >= vocab_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token ", token, " is outside the vocabulary [0, ", vocab_, ")"));
-  }
-  if (static_cast<int64_t>(window_.size()) < context_) {
-    window_.push_back(token);
-    Run(static_cast<int64_t>(window_.size()) - 1);
-    return absl::OkStatus();
-  }
-  // Slide: keep the last ceil(T/2) - 1 tokens and the new one, from position 0 again.
-  const int64_t keep = (context_ + 1) / 2;
-  window_.erase(window_.begin(), window_.end() - (keep - 1));
-  window_.push_back(token);
-  ClearStates();
-  ++slides_;
-  Run(0);
-  return absl::OkStatus();
+  PT_ASSIGN_OR_RETURN(const DecodeRun run, window_.Append(token));
+  return Run(run);
 }
 
 absl::StatusOr<std::vector<int64_t>> Generator::Generate(

@@ -18,6 +18,8 @@
 #include "absl/types/span.h"
 #include "common/math/layer.h"
 #include "common/math/tensor.h"
+#include "common/model/chunk_decoder.h"
+#include "common/model/decode_window.h"
 #include "common/model/model.h"
 #include "common/model/token_sampler.h"
 
@@ -34,6 +36,10 @@ using ModelParams = std::vector<std::vector<math::Tensor>>;
 absl::StatusOr<ModelParams> TakeModelParams(const Model& model,
                                             std::map<std::string, math::Tensor>* tensors);
 
+// OK if `model` is a language model every layer of which has an incremental forward (what
+// generation needs), else INVALID_ARGUMENT saying what the model is instead.
+absl::Status CheckLanguageModel(const Model& model);
+
 // Most tokens one Generate call produces.
 inline constexpr int64_t kMaxGenerateTokens = int64_t{1} << 20;
 
@@ -46,12 +52,13 @@ struct GenerateOptions {
 // embedding, whose loss is softmax cross-entropy over the embedding's vocabulary and whose layers
 // all support the incremental forward.
 //
-// The window: the tokens whose keys and values the layers hold, at positions 0 .. n-1 (n at most
-// the model's context T). The next token's logits are the last layer's output at position n-1.
-// Appending a token to a full window (n == T) slides it: the window becomes its last
-// ceil(T/2) - 1 tokens and the new one, which run through the layers again from position 0 (one
-// forward of ceil(T/2) positions every T - ceil(T/2) + 1 tokens, instead of T positions per token).
-// A prompt longer than T keeps its last T tokens.
+// The window (DecodeWindow): the tokens whose keys and values the layers hold, at positions
+// 0 .. n-1 (n at most the model's context T). The next token's logits are the last layer's output
+// at position n-1. Appending a token to a full window (n == T) slides it: the window becomes its
+// last ceil(T/2) - 1 tokens and the new one, which run through the layers again from position 0
+// (one forward of ceil(T/2) positions every T - ceil(T/2) + 1 tokens, instead of T positions per
+// token). A prompt longer than T keeps its last T tokens. The layers run in one ChunkDecoder over
+// all of them, as the service's pipeline runs one per chunk.
 //
 // Thread-compatible: one thread at a time (the layers' states and scratch are the generator's).
 class Generator {
@@ -81,9 +88,9 @@ class Generator {
   // The logits of the next token (vocab_size() floats), valid until the next Start or Append.
   absl::Span<const float> logits() const { return logits_; }
   // The tokens the logits condition on, position 0 first.
-  const std::vector<int64_t>& window() const { return window_; }
+  const std::vector<int64_t>& window() const { return window_.window(); }
   // How many times the window slid since Start.
-  int64_t slides() const { return slides_; }
+  int64_t slides() const { return window_.slides(); }
   // Positions run through the layers since Start (prompt included): the cost of decoding.
   int64_t positions_computed() const { return positions_computed_; }
 
@@ -97,26 +104,20 @@ class Generator {
       const std::function<void(int64_t token)>& on_token = nullptr);
 
  private:
-  Generator(const Model* model, const ModelParams* params, int64_t vocab, int64_t context);
+  Generator(const ModelParams* params, std::unique_ptr<ChunkDecoder> decoder, int64_t vocab,
+            int64_t context);
 
-  // Runs window_[position ..] through every layer as those positions (the states hold the
-  // positions before) and sets logits_ to the last row's output.
-  void Run(int64_t position);
-  // Forgets every position (the states' keys and values).
-  void ClearStates();
+  // Runs `run`'s tokens through every layer (forgetting every position first when it restarts)
+  // and sets logits_ to the last row's output.
+  absl::Status Run(const DecodeRun& run);
 
-  const Model* const model_;
   const ModelParams* const params_;
   const int64_t vocab_;
   const int64_t context_;
-  std::vector<std::unique_ptr<math::IncrementalState>> states_;  // per layer (null: none).
-  std::vector<math::Stash> scratch_;                             // per layer.
-  std::vector<math::Matrix> outputs_;  // per layer: [context, out_features], the first rows used.
-  math::Matrix input_;                 // [context, 1]: token ids as floats.
+  std::unique_ptr<ChunkDecoder> decoder_;  // every layer, one sequence.
+  math::Matrix input_;                     // [context, 1]: token ids as floats.
   std::vector<float> logits_;
-  std::vector<int64_t> window_;
-  bool started_ = false;
-  int64_t slides_ = 0;
+  DecodeWindow window_;
   int64_t positions_computed_ = 0;
 };
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/math/layer.h"
 #include "common/math/optimizer.h"
 #include "common/math/tensor.h"
@@ -167,6 +168,8 @@ class Stage {
 
   // Parameters of global layer `l` (first <= l < last).
   const std::vector<math::Tensor>& params(int64_t l) const { return params_[l - first_]; }
+  // Parameters of every layer, [l - first] for global layer l (as model::ChunkDecoder takes them).
+  absl::Span<const std::vector<math::Tensor>> layer_params() const { return params_; }
   const std::vector<math::Tensor>& grads(int64_t l) {
     FinishGradsForRead(nullptr);
     return grads_[l - first_];

@@ -88,6 +88,22 @@ grpc::ServerUnaryReactor* ClientService::Evaluate(grpc::CallbackServerContext* c
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ClientService::Generate(grpc::CallbackServerContext* context,
+                                                  const v1::GenerateRequest* request,
+                                                  v1::GenerateResult* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status posted = core_->CheckCaller(request->job(), CallerOf(context));
+  if (posted.ok())
+    posted = core_->PostClientRequest(request->job(), [this, context, reactor, request, response] {
+      absl::StatusOr<v1::GenerateResult> result =
+          core_->Generate(*request, [context] { return context->IsCancelled(); });
+      if (result.ok()) *response = *std::move(result);
+      reactor->Finish(wire::ToGrpcStatus(result.status()));
+    });
+  if (!posted.ok()) reactor->Finish(wire::ToGrpcStatus(posted));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ClientService::GetJob(grpc::CallbackServerContext* context,
                                                 const v1::GetJobRequest* request,
                                                 v1::JobStatus* response) {

@@ -43,6 +43,11 @@ class ClientService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const v1::EvaluateRequest* request,
                                      v1::EvaluateResult* response) override;
+  // Posts the generation to the job's thread (CoordinatorCore::Generate); a client that cancels
+  // the call ends it between two decode rounds.
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     v1::GenerateResult* response) override;
 
  private:
   CoordinatorCore* const core_;

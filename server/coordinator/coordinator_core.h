@@ -196,6 +196,12 @@ class CoordinatorCore {
   // with a forward-only pass over its pipeline (EvalRun; coordinator.proto, Evaluate).
   absl::StatusOr<v1::EvaluateResult> Evaluate(const v1::EvaluateRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Job thread (PostClientRequest): generates tokens from the job's committed weights, decoding
+  // through its pipeline with KV caches on the workers (GenRun; coordinator.proto, Generate).
+  // `cancelled`, if given, is asked between decode rounds (true: end with CANCELLED).
+  absl::StatusOr<v1::GenerateResult> Generate(const v1::GenerateRequest& request,
+                                              const std::function<bool()>& cancelled = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Checkpoint transfer (PutState, FetchState). Non-blocking, thread-safe.
   // Where the first message of a PutState stream may store its files, or FAILED_PRECONDITION /
@@ -209,6 +215,7 @@ class CoordinatorCore {
  private:
   friend class StepRun;
   friend class EvalRun;
+  friend class GenerateRun;
 
   // ---- coordinator_core.cc: jobs' life, status and housekeeping.
   void HousekeepingLoop();
@@ -289,6 +296,15 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // An evaluation run's answer (counted as RecordStepDone counts a RunStep's).
   void RecordEvalDone(Job& job, int rank, const v1::EvalDone& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // A decode round's answer (counted as RecordStepDone counts a RunStep's).
+  void RecordGenDone(Job& job, int rank, const v1::GenDone& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // Ends a forward-only run (an evaluation or a decode round) of mailbox step `step` with
+  // `status`: Abort(step) to every rank and the job READY again, or ABORTED when it recovers
+  // (a transport failure of a recoverable job waits loss_grace for the loss to be noticed), as
+  // StepRun::Fail ends a step. Returns the status to answer.
+  absl::Status FailForwardRun(Job& job, int64_t step, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   void RecordWorkerError(Job& job, const WorkerRecord& worker, const v1::WorkerError& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);

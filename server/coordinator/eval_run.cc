@@ -218,21 +218,26 @@ absl::StatusOr<v1::EvaluateResult> EvalRun::Reduce() {
 }
 
 absl::Status EvalRun::Fail(absl::Status status) {
+  return core_.FailForwardRun(*job_, step_, std::move(status));
+}
+
+absl::Status CoordinatorCore::FailForwardRun(Job& job, int64_t step, absl::Status status) {
   // As StepRun::Fail: a recoverable job's transport failure waits a moment for the lost worker
   // to be noticed, so the client hears "recovering" (ABORTED).
-  if (IsTransportFailure(status) && job_->spec.recover() && job_->state == JobState::kTraining) {
-    const absl::Time until = absl::Now() + core_.options_.loss_grace;
-    while (job_->state == JobState::kTraining && !core_.shutting_down_ && absl::Now() < until) {
-      core_.WaitUntil(until);
+  if (IsTransportFailure(status) && job.spec.recover() && job.state == JobState::kTraining) {
+    const absl::Time until = absl::Now() + options_.loss_grace;
+    while (job.state == JobState::kTraining && !shutting_down_ && absl::Now() < until) {
+      WaitUntil(until);
     }
   }
-  if (job_->state == JobState::kRecovering) status = CheckReady(*job_);
-  if (job_->state == JobState::kTraining) {
-    core_.AbortStep(*job_, step_, status.ToString());
-    job_->state = JobState::kReady;
+  if (job.state == JobState::kRecovering) status = CheckReady(job);
+  if (job.state == JobState::kTraining) {
+    AbortStep(job, step, status.ToString());
+    job.state = JobState::kReady;
   }
-  job_->op.step = -1;
-  job_->op.evals.clear();
+  job.op.step = -1;
+  job.op.evals.clear();
+  job.op.gens.clear();
   return status;
 }
 

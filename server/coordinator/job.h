@@ -40,6 +40,8 @@ struct OperationBook {
   std::vector<bool> saved;
   // An evaluation's answers (EvalDone), by rank, while one runs (EvalRun).
   std::vector<std::optional<v1::EvalDone>> evals;
+  // A decode round's answers (GenDone), by rank, while one runs (GenRun).
+  std::vector<std::optional<v1::GenDone>> gens;
   absl::Status error;  // the first WorkerError or link failure of the operation.
 
   // Every rank's bookkeeping reset for `ranks` ranks (a new assignment).

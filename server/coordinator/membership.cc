@@ -107,6 +107,11 @@ absl::Status CoordinatorCore::RecordJobEvent(const WorkerRecord& worker,
         RecordEvalDone(job, rank, event.eval_done());
       }
       break;
+    case v1::WorkerEvent::kGenDone:
+      if (current(event.gen_done().job(), event.gen_done().generation())) {
+        RecordGenDone(job, rank, event.gen_done());
+      }
+      break;
     case v1::WorkerEvent::kCommitted: {
       const v1::Committed& c = event.committed();
       if (current(c.job(), c.generation()) && c.step() == job.commit.step) {
@@ -148,6 +153,16 @@ void CoordinatorCore::RecordEvalDone(Job& job, int rank, const v1::EvalDone& don
   if (job.op.runs_answered[rank] == job.op.runs_sent[rank] && done.step() == job.op.step &&
       rank < static_cast<int>(job.op.evals.size())) {
     job.op.evals[rank] = done;
+  }
+}
+
+void CoordinatorCore::RecordGenDone(Job& job, int rank, const v1::GenDone& done) {
+  // Counted as a RunStep's answer: a decode round is one more run on the rank's stream.
+  if (job.op.runs_answered[rank] >= job.op.runs_sent[rank]) return;
+  ++job.op.runs_answered[rank];
+  if (job.op.runs_answered[rank] == job.op.runs_sent[rank] && done.step() == job.op.step &&
+      rank < static_cast<int>(job.op.gens.size())) {
+    job.op.gens[rank] = done;
   }
 }
 

@@ -587,6 +587,7 @@ void StepExecutor::ApplyPendingUpdate() {
 void StepExecutor::Abort() {
   ApplyPendingUpdate();  // a committed step stands; only the current one is discarded.
   DiscardInFlight();
+  EndDecode();
   for (OwnedChunk& c : chunks_) c.stage.ZeroGrads();
   phase_ = Phase::kIdle;
 }

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/math/tensor.h"
+#include "common/model/chunk_decoder.h"
 #include "common/model/model.h"
 #include "common/model/stage.h"
 #include "common/schedule/ir.h"
@@ -121,6 +122,24 @@ struct EvalReport {
   std::vector<int64_t> correct;
 };
 
+// One micro-batch of a decode round (StepExecutor::RunDecode): a run of one sequence of a Generate
+// request (model::DecodeRun), `rows` token positions from `position`, after forgetting every
+// position of the sequence when `restart`.
+struct DecodeMicrobatch {
+  int64_t sequence = 0;
+  int64_t position = 0;
+  bool restart = false;
+  int64_t rows = 0;
+};
+
+// What a worker reports after a decode round.
+struct DecodeReport {
+  int64_t step = 0;
+  // By micro-batch, if this worker holds the last chunk (empty otherwise): the last layer's
+  // output at the micro-batch's last row, i.e. the logits of the sequence's next token.
+  std::vector<std::vector<float>> logits;
+};
+
 // The global squared gradient norm from every worker's report: the per-layer values placed by
 // global layer and summed in increasing layer order (model::SumLayerNormSq), exactly as the
 // reference trainer does. INVALID_ARGUMENT if a layer in [0, num_layers) is missing or reported
@@ -189,6 +208,33 @@ class StepExecutor {
   absl::StatusOr<EvalReport> RunForward(int64_t first_step,
                                         const std::vector<int64_t>& microbatch_rows, int per_step);
 
+  // ---- Decoding (executor_decode.cc): a Generate request's incremental forward, between steps.
+  // Opens the decoding state of request `request` (> 0): one model::ChunkDecoder (the KV caches)
+  // per chunk held here for `sequences` sequences, replacing any earlier request's.
+  // FAILED_PRECONDITION while a step awaits Commit or Abort or failed; INVALID_ARGUMENT for
+  // request <= 0 or as model::ChunkDecoder::Create (sequences out of range, a layer without an
+  // incremental forward).
+  absl::Status StartDecode(int64_t request, int64_t sequences);
+  // One decode round of request `request` whose keys start at mailbox step `first_step`:
+  // micro-batch i keyed as wire::EvalKey(first_step, i, `per_step`), its runs through every chunk
+  // held here in increasing chunk order, each micro-batch in order (as RunForward: no deadlock for
+  // any placement), on the committed weights (a deferred update is applied first). Chunk 0 takes
+  // kInput [rows, 1] (token ids, each an integer in [0, vocab)), the others kActivation, and every
+  // chunk but the last sends kActivation on; the last reports each micro-batch's last row.
+  // Errors: FAILED_PRECONDITION for another request than the open one (or none) or while a step
+  // awaits Commit or Abort; INVALID_ARGUMENT for no micro-batch, per_step < 1, a bad token id or
+  // shape, or a run that does not continue its sequence's positions (model::ChunkDecoder);
+  // a mailbox error with its code. Messages name the micro-batch and chunk. A failed round leaves
+  // the sequences' states undefined: the caller ends the request (EndDecode).
+  absl::StatusOr<DecodeReport> RunDecode(int64_t request, int64_t first_step,
+                                         const std::vector<DecodeMicrobatch>& microbatches,
+                                         int per_step);
+  // Frees the open request's decoding state (its KV caches); no-op without one. Abort does too.
+  void EndDecode();
+  // The open request (0: none) and the bytes its KV caches hold now.
+  int64_t decode_request() const { return decode_request_; }
+  int64_t DecodeBytes() const;
+
   // Applies optimizer update number `optimizer_step` (1-based count of applied steps, as
   // ReferenceTrainer::steps_done after the step) on every chunk, with the gradients scaled by
   // `clip_scale` (math::ClipScale of the global norm). FAILED_PRECONDITION unless the last
@@ -240,6 +286,9 @@ class StepExecutor {
   // RunForward's F of micro-batch `mb` (`rows` rows) on local chunk `local`.
   absl::Status ForwardOnly(int64_t first_step, int mb, int per_step, int local, int64_t rows,
                            EvalReport* report);
+  // RunDecode's run of micro-batch `mb` on local chunk `local`.
+  absl::Status DecodeOnly(int64_t first_step, int mb, int per_step, int local,
+                          const DecodeMicrobatch& run, DecodeReport* report);
   absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);
@@ -286,6 +335,9 @@ class StepExecutor {
   // freed by Stage::BackwardWeight) so steady-state steps do not allocate the bookkeeping.
   absl::flat_hash_map<std::pair<int, int>, std::unique_ptr<InFlight>> in_flight_;
   std::vector<std::unique_ptr<InFlight>> pool_;
+  // The open Generate request (0: none) and its decoders, [local chunk].
+  int64_t decode_request_ = 0;
+  std::vector<std::unique_ptr<model::ChunkDecoder>> decoders_;
 };
 
 }  // namespace pipetrain::worker

@@ -410,6 +410,11 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
       if (CheckCurrent(c.job(), c.generation(), c.step(), "EvalRun")) job->OnEvalRun(c);
       return;
     }
+    case v1::WorkerCommand::kGenRun: {
+      const v1::GenRun& c = command.gen_run();
+      if (CheckCurrent(c.job(), c.generation(), c.step(), "GenRun")) job->OnGenRun(c);
+      return;
+    }
     case v1::WorkerCommand::kSaveShards: {
       const v1::SaveShards& c = command.save_shards();
       if (CheckCurrent(c.job(), c.generation(), c.step(), "SaveShards")) job->OnSaveShards(c);

@@ -133,6 +133,10 @@ class WorkerJob final : public Sender {
   // An evaluation's forward-only pass (server/worker/worker_job_eval.cc): counted and aborted as
   // a RunStep is (Abort names its step), answered by EvalDone or WorkerError.
   void OnEvalRun(const v1::EvalRun& run);
+  // A decode round of a Generate request (server/worker/worker_job_generate.cc): opens, runs and
+  // closes the request's KV caches (StepExecutor::StartDecode, RunDecode, EndDecode); counted and
+  // aborted as a RunStep is, answered by GenDone or WorkerError. A failed round frees the caches.
+  void OnGenRun(const v1::GenRun& run);
   // A link of this job failed (reported through JobHost::LinkFailed). `coordinator_link`: the
   // coordinator's feed stream, which does not break the generation.
   void OnLinkFailed(const absl::Status& status, bool coordinator_link);

@@ -16,7 +16,8 @@ API reference: docs/python.md.
 from pipetrain.client import (Client, Job, StepResult, lr_schedule_spec, model_spec,
                               optimizer_spec)
 from pipetrain.errors import PipetrainError, StatusCode
+from pipetrain.generation import generate
 
-__all__ = ["Client", "Job", "PipetrainError", "StatusCode", "StepResult", "lr_schedule_spec",
-           "model_spec", "optimizer_spec"]
+__all__ = ["Client", "Job", "PipetrainError", "StatusCode", "StepResult", "generate",
+           "lr_schedule_spec", "model_spec", "optimizer_spec"]
 __version__ = "0.1.0"

@@ -892,6 +892,35 @@ class Job:
         return self._through_recovery(
             lambda: self._client._call("Evaluate", request, long=True))
 
+    def generate(self, prompts, max_tokens=200, temperature=1.0, top_k=0, seed=0):
+        """Generates max_tokens tokens after each prompt from the job's committed weights (a
+        language model) between two steps (the Generate RPC): every prompt is decoded with a KV
+        cache on the job's workers, the prompts micro-batched through the pipeline together, and
+        the coordinator samples each next token (temperature 0: greedy; top_k 0: the whole
+        vocabulary) with a sampler per prompt seeded with `seed`. `prompts`: a list of prompts,
+        each a sequence of token ids (for a text data set, token i is data.vocabulary[i]), or one
+        such sequence. Returns the GenerateResult message: sequences[i].tokens (prompt i's tokens,
+        without the prompt), step (the weights' step), rounds, generate_ms — exactly the tokens
+        `pipetrain generate --resume` gives each prompt on a checkpoint of the same weights with
+        the same options (pipetrain.generate). Allowed between steps of an open stream; retried
+        after a recovery as checkpoint() is. Errors: INVALID_ARGUMENT for a bad prompt or option,
+        RESOURCE_EXHAUSTED beyond 64 prompts or 4096 tokens, FAILED_PRECONDITION while batches
+        are unanswered or for a job that is not READY or not a language model."""
+        if self._sent:
+            raise PipetrainError(StatusCode.FAILED_PRECONDITION,
+                                 "generate() with %d batch(es) sent and unanswered: receive() "
+                                 "first" % len(self._sent), "Generate")
+        prompts = list(prompts)
+        if prompts and np.ndim(prompts[0]) == 0:
+            prompts = [prompts]  # one prompt
+        request = pb.GenerateRequest(job=self.id, max_tokens=int(max_tokens),
+                                     temperature=float(temperature), top_k=int(top_k),
+                                     seed=int(seed))
+        for prompt in prompts:
+            request.prompts.add(tokens=[int(t) for t in prompt])
+        return self._through_recovery(
+            lambda: self._client._call("Generate", request, long=True))
+
     def finish(self):
         """Closes the Train stream and ends the job as DONE (FinishJob), freeing its workers.
         Returns the final JobStatus."""

@@ -429,3 +429,36 @@ def test_a_model_path_that_does_not_exist_says_the_file_is_missing(daemons, tmp_
     spec = pipetrain.model_spec("input_features: 4 layers { linear { out_features: 2 } }")
     assert spec.input_features == 4 and len(spec.layers) == 1
     assert sorted(daemons.idle_workers()) == ["w0", "w1"]
+
+
+def test_generate_on_the_live_job_gives_pipetrain_generates_text(daemons, example):
+    """job.generate() (the Generate RPC, several prompts decoded together) and
+    pipetrain.generate() of the live job give exactly the text pipetrain.generate() gives for a
+    checkpoint of the same weights with the same seed."""
+    model = example("gpt_char.textproto")
+    context = pipetrain.model_spec(model).layers[0].embedding.context
+    text = data.load("text", context=context)
+    vocabulary = text.vocabulary
+    directory = os.path.join(daemons.checkpoint_root, "python-generate")
+    prompts = ["The ", "of the"]
+    ids = [[vocabulary.index(c) for c in p.encode()] for p in prompts]
+    options = dict(max_tokens=30, temperature=0.8, top_k=5, seed=11)
+    with daemons.client.create_job(model=model, stages=2, microbatches=2, seed=SEED,
+                                   optimizer=OPTIMIZER, data=text) as job:
+        for _ in job.train(data.batches(text, 8, seed=SEED), steps=2, progress=False):
+            pass
+        job.checkpoint(directory)
+        result = job.generate(ids, **options)
+        remote = pipetrain.generate(prompts[1], coordinator=daemons.client.address, job=job.id,
+                                    data="text", **options)
+        with pytest.raises(pipetrain.PipetrainError) as e:
+            job.generate([[len(vocabulary)]], **options)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert result.step == 2 and len(result.sequences) == 2
+    for prompt, sequence in zip(prompts, result.sequences):
+        local = pipetrain.generate(prompt, checkpoint=directory, data="text", **options)
+        assert local == prompt + bytes(vocabulary[t] for t in sequence.tokens).decode("latin-1")
+    assert remote == pipetrain.generate(prompts[1], checkpoint=directory, data="text", **options)
+    with pytest.raises(pipetrain.PipetrainError) as e:
+        pipetrain.generate("x")
+    assert e.value.code == StatusCode.INVALID_ARGUMENT

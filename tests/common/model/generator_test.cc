@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/model/test_models.h"
 
 namespace pipetrain::model {
 namespace {
@@ -37,24 +38,8 @@ std::unique_ptr<Model> BuildGpt() {
       "loss { softmax_cross_entropy {} }");
 }
 
-// Deterministic parameters well away from Init's small scale, so the logits are far apart (a
-// trained model's are) and no rounding difference can swap two of them.
 ModelParams RandomParams(const Model& model, uint64_t seed) {
-  ModelParams params(static_cast<size_t>(model.num_layers()));
-  std::mt19937_64 g(seed);
-  for (int64_t l = 0; l < model.num_layers(); ++l) {
-    model.layer(l).Init(seed, l, &params[l]);
-    const std::vector<math::ParamSpec> specs = model.layer(l).params();
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const float bound = specs[i].shape.size() == 2 && model.layer(l).kind() != "embedding"
-                              ? 2.0f / std::sqrt(static_cast<float>(specs[i].shape[1]))
-                              : 1.0f;
-      for (float& v : params[l][i].data) {
-        v = bound * static_cast<float>(static_cast<double>(g() >> 11) * 0x1.0p-52 - 1.0);
-      }
-    }
-  }
-  return params;
+  return testing::RandomLmParams(model, seed);
 }
 
 // The model's full Forward over `window` padded to the context with token 0 (the causal mask

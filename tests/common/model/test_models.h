@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "common/io/dataset.h"
 #include "common/model/model.h"
@@ -49,6 +51,26 @@ inline constexpr char kTiedGptSpec[] = R"pb(
   loss { softmax_cross_entropy {} }
   tie_embeddings: true
 )pb";
+
+// Deterministic parameters well away from Init's small scale, so the logits are far apart (a
+// trained model's are) and no rounding difference can swap two of them.
+inline std::vector<std::vector<math::Tensor>> RandomLmParams(const Model& model, uint64_t seed) {
+  std::vector<std::vector<math::Tensor>> params(static_cast<size_t>(model.num_layers()));
+  std::mt19937_64 g(seed);
+  for (int64_t l = 0; l < model.num_layers(); ++l) {
+    model.layer(l).Init(seed, l, &params[l]);
+    const std::vector<math::ParamSpec> specs = model.layer(l).params();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const float bound = specs[i].shape.size() == 2 && model.layer(l).kind() != "embedding"
+                              ? 2.0f / std::sqrt(static_cast<float>(specs[i].shape[1]))
+                              : 1.0f;
+      for (float& v : params[l][i].data) {
+        v = bound * static_cast<float>(static_cast<double>(g() >> 11) * 0x1.0p-52 - 1.0);
+      }
+    }
+  }
+  return params;
+}
 
 inline std::unique_ptr<Model> BuildOrDie(const char* text) {
   auto spec = ParseModelSpecText(text, "test");

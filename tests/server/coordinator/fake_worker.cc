@@ -33,6 +33,8 @@ std::string KindOf(const v1::WorkerCommand& c) {
       return "release";
     case v1::WorkerCommand::kEvalRun:
       return "eval_run";
+    case v1::WorkerCommand::kGenRun:
+      return "gen_run";
     default:
       return "other";
   }
@@ -194,6 +196,17 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
     return EvalDone(r);
   }
+  if (command.has_gen_run()) {
+    const v1::GenRun& r = command.gen_run();
+    absl::MutexLock lock(&mu_);
+    gen_runs_.push_back(r);
+    if (hold_runs_) {
+      held_gen_ = r;
+      return std::nullopt;
+    }
+    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
+    return GenDone(r);
+  }
   if (command.has_commit()) {
     const v1::Commit& c = command.commit();
     event.mutable_committed()->set_job(c.job());
@@ -203,6 +216,12 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   }
   if (command.has_abort()) {
     absl::MutexLock lock(&mu_);
+    if (held_gen_.has_value()) {
+      const v1::GenRun held = *held_gen_;
+      held_gen_.reset();
+      return ErrorEvent(held.job(), held.generation(), held.step(),
+                        absl::AbortedError("decode round aborted by the coordinator"));
+    }
     if (held_eval_.has_value()) {
       const v1::EvalRun held = *held_eval_;
       held_eval_.reset();
@@ -269,6 +288,31 @@ v1::WorkerEvent FakeWorker::EvalDone(const v1::EvalRun& r) const {
     }
   }
   return event;
+}
+
+v1::WorkerEvent FakeWorker::GenDone(const v1::GenRun& r) const {
+  v1::WorkerEvent event;
+  v1::GenDone* d = event.mutable_gen_done();
+  d->set_job(r.job());
+  d->set_generation(r.generation());
+  d->set_step(r.step());
+  const int C = assign_.chunks_size();
+  const int64_t vocab = assign_.model().layers(0).embedding().vocab_size();
+  for (const v1::ChunkSpec& c : assign_.chunks()) {
+    if (c.rank() != assign_.rank() || c.chunk() != C - 1) continue;
+    // Run i's logits: 1 at FakeNextToken(run), 0 elsewhere (greedy picks that token).
+    d->set_vocab(vocab);
+    for (const v1::DecodeMicrobatch& run : r.runs()) {
+      for (int64_t v = 0; v < vocab; ++v)
+        d->add_logits(v == FakeNextToken(run, vocab) ? 1.0f : 0.0f);
+    }
+  }
+  return event;
+}
+
+std::vector<v1::GenRun> FakeWorker::GenRuns() const {
+  absl::MutexLock lock(&mu_);
+  return gen_runs_;
 }
 
 absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {

@@ -27,6 +27,12 @@
 
 namespace pipetrain::coordinator::testing {
 
+// The token a fake last chunk owner makes greedy sampling pick after decode run `run`:
+// (position + rows + 3 * sequence) % vocab.
+inline int64_t FakeNextToken(const v1::DecodeMicrobatch& run, int64_t vocab) {
+  return (run.position() + run.rows() + 3 * run.sequence()) % vocab;
+}
+
 class FakeWorker final : public WorkerChannel {
  public:
   // Starts the worker's thread; Register() sends its registration.
@@ -42,7 +48,8 @@ class FakeWorker final : public WorkerChannel {
   void Send(const v1::WorkerCommand& command) override;
   void Close(const absl::Status& status) override;
 
-  // Script: RunSteps and EvalRuns are not answered until their Abort (then WorkerError ABORTED).
+  // Script: RunSteps, EvalRuns and GenRuns are not answered until their Abort (then WorkerError
+  // ABORTED).
   void HoldRunSteps();
   // Script: Assigns are never answered (a replacement that hangs or dies while taking over).
   void HoldAssigns();
@@ -52,8 +59,10 @@ class FakeWorker final : public WorkerChannel {
   void FailRunSteps(absl::Status status);
 
   const std::string& name() const { return name_; }
+  // The GenRuns received, in order.
+  std::vector<v1::GenRun> GenRuns() const;
   // The kinds of commands received, in order ("assign", "open_links", "run_step", "commit",
-  // "abort", "save_shards", "release", "eval_run").
+  // "abort", "save_shards", "release", "eval_run", "gen_run").
   std::vector<std::string> Received() const;
   // Waits (at most 10 s) until `count` commands of `kind` arrived; false on timeout.
   bool WaitFor(const std::string& kind, int count = 1) const;
@@ -68,6 +77,8 @@ class FakeWorker final : public WorkerChannel {
   std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
   v1::WorkerEvent StepDone(const v1::RunStep& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WorkerEvent EvalDone(const v1::EvalRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The last chunk owner's logits: FakeNextToken of each run (others: none).
+  v1::WorkerEvent GenDone(const v1::GenRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UploadShards(const v1::SaveShards& save) const;
 
   CoordinatorCore* const core_;
@@ -84,6 +95,8 @@ class FakeWorker final : public WorkerChannel {
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::EvalRun> held_eval_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::GenRun> held_gen_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::GenRun> gen_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool gone_ ABSL_GUARDED_BY(mu_) = false;

@@ -23,9 +23,12 @@
 #include "common/io/dataset.h"
 #include "common/math/det_math.h"
 #include "common/math/optimizer.h"
+#include "common/model/decode_window.h"
+#include "common/model/generator.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
 #include "common/model/stage.h"
+#include "common/model/token_sampler.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/ir.h"
@@ -397,6 +400,50 @@ class Pipeline {
     return std::move(reports[owner]);
   }
 
+  // Opens generate request `request` for `sequences` sequences on every worker.
+  absl::Status StartDecode(int64_t request, int64_t sequences) {
+    for (auto& e : executors_) PT_RETURN_IF_ERROR(e->StartDecode(request, sequences));
+    return absl::OkStatus();
+  }
+
+  // A decode round (what the coordinator's Generate runs per token) whose keys start at mailbox
+  // step `step`: micro-batch i is `runs[i]`, fed `tokens[i]` as chunk 0's input; each worker's
+  // RunDecode on its own thread. Returns the last chunk owner's report.
+  absl::StatusOr<DecodeReport> Decode(int64_t request, int64_t step,
+                                      const std::vector<DecodeMicrobatch>& runs,
+                                      const std::vector<std::vector<int64_t>>& tokens,
+                                      int per_step) {
+    const int s = plan_.stages();
+    std::vector<absl::StatusOr<DecodeReport>> reports(s, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < s; ++w) {
+      threads.emplace_back([this, w, request, step, per_step, &runs, &reports] {
+        reports[w] = executors_[w]->RunDecode(request, step, runs, per_step);
+      });
+    }
+    for (size_t mb = 0; mb < runs.size(); ++mb) {
+      math::Matrix x(static_cast<int64_t>(tokens[mb].size()), 1);
+      for (size_t i = 0; i < tokens[mb].size(); ++i) x(static_cast<int64_t>(i), 0) = tokens[mb][i];
+      EXPECT_TRUE(
+          mailboxes_[plan_.placement.OwnerOf(0)]
+              ->Put(wire::EvalKey(step, static_cast<int>(mb), per_step, 0, TensorKind::kInput),
+                    std::move(x))
+              .ok());
+    }
+    for (std::thread& t : threads) t.join();
+    for (int w = 0; w < s; ++w) {
+      if (!reports[w].ok()) return reports[w].status();
+      EXPECT_EQ(mailboxes_[w]->size(), 0) << "leftover tensors after decode round " << step;
+    }
+    return std::move(reports[plan_.placement.OwnerOf(plan_.num_chunks() - 1)]);
+  }
+
+  int64_t DecodeBytes() const {
+    int64_t bytes = 0;
+    for (const auto& e : executors_) bytes += e->DecodeBytes();
+    return bytes;
+  }
+
   // What the coordinator does on Abort(step): every worker discards the step.
   void AbortStep() {
     for (auto& e : executors_) e->Abort();
@@ -702,6 +749,111 @@ TEST(PipelineEvaluateTest, RefusedWhileAStepAwaitsItsCommitAndForPartialSamples)
   r = pipeline->executor(0).RunForward(wire::kEvalStepBase, {8}, 4);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("awaits Commit or Abort"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding: a Generate request's incremental forward over the pipeline equals the one-process
+// generator bitwise.
+
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Three prompts decoded together (one micro-batch each per round, keyed over two mailbox steps),
+// past several slides of the context-4 window, on trained weights (the last update deferred):
+// every round's logits are bitwise the model::Generator's on the pipeline's exported weights, so
+// the sampled tokens are the same; EndDecode frees the caches.
+TEST(PipelineDecodeTest, IncrementalPipelineDecodingIsBitwiseTheLocalGenerator) {
+  struct Case {
+    ScheduleKind kind;
+    int stages;
+    int virtual_stages;
+  };
+  for (const Case& c : {Case{ScheduleKind::kOneFOneB, 4, 1}, Case{ScheduleKind::kInterleaved, 1, 2},
+                        Case{ScheduleKind::kZbV, 2, 2}}) {
+    SCOPED_TRACE(
+        absl::StrCat(schedule::ScheduleKindName(c.kind), " S", c.stages, " V", c.virtual_stages));
+    auto model = model::testing::BuildOrDie(kGptSpec);
+    std::unique_ptr<Pipeline> pipeline = Pipeline::Create(
+        model.get(), c.kind, c.stages, c.virtual_stages, 4, Optimizer(math::OptimizerKind::kAdamW));
+    ASSERT_NE(pipeline, nullptr);
+    for (int step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(
+          pipeline->TrainStep(step, model::testing::MakeBatch(*model, kSamples, step)).ok());
+    }
+    std::map<std::string, math::Tensor> state = pipeline->ExportState();
+    absl::StatusOr<model::ModelParams> params = model::TakeModelParams(*model, &state);
+    ASSERT_TRUE(params.ok()) << params.status();
+    const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {7}, {4, 4, 9, 10, 0, 5}};
+    const model::SamplingOptions sampling{0.8, 5, 42};
+    std::vector<std::unique_ptr<model::Generator>> generators;
+    std::vector<model::DecodeWindow> windows(prompts.size(), model::DecodeWindow(4, 11));
+    std::vector<model::TokenSampler> samplers(prompts.size(), model::TokenSampler(sampling));
+    std::vector<model::DecodeRun> runs;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      auto g = model::Generator::Create(model.get(), &*params);
+      ASSERT_TRUE(g.ok()) << g.status();
+      generators.push_back(std::move(g).value());
+      ASSERT_TRUE(generators[p]->Start(prompts[p]).ok());
+      runs.push_back(windows[p].Start(prompts[p]).value());
+    }
+    ASSERT_TRUE(pipeline->StartDecode(9, 3).ok());
+    for (int64_t round = 0; round < 10; ++round) {
+      std::vector<DecodeMicrobatch> mbs;
+      std::vector<std::vector<int64_t>> tokens;
+      for (size_t p = 0; p < prompts.size(); ++p) {
+        const absl::Span<const int64_t> t = windows[p].RunTokens(runs[p]);
+        mbs.push_back(DecodeMicrobatch{static_cast<int64_t>(p), runs[p].position, runs[p].restart,
+                                       static_cast<int64_t>(t.size())});
+        tokens.emplace_back(t.begin(), t.end());
+      }
+      absl::StatusOr<DecodeReport> report =
+          pipeline->Decode(9, wire::kEvalStepBase + 2 * round, mbs, tokens, /*per_step=*/2);
+      ASSERT_TRUE(report.ok()) << report.status();
+      ASSERT_EQ(report->logits.size(), prompts.size());
+      for (size_t p = 0; p < prompts.size(); ++p) {
+        ASSERT_TRUE(SameBits(report->logits[p], generators[p]->logits()))
+            << "prompt " << p << " round " << round;
+        const int64_t token = samplers[p].Next(report->logits[p]);
+        ASSERT_TRUE(generators[p]->Append(token).ok());
+        runs[p] = windows[p].Append(token).value();
+      }
+    }
+    EXPECT_GE(windows[0].slides(), 3);
+    EXPECT_GT(pipeline->DecodeBytes(), 0);
+    for (int w = 0; w < c.stages; ++w) pipeline->executor(w).EndDecode();
+    EXPECT_EQ(pipeline->DecodeBytes(), 0);
+  }
+}
+
+TEST(PipelineDecodeTest, RefusedWithoutItsRequestForBadTokensAndOnANonLanguageModel) {
+  auto model = model::testing::BuildOrDie(kGptSpec);
+  std::unique_ptr<Pipeline> pipeline = Pipeline::Create(model.get(), ScheduleKind::kGPipe, 1, 1, 4,
+                                                        Optimizer(math::OptimizerKind::kSgd));
+  ASSERT_NE(pipeline, nullptr);
+  StepExecutor& e = pipeline->executor(0);
+  absl::StatusOr<DecodeReport> r = e.RunDecode(3, wire::kEvalStepBase, {{0, 0, true, 1}}, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("no request is open"));
+  EXPECT_EQ(e.StartDecode(0, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e.StartDecode(3, 2).ok());
+  r = e.RunDecode(4, wire::kEvalStepBase, {{0, 0, true, 1}}, 4);
+  EXPECT_THAT(r.status().message(), HasSubstr("request 3 is open"));
+  r = pipeline->Decode(3, wire::kEvalStepBase, {{0, 0, true, 2}}, {{1, 11}}, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("row 1: token 11 is not an id in [0, 11)"));
+  r = pipeline->Decode(3, wire::kEvalStepBase + 1, {{1, 2, false, 1}}, {{1}}, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("holds 0 positions, not 2"));
+  e.Abort();  // frees the caches as EndDecode does.
+  EXPECT_EQ(e.decode_request(), 0);
+
+  auto mlp = model::testing::BuildOrDie(kDigitsMlpSpec);
+  std::unique_ptr<Pipeline> classifier = Pipeline::Create(mlp.get(), ScheduleKind::kGPipe, 1, 1, 4,
+                                                          Optimizer(math::OptimizerKind::kSgd));
+  ASSERT_NE(classifier, nullptr);
+  EXPECT_EQ(classifier->executor(0).StartDecode(1, 1).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // ---------------------------------------------------------------------------------------------
