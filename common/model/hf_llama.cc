@@ -206,7 +206,9 @@ absl::StatusOr<std::string> Config(const Model& model) {
   j["mlp_bias"] = false;
   j["attention_dropout"] = 0.0;  // pipetrain has no dropout
   j["pretraining_tp"] = 1;
-  j["tie_word_embeddings"] = false;  // lm_head is a layer of its own
+  // A tied model's lm_head is the embedding's table (no lm_head.weight in the export); an untied
+  // one's is a layer of its own.
+  j["tie_word_embeddings"] = model.tie().has_value();
   j["initializer_range"] = 0.02;
   // LlamaConfig's defaults (1, 2) would name characters of a character vocabulary.
   j["bos_token_id"] = nullptr;
@@ -339,7 +341,9 @@ std::vector<HfTensorName> TensorNames(const Model& model) {
              std::end(kBlockRules), &out);
   }
   AddRules("model.", n - 2, std::begin(kFinalNormRules), std::end(kFinalNormRules), &out);
-  AddRules("", n - 1, std::begin(kHeadRules), std::end(kHeadRules), &out);
+  if (!model.tie().has_value()) {
+    AddRules("", n - 1, std::begin(kHeadRules), std::end(kHeadRules), &out);
+  }
   return out;
 }
 

@@ -102,6 +102,17 @@ class HfCheckpointTest : public ::testing::Test {
     return *std::move(loaded);
   }
 
+  // Expects every file of Dir("ckpt") byte-identical in Dir(sub); how many there are.
+  int SameFilesAsCheckpoint(const std::string& sub) const {
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) {
+      ++files;
+      const std::string name = e.path().filename();
+      EXPECT_EQ(ReadAll(Dir(sub + "/" + name)), ReadAll(e.path().string())) << name;
+    }
+    return files;
+  }
+
   // Exports Trained(kGpt2Spec) into Dir("hf").
   void ExportGpt2() {
     const absl::Status s = ExportHfCheckpoint(Trained(kGpt2Spec), "abcdefghijk", Dir("hf"));
@@ -497,13 +508,7 @@ TEST_F(HfCheckpointTest, LlamaExportHoldsALlamaConfigAndImportsBackByteForByte) 
   ASSERT_TRUE(imported.ok()) << imported.status();
   EXPECT_TRUE(imported->exact);
   ASSERT_TRUE(SaveCheckpoint(Dir("back"), imported->manifest, imported->tensors).ok());
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) {
-    ++files;
-    const std::string name = e.path().filename();
-    EXPECT_EQ(ReadAll(Dir("back/" + name)), ReadAll(e.path().string())) << name;
-  }
-  EXPECT_EQ(files, 6);
+  EXPECT_EQ(SameFilesAsCheckpoint("back"), 6);
   // Without the sidecar: the model config.json describes, with the same weights.
   fs::remove(Dir("hf/pipetrain_manifest.json"));
   fs::remove(Dir("hf/pipetrain_optimizer.safetensors"));
@@ -520,6 +525,25 @@ TEST_F(HfCheckpointTest, LlamaExportHoldsALlamaConfigAndImportsBackByteForByte) 
       EXPECT_EQ(fresh->tensors.at(name).data, t.data) << name;
     }
   }
+}
+
+TEST_F(HfCheckpointTest, TiedLlamaExportsWithoutLmHeadAndImportsBackByteForByte) {
+  // kLlamaSpec with its head tied to the embedding's token table.
+  const std::string tied = absl::StrCat("tie_embeddings: true\n", kLlamaSpec);
+  ASSERT_TRUE(ExportHfCheckpoint(Trained(tied.c_str()), "abcdefghijk", Dir("hf")).ok());
+  const json c = json::parse(ReadAll(Dir("hf/config.json")));
+  EXPECT_EQ(c["tie_word_embeddings"], true);
+  auto file = io::ReadSafetensors(Dir("hf/model.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.count("lm_head.weight"), 0u);
+  EXPECT_EQ(file->tensors.count("model.embed_tokens.weight"), 1u);
+  auto imported = ImportHfCheckpoint(Dir("hf"));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_TRUE(imported->exact);
+  EXPECT_TRUE(imported->manifest.model_spec.tie_embeddings());
+  ASSERT_TRUE(SaveCheckpoint(Dir("back"), imported->manifest, imported->tensors).ok());
+  // The manifest and layers 0-3: the tied head has no file of its own.
+  EXPECT_EQ(SameFilesAsCheckpoint("back"), 5);
 }
 
 TEST_F(HfCheckpointTest, ModelsWithoutALlamaEquivalentAreRefusedNamingWhy) {
