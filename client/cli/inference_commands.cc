@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/token_text.h"
 #include "client/cli/training_setup.h"
 #include "common/io/byte_vocabulary.h"
 #include "common/io/dataset.h"
@@ -63,53 +64,6 @@ absl::StatusOr<CheckpointSetup> LoadCheckpointSetup(const std::string& dir, cons
                              c.manifest.seed, isa, std::move(tokenizer)));
   return c;
 }
-
-// Text to token ids and back for generate: the checkpoint's SentencePiece tokenizer, else the
-// byte vocabulary of its text data set.
-class TokenText {
- public:
-  // The codec of `setup` for a model of `vocab_size` tokens; FAILED_PRECONDITION if the data set
-  // has no vocabulary of that size.
-  static absl::StatusOr<TokenText> For(const TrainingSetup& setup, int64_t vocab_size) {
-    TokenText t;
-    t.tokenizer_ = setup.tokenizer;
-    if (t.tokenizer_ != nullptr) return t;
-    const io::DatasetInfo& info = setup.data->info();
-    absl::StatusOr<io::ByteVocabulary> bytes = io::ByteVocabulary::Create(info.vocabulary);
-    if (!bytes.ok() || bytes->size() != vocab_size) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("data set '", info.name, "' has no byte vocabulary of the model's ",
-                       vocab_size, " tokens: give --data the text the checkpoint was trained on"));
-    }
-    t.bytes_ = *std::move(bytes);
-    return t;
-  }
-
-  absl::StatusOr<std::vector<int64_t>> Encode(const std::string& text) const {
-    if (tokenizer_ == nullptr) return bytes_->Encode(text);
-    PT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->Encode(text));
-    return std::vector<int64_t>(ids.begin(), ids.end());
-  }
-
-  // The text `token` adds to what was generated before it. With a tokenizer, the generated ids
-  // are decoded as one text (a piece's leading space depends on its neighbours), and the part not
-  // yet returned is returned.
-  std::string Next(int64_t token) {
-    if (tokenizer_ == nullptr) return std::string(1, bytes_->byte(token));
-    generated_.push_back(static_cast<int32_t>(token));
-    absl::StatusOr<std::string> text = tokenizer_->Decode(generated_);
-    if (!text.ok() || text->size() <= shown_) return "";
-    std::string added = text->substr(shown_);
-    shown_ = text->size();
-    return added;
-  }
-
- private:
-  std::shared_ptr<const io::Tokenizer> tokenizer_;
-  std::optional<io::ByteVocabulary> bytes_;
-  std::vector<int32_t> generated_;
-  size_t shown_ = 0;
-};
 
 // The checks of generate's options that need no checkpoint.
 absl::Status CheckGenerateOptions(const GenerateCommandOptions& o) {
@@ -181,7 +135,10 @@ absl::Status RunGenerateCommand(const GenerateCommandOptions& o, std::ostream& o
   PT_ASSIGN_OR_RETURN(const model::ModelParams params, model::TakeModelParams(net, &c.tensors));
   PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Generator> generator,
                       model::Generator::Create(&net, &params));
-  PT_ASSIGN_OR_RETURN(TokenText text, TokenText::For(c.setup, generator->vocab_size()));
+  PT_ASSIGN_OR_RETURN(
+      TokenText text,
+      TokenText::For(c.setup.tokenizer, c.setup.data->info(), generator->vocab_size(),
+                     "give --data the text the checkpoint was trained on"));
   absl::StatusOr<std::vector<int64_t>> prompt = text.Encode(o.prompt);
   if (!prompt.ok())
     return absl::InvalidArgumentError(absl::StrCat("--prompt: ", prompt.status().message()));

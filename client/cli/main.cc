@@ -334,8 +334,10 @@ const ProgramSpec& Program() {
            "",
            "continue a text with a checkpoint of a language model",
            {"resume", "checkpoint", "prompt", "max_tokens", "temperature", "top_k", "seed", "data",
-            "data_dir", "job", "coordinator", "tls_cert", "tls_key", "tls_ca", "token_file"},
+            "data_dir", "tokenizer", "job", "coordinator", "tls_cert", "tls_key", "tls_ca",
+            "token_file"},
            {{"resume", "required unless --job"},
+            {"tokenizer", "with --job: the job's tokenizer, else --data's byte vocabulary"},
             {"prompt", kRequired},
             {"data", "the checkpoint's"},
             {"top_k", "the whole vocabulary"}}},
@@ -539,11 +541,16 @@ absl::Status RunGenerate(const CommandLine& line) {
     r.job = absl::GetFlag(FLAGS_job);
     if (line.Given("data")) r.data = absl::GetFlag(FLAGS_data);
     r.data_dir = absl::GetFlag(FLAGS_data_dir);
+    r.tokenizer = absl::GetFlag(FLAGS_tokenizer);
     r.prompt = absl::GetFlag(FLAGS_prompt);
     r.max_tokens = absl::GetFlag(FLAGS_max_tokens);
     r.sampling = {absl::GetFlag(FLAGS_temperature), absl::GetFlag(FLAGS_top_k),
                   absl::GetFlag(FLAGS_seed)};
     return RunRemoteGenerateCommand(r, std::cout);
+  }
+  if (line.Given("tokenizer")) {
+    return absl::InvalidArgumentError(
+        "--tokenizer is for --job: a checkpoint carries the tokenizer it was trained with");
   }
   GenerateCommandOptions o;
   PT_ASSIGN_OR_RETURN(o.checkpoint_dir, FlagOrAlias(line, "resume", absl::GetFlag(FLAGS_resume),

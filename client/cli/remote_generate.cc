@@ -1,12 +1,14 @@
 #include "client/cli/remote_generate.h"
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/io/byte_vocabulary.h"
+#include "client/cli/token_text.h"
 #include "common/io/dataset.h"
+#include "common/io/tokenizer.h"
 #include "common/util/status_macros.h"
 
 namespace pipetrain::cli {
@@ -20,10 +22,15 @@ absl::Status CheckRemoteGenerateOptions(const RemoteGenerateOptions& o) {
         "PIPETRAIN_COORDINATOR)");
   }
   if (o.job.empty()) return absl::InvalidArgumentError("--job ID is required with --coordinator");
-  if (o.data.empty()) {
+  if (o.data.empty() && o.tokenizer.empty()) {
     return absl::InvalidArgumentError(
-        "--data SET is required with --job: the text data set whose byte vocabulary the job's "
-        "model uses");
+        "--data SET or --tokenizer DIR is required with --job: the text data set whose byte "
+        "vocabulary the job's model uses, or the SentencePiece tokenizer the job was trained with");
+  }
+  if (!o.data.empty() && !o.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "give --data or --tokenizer with --job, not both: the tokenizer replaces the data set's "
+        "byte vocabulary");
   }
   if (o.prompt.empty()) {
     return absl::InvalidArgumentError("--prompt TEXT is required: the text to continue");
@@ -38,26 +45,33 @@ absl::Status CheckRemoteGenerateOptions(const RemoteGenerateOptions& o) {
   return absl::OkStatus();
 }
 
-// The byte vocabulary of text set `o.data` for the job's model `spec`.
-absl::StatusOr<io::ByteVocabulary> VocabularyFor(const RemoteGenerateOptions& o,
-                                                 const v1::ModelSpec& spec) {
+// The codec of the job's text: the tokenizer `o.tokenizer` (whose piece count must be the job's
+// vocabulary), else the byte vocabulary of text set `o.data`. FAILED_PRECONDITION if `spec` is no
+// language model or neither fits it.
+absl::StatusOr<TokenText> JobText(const RemoteGenerateOptions& o, const v1::ModelSpec& spec) {
   if (spec.layers_size() == 0 || !spec.layers(0).has_embedding()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", o.job, "' trains model '", spec.name(),
         "', not a language model (an embedding first): use `pipetrain predict` for a classifier"));
   }
+  const int64_t vocab = spec.layers(0).embedding().vocab_size();
+  io::DatasetInfo none;
+  if (!o.tokenizer.empty()) {
+    PT_ASSIGN_OR_RETURN(std::shared_ptr<const io::Tokenizer> tokenizer,
+                        io::Tokenizer::Load(o.tokenizer));
+    if (tokenizer->vocab_size() != vocab) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--tokenizer ", o.tokenizer, " has ", tokenizer->vocab_size(), " pieces but job '", o.job,
+          "' has a vocabulary of ", vocab, ": give the tokenizer the job was trained with"));
+    }
+    return TokenText::For(std::move(tokenizer), none, vocab, "");
+  }
   io::DatasetOptions options;
   if (!o.data_dir.empty()) options.data_dir = o.data_dir;
   options.context = spec.layers(0).embedding().context();
   PT_ASSIGN_OR_RETURN(std::unique_ptr<io::Dataset> data, io::OpenDataset(o.data, options));
-  absl::StatusOr<io::ByteVocabulary> bytes = io::ByteVocabulary::Create(data->info().vocabulary);
-  const int64_t vocab = spec.layers(0).embedding().vocab_size();
-  if (!bytes.ok() || bytes->size() != vocab) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("data set '", o.data, "' has no byte vocabulary of the job's ", vocab,
-                     " tokens: give --data the text the job trains on"));
-  }
-  return bytes;
+  return TokenText::For(nullptr, data->info(), vocab,
+                        "give --data the text the job trains on, or --tokenizer its tokenizer");
 }
 
 }  // namespace
@@ -67,8 +81,8 @@ absl::Status RunRemoteGenerateCommand(const RemoteGenerateOptions& o, std::ostre
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                       client::Client::Connect(o.coordinator, o.client));
   PT_ASSIGN_OR_RETURN(v1::JobStatus status, client->GetJob(o.job));
-  PT_ASSIGN_OR_RETURN(io::ByteVocabulary bytes, VocabularyFor(o, status.spec().model()));
-  absl::StatusOr<std::vector<int64_t>> prompt = bytes.Encode(o.prompt);
+  PT_ASSIGN_OR_RETURN(TokenText codec, JobText(o, status.spec().model()));
+  absl::StatusOr<std::vector<int64_t>> prompt = codec.Encode(o.prompt);
   if (!prompt.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--prompt: ", prompt.status().message()));
   }
@@ -80,7 +94,7 @@ absl::Status RunRemoteGenerateCommand(const RemoteGenerateOptions& o, std::ostre
   g.seed = o.sampling.seed;
   PT_ASSIGN_OR_RETURN(v1::GenerateResult result, client->Generate(o.job, g));
   std::string text = o.prompt;
-  for (const int64_t id : result.sequences(0).tokens()) text += bytes.byte(id);
+  for (const int64_t id : result.sequences(0).tokens()) text += codec.Next(id);
   out << text << "\n";
   return absl::OkStatus();
 }

@@ -18,6 +18,8 @@ struct RemoteGenerateOptions {
   std::string job;                  // --job: the job's id. Required.
   std::string data;                 // --data: the text data set whose byte vocabulary the job's
                                     // model uses (what it trains on). Required.
+  std::string tokenizer;            // --tokenizer: the job's tokenizer directory (or model file);
+                                    // replaces --data's byte vocabulary.
   std::string data_dir;             // --data-dir: bundled data directory; empty: the built-in one.
   std::string prompt;               // --prompt: the text to continue, at least one byte.
   int64_t max_tokens = 200;         // --max-tokens: in [1, 4096] through the service.
