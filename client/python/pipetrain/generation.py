@@ -12,15 +12,16 @@ PIPETRAIN_BINARY_ENV = "PIPETRAIN_BINARY"
 
 
 def generate(prompt, checkpoint=None, coordinator=None, job=None, data=None, data_dir=None,
-             max_tokens=200, temperature=1.0, top_k=0, seed=0, pipetrain_binary=None,
+             tokenizer=None, max_tokens=200, temperature=1.0, top_k=0, seed=0, pipetrain_binary=None,
              build_dir=None, timeout=600):
     """Continues the text `prompt` (str) and returns the prompt followed by the generated text,
     as `pipetrain generate` prints it (without its final newline):
       - checkpoint="DIR": from a checkpoint (`generate --resume DIR`), decoded in a local
         process; `data` names its text data set when the checkpoint does not;
       - coordinator="HOST:PORT", job="ID": from a running job's live weights through the service
-        (`generate --coordinator --job`, the Generate RPC); `data` is required (the text data set
-        the job trains on, whose byte vocabulary maps the text).
+        (`generate --coordinator --job`, the Generate RPC); `tokenizer` (the directory of the
+        SentencePiece tokenizer the job was trained with) or else `data` (the text data set the
+        job trains on, whose byte vocabulary maps the text) is required.
     Sampling: temperature (0: greedy), top_k (0: the whole vocabulary), seed — the same options
     give the same text either way for the same weights. The binary: pipetrain_binary, else
     $PIPETRAIN_BINARY, else build_dir/client/pipetrain, else `pipetrain` on PATH. Errors:
@@ -45,6 +46,8 @@ def generate(prompt, checkpoint=None, coordinator=None, job=None, data=None, dat
         argv += ["--data", str(data)]
     if data_dir is not None:
         argv += ["--data-dir", str(data_dir)]
+    if tokenizer is not None:
+        argv += ["--tokenizer", str(tokenizer)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if run.returncode != 0:
         message = run.stderr.strip() or "pipetrain generate exited with %d" % run.returncode
