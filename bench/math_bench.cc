@@ -346,10 +346,10 @@ void BenchGradTree(const model::Model& net) {
       in_order = std::min(in_order, CpuSecondsPerCall([&] {
                             linear->BackwardWeightMany(params, inputs, absl::MakeSpan(grads));
                           }));
-      with_tree = std::min(with_tree, CpuSecondsPerCall([&] {
-                             (void)linear->BackwardWeightNode(params, inputs, 1,
-                                                              absl::MakeSpan(grads));
-                           }));
+      with_tree =
+          std::min(with_tree, CpuSecondsPerCall([&] {
+                     (void)linear->BackwardWeightNode(params, inputs, 1, absl::MakeSpan(grads));
+                   }));
     }
     std::printf("  %-28s increasing %8.3f ms  tree %8.3f ms  tree/increasing %.3f\n",
                 "Linear 512x512 W of 8 x 32", in_order * 1e3, with_tree * 1e3,
