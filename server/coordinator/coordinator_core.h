@@ -306,6 +306,10 @@ class CoordinatorCore {
   // StepRun::Fail ends a step. Returns the status to answer.
   absl::Status FailForwardRun(Job& job, int64_t step, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // The answer deadline of a forward-only run of `flops` FLOPs: that work on the job's slowest
+  // worker times step_deadline_factor, at least step_deadline_floor.
+  absl::Duration ForwardRunDeadline(const Job& job, double flops) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   void RecordWorkerError(Job& job, const WorkerRecord& worker, const v1::WorkerError& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // The worker `name` (rank `rank` of job `job_id`, if any) is gone for `cause`: its job

@@ -247,15 +247,19 @@ absl::Duration EvalRun::Deadline() const {
     flops += job_->model->layer(l).Flops(batch_.rows.front()).forward;
   }
   flops *= static_cast<double>(batch_.rows.size());
+  return core_.ForwardRunDeadline(*job_, flops);
+}
+
+absl::Duration CoordinatorCore::ForwardRunDeadline(const Job& job, double flops) const {
   double slowest = 0;
-  for (const std::string& name : job_->workers) {
-    const WorkerRecord* w = core_.workers_.Find(name);
+  for (const std::string& name : job.workers) {
+    const WorkerRecord* w = workers_.Find(name);
     const double speed = w == nullptr ? 1e9 : w->info.gflops() * 1e9;
     slowest = slowest == 0 ? speed : std::min(slowest, speed);
   }
   const double predicted_s = slowest > 0 ? flops / slowest : 0;
-  return std::max(core_.options_.step_deadline_floor,
-                  absl::Seconds(predicted_s * core_.options_.step_deadline_factor));
+  return std::max(options_.step_deadline_floor,
+                  absl::Seconds(predicted_s * options_.step_deadline_factor));
 }
 
 }  // namespace pipetrain::coordinator

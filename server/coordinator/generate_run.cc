@@ -282,15 +282,7 @@ absl::Duration GenerateRun::Deadline() const {
   for (int64_t l = 0; l < job_->model->num_layers(); ++l) {
     flops += job_->model->layer(l).Flops(std::max<int64_t>(rows, 1)).forward;
   }
-  double slowest = 0;
-  for (const std::string& name : job_->workers) {
-    const WorkerRecord* w = core_.workers_.Find(name);
-    const double speed = w == nullptr ? 1e9 : w->info.gflops() * 1e9;
-    slowest = slowest == 0 ? speed : std::min(slowest, speed);
-  }
-  const double predicted_s = slowest > 0 ? flops / slowest : 0;
-  return std::max(core_.options_.step_deadline_floor,
-                  absl::Seconds(predicted_s * core_.options_.step_deadline_factor));
+  return core_.ForwardRunDeadline(*job_, flops);
 }
 
 }  // namespace pipetrain::coordinator
