@@ -231,7 +231,8 @@ void LlamaBlock::AttentionForward(absl::Span<const Tensor> params, ConstMatrixMa
   h += x;
 }
 
-void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+template <typename L>
+void LlamaBlock::MlpForward(absl::Span<const Tensor> params, const L& l, float* s, MatrixMap y,
                             ParamCache* cache) const {
   const int64_t n = y.rows();
   const int64_t d = config_.dim;
@@ -451,25 +452,6 @@ void LlamaBlock::AttentionIncremental(ConstMatrixMap q, int64_t position, const 
   }
 }
 
-void LlamaBlock::MlpIncremental(absl::Span<const Tensor> params, const StepLayout& l, float* s,
-                                MatrixMap y) const {
-  const int64_t n = y.rows();
-  const int64_t d = config_.dim;
-  const int64_t hid = config_.hidden;
-  const ConstMatrixMap h(s + l.h, n, d);
-  MatrixMap b(s + l.b, n, d);
-  RmsNormForward(h, params[kNorm2W].data.data(), config_.norm_eps, b, s + l.rstd2);
-  MatrixMap g(s + l.g, n, hid);
-  MatrixMap u(s + l.u, n, hid);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kGateW].data.data(), hid, d), nullptr, g);
-  LinearForward(AsConst(b), ConstMatrixMap(params[kUpW].data.data(), hid, d), nullptr, u);
-  float* m = s + l.m;
-  SwiGluForward(g.data(), u.data(), n * hid, m);  // Forward's bits for the same rows
-  LinearForward(ConstMatrixMap(m, n, hid), ConstMatrixMap(params[kDownW].data.data(), d, hid),
-                nullptr, y);
-  y += h;
-}
-
 void LlamaBlock::ForwardIncremental(absl::Span<const Tensor> params, int64_t position,
                                     ConstMatrixMap x, IncrementalState* state, Stash* scratch,
                                     MatrixMap y) const {
@@ -505,7 +487,7 @@ void LlamaBlock::ForwardIncremental(absl::Span<const Tensor> params, int64_t pos
   MatrixMap h(s + l.h, n, d);
   LinearForward(AsConst(o), w(kOW, d, d), nullptr, h);
   h += x;
-  MlpIncremental(params, l, s, y);
+  MlpForward(params, l, s, y);
 }
 
 }  // namespace pipetrain::math

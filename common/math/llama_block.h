@@ -103,7 +103,10 @@ class LlamaBlock final : public Layer {
   // `cache`: a LlamaBlockParamCache (the weights packed) or null.
   void AttentionForward(absl::Span<const Tensor> params, ConstMatrixMap x, const Layout& l,
                         float* s, ParamCache* cache = nullptr) const;
-  void MlpForward(absl::Span<const Tensor> params, const Layout& l, float* s, MatrixMap y,
+  // The SwiGLU half of the block on y.rows() rows: y = h + down(silu(gate(b)) * up(b)),
+  // b = RMSNorm2(h). `L`: Layout or StepLayout (its offsets h, rstd2, b, g, u and m).
+  template <typename L>
+  void MlpForward(absl::Span<const Tensor> params, const L& l, float* s, MatrixMap y,
                   ParamCache* cache = nullptr) const;
   void MlpBackwardInput(absl::Span<const Tensor> params, ConstMatrixMap dy, const Layout& l,
                         float* s, ParamCache* cache = nullptr) const;
@@ -122,9 +125,6 @@ class LlamaBlock final : public Layer {
   // n * (position+n) floats of scratch.
   void AttentionIncremental(ConstMatrixMap q, int64_t position, const float* keys,
                             const float* values, float* att, MatrixMap out) const;
-  // The SwiGLU half of the block on n rows: y = h + down(silu(gate(b)) * up(b)), b = RMSNorm2(h).
-  void MlpIncremental(absl::Span<const Tensor> params, const StepLayout& l, float* s,
-                      MatrixMap y) const;
 
   const LlamaBlockConfig config_;
   const int64_t head_dim_;
