@@ -6,8 +6,8 @@
 # predicts the plan of 2 stages, 1f1b, M micro-batches with --link-bandwidth RATE (cut by FLOPs,
 # as the run is), then `pipetrain train` runs it: a CSV row per rate with the prediction and the
 # measured samples/s (B over the median step of steps 3..STEPS). netem delays do not work here,
-# so the latency stays the veth's.
-# Usage: bench/scaling_netns.sh BUILD_DIR OUT_CSV [STEPS] [RATE_MBIT ...]
+# so the latency stays the veth's. MODEL=gpt_char (default) or deep_mlp.
+# Usage: [MODEL=deep_mlp] bench/scaling_netns.sh BUILD_DIR OUT_CSV [STEPS] [RATE_MBIT ...]
 # Exits 77 with a message where network namespaces are not permitted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,13 @@ shift 3 || shift $#
 rates=("$@")
 [[ ${#rates[@]} -gt 0 ]] || rates=(20 100 1000)
 pipetrain=$build/client/pipetrain
-model=examples/gpt_char.textproto
+name=${MODEL:-gpt_char}
+model_flags=(--model "examples/$name.textproto")
+case $name in
+  gpt_char) ;;
+  deep_mlp) model_flags+=(--data synthetic --optimizer sgd:lr=0.01) ;;
+  *) echo "MODEL must be gpt_char or deep_mlp, got '$name'"; exit 2 ;;
+esac
 batch=64
 microbatches=8
 
@@ -76,7 +82,7 @@ for i in 0 1; do
   pids+=($!)
 done
 
-flags=(--coordinator 198.18.0.1:7070 --model "$model" --batch "$batch" --seed 1)
+flags=(--coordinator 198.18.0.1:7070 "${model_flags[@]}" --batch "$batch" --seed 1)
 echo "model,workers,stages,schedule,microbatches,rate,bytes_per_second,predicted,measured" >"$csv"
 for rate in "${rates[@]}"; do
   bytes=$((rate * 125000))
@@ -115,6 +121,6 @@ ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1])
 print("%.1f" % (int(sys.argv[2]) * 1000 / statistics.median(ms)))
 PY
 )
-  echo "gpt_char,2,2,1f1b,$microbatches,${rate}mbit,$bytes,$predicted,$measured" | tee -a "$csv"
+  echo "$name,2,2,1f1b,$microbatches,${rate}mbit,$bytes,$predicted,$measured" | tee -a "$csv"
 done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
