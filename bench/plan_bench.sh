@@ -3,7 +3,8 @@
 # micro-batch) on the same two local workers, in one run, for examples/gpt_char and the deep MLP
 # (B=64): each run's measured samples/s (B over the median step time of steps 3..STEPS) beside
 # the planner's prediction (auto: what its "plan auto:" line promised; the default: the
-# prediction of `pipetrain plan --local 2` for its plan), the share of a CPU a process got around
+# prediction of `pipetrain plan --local 2 --partition-by flops` for its plan: a run without
+# --plan auto is cut by FLOPs), the share of a CPU a process got around
 # the two runs (1 on an idle host), the measured samples/s divided by it, that over the
 # prediction, and auto/default measured.
 # Usage: bench/plan_bench.sh [BUILD_DIR] [STEPS]
@@ -48,7 +49,8 @@ printf "%-9s %-8s %-32s %9s %9s %6s %9s %9s\n" model run plan predicted measured
 for model in gpt_char deep_mlp; do
   flags=(--model "examples/$model.textproto" --batch 64 --seed 1)
   [[ $model == deep_mlp ]] && flags+=(--data synthetic --optimizer sgd:lr=0.01)
-  "$pipetrain" plan --local 2 "${flags[@]}" --json --top 1000 >"$out/plans.json"
+  "$pipetrain" plan --local 2 "${flags[@]}" --partition-by flops --json --top 1000 \
+    >"$out/plans.json"
   default_pred=$(python3 -c '
 import json, sys
 for l in open(sys.argv[1]):

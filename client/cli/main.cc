@@ -184,6 +184,10 @@ ABSL_FLAG(double, message_cpu, 30e-6,
 ABSL_FLAG(double, step_overhead, 1.2e-3,
           "plan: seconds per step outside the workers' actions (the coordinator's round trips)");
 ABSL_FLAG(int32_t, top, 10, "plan: how many of the ranked plans to print");
+ABSL_FLAG(
+    std::string, partition_by, "measured",
+    "plan: what each plan is cut by: measured (the layers' costs timed here, what --plan auto "
+    "sends the coordinator) or flops (what a run without --plan auto is cut by)");
 
 namespace pipetrain::cli {
 namespace {
@@ -218,7 +222,7 @@ const std::vector<HelpTopic> kFlagTopics = {
     {"schedule",
      {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
       "min_stages", "plan", "local", "link_latency", "link_bandwidth", "message_cpu",
-      "step_overhead", "top"}},
+      "step_overhead", "top", "partition_by"}},
     {"optimizer", {"optimizer", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min"}},
     {"checkpoints", {"save", "checkpoint_every", "keep_checkpoints", "resume", "checkpoint"}},
     {"compute", {"threads", "isa", "max_isa", "pin_workers"}},
@@ -285,11 +289,11 @@ const ProgramSpec& Program() {
             {"virtual", "the schedule's, else 1"}}},
           {"plan",
            "",
-           "rank every plan (stages, schedule, virtual stages, micro-batches) by predicted "
-           "samples/s on a coordinator's workers or --local N here (docs/scaling.md)",
+           "rank every plan (replicas, stages, schedule, virtual stages, micro-batches) by "
+           "predicted samples/s on a coordinator's workers or --local N here (docs/scaling.md)",
            Concat({"model", "data", "data_dir", "tokenizer", "batch", "seed", "threads",
                    "optimizer", "isa", "local", "coordinator", "memory_cap", "link_latency",
-                   "link_bandwidth", "message_cpu", "step_overhead", "top", "json"},
+                   "link_bandwidth", "message_cpu", "step_overhead", "top", "json", "partition_by"},
                   kSecurityFlags),
            {{"model", kRequired},
             {"local", "none: give --coordinator"},
@@ -595,6 +599,12 @@ absl::StatusOr<PlanCommandOptions> PlanOptionsFromFlags(const CommandLine& line)
   o.step_overhead_seconds = absl::GetFlag(FLAGS_step_overhead);
   o.top = absl::GetFlag(FLAGS_top);
   o.json = absl::GetFlag(FLAGS_json);
+  const std::string by = absl::GetFlag(FLAGS_partition_by);
+  if (by != "measured" && by != "flops") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--partition-by must be measured or flops, got '", by, "'"));
+  }
+  o.partition_by_layer_costs = by == "measured";
   return o;
 }
 
@@ -604,8 +614,9 @@ absl::Status RunPlan(const CommandLine& line) {
 }
 
 // --plan auto: the best plan of `pipetrain plan` (for `local_workers` workers here, or 0: the
-// coordinator's idle workers) replaces the stages, schedule, virtual stages and micro-batches of
-// `t`; says which on standard output (standard error with --json). No --plan: nothing.
+// coordinator's idle workers; at most kAutoPlanMaxReplicas replicas) replaces the stages,
+// schedule, virtual stages, micro-batches and the layer costs the coordinator cuts by of `t`; says
+// which on standard output (standard error with --json). No --plan: nothing.
 absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainCommandOptions* t) {
   const std::string mode = absl::GetFlag(FLAGS_plan);
   if (!line.Given("plan")) return absl::OkStatus();
@@ -629,6 +640,7 @@ absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainComm
   t->schedule = std::string(schedule::ScheduleKindName(best.kind));
   t->virtual_stages = best.virtual_stages;
   t->training.microbatches = best.microbatches;
+  t->layer_costs = best.layer_costs;
   (t->training.json ? std::cerr : std::cout) << absl::StrFormat(
       "plan auto: %s of %d plans on %d workers: predicted %.0f samples/s, step %.2f ms, bubble "
       "%.1f%%\n",

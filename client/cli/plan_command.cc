@@ -97,17 +97,20 @@ absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommand
   return workers;
 }
 
-// The byte figures (and FLOP-rate seconds) of every micro-batch count M dividing the batch, up
-// to max_microbatches.
+// The layers' costs timed on this machine (plan::MeasureLayerCosts: what each plan is cut by, and
+// the byte figures) for every micro-batch count M dividing the batch, up to max_microbatches.
 absl::StatusOr<std::map<int, plan::ModelCosts>> CostsByMicrobatches(
     const PlanCommandOptions& o, const model::Model& net, const math::OptimizerConfig& optimizer,
     double gflops) {
   std::map<int, plan::ModelCosts> by_m;
   const int64_t batch = o.training.batch;
+  plan::MeasureOptions measure;
+  measure.threads = o.training.threads;
+  measure.seed = o.training.seed;
   for (int64_t m = 1; m <= std::min<int64_t>(batch, o.max_microbatches); ++m) {
     if (batch % m != 0) continue;
     PT_ASSIGN_OR_RETURN(by_m[static_cast<int>(m)],
-                        plan::CostsFromFlops(net, batch / m, optimizer, gflops));
+                        plan::MeasureLayerCosts(net, batch / m, optimizer, gflops, measure));
   }
   return by_m;
 }
@@ -208,15 +211,21 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   po.step_overhead_seconds = o.step_overhead_seconds;
   po.chunk_timer = [&timings](int first, int last, int m) { return timings(first, last, m); };
   po.threads = o.training.threads;
+  po.max_replicas = static_cast<int>(result.workers.size());
+  po.partition_by_layer_costs = o.partition_by_layer_costs;
   if (o.local_workers > 0) po.host_cpus = host_cpus;
   PT_ASSIGN_OR_RETURN(result.plans, plan::RankPlans(net.LayerFlops(1), by_m, po));
   return result;
 }
 
-absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result) {
-  if (result.plans.empty() || !result.plans.front().fits_memory) {
+absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result, int max_replicas) {
+  std::vector<plan::PlanChoice> allowed;
+  for (const plan::PlanChoice& p : result.plans) {
+    if (p.replicas <= max_replicas) allowed.push_back(p);
+  }
+  if (allowed.empty() || !allowed.front().fits_memory) {
     double least = 0;
-    for (const plan::PlanChoice& p : result.plans) {
+    for (const plan::PlanChoice& p : allowed) {
       const double need = MaxOf(p.peak_memory_bytes);
       if (least == 0 || need < least) least = need;
     }
@@ -224,7 +233,7 @@ absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result) {
         absl::StrCat("no plan fits the workers' memory: the smallest needs ", HumanBytes(least),
                      " on one worker (give --memory-cap, more workers, or a smaller --batch)"));
   }
-  return result.plans.front();
+  return allowed.front();
 }
 
 std::string FormatPlans(const PlanResult& r, int top, bool json) {
@@ -243,6 +252,7 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
           {"samples_per_second", p.samples_per_second},
           {"step_seconds", p.step_seconds},
           {"bubble", p.bubble},
+          {"reduction_seconds", p.reduction_seconds},
           {"imbalance", p.imbalance},
           {"boundaries", p.boundaries},
           {"peak_memory_bytes", p.peak_memory_bytes},
@@ -260,20 +270,22 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
   }
   absl::StrAppend(&out,
                   absl::StrFormat("); layer costs timed here at %.1f GFLOP/s\n", r.local_gflops));
-  constexpr char kRow[] = "%-4s %-8s %-6s %-20s %-7s %-12s %10s %9s %7s %9s %11s %s\n";
-  absl::StrAppend(
-      &out, absl::StrFormat(kRow, "#", "REPLICAS", "STAGES", "SCHEDULE", "VIRTUAL", "MICROBATCHES",
-                            "SAMPLES/S", "STEP MS", "BUBBLE", "IMBALANCE", "PEAK MEMORY", "FITS"));
+  constexpr char kRow[] = "%-4s %-8s %-6s %-20s %-7s %-12s %10s %9s %7s %9s %9s %11s %s\n";
+  absl::StrAppend(&out, absl::StrFormat(kRow, "#", "REPLICAS", "STAGES", "SCHEDULE", "VIRTUAL",
+                                        "MICROBATCHES", "SAMPLES/S", "STEP MS", "BUBBLE",
+                                        "REDUCE MS", "IMBALANCE", "PEAK MEMORY", "FITS"));
   for (int k = 0; k < n; ++k) {
     const plan::PlanChoice& p = r.plans[k];
     absl::StrAppend(
-        &out, absl::StrFormat(
-                  kRow, absl::StrCat(k + 1), absl::StrCat(p.replicas), absl::StrCat(p.stages),
-                  schedule::ScheduleKindName(p.kind), absl::StrCat(p.virtual_stages),
-                  absl::StrCat(p.microbatches), absl::StrFormat("%.0f", p.samples_per_second),
-                  absl::StrFormat("%.2f", p.step_seconds * 1e3),
-                  absl::StrFormat("%.1f%%", p.bubble * 100), absl::StrFormat("%.3f", p.imbalance),
-                  HumanBytes(MaxOf(p.peak_memory_bytes)), p.fits_memory ? "yes" : "no"));
+        &out,
+        absl::StrFormat(kRow, absl::StrCat(k + 1), absl::StrCat(p.replicas), absl::StrCat(p.stages),
+                        schedule::ScheduleKindName(p.kind), absl::StrCat(p.virtual_stages),
+                        absl::StrCat(p.microbatches), absl::StrFormat("%.0f", p.samples_per_second),
+                        absl::StrFormat("%.2f", p.step_seconds * 1e3),
+                        absl::StrFormat("%.1f%%", p.bubble * 100),
+                        absl::StrFormat("%.2f", p.reduction_seconds * 1e3),
+                        absl::StrFormat("%.3f", p.imbalance),
+                        HumanBytes(MaxOf(p.peak_memory_bytes)), p.fits_memory ? "yes" : "no"));
   }
   return out;
 }

@@ -6,9 +6,12 @@
 //       [--link-bandwidth BYTES_PER_S] [--message-cpu S] [--step-overhead S] [--top K] [--json]
 //
 // The per-layer costs are timed on this machine (plan::MeasureLayerCosts) for every micro-batch
-// count M dividing B (up to 64) and scaled to each worker by its GFLOP/s against this machine's
-// speed probe; every runnable plan is cut as the coordinator cuts, simulated and checked against
-// the workers' memory (plan::RankPlans). Not thread-safe (it runs compute on the calling thread).
+// count M dividing B (up to 64): each plan is cut by them (what `--plan auto` sends as
+// JobSpec.layer_costs, so the coordinator makes the same cut), its chunks are timed together
+// (plan::MeasureChunkSeconds) and scaled to each worker by its GFLOP/s against this machine's
+// speed probe, simulated and checked against the workers' memory (plan::RankPlans), with R
+// replicas of S stages for every power of two R the step's gradient tree supports and R x S <=
+// workers. Not thread-safe (it runs compute on the calling thread).
 #ifndef PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 #define PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 
@@ -22,6 +25,11 @@
 #include "common/plan/planner.h"
 
 namespace pipetrain::cli {
+
+// The most replicas `--plan auto` may choose (`pipetrain plan` ranks plans of any replica count
+// the workers allow). 1 until the coordinator runs JobSpec.replicas (issue 29): then raise it to
+// the workers' count and have ApplyAutoPlan (client/cli/main.cc) pass the choice's replicas on.
+inline constexpr int kAutoPlanMaxReplicas = 1;
 
 struct PlanCommandOptions {
   // --model, --data, --data-dir, --tokenizer, --batch, --seed, --threads, --optimizer, --isa.
@@ -48,6 +56,10 @@ struct PlanCommandOptions {
   int max_microbatches = 64;  // M tried: the divisors of B up to this.
   int top = 10;               // --top K: rows printed, >= 1.
   bool json = false;          // --json: one JSON object per plan instead of the table.
+  // --partition-by measured (true, default): each plan is cut by its layers' timed costs (what
+  // --plan auto sends as JobSpec.layer_costs); flops (false): by FLOPs, as the coordinator cuts a
+  // run that sends none.
+  bool partition_by_layer_costs = true;
 };
 
 // The plans and what they were computed from.
@@ -63,9 +75,10 @@ struct PlanResult {
 // when it has no idle worker or no plan runs.
 absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& options);
 
-// The best plan that fits every worker's memory. FAILED_PRECONDITION naming the smallest need if
-// none does.
-absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result);
+// The best plan of at most `max_replicas` replicas that fits every worker's memory.
+// FAILED_PRECONDITION naming the smallest need if none does.
+absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result,
+                                          int max_replicas = kAutoPlanMaxReplicas);
 
 // The ranked table (or JSON lines) of the first `top` plans, with a header naming the workers.
 std::string FormatPlans(const PlanResult& result, int top, bool json);

@@ -187,6 +187,7 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   spec.set_stages(o.stages);
   spec.set_microbatches(static_cast<int32_t>(t.microbatches));
   spec.set_virtual_stages(o.virtual_stages);
+  for (double c : o.layer_costs) spec.add_layer_costs(c);
   spec.set_seed(t.seed);
   spec.set_threads(t.threads);
   spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).

@@ -7,6 +7,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -32,6 +33,9 @@ struct TrainCommandOptions {
   // (dualpipe is refused: see schedule::CheckExecutable).
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
+  // JobSpec.layer_costs: what the coordinator cuts the layers by. Set by --plan auto (the measured
+  // costs its plan was cut by and predicted with); empty: each layer's FLOPs.
+  std::vector<double> layer_costs;
   // --trace FILE: the measured timeline (client/cli/step_trace.h) of the last step, or of the
   // steps --trace-steps selects — an SVG for FILE.svg, ASCII for FILE.txt, else a Chrome trace;
   // empty: none.

@@ -112,6 +112,28 @@ absl::Status CheckTokenizer(const v1::JobSpec& spec, const model::Model& net) {
   return absl::OkStatus();
 }
 
+// OK if spec.layer_costs is empty or holds one cost per layer of `net`, each in
+// [0, partition::kMaxLayerCost], with a positive sum; INVALID_ARGUMENT naming the layer otherwise.
+absl::Status CheckLayerCosts(const v1::JobSpec& spec, const model::Model& net) {
+  if (spec.layer_costs().empty()) return absl::OkStatus();
+  if (spec.layer_costs_size() != net.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_costs has ", spec.layer_costs_size(),
+                                                   " costs; the model has ", net.num_layers(),
+                                                   " layers (one cost per layer, or none)"));
+  }
+  double sum = 0;
+  for (int l = 0; l < spec.layer_costs_size(); ++l) {
+    const double c = spec.layer_costs(l);
+    if (!(c >= 0 && c <= partition::kMaxLayerCost)) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_costs[", l, "] must be in [0, ",
+                                                     partition::kMaxLayerCost, "], got ", c));
+    }
+    sum += c;
+  }
+  if (!(sum > 0)) return absl::InvalidArgumentError("layer_costs are all 0");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 JobLimits JobLimits::Unlimited() {
@@ -174,6 +196,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   CheckedJobSpec checked;
   PT_ASSIGN_OR_RETURN(checked.model, BuildModel(limits, spec));
   PT_RETURN_IF_ERROR(CheckTokenizer(*spec, *checked.model));
+  PT_RETURN_IF_ERROR(CheckLayerCosts(*spec, *checked.model));
   PT_ASSIGN_OR_RETURN(checked.plan, PlanFor(*spec, *checked.model));
   return checked;
 }
@@ -202,8 +225,10 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
   popts.placement = plan.placement.kind;
   popts.virtual_stages = spec.virtual_stages();
   popts.speeds = speeds;
-  PT_ASSIGN_OR_RETURN(partition::Partition cut,
-                      partition::PartitionLayers(net.LayerFlops(1), popts));
+  // The client's measured costs when it sent them (CheckJobSpec checked them), else FLOPs.
+  std::vector<double> costs(spec.layer_costs().begin(), spec.layer_costs().end());
+  if (costs.empty()) costs = net.LayerFlops(1);
+  PT_ASSIGN_OR_RETURN(partition::Partition cut, partition::PartitionLayers(costs, popts));
   std::vector<v1::ChunkSpec> chunks;
   for (int c = 0; c < plan.num_chunks(); ++c) {
     v1::ChunkSpec chunk;

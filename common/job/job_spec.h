@@ -51,9 +51,11 @@ struct CheckedJobSpec {
 // creation and when a recovery re-plans a job onto fewer stages. Thread-safe (pure).
 absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net);
 
-// The chunks of `plan` over `net`'s layers, partitioned by FLOPs (common/partition) for workers
-// of `speeds` (GFLOP/s, by rank; one per stage), and the partition's max/mean imbalance. Errors:
-// the partitioner's. Thread-safe (pure).
+// The chunks of `plan` over `net`'s layers, partitioned (common/partition) by spec.layer_costs
+// when it is set (one per layer, as CheckJobSpec checked), else by each layer's F+B+W FLOPs of one
+// sample, for workers of `speeds` (GFLOP/s, by rank; one per stage), and the partition's
+// max/mean imbalance. Errors: the partitioner's (INVALID_ARGUMENT for costs of the wrong size).
+// Thread-safe (pure).
 absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds);
@@ -70,16 +72,16 @@ absl::Status CheckResumeTokenizer(const std::string& dir, const model::Checkpoin
 
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
-// name and parameters, min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in
-// [0, 2^53), keep_checkpoints >= 0, optimizer, model (and its target features against the data
-// shape), the tokenizer (a SentencePiece model whose vocabulary fits the model's embedding), and
-// that there are at least as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and
-// value; RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than
-// limits.max_layers layers or the step more than limits.max_microbatches micro-batches (counted
-// before the model is built), when the model's serialization exceeds kMaxModelSpecBytes or the
-// tokenizer io::kMaxTokenizerBytes, or when the model exceeds limits.model. Allocates no
-// parameters. The directories (save_to, resume_from) are the coordinator's to check, on its file
-// system. Thread-safe (pure).
+// name and parameters, layer_costs (none, or one per layer in [0, 1e30] with a positive sum),
+// min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in [0, 2^53), keep_checkpoints
+// >= 0, optimizer, model (and its target features against the data shape), the tokenizer (a
+// SentencePiece model whose vocabulary fits the model's embedding), and that there are at least as
+// many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value; RESOURCE_EXHAUSTED
+// naming the cap and its flag when the model has more than limits.max_layers layers or the step
+// more than limits.max_microbatches micro-batches (counted before the model is built), when the
+// model's serialization exceeds kMaxModelSpecBytes or the tokenizer io::kMaxTokenizerBytes, or when
+// the model exceeds limits.model. Allocates no parameters. The directories (save_to, resume_from)
+// are the coordinator's to check, on its file system. Thread-safe (pure).
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
 
 }  // namespace pipetrain::job

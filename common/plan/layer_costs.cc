@@ -21,6 +21,7 @@ LayerCost LayerBytes(const model::Model& model, int64_t l, int64_t rows,
                           static_cast<double>(layer.StashBytes(rows));
   cost.output_bytes = static_cast<double>(rows) * layer.out_features() * 4;
   cost.state_bytes = state_factor * static_cast<double>(param_bytes[l]);
+  cost.gradient_bytes = static_cast<double>(param_bytes[l]);
   return cost;
 }
 

@@ -35,6 +35,7 @@ struct LayerCost {
   double activation_bytes = 0;  // kept from F to the end of W: its input and its stash.
   double output_bytes = 0;      // its output; its gradient, sent back, is as large.
   double state_bytes = 0;       // weights, gradients and optimizer state.
+  double gradient_bytes = 0;  // its weight gradient (its parameters' bytes): what replicas reduce.
 };
 
 // A model's costs for micro-batches of `samples` samples.

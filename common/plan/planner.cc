@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/grad_tree.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
 #include "common/schedule/simulator.h"
@@ -50,6 +51,10 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("step overhead must be in [0, 1e6] s, got ", o.step_overhead_seconds));
   }
+  if (o.max_replicas < 1 || o.max_replicas > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_replicas must be in [1, 2^20], got ", o.max_replicas));
+  }
   return absl::OkStatus();
 }
 
@@ -91,15 +96,17 @@ absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
 // owner's speed, its stash and output bytes, the link, each rank's optimizer update first.
 absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cut,
                                                   const ModelCosts& costs,
-                                                  const PlannerOptions& options, int microbatches) {
+                                                  const PlannerOptions& options,
+                                                  const std::vector<WorkerResources>& ranks,
+                                                  int microbatches, int replicas) {
   const schedule::Placement& placement = cut.placement;
-  const double threads = static_cast<double>(placement.stages) * options.threads;
+  const double threads = static_cast<double>(placement.stages) * replicas * options.threads;
   const double share = options.host_cpus > 0 ? std::min(1.0, options.host_cpus / threads) : 1.0;
   schedule::CostModel model;
   model.worker_start.assign(placement.stages, 0.0);
   for (int c = 0; c < placement.num_chunks(); ++c) {
     const int owner = placement.OwnerOf(c);
-    const double scale = costs.gflops / options.workers[owner].gflops / share;
+    const double scale = costs.gflops / ranks[owner].gflops / share;
     PT_ASSIGN_OR_RETURN(const ChunkSeconds seconds,
                         ChunkCost(cut, c, costs, options, microbatches));
     const MessageCounts messages = CountMessages(placement, c);
@@ -124,7 +131,7 @@ absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cu
 
 // Fills the memory figures of `choice`: per rank, its layers' state and its peak stash.
 void FillMemory(const partition::Partition& cut, const ModelCosts& costs,
-                const schedule::TimelineStats& stats, const PlannerOptions& options,
+                const schedule::TimelineStats& stats, const std::vector<WorkerResources>& ranks,
                 PlanChoice* choice) {
   const int S = cut.placement.stages;
   choice->peak_memory_bytes.assign(S, 0.0);
@@ -136,7 +143,7 @@ void FillMemory(const partition::Partition& cut, const ModelCosts& costs,
   choice->fits_memory = true;
   for (int w = 0; w < S; ++w) {
     choice->peak_memory_bytes[w] += stats.workers[w].peak_activation_bytes;
-    const double cap = options.workers[w].memory_bytes;
+    const double cap = ranks[w].memory_bytes;
     if (cap > 0 && choice->peak_memory_bytes[w] > cap) choice->fits_memory = false;
   }
 }
@@ -172,6 +179,77 @@ bool Runnable(const schedule::ScheduleParams& p, int64_t layers) {
          partition::CheckLayersCoverChunks(layers, p.stages, p.virtual_stages).ok();
 }
 
+// Rank k of a plan of `replicas` x `stages`: the slowest speed and the least memory (0: unknown)
+// among the workers holding rank k in the replicas (replica r's are [r S, (r + 1) S)).
+std::vector<WorkerResources> RankResources(const PlannerOptions& options, int stages,
+                                           int replicas) {
+  std::vector<WorkerResources> ranks(options.workers.begin(), options.workers.begin() + stages);
+  for (int r = 1; r < replicas; ++r) {
+    for (int k = 0; k < stages; ++k) {
+      const WorkerResources& w = options.workers[r * stages + k];
+      ranks[k].gflops = std::min(ranks[k].gflops, w.gflops);
+      if (w.memory_bytes > 0 &&
+          (ranks[k].memory_bytes == 0 || w.memory_bytes < ranks[k].memory_bytes)) {
+        ranks[k].memory_bytes = w.memory_bytes;
+      }
+    }
+  }
+  return ranks;
+}
+
+// INVALID_ARGUMENT unless `replicas` x `stages` workers exist and the gradient tree of a step of
+// `microbatches` supports `replicas` (a power of two dividing M's largest power-of-two factor).
+absl::Status CheckReplicas(const PlannerOptions& options, int stages, int microbatches,
+                           int replicas) {
+  if (replicas < 1 || stages < 1 ||
+      static_cast<int64_t>(replicas) * stages > static_cast<int64_t>(options.workers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a plan of ", replicas, " replicas x ", stages,
+                                                   " stages needs that many workers; there are ",
+                                                   options.workers.size()));
+  }
+  PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(microbatches));
+  if (!tree.SupportsReplicas(replicas)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(replicas, " replicas cannot share a step of ", microbatches,
+                     " micro-batches (a power of two up to ", tree.leaves(), " can)"));
+  }
+  return absl::OkStatus();
+}
+
+// The seconds rank `rank`'s workers take to reduce `bytes` of gradients over `replicas` by
+// recursive halving/doubling: 2 log2 R messages and 2 (R - 1) / R x bytes over the link.
+double ReductionSeconds(double bytes, int replicas, const LinkCosts& link) {
+  if (replicas <= 1) return 0;
+  const double messages = 2 * std::log2(static_cast<double>(replicas));
+  const double volume = 2.0 * (replicas - 1) / replicas * bytes;
+  return messages * (link.latency_seconds + link.cpu_seconds_per_message) +
+         (link.bytes_per_second > 0 ? volume / link.bytes_per_second : 0);
+}
+
+// The end of the step on the ranks of `cut`: each rank's last action (or its optimizer update)
+// followed by its gradients' reduction over the replicas; the largest such reduction goes to
+// *reduction.
+double StepEnd(const partition::Partition& cut, const ModelCosts& costs,
+               const schedule::SimulationResult& sim, const schedule::CostModel& model,
+               const PlannerOptions& options, int replicas, double* reduction) {
+  const int S = cut.placement.stages;
+  std::vector<double> bytes(S, 0.0);
+  for (int c = 0; c < cut.placement.num_chunks(); ++c) {
+    for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
+      bytes[cut.placement.OwnerOf(c)] += costs.layers[l].gradient_bytes;
+    }
+  }
+  double end = sim.stats.makespan;
+  *reduction = 0;
+  for (int k = 0; k < S; ++k) {
+    const auto& actions = sim.timeline.workers[k];
+    const double last = actions.empty() ? model.worker_start[k] : actions.back().end;
+    const double reduce = ReductionSeconds(bytes[k], replicas, options.link);
+    *reduction = std::max(*reduction, reduce);
+    end = std::max(end, last + reduce);
+  }
+  return end;
+}
 }  // namespace
 
 std::string PlanLabel(const PlanChoice& p) {
@@ -180,15 +258,20 @@ std::string PlanLabel(const PlanChoice& p) {
                       schedule::ScheduleKindName(p.kind), ", ", p.microbatches, " micro-batches");
 }
 
+std::vector<double> LayerPartitionCosts(const ModelCosts& costs) {
+  std::vector<double> out;
+  out.reserve(costs.layers.size());
+  for (const LayerCost& l : costs.layers) {
+    out.push_back((l.forward + l.backward_input + l.backward_weight) * 1e9);
+  }
+  return out;
+}
+
 absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_costs,
                                         const ModelCosts& costs, const PlannerOptions& options,
                                         int stages, schedule::ScheduleKind kind, int virtual_stages,
-                                        int microbatches) {
+                                        int microbatches, int replicas) {
   PT_RETURN_IF_ERROR(CheckPlannerOptions(options));
-  if (stages < 1 || stages > static_cast<int>(options.workers.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("a plan of ", stages, " stages needs ", stages,
-                                                   " workers; there are ", options.workers.size()));
-  }
   if (costs.layers.size() != partition_costs.size() || !(costs.gflops > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("costs for ", costs.layers.size(), " layers at ", costs.gflops,
@@ -200,7 +283,8 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
         absl::StrCat(microbatches, " micro-batches of ", costs.samples,
                      " samples do not make the batch of ", options.batch));
   }
-  const schedule::ScheduleParams params{kind, stages, microbatches, virtual_stages};
+  PT_RETURN_IF_ERROR(CheckReplicas(options, stages, microbatches, replicas));
+  const schedule::ScheduleParams params{kind, stages, microbatches / replicas, virtual_stages};
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   partition::PartitionOptions popts;
@@ -208,22 +292,30 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
   popts.placement = plan.placement.kind;
   popts.virtual_stages = virtual_stages;
   for (int w = 0; w < stages; ++w) popts.speeds.push_back(options.workers[w].gflops);
-  PT_ASSIGN_OR_RETURN(partition::Partition cut, partition::PartitionLayers(partition_costs, popts));
-  PT_ASSIGN_OR_RETURN(const schedule::CostModel cost_model,
-                      PlanCostModel(cut, costs, options, microbatches));
-  PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, cost_model));
   PlanChoice choice;
+  if (options.partition_by_layer_costs) choice.layer_costs = LayerPartitionCosts(costs);
+  PT_ASSIGN_OR_RETURN(
+      partition::Partition cut,
+      partition::PartitionLayers(
+          options.partition_by_layer_costs ? choice.layer_costs : partition_costs, popts));
+  const std::vector<WorkerResources> ranks = RankResources(options, stages, replicas);
+  PT_ASSIGN_OR_RETURN(const schedule::CostModel cost_model,
+                      PlanCostModel(cut, costs, options, ranks, microbatches, replicas));
+  PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, cost_model));
+  choice.replicas = replicas;
   choice.stages = stages;
   choice.kind = kind;
   choice.virtual_stages = virtual_stages;
   choice.microbatches = microbatches;
   choice.boundaries = cut.boundaries;
   choice.imbalance = cut.imbalance;
-  choice.step_seconds = sim.stats.makespan + options.step_overhead_seconds;
+  choice.step_seconds =
+      StepEnd(cut, costs, sim, cost_model, options, replicas, &choice.reduction_seconds) +
+      options.step_overhead_seconds;
   choice.samples_per_second =
       choice.step_seconds > 0 ? static_cast<double>(options.batch) / choice.step_seconds : 0;
   choice.bubble = sim.stats.bubble_fraction;
-  FillMemory(cut, costs, sim.stats, options, &choice);
+  FillMemory(cut, costs, sim.stats, ranks, &choice);
   return choice;
 }
 
@@ -234,14 +326,18 @@ absl::StatusOr<std::vector<PlanChoice>> RankPlans(
   const std::vector<schedule::ScheduleKind> kinds = KindsToTry(options);
   std::vector<std::pair<PlanChoice, int>> plans;  // with the kind's position, for ties.
   const int64_t layers = static_cast<int64_t>(partition_costs.size());
+  const int n = static_cast<int>(options.workers.size());
   for (const auto& [m, costs] : costs_by_microbatches) {
-    for (int s = 1; s <= static_cast<int>(options.workers.size()); ++s) {
-      for (size_t k = 0; k < kinds.size(); ++k) {
-        for (int v : VirtualChoices(kinds[k], options.max_virtual)) {
-          if (!Runnable({kinds[k], s, m, v}, layers)) continue;
-          PT_ASSIGN_OR_RETURN(PlanChoice choice,
-                              EvaluatePlan(partition_costs, costs, options, s, kinds[k], v, m));
-          plans.emplace_back(std::move(choice), static_cast<int>(k));
+    for (int r = 1; r <= options.max_replicas && r <= n; r *= 2) {
+      if (m % r != 0 || !CheckReplicas(options, 1, m, r).ok()) continue;
+      for (int s = 1; s * r <= n; ++s) {
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          for (int v : VirtualChoices(kinds[k], options.max_virtual)) {
+            if (!Runnable({kinds[k], s, m / r, v}, layers)) continue;
+            PT_ASSIGN_OR_RETURN(PlanChoice choice, EvaluatePlan(partition_costs, costs, options, s,
+                                                                kinds[k], v, m, r));
+            plans.emplace_back(std::move(choice), static_cast<int>(k));
+          }
         }
       }
     }
@@ -258,10 +354,10 @@ absl::StatusOr<std::vector<PlanChoice>> RankPlans(
   std::stable_sort(plans.begin(), plans.end(), [&](const auto& a, const auto& b) {
     const PlanChoice& x = a.first;
     const PlanChoice& y = b.first;
-    const auto kx = std::make_tuple(!x.fits_memory, -rate(x), x.stages, PeakOf(x), x.microbatches,
-                                    a.second, x.virtual_stages);
-    const auto ky = std::make_tuple(!y.fits_memory, -rate(y), y.stages, PeakOf(y), y.microbatches,
-                                    b.second, y.virtual_stages);
+    const auto kx = std::make_tuple(!x.fits_memory, -rate(x), x.replicas * x.stages, x.stages,
+                                    PeakOf(x), x.microbatches, a.second, x.virtual_stages);
+    const auto ky = std::make_tuple(!y.fits_memory, -rate(y), y.replicas * y.stages, y.stages,
+                                    PeakOf(y), y.microbatches, b.second, y.virtual_stages);
     return kx < ky;
   });
   std::vector<PlanChoice> out;

@@ -2,9 +2,10 @@
 // timed by the simulator on measured costs, checked against the workers' memory and ranked by
 // predicted throughput (docs/scaling.md).
 //
-// A plan is (replicas, stages, schedule, virtual stages, micro-batches). Replicas are always 1
-// for now (data parallelism is another issue); the type and the table carry the column so that
-// R slots in. Pure functions; thread-safe.
+// A plan is (replicas, stages, schedule, virtual stages, micro-batches). R replicas of an S-stage
+// pipeline use R x S workers (replica r the workers [r S, (r + 1) S)); each runs M / R of the
+// step's M micro-batches, then the workers of each rank reduce their gradients over the replicas
+// (JobSpec.replicas, docs/scaling.md "Replicas in plans"). Pure functions; thread-safe.
 #ifndef PIPETRAIN_COMMON_PLAN_PLANNER_H_
 #define PIPETRAIN_COMMON_PLAN_PLANNER_H_
 
@@ -62,7 +63,19 @@ struct PlannerOptions {
   // Fixed seconds per step beyond the simulated pipeline (the coordinator's RunStep, StepDone
   // and Commit round trips), >= 0.
   double step_overhead_seconds = 0;
+  // Replica counts RankPlans tries: the powers of two R <= max_replicas with R x S <= workers
+  // that the step's gradient tree supports (model::GradTree::SupportsReplicas), in [1, 2^20].
+  int max_replicas = 1;
+  // True: each plan is cut by LayerPartitionCosts of its own ModelCosts (the measured seconds of
+  // each layer, what `--plan auto` sends as JobSpec.layer_costs and the coordinator then cuts
+  // by); false: by `partition_costs` (the coordinator's default: FLOPs).
+  bool partition_by_layer_costs = false;
 };
+
+// What a plan is cut by when PlannerOptions::partition_by_layer_costs is set: per layer, the
+// nanoseconds of its F + I + W for one micro-batch at costs.gflops (a unit that keeps the
+// partitioner's numbers well above its tolerance). Pure.
+std::vector<double> LayerPartitionCosts(const ModelCosts& costs);
 
 // One plan and what the planner predicts for it.
 struct PlanChoice {
@@ -72,10 +85,14 @@ struct PlanChoice {
   int virtual_stages = 1;
   int microbatches = 1;
   std::vector<int> boundaries;  // the partitioner's cut (S*V+1 layer indices).
-  double imbalance = 1;         // the cut's max/mean worker time (as the coordinator reports).
-  double step_seconds = 0;      // simulated step (incl. optimizer updates) + overhead.
+  // What the cut was made by when partition_by_layer_costs (JobSpec.layer_costs), else empty.
+  std::vector<double> layer_costs;
+  double imbalance = 1;     // the cut's max/mean worker time (as the coordinator reports).
+  double step_seconds = 0;  // simulated step (incl. optimizer updates) + overhead.
   double samples_per_second = 0;
-  double bubble = 0;                      // the simulated step's bubble fraction.
+  double bubble = 0;  // the simulated step's bubble fraction.
+  // The slowest rank's gradient reduction over the replicas (0 for one replica); part of the step.
+  double reduction_seconds = 0;
   std::vector<double> peak_memory_bytes;  // [rank] state + peak stashed activations.
   bool fits_memory = true;                // every rank's peak within its worker's memory.
 };
@@ -83,24 +100,31 @@ struct PlanChoice {
 // "4 stages x 2 virtual, interleaved, 8 micro-batches" style label for messages.
 std::string PlanLabel(const PlanChoice& plan);
 
-// The prediction for one plan. `partition_costs` ([layer], what the coordinator cuts by: F+B+W
-// FLOPs of one sample, model::Model::LayerFlops(1)) and the first `stages` workers' speeds give
-// the cut the coordinator will make; `costs` (micro-batches of batch / microbatches samples) give
-// each op's seconds at worker w as seconds * costs.gflops / w.gflops, the optimizer update runs at
-// the start of the step, and every message between workers crosses options.link. Errors:
-// INVALID_ARGUMENT for a plan the workers cannot run or numbers out of range (naming them),
-// those of partition::PartitionLayers and schedule::Simulate.
+// The prediction for one plan of `replicas` x `stages` workers and a step of `microbatches`
+// micro-batches (each replica runs microbatches / replicas of them). `partition_costs` ([layer],
+// what the coordinator cuts by: F+B+W FLOPs of one sample, model::Model::LayerFlops(1); or
+// LayerPartitionCosts(costs) with options.partition_by_layer_costs) and replica 0's workers'
+// speeds give the cut the coordinator will make; `costs` (micro-batches of batch / microbatches
+// samples) give each op's seconds at a worker of speed s as seconds * costs.gflops / s, where a
+// rank runs at the speed (and memory) of its slowest replica's worker; the optimizer update runs
+// at the start of the step, and every message between workers crosses options.link. With R > 1
+// replicas, each rank reduces its layers' gradient bytes G after its last action, by recursive
+// halving/doubling: 2 log2 R messages (each the link's latency and the message CPU) and
+// 2 (R - 1) / R x G bytes over its bandwidth; the step ends with the last rank's reduction.
+// Errors: INVALID_ARGUMENT for a plan the workers cannot run or numbers out of range (naming
+// them), those of partition::PartitionLayers and schedule::Simulate.
 absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_costs,
                                         const ModelCosts& costs, const PlannerOptions& options,
                                         int stages, schedule::ScheduleKind kind, int virtual_stages,
-                                        int microbatches);
+                                        int microbatches, int replicas = 1);
 
-// Every plan of 1..N stages, options.kinds (virtual stages: the kind's, 2..max_virtual for
-// interleaved ones) and micro-batch counts M among the keys of `costs_by_microbatches` (each
-// dividing the batch), best first: plans that fit memory before those that do not, then higher
-// predicted samples/s, then fewer stages, less peak memory, fewer micro-batches, the kinds' order.
-// Plans a rule refuses (e.g. interleaved with M not a multiple of S, more chunks than layers) are
-// left out. INVALID_ARGUMENT for bad options, an M that does not divide the batch or costs of the
+// Every plan of R replicas (options.max_replicas) x 1..N/R stages, options.kinds (virtual stages:
+// the kind's, 2..max_virtual for interleaved ones) and micro-batch counts M among the keys of
+// `costs_by_microbatches` (each dividing the batch), best first: plans that fit memory before
+// those that do not, then higher predicted samples/s, then fewer workers, fewer stages, less peak
+// memory, fewer micro-batches, the kinds' order. Plans a rule refuses (e.g. interleaved with M / R
+// not a multiple of S, more chunks than layers, R not supported by M's gradient tree) are left
+// out. INVALID_ARGUMENT for bad options, an M that does not divide the batch or costs of the
 // wrong size; FAILED_PRECONDITION if no plan is possible.
 absl::StatusOr<std::vector<PlanChoice>> RankPlans(
     const std::vector<double>& partition_costs,

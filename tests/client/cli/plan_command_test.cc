@@ -40,6 +40,27 @@ TEST(PlanCommandTest, BestPlanIsTheFirstThatFits) {
   EXPECT_EQ(best->microbatches, 16);
 }
 
+// --plan auto skips plans of more replicas than it may run (kAutoPlanMaxReplicas); the table
+// lists them with their reduction.
+TEST(PlanCommandTest, BestPlanKeepsToTheReplicasItMayRun) {
+  PlanResult r = Result();
+  plan::PlanChoice two = Choice(1, schedule::ScheduleKind::kGPipe, 16, 3000, true, 1 << 20);
+  two.replicas = 2;
+  two.reduction_seconds = 1.5e-3;
+  r.plans.insert(r.plans.begin(), two);
+  absl::StatusOr<plan::PlanChoice> best = BestPlan(r, 1);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->replicas, 1);
+  EXPECT_EQ(best->kind, schedule::ScheduleKind::kZbH1);
+  best = BestPlan(r, 2);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->replicas, 2);
+  const std::string text = FormatPlans(r, 1, false);
+  EXPECT_NE(text.find("REDUCE MS"), std::string::npos) << text;
+  EXPECT_NE(text.find("1    2        1      gpipe"), std::string::npos) << text;
+  EXPECT_NE(text.find(" 1.50 "), std::string::npos) << text;
+}
+
 TEST(PlanCommandTest, NoPlanFitsIsAnErrorNamingTheSmallestNeed) {
   PlanResult r = Result();
   for (plan::PlanChoice& p : r.plans) p.fits_memory = false;

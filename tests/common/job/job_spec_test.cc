@@ -1,7 +1,10 @@
 #include "common/job/job_spec.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/io/digest.h"
@@ -241,6 +244,46 @@ TEST(JobSpecTokenizerTest, ResumeNeedsTheCheckpointsTokenizer) {
   s = CheckResumeTokenizer("/ckpt", none, a);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), HasSubstr("trained with no tokenizer (byte-level text)"));
+}
+
+// Hand-made costs of MlpSpec(2, 2, 1)'s 5 layers: layer 0 as costly as the rest together goes
+// alone on rank 0, the last layer as costly as the rest alone on rank 1 (FLOPs would cut neither
+// way: a relu costs next to nothing), each cut perfectly balanced.
+TEST(JobSpecTest, PartitionsByTheSpecsLayerCostsWhenGiven) {
+  const auto cut = [](const std::vector<double>& costs) {
+    v1::JobSpec spec = MlpSpec(2, 2, 1);
+    for (double c : costs) spec.add_layer_costs(c);
+    absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(JobLimits(), &spec);
+    EXPECT_TRUE(checked.ok()) << checked.status();
+    absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> chunks =
+        PartitionChunks(spec, *checked->model, checked->plan, {1.0, 1.0});
+    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    return std::make_pair(chunks->first[0].last_layer(), chunks->second);
+  };
+  EXPECT_EQ(cut({4, 1, 1, 1, 1}).first, 1);
+  EXPECT_DOUBLE_EQ(cut({4, 1, 1, 1, 1}).second, 1.0);
+  EXPECT_EQ(cut({1, 1, 1, 1, 4}).first, 4);
+  EXPECT_DOUBLE_EQ(cut({1, 1, 1, 1, 4}).second, 1.0);
+}
+
+TEST(JobSpecTest, LayerCostsOfTheWrongSizeOrValueAreInvalidArgument) {
+  const auto check = [](const std::vector<double>& costs) {
+    v1::JobSpec spec = MlpSpec(2, 2, 1);
+    for (double c : costs) spec.add_layer_costs(c);
+    return CheckJobSpec(JobLimits(), &spec).status();
+  };
+  EXPECT_TRUE(check({}).ok());
+  absl::Status s = check({1, 1, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layer_costs has 3 costs; the model has 5 layers"));
+  s = check({1, 1, -1, 1, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layer_costs[2] must be in [0, 1e+30], got -1"));
+  s = check({1, 1, std::numeric_limits<double>::quiet_NaN(), 1, 1});
+  EXPECT_THAT(s.message(), HasSubstr("layer_costs[2]"));
+  s = check({0, 0, 0, 0, 0});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("all 0"));
 }
 
 }  // namespace

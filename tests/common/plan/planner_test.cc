@@ -227,5 +227,130 @@ TEST(PlannerTest, RefusesBadInput) {
       absl::StatusCode::kInvalidArgument);  // 3 stages on 2 workers.
 }
 
+// `c` with `bytes` of weight gradient per layer.
+ModelCosts WithGradients(ModelCosts c, double bytes) {
+  for (LayerCost& l : c.layers) l.gradient_bytes = bytes;
+  return c;
+}
+
+// 2 replicas x 2 stages of 1F1B, a step of 8 micro-batches: each replica runs 4, (4 + 2 - 1) x
+// (F 1 + B 2) = 15 s; then each rank reduces its 2 layers' 200 gradient bytes over a 100 B/s
+// link with no latency: 2 (R - 1) / R x 200 / 100 = 2 s. Rank 0 ends last (15 s): 17 s.
+TEST(PlannerTest, ReplicasRunTheirShareThenReduceGradients) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(8, 4);
+  o.link.bytes_per_second = 100;
+  const ModelCosts costs = WithGradients(Equal(4, 1, 0.5, 0.5, 0.5), 100);
+  absl::StatusOr<PlanChoice> p = EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 8, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->replicas, 2);
+  EXPECT_EQ(p->microbatches, 8);
+  EXPECT_DOUBLE_EQ(p->reduction_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(p->step_seconds, 17.0);
+  EXPECT_DOUBLE_EQ(p->samples_per_second, 8 / 17.0);
+  EXPECT_DOUBLE_EQ(p->bubble, 1.0 / 5);
+  EXPECT_EQ(PlanLabel(*p), "2 replicas x 2 stages x 1 virtual, 1f1b, 8 micro-batches");
+  // Each message of the reduction (2 log2 R = 2) costs the latency and the message CPU.
+  o.link.latency_seconds = 0.25;
+  o.link.cpu_seconds_per_message = 0;
+  o.link.bytes_per_second = 0;
+  p = EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 8, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->reduction_seconds, 0.5);
+  // A replica's worker at half speed slows its rank in every replica (the step waits for it).
+  o.link = {};
+  o.workers[2].gflops = 0.5;  // replica 1, rank 0
+  p = EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 8, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 4}));  // cut by replica 0's speeds.
+  EXPECT_GT(p->step_seconds, 15.0);
+}
+
+// Four workers, 4 equal layers, a step of 8 micro-batches of 1F1B. Free gradients: 4 replicas of
+// one stage (2 micro-batches of 6 s each: 12 s) beat 2 x 2 (15 s) and 1 x 4 ((8 + 3) x 1.5 =
+// 16.5 s). Gradients of 1000 bytes per layer over 100 B/s: 4 x 1 pays 2 x 3/4 x 4000 / 100 = 60 s
+// and 2 x 2 pays 20 s, so one pipeline of 4 stages wins. max_replicas 1 keeps R at 1.
+TEST(PlannerTest, ReplicasWinWhenTheReductionIsCheap) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(8, 4, {ScheduleKind::kOneFOneB});
+  o.max_replicas = 4;
+  std::map<int, ModelCosts> by_m;
+  by_m[8] = WithGradients(Equal(4, 1, 0.5, 0.5, 0.5), 1000);
+  absl::StatusOr<std::vector<PlanChoice>> cheap = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(cheap.ok()) << cheap.status();
+  EXPECT_EQ(cheap->front().replicas, 4) << PlanLabel(cheap->front());
+  EXPECT_EQ(cheap->front().stages, 1);
+  EXPECT_DOUBLE_EQ(cheap->front().step_seconds, 12.0);
+  o.link.bytes_per_second = 100;
+  absl::StatusOr<std::vector<PlanChoice>> dear = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(dear.ok()) << dear.status();
+  EXPECT_EQ(dear->front().replicas, 1) << PlanLabel(dear->front());
+  EXPECT_EQ(dear->front().stages, 4);
+  EXPECT_DOUBLE_EQ(dear->front().step_seconds, 16.5);
+  bool saw_two = false;
+  for (const PlanChoice& p : *dear) {
+    EXPECT_LE(p.replicas * p.stages, 4) << PlanLabel(p);
+    if (p.replicas == 2 && p.stages == 2) {
+      saw_two = true;
+      EXPECT_DOUBLE_EQ(p.reduction_seconds, 20.0);
+    }
+  }
+  EXPECT_TRUE(saw_two);
+  o.max_replicas = 1;
+  absl::StatusOr<std::vector<PlanChoice>> single = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (const PlanChoice& p : *single) EXPECT_EQ(p.replicas, 1) << PlanLabel(p);
+}
+
+// A step of 6 micro-batches has a gradient tree of 2 leaves: 2 replicas share it, 4 do not.
+TEST(PlannerTest, ReplicasOnlyWhereTheGradientTreeSupportsThem) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(6, 4, {ScheduleKind::kGPipe});
+  o.max_replicas = 4;
+  std::map<int, ModelCosts> by_m;
+  by_m[6] = Equal(4, 1, 0.5, 0.5, 0.5);
+  absl::StatusOr<std::vector<PlanChoice>> plans = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  bool two = false;
+  for (const PlanChoice& p : *plans) {
+    EXPECT_LE(p.replicas, 2) << PlanLabel(p);
+    two = two || p.replicas == 2;
+  }
+  EXPECT_TRUE(two);
+  const absl::Status s = EvaluatePlan(flops, by_m[6], o, 1, ScheduleKind::kGPipe, 1, 6, 4).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("4 replicas cannot share a step of 6 micro-batches"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(EvaluatePlan(flops, by_m[6], o, 3, ScheduleKind::kGPipe, 1, 6, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 2 x 3 workers of 4.
+}
+
+// Equal FLOPs, but layer 0's ops take 3 s where the others take 1 s (an embedding or a layer norm
+// runs far from the GEMM rate). Cut by FLOPs: layers {0, 1} | {2, 3}, 4 s against 2 s; GPipe of
+// 2 micro-batches with free backwards takes 4 + 4 + 2 = 10 s. Cut by the measured costs: {0} |
+// {1, 2, 3}, 3 s each: 9 s. The choice carries the costs the coordinator will cut by.
+TEST(PlannerTest, PartitionByMeasuredLayerCosts) {
+  const std::vector<double> flops(4, 1.0);
+  ModelCosts costs = Equal(4, 1, 1, 0, 0);
+  costs.layers[0].forward = 3;
+  PlannerOptions o = Options(2, 2);
+  absl::StatusOr<PlanChoice> by_flops =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kGPipe, 1, 2);
+  ASSERT_TRUE(by_flops.ok()) << by_flops.status();
+  EXPECT_EQ(by_flops->boundaries, (std::vector<int>{0, 2, 4}));
+  EXPECT_DOUBLE_EQ(by_flops->step_seconds, 10.0);
+  EXPECT_TRUE(by_flops->layer_costs.empty());
+  o.partition_by_layer_costs = true;
+  absl::StatusOr<PlanChoice> measured =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kGPipe, 1, 2);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(measured->boundaries, (std::vector<int>{0, 1, 4}));
+  EXPECT_DOUBLE_EQ(measured->step_seconds, 9.0);
+  EXPECT_DOUBLE_EQ(measured->imbalance, 1.0);
+  EXPECT_EQ(measured->layer_costs, (std::vector<double>{3e9, 1e9, 1e9, 1e9}));
+  EXPECT_EQ(LayerPartitionCosts(costs), measured->layer_costs);
+}
+
 }  // namespace
 }  // namespace pipetrain::plan
