@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/hf_config.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -167,78 +168,44 @@ absl::StatusOr<std::string> Config(const Model& model) {
   j["scale_attn_weights"] = true;
   j["scale_attn_by_inverse_layer_idx"] = false;
   j["reorder_and_upcast_attn"] = false;
-  // A tied model's lm_head is the embedding's table (no lm_head.weight in the export); an untied
-  // one's is a layer of its own.
-  j["tie_word_embeddings"] = model.tie().has_value();
-  j["initializer_range"] = 0.02;
-  // GPT2Config's defaults (50256) lie beyond a character vocabulary; pipetrain has no such tokens.
-  j["bos_token_id"] = nullptr;
-  j["eos_token_id"] = nullptr;
-  j["torch_dtype"] = "float32";
-  j["use_cache"] = true;
+  SetHfCommonKeys(model, &j);
   return j.dump(2) + "\n";
-}
-
-absl::Status ConfigError(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-// Field `key` of `j`, a positive integer. `fallback` (when >= 0) if the key is missing or null.
-absl::StatusOr<int64_t> PositiveInt(const json& j, const char* key, const std::string& path,
-                                    int64_t fallback = -1) {
-  auto it = j.find(key);
-  if ((it == j.end() || it->is_null()) && fallback >= 0) return fallback;
-  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
-    return ConfigError(path, absl::StrCat("'", key, "' missing or not a positive integer"));
-  }
-  return it->get<int64_t>();
-}
-
-// OK if `key` is missing (GPT2Config's default `fallback`) or equals `want`.
-absl::Status Expect(const json& j, const char* key, const json& fallback, const json& want,
-                    const std::string& path, absl::string_view why) {
-  const json value = j.contains(key) ? j[key] : fallback;
-  if (value == want) return absl::OkStatus();
-  return ConfigError(path, absl::StrCat("'", key, "' is ", value.dump(), "; pipetrain needs ",
-                                        want.dump(), " (", why, ")"));
 }
 
 // The numerics the config sets, each as pipetrain computes them.
 absl::Status CheckNumerics(const json& j, const std::string& path) {
   const std::string act = j.value("activation_function", std::string("gelu_new"));
   if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
-    return ConfigError(path, absl::StrCat("'activation_function' is '", act,
-                                          "'; pipetrain's GELU is the tanh approximation "
-                                          "(gelu_new, gelu_pytorch_tanh)"));
+    return HfConfigError(path, absl::StrCat("'activation_function' is '", act,
+                                            "'; pipetrain's GELU is the tanh approximation "
+                                            "(gelu_new, gelu_pytorch_tanh)"));
   }
   const json eps = j.contains("layer_norm_epsilon") ? j["layer_norm_epsilon"] : json(1e-5);
   if (!eps.is_number() || static_cast<float>(eps.get<double>()) != kLayerNormEps) {
-    return ConfigError(path, absl::StrCat("'layer_norm_epsilon' is ", eps.dump(),
-                                          "; pipetrain's transformer blocks use 1e-05"));
+    return HfConfigError(path, absl::StrCat("'layer_norm_epsilon' is ", eps.dump(),
+                                            "; pipetrain's transformer blocks use 1e-05"));
   }
-  PT_RETURN_IF_ERROR(Expect(j, "scale_attn_weights", true, true, path,
-                            "attention scores are scaled by 1/sqrt(head dim)"));
-  PT_RETURN_IF_ERROR(Expect(j, "scale_attn_by_inverse_layer_idx", false, false, path,
-                            "no per-layer attention scaling"));
-  const json tie = j.contains("tie_word_embeddings") ? j["tie_word_embeddings"] : json(true);
-  if (!tie.is_boolean()) return ConfigError(path, "'tie_word_embeddings' is not a boolean");
-  return absl::OkStatus();
+  PT_RETURN_IF_ERROR(HfExpect(j, "scale_attn_weights", true, true, path,
+                              "attention scores are scaled by 1/sqrt(head dim)"));
+  PT_RETURN_IF_ERROR(HfExpect(j, "scale_attn_by_inverse_layer_idx", false, false, path,
+                              "no per-layer attention scaling"));
+  return HfCheckTieFlag(j, path);
 }
 
 absl::StatusOr<HfConfig> ParseConfig(absl::string_view text, const std::string& path) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return ConfigError(path, "not a JSON object");
-  PT_RETURN_IF_ERROR(Expect(j, "model_type", nullptr, "gpt2", path, "a GPT-2"));
+  if (j.is_discarded() || !j.is_object()) return HfConfigError(path, "not a JSON object");
+  PT_RETURN_IF_ERROR(HfExpect(j, "model_type", nullptr, "gpt2", path, "a GPT-2"));
   PT_RETURN_IF_ERROR(CheckNumerics(j, path));
-  PT_ASSIGN_OR_RETURN(const int64_t vocab, PositiveInt(j, "vocab_size", path));
-  PT_ASSIGN_OR_RETURN(const int64_t positions, PositiveInt(j, "n_positions", path));
-  PT_ASSIGN_OR_RETURN(const int64_t embd, PositiveInt(j, "n_embd", path));
-  PT_ASSIGN_OR_RETURN(const int64_t layers, PositiveInt(j, "n_layer", path));
-  PT_ASSIGN_OR_RETURN(const int64_t heads, PositiveInt(j, "n_head", path));
-  PT_ASSIGN_OR_RETURN(const int64_t inner, PositiveInt(j, "n_inner", path, 4 * embd));
+  PT_ASSIGN_OR_RETURN(const int64_t vocab, HfPositiveInt(j, "vocab_size", path));
+  PT_ASSIGN_OR_RETURN(const int64_t positions, HfPositiveInt(j, "n_positions", path));
+  PT_ASSIGN_OR_RETURN(const int64_t embd, HfPositiveInt(j, "n_embd", path));
+  PT_ASSIGN_OR_RETURN(const int64_t layers, HfPositiveInt(j, "n_layer", path));
+  PT_ASSIGN_OR_RETURN(const int64_t heads, HfPositiveInt(j, "n_head", path));
+  PT_ASSIGN_OR_RETURN(const int64_t inner, HfPositiveInt(j, "n_inner", path, 4 * embd));
   if (inner % embd != 0) {
-    return ConfigError(path, absl::StrCat("'n_inner' ", inner, " is not a multiple of 'n_embd' ",
-                                          embd, " (pipetrain's MLP width is mlp_ratio x dim)"));
+    return HfConfigError(path, absl::StrCat("'n_inner' ", inner, " is not a multiple of 'n_embd' ",
+                                            embd, " (pipetrain's MLP width is mlp_ratio x dim)"));
   }
   HfConfig c;
   c.spec.set_name("gpt2");

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/hf_config.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -206,31 +207,8 @@ absl::StatusOr<std::string> Config(const Model& model) {
   j["mlp_bias"] = false;
   j["attention_dropout"] = 0.0;  // pipetrain has no dropout
   j["pretraining_tp"] = 1;
-  // A tied model's lm_head is the embedding's table (no lm_head.weight in the export); an untied
-  // one's is a layer of its own.
-  j["tie_word_embeddings"] = model.tie().has_value();
-  j["initializer_range"] = 0.02;
-  // LlamaConfig's defaults (1, 2) would name characters of a character vocabulary.
-  j["bos_token_id"] = nullptr;
-  j["eos_token_id"] = nullptr;
-  j["torch_dtype"] = "float32";
-  j["use_cache"] = true;
+  SetHfCommonKeys(model, &j);
   return j.dump(2) + "\n";
-}
-
-absl::Status ConfigError(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-// Field `key` of `j`, a positive integer. `fallback` (when >= 0) if the key is missing or null.
-absl::StatusOr<int64_t> PositiveInt(const json& j, const char* key, const std::string& path,
-                                    int64_t fallback = -1) {
-  auto it = j.find(key);
-  if ((it == j.end() || it->is_null()) && fallback >= 0) return fallback;
-  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
-    return ConfigError(path, absl::StrCat("'", key, "' missing or not a positive integer"));
-  }
-  return it->get<int64_t>();
 }
 
 // Field `key` of `j`, a number > `above`; `fallback` if missing.
@@ -239,53 +217,43 @@ absl::StatusOr<double> NumberAbove(const json& j, const char* key, double above,
   auto it = j.find(key);
   if (it == j.end()) return fallback;
   if (!it->is_number() || !(it->get<double>() > above)) {
-    return ConfigError(path, absl::StrCat("'", key, "' is ", it->dump(),
-                                          "; pipetrain needs a number above ", above));
+    return HfConfigError(path, absl::StrCat("'", key, "' is ", it->dump(),
+                                            "; pipetrain needs a number above ", above));
   }
   return it->get<double>();
 }
 
-// OK if `key` is missing (LlamaConfig's default `fallback`) or equals `want`.
-absl::Status Expect(const json& j, const char* key, const json& fallback, const json& want,
-                    const std::string& path, absl::string_view why) {
-  const json value = j.contains(key) ? j[key] : fallback;
-  if (value == want) return absl::OkStatus();
-  return ConfigError(path, absl::StrCat("'", key, "' is ", value.dump(), "; pipetrain needs ",
-                                        want.dump(), " (", why, ")"));
-}
-
 // The settings pipetrain computes one way only.
 absl::Status CheckNumerics(const json& j, const std::string& path) {
-  PT_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu", "silu", path, "SwiGLU's gate is SiLU"));
-  PT_RETURN_IF_ERROR(Expect(j, "attention_bias", false, false, path, "no biases"));
-  PT_RETURN_IF_ERROR(Expect(j, "mlp_bias", false, false, path, "no biases"));
+  PT_RETURN_IF_ERROR(HfExpect(j, "hidden_act", "silu", "silu", path, "SwiGLU's gate is SiLU"));
+  PT_RETURN_IF_ERROR(HfExpect(j, "attention_bias", false, false, path, "no biases"));
+  PT_RETURN_IF_ERROR(HfExpect(j, "mlp_bias", false, false, path, "no biases"));
   PT_RETURN_IF_ERROR(
-      Expect(j, "rope_scaling", nullptr, nullptr, path, "rotary embeddings without scaling"));
-  const json tie = j.contains("tie_word_embeddings") ? j["tie_word_embeddings"] : json(false);
-  if (!tie.is_boolean()) return ConfigError(path, "'tie_word_embeddings' is not a boolean");
-  return absl::OkStatus();
+      HfExpect(j, "rope_scaling", nullptr, nullptr, path, "rotary embeddings without scaling"));
+  return HfCheckTieFlag(j, path);
 }
 
 // Reads the sizes and settings of a LlamaConfig (LlamaConfig's defaults where it allows one).
 absl::StatusOr<LlamaShape> ParseShape(const json& j, const std::string& path) {
   LlamaShape s;
-  PT_ASSIGN_OR_RETURN(s.vocab, PositiveInt(j, "vocab_size", path));
-  PT_ASSIGN_OR_RETURN(s.positions, PositiveInt(j, "max_position_embeddings", path));
-  PT_ASSIGN_OR_RETURN(s.hidden, PositiveInt(j, "hidden_size", path));
-  PT_ASSIGN_OR_RETURN(s.intermediate, PositiveInt(j, "intermediate_size", path));
-  PT_ASSIGN_OR_RETURN(s.layers, PositiveInt(j, "num_hidden_layers", path));
-  PT_ASSIGN_OR_RETURN(s.heads, PositiveInt(j, "num_attention_heads", path));
-  PT_ASSIGN_OR_RETURN(s.kv_heads, PositiveInt(j, "num_key_value_heads", path, s.heads));
+  PT_ASSIGN_OR_RETURN(s.vocab, HfPositiveInt(j, "vocab_size", path));
+  PT_ASSIGN_OR_RETURN(s.positions, HfPositiveInt(j, "max_position_embeddings", path));
+  PT_ASSIGN_OR_RETURN(s.hidden, HfPositiveInt(j, "hidden_size", path));
+  PT_ASSIGN_OR_RETURN(s.intermediate, HfPositiveInt(j, "intermediate_size", path));
+  PT_ASSIGN_OR_RETURN(s.layers, HfPositiveInt(j, "num_hidden_layers", path));
+  PT_ASSIGN_OR_RETURN(s.heads, HfPositiveInt(j, "num_attention_heads", path));
+  PT_ASSIGN_OR_RETURN(s.kv_heads, HfPositiveInt(j, "num_key_value_heads", path, s.heads));
   if (s.hidden % s.heads != 0 || s.heads % s.kv_heads != 0) {
-    return ConfigError(
+    return HfConfigError(
         path, absl::StrCat("'num_attention_heads' ", s.heads, " must divide 'hidden_size' ",
                            s.hidden, " and be a multiple of 'num_key_value_heads' ", s.kv_heads));
   }
-  PT_ASSIGN_OR_RETURN(const int64_t head_dim, PositiveInt(j, "head_dim", path, s.hidden / s.heads));
+  PT_ASSIGN_OR_RETURN(const int64_t head_dim,
+                      HfPositiveInt(j, "head_dim", path, s.hidden / s.heads));
   if (head_dim != s.hidden / s.heads) {
-    return ConfigError(path, absl::StrCat("'head_dim' ", head_dim, " is not 'hidden_size' / ",
-                                          "'num_attention_heads' = ", s.hidden / s.heads,
-                                          " (pipetrain's head width)"));
+    return HfConfigError(path, absl::StrCat("'head_dim' ", head_dim, " is not 'hidden_size' / ",
+                                            "'num_attention_heads' = ", s.hidden / s.heads,
+                                            " (pipetrain's head width)"));
   }
   PT_ASSIGN_OR_RETURN(const double eps, NumberAbove(j, "rms_norm_eps", 0, 1e-6, path));
   s.eps = static_cast<float>(eps);
@@ -295,8 +263,8 @@ absl::StatusOr<LlamaShape> ParseShape(const json& j, const std::string& path) {
 
 absl::StatusOr<HfConfig> ParseConfig(absl::string_view text, const std::string& path) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return ConfigError(path, "not a JSON object");
-  PT_RETURN_IF_ERROR(Expect(j, "model_type", nullptr, "llama", path, "a LLaMA"));
+  if (j.is_discarded() || !j.is_object()) return HfConfigError(path, "not a JSON object");
+  PT_RETURN_IF_ERROR(HfExpect(j, "model_type", nullptr, "llama", path, "a LLaMA"));
   PT_RETURN_IF_ERROR(CheckNumerics(j, path));
   PT_ASSIGN_OR_RETURN(const LlamaShape s, ParseShape(j, path));
   HfConfig c;

@@ -278,6 +278,125 @@ absl::Status InputMismatch(const v1::ModelSpec& spec, const DataShape& data) {
   return absl::InvalidArgumentError(message);
 }
 
+using LayerOrStatus = absl::StatusOr<std::unique_ptr<math::Layer>>;
+
+LayerOrStatus BuildLinear(int64_t i, const v1::LayerSpec& ls, int64_t features,
+                          const math::Kernels& kernels) {
+  const v1::LinearSpec& s = ls.linear();
+  const int64_t in = s.in_features() == 0 ? features : s.in_features();
+  if (in != features) {
+    return LayerError(i, ls,
+                      absl::StrCat("in_features ", in, " != ", features, " (", Origin(i), ")"));
+  }
+  PT_RETURN_IF_ERROR(CheckDim(i, ls, "out_features", s.out_features()));
+  return kernels.MakeLinear(in, s.out_features(), !s.no_bias());
+}
+
+LayerOrStatus BuildLayerNorm(int64_t i, const v1::LayerSpec& ls, int64_t features,
+                             const math::Kernels& kernels) {
+  const v1::LayerNormSpec& s = ls.layer_norm();
+  if (s.features() != 0 && s.features() != features) {
+    return LayerError(
+        i, ls, absl::StrCat("features ", s.features(), " != ", features, " (", Origin(i), ")"));
+  }
+  if (!(s.eps() >= 0)) return LayerError(i, ls, absl::StrCat("eps ", s.eps(), " must be >= 0"));
+  return kernels.MakeLayerNorm(features, s.eps() == 0 ? 1e-5f : s.eps());
+}
+
+// An embedding; sets *context to its context (a model has one embedding at most).
+LayerOrStatus BuildEmbedding(int64_t i, const v1::LayerSpec& ls, int64_t features, int64_t* context,
+                             const math::Kernels& kernels) {
+  const v1::EmbeddingSpec& s = ls.embedding();
+  if (features != 1) {
+    return LayerError(i, ls,
+                      absl::StrCat("takes one token id per row, but its input has ", features,
+                                   " features (", Origin(i), ")"));
+  }
+  if (*context != 0) return LayerError(i, ls, "a model may have only one embedding");
+  PT_RETURN_IF_ERROR(CheckDim(i, ls, "vocab_size", s.vocab_size()));
+  PT_RETURN_IF_ERROR(CheckDim(i, ls, "dim", s.dim()));
+  PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", s.context()));
+  if (!v1::EmbeddingSpec::Positions_IsValid(s.positions())) {
+    return LayerError(i, ls,
+                      absl::StrCat("positions ", s.positions(), " is not LEARNED (0) or NONE (1)"));
+  }
+  *context = s.context();
+  return kernels.MakeEmbedding(s.vocab_size(), s.dim(), s.context(),
+                               s.positions() == v1::EmbeddingSpec::LEARNED);
+}
+
+// A GPT block; its context is the embedding's (*context) or its own, which becomes *context.
+LayerOrStatus BuildTransformerBlock(int64_t i, const v1::LayerSpec& ls, int64_t features,
+                                    int64_t* context, const ModelLimits& limits,
+                                    const math::Kernels& kernels) {
+  const v1::TransformerBlockSpec& s = ls.transformer_block();
+  const int64_t dim = s.dim() == 0 ? features : s.dim();
+  if (dim != features) {
+    return LayerError(i, ls, absl::StrCat("dim ", dim, " != ", features, " (", Origin(i), ")"));
+  }
+  PT_RETURN_IF_ERROR(CheckDim(i, ls, "heads", s.heads()));
+  if (dim % s.heads() != 0) {
+    return LayerError(i, ls, absl::StrCat("heads ", s.heads(), " must divide dim ", dim));
+  }
+  PT_ASSIGN_OR_RETURN(const int64_t ctx, ResolveContext(i, ls, s.context(), *context));
+  const int64_t ratio = s.mlp_ratio() == 0 ? 4 : s.mlp_ratio();
+  if (ratio < 0 || ratio > 64) {
+    return LayerError(i, ls, absl::StrCat("mlp_ratio ", ratio, " must be in [1, 64]"));
+  }
+  PT_RETURN_IF_ERROR(CheckAttentionScores(i, ls, s.heads(), ctx, limits));
+  *context = ctx;
+  return kernels.MakeTransformerBlock(dim, s.heads(), ctx, ratio);
+}
+
+// Layer `i` of a model whose layers before it output `features` per row; *context is the
+// tokens per sample set so far (0: none), updated by an embedding or a block.
+LayerOrStatus BuildLayer(int64_t i, const v1::LayerSpec& ls, int64_t features, int64_t* context,
+                         const ModelLimits& limits, const math::Kernels& kernels) {
+  switch (ls.kind_case()) {
+    case v1::LayerSpec::kLinear:
+      return BuildLinear(i, ls, features, kernels);
+    case v1::LayerSpec::kRelu:
+      return kernels.MakeRelu(features);
+    case v1::LayerSpec::kGelu:
+      return kernels.MakeGelu(features);
+    case v1::LayerSpec::kLayerNorm:
+      return BuildLayerNorm(i, ls, features, kernels);
+    case v1::LayerSpec::kEmbedding:
+      return BuildEmbedding(i, ls, features, context, kernels);
+    case v1::LayerSpec::kTransformerBlock:
+      return BuildTransformerBlock(i, ls, features, context, limits, kernels);
+    case v1::LayerSpec::kRmsNorm:
+      return BuildRmsNorm(i, ls, features, kernels);
+    case v1::LayerSpec::kLlamaBlock:
+      return BuildLlamaBlock(i, ls, features, context, limits, kernels);
+    case v1::LayerSpec::KIND_NOT_SET:
+      break;
+  }
+  return LayerError(i, ls,
+                    "no layer kind set (expected one of linear, relu, gelu, layer_norm, rms_norm, "
+                    "embedding, transformer_block, llama_block)");
+}
+
+// The loss of a model whose last layer outputs `features` per row.
+absl::StatusOr<std::unique_ptr<math::Loss>> BuildLoss(const v1::ModelSpec& spec, int64_t features,
+                                                      const math::Kernels& kernels) {
+  switch (spec.loss().kind_case()) {
+    case v1::LossSpec::kSoftmaxCrossEntropy:
+      if (features < 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "softmax_cross_entropy needs at least 2 classes, but the last layer outputs ",
+            features));
+      }
+      return kernels.MakeSoftmaxCrossEntropy();
+    case v1::LossSpec::kMse:
+      return kernels.MakeMse();
+    case v1::LossSpec::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "model has no loss (set loss { softmax_cross_entropy {} } or loss { mse {} })");
+}
+
 }  // namespace
 
 std::string LayerKindName(const v1::LayerSpec& spec) {
@@ -397,109 +516,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
   int64_t context = 0;  // set by an embedding; 0 until then.
   for (int64_t i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& ls = spec.layers(i);
-    std::unique_ptr<math::Layer> layer;
-    switch (ls.kind_case()) {
-      case v1::LayerSpec::kLinear: {
-        const v1::LinearSpec& s = ls.linear();
-        const int64_t in = s.in_features() == 0 ? features : s.in_features();
-        if (in != features) {
-          return LayerError(
-              i, ls, absl::StrCat("in_features ", in, " != ", features, " (", Origin(i), ")"));
-        }
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "out_features", s.out_features()));
-        layer = kernels.MakeLinear(in, s.out_features(), !s.no_bias());
-        break;
-      }
-      case v1::LayerSpec::kRelu:
-        layer = kernels.MakeRelu(features);
-        break;
-      case v1::LayerSpec::kGelu:
-        layer = kernels.MakeGelu(features);
-        break;
-      case v1::LayerSpec::kLayerNorm: {
-        const v1::LayerNormSpec& s = ls.layer_norm();
-        if (s.features() != 0 && s.features() != features) {
-          return LayerError(
-              i, ls,
-              absl::StrCat("features ", s.features(), " != ", features, " (", Origin(i), ")"));
-        }
-        if (!(s.eps() >= 0))
-          return LayerError(i, ls, absl::StrCat("eps ", s.eps(), " must be >= 0"));
-        layer = kernels.MakeLayerNorm(features, s.eps() == 0 ? 1e-5f : s.eps());
-        break;
-      }
-      case v1::LayerSpec::kEmbedding: {
-        const v1::EmbeddingSpec& s = ls.embedding();
-        if (features != 1) {
-          return LayerError(i, ls,
-                            absl::StrCat("takes one token id per row, but its input has ", features,
-                                         " features (", Origin(i), ")"));
-        }
-        if (context != 0) return LayerError(i, ls, "a model may have only one embedding");
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "vocab_size", s.vocab_size()));
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "dim", s.dim()));
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", s.context()));
-        context = s.context();
-        if (!v1::EmbeddingSpec::Positions_IsValid(s.positions())) {
-          return LayerError(
-              i, ls, absl::StrCat("positions ", s.positions(), " is not LEARNED (0) or NONE (1)"));
-        }
-        layer = kernels.MakeEmbedding(s.vocab_size(), s.dim(), s.context(),
-                                      s.positions() == v1::EmbeddingSpec::LEARNED);
-        break;
-      }
-      case v1::LayerSpec::kTransformerBlock: {
-        const v1::TransformerBlockSpec& s = ls.transformer_block();
-        const int64_t dim = s.dim() == 0 ? features : s.dim();
-        if (dim != features) {
-          return LayerError(i, ls,
-                            absl::StrCat("dim ", dim, " != ", features, " (", Origin(i), ")"));
-        }
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "heads", s.heads()));
-        if (dim % s.heads() != 0) {
-          return LayerError(i, ls, absl::StrCat("heads ", s.heads(), " must divide dim ", dim));
-        }
-        const int64_t ctx = s.context() == 0 ? context : s.context();
-        if (ctx == 0) {
-          return LayerError(i, ls, "needs a context: set context or put an embedding before it");
-        }
-        if (context != 0 && ctx != context) {
-          return LayerError(i, ls,
-                            absl::StrCat("context ", ctx, " != embedding context ", context));
-        }
-        PT_RETURN_IF_ERROR(CheckDim(i, ls, "context", ctx));
-        context = ctx;
-        const int64_t ratio = s.mlp_ratio() == 0 ? 4 : s.mlp_ratio();
-        if (ratio < 0 || ratio > 64) {
-          return LayerError(i, ls, absl::StrCat("mlp_ratio ", ratio, " must be in [1, 64]"));
-        }
-        // The attention scores of one sample (heads x context^2 floats) are the only activation
-        // that grows faster than linearly; check them before anything multiplies them further.
-        const std::optional<int64_t> attention =
-            util::CheckedProduct({s.heads(), ctx, ctx, static_cast<int64_t>(sizeof(float))});
-        if (!attention.has_value() || *attention > limits.max_activation_bytes) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "layer ", i, " (transformer_block): the attention scores of one sample (heads ",
-              s.heads(), " x context ", ctx, "^2 floats) take ", util::CheckedToString(attention),
-              " bytes, more than the limit of ", limits.max_activation_bytes,
-              " bytes (ModelLimits::max_activation_bytes)"));
-        }
-        layer = kernels.MakeTransformerBlock(dim, s.heads(), ctx, ratio);
-        break;
-      }
-      case v1::LayerSpec::kRmsNorm: {
-        PT_ASSIGN_OR_RETURN(layer, BuildRmsNorm(i, ls, features, kernels));
-        break;
-      }
-      case v1::LayerSpec::kLlamaBlock: {
-        PT_ASSIGN_OR_RETURN(layer, BuildLlamaBlock(i, ls, features, &context, limits, kernels));
-        break;
-      }
-      case v1::LayerSpec::KIND_NOT_SET:
-        return LayerError(i, ls,
-                          "no layer kind set (expected one of linear, relu, gelu, "
-                          "layer_norm, rms_norm, embedding, transformer_block, llama_block)");
-    }
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<math::Layer> layer,
+                        BuildLayer(i, ls, features, &context, limits, kernels));
     PT_RETURN_IF_ERROR(CheckLayerParameters(i, ls, *layer, limits));
     features = layer->out_features();
     model->layers_.push_back(std::move(layer));
@@ -509,23 +527,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const v1::ModelSpec& spec,
   PT_ASSIGN_OR_RETURN(
       model->sample_activation_bytes_,
       CheckSampleActivations(model->layers_, features, model->tokens_per_sample_, limits));
-
-  switch (spec.loss().kind_case()) {
-    case v1::LossSpec::kSoftmaxCrossEntropy:
-      if (features < 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "softmax_cross_entropy needs at least 2 classes, but the last layer outputs ",
-            features));
-      }
-      model->loss_ = kernels.MakeSoftmaxCrossEntropy();
-      break;
-    case v1::LossSpec::kMse:
-      model->loss_ = kernels.MakeMse();
-      break;
-    case v1::LossSpec::KIND_NOT_SET:
-      return absl::InvalidArgumentError(
-          "model has no loss (set loss { softmax_cross_entropy {} } or loss { mse {} })");
-  }
+  PT_ASSIGN_OR_RETURN(model->loss_, BuildLoss(spec, features, kernels));
   return model;
 }
 

@@ -33,9 +33,18 @@ for dir in "$src"/deploy/kubernetes/overlays/*/; do
   name=$(basename "$dir")
   kubectl kustomize "$dir" >"$tmp/$name.yaml" || { echo "kubernetes_test: FAIL: kustomize $name"; exit 1; }
   node "$validator/validate.mjs" "$name" <"$tmp/$name.yaml" || { echo "kubernetes_test: FAIL: $name"; exit 1; }
+  # The client Job's pipeline (stages x replicas) must fit on the overlay's workers.
+  workers=$(awk '/^kind: StatefulSet/{s=1} /^---/{s=0} s && /^  name: pipetrain-worker$/{w=1}
+    s && w && /^  replicas:/{print $2; exit}' "$tmp/$name.yaml")
+  stages=$(grep -oE -- '--stages=[0-9]+' "$tmp/$name.yaml" | tail -1 | cut -d= -f2)
+  replicas=$(grep -oE -- '--replicas=[0-9]+' "$tmp/$name.yaml" | tail -1 | cut -d= -f2)
+  if [[ -z $workers || -z $stages ]] || ((stages * ${replicas:-1} > workers)); then
+    echo "kubernetes_test: FAIL: $name: a job of ${stages:-?} stages x ${replicas:-1} replicas on ${workers:-?} workers"
+    exit 1
+  fi
   overlays=$((overlays + 1))
 done
-[[ $overlays -ge 2 ]] || { echo "kubernetes_test: FAIL: expected the dev and prod overlays"; exit 1; }
+[[ $overlays -ge 3 ]] || { echo "kubernetes_test: FAIL: expected the dev, prod and replicas overlays"; exit 1; }
 
 # The validator must refuse a schema violation and a container without a readiness probe.
 sed 's/^  replicas: 2$/  replicas: "two"/' "$tmp/dev.yaml" >"$tmp/bad-schema.yaml"
