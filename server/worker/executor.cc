@@ -202,30 +202,9 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   ApplyPendingUpdate();
   report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
   DiscardInFlight();
-  // The step's gradients are added in the canonical tree order of its step_m micro-batches
-  // (model::GradTree), the reference trainer's; this replica's share is a node of it.
-  PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(step_m));
-  grad_share_lo_ = int64_t{options_.replica} * m;
-  const model::MicrobatchRange share{grad_share_lo_, grad_share_lo_ + m};
-  for (OwnedChunk& c : chunks_) {
-    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree, share));
-    c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
-  }
-  step_microbatches_ = m;
-  weight_grads_done_.assign(chunks_.size(), 0);
-  chunk_norms_.assign(chunks_.size(), {});
-  if (reducer_ != nullptr) reducer_->Start(step);
+  PT_RETURN_IF_ERROR(StartGradients(step, m));
   absl::Status status = RunStepImpl(step, actions, batch_rows, step_m, t0, &report);
-  if (reducer_ != nullptr) {
-    if (!status.ok()) {
-      // The step is lost: end the reductions still waiting for a peer, then drain them.
-      reducer_->Cancel();
-      reducer_->Finish().IgnoreError();
-    } else {
-      status = ApplyReplicaSums(step, &report);
-    }
-  }
-  if (status.ok()) status = ExchangeTiedGradients(step);
+  status = FinishGradients(step, status, &report);
   if (!status.ok()) {
     phase_ = Phase::kFailed;
     return status;
@@ -250,6 +229,38 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   report.wall_time = absl::FromChrono(Clock::now() - t0);
   phase_ = Phase::kAwaitingCommit;
   return report;
+}
+
+absl::Status StepExecutor::StartGradients(int64_t step, int m) {
+  // The step's gradients are added in the canonical tree order of its m x replicas micro-batches
+  // (model::GradTree), the reference trainer's; this replica's share is a node of it.
+  PT_ASSIGN_OR_RETURN(const model::GradTree tree,
+                      model::GradTree::Create(int64_t{m} * options_.replicas));
+  grad_share_lo_ = int64_t{options_.replica} * m;
+  const model::MicrobatchRange share{grad_share_lo_, grad_share_lo_ + m};
+  for (OwnedChunk& c : chunks_) {
+    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree, share));
+    c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+  }
+  step_microbatches_ = m;
+  weight_grads_done_.assign(chunks_.size(), 0);
+  chunk_norms_.assign(chunks_.size(), {});
+  if (reducer_ != nullptr) reducer_->Start(step);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::FinishGradients(int64_t step, absl::Status status, StepReport* report) {
+  if (reducer_ != nullptr) {
+    if (!status.ok()) {
+      // The step is lost: end the reductions still waiting for a peer, then drain them.
+      reducer_->Cancel();
+      reducer_->Finish().IgnoreError();
+      return status;
+    }
+    PT_RETURN_IF_ERROR(ApplyReplicaSums(step, report));
+  }
+  if (!status.ok()) return status;
+  return ExchangeTiedGradients(step);
 }
 
 absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& actions,

@@ -298,6 +298,12 @@ class StepExecutor {
   StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
                Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
 
+  // Sets every stage's gradient tree (the step's m x replicas micro-batches, this replica's share
+  // of m) and zeroes the gradients; starts the step's reduction over the replicas.
+  absl::Status StartGradients(int64_t step, int m);
+  // After the actions ran with `status`: the sums over the replicas (or, on error, the
+  // reduction cancelled and drained), then the tied exchange. Returns the step's status.
+  absl::Status FinishGradients(int64_t step, absl::Status status, StepReport* report);
   // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
   absl::Status RunStepImpl(int64_t step, const std::vector<schedule::Action>& actions,
                            int64_t batch_rows, int64_t microbatches, Clock::time_point t0,
