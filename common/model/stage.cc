@@ -401,6 +401,41 @@ absl::StatusOr<double> Stage::SetTiedGrad(TieEnd end, const math::Tensor& sum) {
   return LayerGradNormSq(k);
 }
 
+int64_t Stage::NumGradFloats() const {
+  int64_t n = 0;
+  for (const std::vector<math::Tensor>& layer : grads_) {
+    for (const math::Tensor& g : layer) n += static_cast<int64_t>(g.data.size());
+  }
+  return n;
+}
+
+void Stage::CopyGradsTo(std::vector<float>* flat) {
+  FinishGradsForRead(nullptr);
+  flat->resize(static_cast<size_t>(NumGradFloats()));
+  float* out = flat->data();
+  for (const std::vector<math::Tensor>& layer : grads_) {
+    for (const math::Tensor& g : layer) out = std::copy(g.data.begin(), g.data.end(), out);
+  }
+}
+
+absl::Status Stage::SetGradsFrom(absl::Span<const float> flat) {
+  if (static_cast<int64_t>(flat.size()) != NumGradFloats()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradients of layers [", first_, ", ", last_,
+                                                   "): ", flat.size(), " floats given, ",
+                                                   NumGradFloats(), " expected"));
+  }
+  FinishGradsForRead(nullptr);
+  const float* in = flat.data();
+  for (std::vector<math::Tensor>& layer : grads_) {
+    for (math::Tensor& g : layer) {
+      std::copy(in, in + g.data.size(), g.data.begin());
+      in += g.data.size();
+    }
+  }
+  grads_zero_ = false;
+  return absl::OkStatus();
+}
+
 void Stage::CombineTiedGrads() {
   const int64_t e = TiedLocalLayer(TieEnd::kEmbedding);
   const int64_t h = TiedLocalLayer(TieEnd::kHead);

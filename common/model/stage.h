@@ -153,6 +153,19 @@ class Stage {
   // BackwardWeight, before GradNormSqPerLayer and ApplyOptimizer.
   void CombineTiedGrads();
 
+  // Data-parallel replicas (server/worker/replica_reducer.h): the step's gradients as one flat
+  // vector -- every layer's parameters in order, each tensor's elements in order (a tied head's
+  // copy of the table included) -- to be reduced over the replicas and put back.
+  // The floats of that vector.
+  int64_t NumGradFloats() const;
+  // Copies the gradients, as grads() reads them (deferred W added first), into *flat, resized to
+  // NumGradFloats().
+  void CopyGradsTo(std::vector<float>* flat);
+  // Replaces the gradients by `flat` (CopyGradsTo's layout), after the step's last W and before
+  // anything reads them. INVALID_ARGUMENT (nothing changed) if `flat` does not hold
+  // NumGradFloats() floats.
+  absl::Status SetGradsFrom(absl::Span<const float> flat);
+
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
   // forward and input-gradient products, about twice their size once used).
   int64_t ParamCacheBytes() const;

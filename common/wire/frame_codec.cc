@@ -50,7 +50,7 @@ void AppendVarint(uint64_t value, std::string* out) {
 
 bool ValidKind(int kind) {
   return kind >= static_cast<int>(TensorKind::kActivation) &&
-         kind <= static_cast<int>(TensorKind::kTiedGradient);
+         kind <= static_cast<int>(TensorKind::kReplicaGradient);
 }
 
 absl::Status CheckKey(const TensorKey& key) {
@@ -295,7 +295,17 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
                                                       " outside the accepted range [", v.min_step,
                                                       ", ", v.max_step, "]"));
   }
-  if (h.microbatch() < 0 || h.microbatch() >= v.num_microbatches) {
+  if (kind == TensorKind::kReplicaGradient) {
+    // The micro-batch field of a replica's message is segment * replica_rounds + round.
+    if (v.replica_rounds < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a replica_gradient on a stream of a job without replicas"));
+    }
+    if (h.microbatch() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": negative segment and round ", h.microbatch()));
+    }
+  } else if (h.microbatch() < 0 || h.microbatch() >= v.num_microbatches) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": micro-batch ", h.microbatch(),
                                                    " outside [0, ", v.num_microbatches, ")"));
   }
@@ -320,6 +330,8 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
       break;
     case TensorKind::kTiedGradient:  // for the embedding's or the head's owner.
       chunk_fits_kind = h.chunk() == 0 || h.chunk() == last_chunk;
+      break;
+    case TensorKind::kReplicaGradient:  // any chunk; the receiver checks that it holds it.
       break;
   }
   if (!chunk_fits_kind) {
@@ -387,6 +399,10 @@ absl::Status FrameValidation::Check() const {
     return absl::InvalidArgumentError(absl::StrCat("frame validation: ", num_microbatches,
                                                    " micro-batches and ", num_chunks,
                                                    " chunks, need >= 1 each"));
+  }
+  if (replica_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame validation: ", replica_rounds, " replica rounds, need >= 0"));
   }
   if (min_step < 0 || max_step < min_step) {
     return absl::InvalidArgumentError(

@@ -40,7 +40,8 @@ inline constexpr int64_t kMaxFrameMessageBytes = kMaxFragmentBytes + kMaxHeaderB
 constexpr uint32_t KindBit(TensorKind kind) { return uint32_t{1} << static_cast<int>(kind); }
 inline constexpr uint32_t kAllKinds =
     KindBit(TensorKind::kActivation) | KindBit(TensorKind::kGradient) |
-    KindBit(TensorKind::kInput) | KindBit(TensorKind::kTarget) | KindBit(TensorKind::kTiedGradient);
+    KindBit(TensorKind::kInput) | KindBit(TensorKind::kTarget) |
+    KindBit(TensorKind::kTiedGradient) | KindBit(TensorKind::kReplicaGradient);
 
 // The (job, generation) a stream carries; every frame on it names both.
 struct StreamIdentity {
@@ -64,6 +65,10 @@ struct FrameValidation {
   int64_t max_dim = int64_t{1} << 24;  // limit on rows and on cols.
   int64_t max_tensor_bytes = int64_t{512} << 20;   // limit on a whole tensor.
   int64_t max_fragment_bytes = kMaxFragmentBytes;  // limit on one frame's payload.
+  // Rounds of the job's replica reduction (2 log2(replicas); 0 with one replica, which refuses
+  // every replica_gradient frame). Such a frame's micro-batch field is segment * replica_rounds +
+  // round (tensor_key.h), any value >= 0.
+  int32_t replica_rounds = 0;
 
   // OK if the limits are usable (M >= 1, chunks >= 1, limits > 0, step range non-empty);
   // INVALID_ARGUMENT otherwise.

@@ -8,6 +8,11 @@
 //   kTarget,     last chunk: the micro-batch's targets (sent by the coordinator).
 //   kTiedGradient, chunk 0 or the last chunk (micro-batch 0): the other end's part of a tied
 //                embedding table's gradient, for the owner of `chunk` (model/tied_embedding.h).
+//   kReplicaGradient, chunk c: a data-parallel replica's message in the reduction of chunk c's
+//                weight gradients (server/worker/replica_reducer.h), for the worker holding
+//                chunk c in the round's partner replica. The micro-batch field is
+//                segment * 2 log2(replicas) + round: the round of AllReduceSum
+//                (server/worker/gradient_exchange.h) on one segment of the chunk's gradients.
 #ifndef PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 #define PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 
@@ -26,6 +31,7 @@ enum class TensorKind : uint8_t {
   kInput = 3,
   kTarget = 4,
   kTiedGradient = 5,
+  kReplicaGradient = 6,
 };
 
 inline const char* TensorKindName(TensorKind kind) {
@@ -40,6 +46,8 @@ inline const char* TensorKindName(TensorKind kind) {
       return "target";
     case TensorKind::kTiedGradient:
       return "tied_gradient";
+    case TensorKind::kReplicaGradient:
+      return "replica_gradient";
   }
   return "unknown";
 }

@@ -31,7 +31,7 @@ void KeepForever(std::shared_ptr<grpc::Channel> channel) {
 bool ValidKey(const wire::TensorKey& key) {
   const int kind = static_cast<int>(key.kind);
   return kind >= static_cast<int>(wire::TensorKind::kActivation) &&
-         kind <= static_cast<int>(wire::TensorKind::kTiedGradient) && key.step >= 0 &&
+         kind <= static_cast<int>(wire::TensorKind::kReplicaGradient) && key.step >= 0 &&
          key.microbatch >= 0 && key.chunk >= 0;
 }
 

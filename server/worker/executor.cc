@@ -89,6 +89,13 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
     return absl::InvalidArgumentError(absl::StrCat("input timeout must be positive, got ",
                                                    absl::FormatDuration(options.input_timeout)));
   }
+  if (options.replicas < 1 || AllReduceRounds(options.replicas) < 0 || options.replica < 0 ||
+      options.replica >= options.replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica ", options.replica, " of ", options.replicas,
+                     ": the replica count must be a power of two >= 1, the replica in [0, ",
+                     options.replicas, ")"));
+  }
   if (num_chunks < 1 || num_chunks > model->num_layers()) {
     return absl::InvalidArgumentError(absl::StrCat("num_chunks ", num_chunks, " is not in [1, ",
                                                    model->num_layers(), "] (the model's layers)"));
@@ -131,8 +138,14 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
           ")) are not in layer order with room for the ", between, " chunks between them"));
     }
   }
-  return std::unique_ptr<StepExecutor>(
+  std::unique_ptr<StepExecutor> executor(
       new StepExecutor(model, std::move(chunks), num_chunks, mailbox, sender, options));
+  if (options.replicas > 1) {
+    PT_ASSIGN_OR_RETURN(executor->reducer_,
+                        ReplicaReducer::Create(options.replica, options.replicas, sender, mailbox,
+                                               options.input_timeout));
+  }
+  return executor;
 }
 
 StepExecutor::StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks,
@@ -172,10 +185,14 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_);
   if (!microbatches.ok()) return WithContext(microbatches.status(), absl::StrCat("step ", step));
   const int m = *microbatches;
-  if (batch_rows < 1 || batch_rows % m != 0 || (batch_rows / m) % model_->tokens_per_sample()) {
+  // The step's micro-batches: this replica's m, times the replicas.
+  const int64_t step_m = int64_t{m} * options_.replicas;
+  if (batch_rows < 1 || batch_rows % step_m != 0 ||
+      (batch_rows / step_m) % model_->tokens_per_sample()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step, ": batch of ", batch_rows, " rows does not split into ", m,
-        " micro-batches of whole samples (", model_->tokens_per_sample(), " rows per sample)"));
+        "step ", step, ": batch of ", batch_rows, " rows does not split into ", step_m,
+        " micro-batches (", m, " per replica x ", options_.replicas,
+        " replicas) of whole samples (", model_->tokens_per_sample(), " rows per sample)"));
   }
   StepReport report;
   report.step = step;
@@ -185,18 +202,9 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   ApplyPendingUpdate();
   report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
   DiscardInFlight();
-  // The step's gradients are added in the canonical tree order of its m micro-batches
-  // (model::GradTree), the reference trainer's.
-  PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(m));
-  for (OwnedChunk& c : chunks_) {
-    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree));
-    c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
-  }
-  step_microbatches_ = m;
-  weight_grads_done_.assign(chunks_.size(), 0);
-  chunk_norms_.assign(chunks_.size(), {});
-  absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
-  if (status.ok()) status = ExchangeTiedGradients(step);
+  PT_RETURN_IF_ERROR(StartGradients(step, m));
+  absl::Status status = RunStepImpl(step, actions, batch_rows, step_m, t0, &report);
+  status = FinishGradients(step, status, &report);
   if (!status.ok()) {
     phase_ = Phase::kFailed;
     return status;
@@ -223,9 +231,41 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   return report;
 }
 
+absl::Status StepExecutor::StartGradients(int64_t step, int m) {
+  // The step's gradients are added in the canonical tree order of its m x replicas micro-batches
+  // (model::GradTree), the reference trainer's; this replica's share is a node of it.
+  PT_ASSIGN_OR_RETURN(const model::GradTree tree,
+                      model::GradTree::Create(int64_t{m} * options_.replicas));
+  grad_share_lo_ = int64_t{options_.replica} * m;
+  const model::MicrobatchRange share{grad_share_lo_, grad_share_lo_ + m};
+  for (OwnedChunk& c : chunks_) {
+    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree, share));
+    c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+  }
+  step_microbatches_ = m;
+  weight_grads_done_.assign(chunks_.size(), 0);
+  chunk_norms_.assign(chunks_.size(), {});
+  if (reducer_ != nullptr) reducer_->Start(step);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::FinishGradients(int64_t step, absl::Status status, StepReport* report) {
+  if (reducer_ != nullptr) {
+    if (!status.ok()) {
+      // The step is lost: end the reductions still waiting for a peer, then drain them.
+      reducer_->Cancel();
+      reducer_->Finish().IgnoreError();
+      return status;
+    }
+    PT_RETURN_IF_ERROR(ApplyReplicaSums(step, report));
+  }
+  if (!status.ok()) return status;
+  return ExchangeTiedGradients(step);
+}
+
 absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& actions,
-                                       int64_t batch_rows, int microbatches, Clock::time_point t0,
-                                       StepReport* report) {
+                                       int64_t batch_rows, int64_t microbatches,
+                                       Clock::time_point t0, StepReport* report) {
   const int64_t mb_rows = batch_rows / microbatches;
   const double loss_scale = 1.0 / static_cast<double>(batch_rows);
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -486,6 +526,20 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   if (f == nullptr || !f->input_grad_done) {
     return absl::FailedPreconditionError("no input gradient state for this micro-batch and chunk");
   }
+  model::Stage& stage = chunks_[local].stage;
+  const int64_t microbatch = grad_share_lo_ + a.mb;  // the step's number.
+  if (reducer_ != nullptr) {
+    // Replicas: a chunk's gradients are final after its last W; its reduction starts at once
+    // and runs beside the actions that follow. Norms are taken after the reduction.
+    PT_RETURN_IF_ERROR(stage.BackwardWeightAt(microbatch, &f->state, nullptr));
+    ReleaseInFlight(a.mb, local);
+    if (++weight_grads_done_[local] == step_microbatches_) {
+      std::vector<float> flat;
+      stage.CopyGradsTo(&flat);  // adds the chunk's deferred W first.
+      reducer_->Submit(chunks_[local].chunk, std::move(flat));
+    }
+    return absl::OkStatus();
+  }
   // The stages may defer weight gradients (model::Stage::BackwardWeight). A chunk whose W are
   // done while another chunk of this worker still has W to run keeps its deferred ones until
   // the worker's last W, so that adding them does not delay its later actions on the step's
@@ -494,8 +548,8 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   bool all_done = true;
   for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;
   auto norms = [&](size_t chunk) { return take_norms_ ? &chunk_norms_[chunk] : nullptr; };
-  model::Stage& stage = chunks_[local].stage;
-  PT_RETURN_IF_ERROR(stage.BackwardWeightAt(a.mb, &f->state, all_done ? norms(local) : nullptr));
+  PT_RETURN_IF_ERROR(
+      stage.BackwardWeightAt(microbatch, &f->state, all_done ? norms(local) : nullptr));
   if (all_done) {
     // Every deferred weight gradient is added now, in this action, with or without norms: the
     // step's gradients are complete when it reports done.
@@ -507,6 +561,26 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
     }
   }
   ReleaseInFlight(a.mb, local);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::ApplyReplicaSums(int64_t step, StepReport* report) {
+  absl::StatusOr<std::map<int, std::vector<float>>> sums = reducer_->Finish();
+  const ReplicaReduceStats stats = reducer_->stats();
+  report->replica_bytes_sent = stats.bytes_sent;
+  report->replica_reduce_time = stats.busy;
+  if (!sums.ok()) return sums.status();
+  for (size_t local = 0; local < chunks_.size(); ++local) {
+    model::Stage& stage = chunks_[local].stage;
+    auto it = sums->find(chunks_[local].chunk);
+    if (it == sums->end()) {
+      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunks_[local].chunk,
+                                              " has no sum over the replicas"));
+    }
+    PT_RETURN_IF_ERROR(stage.SetGradsFrom(it->second));
+    // The sum's norms, bit for bit what the reference's whole-batch gradients give.
+    if (take_norms_) chunk_norms_[local] = stage.GradNormSqPerLayer();
+  }
   return absl::OkStatus();
 }
 

@@ -34,6 +34,7 @@
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
 #include "server/worker/mailbox.h"
+#include "server/worker/replica_reducer.h"
 
 namespace pipetrain::worker {
 
@@ -56,6 +57,13 @@ struct ExecutorOptions {
   // DEADLINE_EXCEEDED naming the action and the key. Infinite by default: a lost peer is
   // normally detected by its broken stream, which aborts the mailbox.
   absl::Duration input_timeout = absl::InfiniteDuration();
+  // Data-parallel replicas (Assign.replicas): this worker holds its chunks in replica `replica`
+  // of `replicas` (a power of two >= 1). A step's actions then cover the replica's M
+  // micro-batches, the step's [replica M, (replica + 1) M) of M x replicas; RunStep's batch_rows
+  // are the whole step's, and after the last W every chunk's gradients are summed over the
+  // replicas (ReplicaReducer) before the tied exchange and the norms. Defaults: one replica.
+  int replica = 0;
+  int replicas = 1;
 };
 
 // One model chunk held by this worker: its global chunk index and the Stage over its layers.
@@ -110,6 +118,11 @@ struct StepReport {
   int64_t peak_in_flight = 0;  // most (micro-batch, chunk) states held at once.
   // Most bytes those states, and the stages' deferred weight gradients, held at once.
   int64_t peak_stashed_bytes = 0;
+  // With replicas (ExecutorOptions::replicas > 1): the payload bytes this worker sent in the
+  // reduction of the gradients over the replicas, and the time from the first chunk's reduction
+  // start to the last one's end (overlapping the actions that ran meanwhile).
+  int64_t replica_bytes_sent = 0;
+  absl::Duration replica_reduce_time;
 };
 
 // What a worker reports after a forward-only pass (StepExecutor::RunForward).
@@ -160,8 +173,9 @@ class StepExecutor {
   // in any order, their Stages built over `model`; `num_chunks` is the number of chunks of the
   // whole model (S*V). INVALID_ARGUMENT if there is no chunk, the input timeout is not positive, a
   // chunk index is out of [0, num_chunks) or repeated, chunk 0 does not start at layer 0, the last
-  // chunk does not end at the model's last layer, chunks are not in layer order, or two consecutive
-  // chunks held here leave a gap.
+  // chunk does not end at the model's last layer, chunks are not in layer order, two consecutive
+  // chunks held here leave a gap, or the replica count is not a power of two >= 1 or the replica
+  // outside [0, replicas).
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(const model::Model* model,
                                                               std::vector<OwnedChunk> chunks,
                                                               int num_chunks, Mailbox* mailbox,
@@ -172,9 +186,11 @@ class StepExecutor {
   StepExecutor& operator=(const StepExecutor&) = delete;
 
   // Runs `actions` for step `step` strictly in order, after zeroing the gradients. `batch_rows`
-  // is the row count of the whole batch (samples * rows per sample) and fixes the loss scale
-  // 1/batch_rows and the micro-batch shape batch_rows / M, where M is the number of micro-batches
-  // the actions cover.
+  // is the row count of the whole batch (samples * rows per sample; with replicas the whole
+  // step's, over every replica) and fixes the loss scale 1/batch_rows and the micro-batch shape
+  // batch_rows / (M x replicas), where M is the number of micro-batches the actions cover. W of
+  // the replica's micro-batch i adds the step's micro-batch replica M + i in the gradient tree of
+  // the step's M x replicas micro-batches (model::GradTree).
   //
   // Before any compute the action list is checked on its own: every chunk held here, every
   // micro-batch in [0, M) with one F and either one B or one I and one W per chunk, F before
@@ -187,7 +203,12 @@ class StepExecutor {
   // parts itself; a worker holding one of them sends its part to the other's owner
   // (kTiedGradient for that chunk, micro-batch 0) and takes the peer's (SumWithPeer: the
   // embedding's part first), so that both copies get the same gradient and the reported norms
-  // count it once (at the embedding's layer). Received tensors are shape-checked
+  // count it once (at the embedding's layer). With replicas, each chunk's gradients are first
+  // summed over the replicas (ReplicaReducer, started as soon as the chunk's last W ran, awaited
+  // before the step ends): the tied exchange then adds the replicas' sums of the two parts, as
+  // the reference adds its two whole-batch parts, and the norms are those of the sums; a
+  // reduction's error (a lost replica peer: the link's status) fails the step. Received tensors
+  // are shape-checked
   // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
   // error message names the action and its position.
   absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
@@ -277,9 +298,15 @@ class StepExecutor {
   StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
                Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
 
+  // Sets every stage's gradient tree (the step's m x replicas micro-batches, this replica's share
+  // of m) and zeroes the gradients; starts the step's reduction over the replicas.
+  absl::Status StartGradients(int64_t step, int m);
+  // After the actions ran with `status`: the sums over the replicas (or, on error, the
+  // reduction cancelled and drained), then the tied exchange. Returns the step's status.
+  absl::Status FinishGradients(int64_t step, absl::Status status, StepReport* report);
   // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
   absl::Status RunStepImpl(int64_t step, const std::vector<schedule::Action>& actions,
-                           int64_t batch_rows, int microbatches, Clock::time_point t0,
+                           int64_t batch_rows, int64_t microbatches, Clock::time_point t0,
                            StepReport* report);
   absl::Status Forward(int64_t step, const schedule::Action& a, int local, int64_t mb_rows,
                        double loss_scale, StepReport* report, Clock::time_point* ready);
@@ -292,6 +319,9 @@ class StepExecutor {
   absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);
+  // With replicas, after the step's last action: waits for the chunks' sums over the replicas,
+  // puts them into the stages and takes the chunks' norms.
+  absl::Status ApplyReplicaSums(int64_t step, StepReport* report);
   // After the step's last W: gives every tied-table copy held here the tied gradient (see
   // RunStep) and updates the copies' layers in chunk_norms_.
   absl::Status ExchangeTiedGradients(int64_t step);
@@ -317,6 +347,8 @@ class StepExecutor {
   Sender* const sender_;
   const ExecutorOptions options_;
   std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
+  // The reduction over the replicas (null with one replica); its thread calls sender_.
+  std::unique_ptr<ReplicaReducer> reducer_;
 
   std::vector<OwnedChunk> chunks_;  // increasing chunk index.
   Phase phase_ = Phase::kIdle;
@@ -327,6 +359,7 @@ class StepExecutor {
   // This step: micro-batches, W (or B) actions done per local chunk, and each local chunk's
   // per-layer gradient norms, taken by its last W.
   int step_microbatches_ = 0;
+  int64_t grad_share_lo_ = 0;  // the step's number of this replica's micro-batch 0.
   std::vector<int> weight_grads_done_;
   std::vector<std::vector<double>> chunk_norms_;
   // Whether steps take the gradient norms (the chunks' optimizer clips); constant.

@@ -120,4 +120,18 @@ absl::Status AllReduceSum(ExchangeTransport* transport, int me, int peers,
   return absl::OkStatus();
 }
 
+int AllReduceRounds(int peers) {
+  if (peers < 1 || (peers & (peers - 1)) != 0) return -1;
+  int rounds = 0;
+  while ((1 << rounds) < peers) ++rounds;
+  return 2 * rounds;
+}
+
+int AllReducePartner(int me, int peers, int round) {
+  const int rounds = AllReduceRounds(peers);
+  if (rounds < 0 || me < 0 || me >= peers || round < 0 || round >= rounds) return -1;
+  const int half = rounds / 2;
+  return me ^ (1 << (round < half ? round : rounds - 1 - round));
+}
+
 }  // namespace pipetrain::worker

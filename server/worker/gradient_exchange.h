@@ -65,6 +65,15 @@ using AllReduceKeyFn = std::function<wire::TensorKey(int from, int to, int round
 absl::Status AllReduceSum(ExchangeTransport* transport, int me, int peers,
                           const AllReduceKeyFn& key, math::Tensor* data);
 
+// The rounds of AllReduceSum over `peers` peers: 2 log2(peers) (0 for one peer), or -1 if
+// `peers` is not a power of two >= 1.
+int AllReduceRounds(int peers);
+
+// The peer `me` exchanges messages with in round `round` of AllReduceSum over `peers` peers:
+// me XOR 2^round in the halving, me XOR 2^(2 log2(peers) - 1 - round) in the doubling; -1 if the
+// arguments are outside their ranges. A receiver checks with it who may send a round's message.
+int AllReducePartner(int me, int peers, int round);
+
 }  // namespace pipetrain::worker
 
 #endif  // PIPETRAIN_SERVER_WORKER_GRADIENT_EXCHANGE_H_

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/optimizer_proto.h"
 #include "common/util/status_macros.h"
@@ -46,6 +47,50 @@ absl::Status CheckShape(const v1::Assign& a, int threads_max) {
     return AssignError(a, absl::StrCat(a.chunks_size(),
                                        " chunks, expected stages * virtual_stages = ", num_chunks));
   }
+  return absl::OkStatus();
+}
+
+// Whether `address` is "host:port" with a non-empty host and a port in [1, 65535].
+bool IsHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  return absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), &port) && port >= 1 &&
+         port <= 65535 && address.find_first_of(" \t\n") == std::string::npos;
+}
+
+// Checks Assign.replica, replicas and replica_addresses into *plan (INVALID_ARGUMENT,
+// AssignError naming the field).
+absl::Status CheckReplicas(const v1::Assign& a, JobPlan* plan) {
+  const int replicas = a.replicas() == 0 ? 1 : a.replicas();
+  if (replicas < 1 || (replicas & (replicas - 1)) != 0) {
+    return AssignError(
+        a, absl::StrCat("replicas ", a.replicas(), " is not a power of two >= 1 (0 means 1)"));
+  }
+  if (a.replica() < 0 || a.replica() >= replicas) {
+    return AssignError(
+        a, absl::StrCat("replica ", a.replica(), " is outside [0, ", replicas, ") (replicas)"));
+  }
+  if (replicas == 1 && a.replica_addresses_size() == 0) return absl::OkStatus();
+  if (a.replica_addresses_size() != replicas) {
+    return AssignError(a, absl::StrCat(a.replica_addresses_size(), " replica_addresses for ",
+                                       replicas, " replicas"));
+  }
+  for (int q = 0; q < replicas; ++q) {
+    if (!IsHostPort(a.replica_addresses(q))) {
+      return AssignError(a, absl::StrCat("replica_addresses[", q, "] '", a.replica_addresses(q),
+                                         "' is not host:port"));
+    }
+  }
+  if (a.replica_addresses(a.replica()) != a.worker_addresses(a.rank())) {
+    return AssignError(
+        a, absl::StrCat("replica_addresses[", a.replica(), "] '", a.replica_addresses(a.replica()),
+                        "' is not this worker's own address worker_addresses[", a.rank(), "] '",
+                        a.worker_addresses(a.rank()), "'"));
+  }
+  plan->replica = a.replica();
+  plan->replicas = replicas;
+  plan->replica_addresses.assign(a.replica_addresses().begin(), a.replica_addresses().end());
   return absl::OkStatus();
 }
 
@@ -129,8 +174,9 @@ absl::Status AssignError(const v1::Assign& assign, absl::string_view what) {
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& a, int threads_max,
                                 const std::optional<math::Isa>& max_isa) {
   PT_RETURN_IF_ERROR(CheckShape(a, threads_max));
-  PT_ASSIGN_OR_RETURN(const math::Isa isa, JobIsa(a, max_isa));
   JobPlan plan;
+  PT_RETURN_IF_ERROR(CheckReplicas(a, &plan));
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, JobIsa(a, max_isa));
   plan.num_chunks = a.stages() * a.virtual_stages();
   absl::StatusOr<std::unique_ptr<model::Model>> model =
       model::Model::Build(a.model(), model::ModelLimits(), isa);

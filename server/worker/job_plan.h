@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,14 +26,22 @@ struct JobPlan {
   std::vector<schedule::Action> actions;  // this rank's, in order; never empty.
   std::unique_ptr<model::Model> model;    // built at the job's instruction-set level.
   math::OptimizerConfig optimizer;
+  // Data-parallel replicas (Assign.replica, replicas, replica_addresses): this worker is replica
+  // `replica` of `replicas` (>= 1, a power of two); replica_addresses[q] is the worker holding
+  // this rank in replica q (empty with one replica when the Assign names none).
+  int replica = 0;
+  int replicas = 1;
+  std::vector<std::string> replica_addresses;
 };
 
 // Checks `assign` for this worker and parses it. `threads_max` (>= 1) bounds Assign.threads;
 // `max_isa` is the highest level this worker runs jobs at (none: any this CPU runs).
 // INVALID_ARGUMENT (AssignError) naming the field, checked in this order: job id, generation,
-// stages, rank, link_secret, threads, worker addresses, chunk count, isa, model, chunk tiling,
-// actions, optimizer; FAILED_PRECONDITION for an instruction set this worker cannot run.
-// Thread-safe.
+// stages, rank, link_secret, threads, worker addresses, chunk count, replicas (replicas 0 means 1;
+// a power of two; replica in [0, replicas); replica_addresses: one "host:port" per replica, the
+// entry of this replica being this worker's own worker_addresses[rank]; none at all is accepted
+// with one replica), isa, model, chunk tiling, actions, optimizer; FAILED_PRECONDITION for an
+// instruction set this worker cannot run. Thread-safe.
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& assign, int threads_max,
                                 const std::optional<math::Isa>& max_isa);
 

@@ -139,12 +139,19 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
   job->num_chunks_ = plan.num_chunks;
   job->microbatches_ = a.microbatches();
   job->owner_ = std::move(plan.owner);
+  job->replica_ = plan.replica;
+  job->replicas_ = plan.replicas;
+  job->replica_addresses_ = std::move(plan.replica_addresses);
   job->actions_ = std::move(plan.actions);
   job->model_ = std::move(plan.model);
   PT_ASSIGN_OR_RETURN(std::vector<OwnedChunk> chunks, job->BuildChunks(plan.optimizer));
   if (a.restore()) PT_RETURN_IF_ERROR(RestoreChunks(a, host, &chunks));
-  absl::StatusOr<std::unique_ptr<StepExecutor>> executor = StepExecutor::Create(
-      job->model_.get(), std::move(chunks), job->num_chunks_, &job->mailbox_, job.get());
+  ExecutorOptions executor_options;
+  executor_options.replica = job->replica_;
+  executor_options.replicas = job->replicas_;
+  absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
+      StepExecutor::Create(job->model_.get(), std::move(chunks), job->num_chunks_, &job->mailbox_,
+                           job.get(), executor_options);
   if (!executor.ok()) return AssignError(a, executor.status().message());
   job->executor_ = *std::move(executor);
   job->Launch();
@@ -178,7 +185,15 @@ absl::StatusOr<std::vector<OwnedChunk>> WorkerJob::BuildChunks(
   }
   if (chunks.empty()) return AssignError(a, absl::StrCat("rank ", rank_, " holds no chunk"));
   AddTiePeer();
+  AddReplicaPeers();
   return chunks;
+}
+
+void WorkerJob::AddReplicaPeers() {
+  for (int bit = 1; bit < replicas_; bit <<= 1) {
+    const int q = replica_ ^ bit;
+    (q > replica_ ? higher_peers_ : lower_peers_).push_back(ReplicaPeer(q));
+  }
 }
 
 void WorkerJob::AddTiePeer() {
@@ -230,7 +245,8 @@ void WorkerJob::OnRunStep(const v1::RunStep& run) {
       absl::MutexLock lock(&links_mu_);
       broken = broken_;
     }
-    if (pacer_ != nullptr) pacer_->BeginStep(step, rows);
+    // The pacer paces this replica's micro-batches: rows / replicas of them.
+    if (pacer_ != nullptr) pacer_->BeginStep(step, rows / replicas_);
     absl::StatusOr<StepReport> report =
         broken.ok() ? executor_->RunStep(step, actions_, rows) : absl::StatusOr<StepReport>(broken);
     if (report.ok()) FlushPeerLinks(run_index);

@@ -47,6 +47,10 @@ class WorkerMetrics;
 
 namespace pipetrain::worker {
 
+// The name a data-parallel replica's worker gives itself, and its peers, on the Exchange streams
+// of the gradient reduction over the replicas: "replica/<q>" (PeerHello.peer, StepDone.links).
+inline constexpr char kReplicaPeerPrefix[] = "replica/";
+
 // What a WorkerJob needs from the daemon that runs it. Every method is thread-safe and never
 // blocks on the network.
 class JobHost {
@@ -118,7 +122,9 @@ class WorkerJob final : public Sender {
   void Stop(absl::string_view why);
 
   // An Exchange stream opened to this worker for this job (gRPC threads): from the coordinator
-  // (inputs/targets) or a lower-rank neighbour. ABORTED for another job or generation,
+  // (inputs/targets), a lower-rank neighbour, or the worker of this rank in a lower replica that
+  // the reduction over the replicas pairs with this one (AllReducePartner). ABORTED for another
+  // job or generation, UNAUTHENTICATED without the generation's link secret,
   // FAILED_PRECONDITION for a peer that has no business here.
   absl::StatusOr<link::LinkSettings> Accept(const link::PeerHello& hello,
                                             std::unique_ptr<link::PeerLink> link);
@@ -170,8 +176,20 @@ class WorkerJob final : public Sender {
   // gradient exchange, server/worker/gradient_exchange.h): adds it to higher_peers_ or
   // lower_peers_.
   void AddTiePeer();
+  // With replicas: the workers of this rank in the replicas the reduction pairs this one with
+  // (replica XOR 2^k), as peers ReplicaPeer(q) in higher_peers_ (q > replica: dialled) or
+  // lower_peers_ (accepted).
+  void AddReplicaPeers();
+  // Peer ids: a stage peer is its rank, replica q's worker of this rank is stages + q.
+  int ReplicaPeer(int q) const { return assign_.stages() + q; }
+  bool IsReplicaPeer(int peer) const { return peer >= assign_.stages(); }
+  // "coordinator" (peer < 0), "stage/<rank>" or "replica/<q>".
+  std::string PeerName(int peer) const;
+  // The peer id named by a PeerHello's `peer` ("stage/<rank>", "replica/<q>"), -1 if neither.
+  int ParsePeer(absl::string_view name) const;
   // The kinds a stream with stage peer `peer_rank` carries: activations and gradients, and the
-  // tied gradient when a tied embedding's ends are on this rank and that peer.
+  // tied gradient when a tied embedding's ends are on this rank and that peer; with a replica
+  // peer, replica gradients only.
   uint32_t StageLinkKinds(int peer_rank) const;
   // Configures the pacer (if any), makes a PeerSlot per neighbour, sets the job's Eigen threads
   // and starts the compute thread.
@@ -236,8 +254,11 @@ class WorkerJob final : public Sender {
   int rank_ = 0;
   int num_chunks_ = 0;
   int microbatches_ = 0;
-  std::vector<int> owner_;  // [chunk] -> rank.
-  std::vector<int> higher_peers_, lower_peers_;
+  int replica_ = 0;  // this worker's replica, of replicas_ (Assign.replica, replicas).
+  int replicas_ = 1;
+  std::vector<std::string> replica_addresses_;   // [q]: this rank's worker in replica q.
+  std::vector<int> owner_;                       // [chunk] -> rank.
+  std::vector<int> higher_peers_, lower_peers_;  // peer ids (PeerName), dialled / accepted.
   std::vector<schedule::Action> actions_;
   std::unique_ptr<model::Model> model_;
   std::vector<model::CheckpointShard> shards_;  // this worker's layer files.

@@ -11,6 +11,7 @@
 #include "common/util/cpu_set.h"
 #include "common/util/status_macros.h"
 #include "common/wire/grpc_status.h"
+#include "server/worker/gradient_exchange.h"
 #include "server/worker/worker_job.h"
 
 namespace pipetrain::worker {
@@ -28,10 +29,10 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   settings.validation.expected = wire::StreamIdentity{job_, generation_};
   settings.validation.num_microbatches = microbatches_;
   settings.validation.num_chunks = num_chunks_;
+  settings.validation.replica_rounds = std::max(0, AllReduceRounds(replicas_));
   settings.validation.allowed_kinds = kinds;
   settings.validation.max_tensor_bytes = options_.max_tensor_bytes;
-  const std::string peer =
-      peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank);
+  const std::string peer = PeerName(peer_rank);
   settings.callbacks.on_tensor = [this, peer_rank](const TensorKey& key, math::Matrix tensor) {
     return Deliver(peer_rank, key, std::move(tensor));
   };
@@ -44,7 +45,25 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   return settings;
 }
 
+std::string WorkerJob::PeerName(int peer) const {
+  if (peer < 0) return std::string(kCoordinatorPeer);
+  if (IsReplicaPeer(peer)) return absl::StrCat(kReplicaPeerPrefix, peer - assign_.stages());
+  return absl::StrCat(kStagePeerPrefix, peer);
+}
+
+int WorkerJob::ParsePeer(absl::string_view name) const {
+  int n = -1;
+  if (absl::ConsumePrefix(&name, kStagePeerPrefix)) {
+    return absl::SimpleAtoi(name, &n) && n >= 0 && n < assign_.stages() ? n : -1;
+  }
+  if (absl::ConsumePrefix(&name, kReplicaPeerPrefix)) {
+    return absl::SimpleAtoi(name, &n) && n >= 0 && n < replicas_ ? ReplicaPeer(n) : -1;
+  }
+  return -1;
+}
+
 uint32_t WorkerJob::StageLinkKinds(int peer_rank) const {
+  if (IsReplicaPeer(peer_rank)) return wire::KindBit(TensorKind::kReplicaGradient);
   uint32_t kinds = wire::KindBit(TensorKind::kActivation) | wire::KindBit(TensorKind::kGradient);
   const int embedding = owner_[0];
   const int head = owner_[num_chunks_ - 1];
@@ -59,7 +78,14 @@ absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matri
   // The frame decoder checked job, generation, ranges and kinds; here: does the tensor belong here,
   // from this peer?
   bool ok = key.chunk >= 0 && key.chunk < num_chunks_ && owner_[key.chunk] == rank_;
-  if (ok && key.kind == TensorKind::kTiedGradient) {
+  if (ok && key.kind == TensorKind::kReplicaGradient) {
+    // A round's message comes from that round's partner replica only (AllReducePartner).
+    const int rounds = AllReduceRounds(replicas_);
+    ok = rounds > 0 && peer_rank >= 0 && IsReplicaPeer(peer_rank) &&
+         ReplicaPeer(AllReducePartner(replica_, replicas_, key.microbatch % rounds)) == peer_rank;
+  } else if (ok && peer_rank >= 0 && IsReplicaPeer(peer_rank)) {
+    ok = false;  // a replica peer sends nothing else.
+  } else if (ok && key.kind == TensorKind::kTiedGradient) {
     // The other end's part: for chunk 0 from the last chunk's owner and the other way round.
     const int from = key.chunk == 0 ? num_chunks_ - 1 : 0;
     ok = peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
@@ -70,9 +96,9 @@ absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matri
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank_, " received ", key.ToString(), " from ",
-        peer_rank < 0 ? std::string(kCoordinatorPeer) : absl::StrCat(kStagePeerPrefix, peer_rank),
-        ", which is not routed to it by the chunk placement"));
+        "rank ", rank_, " (replica ", replica_, ") received ", key.ToString(), " from ",
+        PeerName(peer_rank),
+        ", which is not routed to it by the chunk placement or the replica reduction"));
   }
   absl::Status put = mailbox_.Put(key, std::move(tensor));
   // While the mailbox is aborted (a failed or aborted step) late tensors are dropped quietly.
@@ -104,13 +130,12 @@ void WorkerJob::LinkFailed(const std::string& peer, const absl::Status& status) 
 
 std::string WorkerJob::PeerAddress(const std::string& peer) const {
   if (peer == kCoordinatorPeer) return host_->coordinator_address();
-  int rank = -1;
-  absl::string_view rest = peer;
-  if (absl::ConsumePrefix(&rest, kStagePeerPrefix) && absl::SimpleAtoi(rest, &rank) && rank >= 0 &&
-      rank < assign_.worker_addresses_size()) {
-    return assign_.worker_addresses(rank);
-  }
-  return "an unknown address";
+  const int id = ParsePeer(peer);
+  if (id < 0) return "an unknown address";
+  if (!IsReplicaPeer(id)) return assign_.worker_addresses(id);
+  const int q = id - assign_.stages();
+  return q < static_cast<int>(replica_addresses_.size()) ? replica_addresses_[q]
+                                                         : "an unknown address";
 }
 
 absl::StatusOr<LinkSettings> WorkerJob::Accept(const PeerHello& hello,
@@ -189,15 +214,15 @@ absl::Status WorkerJob::AddCoordinatorLinkLocked(std::unique_ptr<PeerLink>* link
 
 absl::StatusOr<LinkSettings> WorkerJob::AcceptNeighbour(const PeerHello& hello,
                                                         std::unique_ptr<PeerLink> link) {
-  int peer_rank = -1;
-  absl::string_view name = hello.peer;
-  if (!absl::ConsumePrefix(&name, kStagePeerPrefix) || !absl::SimpleAtoi(name, &peer_rank) ||
+  const int peer_rank = ParsePeer(hello.peer);
+  if (peer_rank < 0 ||
       std::find(lower_peers_.begin(), lower_peers_.end(), peer_rank) == lower_peers_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank_,
-                     " accepts Exchange streams only from 'coordinator' and lower-rank "
-                     "neighbours (or a tied embedding's other end), not from '",
-                     hello.peer, "'"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, " (replica ", replica_, " of ", replicas_,
+        ") accepts Exchange streams only from 'coordinator', lower-rank neighbours (or a tied "
+        "embedding's other end) and the lower replicas the gradient reduction pairs it with, "
+        "not from '",
+        hello.peer, "'"));
   }
   LinkSettings settings = SettingsFor(StageLinkKinds(peer_rank), peer_rank);
   std::vector<std::pair<TensorKey, std::shared_ptr<const math::Matrix>>> pending;
@@ -227,22 +252,23 @@ void WorkerJob::DialPeers() {
           ? options_.link_connections
           : link::AutoLinkConnections(util::UsableCpuCount(), assign_.threads());
   for (int p : higher_peers_) {
-    const std::string& address = assign_.worker_addresses(p);
+    const std::string address = PeerAddress(PeerName(p));
+    const std::string self = IsReplicaPeer(p) ? absl::StrCat(kReplicaPeerPrefix, replica_)
+                                              : absl::StrCat(kStagePeerPrefix, rank_);
     LinkSettings settings = SettingsFor(StageLinkKinds(p), p);
     if (connections > 1) {
-      host_->Log(absl::StrCat("link to stage/", p, " (", address, "): ", connections,
+      host_->Log(absl::StrCat("link to ", PeerName(p), " (", address, "): ", connections,
                               " connections, tensors of at least ", options_.link.stripe_min_bytes,
                               " bytes split over them"),
                  logging::LogLevel::kInfo);
     }
     absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
         link::CreateExchangeChannels(address, connections, options_.link_credentials),
-        absl::StrCat(kStagePeerPrefix, p, " (", address, ")"),
-        PeerHello{absl::StrCat(kStagePeerPrefix, rank_), wire::StreamIdentity{job_, generation_},
-                  assign_.link_secret()},
+        absl::StrCat(PeerName(p), " (", address, ")"),
+        PeerHello{self, wire::StreamIdentity{job_, generation_}, assign_.link_secret()},
         options_.link, std::move(settings));
     if (!link.ok()) {
-      LinkFailed(absl::StrCat(kStagePeerPrefix, p), link.status());
+      LinkFailed(PeerName(p), link.status());
       continue;
     }
     absl::MutexLock lock(&links_mu_);
@@ -252,15 +278,22 @@ void WorkerJob::DialPeers() {
 }
 
 void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
-  if (pacer_ != nullptr) pacer_->BeforeSend(key);
-  const int owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
-  if (owner == rank_) {
+  int owner = -1;
+  if (key.kind == TensorKind::kReplicaGradient) {
+    // From the replica reduction's thread: to the round's partner replica (not paced).
+    const int rounds = AllReduceRounds(replicas_);
+    const int q = rounds > 0 ? AllReducePartner(replica_, replicas_, key.microbatch % rounds) : -1;
+    owner = q >= 0 ? ReplicaPeer(q) : -1;
+  } else {
+    if (pacer_ != nullptr) pacer_->BeforeSend(key);
+    owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
+  }
+  if (owner == rank_ && key.kind != TensorKind::kReplicaGradient) {
     absl::Status put = mailbox_.Put(key, std::move(tensor));
     if (!put.ok() && mailbox_.status().ok()) mailbox_.Abort(put);
     return;
   }
-  link_spans_.SendQueued(absl::StrCat(kStagePeerPrefix, owner), key,
-                         static_cast<int64_t>(tensor.size()) * sizeof(float),
+  link_spans_.SendQueued(PeerName(owner), key, static_cast<int64_t>(tensor.size()) * sizeof(float),
                          LinkSpanLog::Clock::now());
   auto shared = std::make_shared<const math::Matrix>(std::move(tensor));
   PeerLink* link = nullptr;

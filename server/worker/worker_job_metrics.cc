@@ -41,7 +41,7 @@ void WorkerJob::RecordLinkMetrics(bool forget) {
     if (forget) m->ForgetLink(l);
   };
   for (const auto& [rank, slot] : peers_) {
-    if (slot.link != nullptr) record(slot.link.get(), absl::StrCat(link::kStagePeerPrefix, rank));
+    if (slot.link != nullptr) record(slot.link.get(), PeerName(rank));
   }
   for (const auto& l : coordinator_links_) record(l.get(), link::kCoordinatorPeer);
 }

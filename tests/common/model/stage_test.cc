@@ -151,6 +151,44 @@ TEST(StageTest, TheLastWeightGradientGivesTheNormsOfGradNormSqPerLayer) {
   }
 }
 
+// The flat gradients (a data-parallel replica's reduction): CopyGradsTo lays out every layer's
+// parameters in order, SetGradsFrom puts such a vector back (the norms are then those of the new
+// values), and a vector of another length is INVALID_ARGUMENT and changes nothing.
+TEST(StageTest, FlatGradientsRoundTripInLayerAndParameterOrder) {
+  auto model = BuildOrDie(kGptSpec);
+  ASSERT_NE(model, nullptr);
+  auto stage = Stage::Create(model.get(), 0, model->num_layers(), 3, math::OptimizerConfig{});
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  RunStep(*model, &*stage, 1);
+  std::vector<float> flat;
+  stage->CopyGradsTo(&flat);
+  ASSERT_EQ(static_cast<int64_t>(flat.size()), stage->NumGradFloats());
+  std::vector<float> want;
+  for (int64_t l = 0; l < model->num_layers(); ++l) {
+    for (const math::Tensor& g : stage->grads(l))
+      want.insert(want.end(), g.data.begin(), g.data.end());
+  }
+  ASSERT_EQ(flat.size(), want.size());
+  EXPECT_EQ(std::memcmp(flat.data(), want.data(), sizeof(float) * flat.size()), 0);
+
+  std::vector<float> doubled(flat);
+  for (float& v : doubled) v *= 2.0f;  // exact: a power of two.
+  ASSERT_TRUE(stage->SetGradsFrom(doubled).ok());
+  std::vector<float> back;
+  stage->CopyGradsTo(&back);
+  EXPECT_EQ(std::memcmp(back.data(), doubled.data(), sizeof(float) * back.size()), 0);
+  const std::vector<double> norms = stage->GradNormSqPerLayer();
+
+  doubled.pop_back();
+  const absl::Status wrong = stage->SetGradsFrom(doubled);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
+  EXPECT_THAT(std::string(wrong.message()), ::testing::HasSubstr("floats given"));
+  stage->CopyGradsTo(&back);
+  doubled.push_back(2.0f * flat.back());
+  EXPECT_EQ(std::memcmp(back.data(), doubled.data(), sizeof(float) * back.size()), 0);
+  EXPECT_EQ(stage->GradNormSqPerLayer(), norms);
+}
+
 // ApplyOptimizer leaves every gradient zero (the worker's next RunStep relies on it instead of
 // clearing them again), and ZeroGrads still clears gradients that a discarded step left (as an
 // aborted step does): both stages end bitwise equal, for an optimizer with state (AdamW) and one

@@ -392,6 +392,30 @@ TEST(FrameCodecTest, TiedGradientNamesAnEndAndNeedsItsKindAllowed) {
   }
 }
 
+// A replica's reduction message (docs/wire.md, "Gradient exchange") names any chunk; its
+// micro-batch field is segment * rounds + round, not bounded by the job's micro-batches; a stream
+// of a job without replicas refuses it, and only streams that allow the kind (a replica peer's)
+// carry it.
+TEST(FrameCodecTest, ReplicaGradientCarriesARoundAndNeedsItsKindAllowed) {
+  FrameValidation v = Validation();  // 4 micro-batches, 3 chunks.
+  v.replica_rounds = 6;              // 8 replicas.
+  for (int32_t chunk : {0, 1, 2}) {
+    const TensorKey key{5, 6 * 3 + 5, chunk, TensorKind::kReplicaGradient};  // segment 3, round 5.
+    const absl::Status ok = DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), v);
+    EXPECT_TRUE(ok.ok()) << chunk << ": " << ok;
+  }
+  // One replica: no replica_gradient at all.
+  const TensorKey first{5, 0, 1, TensorKind::kReplicaGradient};
+  const absl::Status none = DecodeOne(FrameBytes(Header(first, 2, 3), std::string(24, 'x')));
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+  EXPECT_THAT(std::string(none.message()), HasSubstr("a job without replicas"));
+  v.allowed_kinds = KindBit(TensorKind::kActivation) | KindBit(TensorKind::kGradient);
+  const absl::Status refused = DecodeOne(FrameBytes(Header(first, 2, 3), std::string(24, 'x')), v);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("replica_gradient frames are not accepted on this stream"));
+}
+
 TEST(FrameCodecTest, PayloadLengthErrors) {
   const pb::FrameHeader h = Header(kKey, 2, 3);
   EXPECT_EQ(DecodeOne(FrameBytes(h, "")).code(), absl::StatusCode::kInvalidArgument);

@@ -205,5 +205,28 @@ TEST(AllReduceSumTest, ALostPeerFailsWithTheLinksStatus) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
 }
 
+// The partner of each round (who may send a peer that round's message): the halving pairs bit
+// 0, 1, 2 ..., the doubling the same bits in reverse; the relation is symmetric.
+TEST(AllReduceSumTest, PartnersPairBitsUpThenDown) {
+  EXPECT_EQ(AllReduceRounds(1), 0);
+  EXPECT_EQ(AllReduceRounds(2), 2);
+  EXPECT_EQ(AllReduceRounds(8), 6);
+  EXPECT_EQ(AllReduceRounds(6), -1);
+  EXPECT_EQ(AllReduceRounds(0), -1);
+  const std::vector<int> of_five = {4, 7, 1, 1, 7, 4};  // 5 ^ 1, 5 ^ 2, 5 ^ 4, then back.
+  for (int round = 0; round < 6; ++round) {
+    EXPECT_EQ(AllReducePartner(5, 8, round), of_five[round]) << round;
+    for (int me = 0; me < 8; ++me) {
+      EXPECT_EQ(AllReducePartner(AllReducePartner(me, 8, round), 8, round), me);
+    }
+  }
+  EXPECT_EQ(AllReducePartner(0, 2, 0), 1);
+  EXPECT_EQ(AllReducePartner(1, 2, 1), 0);
+  EXPECT_EQ(AllReducePartner(0, 2, 2), -1);  // past the last round.
+  EXPECT_EQ(AllReducePartner(0, 1, 0), -1);  // one peer: no round.
+  EXPECT_EQ(AllReducePartner(2, 2, 0), -1);  // not a peer.
+  EXPECT_EQ(AllReducePartner(0, 3, 0), -1);  // not a power of two.
+}
+
 }  // namespace
 }  // namespace pipetrain::worker

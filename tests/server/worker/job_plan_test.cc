@@ -128,6 +128,78 @@ TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
   }
 }
 
+// Replica 1 of 4 of the same job: replica_addresses[1] is this worker's own address.
+v1::Assign ReplicaAssign() {
+  v1::Assign a = ValidAssign();
+  a.set_replica(1);
+  a.set_replicas(4);
+  for (const char* address : {"10.0.0.1:7000", "127.0.0.1:1", "10.0.0.3:7000", "[::1]:7000"}) {
+    a.add_replica_addresses(address);
+  }
+  return a;
+}
+
+TEST(JobPlanTest, ReplicasArePlanned) {
+  absl::StatusOr<JobPlan> plan = PlanJob(ReplicaAssign(), 1, std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replica, 1);
+  EXPECT_EQ(plan->replicas, 4);
+  EXPECT_THAT(plan->replica_addresses,
+              ElementsAre("10.0.0.1:7000", "127.0.0.1:1", "10.0.0.3:7000", "[::1]:7000"));
+  // An Assign without the fields (replicas 0): one replica, no peers.
+  plan = PlanJob(ValidAssign(), 1, std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->replica, 0);
+  EXPECT_EQ(plan->replicas, 1);
+  EXPECT_TRUE(plan->replica_addresses.empty());
+}
+
+TEST(JobPlanTest, MalformedReplicaFieldsAreInvalidArgumentNamingThem) {
+  struct Case {
+    const char* name;
+    void (*mutate)(v1::Assign*);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"not a power of two", [](v1::Assign* a) { a->set_replicas(3); },
+       "replicas 3 is not a power of two >= 1 (0 means 1)"},
+      {"negative", [](v1::Assign* a) { a->set_replicas(-2); },
+       "replicas -2 is not a power of two >= 1"},
+      {"replica", [](v1::Assign* a) { a->set_replica(4); },
+       "replica 4 is outside [0, 4) (replicas)"},
+      {"negative replica", [](v1::Assign* a) { a->set_replica(-1); },
+       "replica -1 is outside [0, 4)"},
+      {"count", [](v1::Assign* a) { a->add_replica_addresses("10.0.0.5:7000"); },
+       "5 replica_addresses for 4 replicas"},
+      {"none", [](v1::Assign* a) { a->clear_replica_addresses(); },
+       "0 replica_addresses for 4 replicas"},
+      {"no port", [](v1::Assign* a) { a->set_replica_addresses(2, "10.0.0.3"); },
+       "replica_addresses[2] '10.0.0.3' is not host:port"},
+      {"bad port", [](v1::Assign* a) { a->set_replica_addresses(0, "h:70000"); },
+       "replica_addresses[0] 'h:70000' is not host:port"},
+      {"no host", [](v1::Assign* a) { a->set_replica_addresses(3, ":7000"); },
+       "replica_addresses[3] ':7000' is not host:port"},
+      {"own address", [](v1::Assign* a) { a->set_replica_addresses(1, "127.0.0.1:2"); },
+       "replica_addresses[1] '127.0.0.1:2' is not this worker's own address "
+       "worker_addresses[0] '127.0.0.1:1'"},
+      {"replica of one",
+       [](v1::Assign* a) {
+         a->set_replicas(1);
+         a->set_replica(0);
+       },
+       "4 replica_addresses for 1 replicas"},
+  };
+  for (const Case& c : cases) {
+    v1::Assign a = ReplicaAssign();
+    c.mutate(&a);
+    absl::StatusOr<JobPlan> plan = PlanJob(a, 1, std::nullopt);
+    ASSERT_FALSE(plan.ok()) << c.name;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(plan.status().message(), HasSubstr(c.message)) << c.name;
+    EXPECT_THAT(plan.status().message(), HasSubstr("Assign(job job-a, generation 4): ")) << c.name;
+  }
+}
+
 TEST(JobPlanTest, AnInstructionSetAboveTheWorkersIsFailedPrecondition) {
   const std::vector<math::Isa> runnable = math::SupportedIsas();
   if (runnable.size() < 2) {
