@@ -257,8 +257,9 @@ v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
   for (const v1::ChunkSpec& c : assign_.chunks()) {
     if (c.rank() != assign_.rank() || c.chunk() != C - 1) continue;
     // Losses that depend on the step and micro-batch, as real ones would: step N's are
-    // 0.25 (mb + 1) + N - 1.
-    for (int mb = 0; mb < assign_.microbatches(); ++mb) {
+    // 0.25 (mb + 1) + N - 1, mb the step's micro-batch (replica r's share starts at r M / R).
+    const int first = assign_.replica() * assign_.microbatches();
+    for (int mb = first; mb < first + assign_.microbatches(); ++mb) {
       d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) +
                                static_cast<float>(r.step() - 1));
     }
@@ -375,6 +376,7 @@ class FakeFeedLinks::Link final : public FeedLink {
         owner_->sent_[rank_].push_back(
             absl::StrCat(key.kind == wire::TensorKind::kInput ? "input" : "target", " step ",
                          key.step, " mb ", key.microbatch, " rows ", tensor->rows()));
+        owner_->first_values_[rank_].push_back(tensor->size() > 0 ? tensor->data()[0] : 0.0f);
         return absl::OkStatus();
       }
       refused = it->second;
@@ -417,6 +419,12 @@ std::vector<std::string> FakeFeedLinks::Sent(int rank) const {
   absl::MutexLock lock(&mu_);
   auto it = sent_.find(rank);
   return it == sent_.end() ? std::vector<std::string>() : it->second;
+}
+
+std::vector<float> FakeFeedLinks::FirstValues(int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = first_values_.find(rank);
+  return it == first_values_.end() ? std::vector<float>() : it->second;
 }
 
 int FakeFeedLinks::dials() const {

@@ -113,6 +113,8 @@ class FakeFeedLinks final : public FeedLinkFactory {
   void Refuse(int rank, absl::Status status);
   // "input/target step S mb M" of every tensor sent to `rank`, in order.
   std::vector<std::string> Sent(int rank) const;
+  // The first element of every tensor sent to `rank`, in order (which rows it carries).
+  std::vector<float> FirstValues(int rank) const;
   int dials() const;
 
  private:
@@ -120,6 +122,7 @@ class FakeFeedLinks final : public FeedLinkFactory {
   mutable absl::Mutex mu_;
   std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::vector<std::string>> sent_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<float>> first_values_ ABSL_GUARDED_BY(mu_);
   int dials_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
