@@ -113,6 +113,11 @@ void FakeWorker::DelayAssigns(absl::Duration delay) {
   assign_delay_ = delay;
 }
 
+void FakeWorker::SkewGradNorms(double by) {
+  absl::MutexLock lock(&mu_);
+  grad_norm_skew_ = by;
+}
+
 void FakeWorker::FailRunSteps(absl::Status status) {
   absl::MutexLock lock(&mu_);
   fail_runs_ = std::move(status);
@@ -262,6 +267,17 @@ v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
     for (int mb = first; mb < first + assign_.microbatches(); ++mb) {
       d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) +
                                static_cast<float>(r.step() - 1));
+    }
+  }
+  // A job that clips: every layer of its chunks, norm_sq layer + 1 (+ the scripted skew).
+  if (assign_.optimizer().clip_norm() > 0) {
+    for (const v1::ChunkSpec& c : assign_.chunks()) {
+      if (c.rank() != assign_.rank()) continue;
+      for (int64_t l = c.first_layer(); l < c.last_layer(); ++l) {
+        v1::LayerNormSq* n = d->add_grad_norms();
+        n->set_layer(l);
+        n->set_norm_sq(static_cast<double>(l + 1) + grad_norm_skew_);
+      }
     }
   }
   for (int p = 0; p < assign_.actions_size(); ++p) {

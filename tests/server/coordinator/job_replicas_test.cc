@@ -106,6 +106,27 @@ TEST_F(JobReplicasTest, EachReplicaIsFedItsShareAndTheLossesComeInTheStepsOrder)
   }
 }
 
+// A job that clips takes the global norm from replica 0; a replica that reports other norms (its
+// gradients were not reduced to the same bits) fails the step, which is aborted everywhere.
+TEST_F(JobReplicasTest, ReplicasMustReportTheSameGradientNorms) {
+  AddWorkers(4);
+  v1::JobSpec spec = Spec(2, 2, 4);
+  spec.mutable_optimizer()->set_clip_norm(1.0f);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Step(MakeBatch(job->job(), 8)).ok());
+  W(3).SkewGradNorms(0.5);  // rank 1 of replica 1
+  const absl::Status s = Step(MakeBatch(job->job(), 8)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_THAT(s.message(), HasSubstr("worker 'w3' (rank 1, replica 1) reported gradient norms "
+                                     "that differ from replica 0's"));
+  EXPECT_TRUE(W(3).WaitFor("abort"));
+  absl::StatusOr<v1::JobStatus> status = core_->GetJob(job->job());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->steps_done(), 1);
+  EXPECT_EQ(status->state(), v1::JOB_STATE_READY);
+}
+
 TEST_F(JobReplicasTest, TooFewWorkersForTheShapeIsFailedPrecondition) {
   AddWorkers(3);
   const absl::Status s = CreateJob(Spec(2, 2, 4)).status();
