@@ -110,16 +110,16 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
   }
   const v1::JobSpec& s = job.spec();
   out << absl::StrFormat(
-      "  %d stages x %d virtual, schedule %s, %d micro-batches, seed %d, %d threads, imbalance "
+      "  %s x %d virtual, schedule %s, %d micro-batches, seed %d, %d threads, imbalance "
       "%.3f\n",
-      s.stages(), s.virtual_stages(), s.schedule(), s.microbatches(), s.seed(), s.threads(),
+      ShapeText(job), s.virtual_stages(), s.schedule(), s.microbatches(), s.seed(), s.threads(),
       job.imbalance());
   for (const v1::StageStatus& st : job.stages()) {
     std::vector<std::string> layers;
     for (const v1::ChunkSpec& c : st.chunks()) {
       layers.push_back(absl::StrFormat("[%d, %d)", c.first_layer(), c.last_layer()));
     }
-    out << absl::StrFormat("  rank %d  %-16s %-22s layers %s\n", st.rank(), st.worker(),
+    out << absl::StrFormat("  %s  %-16s %-22s layers %s\n", PositionText(job, st), st.worker(),
                            st.address(), absl::StrJoin(layers, " "));
   }
 }
@@ -139,12 +139,24 @@ nlohmann::ordered_json ProgressJson(const v1::JobProgress& p) {
 
 }  // namespace
 
+std::string ShapeText(const v1::JobStatus& job) {
+  const std::string text = absl::StrCat(job.spec().stages(), " stages");
+  if (job.replicas() <= 1) return text;
+  return absl::StrCat(text, " x ", job.replicas(), " replicas");
+}
+
+std::string PositionText(const v1::JobStatus& job, const v1::StageStatus& stage) {
+  if (job.replicas() <= 1) return absl::StrCat("rank ", stage.rank());
+  return absl::StrCat("replica ", stage.replica(), " rank ", stage.rank());
+}
+
 std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
   nlohmann::ordered_json stages = nlohmann::ordered_json::array();
   for (const v1::StageStatus& st : job.stages()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::array();
     for (const v1::ChunkSpec& c : st.chunks()) layers.push_back({c.first_layer(), c.last_layer()});
     stages.push_back({{"rank", st.rank()},
+                      {"replica", st.replica()},
                       {"worker", st.worker()},
                       {"address", st.address()},
                       {"layers", layers}});
@@ -157,6 +169,7 @@ std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
       {"generation", job.generation()},
       {"schedule", job.spec().schedule()},
       {"stages", job.spec().stages()},
+      {"replicas", std::max(job.replicas(), 1)},
       {"microbatches", job.spec().microbatches()},
       {"age_s", absl::ToInt64Seconds(now - absl::FromUnixMillis(job.created_unix_ms()))},
       {"client_attached", job.client_attached()},
@@ -185,7 +198,9 @@ absl::Status RunJobsCommand(const JobCommandOptions& o, std::ostream& out) {
     const v1::JobProgress& p = job.progress();
     const bool stepped = p.step() > 0;
     out << absl::StrFormat(
-        kRow, job.job(), StateName(job.state()), StepsText(job), absl::StrCat(job.spec().stages()),
+        kRow, job.job(), StateName(job.state()), StepsText(job),
+        job.replicas() > 1 ? absl::StrCat(job.spec().stages(), "x", job.replicas())
+                           : absl::StrCat(job.spec().stages()),
         job.spec().schedule(), Age(job.created_unix_ms(), now),
         stepped ? absl::StrFormat("%.6f", p.loss()) : "-",
         stepped ? absl::StrFormat("%.0f", p.samples_per_second()) : "-",
@@ -208,6 +223,7 @@ absl::Status RunWorkersCommand(const JobCommandOptions& o, std::ostream& out) {
           {"isa_levels", std::vector<std::string>(w.isa_levels().begin(), w.isa_levels().end())},
           {"job", w.job()},
           {"rank", w.rank()},
+          {"replica", w.replica()},
       };
       out << j.dump() << "\n";
     }
@@ -217,16 +233,16 @@ absl::Status RunWorkersCommand(const JobCommandOptions& o, std::ostream& out) {
     out << "no workers\n";
     return absl::OkStatus();
   }
-  constexpr char kRow[] = "%-20s %-22s %5s %8s %10s %-21s %-22s %4s\n";
+  constexpr char kRow[] = "%-20s %-22s %5s %8s %10s %-21s %-22s %4s %7s\n";
   out << absl::StrFormat(kRow, "WORKER", "ADDRESS", "CORES", "GFLOP/S", "MEMORY", "ISA", "JOB",
-                         "RANK");
+                         "RANK", "REPLICA");
   for (const v1::WorkerInfo& w : workers) {
     const bool idle = w.job().empty();
-    out << absl::StrFormat(kRow, w.name(), w.address(), absl::StrCat(w.cores()),
-                           absl::StrFormat("%.1f", w.gflops()),
-                           absl::StrFormat("%.1f GiB", w.memory_bytes() / double{1 << 30}),
-                           w.isa_levels().empty() ? "-" : absl::StrJoin(w.isa_levels(), ","),
-                           idle ? "-" : w.job(), idle ? "-" : absl::StrCat(w.rank()));
+    out << absl::StrFormat(
+        kRow, w.name(), w.address(), absl::StrCat(w.cores()), absl::StrFormat("%.1f", w.gflops()),
+        absl::StrFormat("%.1f GiB", w.memory_bytes() / double{1 << 30}),
+        w.isa_levels().empty() ? "-" : absl::StrJoin(w.isa_levels(), ","), idle ? "-" : w.job(),
+        idle ? "-" : absl::StrCat(w.rank()), idle ? "-" : absl::StrCat(w.replica()));
   }
   return absl::OkStatus();
 }

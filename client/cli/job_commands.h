@@ -52,13 +52,21 @@ absl::Status RunCheckpointCommand(const JobCommandOptions& options, std::ostream
 
 // `workers`: one line per stage worker registered with the coordinator, in registration order:
 // name, address, cores, measured GFLOP/s, memory, the instruction-set levels its math runs, and
-// the job and rank it serves ("-" when idle). "no workers" when none has registered. `--json`: one
-// object {"name", "address", "cores", "gflops", "memory_bytes", "isa_levels", "job", "rank"} per
-// worker (job "" and rank -1 when idle).
+// the job, rank and replica it serves ("-" when idle). "no workers" when none has registered.
+// `--json`: one object {"name", "address", "cores", "gflops", "memory_bytes", "isa_levels", "job",
+// "rank", "replica"} per worker (job "" and rank and replica -1 when idle).
 absl::Status RunWorkersCommand(const JobCommandOptions& options, std::ostream& out);
 
 // The JSON object of one job (as `jobs --json` and `status --json` print it), relative to `now`.
 std::string JobStatusJson(const v1::JobStatus& job, absl::Time now);
+
+// The job's shape in words: "S stages" (also for S = 1, as every line of the CLI says it), or "S
+// stages x R replicas" with data-parallel replicas (JobStatus.replicas; 0, from a coordinator that
+// predates replicas, is 1).
+std::string ShapeText(const v1::JobStatus& job);
+
+// "rank R" of a StageStatus, "replica Q rank R" when the job has replicas.
+std::string PositionText(const v1::JobStatus& job, const v1::StageStatus& stage);
 
 }  // namespace pipetrain::cli
 

@@ -182,11 +182,15 @@ absl::StatusOr<std::string> StartCoordinator(const std::string& binary, const st
   return address;
 }
 
-// Starts the S stage workers, each on `cpus[w]` when given, joining the coordinator at `address`.
+// The stage workers `local` starts: one per stage of every replica (R x S).
+int LocalWorkerCount(const LocalCommandOptions& o) { return o.train.stages * o.train.replicas; }
+
+// Starts the R x S stage workers, each on `cpus[w]` when given, joining the coordinator at
+// `address`.
 absl::Status StartWorkers(const LocalCommandOptions& o, const std::string& binary,
                           const std::string& address, const std::vector<std::vector<int>>& cpus,
                           const std::string& log_dir, std::vector<Child>& children) {
-  for (int w = 0; w < o.train.stages; ++w) {
+  for (int w = 0; w < LocalWorkerCount(o); ++w) {
     const std::string name = absl::StrCat("local-", getpid(), "-", w);
     const int log = OpenLog(log_dir, absl::StrCat("stage_worker-", w));
     std::vector<std::string> argv = {binary, "--coordinator=" + address, "--listen=127.0.0.1:0",
@@ -203,10 +207,11 @@ absl::Status StartWorkers(const LocalCommandOptions& o, const std::string& binar
   return absl::OkStatus();
 }
 
-// Waits until `stages` workers have registered with the coordinator at `address` (at most 60 s).
+// Waits until every worker (R x S) has registered with the coordinator at `address` (at most
+// 60 s).
 absl::Status WaitForWorkers(const LocalCommandOptions& o, const std::string& address,
                             std::vector<Child>& children) {
-  const int S = o.train.stages;
+  const int S = LocalWorkerCount(o);
   PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                       client::Client::Connect(address, o.train.client));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -228,7 +233,7 @@ void PrintCluster(const LocalCommandOptions& o, const std::string& address,
                   const std::string& log_dir, const std::vector<std::vector<int>>& cpus,
                   size_t allowed_cpus, std::ostream& out) {
   if (o.train.training.json) return;
-  const int S = o.train.stages;
+  const int S = LocalWorkerCount(o);
   out << "local cluster: coordinator on " << address << ", " << S << " stage workers (logs in "
       << log_dir << ")\n";
   if (!cpus.empty()) {
@@ -250,7 +255,7 @@ absl::Status RunCluster(const LocalCommandOptions& o, const LocalDaemons& daemon
                       StartCoordinator(daemons.coordinator, log_dir, children));
   const std::vector<int> allowed = util::AllowedCpus();
   const std::vector<std::vector<int>> cpus =
-      o.pin_workers ? util::CpuGroups(allowed, o.train.stages, o.train.training.threads)
+      o.pin_workers ? util::CpuGroups(allowed, LocalWorkerCount(o), o.train.training.threads)
                     : std::vector<std::vector<int>>();
   PT_RETURN_IF_ERROR(StartWorkers(o, daemons.worker, address, cpus, log_dir, children));
   PT_RETURN_IF_ERROR(WaitForWorkers(o, address, children));

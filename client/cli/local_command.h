@@ -20,7 +20,7 @@ inline constexpr char kStageWorkerBinaryEnv[] = "PIPETRAIN_STAGE_WORKER_BINARY";
 
 struct LocalCommandOptions {
   // The training options; `train.coordinator` is ignored (the local coordinator's address is
-  // used) and `train.stages` workers are started.
+  // used) and `train.stages` x `train.replicas` workers are started.
   TrainCommandOptions train;
   // Paths of the daemons ($PIPETRAIN_COORDINATOR_BINARY and $PIPETRAIN_STAGE_WORKER_BINARY when
   // set: main.cc). Empty: looked up next to the pipetrain binary (same directory, then the build

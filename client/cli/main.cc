@@ -150,6 +150,10 @@ ABSL_FLAG(std::string, trace, "",
 ABSL_FLAG(std::string, trace_steps, "", "train/local: with --trace, the steps A:B (or A) to trace");
 ABSL_FLAG(absl::Duration, replace_timeout, absl::Seconds(30),
           "train/local: how long a job that lost a worker waits for an idle one to take its place");
+ABSL_FLAG(int32_t, replicas, 1,
+          "train/local: data-parallel replicas R: R copies of the --stages pipeline on R x S "
+          "workers, each running M / R of a step's micro-batches (a power of two dividing "
+          "--microbatches; bitwise the same result; docs/scaling.md, \"Replicas\")");
 ABSL_FLAG(int32_t, min_stages, 0,
           "train/local: with no replacement in time, re-partition onto the surviving workers with "
           "fewer stages, down to this many");
@@ -205,7 +209,7 @@ const std::vector<std::string> kTrainingFlags = {
     "isa"};                                                           // instruction set
 const std::vector<std::string> kPipelineFlags = {"stages",      "schedule",   "virtual",
                                                  "trace",       "trace_steps", "min_stages",
-                                                 "replace_timeout", "plan"};
+                                                 "replace_timeout", "plan",     "replicas"};
 // How a command reaches a coordinator securely: TLS files and a token (docs/security.md).
 const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca", "token_file"};
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
@@ -220,8 +224,8 @@ const std::vector<HelpTopic> kFlagTopics = {
      {"model", "data", "data_dir", "tokenizer", "batch", "steps", "seed", "eval_samples",
       "eval_every", "input", "out", "vocab_size", "model_type", "character_coverage"}},
     {"schedule",
-     {"schedule", "kind", "stages", "microbatches", "virtual", "costs", "speeds", "memory_cap",
-      "min_stages", "plan", "local", "link_latency", "link_bandwidth", "message_cpu",
+     {"schedule", "kind", "stages", "replicas", "microbatches", "virtual", "costs", "speeds",
+      "memory_cap", "min_stages", "plan", "local", "link_latency", "link_bandwidth", "message_cpu",
       "step_overhead", "top", "partition_by"}},
     {"optimizer", {"optimizer", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min"}},
     {"checkpoints", {"save", "checkpoint_every", "keep_checkpoints", "resume", "checkpoint"}},
@@ -462,6 +466,7 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& lin
     }
     o.stages = static_cast<int>(stages);
   }
+  o.replicas = absl::GetFlag(FLAGS_replicas);
   o.schedule = absl::GetFlag(FLAGS_schedule);
   const std::string v = absl::GetFlag(FLAGS_virtual);
   if (!v.empty() && !absl::SimpleAtoi(v, &o.virtual_stages)) {
@@ -623,7 +628,7 @@ absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainComm
   if (mode != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--plan must be auto, got '", mode, "'"));
   }
-  for (const char* flag : {"schedule", "virtual", "microbatches"}) {
+  for (const char* flag : {"schedule", "virtual", "microbatches", "replicas"}) {
     if (line.Given(flag)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--plan auto chooses ", DashedFlag(flag), ": give one of them, not both"));
@@ -637,6 +642,7 @@ absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainComm
   PT_ASSIGN_OR_RETURN(const PlanResult result, ComputePlans(o));
   PT_ASSIGN_OR_RETURN(const plan::PlanChoice best, BestPlan(result));
   t->stages = best.stages;
+  t->replicas = best.replicas;
   t->schedule = std::string(schedule::ScheduleKindName(best.kind));
   t->virtual_stages = best.virtual_stages;
   t->training.microbatches = best.microbatches;

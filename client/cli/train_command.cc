@@ -1,5 +1,6 @@
 #include "client/cli/train_command.h"
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "client/cli/job_commands.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/remote_evaluation.h"
 #include "client/sdk/client.h"
@@ -39,6 +41,9 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   }
   if (o.stages < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--stages must be >= 1, got ", o.stages));
+  }
+  if (o.replicas < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--replicas must be >= 1, got ", o.replicas));
   }
   if (o.virtual_stages < 0) {
     return absl::InvalidArgumentError(
@@ -185,6 +190,7 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   *spec.mutable_optimizer() = model::OptimizerToProto(p.optimizer);
   spec.set_schedule(std::string(schedule::ScheduleKindName(p.kind)));
   spec.set_stages(o.stages);
+  spec.set_replicas(o.replicas);
   spec.set_microbatches(static_cast<int32_t>(t.microbatches));
   spec.set_virtual_stages(o.virtual_stages);
   for (double c : o.layer_costs) spec.add_layer_costs(c);
@@ -251,9 +257,10 @@ std::string RecoveryLine(const v1::RecoveryEvent& r, int64_t failed_at, bool jso
     return absl::StrFormat(
         "{\"recovery\": {\"lost_worker\": \"%s\", \"rank\": %d, \"cause\": \"%s\", "
         "\"steps_done\": %d, \"restored_step\": %d, \"generation\": %d, \"stages\": %d, "
-        "\"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
+        "\"replicas\": %d, \"workers\": [\"%s\"], \"also_lost\": [%s], \"seconds\": %.3f}}\n",
         r.lost_worker(), r.rank(), r.cause(), failed_at, r.restored_step(), r.generation(),
-        r.stages(), absl::StrJoin(r.workers(), "\", \""), also, r.seconds());
+        r.stages(), std::max(r.replicas(), 1), absl::StrJoin(r.workers(), "\", \""), also,
+        r.seconds());
   }
   std::string lost = r.lost_worker().empty() ? r.cause()
                                              : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(),
@@ -262,10 +269,11 @@ std::string RecoveryLine(const v1::RecoveryEvent& r, int64_t failed_at, bool jso
     absl::StrAppend(&lost, ", then ", absl::StrJoin(r.also_lost(), ", "), " during the recovery");
   }
   return absl::StrFormat(
-      "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
+      "recovered: lost %s after step %d; restarted from step %d on %d stages%s (%s) in %.2f s; "
       "replayed %d steps\n",
-      lost, failed_at, r.restored_step(), r.stages(), absl::StrJoin(r.workers(), ", "), r.seconds(),
-      failed_at - r.restored_step());
+      lost, failed_at, r.restored_step(), r.stages(),
+      r.replicas() > 1 ? absl::StrCat(" x ", r.replicas(), " replicas") : "",
+      absl::StrJoin(r.workers(), ", "), r.seconds(), failed_at - r.restored_step());
 }
 
 // One run on its job: the created job, its Train session, the progress it prints and what it
@@ -346,13 +354,14 @@ class TrainRun {
     const model::Model& net = *p_.setup.model;
     const io::Dataset& data = *p_.setup.data;
     out_ << absl::StrFormat(
-        "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %d stages, "
+        "model %s: %d layers, %d parameters; data %s: %d train samples; job %s: %s, "
         "schedule %s, imbalance %.3f, instruction set %s\n",
         p_.setup.spec.name().empty() ? t_.model_path : p_.setup.spec.name(), net.num_layers(),
-        net.NumParameters(), data.info().name, data.size(io::Split::kTrain), job_.job(), o_.stages,
-        o_.schedule, job_.imbalance(), job_.spec().isa());
+        net.NumParameters(), data.info().name, data.size(io::Split::kTrain), job_.job(),
+        ShapeText(job_), o_.schedule, job_.imbalance(), job_.spec().isa());
     for (const v1::StageStatus& s : job_.stages()) {
-      out_ << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
+      out_ << absl::StrFormat("  %s  %-16s %-22s layers", PositionText(job_, s), s.worker(),
+                              s.address());
       for (const v1::ChunkSpec& c : s.chunks()) {
         out_ << absl::StrFormat(" [%d, %d)", c.first_layer(), c.last_layer());
       }

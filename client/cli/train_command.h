@@ -29,6 +29,9 @@ struct TrainCommandOptions {
   TrainingOptions training;
   std::string coordinator;  // --coordinator HOST:PORT. Required by `train`.
   int stages = 1;           // --stages S: pipeline stages (workers), >= 1.
+  // --replicas R: data-parallel copies of the pipeline (JobSpec.replicas; R x S workers), >= 1;
+  // CheckJobSpec checks that it splits the step's micro-batches into tree nodes. Default 1.
+  int replicas = 1;
   // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|interleaved-overlap
   // (dualpipe is refused: see schedule::CheckExecutable).
   std::string schedule = "1f1b";

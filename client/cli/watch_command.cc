@@ -39,10 +39,13 @@ std::string JsonList(const google::protobuf::RepeatedPtrField<std::string>& text
 
 // One line per rank, as `pipetrain train` prints the layout: "  rank 0  w0   ADDRESS  layers
 // [0, 3)".
-void PrintRanks(const google::protobuf::RepeatedPtrField<v1::StageStatus>& stages,
+void PrintRanks(const google::protobuf::RepeatedPtrField<v1::StageStatus>& stages, int replicas,
                 std::ostream& out) {
   for (const v1::StageStatus& s : stages) {
-    out << absl::StrFormat("  rank %d  %-16s %-22s layers", s.rank(), s.worker(), s.address());
+    const std::string where = replicas > 1
+                                  ? absl::StrFormat("replica %d rank %d", s.replica(), s.rank())
+                                  : absl::StrFormat("rank %d", s.rank());
+    out << absl::StrFormat("  %s  %-16s %-22s layers", where, s.worker(), s.address());
     for (const v1::ChunkSpec& c : s.chunks()) {
       out << absl::StrFormat(" [%d, %d)", c.first_layer(), c.last_layer());
     }
@@ -90,11 +93,11 @@ void WatchPrinter::PrintStatus(const v1::JobStatus& job) {
   }
   const v1::JobSpec& s = job.spec();
   out_ << absl::StrFormat(
-      "job %s: %s, %d%s steps done; %d stages, schedule %s, imbalance %.3f, instruction set %s\n",
+      "job %s: %s, %d%s steps done; %s, schedule %s, imbalance %.3f, instruction set %s\n",
       job.job(), StateWord(job.state()), job.steps_done(),
-      target_step_ > 0 ? absl::StrCat(" of ", target_step_) : "", s.stages(), s.schedule(),
+      target_step_ > 0 ? absl::StrCat(" of ", target_step_) : "", ShapeText(job), s.schedule(),
       job.imbalance(), s.isa());
-  PrintRanks(job.stages(), out_);
+  PrintRanks(job.stages(), job.replicas(), out_);
 }
 
 void WatchPrinter::PrintStep(const v1::StepCommitted& step, int64_t unix_ms) {
@@ -183,15 +186,16 @@ void WatchPrinter::PrintRecovered(const v1::JobRecovered& recovered) {
           ? r.cause()
           : absl::StrFormat("%s (rank %d, %s)", r.lost_worker(), r.rank(), r.cause());
   out_ << absl::StrFormat(
-      "recovered: lost %s after step %d; restarted from step %d on %d stages (%s) in %.2f s; "
+      "recovered: lost %s after step %d; restarted from step %d on %d stages%s (%s) in %.2f s; "
       "replayed %d steps\n",
-      lost, r.steps_done(), r.restored_step(), r.stages(), absl::StrJoin(r.workers(), ", "),
-      r.seconds(), r.steps_done() - r.restored_step());
-  if (recovered.stages_before() != recovered.stages_size()) {
+      lost, r.steps_done(), r.restored_step(), r.stages(),
+      r.replicas() > 1 ? absl::StrCat(" x ", r.replicas(), " replicas") : "",
+      absl::StrJoin(r.workers(), ", "), r.seconds(), r.steps_done() - r.restored_step());
+  // stages: every worker by position (replica x stages + rank); r.stages(): the stage count.
+  if (recovered.stages_before() != r.stages()) {
     out_ << absl::StrFormat("re-partitioned from %d to %d stages, imbalance %.3f:\n",
-                            recovered.stages_before(), recovered.stages_size(),
-                            recovered.imbalance());
-    PrintRanks(recovered.stages(), out_);
+                            recovered.stages_before(), r.stages(), recovered.imbalance());
+    PrintRanks(recovered.stages(), r.replicas(), out_);
   }
 }
 

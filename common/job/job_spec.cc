@@ -3,11 +3,14 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/io/digest.h"
 #include "common/io/tokenizer.h"
 #include "common/math/isa.h"
+#include "common/model/grad_tree.h"
 #include "common/model/optimizer_proto.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
@@ -65,6 +68,58 @@ absl::Status CheckCounts(const v1::JobSpec& spec) {
         absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
   }
   return absl::OkStatus();
+}
+
+// replicas (0 filled in as 1): a power of two whose equal shares of the step's micro-batches are
+// nodes of its gradient tree; max_replicas and max_stages 0 or at least replicas and stages.
+absl::Status CheckReplicas(v1::JobSpec* spec) {
+  if (spec->replicas() == 0) spec->set_replicas(1);
+  const int M = spec->microbatches();
+  const int R = spec->replicas();
+  if (R < 1) return absl::InvalidArgumentError(absl::StrCat("replicas must be >= 1, got ", R));
+  // M itself is the schedule's to check (its message names it); a tree needs M >= 1.
+  if (M >= 1) {
+    PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(M));
+    if (!tree.SupportsReplicas(R)) {
+      std::vector<int64_t> supported;
+      for (int64_t r = 1; r <= tree.leaves(); r *= 2) supported.push_back(r);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replicas ", R, " does not divide microbatches ", M,
+          " into a node of the gradient tree; supported: ", absl::StrJoin(supported, ", "),
+          " (powers of two dividing ", M, ", docs/scaling.md \"Replicas\")"));
+    }
+  }
+  if (spec->max_replicas() != 0 && spec->max_replicas() < R) {
+    return absl::InvalidArgumentError(absl::StrCat("max_replicas must be 0 or >= replicas = ", R,
+                                                   ", got ", spec->max_replicas()));
+  }
+  if (spec->max_stages() != 0 && spec->max_stages() < spec->stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_stages must be 0 or >= stages = ", spec->stages(), ", got ", spec->max_stages()));
+  }
+  return absl::OkStatus();
+}
+
+// The schedule's parameters of `spec` (replicas filled in): each replica's plan runs M / R
+// micro-batches.
+absl::StatusOr<schedule::ScheduleParams> ReplicaScheduleParams(const v1::JobSpec& spec) {
+  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
+  schedule::ScheduleParams params;
+  params.kind = kind;
+  params.stages = spec.stages();
+  params.microbatches = MicrobatchesPerReplica(spec);
+  params.virtual_stages = spec.virtual_stages();
+  return params;
+}
+
+// CheckScheduleParams, its message saying that a replica runs M / R micro-batches when R > 1.
+absl::Status CheckReplicaSchedule(const v1::JobSpec& spec, const schedule::ScheduleParams& params) {
+  absl::Status status = schedule::CheckScheduleParams(params);
+  if (status.ok() || ReplicasOf(spec) == 1) return status;
+  return wire::Annotate(
+      status, absl::StrCat("with ", ReplicasOf(spec),
+                           " replicas each runs microbatches / replicas = ", params.microbatches,
+                           " micro-batches, which the schedule checks"));
 }
 
 // The model the spec describes, its sizes left 0 filled from its data shape.
@@ -145,6 +200,12 @@ JobLimits JobLimits::Unlimited() {
   return limits;
 }
 
+int ReplicasOf(const v1::JobSpec& spec) { return std::max(spec.replicas(), 1); }
+
+int MicrobatchesPerReplica(const v1::JobSpec& spec) {
+  return spec.microbatches() / ReplicasOf(spec);
+}
+
 absl::Status CheckJobIsa(const v1::JobSpec& spec) {
   if (spec.isa().empty() || math::IsaFromName(spec.isa()).has_value()) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -183,12 +244,9 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
   }
   PT_RETURN_IF_ERROR(CheckCounts(*spec));
-  schedule::ScheduleParams params;
-  params.kind = kind;
-  params.stages = spec->stages();
-  params.microbatches = spec->microbatches();
-  params.virtual_stages = spec->virtual_stages();
-  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
+  PT_RETURN_IF_ERROR(CheckReplicas(spec));
+  PT_ASSIGN_OR_RETURN(const schedule::ScheduleParams params, ReplicaScheduleParams(*spec));
+  PT_RETURN_IF_ERROR(CheckReplicaSchedule(*spec, params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
   PT_RETURN_IF_ERROR(model::OptimizerFromProto(spec->optimizer()).status());
   PT_RETURN_IF_ERROR(CheckJobIsa(*spec));
@@ -202,14 +260,9 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
 }
 
 absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net) {
-  PT_ASSIGN_OR_RETURN(schedule::ScheduleKind kind, schedule::ParseScheduleKind(spec.schedule()));
-  schedule::ScheduleParams params;
-  params.kind = kind;
-  params.stages = spec.stages();
-  params.microbatches = spec.microbatches();
-  params.virtual_stages = spec.virtual_stages();
-  PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
-  PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
+  PT_ASSIGN_OR_RETURN(const schedule::ScheduleParams params, ReplicaScheduleParams(spec));
+  PT_RETURN_IF_ERROR(CheckReplicaSchedule(spec, params));
+  PT_RETURN_IF_ERROR(schedule::CheckExecutable(params.kind));
   PT_RETURN_IF_ERROR(
       partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(), spec.virtual_stages()));
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));

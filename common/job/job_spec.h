@@ -46,7 +46,8 @@ struct CheckedJobSpec {
   std::shared_ptr<const model::Model> model;
 };
 
-// The plan of `spec`'s schedule at its stage count (spec->virtual_stages filled in): the schedule's
+// The plan of `spec`'s schedule at its stage count for one replica's M / R micro-batches
+// (spec->virtual_stages filled in; every replica runs the same plan): the schedule's
 // parameters checked (INVALID_ARGUMENT) and at least as many layers in `net` as chunks. Used at
 // creation and when a recovery re-plans a job onto fewer stages. Thread-safe (pure).
 absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Model& net);
@@ -60,6 +61,11 @@ absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds);
 
+// The job's data-parallel replicas R (JobSpec.replicas; 0 means 1). Pure.
+int ReplicasOf(const v1::JobSpec& spec);
+// The micro-batches of one replica's share of a step: M / R (JobSpec.microbatches / R). Pure.
+int MicrobatchesPerReplica(const v1::JobSpec& spec);
+
 // OK if `spec.isa` is empty or names an instruction-set level (INVALID_ARGUMENT naming it
 // otherwise). Pure.
 absl::Status CheckJobIsa(const v1::JobSpec& spec);
@@ -72,16 +78,20 @@ absl::Status CheckResumeTokenizer(const std::string& dir, const model::Checkpoin
 
 // Fills the defaults of `*spec` (virtual_stages 0: the schedule's default; threads 0: 1), resolves
 // the model's sizes left 0 from spec->data_shape (model::ResolveModelSpec) and checks it: schedule
-// name and parameters, layer_costs (none, or one per layer in [0, 1e30] with a positive sum),
-// min_stages in [0, stages], replace_timeout_ms >= 0, planned_steps in [0, 2^53), keep_checkpoints
-// >= 0, optimizer, model (and its target features against the data shape), the tokenizer (a
-// SentencePiece model whose vocabulary fits the model's embedding), and that there are at least as
-// many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value; RESOURCE_EXHAUSTED
-// naming the cap and its flag when the model has more than limits.max_layers layers or the step
-// more than limits.max_microbatches micro-batches (counted before the model is built), when the
-// model's serialization exceeds kMaxModelSpecBytes or the tokenizer io::kMaxTokenizerBytes, or when
-// the model exceeds limits.model. Allocates no parameters. The directories (save_to, resume_from)
-// are the coordinator's to check, on its file system. Thread-safe (pure).
+// name and parameters (for M / R micro-batches: one replica's share), replicas (0 filled in as 1;
+// a power of two whose shares are nodes of the step's gradient tree, model::GradTree; the message
+// lists the supported counts), max_replicas and max_stages (0 or at least replicas and stages),
+// layer_costs (none, or one per layer in [0, 1e30] with a positive sum), min_stages in
+// [0, stages], replace_timeout_ms >= 0, planned_steps in [0, 2^53), keep_checkpoints >= 0,
+// optimizer, model (and its target features against the data shape), the tokenizer (a
+// SentencePiece model whose vocabulary fits the model's embedding), and that there are at least
+// as many layers as chunks. Errors: INVALID_ARGUMENT naming the field and value;
+// RESOURCE_EXHAUSTED naming the cap and its flag when the model has more than limits.max_layers
+// layers or the step more than limits.max_microbatches micro-batches (counted before the model is
+// built), when the model's serialization exceeds kMaxModelSpecBytes or the tokenizer
+// io::kMaxTokenizerBytes, or when the model exceeds limits.model. Allocates no parameters. The
+// directories (save_to, resume_from) are the coordinator's to check, on its file system.
+// Thread-safe (pure).
 absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec* spec);
 
 }  // namespace pipetrain::job

@@ -249,14 +249,18 @@ absl::Status CoordinatorCore::StageCheckpoint(Job& job, const std::string& direc
 absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::string& staging) {
   job.op.step = step;
   job.op.error = absl::OkStatus();
-  job.op.saved.assign(job.workers.size(), false);
+  // Replica 0 writes the checkpoint (every replica holds the same bits): the others have nothing
+  // to save.
+  const JobShape shape = ShapeOf(job.spec);
+  job.op.saved.assign(job.workers.size(), true);
+  for (int rank = 0; rank < shape.stages; ++rank) job.op.saved[rank] = false;
   v1::WorkerCommand command;
   v1::SaveShards* save = command.mutable_save_shards();
   save->set_job(job.id);
   save->set_generation(job.generation);
   save->set_step(step);
   job.checkpoint_staging = staging;
-  SendToRanks(job, command);
+  for (int rank = 0; rank < shape.stages; ++rank) SendToRank(job, rank, command);
   // A rank that has not saved within this bound is stuck or stopped: writing and uploading its
   // weights and optimizer state (at most three tensors per parameter) at 10 MB/s takes less. The
   // floor is the step deadline's.
@@ -270,8 +274,8 @@ absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::s
       save_deadline, "every worker's ShardsSaved");
   if (absl::IsDeadlineExceeded(waited)) {
     std::vector<int> late;
-    for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
-      if (!job.op.saved[rank]) late.push_back(rank);
+    for (int p = 0; p < static_cast<int>(job.workers.size()); ++p) {
+      if (!job.op.saved[p]) late.push_back(p);
     }
     waited = absl::DeadlineExceededError(
         absl::StrCat(waited.message(), " from ", RankLabels(job, late), " (stopped or stuck)"));
@@ -303,7 +307,7 @@ absl::StatusOr<Job*> CoordinatorCore::LiveJobAt(const std::string& id, int64_t g
   return &job;
 }
 
-absl::StatusOr<int> CoordinatorCore::RankOf(const Job& job, const std::string& worker) const {
+absl::StatusOr<int> CoordinatorCore::PositionOf(const Job& job, const std::string& worker) const {
   auto w = std::find(job.workers.begin(), job.workers.end(), worker);
   if (w == job.workers.end() || !workers_.Holds(worker, job.id)) {
     return absl::PermissionDeniedError(
@@ -316,7 +320,14 @@ absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateReq
   absl::MutexLock lock(&mu_);
   PT_ASSIGN_OR_RETURN(Job * job, LiveJobAt(first.job(), first.generation()));
   job->mu.AssertHeld();
-  PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, first.worker()));
+  PT_ASSIGN_OR_RETURN(const int position, PositionOf(*job, first.worker()));
+  const JobShape shape = ShapeOf(job->spec);
+  if (shape.ReplicaOf(position) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("worker '", first.worker(), "' runs replica ",
+                                                    shape.ReplicaOf(position), " of job '", job->id,
+                                                    "': only replica 0 writes checkpoints"));
+  }
+  const int rank = shape.RankOf(position);
   if (job->checkpoint_staging.empty() || first.step() != job->op.step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id, "' has no checkpoint of step ", first.step(), " in progress"));
@@ -342,7 +353,9 @@ absl::StatusOr<std::vector<StateFile>> CoordinatorCore::StateFilesFor(
     return absl::FailedPreconditionError(
         absl::StrCat("job '", job->id, "' restarts from no checkpoint"));
   }
-  PT_ASSIGN_OR_RETURN(const int rank, RankOf(*job, request.worker()));
+  // Every replica restores: each worker gets the files of its rank's chunks.
+  PT_ASSIGN_OR_RETURN(const int position, PositionOf(*job, request.worker()));
+  const int rank = ShapeOf(job->spec).RankOf(position);
   // A tied head's copy of the table is stored in the embedding's file (model/tied_embedding.h):
   // the head's rank gets that file too.
   const std::optional<model::TiedEmbedding>& tie = job->model->tie();

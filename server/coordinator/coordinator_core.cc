@@ -38,6 +38,14 @@ std::string WorkerLabel(const std::string& name, int rank) {
   return absl::StrCat("worker '", name, "' (rank ", rank, ")");
 }
 
+std::string PositionLabel(const Job& job, int position) {
+  const JobShape shape = ShapeOf(job.spec);
+  const std::string& name = job.workers[position];
+  if (shape.replicas == 1) return WorkerLabel(name, position);
+  return absl::StrCat("worker '", name, "' (rank ", shape.RankOf(position), ", replica ",
+                      shape.ReplicaOf(position), ")");
+}
+
 bool IsTransportFailure(const absl::Status& status) {
   return absl::IsUnavailable(status) || absl::IsAborted(status) || absl::IsCancelled(status) ||
          absl::IsDeadlineExceeded(status);
@@ -238,7 +246,7 @@ void CoordinatorCore::AbortStep(const Job& job, int64_t step, const std::string&
 
 std::string CoordinatorCore::RankLabels(const Job& job, const std::vector<int>& ranks) {
   std::vector<std::string> labels;
-  for (int rank : ranks) labels.push_back(WorkerLabel(job.workers[rank], rank));
+  for (int p : ranks) labels.push_back(PositionLabel(job, p));
   return absl::StrJoin(labels, ", ");
 }
 

@@ -47,6 +47,7 @@
 #include "server/coordinator/job.h"
 #include "server/coordinator/job_event_log.h"
 #include "server/coordinator/job_journal.h"
+#include "server/coordinator/job_shape.h"
 #include "server/coordinator/op_thread.h"
 #include "server/coordinator/staging_ledger.h"
 #include "server/coordinator/state_dir_lock.h"
@@ -246,12 +247,14 @@ class CoordinatorCore {
   void FailJob(Job& job, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu) {
     EndJob(job, JobState::kFailed, error);
   }
-  // Sends `command` to every rank of `job` still registered to it.
+  // Sends `command` to every worker of `job` still registered to it (every position: all
+  // replicas). SendToRank: to the worker at position `rank` (job_shape.h; a rank with one
+  // replica).
   void SendToRanks(const Job& job, const v1::WorkerCommand& command) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   void SendToRank(const Job& job, int rank, const v1::WorkerCommand& command) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // Each rank's StageWorker address ("" for a worker no longer registered).
+  // Each position's StageWorker address ("" for a worker no longer registered).
   std::vector<std::string> RankAddresses(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   void AbortStep(const Job& job, int64_t step, const std::string& reason) const
@@ -266,7 +269,7 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Waits on the core's condition until `deadline`.
   void WaitUntil(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "worker 'NAME' (rank R)" for the ranks of `job`, joined with ", ".
+  // PositionLabel of each of `ranks` (positions of `job`), joined with ", ".
   static std::string RankLabels(const Job& job, const std::vector<int>& ranks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
   // Metrics hooks (no-ops without options_.metrics).
@@ -336,7 +339,7 @@ class CoordinatorCore {
   // and replaced by its confined path.
   absl::Status VerifySaveTo(v1::JobSpec& spec, const std::string& owner) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A new job on S idle workers (under the lock); returns its id and the workers' speeds.
+  // A new job on R x S idle workers (under the lock), placed by ArrangePositions.
   absl::StatusOr<Job*> TakeWorkersForJob(v1::JobSpec& spec, const job::CheckedJobSpec& checked,
                                          std::optional<model::CheckpointManifest> resume)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -349,7 +352,10 @@ class CoordinatorCore {
   // Recover queued again.
   absl::Status AssignFailed(Job& job, absl::Status waited)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  v1::WorkerCommand AssignCommand(const Job& job, int rank,
+  // The Assign of the worker at `position` (its rank and replica, this replica's ranks'
+  // addresses and this rank's replicas', one replica's share of micro-batches); `addresses` by
+  // position.
+  v1::WorkerCommand AssignCommand(const Job& job, int position,
                                   const std::vector<std::string>& addresses) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
@@ -397,8 +403,8 @@ class CoordinatorCore {
   // ranks of a recoverable job past the deadline.
   absl::Status CollectShards(Job& job, int64_t step, const std::string& staging)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // The rank `worker` holds in `job`: PERMISSION_DENIED unless it is a live worker of the job.
-  absl::StatusOr<int> RankOf(const Job& job, const std::string& worker) const
+  // The position `worker` holds in `job`: PERMISSION_DENIED unless it is a live worker of it.
+  absl::StatusOr<int> PositionOf(const Job& job, const std::string& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Job `id` if it has not ended (FAILED_PRECONDITION) and is at `generation` (ABORTED).
   absl::StatusOr<Job*> LiveJobAt(const std::string& id, int64_t generation)
@@ -413,11 +419,16 @@ class CoordinatorCore {
   // re-partitions onto fewer stages (down to min_stages), bumps the generation and assigns every
   // rank with the restore state: READY (and journaled) or FAILED.
   void Recover(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // The workers of the new generation by rank, once enough are idle; nullopt if the job failed.
-  std::optional<std::vector<std::string>> AwaitReplacements(Job& job, bool* shrink)
+  // The workers of the new generation by position, once enough are idle; nullopt if the job
+  // failed. Past the replace timeout a job that may shrink (min_stages > 0) sets *shrink and
+  // *replicas: the job's replicas halved until its stages fit the workers left (then Relayout
+  // drops stages, down to min_stages, if one replica does not fit either).
+  std::optional<std::vector<std::string>> AwaitReplacements(Job& job, bool* shrink, int* replicas)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // Plans and partitions `job` anew for `names` (at least `fewest` of them): false if it failed.
-  bool Relayout(Job& job, std::vector<std::string>* names, int fewest)
+  // Plans and partitions `job` anew for `replicas` replicas over `names` (at least `fewest`
+  // stages), placing them (ArrangePositions; *names becomes the new layout by position): false
+  // if it failed.
+  bool Relayout(Job& job, std::vector<std::string>* names, int fewest, int replicas)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Appends the recovery in progress to the job's recoveries (its duration now), logs it and
   // counts it in the metrics.
@@ -434,8 +445,9 @@ class CoordinatorCore {
   // Makes the job's links to its first and last chunk owners open and healthy for `generation`.
   absl::Status EnsureFeedLinks(Job* job, const FeedTarget& first, const FeedTarget& last)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The feed targets of the job's current generation (first, last chunk owner).
-  std::pair<FeedTarget, FeedTarget> FeedTargets(const Job& job) const
+  // The feed targets of replica `replica` of the job's current generation (first, last chunk
+  // owner; FeedTarget::rank is their position, microbatches the replica's share M / R).
+  std::pair<FeedTarget, FeedTarget> FeedTargets(const Job& job, int replica = 0) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // After an assignment: tells every rank to dial its neighbours and opens the feed links.
   void OpenLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
@@ -485,6 +497,9 @@ absl::Status EndedError(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 absl::Status InterruptedError(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // "worker 'NAME' (rank R)".
 std::string WorkerLabel(const std::string& name, int rank);
+// The worker at `position` of `job`: WorkerLabel with one replica, else
+// "worker 'NAME' (rank R, replica Q)".
+std::string PositionLabel(const Job& job, int position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 // A failure of the transport (a peer unreachable, a stream cut, a deadline): one that a lost or
 // stopped worker causes, as opposed to an error a worker reports about its work.
 bool IsTransportFailure(const absl::Status& status);

@@ -105,13 +105,14 @@ absl::Status EvalRun::AdmitJob() {
   }
   // The weights evaluated are those of the last step on every rank.
   PT_RETURN_IF_ERROR(core_.ConfirmCommit(*job_));
-  per_step_ = std::max(1, job_->spec.microbatches());
+  // Replica 0 runs it (every replica holds the same weights), in its own share's numbering.
+  per_step_ = std::max(1, job::MicrobatchesPerReplica(job_->spec));
   step_ = kEvalStepBase + job_->eval_runs;
   job_->eval_runs += wire::EvalSteps(static_cast<int64_t>(batch_.rows.size()), per_step_);
   generation_ = job_->generation;
   job_->op.step = step_;
   job_->op.error = absl::OkStatus();
-  job_->op.evals.assign(job_->workers.size(), std::nullopt);
+  job_->op.evals.assign(ShapeOf(job_->spec).stages, std::nullopt);
   job_->state = JobState::kTraining;
   feed_ = core_.FeedTargets(*job_);
   return absl::OkStatus();
@@ -148,7 +149,7 @@ absl::Status EvalRun::Start(const absl::Status& feed) {
     run->set_generation(generation_);
     run->set_step(step_);
     for (int64_t rows : batch_.rows) run->add_microbatch_rows(rows);
-    for (int rank = 0; rank < static_cast<int>(job_->workers.size()); ++rank) {
+    for (int rank = 0; rank < ShapeOf(job_->spec).stages; ++rank) {
       core_.SendToRank(*job_, rank, command);
       ++job_->op.runs_sent[rank];
     }

@@ -13,17 +13,18 @@
 
 namespace pipetrain::coordinator {
 
-std::pair<FeedTarget, FeedTarget> CoordinatorCore::FeedTargets(const Job& job) const {
+std::pair<FeedTarget, FeedTarget> CoordinatorCore::FeedTargets(const Job& job, int replica) const {
   const int C = job.plan.num_chunks();
+  const JobShape shape = ShapeOf(job.spec);
   const std::vector<std::string> addresses = RankAddresses(job);
   auto target = [&](int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     FeedTarget t;
     t.job = job.id;
     t.generation = job.generation;
     t.secret = job.link_secret;
-    t.rank = rank;
-    t.address = addresses[rank];
-    t.microbatches = job.spec.microbatches();
+    t.rank = shape.Position(replica, rank);
+    t.address = addresses[t.rank];
+    t.microbatches = job::MicrobatchesPerReplica(job.spec);
     t.chunks = C;
     return t;
   };
@@ -78,21 +79,24 @@ absl::Status CoordinatorCore::EnsureFeedLinks(Job* job, const FeedTarget& first,
 }
 
 void CoordinatorCore::OpenLinksEarly(Job* job) {
-  std::pair<FeedTarget, FeedTarget> targets;
+  std::vector<std::pair<FeedTarget, FeedTarget>> targets;
   {
     absl::MutexLock lock(&mu_);
     job->mu.AssertHeld();
     if (job->state != JobState::kReady) return;
-    targets = FeedTargets(*job);
+    for (int q = 0; q < ShapeOf(job->spec).replicas; ++q) targets.push_back(FeedTargets(*job, q));
     // Every rank accepted this generation's assignment, so each may dial its neighbours now.
     v1::WorkerCommand command;
     command.mutable_open_links()->set_job(job->id);
     command.mutable_open_links()->set_generation(job->generation);
     SendToRanks(*job, command);
   }
-  const absl::Status opened = EnsureFeedLinks(job, targets.first, targets.second);
+  absl::Status opened;
+  for (const auto& [first, last] : targets) {
+    opened.Update(EnsureFeedLinks(job, first, last));
+  }
   if (!opened.ok()) {
-    Log(absl::StrCat("job ", targets.first.job,
+    Log(absl::StrCat("job ", targets.front().first.job,
                      ": opening the data links to feed its first step failed (", opened.ToString(),
                      "); the step will dial them again"),
         logging::LogLevel::kWarning);

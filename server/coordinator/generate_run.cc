@@ -149,7 +149,8 @@ absl::Status GenerateRun::AdmitJob() {
   }
   // The weights generated from are those of the last step on every rank.
   PT_RETURN_IF_ERROR(core_.ConfirmCommit(*job_));
-  per_step_ = std::max(1, job_->spec.microbatches());
+  // Replica 0 runs it (every replica holds the same weights), in its own share's numbering.
+  per_step_ = std::max(1, job::MicrobatchesPerReplica(job_->spec));
   generation_ = job_->generation;
   request_id_ = job_->eval_runs + 1;
   job_->state = JobState::kTraining;
@@ -163,7 +164,7 @@ void GenerateRun::NextRound() {
   job_->eval_runs += wire::EvalSteps(static_cast<int64_t>(runs_.size()), per_step_);
   job_->op.step = step_;
   job_->op.error = absl::OkStatus();
-  job_->op.gens.assign(job_->workers.size(), std::nullopt);
+  job_->op.gens.assign(ShapeOf(job_->spec).stages, std::nullopt);
 }
 
 absl::Status GenerateRun::Feed() {
@@ -206,7 +207,7 @@ absl::Status GenerateRun::Start(const absl::Status& feed, bool open, bool close)
       mb->set_restart(runs_[p].restart);
       mb->set_rows(static_cast<int64_t>(windows_[p].RunTokens(runs_[p]).size()));
     }
-    for (int rank = 0; rank < static_cast<int>(job_->workers.size()); ++rank) {
+    for (int rank = 0; rank < ShapeOf(job_->spec).stages; ++rank) {
       core_.SendToRank(*job_, rank, command);
       ++job_->op.runs_sent[rank];
     }

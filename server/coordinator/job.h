@@ -28,9 +28,10 @@
 
 namespace pipetrain::coordinator {
 
-// The answers the operation in flight waits for, by rank (Assigned, StepDone, ShardsSaved), and
-// its first failure. Every RunStep a rank is sent gets exactly one answer (StepDone or
-// WorkerError), in order: only the answer to the latest belongs to the current attempt.
+// The answers the operation in flight waits for, by position (job_shape.h: replica x S + rank;
+// a rank with one replica) (Assigned, StepDone, ShardsSaved), and its first failure. Every RunStep
+// a rank is sent gets exactly one answer (StepDone or WorkerError), in order: only the answer to
+// the latest belongs to the current attempt.
 struct OperationBook {
   int64_t step = -1;  // the step being run or saved; -1 when none.
   std::vector<bool> assigned;
@@ -80,8 +81,10 @@ struct Job {
   absl::Mutex& mu;       // the coordinator core's lock.
   const std::string id;  // "job-<hex>-<n>".
 
-  // The layout: the spec (V and threads filled in), model, plan, chunks and the worker of each
-  // rank (kept after the job ended), and the partition's imbalance.
+  // The layout: the spec (V, threads and replicas filled in; its stages and replicas are the
+  // current shape, ShapeOf), model, the plan of one replica's M / R micro-batches, the chunks
+  // (the same for every replica) and the worker of each position (R x S of them, p = replica x S
+  // + rank; kept after the job ended), and the partition's imbalance.
   v1::JobSpec spec ABSL_GUARDED_BY(mu);
   std::shared_ptr<const model::Model> model ABSL_GUARDED_BY(mu);
   schedule::Plan plan ABSL_GUARDED_BY(mu);
@@ -157,7 +160,8 @@ struct Job {
   std::unique_ptr<OpThread> ops ABSL_GUARDED_BY(mu);
 
   // Job thread only, never under mu (a link's Shutdown may wait for a callback that takes it):
-  // the data links to the first and last chunk owners, by rank, for generation `links_generation`.
+  // the data links to every replica's first and last chunk owners, by position, for generation
+  // `links_generation`.
   std::map<int, std::shared_ptr<FeedLink>> links;
   int64_t links_generation = -1;
 };

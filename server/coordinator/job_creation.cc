@@ -14,6 +14,7 @@
 #include "server/control/control_proto.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/job_isa.h"
+#include "server/coordinator/job_shape.h"
 #include "server/metrics/coordinator_metrics.h"
 
 namespace pipetrain::coordinator {
@@ -91,6 +92,8 @@ void CoordinatorCore::AdmitJob(const v1::JobSpec& request, const std::string& ow
     for (const std::string& name : job->workers) {
       speeds.push_back(workers_.Find(name)->info.gflops());
     }
+    // One partition for every replica (they hold the same chunks), at each rank's slowest.
+    speeds = RankSpeeds(speeds, ShapeOf(job->spec));
   }
   // Partition without the lock: pure compute on this thread's own data.
   absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
@@ -118,22 +121,27 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
     v1::JobSpec& spec, const job::CheckedJobSpec& checked,
     std::optional<model::CheckpointManifest> resume) {
   if (shutting_down_) return absl::CancelledError("coordinator shutting down");
-  const int S = spec.stages();
+  const JobShape shape = ShapeOf(spec);
+  const int P = shape.positions();
   // A job forced to one instruction-set level takes only workers that run it.
   const std::optional<math::Isa> forced = math::IsaFromName(spec.isa());
   std::vector<WorkerRecord*> idle = workers_.Idle(forced);
   const int live = static_cast<int>(idle.size());
-  if (live < S) {
+  if (live < P) {
     const int busy = workers_.Busy();
     return absl::FailedPreconditionError(absl::StrCat(
-        "job needs ", S, " workers", forced.has_value() ? " that run isa " + spec.isa() : "", ", ",
-        live, " idle: ", S - live, " missing",
-        busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : ""));
+        "job needs ", P, " workers", shape.replicas > 1 ? " (" + shape.ToString() + ")" : "",
+        forced.has_value() ? " that run isa " + spec.isa() : "", ", ", live, " idle: ", P - live,
+        " missing", busy > 0 ? absl::StrCat(" (", busy, " more are busy with other jobs)") : ""));
   }
-  // The one level every rank (and the client's reference) runs.
-  std::vector<const v1::RegisterWorker*> ranks;
-  for (int rank = 0; rank < S; ++rank) ranks.push_back(&idle[rank]->info);
-  PT_ASSIGN_OR_RETURN(const math::Isa isa, ChooseJobIsa(spec, ranks));
+  // The first P idle workers, placed so that each rank's slowest replica is as fast as can be.
+  std::vector<double> speeds;
+  for (int i = 0; i < P; ++i) speeds.push_back(idle[i]->info.gflops());
+  const std::vector<int> arranged = ArrangePositions(speeds, shape);
+  // The one level every worker (and the client's reference) runs.
+  std::vector<const v1::RegisterWorker*> infos;
+  for (int p = 0; p < P; ++p) infos.push_back(&idle[arranged[p]]->info);
+  PT_ASSIGN_OR_RETURN(const math::Isa isa, ChooseJobIsa(spec, infos));
   spec.set_isa(std::string(math::IsaName(isa)));
   if (resume.has_value() && resume->isa != spec.isa()) {
     Log(absl::StrCat("job resumes from ", spec.resume_from(), " written at instruction set ",
@@ -144,14 +152,14 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
       std::make_unique<Job>(mu_, absl::StrCat(id_prefix_, next_job_++), options_.job_events);
   Job& job = *owned;
   job.mu.AssertHeld();
-  for (int rank = 0; rank < S; ++rank) {
-    job.workers.push_back(idle[rank]->info.name());
-    workers_.Take(idle[rank]->info.name(), job.id, rank);
+  for (int p = 0; p < P; ++p) {
+    job.workers.push_back(idle[arranged[p]]->info.name());
+    workers_.Take(job.workers.back(), job.id, p);
   }
   job.spec = spec;
   job.model = checked.model;
   job.plan = checked.plan;
-  job.op.Reset(S);
+  job.op.Reset(P);
   if (resume.has_value()) {
     job.resume_dir = spec.resume_from();
     job.steps_done = resume->step;
@@ -166,8 +174,11 @@ absl::StatusOr<Job*> CoordinatorCore::TakeWorkersForJob(
   return &job;
 }
 
-v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
+v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int position,
                                                  const std::vector<std::string>& addresses) const {
+  const JobShape shape = ShapeOf(job.spec);
+  const int rank = shape.RankOf(position);
+  const int replica = shape.ReplicaOf(position);
   v1::WorkerCommand command;
   v1::Assign* a = command.mutable_assign();
   a->set_job(job.id);
@@ -177,11 +188,19 @@ v1::WorkerCommand CoordinatorCore::AssignCommand(const Job& job, int rank,
   *a->mutable_optimizer() = job.spec.optimizer();
   a->set_seed(job.spec.seed());
   a->set_threads(job.spec.threads());
-  a->set_stages(static_cast<int>(job.workers.size()));
+  a->set_stages(shape.stages);
   a->set_virtual_stages(job.spec.virtual_stages());
-  a->set_microbatches(job.spec.microbatches());
+  // The replica's share of the step: the plan is for these M / R micro-batches.
+  a->set_microbatches(job::MicrobatchesPerReplica(job.spec));
+  a->set_replica(replica);
+  a->set_replicas(shape.replicas);
   for (const v1::ChunkSpec& c : job.chunks) *a->add_chunks() = c;
-  for (const std::string& address : addresses) a->add_worker_addresses(address);
+  for (int r = 0; r < shape.stages; ++r) {
+    a->add_worker_addresses(addresses[shape.Position(replica, r)]);
+  }
+  for (int q = 0; q < shape.replicas; ++q) {
+    a->add_replica_addresses(addresses[shape.Position(q, rank)]);
+  }
   for (const schedule::Action& action : job.plan.actions[rank]) {
     *a->add_actions() = control::ActionToProto(action);
   }
@@ -207,8 +226,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
   }
   job->link_secret = *std::move(secret);
   const std::vector<std::string> addresses = RankAddresses(*job);
-  for (int rank = 0; rank < static_cast<int>(job->workers.size()); ++rank) {
-    SendToRank(*job, rank, AssignCommand(*job, rank, addresses));
+  for (int p = 0; p < static_cast<int>(job->workers.size()); ++p) {
+    SendToRank(*job, p, AssignCommand(*job, p, addresses));
   }
   job->op.error = absl::OkStatus();
   const absl::Status waited = AwaitOp(
@@ -222,7 +241,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
   job->state = JobState::kReady;
   RestartLease(*job);  // the lease runs from here (and again after every recovery).
   Log(absl::StrCat("job ", job->id, " ready in generation ", job->generation, ": ",
-                   job->workers.size(), " stages (", job->spec.schedule(), ") on ",
+                   ShapeOf(job->spec).ToString(), " (", job->spec.schedule(), ") on ",
                    absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));
   if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
@@ -240,8 +259,8 @@ absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {
     // Ranks that never answered (a replacement that hangs) are evicted like a rank that misses a
     // step's deadline; the recovery starts over with the idle workers left.
     std::vector<int> silent;
-    for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
-      if (!job.op.assigned[rank]) silent.push_back(rank);
+    for (int p = 0; p < static_cast<int>(job.workers.size()); ++p) {
+      if (!job.op.assigned[p]) silent.push_back(p);
     }
     EvictRanks(job, silent,
                absl::StrCat("no Assigned for generation ", job.generation, " within ",

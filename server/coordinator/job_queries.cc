@@ -121,7 +121,16 @@ std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() {
     *info.mutable_isa_levels() = w->info.isa_levels();
     info.set_memory_bytes(w->info.memory_bytes());
     info.set_job(w->job);
+    // The registry keeps the worker's position in its job: its rank and replica.
     info.set_rank(w->rank);
+    info.set_replica(w->rank < 0 ? -1 : 0);
+    if (auto it = jobs_.find(w->job); w->rank >= 0 && it != jobs_.end()) {
+      const Job& job = *it->second;
+      job.mu.AssertHeld();
+      const JobShape shape = ShapeOf(job.spec);
+      info.set_rank(shape.RankOf(w->rank));
+      info.set_replica(shape.ReplicaOf(w->rank));
+    }
   }
   return workers;
 }
@@ -183,12 +192,16 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
     r->set_cursor_epoch(job.resume->data_cursor.epoch);
     r->set_cursor_batch(job.resume->data_cursor.batch);
   }
+  const JobShape shape = ShapeOf(job.spec);
+  s.set_replicas(shape.replicas);
   const std::vector<std::string> addresses = RankAddresses(job);
-  for (int rank = 0; rank < static_cast<int>(job.workers.size()); ++rank) {
+  for (int p = 0; p < static_cast<int>(job.workers.size()); ++p) {
+    const int rank = shape.RankOf(p);
     v1::StageStatus* st = s.add_stages();
     st->set_rank(rank);
-    st->set_worker(job.workers[rank]);
-    st->set_address(addresses[rank]);
+    st->set_replica(shape.ReplicaOf(p));
+    st->set_worker(job.workers[p]);
+    st->set_address(addresses[p]);
     for (const v1::ChunkSpec& c : job.chunks) {
       if (c.rank() == rank) *st->add_chunks() = c;
     }

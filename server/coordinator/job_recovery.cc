@@ -70,14 +70,16 @@ void CoordinatorCore::Recover(Job* job) {
     absl::MutexLock lock(&mu_);
     job->mu.AssertHeld();
     id = job->id;
-    before = static_cast<int>(job->workers.size());
+    before = job->spec.stages();
     if (job->state != JobState::kRecovering) return;
     bool shrink = false;
-    std::optional<std::vector<std::string>> names = AwaitReplacements(*job, &shrink);
+    int replicas = ShapeOf(job->spec).replicas;
+    std::optional<std::vector<std::string>> names = AwaitReplacements(*job, &shrink, &replicas);
     if (!names.has_value()) return;
     job->recovery_restart = false;  // `names` holds no lost worker; a later loss restarts.
-    const int fewest = shrink ? job->spec.min_stages() : static_cast<int>(names->size());
-    if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest)) return;
+    const int fewest =
+        shrink ? job->spec.min_stages() : static_cast<int>(names->size()) / std::max(replicas, 1);
+    if ((shrink || job->chunks.empty()) && !Relayout(*job, &*names, fewest, replicas)) return;
     StartGeneration(*job, *names);
   }
   // Assign records the recovery as the job becomes READY (RecordRecovery): a client that sees
@@ -94,26 +96,28 @@ void CoordinatorCore::RecordRecovery(Job& job, int stages_before) {
   v1::RecoveryEvent& r = job.recovering;
   r.set_seconds(absl::ToDoubleSeconds(absl::Now() - job.recovery_start));
   job.recoveries.push_back(r);
-  const int n = static_cast<int>(job.workers.size());
+  const JobShape shape = ShapeOf(job.spec);
   Log(absl::StrCat(
           "job ", job.id, ": recovered (", r.cause(),
           r.lost_worker().empty() ? "" : " " + r.lost_worker(), " after step ", r.steps_done(),
           r.also_lost().empty() ? "" : "; then " + absl::StrJoin(r.also_lost(), ", "), ") in ",
           r.seconds(), " s; restarted from step ", job.steps_done, " in generation ",
-          job.generation, " on ", n,
-          n < stages_before ? absl::StrCat(" stages (was ", stages_before, "): ") : " stages: ",
-          absl::StrJoin(job.workers, ", ")),
+          job.generation, " on ", shape.ToString(),
+          shape.stages < stages_before ? absl::StrCat(" (was ", stages_before, " stages)") : "",
+          ": ", absl::StrJoin(job.workers, ", ")),
       logging::LogLevel::kWarning);
   if (options_.metrics != nullptr) options_.metrics->RecordRecovery(job.id);
   RecordRecovered(job, stages_before);
 }
 
-std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& job, bool* shrink) {
+std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& job, bool* shrink,
+                                                                           int* replicas) {
   const absl::Duration wait = job.spec.replace_timeout_ms() > 0
                                   ? absl::Milliseconds(job.spec.replace_timeout_ms())
                                   : absl::Seconds(30);
   const absl::Time deadline = absl::Now() + wait;
-  const int S = static_cast<int>(job.workers.size());
+  const JobShape shape = ShapeOf(job.spec);
+  const int P = static_cast<int>(job.workers.size());
   const int min_stages = job.spec.min_stages();
   // Replacements must run the job's instruction-set level (its bits depend on it).
   const std::optional<math::Isa> isa = math::IsaFromName(job.spec.isa());
@@ -122,19 +126,23 @@ std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& 
   for (;;) {
     if (shutting_down_ || IsTerminal(job.state)) return std::nullopt;
     lost.clear();
-    for (int rank = 0; rank < S; ++rank) {
-      if (!workers_.Holds(job.workers[rank], job.id)) lost.push_back(rank);
+    for (int p = 0; p < P; ++p) {
+      if (!workers_.Holds(job.workers[p], job.id)) lost.push_back(p);
     }
     idle = workers_.Idle(isa);
     if (idle.size() >= lost.size()) break;
-    const int reachable = S - static_cast<int>(lost.size()) + static_cast<int>(idle.size());
+    const int reachable = P - static_cast<int>(lost.size()) + static_cast<int>(idle.size());
     if (absl::Now() >= deadline) {
-      if (min_stages > 0 && reachable >= min_stages) {
+      // A job that may shrink (min_stages > 0) first halves its replicas, keeping its stages
+      // (each half's share stays a node of the gradient tree), then drops stages.
+      *replicas = shape.replicas;
+      while (*replicas > 1 && shape.stages * *replicas > reachable) *replicas /= 2;
+      if (min_stages > 0 && (shape.stages * *replicas <= reachable || reachable >= min_stages)) {
         *shrink = true;
         break;
       }
       FailJob(job,
-              absl::StrCat("lost ", lost.size(), " of its ", S, " workers (",
+              absl::StrCat("lost ", lost.size(), " of its ", P, " workers (",
                            RecoveryCause(job.recovering), ") and no idle worker replaced ",
                            lost.size() == 1 ? "it" : "them", " within ", absl::FormatDuration(wait),
                            min_stages > 0 ? absl::StrCat("; ", reachable,
@@ -146,14 +154,12 @@ std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& 
     }
     WaitUntil(deadline);
   }
-  // A shrinking job keeps its survivors (in rank order) and takes every idle worker; otherwise
-  // idle workers take the lost ranks.
+  // A shrinking job keeps its survivors (in position order) and takes every idle worker; otherwise
+  // idle workers take the lost positions.
   std::vector<std::string> names;
   if (*shrink) {
-    for (int rank = 0; rank < S; ++rank) {
-      if (std::find(lost.begin(), lost.end(), rank) == lost.end()) {
-        names.push_back(job.workers[rank]);
-      }
+    for (int p = 0; p < P; ++p) {
+      if (std::find(lost.begin(), lost.end(), p) == lost.end()) names.push_back(job.workers[p]);
     }
     for (const WorkerRecord* w : idle) names.push_back(w->info.name());
   } else {
@@ -163,22 +169,38 @@ std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& 
   return names;
 }
 
-bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fewest) {
-  // Fewer stages, or a job restored from the journal: plan and partition anew, with the most
-  // stages (at most names.size(), at least `fewest`) the schedule accepts.
+bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fewest,
+                               int replicas) {
+  // Fewer stages or replicas, or a job restored from the journal: plan and partition anew, with
+  // `replicas` replicas and the most stages (at most names.size() / replicas and the stages it
+  // had, at least `fewest`)
+  // the schedule accepts; the workers placed by ArrangePositions.
   absl::Status laid = absl::InternalError("no stage count to try");
-  for (int n = static_cast<int>(names->size()); n >= std::max(fewest, 1); --n) {
+  replicas = std::max(replicas, 1);
+  const int most = std::min(static_cast<int>(names->size()) / replicas, job.spec.stages());
+  for (int n = most; n >= std::max(fewest, 1); --n) {
     v1::JobSpec spec = job.spec;
     spec.set_stages(n);
+    spec.set_replicas(replicas);
     absl::StatusOr<schedule::Plan> plan = job::PlanFor(spec, *job.model);
     if (!plan.ok()) {
       laid = plan.status();
       continue;
     }
+    const JobShape shape = ShapeOf(spec);
     std::vector<double> speeds;
-    for (int r = 0; r < n; ++r) speeds.push_back(workers_.Find((*names)[r])->info.gflops());
+    for (int p = 0; p < shape.positions(); ++p) {
+      speeds.push_back(workers_.Find((*names)[p])->info.gflops());
+    }
+    const std::vector<int> arranged = ArrangePositions(speeds, shape);
+    std::vector<std::string> placed;
+    std::vector<double> placed_speeds;
+    for (int p = 0; p < shape.positions(); ++p) {
+      placed.push_back((*names)[arranged[p]]);
+      placed_speeds.push_back(speeds[arranged[p]]);
+    }
     absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-        job::PartitionChunks(spec, *job.model, *plan, speeds);
+        job::PartitionChunks(spec, *job.model, *plan, RankSpeeds(placed_speeds, shape));
     if (!cut.ok()) {
       laid = cut.status();
       continue;
@@ -187,7 +209,7 @@ bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fe
     job.plan = *std::move(plan);
     job.chunks = std::move(cut->first);
     job.imbalance = cut->second;
-    names->resize(n);
+    *names = std::move(placed);
     return true;
   }
   FailJob(job,
@@ -200,7 +222,7 @@ void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& 
   v1::WorkerCommand release;
   release.mutable_release()->set_job(job.id);
   release.mutable_release()->set_generation(job.generation);
-  release.mutable_release()->set_reason("the job shrank to fewer stages");
+  release.mutable_release()->set_reason("the job shrank to fewer stages or replicas");
   for (const std::string& name : job.workers) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
     if (WorkerRecord* w = workers_.Find(name); w != nullptr && w->job == job.id) {
@@ -219,7 +241,8 @@ void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& 
   job.commit = CommitBook();  // the restore state replaces whatever was applied.
   job.recovering.set_restored_step(job.steps_done);
   job.recovering.set_generation(job.generation);
-  job.recovering.set_stages(n);
+  job.recovering.set_stages(ShapeOf(job.spec).stages);
+  job.recovering.set_replicas(ShapeOf(job.spec).replicas);
   job.recovering.clear_workers();
   for (const std::string& name : job.workers) job.recovering.add_workers(name);
 }
@@ -328,10 +351,11 @@ void CoordinatorCore::RestoreJob(journal::v1::JobRecord record) {
   // A checkpoint it wrote stays its own (one writer per directory).
   if (j.restore_dir != j.resume_dir) j.checkpoint_dir = j.restore_dir;
   // No layout yet (Recover partitions for the workers that register): every rank is lost.
-  j.workers.assign(j.spec.stages(), "");
+  j.workers.assign(ShapeOf(j.spec).positions(), "");
   if (journal_ != nullptr) journal_->Track(j.id);
   Log(absl::StrCat("job ", j.id, ": restored from the journal at step ", j.steps_done,
-                   "; waiting for ", j.spec.stages(), " workers"));
+                   "; waiting for ", j.workers.size(), " workers (", ShapeOf(j.spec).ToString(),
+                   ")"));
   Job* raw = &j;  // lives while its thread runs tasks.
   if (!j.ops->Post([this, raw] { Recover(raw); })) FailJob(j, "shutting down");
 }

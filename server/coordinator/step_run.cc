@@ -99,7 +99,10 @@ absl::Status StepRun::AdmitJob() {
   job_->op.error = absl::OkStatus();
   job_->op.reports.assign(job_->workers.size(), std::nullopt);
   job_->state = JobState::kTraining;
-  feed_ = core_.FeedTargets(*job_);
+  feeds_.clear();
+  for (int q = 0; q < ShapeOf(job_->spec).replicas; ++q) {
+    feeds_.push_back(core_.FeedTargets(*job_, q));
+  }
   return absl::OkStatus();
 }
 
@@ -124,19 +127,24 @@ absl::Status StepRun::AwaitAbortedRuns() {
 
 absl::Status StepRun::Feed() {
   // The job's links are its thread's: no lock. Every error names the link, whichever of the
-  // link's own report and this send sees the failure first.
-  const std::vector<std::pair<const FeedTarget*, wire::TensorKind>> ends = {
-      {&feed_.first, wire::TensorKind::kInput}, {&feed_.second, wire::TensorKind::kTarget}};
-  PT_RETURN_IF_ERROR(core_.EnsureFeedLinks(job_, feed_.first, feed_.second));
-  const int last_chunk = feed_.first.chunks - 1;
-  for (int mb = 0; mb < static_cast<int>(batch_.inputs.size()); ++mb) {
-    for (const auto& [target, kind] : ends) {
-      const bool input = kind == wire::TensorKind::kInput;
-      const absl::Status sent =
-          job_->links[target->rank]->Send(wire::TensorKey{step_, mb, input ? 0 : last_chunk, kind},
-                                          input ? batch_.inputs[mb] : batch_.targets[mb]);
-      if (!sent.ok()) {
-        return util::Annotate(sent, absl::StrCat("data link to rank ", target->rank));
+  // link's own report and this send sees the failure first. Replica q gets the step's
+  // micro-batches [q M / R, (q + 1) M / R), numbered from 0 within its share.
+  const int share = static_cast<int>(batch_.inputs.size()) / static_cast<int>(feeds_.size());
+  for (int q = 0; q < static_cast<int>(feeds_.size()); ++q) {
+    const auto& [first, last] = feeds_[q];
+    PT_RETURN_IF_ERROR(core_.EnsureFeedLinks(job_, first, last));
+    const int last_chunk = first.chunks - 1;
+    for (int mb = 0; mb < share; ++mb) {
+      const int global = q * share + mb;
+      for (const bool input : {true, false}) {
+        const FeedTarget& target = input ? first : last;
+        const wire::TensorKey key{step_, mb, input ? 0 : last_chunk,
+                                  input ? wire::TensorKind::kInput : wire::TensorKind::kTarget};
+        const absl::Status sent = job_->links[target.rank]->Send(
+            key, input ? batch_.inputs[global] : batch_.targets[global]);
+        if (!sent.ok()) {
+          return util::Annotate(sent, absl::StrCat("data link to rank ", target.rank));
+        }
       }
     }
   }
@@ -218,19 +226,22 @@ void StepRun::EvictStuckRanks() {
 }
 
 absl::StatusOr<float> StepRun::Reduce(v1::StepResult* result) {
-  // The loss: the last chunk owner's micro-batch losses summed in increasing order, as float.
-  const int last_rank = feed_.second.rank;
-  const v1::StepDone& last = *job_->op.reports[last_rank];
-  const int M = static_cast<int>(batch_.inputs.size());
-  if (last.microbatch_losses_size() != M) {
-    return absl::InternalError(absl::StrCat(WorkerLabel(job_->workers[last_rank], last_rank),
-                                            " reported ", last.microbatch_losses_size(),
-                                            " micro-batch losses, expected ", M));
-  }
+  // The loss: each replica's last chunk owner's micro-batch losses, replica by replica (so in
+  // the step's micro-batch order), summed in increasing order, as float.
+  const int share = static_cast<int>(batch_.inputs.size()) / static_cast<int>(feeds_.size());
   float loss = 0;
-  for (float l : last.microbatch_losses()) {
-    loss += l;
-    result->add_microbatch_losses(l);
+  for (const auto& feed : feeds_) {
+    const int last_rank = feed.second.rank;
+    const v1::StepDone& last = *job_->op.reports[last_rank];
+    if (last.microbatch_losses_size() != share) {
+      return absl::InternalError(absl::StrCat(PositionLabel(*job_, last_rank), " reported ",
+                                              last.microbatch_losses_size(),
+                                              " micro-batch losses, expected ", share));
+    }
+    for (float l : last.microbatch_losses()) {
+      loss += l;
+      result->add_microbatch_losses(l);
+    }
   }
   result->set_loss(loss);
   return ClipScale();
@@ -238,17 +249,20 @@ absl::StatusOr<float> StepRun::Reduce(v1::StepResult* result) {
 
 absl::StatusOr<float> StepRun::ClipScale() {
   // The global gradient norm: per-layer norms placed by layer, summed in increasing layer order —
-  // only when the job clips (nothing else reads it, and workers report it only then).
+  // only when the job clips (nothing else reads it, and workers report it only then). Every
+  // replica reports the norms of the reduced gradients: replica 0's are used, the others must
+  // agree bit for bit.
   const float clip_norm = job_->spec.optimizer().clip_norm();
   if (!(clip_norm > 0)) return 1.0f;
+  const JobShape shape = ShapeOf(job_->spec);
   const int64_t L = job_->model->num_layers();
   std::vector<double> per_layer(L, 0.0);
   std::vector<bool> seen(L, false);
-  for (int rank = 0; rank < static_cast<int>(job_->workers.size()); ++rank) {
+  for (int rank = 0; rank < shape.stages; ++rank) {
     for (const v1::LayerNormSq& n : job_->op.reports[rank]->grad_norms()) {
       if (n.layer() < 0 || n.layer() >= L || seen[n.layer()]) {
         return absl::InternalError(
-            absl::StrCat(WorkerLabel(job_->workers[rank], rank), " reported layer ", n.layer(),
+            absl::StrCat(PositionLabel(*job_, rank), " reported layer ", n.layer(),
                          n.layer() >= 0 && n.layer() < L ? " twice" : " out of range"));
       }
       seen[n.layer()] = true;
@@ -258,6 +272,19 @@ absl::StatusOr<float> StepRun::ClipScale() {
   for (int64_t l = 0; l < L; ++l) {
     if (!seen[l]) {
       return absl::InternalError(absl::StrCat("no worker reported the gradient norm of layer ", l));
+    }
+  }
+  for (int p = shape.stages; p < shape.positions(); ++p) {
+    const auto& mine = job_->op.reports[p]->grad_norms();
+    const auto& first = job_->op.reports[shape.RankOf(p)]->grad_norms();
+    bool same = mine.size() == first.size();
+    for (int i = 0; same && i < mine.size(); ++i) {
+      same = mine[i].layer() == first[i].layer() && mine[i].norm_sq() == first[i].norm_sq();
+    }
+    if (!same) {
+      return absl::InternalError(absl::StrCat(
+          PositionLabel(*job_, p), " reported gradient norms that differ from replica 0's: the ",
+          "replicas' gradients were not reduced to the same bits"));
     }
   }
   return math::ClipScale(model::SumLayerNormSq(per_layer), clip_norm);
@@ -293,8 +320,11 @@ void StepRun::Finish(v1::StepResult* result) {
   // Timelines: measured (compute intervals, in ms) and the simulator's replay of the same costs.
   result->set_step(step_);
   result->set_step_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
+  // Replica 0's timeline: every replica runs the same plan.
   std::vector<const v1::StepDone*> reports;
-  for (const auto& r : job_->op.reports) reports.push_back(&*r);
+  for (int rank = 0; rank < ShapeOf(job_->spec).stages; ++rank) {
+    reports.push_back(&*job_->op.reports[rank]);
+  }
   FillStepTimeline(job_->plan, reports, result);
   core_.RecordStepMetrics(job_->id, batch_.samples, *result);
   core_.RecordStepCommitted(*job_, batch_.samples, *result);
@@ -339,11 +369,12 @@ absl::Duration StepRun::Deadline() const {
       o.b += f.backward_input + f.backward_weight;
     }
   }
-  std::vector<double> speeds;
+  std::vector<double> speeds;  // by position, then each rank's slowest replica.
   for (const std::string& name : job_->workers) {
     const WorkerRecord* w = core_.workers_.Find(name);
     speeds.push_back(w == nullptr ? 1e9 : w->info.gflops() * 1e9);
   }
+  speeds = RankSpeeds(speeds, ShapeOf(job_->spec));
   double predicted_s = 0;
   absl::StatusOr<schedule::CostModel> costs =
       schedule::CostModelFromFlops(job_->plan.placement, flops, speeds);

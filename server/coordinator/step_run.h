@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -69,9 +71,12 @@ class StepRun {
   // After a missed deadline: aborts the step and evicts the ranks that do not answer the Abort
   // within loss_grace (stuck or stopped; those waiting on them answer at once).
   void EvictStuckRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, job_->mu);
-  // kReduce: fills the result's loss; the clip scale.
+  // kReduce: fills the result's loss (every replica's micro-batch losses in the step's order,
+  // summed in that order); the clip scale.
   absl::StatusOr<float> Reduce(v1::StepResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, job_->mu);
+  // From replica 0's grad norms; INTERNAL if another replica's differ in any bit (their
+  // reduction went wrong).
   absl::StatusOr<float> ClipScale() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, job_->mu);
   // kCommit.
   absl::Status Commit(float clip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, job_->mu);
@@ -92,7 +97,8 @@ class StepRun {
   StepBatch batch_;
   int64_t step_ = 0;        // its number: the job's steps_done + 1 (steps are numbered from 1).
   int64_t generation_ = 0;  // the generation the step runs in.
-  std::pair<FeedTarget, FeedTarget> feed_;  // first and last chunk owners.
+  // Each replica's first and last chunk owners, by replica.
+  std::vector<std::pair<FeedTarget, FeedTarget>> feeds_;
   absl::Duration deadline_;
 };
 

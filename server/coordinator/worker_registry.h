@@ -24,7 +24,7 @@ struct WorkerRecord {
   int64_t order = 0;                 // registration order.
   WorkerChannel* channel = nullptr;  // its Join stream; valid while registered.
   std::string job;                   // the job it holds a rank of; empty when idle.
-  int rank = -1;                     // its rank in `job`; -1 when idle.
+  int rank = -1;  // its position in `job` (job_shape.h: its rank with one replica); -1: idle.
 };
 
 class WorkerRegistry {

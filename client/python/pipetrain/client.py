@@ -1045,14 +1045,18 @@ class Client:
     def create_job(self, model, schedule="1f1b", stages=1, microbatches=1, optimizer="adamw",
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
-                   isa=None, save_to=None, keep_checkpoints=1, planned_steps=0,
+                   isa=None, save_to=None, keep_checkpoints=1, planned_steps=0, replicas=1,
                    max_kept_batches=10000, recovery_timeout=300.0,
                    reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
         schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v | 1f1b-overlap |
-            interleaved-overlap. stages: S.
+            interleaved-overlap. stages: S. replicas: R data-parallel copies of the pipeline on
+            R x S workers (JobSpec.replicas, as `pipetrain train --replicas`), each running M / R
+            of every step's micro-batches: a power of two dividing M (INVALID_ARGUMENT naming the
+            counts M supports otherwise); the result is bitwise that of one replica
+            (docs/scaling.md, "Replicas").
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields (a text data set loaded with a
@@ -1082,10 +1086,12 @@ class Client:
         on_wait: see Job."""
         if replace_timeout < 0:
             raise _invalid("replace_timeout must be >= 0 s, got %r" % (replace_timeout,))
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise _invalid("replicas must be an integer >= 1, got %r" % (replicas,))
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
                           recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
-                          min_stages=min_stages, planned_steps=planned_steps)
+                          min_stages=min_stages, planned_steps=planned_steps, replicas=replicas)
         if isa is not None:
             if not isinstance(isa, str):
                 raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))

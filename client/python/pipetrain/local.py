@@ -91,6 +91,24 @@ def _cpu_lists(worker_cpus, workers):
     return lists
 
 
+def _invalid(message):
+    return PipetrainError(StatusCode.INVALID_ARGUMENT, message)
+
+
+def _worker_count(workers, stages, replicas):
+    """The workers LocalCluster starts: stages x replicas if `stages` is given, else `workers`."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise _invalid("replicas must be an integer >= 1, got %r" % (replicas,))
+    if stages is None:
+        if replicas != 1:
+            raise _invalid("replicas=%d needs stages= (the cluster starts stages x replicas "
+                           "workers)" % replicas)
+        return workers
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+        raise _invalid("stages must be an integer >= 1, got %r" % (stages,))
+    return stages * replicas
+
+
 class LocalCluster:
     """Starts a coordinator (--listen 127.0.0.1:0, checkpoints under `checkpoint_root`, default a
     directory in `log_dir`) and `workers` stage workers named w0, w1, ... and waits (at most
@@ -102,10 +120,17 @@ class LocalCluster:
     $PIPETRAIN_STAGE_WORKER_BINARY, `build_dir`, PATH). stop() (or leaving the `with`
     block) sends SIGTERM to each daemon by PID and waits for it. Raises PipetrainError:
     NOT_FOUND for a missing binary, UNAVAILABLE for a daemon that did not start, naming its log,
-    INVALID_ARGUMENT for a worker_cpus that does not give one list per worker."""
+    INVALID_ARGUMENT for a worker_cpus that does not give one list per worker.
+
+    `stages` and `replicas` (keywords): the shape of the job the cluster is for; given `stages`,
+    the cluster starts stages x replicas workers (a job of `replicas` data-parallel copies of a
+    `stages`-stage pipeline, create_job(stages=..., replicas=...)) instead of `workers`.
+    INVALID_ARGUMENT for counts < 1, or `replicas` without `stages`."""
 
     def __init__(self, workers=2, coordinator_binary=None, worker_binary=None, build_dir=None,
-                 log_dir=None, checkpoint_root=None, start_timeout=30.0, worker_cpus=None):
+                 log_dir=None, checkpoint_root=None, start_timeout=30.0, worker_cpus=None, *,
+                 stages=None, replicas=1):
+        workers = _worker_count(workers, stages, replicas)
         cpus = _cpu_lists(worker_cpus, workers)
         coordinator = _find_binary("coordinator", coordinator_binary, COORDINATOR_BINARY_ENV,
                                    build_dir, "server/coordinator", "coordinator_binary")

@@ -60,7 +60,7 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
     };
     const std::vector<std::string> pipeline = {"--stages",          "--schedule",    "--virtual",
                                                "--trace",           "--trace-steps", "--min-stages",
-                                               "--replace-timeout", "--plan"};
+                                               "--replace-timeout", "--plan",        "--replicas"};
     const std::vector<std::string> security = {"--tls-cert", "--tls-key", "--tls-ca",
                                                "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{

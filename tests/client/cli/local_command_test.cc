@@ -117,6 +117,21 @@ TEST_F(LocalRefusalTest, ScheduleParametersAreTheCoordinators) {
                 "interleaved 1F1B needs microbatches (3) to be a multiple of stages (2)");
 }
 
+// --replicas R splits each step's micro-batches into R shares that must be nodes of the gradient
+// tree, and the schedule's rules apply to a share: both are refused before anything starts.
+TEST_F(LocalRefusalTest, ReplicasMustSplitTheStepIntoTreeNodes) {
+  const std::string model = " --model " + Example("mlp_digits.textproto");
+  ExpectRefused("--replicas 4 --microbatches 6 --batch 48" + model,
+                "replicas 4 does not divide microbatches 6 into a node of the gradient tree; "
+                "supported: 1, 2");
+  ExpectRefused("--replicas 0" + model, "--replicas must be >= 1, got 0");
+  ExpectRefused(
+      "--stages 2 --schedule interleaved --replicas 2 --microbatches 2 --batch 32" + model,
+      "with 2 replicas each runs microbatches / replicas = 1 micro-batches");
+  ExpectRefused("--plan auto --replicas 2" + model,
+                "--plan auto chooses --replicas: give one of them, not both");
+}
+
 TEST_F(LocalRefusalTest, TextNeedsATokenModel) {
   ExpectRefused("--model " + Example("mlp_digits.textproto") + " --data text",
                 "data set 'text' holds token ids, for a model that starts with an embedding "

@@ -86,3 +86,21 @@ def test_example_run_from_the_repository_root_finds_build_demo(tmp_path, example
     r = _run_example(tmp_path, example, "build-demo")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "step 2 loss" in r.stdout
+
+
+def test_stages_and_replicas_start_their_product_of_workers(tmp_path):
+    with LocalCluster(stages=1, replicas=2, log_dir=str(tmp_path)) as c:
+        with pipetrain.Client(c.address) as client:
+            assert sorted(w.name for w in client.workers()) == ["w0", "w1"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"replicas": 2}, "replicas=2 needs stages= (the cluster starts stages x replicas workers)"),
+    ({"stages": 2, "replicas": 0}, "replicas must be an integer >= 1, got 0"),
+    ({"stages": 0}, "stages must be an integer >= 1, got 0"),
+])
+def test_a_shape_needs_positive_counts(kwargs, message):
+    with pytest.raises(PipetrainError) as e:
+        LocalCluster(**kwargs)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    assert e.value.message == message

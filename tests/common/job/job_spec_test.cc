@@ -138,6 +138,69 @@ TEST(JobSpecTest, PlannedStepsAndKeptCheckpointsAreInRange) {
   EXPECT_EQ(s.message(), "keep_checkpoints must be >= 0, got -1");
 }
 
+TEST(JobSpecTest, ReplicasDefaultToOneAndPlanOneReplicasShare) {
+  v1::JobSpec one = MlpSpec(2, 2, 4);
+  ASSERT_TRUE(CheckJobSpec(JobLimits(), &one).ok());
+  EXPECT_EQ(one.replicas(), 1);
+  v1::JobSpec two = MlpSpec(2, 2, 8);
+  two.set_replicas(2);
+  two.set_max_replicas(4);
+  two.set_max_stages(2);
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(JobLimits(), &two);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(ReplicasOf(two), 2);
+  EXPECT_EQ(MicrobatchesPerReplica(two), 4);
+  EXPECT_EQ(checked->plan.microbatches, 4);  // the plan of one replica's share
+}
+
+TEST(JobSpecTest, ReplicasMustSplitTheStepIntoNodesOfTheGradientTree) {
+  v1::JobSpec odd = MlpSpec(2, 1, 6);
+  odd.set_replicas(4);
+  absl::Status s = CheckJobSpec(JobLimits(), &odd).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("replicas 4 does not divide microbatches 6 into a node of "
+                                     "the gradient tree; supported: 1, 2"));
+  v1::JobSpec three = MlpSpec(2, 1, 6);
+  three.set_replicas(3);  // divides 6, but not a power of two
+  s = CheckJobSpec(JobLimits(), &three).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("supported: 1, 2"));
+  v1::JobSpec negative = MlpSpec(2, 1, 4);
+  negative.set_replicas(-2);
+  s = CheckJobSpec(JobLimits(), &negative).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "replicas must be >= 1, got -2");
+  v1::JobSpec eight = MlpSpec(2, 1, 8);
+  eight.set_replicas(8);
+  EXPECT_TRUE(CheckJobSpec(JobLimits(), &eight).ok());
+}
+
+TEST(JobSpecTest, TheScheduleIsCheckedWithOneReplicasMicrobatches) {
+  // Interleaved needs M >= S: 4 micro-batches over 2 replicas leave 2 per replica < 4 stages.
+  v1::JobSpec spec = MlpSpec(4, 4, 4);
+  spec.set_schedule("interleaved");
+  ASSERT_TRUE(CheckJobSpec(JobLimits(), &spec).ok());
+  spec.set_replicas(2);
+  const absl::Status s = CheckJobSpec(JobLimits(), &spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("with 2 replicas each runs microbatches / replicas = 2"));
+  EXPECT_THAT(s.message(), HasSubstr("needs microbatches (2) >= stages (4)"));
+}
+
+TEST(JobSpecTest, GrowthCapsAreZeroOrAtLeastTheShape) {
+  v1::JobSpec replicas = MlpSpec(2, 2, 4);
+  replicas.set_replicas(2);
+  replicas.set_max_replicas(1);
+  absl::Status s = CheckJobSpec(JobLimits(), &replicas).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "max_replicas must be 0 or >= replicas = 2, got 1");
+  v1::JobSpec stages = MlpSpec(2, 2, 4);
+  stages.set_max_stages(1);
+  s = CheckJobSpec(JobLimits(), &stages).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "max_stages must be 0 or >= stages = 2, got 1");
+}
+
 TEST(JobSpecTest, IsaMustNameALevel) {
   v1::JobSpec spec = MlpSpec(1, 1, 1);
   EXPECT_TRUE(CheckJobIsa(spec).ok());

@@ -113,6 +113,11 @@ void FakeWorker::DelayAssigns(absl::Duration delay) {
   assign_delay_ = delay;
 }
 
+void FakeWorker::SkewGradNorms(double by) {
+  absl::MutexLock lock(&mu_);
+  grad_norm_skew_ = by;
+}
+
 void FakeWorker::FailRunSteps(absl::Status status) {
   absl::MutexLock lock(&mu_);
   fail_runs_ = std::move(status);
@@ -257,10 +262,22 @@ v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
   for (const v1::ChunkSpec& c : assign_.chunks()) {
     if (c.rank() != assign_.rank() || c.chunk() != C - 1) continue;
     // Losses that depend on the step and micro-batch, as real ones would: step N's are
-    // 0.25 (mb + 1) + N - 1.
-    for (int mb = 0; mb < assign_.microbatches(); ++mb) {
+    // 0.25 (mb + 1) + N - 1, mb the step's micro-batch (replica r's share starts at r M / R).
+    const int first = assign_.replica() * assign_.microbatches();
+    for (int mb = first; mb < first + assign_.microbatches(); ++mb) {
       d->add_microbatch_losses(0.25f * static_cast<float>(mb + 1) +
                                static_cast<float>(r.step() - 1));
+    }
+  }
+  // A job that clips: every layer of its chunks, norm_sq layer + 1 (+ the scripted skew).
+  if (assign_.optimizer().clip_norm() > 0) {
+    for (const v1::ChunkSpec& c : assign_.chunks()) {
+      if (c.rank() != assign_.rank()) continue;
+      for (int64_t l = c.first_layer(); l < c.last_layer(); ++l) {
+        v1::LayerNormSq* n = d->add_grad_norms();
+        n->set_layer(l);
+        n->set_norm_sq(static_cast<double>(l + 1) + grad_norm_skew_);
+      }
     }
   }
   for (int p = 0; p < assign_.actions_size(); ++p) {
@@ -375,6 +392,7 @@ class FakeFeedLinks::Link final : public FeedLink {
         owner_->sent_[rank_].push_back(
             absl::StrCat(key.kind == wire::TensorKind::kInput ? "input" : "target", " step ",
                          key.step, " mb ", key.microbatch, " rows ", tensor->rows()));
+        owner_->first_values_[rank_].push_back(tensor->size() > 0 ? tensor->data()[0] : 0.0f);
         return absl::OkStatus();
       }
       refused = it->second;
@@ -417,6 +435,12 @@ std::vector<std::string> FakeFeedLinks::Sent(int rank) const {
   absl::MutexLock lock(&mu_);
   auto it = sent_.find(rank);
   return it == sent_.end() ? std::vector<std::string>() : it->second;
+}
+
+std::vector<float> FakeFeedLinks::FirstValues(int rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = first_values_.find(rank);
+  return it == first_values_.end() ? std::vector<float>() : it->second;
 }
 
 int FakeFeedLinks::dials() const {

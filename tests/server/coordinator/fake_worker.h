@@ -55,6 +55,9 @@ class FakeWorker final : public WorkerChannel {
   void HoldAssigns();
   // Script: Assigns are answered `delay` after they arrive.
   void DelayAssigns(absl::Duration delay);
+  // Script: the gradient norms it reports (when the job clips: layer + 1 for each of its layers)
+  // are `by` higher, as a replica whose reduction went wrong would report.
+  void SkewGradNorms(double by);
   // Script: a RunStep (and an EvalRun) is answered with this error.
   void FailRunSteps(absl::Status status);
 
@@ -93,6 +96,7 @@ class FakeWorker final : public WorkerChannel {
   bool hold_assigns_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration assign_delay_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
+  double grad_norm_skew_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::EvalRun> held_eval_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::GenRun> held_gen_ ABSL_GUARDED_BY(mu_);
@@ -113,6 +117,8 @@ class FakeFeedLinks final : public FeedLinkFactory {
   void Refuse(int rank, absl::Status status);
   // "input/target step S mb M" of every tensor sent to `rank`, in order.
   std::vector<std::string> Sent(int rank) const;
+  // The first element of every tensor sent to `rank`, in order (which rows it carries).
+  std::vector<float> FirstValues(int rank) const;
   int dials() const;
 
  private:
@@ -120,6 +126,7 @@ class FakeFeedLinks final : public FeedLinkFactory {
   mutable absl::Mutex mu_;
   std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::vector<std::string>> sent_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<float>> first_values_ ABSL_GUARDED_BY(mu_);
   int dials_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
