@@ -401,6 +401,44 @@ absl::StatusOr<double> Stage::SetTiedGrad(TieEnd end, const math::Tensor& sum) {
   return LayerGradNormSq(k);
 }
 
+math::Tensor Stage::FlatGrads() {
+  FinishGradsForRead(nullptr);
+  int64_t n = 0;
+  for (const auto& layer : grads_) {
+    for (const math::Tensor& t : layer) n += static_cast<int64_t>(t.data.size());
+  }
+  math::Tensor flat{{1, n}, {}};
+  flat.data.reserve(n);
+  for (const auto& layer : grads_) {
+    for (const math::Tensor& t : layer)
+      flat.data.insert(flat.data.end(), t.data.begin(), t.data.end());
+  }
+  return flat;
+}
+
+absl::Status Stage::SetFlatGrads(const math::Tensor& flat) {
+  FinishGradsForRead(nullptr);
+  int64_t n = 0;
+  for (const auto& layer : grads_) {
+    for (const math::Tensor& t : layer) n += static_cast<int64_t>(t.data.size());
+  }
+  if (flat.shape != std::vector<int64_t>{1, n} || static_cast<int64_t>(flat.data.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradients of shape [", absl::StrJoin(flat.shape, ","), "] with ",
+                     flat.data.size(), " floats for the stage over layers [", first_, ", ", last_,
+                     "), which has ", n, " gradient elements ([1,", n, "])"));
+  }
+  auto from = flat.data.begin();
+  for (auto& layer : grads_) {
+    for (math::Tensor& t : layer) {
+      std::copy(from, from + static_cast<std::ptrdiff_t>(t.data.size()), t.data.begin());
+      from += static_cast<std::ptrdiff_t>(t.data.size());
+    }
+  }
+  grads_zero_ = false;
+  return absl::OkStatus();
+}
+
 void Stage::CombineTiedGrads() {
   const int64_t e = TiedLocalLayer(TieEnd::kEmbedding);
   const int64_t h = TiedLocalLayer(TieEnd::kHead);

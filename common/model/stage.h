@@ -153,6 +153,16 @@ class Stage {
   // BackwardWeight, before GradNormSqPerLayer and ApplyOptimizer.
   void CombineTiedGrads();
 
+  // Every gradient of the stage as one [1, n] row: layers in order, each layer's parameters in
+  // order, elements in order (n = the stage's parameter count), after it adds what is deferred
+  // (as GradNormSqPerLayer does). The form in which the two copies of a stage under
+  // bidirectional DualPipe swap their partial gradients (worker::SumWithPeer).
+  math::Tensor FlatGrads();
+  // Sets the gradients from a row of FlatGrads' form (e.g. the sum of both copies' parts), after
+  // the step's last BackwardWeight and before ApplyOptimizer. INVALID_ARGUMENT (nothing changed)
+  // if `flat` is not [1, n] with n the stage's parameter count.
+  absl::Status SetFlatGrads(const math::Tensor& flat);
+
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
   // forward and input-gradient products, about twice their size once used).
   int64_t ParamCacheBytes() const;

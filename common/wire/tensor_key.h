@@ -8,6 +8,9 @@
 //   kTarget,     last chunk: the micro-batch's targets (sent by the coordinator).
 //   kTiedGradient, chunk 0 or the last chunk (micro-batch 0): the other end's part of a tied
 //                embedding table's gradient, for the owner of `chunk` (model/tied_embedding.h).
+//   kCopyGradient, any chunk of a job with two copies of its stages (bidirectional DualPipe,
+//                micro-batch 0): the other copy's partial gradient of the stage, for the owner
+//                of `chunk` (docs/wire.md, "Gradient exchange").
 #ifndef PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 #define PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 
@@ -26,6 +29,7 @@ enum class TensorKind : uint8_t {
   kInput = 3,
   kTarget = 4,
   kTiedGradient = 5,
+  kCopyGradient = 7,
 };
 
 inline const char* TensorKindName(TensorKind kind) {
@@ -40,6 +44,8 @@ inline const char* TensorKindName(TensorKind kind) {
       return "target";
     case TensorKind::kTiedGradient:
       return "tied_gradient";
+    case TensorKind::kCopyGradient:
+      return "copy_gradient";
   }
   return "unknown";
 }

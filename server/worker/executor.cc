@@ -40,6 +40,59 @@ class MailboxTransport final : public ExchangeTransport {
   const absl::Duration timeout_;
 };
 
+// Checks that `chunks` (sorted by chunk index) fit `routes` and `model`: each chunk in range and
+// held once, the first chunk of a copy starts at layer 0, its last ends at the model's end, and
+// two chunks of one copy held here are in layer order with room for the chunks between them.
+absl::Status CheckChunkLayers(const model::Model& model, const std::vector<OwnedChunk>& chunks,
+                              const ChunkRoutes& routes) {
+  const int64_t layers = model.num_layers();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const OwnedChunk& c = chunks[i];
+    const model::Stage& s = c.stage;
+    if (c.chunk < 0 || c.chunk >= routes.num_chunks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.chunk, " is outside [0, ", routes.num_chunks(), ")"));
+    }
+    if (routes.IsFirst(c.chunk) && s.first_layer() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.chunk, " starts at layer ", s.first_layer(), ", not 0"));
+    }
+    if (routes.IsLast(c.chunk) && s.last_layer() != layers) {
+      return absl::InvalidArgumentError(absl::StrCat("last chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), ", not at the model's end ",
+                                                     layers));
+    }
+    if (s.last_layer() > layers) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), " beyond the model's ", layers,
+                                                     " layers"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      const OwnedChunk& p = chunks[j];
+      if (p.chunk == c.chunk) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " is given twice"));
+      }
+      if (routes.StageOf(p.chunk) == routes.StageOf(c.chunk)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunks ", p.chunk, " and ", c.chunk, " are both copies of stage ",
+                         routes.StageOf(c.chunk), ": the two copies must be on two workers"));
+      }
+    }
+    if (i == 0 || routes.IsDown(chunks[i - 1].chunk) != routes.IsDown(c.chunk)) continue;
+    const OwnedChunk& p = chunks[i - 1];
+    // Every chunk in between needs at least one layer; adjacent chunks must touch.
+    const int64_t between = c.chunk - p.chunk - 1;
+    const int64_t gap = s.first_layer() - p.stage.last_layer();
+    if (between == 0 ? gap != 0 : gap < between) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", p.chunk, " (layers [", p.stage.first_layer(), ", ", p.stage.last_layer(),
+          ")) and chunk ", c.chunk, " (layers [", s.first_layer(), ", ", s.last_layer(),
+          ")) are not in layer order with room for the ", between, " chunks between them"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Prefixes `status`'s message with `context`, keeping its code.
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
@@ -89,61 +142,33 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
     return absl::InvalidArgumentError(absl::StrCat("input timeout must be positive, got ",
                                                    absl::FormatDuration(options.input_timeout)));
   }
-  if (num_chunks < 1 || num_chunks > model->num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("num_chunks ", num_chunks, " is not in [1, ",
-                                                   model->num_layers(), "] (the model's layers)"));
+  const int copies = options.two_copies ? 2 : 1;
+  if (num_chunks < 1 || num_chunks > copies * model->num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_chunks ", num_chunks, " is not in [1, ", copies * model->num_layers(),
+                     "] (", copies == 2 ? "two copies of " : "", "the model's layers)"));
+  }
+  ChunkRoutes routes = ChunkRoutes::OneCopy(num_chunks);
+  if (options.two_copies) {
+    PT_ASSIGN_OR_RETURN(routes, ChunkRoutes::TwoCopies(num_chunks));
   }
   std::sort(chunks.begin(), chunks.end(),
             [](const OwnedChunk& a, const OwnedChunk& b) { return a.chunk < b.chunk; });
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const OwnedChunk& c = chunks[i];
-    const model::Stage& s = c.stage;
-    if (c.chunk < 0 || c.chunk >= num_chunks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", c.chunk, " is outside [0, ", num_chunks, ")"));
-    }
-    if (c.chunk == 0 && s.first_layer() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk 0 starts at layer ", s.first_layer(), ", not 0"));
-    }
-    if (c.chunk == num_chunks - 1 && s.last_layer() != model->num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("last chunk ", c.chunk, " ends at layer ",
-                                                     s.last_layer(), ", not at the model's end ",
-                                                     model->num_layers()));
-    }
-    if (s.last_layer() > model->num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " ends at layer ",
-                                                     s.last_layer(), " beyond the model's ",
-                                                     model->num_layers(), " layers"));
-    }
-    if (i == 0) continue;
-    const OwnedChunk& p = chunks[i - 1];
-    if (p.chunk == c.chunk) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " is given twice"));
-    }
-    // Every chunk in between needs at least one layer; adjacent chunks must touch.
-    const int64_t between = c.chunk - p.chunk - 1;
-    const int64_t gap = s.first_layer() - p.stage.last_layer();
-    if (between == 0 ? gap != 0 : gap < between) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", p.chunk, " (layers [", p.stage.first_layer(), ", ", p.stage.last_layer(),
-          ")) and chunk ", c.chunk, " (layers [", s.first_layer(), ", ", s.last_layer(),
-          ")) are not in layer order with room for the ", between, " chunks between them"));
-    }
-  }
+  PT_RETURN_IF_ERROR(CheckChunkLayers(*model, chunks, routes));
   return std::unique_ptr<StepExecutor>(
-      new StepExecutor(model, std::move(chunks), num_chunks, mailbox, sender, options));
+      new StepExecutor(model, std::move(chunks), routes, mailbox, sender, options));
 }
 
 StepExecutor::StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks,
-                           int num_chunks, Mailbox* mailbox, Sender* sender,
+                           const ChunkRoutes& routes, Mailbox* mailbox, Sender* sender,
                            const ExecutorOptions& options)
     : model_(model),
-      num_chunks_(num_chunks),
+      num_chunks_(routes.num_chunks()),
       mailbox_(mailbox),
       sender_(sender),
       options_(options),
-      local_of_chunk_(num_chunks, -1),
+      local_of_chunk_(routes.num_chunks(), -1),
+      routes_(routes),
       chunks_(std::move(chunks)) {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     local_of_chunk_[chunks_[i].chunk] = i;
@@ -169,7 +194,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     return absl::FailedPreconditionError(
         absl::StrCat("RunStep(", step, "): the previous step failed and was not aborted"));
   }
-  const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_);
+  const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_, &routes_);
   if (!microbatches.ok()) return WithContext(microbatches.status(), absl::StrCat("step ", step));
   const int m = *microbatches;
   if (batch_rows < 1 || batch_rows % m != 0 || (batch_rows / m) % model_->tokens_per_sample()) {
@@ -180,7 +205,9 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   StepReport report;
   report.step = step;
   report.started = t0;
-  if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
+  for (const OwnedChunk& c : chunks_) {
+    if (routes_.IsLast(c.chunk)) report.microbatch_losses.assign(m, 0.0f);
+  }
   report.timings.reserve(actions.size());
   ApplyPendingUpdate();
   report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
@@ -188,15 +215,28 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   // The step's gradients are added in the canonical tree order of its m micro-batches
   // (model::GradTree), the reference trainer's.
   PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(m));
+  if (routes_.two_copies() && !tree.SupportsReplicas(2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": the two copies of the stages (dualpipe) each add half of the ", m,
+        " micro-batches, and that half must be a node of the step's gradient tree "
+        "(model::GradTree::SupportsReplicas(2)); it is not for M = ",
+        m));
+  }
+  weight_grads_due_.clear();
   for (OwnedChunk& c : chunks_) {
-    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree));
+    const model::MicrobatchRange share = routes_.Share(c.chunk, m);
+    PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree, share));
     c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+    weight_grads_due_.push_back(static_cast<int>(share.hi - share.lo));
   }
   step_microbatches_ = m;
   weight_grads_done_.assign(chunks_.size(), 0);
   chunk_norms_.assign(chunks_.size(), {});
   absl::Status status = RunStepImpl(step, actions, batch_rows, m, t0, &report);
-  if (status.ok()) status = ExchangeTiedGradients(step);
+  MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
+  if (status.ok()) status = ExchangeCopyGradients(step, &transport);
+  if (status.ok()) status = ExchangeTiedGradients(step, &transport);
+  if (status.ok()) status = ReportNorms(step, &report);
   if (!status.ok()) {
     phase_ = Phase::kFailed;
     return status;
@@ -205,22 +245,32 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     report.wait_time += t.wait();
     report.compute_time += t.compute();
   }
-  // Each chunk's norms were taken by its last W (CheckActionList: m W per chunk, in order).
-  for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
-    const model::Stage& stage = chunks_[local].stage;
-    const std::vector<double>& norms = chunk_norms_[local];
-    if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
-      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunks_[local].chunk,
-                                              " has no gradient norms after its last W"));
-    }
-    for (size_t k = 0; k < norms.size(); ++k) {
-      report.layer_grad_norm_sq.push_back(
-          LayerNormSq{stage.first_layer() + static_cast<int64_t>(k), norms[k]});
-    }
-  }
   report.wall_time = absl::FromChrono(Clock::now() - t0);
   phase_ = Phase::kAwaitingCommit;
   return report;
+}
+
+absl::Status StepExecutor::ReportNorms(int64_t step, StepReport* report) {
+  for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
+    model::Stage& stage = chunks_[local].stage;
+    const int chunk = chunks_[local].chunk;
+    // With two copies the down copy reports the stage's norms of the summed gradient; the up
+    // copy's are the same numbers and would count the stage twice.
+    if (!routes_.IsDown(chunk)) continue;
+    if (routes_.two_copies()) chunk_norms_[local] = stage.GradNormSqPerLayer();
+    // Otherwise each chunk's norms were taken by its last W (CheckActionList: one W per
+    // micro-batch of its share, in order), and by the tied exchange for the table's layer.
+    const std::vector<double>& norms = chunk_norms_[local];
+    if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
+      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunk,
+                                              " has no gradient norms after its last W"));
+    }
+    for (size_t k = 0; k < norms.size(); ++k) {
+      report->layer_grad_norm_sq.push_back(
+          LayerNormSq{stage.first_layer() + static_cast<int64_t>(k), norms[k]});
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& actions,
@@ -340,8 +390,8 @@ absl::Status StepExecutor::Forward(int64_t step, const Action& a, int local, int
     return absl::FailedPreconditionError("the micro-batch is already in flight on this chunk");
   }
   model::Stage& stage = chunks_[local].stage;
-  const bool first = a.chunk == 0;
-  const bool last = a.chunk == num_chunks_ - 1;
+  const bool first = routes_.IsFirst(a.chunk);
+  const bool last = routes_.IsLast(a.chunk);
   const TensorKey in_key{step, a.mb, a.chunk, first ? TensorKind::kInput : TensorKind::kActivation};
   PT_ASSIGN_OR_RETURN(
       math::Matrix x,
@@ -399,11 +449,12 @@ absl::StatusOr<EvalReport> StepExecutor::RunForward(int64_t first_step,
   ApplyPendingUpdate();
   EvalReport report;
   report.step = first_step;
-  if (chunks_.back().chunk == num_chunks_ - 1) {
+  if (HoldsDownLast()) {
     report.loss_sums.assign(microbatch_rows.size(), 0.0);
     report.correct.assign(microbatch_rows.size(), 0);
   }
   for (size_t local = 0; local < chunks_.size(); ++local) {
+    if (!routes_.IsDown(chunks_[local].chunk)) continue;  // evaluation runs down only.
     for (size_t mb = 0; mb < microbatch_rows.size(); ++mb) {
       const absl::Status s = ForwardOnly(first_step, static_cast<int>(mb), per_step,
                                          static_cast<int>(local), microbatch_rows[mb], &report);
@@ -420,8 +471,8 @@ absl::Status StepExecutor::ForwardOnly(int64_t first_step, int mb, int per_step,
                                        int64_t rows, EvalReport* report) {
   const model::Stage& stage = chunks_[local].stage;
   const int chunk = chunks_[local].chunk;
-  const bool first = chunk == 0;
-  const bool last = chunk == num_chunks_ - 1;
+  const bool first = routes_.IsFirst(chunk);
+  const bool last = routes_.IsLast(chunk);
   const TensorKey in_key = wire::EvalKey(first_step, mb, per_step, chunk,
                                          first ? TensorKind::kInput : TensorKind::kActivation);
   PT_ASSIGN_OR_RETURN(math::Matrix x,
@@ -462,7 +513,8 @@ absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
     return absl::FailedPreconditionError("the input gradient was already computed");
   }
   model::Stage& stage = chunks_[local].stage;
-  const bool last = a.chunk == num_chunks_ - 1;
+  const bool last = routes_.IsLast(a.chunk);
+  const bool first = routes_.IsFirst(a.chunk);
   math::Matrix dy;
   if (!last) {
     PT_ASSIGN_OR_RETURN(dy, TakeChecked(TensorKey{step, a.mb, a.chunk, TensorKind::kGradient},
@@ -470,8 +522,8 @@ absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
   }
   *ready = Clock::now();
   stage.BackwardInput(last ? std::move(f->dpred) : std::move(dy),
-                      /*need_input_grad=*/a.chunk > 0, &f->state);
-  if (a.chunk > 0) {
+                      /*need_input_grad=*/!first, &f->state);
+  if (!first) {
     // dL/dx is not read by W (model::MicrobatchState): hand it over.
     sender_->Send(TensorKey{step, a.mb, a.chunk - 1, TensorKind::kGradient},
                   std::move(f->state.grads[0]));
@@ -492,7 +544,9 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   // critical path.
   ++weight_grads_done_[local];
   bool all_done = true;
-  for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;
+  for (size_t c = 0; c < weight_grads_done_.size(); ++c) {
+    all_done = all_done && weight_grads_done_[c] == weight_grads_due_[c];
+  }
   auto norms = [&](size_t chunk) { return take_norms_ ? &chunk_norms_[chunk] : nullptr; };
   model::Stage& stage = chunks_[local].stage;
   PT_RETURN_IF_ERROR(stage.BackwardWeightAt(a.mb, &f->state, all_done ? norms(local) : nullptr));
@@ -510,11 +564,18 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::ExchangeTiedGradients(int64_t step) {
+absl::Status StepExecutor::ExchangeTiedGradients(int64_t step, ExchangeTransport* transport) {
   if (!model_->tie().has_value()) return absl::OkStatus();
   const int last = num_chunks_ - 1;
-  const int e = local_of_chunk_[0];
-  const int h = local_of_chunk_[last];
+  int e = local_of_chunk_[0];
+  int h = local_of_chunk_[last];
+  if (routes_.two_copies()) {
+    // After the copies' sum the up copy's embedding (chunk S) and the down copy's head (chunk
+    // S-1) hold the whole step's parts too, and they are on one rank: each rank with an end has
+    // both (rank 0: chunks 0 and 2S-1; rank S-1: chunks S and S-1) and sums them itself.
+    if (e < 0) e = local_of_chunk_[routes_.copy_chunks()];
+    if (h < 0) h = local_of_chunk_[routes_.copy_chunks() - 1];
+  }
   if (e < 0 && h < 0) return absl::OkStatus();
   using model::TieEnd;
   absl::StatusOr<math::Tensor> sum;
@@ -529,9 +590,8 @@ absl::Status StepExecutor::ExchangeTiedGradients(int64_t step) {
     PT_ASSIGN_OR_RETURN(const math::Tensor part,
                         chunks_[embedding ? e : h].stage.TiedGradPart(embedding ? TieEnd::kEmbedding
                                                                                 : TieEnd::kHead));
-    MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
     sum =
-        SumWithPeer(&transport, TensorKey{step, 0, embedding ? last : 0, TensorKind::kTiedGradient},
+        SumWithPeer(transport, TensorKey{step, 0, embedding ? last : 0, TensorKind::kTiedGradient},
                     TensorKey{step, 0, embedding ? 0 : last, TensorKind::kTiedGradient}, part,
                     /*mine_is_lower=*/embedding);
   }

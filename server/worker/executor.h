@@ -33,6 +33,8 @@
 #include "common/model/stage.h"
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
+#include "server/worker/chunk_routes.h"
+#include "server/worker/gradient_exchange.h"
 #include "server/worker/mailbox.h"
 
 namespace pipetrain::worker {
@@ -56,6 +58,14 @@ struct ExecutorOptions {
   // DEADLINE_EXCEEDED naming the action and the key. Infinite by default: a lost peer is
   // normally detected by its broken stream, which aborts the mailbox.
   absl::Duration input_timeout = absl::InfiniteDuration();
+  // The job's chunks are two copies of num_chunks / 2 stages (bidirectional DualPipe,
+  // chunk_routes.h): micro-batches [0, M/2) run through the down copy, [M/2, M) through the up
+  // copy, each copy adds the weight gradients of its half, and after the step's last W the two
+  // copies of every stage held here swap their parts with the rank holding the other copy
+  // (kCopyGradient, SumWithPeer with the down copy's part first), so that both apply the same
+  // gradient: the whole step's, bit for bit the reference's. Evaluation and decoding run through
+  // the down copy only. False: one copy.
+  bool two_copies = false;
 };
 
 // One model chunk held by this worker: its global chunk index and the Stage over its layers.
@@ -161,7 +171,8 @@ class StepExecutor {
   // whole model (S*V). INVALID_ARGUMENT if there is no chunk, the input timeout is not positive, a
   // chunk index is out of [0, num_chunks) or repeated, chunk 0 does not start at layer 0, the last
   // chunk does not end at the model's last layer, chunks are not in layer order, or two consecutive
-  // chunks held here leave a gap.
+  // chunks held here leave a gap. With options.two_copies each copy is checked so (chunk S starts
+  // at layer 0 too), and INVALID_ARGUMENT if num_chunks is odd or both copies of a stage are here.
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(const model::Model* model,
                                                               std::vector<OwnedChunk> chunks,
                                                               int num_chunks, Mailbox* mailbox,
@@ -187,7 +198,12 @@ class StepExecutor {
   // parts itself; a worker holding one of them sends its part to the other's owner
   // (kTiedGradient for that chunk, micro-batch 0) and takes the peer's (SumWithPeer: the
   // embedding's part first), so that both copies get the same gradient and the reported norms
-  // count it once (at the embedding's layer). Received tensors are shape-checked
+  // count it once (at the embedding's layer). With two copies (ExecutorOptions::two_copies) the
+  // actions cover only the (micro-batch, chunk) pairs on each micro-batch's route (ChunkRoutes),
+  // M must be even with M/2 a node of the gradient tree, a loss chunk reports its half's losses
+  // (microbatch_losses has M entries, 0 for the other half), the copies' gradients are summed
+  // (kCopyGradient) before the tied gradient (whose two ends are then on one rank), and the
+  // norms are reported once per stage, by the down copy's owner. Received tensors are shape-checked
   // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
   // error message names the action and its position.
   absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
@@ -274,7 +290,7 @@ class StepExecutor {
   enum class Phase { kIdle, kAwaitingCommit, kFailed };
   using Clock = std::chrono::steady_clock;
 
-  StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
+  StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, const ChunkRoutes& routes,
                Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
 
   // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
@@ -294,7 +310,17 @@ class StepExecutor {
   absl::Status WeightGrad(const schedule::Action& a, int local);
   // After the step's last W: gives every tied-table copy held here the tied gradient (see
   // RunStep) and updates the copies' layers in chunk_norms_.
-  absl::Status ExchangeTiedGradients(int64_t step);
+  absl::Status ExchangeTiedGradients(int64_t step, ExchangeTransport* transport);
+  // With two copies, after the step's last W: every chunk held here swaps its partial gradients
+  // with the other copy's owner over `transport` and keeps the sum (executor_copies.cc), in
+  // increasing stage order (the order of the peer too, so neither waits for the other).
+  absl::Status ExchangeCopyGradients(int64_t step, ExchangeTransport* transport);
+  // The gradient norms after the step's exchanges: of each chunk's last W, or with two copies
+  // those of the down copy's chunks after the copies' sum, into report->layer_grad_norm_sq.
+  absl::Status ReportNorms(int64_t step, StepReport* report);
+  // Whether this worker holds the chunk that computes the loss of the down copy (or of the one
+  // copy): the chunk whose losses evaluation and decoding report.
+  bool HoldsDownLast() const { return local_of_chunk_[routes_.copy_chunks() - 1] >= 0; }
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
   // Bytes held by the in-flight states (inputs, stashes, gradients, dpred) and by what the stages
@@ -317,6 +343,7 @@ class StepExecutor {
   Sender* const sender_;
   const ExecutorOptions options_;
   std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
+  ChunkRoutes routes_;               // one or two copies of the stages.
 
   std::vector<OwnedChunk> chunks_;  // increasing chunk index.
   Phase phase_ = Phase::kIdle;
@@ -328,6 +355,7 @@ class StepExecutor {
   // per-layer gradient norms, taken by its last W.
   int step_microbatches_ = 0;
   std::vector<int> weight_grads_done_;
+  std::vector<int> weight_grads_due_;  // per local chunk: the micro-batches of its share.
   std::vector<std::vector<double>> chunk_norms_;
   // Whether steps take the gradient norms (the chunks' optimizer clips); constant.
   bool take_norms_ = false;
