@@ -170,8 +170,14 @@ class WorkerJob final : public Sender {
   // gradient exchange, server/worker/gradient_exchange.h): adds it to higher_peers_ or
   // lower_peers_.
   void AddTiePeer();
+  // Adds `peer` (a rank other than this one; -1: none) to higher_peers_ or lower_peers_.
+  void AddPeer(int peer);
+  // With two copies of the stages (JobPlan::two_copies): the rank holding the other copies of
+  // this rank's stages (S-1-rank), the peer of the copy gradient exchange; -1 otherwise.
+  int CopyPeer() const;
   // The kinds a stream with stage peer `peer_rank` carries: activations and gradients, and the
-  // tied gradient when a tied embedding's ends are on this rank and that peer.
+  // tied gradient when a tied embedding's ends are on this rank and that peer, and the copy
+  // gradient when that peer holds the other copies of this rank's stages (CopyPeer).
   uint32_t StageLinkKinds(int peer_rank) const;
   // Configures the pacer (if any), makes a PeerSlot per neighbour, sets the job's Eigen threads
   // and starts the compute thread.
@@ -236,7 +242,8 @@ class WorkerJob final : public Sender {
   int rank_ = 0;
   int num_chunks_ = 0;
   int microbatches_ = 0;
-  std::vector<int> owner_;  // [chunk] -> rank.
+  std::vector<int> owner_;   // [chunk] -> rank.
+  bool two_copies_ = false;  // JobPlan::two_copies: bidirectional DualPipe.
   std::vector<int> higher_peers_, lower_peers_;
   std::vector<schedule::Action> actions_;
   std::unique_ptr<model::Model> model_;
