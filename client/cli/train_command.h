@@ -28,8 +28,8 @@ struct TrainCommandOptions {
   TrainingOptions training;
   std::string coordinator;  // --coordinator HOST:PORT. Required by `train`.
   int stages = 1;           // --stages S: pipeline stages (workers), >= 1.
-  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|interleaved-overlap
-  // (dualpipe is refused: see schedule::CheckExecutable).
+  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|interleaved-overlap|
+  // dualpipe (two copies of the stages: S even, M even, docs/schedules.md "DualPipe").
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
   // --trace FILE: the measured timeline (client/cli/step_trace.h) of the last step, or of the

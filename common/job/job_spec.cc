@@ -1,5 +1,6 @@
 #include "common/job/job_spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "common/io/digest.h"
 #include "common/io/tokenizer.h"
 #include "common/math/isa.h"
+#include "common/model/grad_tree.h"
 #include "common/model/optimizer_proto.h"
 #include "common/partition/partitioner.h"
 #include "common/schedule/generator.h"
@@ -187,8 +189,20 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   params.virtual_stages = spec.virtual_stages();
   PT_RETURN_IF_ERROR(schedule::CheckScheduleParams(params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));
-  PT_RETURN_IF_ERROR(
-      partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(), spec.virtual_stages()));
+  // The bidirectional placement holds two copies of S stages: the layers are cut S ways.
+  const bool two_copies =
+      schedule::PlacementKindFor(kind) == schedule::PlacementKind::kBidirectional;
+  PT_RETURN_IF_ERROR(partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(),
+                                                       two_copies ? 1 : spec.virtual_stages()));
+  if (two_copies) {
+    PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(spec.microbatches()));
+    if (!tree.SupportsReplicas(2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dualpipe runs micro-batches [0, M/2) down and [M/2, M) up, and each half must be a node "
+          "of the step's gradient tree (docs/numerics.md); it is not for M = ",
+          spec.microbatches()));
+    }
+  }
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
   return plan;
@@ -197,20 +211,30 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
 absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds) {
+  const bool two_copies = plan.placement.kind == schedule::PlacementKind::kBidirectional;
   partition::PartitionOptions popts;
   popts.stages = static_cast<int>(speeds.size());
-  popts.placement = plan.placement.kind;
-  popts.virtual_stages = spec.virtual_stages();
+  popts.placement = two_copies ? schedule::PlacementKind::kLinear : plan.placement.kind;
+  popts.virtual_stages = two_copies ? 1 : spec.virtual_stages();
   popts.speeds = speeds;
+  if (two_copies) {
+    // Two copies of S stages (bidirectional DualPipe): stage k runs on ranks k and S-1-k, each
+    // for half of the micro-batches; it is cut for the slower of the two.
+    for (size_t k = 0; k < speeds.size(); ++k) {
+      popts.speeds[k] = std::min(speeds[k], speeds[speeds.size() - 1 - k]);
+    }
+  }
   PT_ASSIGN_OR_RETURN(partition::Partition cut,
                       partition::PartitionLayers(net.LayerFlops(1), popts));
   std::vector<v1::ChunkSpec> chunks;
   for (int c = 0; c < plan.num_chunks(); ++c) {
+    // With two copies chunk S + k is stage k of the up copy: chunk k's layers.
+    const int stage = two_copies ? c % popts.stages : c;
     v1::ChunkSpec chunk;
     chunk.set_chunk(c);
     chunk.set_rank(plan.placement.OwnerOf(c));
-    chunk.set_first_layer(cut.boundaries[c]);
-    chunk.set_last_layer(cut.boundaries[c + 1]);
+    chunk.set_first_layer(cut.boundaries[stage]);
+    chunk.set_last_layer(cut.boundaries[stage + 1]);
     chunks.push_back(chunk);
   }
   return std::make_pair(std::move(chunks), cut.imbalance);

@@ -125,16 +125,15 @@ absl::Status StepRun::AwaitAbortedRuns() {
 absl::Status StepRun::Feed() {
   // The job's links are its thread's: no lock. Every error names the link, whichever of the
   // link's own report and this send sees the failure first.
-  const std::vector<std::pair<const FeedTarget*, wire::TensorKind>> ends = {
-      {&feed_.first, wire::TensorKind::kInput}, {&feed_.second, wire::TensorKind::kTarget}};
   PT_RETURN_IF_ERROR(core_.EnsureFeedLinks(job_, feed_.first, feed_.second));
-  const int last_chunk = feed_.first.chunks - 1;
   for (int mb = 0; mb < static_cast<int>(batch_.inputs.size()); ++mb) {
-    for (const auto& [target, kind] : ends) {
-      const bool input = kind == wire::TensorKind::kInput;
+    const FeedRoute route = RouteOf(feed_.first, feed_.second, mb);
+    for (const bool input : {true, false}) {
+      const FeedTarget* target = input ? route.input : route.target;
+      const wire::TensorKey key{step_, mb, input ? route.input_chunk : route.target_chunk,
+                                input ? wire::TensorKind::kInput : wire::TensorKind::kTarget};
       const absl::Status sent =
-          job_->links[target->rank]->Send(wire::TensorKey{step_, mb, input ? 0 : last_chunk, kind},
-                                          input ? batch_.inputs[mb] : batch_.targets[mb]);
+          job_->links[target->rank]->Send(key, input ? batch_.inputs[mb] : batch_.targets[mb]);
       if (!sent.ok()) {
         return util::Annotate(sent, absl::StrCat("data link to rank ", target->rank));
       }
@@ -218,17 +217,19 @@ void StepRun::EvictStuckRanks() {
 }
 
 absl::StatusOr<float> StepRun::Reduce(v1::StepResult* result) {
-  // The loss: the last chunk owner's micro-batch losses summed in increasing order, as float.
-  const int last_rank = feed_.second.rank;
-  const v1::StepDone& last = *job_->op.reports[last_rank];
+  // The loss: each micro-batch's from the owner of its route's last chunk (one rank, or with
+  // two copies of the stages two), summed in increasing micro-batch order, as float.
   const int M = static_cast<int>(batch_.inputs.size());
-  if (last.microbatch_losses_size() != M) {
-    return absl::InternalError(absl::StrCat(WorkerLabel(job_->workers[last_rank], last_rank),
-                                            " reported ", last.microbatch_losses_size(),
-                                            " micro-batch losses, expected ", M));
-  }
   float loss = 0;
-  for (float l : last.microbatch_losses()) {
+  for (int mb = 0; mb < M; ++mb) {
+    const int last_rank = RouteOf(feed_.first, feed_.second, mb).target->rank;
+    const v1::StepDone& last = *job_->op.reports[last_rank];
+    if (last.microbatch_losses_size() != M) {
+      return absl::InternalError(absl::StrCat(WorkerLabel(job_->workers[last_rank], last_rank),
+                                              " reported ", last.microbatch_losses_size(),
+                                              " micro-batch losses, expected ", M));
+    }
+    const float l = last.microbatch_losses(mb);
     loss += l;
     result->add_microbatch_losses(l);
   }
