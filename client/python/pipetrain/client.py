@@ -1052,7 +1052,7 @@ class Client:
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
         schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v | 1f1b-overlap |
-            interleaved-overlap. stages: S.
+            interleaved-overlap | dualpipe (two copies of the stages, S and M even). stages: S.
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields (a text data set loaded with a
