@@ -213,6 +213,28 @@ TEST_F(DistributedTest, DualPipeMatchesReference) {
                              {"dualpipe"});
 }
 
+// The line of `--json` output that starts with `prefix`, or "" if none.
+std::string JsonLine(const std::string& out, absl::string_view prefix) {
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::StartsWith(line, prefix)) return std::string(line);
+  }
+  return "";
+}
+
+// A dualpipe job evaluates through the down copy of its stages: the evaluation after training
+// is the reference's, bit for bit.
+TEST_F(DistributedTest, DualPipeEvaluatesLikeTheReference) {
+  const std::string flags =
+      absl::StrCat(" --model ", Example("mlp_digits.textproto"), " ", kCommon, " --eval-samples 8");
+  const CliRun ref = Pipetrain("reference" + flags, "");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const CliRun local = Pipetrain("local --stages 2 --schedule dualpipe" + flags, "");
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const std::string want = JsonLine(ref.out, "{\"eval_loss\"");
+  ASSERT_FALSE(want.empty()) << ref.out;
+  EXPECT_EQ(JsonLine(local.out, "{\"eval_loss\""), want) << local.out;
+}
+
 // The tied LLaMA under dualpipe: after the copies' sum, each rank holding an end of the tie
 // holds both (rank 0: the embedding down and the head up) and sums them itself.
 TEST_F(DistributedTest, ExampleTiedLlamaRunsDualPipe) {
