@@ -142,7 +142,7 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate that signs the coordinato
 ABSL_FLAG(std::string, token_file, "", "send the first token of this file to the coordinator");
 ABSL_FLAG(std::string, schedule, "1f1b",
           "pipeline schedule gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|"
-          "interleaved-overlap; schedule/partition also take dualpipe, which no job runs");
+          "interleaved-overlap|dualpipe (dualpipe: two copies of the stages, S and M even)");
 ABSL_FLAG(std::string, trace, "",
           "train/local: write the measured timeline of the last step (or of --trace-steps) to "
           "FILE: FILE.svg an SVG picture, FILE.txt an ASCII picture, any other name a Chrome "

@@ -50,7 +50,7 @@ std::string AsciiReport(const ScheduleCommandOptions& o, const schedule::Simulat
                    " B=", FormatNumber(o.costs.b), " I=", FormatNumber(o.costs.i),
                    " W=", FormatNumber(o.costs.w));
   if (p.kind == schedule::ScheduleKind::kDualPipe) {
-    absl::StrAppend(&out, " (each chunk a whole stage: two copies of the weights; not executable)");
+    absl::StrAppend(&out, " (each chunk a whole stage: two copies of the weights)");
   } else if (p.virtual_stages > 1) {
     absl::StrAppend(&out, " (each chunk 1/", p.virtual_stages, ")");
   }

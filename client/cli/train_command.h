@@ -32,8 +32,8 @@ struct TrainCommandOptions {
   // --replicas R: data-parallel copies of the pipeline (JobSpec.replicas; R x S workers), >= 1;
   // CheckJobSpec checks that it splits the step's micro-batches into tree nodes. Default 1.
   int replicas = 1;
-  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|interleaved-overlap
-  // (dualpipe is refused: see schedule::CheckExecutable).
+  // --schedule: gpipe|1f1b|interleaved|zb-h1|zb-v|dualpipe-v|1f1b-overlap|interleaved-overlap|
+  // dualpipe (two copies of the stages: S even, M even, docs/schedules.md "DualPipe").
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // --virtual V: model chunks per worker; 0: the schedule's default.
   // JobSpec.layer_costs: what the coordinator cuts the layers by. Set by --plan auto (the measured

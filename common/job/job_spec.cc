@@ -1,5 +1,6 @@
 #include "common/job/job_spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -263,8 +264,26 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
   PT_ASSIGN_OR_RETURN(const schedule::ScheduleParams params, ReplicaScheduleParams(spec));
   PT_RETURN_IF_ERROR(CheckReplicaSchedule(spec, params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(params.kind));
-  PT_RETURN_IF_ERROR(
-      partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(), spec.virtual_stages()));
+  // The bidirectional placement holds two copies of S stages: the layers are cut S ways.
+  const bool two_copies =
+      schedule::PlacementKindFor(params.kind) == schedule::PlacementKind::kBidirectional;
+  if (two_copies && ReplicasOf(spec) > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replicas ", ReplicasOf(spec),
+        " with schedule dualpipe: dualpipe's two copies of the stages already split each step "
+        "like two replicas; use replicas 1 with dualpipe, or another schedule with replicas"));
+  }
+  PT_RETURN_IF_ERROR(partition::CheckLayersCoverChunks(net.num_layers(), spec.stages(),
+                                                       two_copies ? 1 : spec.virtual_stages()));
+  if (two_copies) {
+    PT_ASSIGN_OR_RETURN(const model::GradTree tree, model::GradTree::Create(spec.microbatches()));
+    if (!tree.SupportsReplicas(2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dualpipe runs micro-batches [0, M/2) down and [M/2, M) up, and each half must be a node "
+          "of the step's gradient tree (docs/numerics.md); it is not for M = ",
+          spec.microbatches()));
+    }
+  }
   PT_ASSIGN_OR_RETURN(schedule::Plan plan, schedule::GenerateSchedule(params));
   PT_RETURN_IF_ERROR(schedule::ValidatePlan(plan));
   return plan;
@@ -273,22 +292,32 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
 absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds) {
+  const bool two_copies = plan.placement.kind == schedule::PlacementKind::kBidirectional;
   partition::PartitionOptions popts;
   popts.stages = static_cast<int>(speeds.size());
-  popts.placement = plan.placement.kind;
-  popts.virtual_stages = spec.virtual_stages();
+  popts.placement = two_copies ? schedule::PlacementKind::kLinear : plan.placement.kind;
+  popts.virtual_stages = two_copies ? 1 : spec.virtual_stages();
   popts.speeds = speeds;
+  if (two_copies) {
+    // Two copies of S stages (bidirectional DualPipe): stage k runs on ranks k and S-1-k, each
+    // for half of the micro-batches; it is cut for the slower of the two.
+    for (size_t k = 0; k < speeds.size(); ++k) {
+      popts.speeds[k] = std::min(speeds[k], speeds[speeds.size() - 1 - k]);
+    }
+  }
   // The client's measured costs when it sent them (CheckJobSpec checked them), else FLOPs.
   std::vector<double> costs(spec.layer_costs().begin(), spec.layer_costs().end());
   if (costs.empty()) costs = net.LayerFlops(1);
   PT_ASSIGN_OR_RETURN(partition::Partition cut, partition::PartitionLayers(costs, popts));
   std::vector<v1::ChunkSpec> chunks;
   for (int c = 0; c < plan.num_chunks(); ++c) {
+    // With two copies chunk S + k is stage k of the up copy: chunk k's layers.
+    const int stage = two_copies ? c % popts.stages : c;
     v1::ChunkSpec chunk;
     chunk.set_chunk(c);
     chunk.set_rank(plan.placement.OwnerOf(c));
-    chunk.set_first_layer(cut.boundaries[c]);
-    chunk.set_last_layer(cut.boundaries[c + 1]);
+    chunk.set_first_layer(cut.boundaries[stage]);
+    chunk.set_last_layer(cut.boundaries[stage + 1]);
     chunks.push_back(chunk);
   }
   return std::make_pair(std::move(chunks), cut.imbalance);

@@ -55,8 +55,10 @@ absl::StatusOr<schedule::Plan> PlanFor(const v1::JobSpec& spec, const model::Mod
 // The chunks of `plan` over `net`'s layers, partitioned (common/partition) by spec.layer_costs
 // when it is set (one per layer, as CheckJobSpec checked), else by each layer's F+B+W FLOPs of one
 // sample, for workers of `speeds` (GFLOP/s, by rank; one per stage), and the partition's
-// max/mean imbalance. Errors: the partitioner's (INVALID_ARGUMENT for costs of the wrong size).
-// Thread-safe (pure).
+// max/mean imbalance. Under the bidirectional placement (dualpipe) the layers are cut into S
+// stages, stage k for the slower of its two ranks k and S-1-k, and chunk S + k repeats chunk k's
+// layers. Errors: the partitioner's (INVALID_ARGUMENT for costs of the wrong size). Thread-safe
+// (pure).
 absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> PartitionChunks(
     const v1::JobSpec& spec, const model::Model& net, const schedule::Plan& plan,
     const std::vector<double>& speeds);

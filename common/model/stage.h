@@ -165,6 +165,11 @@ class Stage {
   // anything reads them. INVALID_ARGUMENT (nothing changed) if `flat` does not hold
   // NumGradFloats() floats.
   absl::Status SetGradsFrom(absl::Span<const float> flat);
+  // The same vector as a [1, n] tensor, and back (n = NumGradFloats()): the form in which the two
+  // copies of a stage under bidirectional DualPipe swap their partial gradients
+  // (worker::SumWithPeer). SetFlatGrads: INVALID_ARGUMENT (nothing changed) for another shape.
+  math::Tensor FlatGrads();
+  absl::Status SetFlatGrads(const math::Tensor& flat);
 
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
   // forward and input-gradient products, about twice their size once used).

@@ -168,7 +168,10 @@ std::vector<schedule::ScheduleKind> KindsToTry(const PlannerOptions& options) {
   if (!options.kinds.empty()) return options.kinds;
   std::vector<schedule::ScheduleKind> kinds;
   for (schedule::ScheduleKind k : schedule::kAllScheduleKinds) {
-    if (schedule::CheckExecutable(k).ok()) kinds.push_back(k);
+    // dualpipe holds two copies of every weight: run only when asked for by name.
+    if (schedule::CheckExecutable(k).ok() && k != schedule::ScheduleKind::kDualPipe) {
+      kinds.push_back(k);
+    }
   }
   return kinds;
 }

@@ -48,7 +48,8 @@ using ChunkTimer =
 struct PlannerOptions {
   int64_t batch = 0;                     // B, samples per step, >= 1.
   std::vector<WorkerResources> workers;  // N >= 1: plans have 1..N stages.
-  // Schedules to consider; empty: every schedule the workers run (schedule::CheckExecutable).
+  // Schedules to consider; empty: every schedule the workers run (schedule::CheckExecutable) but
+  // dualpipe, which holds two copies of every weight (it is run when asked for by name).
   std::vector<schedule::ScheduleKind> kinds;
   int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
   LinkCosts link;

@@ -46,9 +46,10 @@ inline constexpr long long kMaxChunkMicrobatches = 1LL << 24;
 //   dualpipe:    V == 2, S even, M even and M >= 2S-2.
 absl::Status CheckScheduleParams(const ScheduleParams& params);
 
-// OK if the workers can execute plans of `kind` (bitwise equal to the reference, one copy of each
-// weight). INVALID_ARGUMENT for dualpipe, whose bidirectional placement needs two copies of every
-// weight: it is generated, validated, simulated and drawn, never run.
+// OK if the workers can execute plans of `kind` bitwise equal to the reference: every kind now
+// (dualpipe runs on two copies of the stages whose gradients are summed before each update,
+// docs/schedules.md "DualPipe"). Kept as the one place a kind the workers cannot run would be
+// refused (INVALID_ARGUMENT).
 absl::Status CheckExecutable(ScheduleKind kind);
 
 // The placement of the plan for `params`. Errors as CheckScheduleParams().

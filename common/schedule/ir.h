@@ -57,8 +57,8 @@ enum class PlacementKind : uint8_t {
   // V = 2, two copies of an S-stage model: chunk c < S is stage c of the "down" copy on rank c,
   // chunk S+k is stage k of the "up" copy on rank S-1-k (so rank w holds chunks w and
   // 2S-1-w, as in the V-shape). The first half of the micro-batches runs down through chunks
-  // 0..S-1, the second half up through chunks S..2S-1 (bidirectional DualPipe). Simulation only:
-  // a job holds one copy of each weight (see CheckExecutable in generator.h).
+  // 0..S-1, the second half up through chunks S..2S-1 (bidirectional DualPipe). A job on it
+  // holds two copies of every stage, whose gradients are summed before each update.
   kBidirectional,
 };
 
@@ -119,8 +119,7 @@ enum class ScheduleKind : uint8_t {
   kOneFOneBOverlap,
   // Interleaved 1F1B with one more warm-up forward; the steady state runs overlapped (F, B) pairs.
   kInterleavedOverlap,
-  // DeepSeek's bidirectional DualPipe on the bidirectional placement (two copies of the weights):
-  // simulation only, see CheckExecutable in generator.h.
+  // DeepSeek's bidirectional DualPipe on the bidirectional placement (two copies of the weights).
   kDualPipe,
 };
 

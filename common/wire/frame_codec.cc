@@ -49,8 +49,17 @@ void AppendVarint(uint64_t value, std::string* out) {
 }
 
 bool ValidKind(int kind) {
-  return kind >= static_cast<int>(TensorKind::kActivation) &&
-         kind <= static_cast<int>(TensorKind::kReplicaGradient);
+  switch (static_cast<TensorKind>(kind)) {
+    case TensorKind::kActivation:
+    case TensorKind::kGradient:
+    case TensorKind::kInput:
+    case TensorKind::kTarget:
+    case TensorKind::kTiedGradient:
+    case TensorKind::kReplicaGradient:
+    case TensorKind::kCopyGradient:
+      return true;
+  }
+  return false;
 }
 
 absl::Status CheckKey(const TensorKey& key) {
@@ -314,6 +323,9 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
         absl::StrCat(what, ": chunk ", h.chunk(), " outside [0, ", v.num_chunks, ")"));
   }
   const int32_t last_chunk = v.num_chunks - 1;
+  // With two copies, the up copy's first chunk and the down copy's last are route ends too.
+  const int32_t up_first = v.two_copies ? v.num_chunks / 2 : 0;
+  const int32_t down_last = v.two_copies ? v.num_chunks / 2 - 1 : last_chunk;
   bool chunk_fits_kind = true;
   switch (kind) {
     case TensorKind::kActivation:
@@ -323,15 +335,18 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
       chunk_fits_kind = h.chunk() < last_chunk;  // the last chunk's output feeds the loss.
       break;
     case TensorKind::kInput:
-      chunk_fits_kind = h.chunk() == 0;
+      chunk_fits_kind = h.chunk() == 0 || h.chunk() == up_first;
       break;
     case TensorKind::kTarget:
-      chunk_fits_kind = h.chunk() == last_chunk;
+      chunk_fits_kind = h.chunk() == last_chunk || h.chunk() == down_last;
       break;
     case TensorKind::kTiedGradient:  // for the embedding's or the head's owner.
       chunk_fits_kind = h.chunk() == 0 || h.chunk() == last_chunk;
       break;
     case TensorKind::kReplicaGradient:  // any chunk; the receiver checks that it holds it.
+      break;
+    case TensorKind::kCopyGradient:  // for the owner of a copy of the stage.
+      chunk_fits_kind = v.two_copies && h.microbatch() == 0;
       break;
   }
   if (!chunk_fits_kind) {
@@ -403,6 +418,10 @@ absl::Status FrameValidation::Check() const {
   if (replica_rounds < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame validation: ", replica_rounds, " replica rounds, need >= 0"));
+  }
+  if (two_copies && num_chunks % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame validation: two copies of the stages need an even chunk count, got ", num_chunks));
   }
   if (min_step < 0 || max_step < min_step) {
     return absl::InvalidArgumentError(

@@ -41,7 +41,8 @@ constexpr uint32_t KindBit(TensorKind kind) { return uint32_t{1} << static_cast<
 inline constexpr uint32_t kAllKinds =
     KindBit(TensorKind::kActivation) | KindBit(TensorKind::kGradient) |
     KindBit(TensorKind::kInput) | KindBit(TensorKind::kTarget) |
-    KindBit(TensorKind::kTiedGradient) | KindBit(TensorKind::kReplicaGradient);
+    KindBit(TensorKind::kTiedGradient) | KindBit(TensorKind::kReplicaGradient) |
+    KindBit(TensorKind::kCopyGradient);
 
 // The (job, generation) a stream carries; every frame on it names both.
 struct StreamIdentity {
@@ -57,12 +58,17 @@ struct FrameValidation {
   StreamIdentity expected;  // frames must name this job and generation.
   int64_t min_step = 0;     // accepted steps: [min_step, max_step].
   int64_t max_step = std::numeric_limits<int64_t>::max();
-  int32_t num_microbatches = 1;        // M: microbatch in [0, M).
-  int32_t num_chunks = 1;              // S*V model chunks: chunk in [0, num_chunks), and per kind
-                                       // (tensor_key.h): activation chunk >= 1, gradient chunk
-                                       // <= num_chunks - 2, input chunk 0, target the last chunk.
-  uint32_t allowed_kinds = kAllKinds;  // KindBit()s of the kinds this stream may carry.
-  int64_t max_dim = int64_t{1} << 24;  // limit on rows and on cols.
+  int32_t num_microbatches = 1;  // M: microbatch in [0, M).
+  int32_t num_chunks = 1;        // S*V model chunks: chunk in [0, num_chunks), and per kind
+                                 // (tensor_key.h): activation chunk >= 1, gradient chunk
+                                 // <= num_chunks - 2, input chunk 0, target the last chunk.
+  // The chunks are two copies of num_chunks / 2 stages (bidirectional DualPipe,
+  // schedule::PlacementKind::kBidirectional): an input may also name chunk num_chunks / 2 (the
+  // first of the up copy) and a target chunk num_chunks / 2 - 1 (the last of the down copy).
+  // Without it a copy_gradient frame is refused.
+  bool two_copies = false;
+  uint32_t allowed_kinds = kAllKinds;              // KindBit()s of the kinds this stream may carry.
+  int64_t max_dim = int64_t{1} << 24;              // limit on rows and on cols.
   int64_t max_tensor_bytes = int64_t{512} << 20;   // limit on a whole tensor.
   int64_t max_fragment_bytes = kMaxFragmentBytes;  // limit on one frame's payload.
   // Rounds of the job's replica reduction (2 log2(replicas); 0 with one replica, which refuses

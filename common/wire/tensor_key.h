@@ -13,6 +13,9 @@
 //                chunk c in the round's partner replica. The micro-batch field is
 //                segment * 2 log2(replicas) + round: the round of AllReduceSum
 //                (server/worker/gradient_exchange.h) on one segment of the chunk's gradients.
+//   kCopyGradient, any chunk of a job with two copies of its stages (bidirectional DualPipe,
+//                micro-batch 0): the other copy's partial gradient of the stage, for the owner
+//                of `chunk` (docs/wire.md, "Gradient exchange").
 #ifndef PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 #define PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 
@@ -32,6 +35,7 @@ enum class TensorKind : uint8_t {
   kTarget = 4,
   kTiedGradient = 5,
   kReplicaGradient = 6,
+  kCopyGradient = 7,
 };
 
 inline const char* TensorKindName(TensorKind kind) {
@@ -48,6 +52,8 @@ inline const char* TensorKindName(TensorKind kind) {
       return "tied_gradient";
     case TensorKind::kReplicaGradient:
       return "replica_gradient";
+    case TensorKind::kCopyGradient:
+      return "copy_gradient";
   }
   return "unknown";
 }

@@ -335,7 +335,9 @@ absl::StatusOr<UploadTarget> CoordinatorCore::AcceptUpload(const v1::PutStateReq
   UploadTarget target;
   target.staging = job->checkpoint_staging;
   for (const v1::ChunkSpec& c : job->chunks) {
-    if (c.rank() != rank) continue;
+    // Under dualpipe the chunks past micro-batch 0's route are the up copy of the stages: each
+    // layer is saved once, by its down copy.
+    if (c.rank() != rank || c.chunk() >= job->plan.RouteEnd(0)) continue;
     for (model::CheckpointShard& s :
          model::LayerShards(*job->model, c.first_layer(), c.last_layer())) {
       target.files.emplace(s.file, s);

@@ -121,7 +121,8 @@ absl::Status EvalRun::AdmitJob() {
 absl::Status EvalRun::Feed() {
   // The job's links are its thread's: no lock.
   PT_RETURN_IF_ERROR(core_.EnsureFeedLinks(job_, feed_.first, feed_.second));
-  const int last_chunk = feed_.first.chunks - 1;
+  // Evaluation runs through one copy of the stages (the down copy, under dualpipe).
+  const int last_chunk = feed_.first.copy_chunks - 1;
   for (int mb = 0; mb < static_cast<int>(batch_.inputs.size()); ++mb) {
     for (const bool input : {true, false}) {
       const FeedTarget& target = input ? feed_.first : feed_.second;

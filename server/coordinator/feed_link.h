@@ -45,7 +45,30 @@ struct FeedTarget {
   std::string address;  // the rank's StageWorker address.
   int microbatches = 0;
   int chunks = 0;
+  // Chunks of one copy of the model: `chunks`, or S when the job holds two copies of S stages
+  // (dualpipe's bidirectional placement).
+  int copy_chunks = 0;
 };
+
+// Where micro-batch `mb` enters and leaves the model: the rank and chunk its input goes to, and
+// those of its target (the chunk that computes its loss).
+struct FeedRoute {
+  const FeedTarget* input = nullptr;
+  int input_chunk = 0;
+  const FeedTarget* target = nullptr;
+  int target_chunk = 0;
+};
+
+// The route of micro-batch `mb` of a job fed through `first` (the owner of chunk 0) and `last`
+// (the owner of chunk copy_chunks - 1): chunk 0 to chunk copy_chunks - 1, except, with two
+// copies of the stages, micro-batches [M/2, M), which enter the up copy at chunk S on `last`'s
+// rank and leave it at chunk 2S - 1 on `first`'s (docs/schedules.md, "DualPipe").
+inline FeedRoute RouteOf(const FeedTarget& first, const FeedTarget& last, int mb) {
+  if (first.copy_chunks < first.chunks && mb >= first.microbatches / 2) {
+    return {&last, first.copy_chunks, &first, first.chunks - 1};
+  }
+  return {&first, 0, &last, first.copy_chunks - 1};
+}
 
 class FeedLinkFactory {
  public:

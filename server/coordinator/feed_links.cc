@@ -26,9 +26,13 @@ std::pair<FeedTarget, FeedTarget> CoordinatorCore::FeedTargets(const Job& job, i
     t.address = addresses[t.rank];
     t.microbatches = job::MicrobatchesPerReplica(job.spec);
     t.chunks = C;
+    t.copy_chunks = job.plan.RouteEnd(0);  // micro-batch 0's route: one copy.
     return t;
   };
-  return {target(job.plan.placement.OwnerOf(0)), target(job.plan.placement.OwnerOf(C - 1))};
+  // The owners of chunk 0 and of the last chunk of micro-batch 0's route (with two copies of the
+  // stages they also hold the up copy's last and first chunk: RouteOf).
+  return {target(job.plan.placement.OwnerOf(0)),
+          target(job.plan.placement.OwnerOf(job.plan.RouteEnd(0) - 1))};
 }
 
 void CoordinatorCore::CloseJobLinks(Job* job) {

@@ -128,22 +128,23 @@ absl::Status StepRun::AwaitAbortedRuns() {
 absl::Status StepRun::Feed() {
   // The job's links are its thread's: no lock. Every error names the link, whichever of the
   // link's own report and this send sees the failure first. Replica q gets the step's
-  // micro-batches [q M / R, (q + 1) M / R), numbered from 0 within its share.
+  // micro-batches [q M / R, (q + 1) M / R), numbered from 0 within its share, each sent along its
+  // route (with two copies of the stages, half of them through the up copy).
   const int share = static_cast<int>(batch_.inputs.size()) / static_cast<int>(feeds_.size());
   for (int q = 0; q < static_cast<int>(feeds_.size()); ++q) {
     const auto& [first, last] = feeds_[q];
     PT_RETURN_IF_ERROR(core_.EnsureFeedLinks(job_, first, last));
-    const int last_chunk = first.chunks - 1;
     for (int mb = 0; mb < share; ++mb) {
       const int global = q * share + mb;
+      const FeedRoute route = RouteOf(first, last, mb);
       for (const bool input : {true, false}) {
-        const FeedTarget& target = input ? first : last;
-        const wire::TensorKey key{step_, mb, input ? 0 : last_chunk,
+        const FeedTarget* target = input ? route.input : route.target;
+        const wire::TensorKey key{step_, mb, input ? route.input_chunk : route.target_chunk,
                                   input ? wire::TensorKind::kInput : wire::TensorKind::kTarget};
-        const absl::Status sent = job_->links[target.rank]->Send(
+        const absl::Status sent = job_->links[target->rank]->Send(
             key, input ? batch_.inputs[global] : batch_.targets[global]);
         if (!sent.ok()) {
-          return util::Annotate(sent, absl::StrCat("data link to rank ", target.rank));
+          return util::Annotate(sent, absl::StrCat("data link to rank ", target->rank));
         }
       }
     }
@@ -226,19 +227,21 @@ void StepRun::EvictStuckRanks() {
 }
 
 absl::StatusOr<float> StepRun::Reduce(v1::StepResult* result) {
-  // The loss: each replica's last chunk owner's micro-batch losses, replica by replica (so in
-  // the step's micro-batch order), summed in increasing order, as float.
+  // The loss: each micro-batch's from the owner of its route's last chunk (one rank per
+  // replica, or with two copies of the stages two), replica by replica (so in the step's
+  // micro-batch order), summed in increasing order, as float.
   const int share = static_cast<int>(batch_.inputs.size()) / static_cast<int>(feeds_.size());
   float loss = 0;
-  for (const auto& feed : feeds_) {
-    const int last_rank = feed.second.rank;
-    const v1::StepDone& last = *job_->op.reports[last_rank];
-    if (last.microbatch_losses_size() != share) {
-      return absl::InternalError(absl::StrCat(PositionLabel(*job_, last_rank), " reported ",
-                                              last.microbatch_losses_size(),
-                                              " micro-batch losses, expected ", share));
-    }
-    for (float l : last.microbatch_losses()) {
+  for (const auto& [first, last_target] : feeds_) {
+    for (int mb = 0; mb < share; ++mb) {
+      const int last_rank = RouteOf(first, last_target, mb).target->rank;
+      const v1::StepDone& last = *job_->op.reports[last_rank];
+      if (last.microbatch_losses_size() != share) {
+        return absl::InternalError(absl::StrCat(PositionLabel(*job_, last_rank), " reported ",
+                                                last.microbatch_losses_size(),
+                                                " micro-batch losses, expected ", share));
+      }
+      const float l = last.microbatch_losses(mb);
       loss += l;
       result->add_microbatch_losses(l);
     }

@@ -30,9 +30,11 @@ void KeepForever(std::shared_ptr<grpc::Channel> channel) {
 
 bool ValidKey(const wire::TensorKey& key) {
   const int kind = static_cast<int>(key.kind);
-  return kind >= static_cast<int>(wire::TensorKind::kActivation) &&
-         kind <= static_cast<int>(wire::TensorKind::kReplicaGradient) && key.step >= 0 &&
-         key.microbatch >= 0 && key.chunk >= 0;
+  return ((kind >= static_cast<int>(wire::TensorKind::kActivation) &&
+           kind <= static_cast<int>(wire::TensorKind::kTiedGradient)) ||
+          kind == static_cast<int>(wire::TensorKind::kReplicaGradient) ||
+          kind == static_cast<int>(wire::TensorKind::kCopyGradient)) &&
+         key.step >= 0 && key.microbatch >= 0 && key.chunk >= 0;
 }
 
 void LinkCore::Configure(LinkSettings settings, wire::StreamIdentity send_identity,

@@ -105,10 +105,11 @@ absl::Status CheckWeightOrder(size_t i, const Action& a, LastWeight* last) {
 // Checks that every (micro-batch, local chunk) of [0, m) x chunk_of_local has an F, and a B or
 // an I and a W; `pos` is indexed by mb * (number of local chunks) + local chunk.
 absl::Status CheckComplete(const std::vector<Positions>& pos, int m,
-                           const std::vector<int>& chunk_of_local) {
+                           const std::vector<int>& chunk_of_local, const ChunkRoutes* routes) {
   const size_t local_chunks = chunk_of_local.size();
   for (int mb = 0; mb < m; ++mb) {
     for (size_t local = 0; local < local_chunks; ++local) {
+      if (routes != nullptr && !routes->OnRoute(mb, m, chunk_of_local[local])) continue;
       const Positions& p = pos[static_cast<size_t>(mb) * local_chunks + local];
       const std::string what = absl::StrCat("(mb=", mb, ", chunk=", chunk_of_local[local], ")");
       if (p[kF] < 0) {
@@ -132,9 +133,16 @@ std::string ActionAt(size_t position, const Action& action) {
 }
 
 absl::StatusOr<int> CheckActionList(const std::vector<Action>& actions,
-                                    const std::vector<int>& local_of_chunk) {
+                                    const std::vector<int>& local_of_chunk,
+                                    const ChunkRoutes* routes) {
   if (actions.empty()) return absl::InvalidArgumentError("the action list is empty");
   PT_ASSIGN_OR_RETURN(const int m, CountMicrobatches(actions, local_of_chunk));
+  if (routes != nullptr && routes->two_copies() && m % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the actions cover ", m,
+                     " micro-batches; two copies of the stages (dualpipe) need an even number, "
+                     "half for each copy"));
+  }
   std::vector<int> chunk_of_local;  // [local chunk] -> global chunk.
   for (size_t c = 0; c < local_of_chunk.size(); ++c) {
     const int local = local_of_chunk[c];
@@ -148,13 +156,19 @@ absl::StatusOr<int> CheckActionList(const std::vector<Action>& actions,
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     const int local = local_of_chunk[a.chunk];
+    if (routes != nullptr && !routes->OnRoute(a.mb, m, a.chunk)) {
+      return ErrorAt(i, a,
+                     absl::StrCat("is not on its micro-batch's route: micro-batch ", a.mb, " of ",
+                                  m, " runs through chunks ", routes->FirstOf(a.mb, m), "..",
+                                  routes->LastOf(a.mb, m)));
+    }
     PT_RETURN_IF_ERROR(
         RecordPosition(i, a, &pos[static_cast<size_t>(a.mb) * local_chunks + local]));
     if (a.op == Op::kBackward || a.op == Op::kWeightGrad) {
       PT_RETURN_IF_ERROR(CheckWeightOrder(i, a, &last_weight[local]));
     }
   }
-  PT_RETURN_IF_ERROR(CheckComplete(pos, m, chunk_of_local));
+  PT_RETURN_IF_ERROR(CheckComplete(pos, m, chunk_of_local, routes));
   return m;
 }
 

@@ -40,6 +40,59 @@ class MailboxTransport final : public ExchangeTransport {
   const absl::Duration timeout_;
 };
 
+// Checks that `chunks` (sorted by chunk index) fit `routes` and `model`: each chunk in range and
+// held once, the first chunk of a copy starts at layer 0, its last ends at the model's end, and
+// two chunks of one copy held here are in layer order with room for the chunks between them.
+absl::Status CheckChunkLayers(const model::Model& model, const std::vector<OwnedChunk>& chunks,
+                              const ChunkRoutes& routes) {
+  const int64_t layers = model.num_layers();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const OwnedChunk& c = chunks[i];
+    const model::Stage& s = c.stage;
+    if (c.chunk < 0 || c.chunk >= routes.num_chunks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.chunk, " is outside [0, ", routes.num_chunks(), ")"));
+    }
+    if (routes.IsFirst(c.chunk) && s.first_layer() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", c.chunk, " starts at layer ", s.first_layer(), ", not 0"));
+    }
+    if (routes.IsLast(c.chunk) && s.last_layer() != layers) {
+      return absl::InvalidArgumentError(absl::StrCat("last chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), ", not at the model's end ",
+                                                     layers));
+    }
+    if (s.last_layer() > layers) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " ends at layer ",
+                                                     s.last_layer(), " beyond the model's ", layers,
+                                                     " layers"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      const OwnedChunk& p = chunks[j];
+      if (p.chunk == c.chunk) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " is given twice"));
+      }
+      if (routes.StageOf(p.chunk) == routes.StageOf(c.chunk)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunks ", p.chunk, " and ", c.chunk, " are both copies of stage ",
+                         routes.StageOf(c.chunk), ": the two copies must be on two workers"));
+      }
+    }
+    if (i == 0 || routes.IsDown(chunks[i - 1].chunk) != routes.IsDown(c.chunk)) continue;
+    const OwnedChunk& p = chunks[i - 1];
+    // Every chunk in between needs at least one layer; adjacent chunks must touch.
+    const int64_t between = c.chunk - p.chunk - 1;
+    const int64_t gap = s.first_layer() - p.stage.last_layer();
+    if (between == 0 ? gap != 0 : gap < between) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", p.chunk, " (layers [", p.stage.first_layer(), ", ", p.stage.last_layer(),
+          ")) and chunk ", c.chunk, " (layers [", s.first_layer(), ", ", s.last_layer(),
+          ")) are not in layer order with room for the ", between, " chunks between them"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Prefixes `status`'s message with `context`, keeping its code.
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
@@ -96,50 +149,26 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
                      ": the replica count must be a power of two >= 1, the replica in [0, ",
                      options.replicas, ")"));
   }
-  if (num_chunks < 1 || num_chunks > model->num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("num_chunks ", num_chunks, " is not in [1, ",
-                                                   model->num_layers(), "] (the model's layers)"));
+  const int copies = options.two_copies ? 2 : 1;
+  if (num_chunks < 1 || num_chunks > copies * model->num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_chunks ", num_chunks, " is not in [1, ", copies * model->num_layers(),
+                     "] (", copies == 2 ? "two copies of " : "", "the model's layers)"));
+  }
+  ChunkRoutes routes = ChunkRoutes::OneCopy(num_chunks);
+  if (options.two_copies) {
+    PT_ASSIGN_OR_RETURN(routes, ChunkRoutes::TwoCopies(num_chunks));
   }
   std::sort(chunks.begin(), chunks.end(),
             [](const OwnedChunk& a, const OwnedChunk& b) { return a.chunk < b.chunk; });
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const OwnedChunk& c = chunks[i];
-    const model::Stage& s = c.stage;
-    if (c.chunk < 0 || c.chunk >= num_chunks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", c.chunk, " is outside [0, ", num_chunks, ")"));
-    }
-    if (c.chunk == 0 && s.first_layer() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk 0 starts at layer ", s.first_layer(), ", not 0"));
-    }
-    if (c.chunk == num_chunks - 1 && s.last_layer() != model->num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("last chunk ", c.chunk, " ends at layer ",
-                                                     s.last_layer(), ", not at the model's end ",
-                                                     model->num_layers()));
-    }
-    if (s.last_layer() > model->num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " ends at layer ",
-                                                     s.last_layer(), " beyond the model's ",
-                                                     model->num_layers(), " layers"));
-    }
-    if (i == 0) continue;
-    const OwnedChunk& p = chunks[i - 1];
-    if (p.chunk == c.chunk) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk, " is given twice"));
-    }
-    // Every chunk in between needs at least one layer; adjacent chunks must touch.
-    const int64_t between = c.chunk - p.chunk - 1;
-    const int64_t gap = s.first_layer() - p.stage.last_layer();
-    if (between == 0 ? gap != 0 : gap < between) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", p.chunk, " (layers [", p.stage.first_layer(), ", ", p.stage.last_layer(),
-          ")) and chunk ", c.chunk, " (layers [", s.first_layer(), ", ", s.last_layer(),
-          ")) are not in layer order with room for the ", between, " chunks between them"));
-    }
+  PT_RETURN_IF_ERROR(CheckChunkLayers(*model, chunks, routes));
+  if (options.two_copies && options.replicas > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "two copies of the stages (dualpipe) with ", options.replicas,
+        " data-parallel replicas: dualpipe runs with one replica"));
   }
   std::unique_ptr<StepExecutor> executor(
-      new StepExecutor(model, std::move(chunks), num_chunks, mailbox, sender, options));
+      new StepExecutor(model, std::move(chunks), routes, mailbox, sender, options));
   if (options.replicas > 1) {
     PT_ASSIGN_OR_RETURN(executor->reducer_,
                         ReplicaReducer::Create(options.replica, options.replicas, sender, mailbox,
@@ -149,14 +178,15 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
 }
 
 StepExecutor::StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks,
-                           int num_chunks, Mailbox* mailbox, Sender* sender,
+                           const ChunkRoutes& routes, Mailbox* mailbox, Sender* sender,
                            const ExecutorOptions& options)
     : model_(model),
-      num_chunks_(num_chunks),
+      num_chunks_(routes.num_chunks()),
       mailbox_(mailbox),
       sender_(sender),
       options_(options),
-      local_of_chunk_(num_chunks, -1),
+      local_of_chunk_(routes.num_chunks(), -1),
+      routes_(routes),
       chunks_(std::move(chunks)) {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     local_of_chunk_[chunks_[i].chunk] = i;
@@ -182,7 +212,7 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     return absl::FailedPreconditionError(
         absl::StrCat("RunStep(", step, "): the previous step failed and was not aborted"));
   }
-  const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_);
+  const absl::StatusOr<int> microbatches = CheckActionList(actions, local_of_chunk_, &routes_);
   if (!microbatches.ok()) return WithContext(microbatches.status(), absl::StrCat("step ", step));
   const int m = *microbatches;
   // The step's micro-batches: this replica's m, times the replicas.
@@ -197,7 +227,9 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
   StepReport report;
   report.step = step;
   report.started = t0;
-  if (chunks_.back().chunk == num_chunks_ - 1) report.microbatch_losses.assign(m, 0.0f);
+  for (const OwnedChunk& c : chunks_) {
+    if (routes_.IsLast(c.chunk)) report.microbatch_losses.assign(m, 0.0f);
+  }
   report.timings.reserve(actions.size());
   ApplyPendingUpdate();
   report.update_time = std::exchange(unreported_update_time_, absl::ZeroDuration());
@@ -213,19 +245,6 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
     report.wait_time += t.wait();
     report.compute_time += t.compute();
   }
-  // Each chunk's norms were taken by its last W (CheckActionList: m W per chunk, in order).
-  for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
-    const model::Stage& stage = chunks_[local].stage;
-    const std::vector<double>& norms = chunk_norms_[local];
-    if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
-      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunks_[local].chunk,
-                                              " has no gradient norms after its last W"));
-    }
-    for (size_t k = 0; k < norms.size(); ++k) {
-      report.layer_grad_norm_sq.push_back(
-          LayerNormSq{stage.first_layer() + static_cast<int64_t>(k), norms[k]});
-    }
-  }
   report.wall_time = absl::FromChrono(Clock::now() - t0);
   phase_ = Phase::kAwaitingCommit;
   return report;
@@ -233,14 +252,26 @@ absl::StatusOr<StepReport> StepExecutor::RunStep(int64_t step, const std::vector
 
 absl::Status StepExecutor::StartGradients(int64_t step, int m) {
   // The step's gradients are added in the canonical tree order of its m x replicas micro-batches
-  // (model::GradTree), the reference trainer's; this replica's share is a node of it.
+  // (model::GradTree), the reference trainer's; this replica's share is a node of it (with two
+  // copies of the stages, each copy's half is).
   PT_ASSIGN_OR_RETURN(const model::GradTree tree,
                       model::GradTree::Create(int64_t{m} * options_.replicas));
+  if (routes_.two_copies() && !tree.SupportsReplicas(2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": the two copies of the stages (dualpipe) each add half of the ", m,
+        " micro-batches, and that half must be a node of the step's gradient tree "
+        "(model::GradTree::SupportsReplicas(2)); it is not for M = ",
+        m));
+  }
   grad_share_lo_ = int64_t{options_.replica} * m;
-  const model::MicrobatchRange share{grad_share_lo_, grad_share_lo_ + m};
+  weight_grads_due_.clear();
   for (OwnedChunk& c : chunks_) {
+    const model::MicrobatchRange share =
+        routes_.two_copies() ? routes_.Share(c.chunk, m)
+                             : model::MicrobatchRange{grad_share_lo_, grad_share_lo_ + m};
     PT_RETURN_IF_ERROR(c.stage.SetGradTree(tree, share));
     c.stage.ZeroGrads();  // free after a commit (Stage::ZeroGrads).
+    weight_grads_due_.push_back(static_cast<int>(share.hi - share.lo));
   }
   step_microbatches_ = m;
   weight_grads_done_.assign(chunks_.size(), 0);
@@ -260,7 +291,33 @@ absl::Status StepExecutor::FinishGradients(int64_t step, absl::Status status, St
     PT_RETURN_IF_ERROR(ApplyReplicaSums(step, report));
   }
   if (!status.ok()) return status;
-  return ExchangeTiedGradients(step);
+  MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
+  PT_RETURN_IF_ERROR(ExchangeCopyGradients(step, &transport));
+  PT_RETURN_IF_ERROR(ExchangeTiedGradients(step, &transport));
+  return ReportNorms(step, report);
+}
+
+absl::Status StepExecutor::ReportNorms(int64_t step, StepReport* report) {
+  for (size_t local = 0; take_norms_ && local < chunks_.size(); ++local) {
+    model::Stage& stage = chunks_[local].stage;
+    const int chunk = chunks_[local].chunk;
+    // With two copies the down copy reports the stage's norms of the summed gradient; the up
+    // copy's are the same numbers and would count the stage twice.
+    if (!routes_.IsDown(chunk)) continue;
+    if (routes_.two_copies()) chunk_norms_[local] = stage.GradNormSqPerLayer();
+    // Otherwise each chunk's norms were taken by its last W (CheckActionList: one W per
+    // micro-batch of its share, in order), and by the tied exchange for the table's layer.
+    const std::vector<double>& norms = chunk_norms_[local];
+    if (static_cast<int64_t>(norms.size()) != stage.last_layer() - stage.first_layer()) {
+      return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunk,
+                                              " has no gradient norms after its last W"));
+    }
+    for (size_t k = 0; k < norms.size(); ++k) {
+      report->layer_grad_norm_sq.push_back(
+          LayerNormSq{stage.first_layer() + static_cast<int64_t>(k), norms[k]});
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepExecutor::RunStepImpl(int64_t step, const std::vector<Action>& actions,
@@ -380,8 +437,8 @@ absl::Status StepExecutor::Forward(int64_t step, const Action& a, int local, int
     return absl::FailedPreconditionError("the micro-batch is already in flight on this chunk");
   }
   model::Stage& stage = chunks_[local].stage;
-  const bool first = a.chunk == 0;
-  const bool last = a.chunk == num_chunks_ - 1;
+  const bool first = routes_.IsFirst(a.chunk);
+  const bool last = routes_.IsLast(a.chunk);
   const TensorKey in_key{step, a.mb, a.chunk, first ? TensorKind::kInput : TensorKind::kActivation};
   PT_ASSIGN_OR_RETURN(
       math::Matrix x,
@@ -439,11 +496,12 @@ absl::StatusOr<EvalReport> StepExecutor::RunForward(int64_t first_step,
   ApplyPendingUpdate();
   EvalReport report;
   report.step = first_step;
-  if (chunks_.back().chunk == num_chunks_ - 1) {
+  if (HoldsDownLast()) {
     report.loss_sums.assign(microbatch_rows.size(), 0.0);
     report.correct.assign(microbatch_rows.size(), 0);
   }
   for (size_t local = 0; local < chunks_.size(); ++local) {
+    if (!routes_.IsDown(chunks_[local].chunk)) continue;  // evaluation runs down only.
     for (size_t mb = 0; mb < microbatch_rows.size(); ++mb) {
       const absl::Status s = ForwardOnly(first_step, static_cast<int>(mb), per_step,
                                          static_cast<int>(local), microbatch_rows[mb], &report);
@@ -460,8 +518,8 @@ absl::Status StepExecutor::ForwardOnly(int64_t first_step, int mb, int per_step,
                                        int64_t rows, EvalReport* report) {
   const model::Stage& stage = chunks_[local].stage;
   const int chunk = chunks_[local].chunk;
-  const bool first = chunk == 0;
-  const bool last = chunk == num_chunks_ - 1;
+  const bool first = routes_.IsFirst(chunk);
+  const bool last = routes_.IsLast(chunk);
   const TensorKey in_key = wire::EvalKey(first_step, mb, per_step, chunk,
                                          first ? TensorKind::kInput : TensorKind::kActivation);
   PT_ASSIGN_OR_RETURN(math::Matrix x,
@@ -502,7 +560,8 @@ absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
     return absl::FailedPreconditionError("the input gradient was already computed");
   }
   model::Stage& stage = chunks_[local].stage;
-  const bool last = a.chunk == num_chunks_ - 1;
+  const bool last = routes_.IsLast(a.chunk);
+  const bool first = routes_.IsFirst(a.chunk);
   math::Matrix dy;
   if (!last) {
     PT_ASSIGN_OR_RETURN(dy, TakeChecked(TensorKey{step, a.mb, a.chunk, TensorKind::kGradient},
@@ -510,8 +569,8 @@ absl::Status StepExecutor::InputGrad(int64_t step, const Action& a, int local,
   }
   *ready = Clock::now();
   stage.BackwardInput(last ? std::move(f->dpred) : std::move(dy),
-                      /*need_input_grad=*/a.chunk > 0, &f->state);
-  if (a.chunk > 0) {
+                      /*need_input_grad=*/!first, &f->state);
+  if (!first) {
     // dL/dx is not read by W (model::MicrobatchState): hand it over.
     sender_->Send(TensorKey{step, a.mb, a.chunk - 1, TensorKind::kGradient},
                   std::move(f->state.grads[0]));
@@ -546,7 +605,9 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   // critical path.
   ++weight_grads_done_[local];
   bool all_done = true;
-  for (int done : weight_grads_done_) all_done = all_done && done == step_microbatches_;
+  for (size_t c = 0; c < weight_grads_done_.size(); ++c) {
+    all_done = all_done && weight_grads_done_[c] == weight_grads_due_[c];
+  }
   auto norms = [&](size_t chunk) { return take_norms_ ? &chunk_norms_[chunk] : nullptr; };
   PT_RETURN_IF_ERROR(
       stage.BackwardWeightAt(microbatch, &f->state, all_done ? norms(local) : nullptr));
@@ -584,11 +645,18 @@ absl::Status StepExecutor::ApplyReplicaSums(int64_t step, StepReport* report) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::ExchangeTiedGradients(int64_t step) {
+absl::Status StepExecutor::ExchangeTiedGradients(int64_t step, ExchangeTransport* transport) {
   if (!model_->tie().has_value()) return absl::OkStatus();
   const int last = num_chunks_ - 1;
-  const int e = local_of_chunk_[0];
-  const int h = local_of_chunk_[last];
+  int e = local_of_chunk_[0];
+  int h = local_of_chunk_[last];
+  if (routes_.two_copies()) {
+    // After the copies' sum the up copy's embedding (chunk S) and the down copy's head (chunk
+    // S-1) hold the whole step's parts too, and they are on one rank: each rank with an end has
+    // both (rank 0: chunks 0 and 2S-1; rank S-1: chunks S and S-1) and sums them itself.
+    if (e < 0) e = local_of_chunk_[routes_.copy_chunks()];
+    if (h < 0) h = local_of_chunk_[routes_.copy_chunks() - 1];
+  }
   if (e < 0 && h < 0) return absl::OkStatus();
   using model::TieEnd;
   absl::StatusOr<math::Tensor> sum;
@@ -603,9 +671,8 @@ absl::Status StepExecutor::ExchangeTiedGradients(int64_t step) {
     PT_ASSIGN_OR_RETURN(const math::Tensor part,
                         chunks_[embedding ? e : h].stage.TiedGradPart(embedding ? TieEnd::kEmbedding
                                                                                 : TieEnd::kHead));
-    MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
     sum =
-        SumWithPeer(&transport, TensorKey{step, 0, embedding ? last : 0, TensorKind::kTiedGradient},
+        SumWithPeer(transport, TensorKey{step, 0, embedding ? last : 0, TensorKind::kTiedGradient},
                     TensorKey{step, 0, embedding ? 0 : last, TensorKind::kTiedGradient}, part,
                     /*mine_is_lower=*/embedding);
   }

@@ -33,6 +33,8 @@
 #include "common/model/stage.h"
 #include "common/schedule/ir.h"
 #include "common/wire/tensor_key.h"
+#include "server/worker/chunk_routes.h"
+#include "server/worker/gradient_exchange.h"
 #include "server/worker/mailbox.h"
 #include "server/worker/replica_reducer.h"
 
@@ -64,6 +66,14 @@ struct ExecutorOptions {
   // replicas (ReplicaReducer) before the tied exchange and the norms. Defaults: one replica.
   int replica = 0;
   int replicas = 1;
+  // The job's chunks are two copies of num_chunks / 2 stages (bidirectional DualPipe,
+  // chunk_routes.h): micro-batches [0, M/2) run through the down copy, [M/2, M) through the up
+  // copy, each copy adds the weight gradients of its half, and after the step's last W the two
+  // copies of every stage held here swap their parts with the rank holding the other copy
+  // (kCopyGradient, SumWithPeer with the down copy's part first), so that both apply the same
+  // gradient: the whole step's, bit for bit the reference's. Evaluation and decoding run through
+  // the down copy only. False: one copy. Not with replicas > 1.
+  bool two_copies = false;
 };
 
 // One model chunk held by this worker: its global chunk index and the Stage over its layers.
@@ -175,7 +185,9 @@ class StepExecutor {
   // chunk index is out of [0, num_chunks) or repeated, chunk 0 does not start at layer 0, the last
   // chunk does not end at the model's last layer, chunks are not in layer order, two consecutive
   // chunks held here leave a gap, or the replica count is not a power of two >= 1 or the replica
-  // outside [0, replicas).
+  // outside [0, replicas). With options.two_copies each copy is checked so (chunk S starts at
+  // layer 0 too), and INVALID_ARGUMENT if num_chunks is odd, both copies of a stage are here, or
+  // there is more than one replica.
   static absl::StatusOr<std::unique_ptr<StepExecutor>> Create(const model::Model* model,
                                                               std::vector<OwnedChunk> chunks,
                                                               int num_chunks, Mailbox* mailbox,
@@ -207,8 +219,13 @@ class StepExecutor {
   // summed over the replicas (ReplicaReducer, started as soon as the chunk's last W ran, awaited
   // before the step ends): the tied exchange then adds the replicas' sums of the two parts, as
   // the reference adds its two whole-batch parts, and the norms are those of the sums; a
-  // reduction's error (a lost replica peer: the link's status) fails the step. Received tensors
-  // are shape-checked
+  // reduction's error (a lost replica peer: the link's status) fails the step. With two copies
+  // (ExecutorOptions::two_copies) the actions cover only the (micro-batch, chunk) pairs on each
+  // micro-batch's route (ChunkRoutes), M must be even with M/2 a node of the gradient tree, a
+  // loss chunk reports its half's losses (microbatch_losses has M entries, 0 for the other half),
+  // the copies' gradients are summed (kCopyGradient) before the tied gradient (whose two ends are
+  // then on one rank), and the norms are reported once per stage, by the down copy's owner.
+  // Received tensors are shape-checked
   // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
   // error message names the action and its position.
   absl::StatusOr<StepReport> RunStep(int64_t step, const std::vector<schedule::Action>& actions,
@@ -295,14 +312,15 @@ class StepExecutor {
   enum class Phase { kIdle, kAwaitingCommit, kFailed };
   using Clock = std::chrono::steady_clock;
 
-  StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, int num_chunks,
+  StepExecutor(const model::Model* model, std::vector<OwnedChunk> chunks, const ChunkRoutes& routes,
                Mailbox* mailbox, Sender* sender, const ExecutorOptions& options);
 
   // Sets every stage's gradient tree (the step's m x replicas micro-batches, this replica's share
   // of m) and zeroes the gradients; starts the step's reduction over the replicas.
   absl::Status StartGradients(int64_t step, int m);
   // After the actions ran with `status`: the sums over the replicas (or, on error, the
-  // reduction cancelled and drained), then the tied exchange. Returns the step's status.
+  // reduction cancelled and drained), then the copies' and the tied exchanges and the norms.
+  // Returns the step's status.
   absl::Status FinishGradients(int64_t step, absl::Status status, StepReport* report);
   // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
   absl::Status RunStepImpl(int64_t step, const std::vector<schedule::Action>& actions,
@@ -324,7 +342,17 @@ class StepExecutor {
   absl::Status ApplyReplicaSums(int64_t step, StepReport* report);
   // After the step's last W: gives every tied-table copy held here the tied gradient (see
   // RunStep) and updates the copies' layers in chunk_norms_.
-  absl::Status ExchangeTiedGradients(int64_t step);
+  absl::Status ExchangeTiedGradients(int64_t step, ExchangeTransport* transport);
+  // With two copies, after the step's last W: every chunk held here swaps its partial gradients
+  // with the other copy's owner over `transport` and keeps the sum (executor_copies.cc), in
+  // increasing stage order (the order of the peer too, so neither waits for the other).
+  absl::Status ExchangeCopyGradients(int64_t step, ExchangeTransport* transport);
+  // The gradient norms after the step's exchanges: of each chunk's last W, or with two copies
+  // those of the down copy's chunks after the copies' sum, into report->layer_grad_norm_sq.
+  absl::Status ReportNorms(int64_t step, StepReport* report);
+  // Whether this worker holds the chunk that computes the loss of the down copy (or of the one
+  // copy): the chunk whose losses evaluation and decoding report.
+  bool HoldsDownLast() const { return local_of_chunk_[routes_.copy_chunks() - 1] >= 0; }
   // Takes `key` from the mailbox and checks its shape ([rows, cols]; rows < 0: any).
   absl::StatusOr<math::Matrix> TakeChecked(const wire::TensorKey& key, int64_t rows, int64_t cols);
   // Bytes held by the in-flight states (inputs, stashes, gradients, dpred) and by what the stages
@@ -349,6 +377,7 @@ class StepExecutor {
   std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
   // The reduction over the replicas (null with one replica); its thread calls sender_.
   std::unique_ptr<ReplicaReducer> reducer_;
+  ChunkRoutes routes_;               // one or two copies of the stages.
 
   std::vector<OwnedChunk> chunks_;  // increasing chunk index.
   Phase phase_ = Phase::kIdle;
@@ -361,6 +390,7 @@ class StepExecutor {
   int step_microbatches_ = 0;
   int64_t grad_share_lo_ = 0;  // the step's number of this replica's micro-batch 0.
   std::vector<int> weight_grads_done_;
+  std::vector<int> weight_grads_due_;  // per local chunk: the micro-batches of its share.
   std::vector<std::vector<double>> chunk_norms_;
   // Whether steps take the gradient norms (the chunks' optimizer clips); constant.
   bool take_norms_ = false;

@@ -60,8 +60,9 @@ absl::StatusOr<DecodeReport> StepExecutor::RunDecode(
   ApplyPendingUpdate();
   DecodeReport report;
   report.step = first_step;
-  if (chunks_.back().chunk == num_chunks_ - 1) report.logits.resize(microbatches.size());
+  if (HoldsDownLast()) report.logits.resize(microbatches.size());
   for (size_t local = 0; local < chunks_.size(); ++local) {
+    if (!routes_.IsDown(chunks_[local].chunk)) continue;  // decoding runs down only.
     for (size_t mb = 0; mb < microbatches.size(); ++mb) {
       const absl::Status s = DecodeOnly(first_step, static_cast<int>(mb), per_step,
                                         static_cast<int>(local), microbatches[mb], &report);
@@ -79,8 +80,8 @@ absl::Status StepExecutor::DecodeOnly(int64_t first_step, int mb, int per_step, 
                                       const DecodeMicrobatch& run, DecodeReport* report) {
   const model::Stage& stage = chunks_[local].stage;
   const int chunk = chunks_[local].chunk;
-  const bool first = chunk == 0;
-  const bool last = chunk == num_chunks_ - 1;
+  const bool first = routes_.IsFirst(chunk);
+  const bool last = routes_.IsLast(chunk);
   if (run.rows < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a run of ", run.rows, " rows"));
   }

@@ -113,9 +113,54 @@ absl::StatusOr<math::Isa> JobIsa(const v1::Assign& a, const std::optional<math::
   return isa;
 }
 
+// Whether the Assign's chunks are two copies of its stages (JobPlan::two_copies): V = 2 and
+// chunk S (the up copy's first) starts at layer 0.
+bool TwoCopies(const v1::Assign& a, int num_chunks) {
+  return a.virtual_stages() == 2 && num_chunks == 2 * a.stages() &&
+         a.chunks(a.stages()).first_layer() == 0;
+}
+
+// The ranks of two copies' chunks, once chunks [0, S) are checked to tile the model's `layers`
+// on ranks 0..S-1, and chunk S + k to repeat chunk k's layers on rank S-1-k.
+absl::StatusOr<std::vector<int>> CopyOwners(const v1::Assign& a, int num_chunks, int64_t layers) {
+  const int s = a.stages();
+  std::vector<int> owner(num_chunks);
+  for (int c = 0; c < num_chunks; ++c) {
+    const v1::ChunkSpec& spec = a.chunks(c);
+    const bool down = c < s;
+    const int stage = down ? c : c - s;
+    const int rank = down ? c : s - 1 - stage;
+    const int64_t first = stage == 0 ? 0 : a.chunks(stage - 1).last_layer();
+    const int64_t last = stage == s - 1 ? layers : a.chunks(stage).last_layer();
+    if (spec.chunk() != c) {
+      return AssignError(a, absl::StrCat("chunks[", c, "] has chunk index ", spec.chunk()));
+    }
+    if (spec.rank() != rank) {
+      return AssignError(
+          a, absl::StrCat("chunk ", c, " is on rank ", spec.rank(),
+                          "; two copies of the stages "
+                          "(dualpipe) put chunk c < S on rank c and chunk S+k on rank S-1-k (",
+                          rank, ")"));
+    }
+    if (spec.first_layer() != first || spec.last_layer() != last || last <= first ||
+        last > layers) {
+      return AssignError(
+          a, absl::StrCat("chunk ", c, " has layers [", spec.first_layer(), ", ", spec.last_layer(),
+                          "); two copies of the stages (dualpipe) need chunks 0..S-1 to tile [0, ",
+                          layers, ") in order, each non-empty, and chunk S+k to repeat chunk k's"));
+    }
+    if (a.worker_addresses(rank).empty()) {
+      return AssignError(a, absl::StrCat("rank ", rank, " has no address"));
+    }
+    owner[c] = rank;
+  }
+  return owner;
+}
+
 // The rank of every chunk, once the chunks are checked to tile the model's `layers` in order,
 // each on a worker with an address.
 absl::StatusOr<std::vector<int>> ChunkOwners(const v1::Assign& a, int num_chunks, int64_t layers) {
+  if (TwoCopies(a, num_chunks)) return CopyOwners(a, num_chunks, layers);
   std::vector<int> owner(num_chunks);
   for (int c = 0; c < num_chunks; ++c) {
     const v1::ChunkSpec& spec = a.chunks(c);
@@ -183,6 +228,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assign& a, int threads_max,
   if (!model.ok()) return AssignError(a, absl::StrCat("model: ", model.status().message()));
   plan.model = *std::move(model);
   PT_ASSIGN_OR_RETURN(plan.owner, ChunkOwners(a, plan.num_chunks, plan.model->num_layers()));
+  plan.two_copies = TwoCopies(a, plan.num_chunks);
   PT_ASSIGN_OR_RETURN(plan.actions, RankActions(a, plan.owner));
   absl::StatusOr<math::OptimizerConfig> optimizer = model::OptimizerFromProto(a.optimizer());
   if (!optimizer.ok()) {

@@ -21,8 +21,11 @@
 namespace pipetrain::worker {
 
 struct JobPlan {
-  int num_chunks = 0;                     // stages * virtual_stages.
-  std::vector<int> owner;                 // [chunk] -> rank.
+  int num_chunks = 0;      // stages * virtual_stages.
+  std::vector<int> owner;  // [chunk] -> rank.
+  // The chunks are two copies of S stages (bidirectional DualPipe): V = 2, chunks [S, 2S) repeat
+  // the layers of chunks [0, S) and chunk S + k is on rank S-1-k (see PlanJob).
+  bool two_copies = false;
   std::vector<schedule::Action> actions;  // this rank's, in order; never empty.
   std::unique_ptr<model::Model> model;    // built at the job's instruction-set level.
   math::OptimizerConfig optimizer;
@@ -40,8 +43,11 @@ struct JobPlan {
 // stages, rank, link_secret, threads, worker addresses, chunk count, replicas (replicas 0 means 1;
 // a power of two; replica in [0, replicas); replica_addresses: one "host:port" per replica, the
 // entry of this replica being this worker's own worker_addresses[rank]; none at all is accepted
-// with one replica), isa, model, chunk tiling, actions, optimizer; FAILED_PRECONDITION for an
-// instruction set this worker cannot run. Thread-safe.
+// with one replica), isa, model, chunk tiling, actions, optimizer. The chunks tile the model's
+// layers once in order, or -- two copies of the stages, the bidirectional DualPipe placement --
+// with V = 2 and chunk S starting at layer 0 again: chunks [0, S) tile the model, chunk S + k has
+// chunk k's layers and sits on rank S-1-k; FAILED_PRECONDITION for an instruction set this worker
+// cannot run. Thread-safe.
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& assign, int threads_max,
                                 const std::optional<math::Isa>& max_isa);
 

@@ -142,6 +142,7 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
   job->replica_ = plan.replica;
   job->replicas_ = plan.replicas;
   job->replica_addresses_ = std::move(plan.replica_addresses);
+  job->two_copies_ = plan.two_copies;
   job->actions_ = std::move(plan.actions);
   job->model_ = std::move(plan.model);
   PT_ASSIGN_OR_RETURN(std::vector<OwnedChunk> chunks, job->BuildChunks(plan.optimizer));
@@ -149,6 +150,7 @@ absl::StatusOr<std::shared_ptr<WorkerJob>> WorkerJob::Create(const v1::Assign& a
   ExecutorOptions executor_options;
   executor_options.replica = job->replica_;
   executor_options.replicas = job->replicas_;
+  executor_options.two_copies = plan.two_copies;
   absl::StatusOr<std::unique_ptr<StepExecutor>> executor =
       StepExecutor::Create(job->model_.get(), std::move(chunks), job->num_chunks_, &job->mailbox_,
                            job.get(), executor_options);
@@ -171,12 +173,16 @@ absl::StatusOr<std::vector<OwnedChunk>> WorkerJob::BuildChunks(
       return AssignError(a, absl::StrCat("chunk ", c, ": ", stage.status().message()));
     }
     chunks.push_back(OwnedChunk{c, *std::move(stage)});
+    // With two copies of the stages a checkpoint stores each layer once, from the down copy.
+    const bool saves = !two_copies_ || c < num_chunks_ / 2;
     for (const model::CheckpointShard& shard :
          model::LayerShards(*model_, spec.first_layer(), spec.last_layer())) {
-      shards_.push_back(shard);
+      if (saves) shards_.push_back(shard);
     }
     for (int n : {c - 1, c + 1}) {
-      if (n < 0 || n >= num_chunks_ || owner_[n] == rank_) continue;
+      // The two copies' routes do not join: chunk S-1 ends the down copy, chunk S starts the up.
+      const bool joined = !two_copies_ || (n < num_chunks_ / 2) == (c < num_chunks_ / 2);
+      if (n < 0 || n >= num_chunks_ || !joined || owner_[n] == rank_) continue;
       std::vector<int>& peers = owner_[n] > rank_ ? higher_peers_ : lower_peers_;
       if (std::find(peers.begin(), peers.end(), owner_[n]) == peers.end()) {
         peers.push_back(owner_[n]);
@@ -186,6 +192,7 @@ absl::StatusOr<std::vector<OwnedChunk>> WorkerJob::BuildChunks(
   if (chunks.empty()) return AssignError(a, absl::StrCat("rank ", rank_, " holds no chunk"));
   AddTiePeer();
   AddReplicaPeers();
+  if (two_copies_) AddPeer(CopyPeer());
   return chunks;
 }
 
@@ -203,9 +210,18 @@ void WorkerJob::AddTiePeer() {
   int peer = -1;
   if (rank_ == embedding) peer = head;
   if (rank_ == head) peer = embedding;
-  if (peer < 0) return;
+  AddPeer(peer);
+}
+
+void WorkerJob::AddPeer(int peer) {
+  if (peer < 0 || peer == rank_) return;
   std::vector<int>& peers = peer > rank_ ? higher_peers_ : lower_peers_;
   if (std::find(peers.begin(), peers.end(), peer) == peers.end()) peers.push_back(peer);
+}
+
+int WorkerJob::CopyPeer() const {
+  // Rank w holds stages w (down) and S-1-w (up); rank S-1-w holds their other copies.
+  return two_copies_ ? num_chunks_ / 2 - 1 - rank_ : -1;
 }
 
 void WorkerJob::Launch() {

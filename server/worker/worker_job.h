@@ -187,9 +187,15 @@ class WorkerJob final : public Sender {
   std::string PeerName(int peer) const;
   // The peer id named by a PeerHello's `peer` ("stage/<rank>", "replica/<q>"), -1 if neither.
   int ParsePeer(absl::string_view name) const;
+  // Adds `peer` (a rank other than this one; -1: none) to higher_peers_ or lower_peers_.
+  void AddPeer(int peer);
+  // With two copies of the stages (JobPlan::two_copies): the rank holding the other copies of
+  // this rank's stages (S-1-rank), the peer of the copy gradient exchange; -1 otherwise.
+  int CopyPeer() const;
   // The kinds a stream with stage peer `peer_rank` carries: activations and gradients, and the
-  // tied gradient when a tied embedding's ends are on this rank and that peer; with a replica
-  // peer, replica gradients only.
+  // tied gradient when a tied embedding's ends are on this rank and that peer, and the copy
+  // gradient when that peer holds the other copies of this rank's stages (CopyPeer); with a
+  // replica peer, replica gradients only.
   uint32_t StageLinkKinds(int peer_rank) const;
   // Configures the pacer (if any), makes a PeerSlot per neighbour, sets the job's Eigen threads
   // and starts the compute thread.
@@ -258,6 +264,7 @@ class WorkerJob final : public Sender {
   int replicas_ = 1;
   std::vector<std::string> replica_addresses_;   // [q]: this rank's worker in replica q.
   std::vector<int> owner_;                       // [chunk] -> rank.
+  bool two_copies_ = false;                      // JobPlan::two_copies: bidirectional DualPipe.
   std::vector<int> higher_peers_, lower_peers_;  // peer ids (PeerName), dialled / accepted.
   std::vector<schedule::Action> actions_;
   std::unique_ptr<model::Model> model_;

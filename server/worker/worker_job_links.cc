@@ -30,6 +30,7 @@ LinkSettings WorkerJob::SettingsFor(uint32_t kinds, int peer_rank) {
   settings.validation.num_microbatches = microbatches_;
   settings.validation.num_chunks = num_chunks_;
   settings.validation.replica_rounds = std::max(0, AllReduceRounds(replicas_));
+  settings.validation.two_copies = two_copies_;
   settings.validation.allowed_kinds = kinds;
   settings.validation.max_tensor_bytes = options_.max_tensor_bytes;
   const std::string peer = PeerName(peer_rank);
@@ -71,6 +72,7 @@ uint32_t WorkerJob::StageLinkKinds(int peer_rank) const {
       ((rank_ == embedding && peer_rank == head) || (rank_ == head && peer_rank == embedding))) {
     kinds |= wire::KindBit(TensorKind::kTiedGradient);
   }
+  if (two_copies_ && peer_rank == CopyPeer()) kinds |= wire::KindBit(TensorKind::kCopyGradient);
   return kinds;
 }
 
@@ -89,6 +91,11 @@ absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matri
     // The other end's part: for chunk 0 from the last chunk's owner and the other way round.
     const int from = key.chunk == 0 ? num_chunks_ - 1 : 0;
     ok = peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
+  } else if (ok && key.kind == TensorKind::kCopyGradient) {
+    // The other copy's part of the same stage, only from the rank holding that copy.
+    const int from =
+        key.chunk < num_chunks_ / 2 ? key.chunk + num_chunks_ / 2 : key.chunk - num_chunks_ / 2;
+    ok = two_copies_ && peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
   } else if (ok && peer_rank >= 0) {
     const int from = key.kind == TensorKind::kActivation ? key.chunk - 1 : key.chunk + 1;
     ok = (key.kind == TensorKind::kActivation || key.kind == TensorKind::kGradient) && from >= 0 &&
@@ -171,8 +178,15 @@ absl::Status WorkerJob::CheckHello(const PeerHello& hello) const {
 
 absl::StatusOr<LinkSettings> WorkerJob::AcceptCoordinator(std::unique_ptr<PeerLink> link) {
   uint32_t kinds = 0;
-  if (owner_[0] == rank_) kinds |= wire::KindBit(TensorKind::kInput);
-  if (owner_[num_chunks_ - 1] == rank_) kinds |= wire::KindBit(TensorKind::kTarget);
+  // With two copies the up copy's first chunk (S) takes inputs and the down copy's last (S-1)
+  // targets as well.
+  const int half = num_chunks_ / 2;
+  if (owner_[0] == rank_ || (two_copies_ && owner_[half] == rank_)) {
+    kinds |= wire::KindBit(TensorKind::kInput);
+  }
+  if (owner_[num_chunks_ - 1] == rank_ || (two_copies_ && owner_[half - 1] == rank_)) {
+    kinds |= wire::KindBit(TensorKind::kTarget);
+  }
   if (kinds == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, " holds neither the first nor the last chunk: no coordinator stream"));
@@ -220,8 +234,8 @@ absl::StatusOr<LinkSettings> WorkerJob::AcceptNeighbour(const PeerHello& hello,
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, " (replica ", replica_, " of ", replicas_,
         ") accepts Exchange streams only from 'coordinator', lower-rank neighbours (or a tied "
-        "embedding's other end) and the lower replicas the gradient reduction pairs it with, "
-        "not from '",
+        "embedding's other end, or the rank holding the other copies of its stages) and the lower "
+        "replicas the gradient reduction pairs it with, not from '",
         hello.peer, "'"));
   }
   LinkSettings settings = SettingsFor(StageLinkKinds(peer_rank), peer_rank);

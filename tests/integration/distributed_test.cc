@@ -204,6 +204,44 @@ TEST_F(DistributedTest, ExampleGptDeepRunsTwoChunkSchedulesOnFourStages) {
                              {"interleaved", "zb-v", "dualpipe-v"});
 }
 
+// Bidirectional DualPipe on two copies of the stages (S = 2 and 4; M = 8 is even and >= 2S - 2):
+// the copies' gradients are summed before each update, and each layer is saved once.
+TEST_F(DistributedTest, DualPipeMatchesReference) {
+  ExpectLocalEqualsReference({*dir_ + "/mlp_deep.textproto", "digits", "mlp-dualpipe"}, *dir_,
+                             {2, 4}, {"dualpipe"});
+  ExpectLocalEqualsReference({*dir_ + "/gpt_deep.textproto", "text", "gpt-dualpipe"}, *dir_, {2, 4},
+                             {"dualpipe"});
+}
+
+// The line of `--json` output that starts with `prefix`, or "" if none.
+std::string JsonLine(const std::string& out, absl::string_view prefix) {
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::StartsWith(line, prefix)) return std::string(line);
+  }
+  return "";
+}
+
+// A dualpipe job evaluates through the down copy of its stages: the evaluation after training
+// is the reference's, bit for bit.
+TEST_F(DistributedTest, DualPipeEvaluatesLikeTheReference) {
+  const std::string flags =
+      absl::StrCat(" --model ", Example("mlp_digits.textproto"), " ", kCommon, " --eval-samples 8");
+  const CliRun ref = Pipetrain("reference" + flags, "");
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const CliRun local = Pipetrain("local --stages 2 --schedule dualpipe" + flags, "");
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const std::string want = JsonLine(ref.out, "{\"eval_loss\"");
+  ASSERT_FALSE(want.empty()) << ref.out;
+  EXPECT_EQ(JsonLine(local.out, "{\"eval_loss\""), want) << local.out;
+}
+
+// The tied LLaMA under dualpipe: after the copies' sum, each rank holding an end of the tie
+// holds both (rank 0: the embedding down and the head up) and sums them itself.
+TEST_F(DistributedTest, ExampleTiedLlamaRunsDualPipe) {
+  ExpectLocalEqualsReference({Example("llama_char_tied.textproto"), "text", "llama-tied-dp"}, *dir_,
+                             {2, 4}, {"dualpipe"});
+}
+
 // The example files themselves, where their depth allows (S = 2, every V = 1 schedule).
 TEST_F(DistributedTest, ExampleDigitsMlpMatchesReference) {
   const std::string ref_dir = *dir_ + "/ref-example";
@@ -419,6 +457,28 @@ int Count(const std::string& text, const std::string& needle) {
   int n = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
   return n;
+}
+
+// A dualpipe step reports its measured bubble and the simulator's prediction for it, as every
+// schedule does, and its trace shows the compute of all four chunks (two per rank).
+TEST_F(DistributedTest, DualPipeReportsMeasuredAndPredictedBubble) {
+  const std::string trace = *dir_ + "/trace-dualpipe.json";
+  const CliRun local =
+      Pipetrain(absl::StrCat("local --stages 2 --schedule dualpipe --model ",
+                             Example("mlp_digits.textproto"), " ", kCommon, " --trace ", trace),
+                "");
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(trace), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  const std::vector<nlohmann::json> steps = TraceEvents(j, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  for (const char* field : {"bubble_fraction", "predicted_bubble_fraction"}) {
+    EXPECT_GE(steps[0]["args"][field].get<double>(), 0.0) << field;
+    EXPECT_LT(steps[0]["args"][field].get<double>(), 1.0) << field;
+  }
+  std::set<int> chunks;
+  for (const auto& e : TraceEvents(j, "compute")) chunks.insert(e["args"]["chunk"].get<int>());
+  EXPECT_EQ(chunks, (std::set<int>{0, 1, 2, 3}));
 }
 
 // --trace FILE.svg and FILE.txt draw the measured timeline as pictures, titled with the schedule,

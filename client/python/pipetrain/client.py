@@ -1052,11 +1052,11 @@ class Client:
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
         schedule: gpipe | 1f1b | interleaved | zb-h1 | zb-v | dualpipe-v | 1f1b-overlap |
-            interleaved-overlap. stages: S. replicas: R data-parallel copies of the pipeline on
-            R x S workers (JobSpec.replicas, as `pipetrain train --replicas`), each running M / R
-            of every step's micro-batches: a power of two dividing M (INVALID_ARGUMENT naming the
-            counts M supports otherwise); the result is bitwise that of one replica
-            (docs/scaling.md, "Replicas").
+            interleaved-overlap | dualpipe (two copies of the stages, S and M even). stages: S.
+            replicas: R data-parallel copies of the pipeline on R x S workers (JobSpec.replicas,
+            as `pipetrain train --replicas`), each running M / R of every step's micro-batches: a
+            power of two dividing M (INVALID_ARGUMENT naming the counts M supports otherwise); the
+            result is bitwise that of one replica (docs/scaling.md, "Replicas"); 1 with dualpipe.
         microbatches: M (divides every batch). optimizer: see optimizer_spec(). seed: initial
         weights. threads: compute threads per worker. virtual_stages: V (0: the schedule's).
         data: a pipetrain.data.Dataset or a dict of DataShape fields (a text data set loaded with a

@@ -274,13 +274,10 @@ TEST(TrainingOptionsCliTest, EachCommandTakesItsTrainingFlags) {
     ExpectRefused(command + model + " --eval-samples -1",
                   "--eval-samples must be >= 0 (0: all), got -1");
   }
-  // dualpipe needs two copies of every weight: `pipetrain schedule` draws it, no job runs it.
-  for (const std::string command : {"train", "local"}) {
-    SCOPED_TRACE(command);
-    ExpectRefused(command + model + " --stages 2 --schedule dualpipe",
-                  "dualpipe cannot run a job: bidirectional DualPipe needs the first layer on both "
-                  "end ranks");
-  }
+  // dualpipe runs (two copies of the stages), on an even number of them: refused before `local`
+  // starts a daemon.
+  ExpectRefused("local" + model + " --stages 3 --schedule dualpipe",
+                "dualpipe needs an even number of stages (got 3)");
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --resume /tmp/ckpt",
                 "--checkpoint is the former name of --resume: give one of them");
   ExpectRefused("evaluate --checkpoint /tmp/ckpt --checkpoint-every 2",

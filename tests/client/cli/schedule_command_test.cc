@@ -213,8 +213,7 @@ TEST(ScheduleCommandTest, OverlapKindsAndDualPipe) {
   absl::StatusOr<std::string> ascii = RunScheduleCommand(*o);
   ASSERT_TRUE(ascii.ok()) << ascii.status();
   EXPECT_THAT(*ascii, StartsWith("dualpipe: S=2 M=4 V=2; per-stage costs F=1 B=2 I=1 W=1 (each "
-                                 "chunk a whole stage: two copies of the weights; not "
-                                 "executable)\n"));
+                                 "chunk a whole stage: two copies of the weights)\n"));
   EXPECT_THAT(*ascii, HasSubstr("r0   |F0a F2b F1a B2b---- F3b B0a---- B3b---- I1a W1a\n"));
   o->format = ScheduleFormat::kSvg;
   EXPECT_TRUE(RunScheduleCommand(*o).ok());

@@ -46,6 +46,38 @@ TEST(JobSpecTest, FillsDefaultsAndReturnsThePlanAndModel) {
   EXPECT_EQ(checked->plan.num_chunks(), 4);
 }
 
+// dualpipe: two copies of S stages. The layers are cut S ways (3 layers suffice for S = 2, where
+// the V-shape would need 4), chunk S + k repeats chunk k's layers on rank S-1-k, and each stage
+// is cut for the slower of its two ranks.
+TEST(JobSpecTest, DualPipeCutsTheLayersIntoTwoCopiesOfTheStages) {
+  v1::JobSpec spec = MlpSpec(1, 2, 4);  // 3 layers
+  spec.set_schedule("dualpipe");
+  absl::StatusOr<CheckedJobSpec> checked = CheckJobSpec(JobLimits(), &spec);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(spec.virtual_stages(), 2);
+  EXPECT_EQ(checked->plan.num_chunks(), 4);
+  absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
+      PartitionChunks(spec, *checked->model, checked->plan, {1.0, 1.0});
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  const std::vector<v1::ChunkSpec>& chunks = cut->first;
+  ASSERT_EQ(chunks.size(), 4u);
+  const int ranks[] = {0, 1, 1, 0};
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(chunks[c].chunk(), c);
+    EXPECT_EQ(chunks[c].rank(), ranks[c]) << c;
+    EXPECT_EQ(chunks[c].first_layer(), chunks[c % 2].first_layer()) << c;
+    EXPECT_EQ(chunks[c].last_layer(), chunks[c % 2].last_layer()) << c;
+  }
+  EXPECT_EQ(chunks[0].first_layer(), 0);
+  EXPECT_EQ(chunks[0].last_layer(), chunks[1].first_layer());
+  EXPECT_EQ(chunks[1].last_layer(), 3);
+  // Its rules: S even, M even.
+  v1::JobSpec odd_m = MlpSpec(1, 2, 3);
+  odd_m.set_schedule("dualpipe");
+  EXPECT_THAT(CheckJobSpec(JobLimits(), &odd_m).status().message(),
+              HasSubstr("dualpipe needs an even number of microbatches (got 3)"));
+}
+
 TEST(JobSpecTest, LayerCapAtTheLimitPassesOneOverIsResourceExhausted) {
   JobLimits limits;
   limits.max_layers = 5;

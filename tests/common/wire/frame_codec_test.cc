@@ -416,6 +416,39 @@ TEST(FrameCodecTest, ReplicaGradientCarriesARoundAndNeedsItsKindAllowed) {
               HasSubstr("replica_gradient frames are not accepted on this stream"));
 }
 
+// The two copies of a stage under dualpipe (docs/wire.md, "The copies of a stage"): a
+// copy_gradient frame names the receiving copy's chunk with micro-batch 0, and only a job with two
+// copies accepts it; there the up copy's first chunk takes inputs and the down copy's last targets.
+TEST(FrameCodecTest, CopyGradientNeedsTwoCopiesAndMicrobatch0) {
+  FrameValidation two = Validation();
+  two.num_chunks = 4;
+  two.two_copies = true;
+  ASSERT_TRUE(two.Check().ok());
+  for (int32_t chunk = 0; chunk < 4; ++chunk) {
+    const TensorKey key{5, 0, chunk, TensorKind::kCopyGradient};
+    EXPECT_TRUE(DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), two).ok()) << chunk;
+  }
+  const TensorKey mb1{5, 1, 2, TensorKind::kCopyGradient};
+  absl::Status refused = DecodeOne(FrameBytes(Header(mb1, 2, 3), std::string(24, 'x')), two);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("copy_gradient cannot name chunk 2"));
+  FrameValidation one = two;
+  one.two_copies = false;
+  const TensorKey key{5, 0, 2, TensorKind::kCopyGradient};
+  refused = DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), one);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("copy_gradient cannot name chunk 2 of 4"));
+  const TensorKey input{5, 2, 2, TensorKind::kInput};
+  const TensorKey target{5, 1, 1, TensorKind::kTarget};
+  EXPECT_TRUE(DecodeOne(FrameBytes(Header(input, 2, 3), std::string(24, 'x')), two).ok());
+  EXPECT_TRUE(DecodeOne(FrameBytes(Header(target, 2, 3), std::string(24, 'x')), two).ok());
+  EXPECT_FALSE(DecodeOne(FrameBytes(Header(input, 2, 3), std::string(24, 'x')), one).ok());
+  EXPECT_FALSE(DecodeOne(FrameBytes(Header(target, 2, 3), std::string(24, 'x')), one).ok());
+  FrameValidation odd = two;
+  odd.num_chunks = 3;
+  EXPECT_EQ(odd.Check().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(FrameCodecTest, PayloadLengthErrors) {
   const pb::FrameHeader h = Header(kKey, 2, 3);
   EXPECT_EQ(DecodeOne(FrameBytes(h, "")).code(), absl::StatusCode::kInvalidArgument);

@@ -56,6 +56,36 @@ TEST(ActionListTest, ViolationsAreInvalidArgumentNamingTheActionOrGlobalChunk) {
   }
 }
 
+// Two copies of 2 stages (dualpipe, chunks 0..3): rank 0 holds chunk 0 (the down copy's stage 0)
+// and chunk 3 (the up copy's stage 1). Micro-batches [0, M/2) run down, [M/2, M) up: each chunk
+// needs (and may have) only the micro-batches of its half.
+TEST(ActionListTest, TwoCopiesCoverEachMicrobatchOnItsRouteOnly) {
+  const std::vector<int> local_of_chunk = {0, -1, -1, 1};
+  const absl::StatusOr<ChunkRoutes> routes = ChunkRoutes::TwoCopies(4);
+  ASSERT_TRUE(routes.ok()) << routes.status();
+  const std::vector<Action> ok = {{F, 0, 0}, {F, 1, 3}, {B, 1, 3}, {B, 0, 0}};
+  absl::StatusOr<int> m = CheckActionList(ok, local_of_chunk, &*routes);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(*m, 2);
+  // Without the routes the same list lacks chunk 3's micro-batch 0.
+  EXPECT_EQ(CheckActionList(ok, local_of_chunk).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const std::vector<Action> off_route = {{F, 0, 0}, {F, 0, 3}, {F, 1, 3}, {B, 1, 3}, {B, 0, 0}};
+  m = CheckActionList(off_route, local_of_chunk, &*routes);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "position 1 F(mb=0, chunk=3): is not on its micro-batch's route: micro-batch 0 of 2 "
+            "runs through chunks 0..1");
+  const std::vector<Action> odd = {{F, 0, 0}, {F, 2, 3}, {F, 1, 3}};
+  EXPECT_THAT(CheckActionList(odd, local_of_chunk, &*routes).status().message(),
+              ::testing::HasSubstr("cover 3 micro-batches; two copies of the stages (dualpipe) "
+                                   "need an even number"));
+  const std::vector<Action> missing = {{F, 0, 0}, {B, 0, 0}, {F, 1, 3}};
+  EXPECT_EQ(CheckActionList(missing, local_of_chunk, &*routes).status().message(),
+            "no B or I(mb=1, chunk=3) after its F at position 2");
+}
+
 TEST(ActionListTest, ActionAtNamesThePositionAndTheAction) {
   EXPECT_EQ(ActionAt(7, Action{I, 2, 5}), "position 7 I(mb=2, chunk=5)");
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -234,16 +235,23 @@ class Pipeline {
     if (!plan.ok()) return nullptr;
     EXPECT_TRUE(schedule::ValidatePlan(*plan).ok());
     p->plan_ = std::move(*plan);
-    // Cut the layers into S*V chunks with the partitioner, weighted by FLOPs per micro-batch.
+    // Cut the layers into S*V chunks with the partitioner, weighted by FLOPs per micro-batch;
+    // under dualpipe into S stages, chunk S+k (the up copy's stage k) repeating chunk k.
+    const bool two_copies = p->plan_.placement.kind == schedule::PlacementKind::kBidirectional;
     partition::PartitionOptions po;
     po.stages = stages;
-    po.placement = p->plan_.placement.kind;
-    po.virtual_stages = virtual_stages;
+    po.placement = two_copies ? schedule::PlacementKind::kLinear : p->plan_.placement.kind;
+    po.virtual_stages = two_copies ? 1 : virtual_stages;
     absl::StatusOr<partition::Partition> cut =
         partition::PartitionLayers(model->LayerFlops(kSamples / microbatches), po);
     EXPECT_TRUE(cut.ok()) << cut.status();
     if (!cut.ok()) return nullptr;
     p->boundaries_ = cut->boundaries;
+    std::vector<std::pair<int, int>> layers;  // [chunk] -> [first, last).
+    for (int c = 0; c < p->plan_.num_chunks(); ++c) {
+      const int k = two_copies ? c % stages : c;
+      layers.emplace_back(p->boundaries_[k], p->boundaries_[k + 1]);
+    }
     for (int w = 0; w < stages; ++w) {
       p->mailboxes_.push_back(std::make_unique<Mailbox>(MailboxOptions{0, &p->detector_}));
     }
@@ -252,14 +260,16 @@ class Pipeline {
       std::vector<OwnedChunk> chunks;
       for (int c : p->plan_.placement.ChunksOf(w)) {
         absl::StatusOr<model::Stage> stage =
-            model::Stage::Create(model, p->boundaries_[c], p->boundaries_[c + 1], kSeed, optimizer);
+            model::Stage::Create(model, layers[c].first, layers[c].second, kSeed, optimizer);
         EXPECT_TRUE(stage.ok()) << stage.status();
         if (!stage.ok()) return nullptr;
         chunks.push_back(OwnedChunk{c, std::move(*stage)});
       }
+      ExecutorOptions options;
+      options.two_copies = two_copies;
       absl::StatusOr<std::unique_ptr<StepExecutor>> e =
           StepExecutor::Create(model, std::move(chunks), p->plan_.num_chunks(),
-                               p->mailboxes_[w].get(), p->senders_[w].get());
+                               p->mailboxes_[w].get(), p->senders_[w].get(), options);
       EXPECT_TRUE(e.ok()) << e.status();
       if (!e.ok()) return nullptr;
       p->executors_.push_back(std::move(*e));
@@ -277,7 +287,6 @@ class Pipeline {
   RunOutcome Run(int64_t step, const io::Batch& batch, int feed,
                  const std::vector<std::vector<Action>>& actions) {
     const int s = plan_.stages();
-    const int last = plan_.num_chunks() - 1;
     const int64_t rows = batch.inputs.rows();
     const int64_t mb_rows = rows / plan_.microbatches;
     RunOutcome out;
@@ -291,9 +300,12 @@ class Pipeline {
       });
     }
     for (int mb = 0; mb < feed; ++mb) {
-      const TensorKey in{step, mb, 0, TensorKind::kInput};
+      // The micro-batch's route: every chunk, or under dualpipe one copy's.
+      const int first = plan_.RouteBegin(mb);
+      const int last = plan_.RouteEnd(mb) - 1;
+      const TensorKey in{step, mb, first, TensorKind::kInput};
       const TensorKey target{step, mb, last, TensorKind::kTarget};
-      EXPECT_TRUE(mailboxes_[plan_.placement.OwnerOf(0)]
+      EXPECT_TRUE(mailboxes_[plan_.placement.OwnerOf(first)]
                       ->Put(in, batch.inputs.middleRows(mb * mb_rows, mb_rows))
                       .ok());
       EXPECT_TRUE(mailboxes_[plan_.placement.OwnerOf(last)]
@@ -323,13 +335,24 @@ class Pipeline {
       reports.push_back(&*out.reports[w]);
     }
     model::StepResult result;
-    const int last_owner = plan_.placement.OwnerOf(plan_.num_chunks() - 1);
-    for (int w = 0; w < plan_.stages(); ++w) {
-      EXPECT_EQ(reports[w]->microbatch_losses.size(),
-                w == last_owner ? static_cast<size_t>(plan_.microbatches) : 0u);
+    // Each micro-batch's loss comes from the owner of its route's last chunk (two owners under
+    // dualpipe), summed in micro-batch order.
+    std::set<int> loss_owners;
+    for (int mb = 0; mb < plan_.microbatches; ++mb) {
+      const int owner = plan_.placement.OwnerOf(plan_.RouteEnd(mb) - 1);
+      loss_owners.insert(owner);
+      EXPECT_EQ(reports[owner]->microbatch_losses.size(), static_cast<size_t>(plan_.microbatches));
+      if (reports[owner]->microbatch_losses.size() != static_cast<size_t>(plan_.microbatches)) {
+        return absl::InternalError("missing micro-batch losses");
+      }
+      result.microbatch_losses.push_back(reports[owner]->microbatch_losses[mb]);
+      result.loss += result.microbatch_losses.back();
     }
-    result.microbatch_losses = reports[last_owner]->microbatch_losses;
-    for (float l : result.microbatch_losses) result.loss += l;
+    for (int w = 0; w < plan_.stages(); ++w) {
+      if (loss_owners.count(w) == 0) {
+        EXPECT_TRUE(reports[w]->microbatch_losses.empty());
+      }
+    }
     if (optimizer_.clip_norm > 0) {
       absl::StatusOr<double> norm = CombineLayerNormSq(reports, model_->num_layers());
       if (!norm.ok()) return norm.status();
@@ -360,7 +383,7 @@ class Pipeline {
   absl::StatusOr<EvalReport> Evaluate(int64_t step, const io::Batch& batch, int64_t chunk,
                                       int per_step) {
     const int s = plan_.stages();
-    const int last = plan_.num_chunks() - 1;
+    const int last = plan_.RouteEnd(0) - 1;  // evaluation runs through one copy.
     const int64_t per_sample = model_->tokens_per_sample();
     std::vector<int64_t> rows;
     for (int64_t begin = 0; begin < batch.samples; begin += chunk) {
@@ -435,7 +458,7 @@ class Pipeline {
       if (!reports[w].ok()) return reports[w].status();
       EXPECT_EQ(mailboxes_[w]->size(), 0) << "leftover tensors after decode round " << step;
     }
-    return std::move(reports[plan_.placement.OwnerOf(plan_.num_chunks() - 1)]);
+    return std::move(reports[plan_.placement.OwnerOf(plan_.RouteEnd(0) - 1)]);
   }
 
   int64_t DecodeBytes() const {
@@ -566,7 +589,8 @@ std::vector<PipelineConfig> AllConfigs() {
                                     {ScheduleKind::kZbV, 2},
                                     {ScheduleKind::kDualPipeV, 2},
                                     {ScheduleKind::kOneFOneBOverlap, 1},
-                                    {ScheduleKind::kInterleavedOverlap, 2}};
+                                    {ScheduleKind::kInterleavedOverlap, 2},
+                                    {ScheduleKind::kDualPipe, 2}};
   struct ModelDef {
     const char* name;
     const char* spec;
@@ -579,7 +603,8 @@ std::vector<PipelineConfig> AllConfigs() {
   for (const ModelDef& m : models) {
     for (const KindV& k : kinds) {
       for (int s : {2, 4}) {
-        if (s * k.v > m.layers) continue;
+        // dualpipe cuts the layers into S stages (two copies of each).
+        if (s * (k.kind == ScheduleKind::kDualPipe ? 1 : k.v) > m.layers) continue;
         for (auto opt : {math::OptimizerKind::kSgd, math::OptimizerKind::kAdamW}) {
           out.push_back({m.name, m.spec, k.kind, s, k.v, s == 2 ? 4 : 8, opt});
         }
@@ -620,6 +645,39 @@ TEST_P(PipelineBitwiseTest, LossesAndFinalStateEqualTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchedules, PipelineBitwiseTest, ::testing::ValuesIn(AllConfigs()),
                          ConfigName);
+
+// Under dualpipe every stage has two copies, on ranks k and S-1-k, each adding the gradients of
+// half the micro-batches; after the copies' exchange both apply the same update, so after every
+// step the two copies of every tensor are bit for bit the same (and the reference's).
+TEST(DualPipeCopiesTest, BothCopiesOfEveryStageStayBitwiseEqual) {
+  auto model = model::testing::BuildOrDie(kTiedGptSpec);
+  const auto opt = math::OptimizerKind::kAdamW;
+  auto reference = model::ReferenceTrainer::Create(model.get(), ReferenceOptions(8, opt));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<Pipeline> p =
+      Pipeline::Create(model.get(), ScheduleKind::kDualPipe, 4, 2, 8, Optimizer(opt));
+  ASSERT_NE(p, nullptr);
+  for (int step = 1; step <= 2; ++step) {
+    const io::Batch batch = model::testing::MakeBatch(*model, kSamples, step);
+    absl::StatusOr<model::StepResult> got = p->TrainStep(step, batch);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSameStep(*got, *(*reference)->Step(batch), step);
+    std::map<std::string, int> copies;  // tensor name -> executors holding it.
+    std::vector<std::map<std::string, math::Tensor>> states;
+    for (int w = 0; w < 4; ++w) states.push_back(p->executor(w).ExportState());
+    const std::map<std::string, math::Tensor> want = (*reference)->ExportState();
+    for (int w = 0; w < 4; ++w) {
+      for (const auto& [name, t] : states[w]) {
+        ++copies[name];
+        ASSERT_EQ(want.count(name), 1u) << name;
+        EXPECT_EQ(
+            0, std::memcmp(t.data.data(), want.at(name).data.data(), t.data.size() * sizeof(float)))
+            << "rank " << w << "'s copy of " << name << " after step " << step;
+      }
+    }
+    for (const auto& [name, n] : copies) EXPECT_EQ(n, 2) << name << " is not held twice";
+  }
+}
 
 // Without clipping the workers report no gradient norms (StepReport::layer_grad_norm_sq) and every
 // step's losses, and the final state, are still those of the reference.
@@ -912,7 +970,9 @@ std::string KindName(const ::testing::TestParamInfo<ScheduleKind>& param) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, AbortTest,
-                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kZbV), KindName);
+                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kZbV,
+                                           ScheduleKind::kDualPipe),
+                         KindName);
 
 Action A(Op op, int mb, int chunk) { return Action{op, mb, chunk}; }
 

@@ -76,6 +76,52 @@ TEST(JobPlanTest, ValidAssignIsPlanned) {
   EXPECT_EQ(plan->optimizer.lr, 0.5f);
 }
 
+// Two copies of the stages (dualpipe, V = 2): chunks 0, 1 tile the model on ranks 0, 1; chunk 2
+// repeats chunk 0 on rank 1, chunk 3 repeats chunk 1 on rank 0.
+v1::Assign DualPipeAssign() {
+  v1::Assign a = ValidAssign();
+  a.set_virtual_stages(2);
+  const int ranks[] = {0, 1, 1, 0};
+  a.clear_chunks();
+  for (int c = 0; c < 4; ++c) {
+    v1::ChunkSpec* chunk = a.add_chunks();
+    chunk->set_chunk(c);
+    chunk->set_rank(ranks[c]);
+    chunk->set_first_layer(3 * (c % 2));
+    chunk->set_last_layer(3 * (c % 2) + 3);
+  }
+  a.clear_actions();
+  for (const Action& act : {Action{Op::kForward, 0, 0}, Action{Op::kForward, 1, 3},
+                            Action{Op::kBackward, 1, 3}, Action{Op::kBackward, 0, 0}}) {
+    *a.add_actions() = control::ActionToProto(act);
+  }
+  return a;
+}
+
+TEST(JobPlanTest, TwoCopiesOfTheStagesArePlannedAndCheckedAsSuch) {
+  absl::StatusOr<JobPlan> plan = PlanJob(DualPipeAssign(), 1, std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->two_copies);
+  EXPECT_THAT(plan->owner, ElementsAre(0, 1, 1, 0));
+  EXPECT_FALSE(PlanJob(ValidAssign(), 1, std::nullopt)->two_copies);
+
+  v1::Assign misplaced = DualPipeAssign();
+  misplaced.mutable_chunks(2)->set_rank(0);
+  misplaced.mutable_chunks(3)->set_rank(1);
+  absl::Status status = PlanJob(misplaced, 1, std::nullopt).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("chunk 2 is on rank 0; two copies of the stages "
+                                          "(dualpipe) put chunk c < S on rank c and chunk S+k "
+                                          "on rank S-1-k (1)"));
+  v1::Assign other_layers = DualPipeAssign();
+  other_layers.mutable_chunks(2)->set_last_layer(2);
+  other_layers.mutable_chunks(3)->set_first_layer(2);
+  status = PlanJob(other_layers, 1, std::nullopt).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("chunk 2 has layers [0, 2); two copies of the stages "
+                                          "(dualpipe) need chunks 0..S-1 to tile [0, 6)"));
+}
+
 TEST(JobPlanTest, MalformedFieldsAreInvalidArgumentNamingThem) {
   struct Case {
     const char* name;

@@ -183,12 +183,16 @@ class StageWorkerTest : public ::testing::Test {
     a->set_microbatches(kMicrobatches);
     const int chunks = plan_.num_chunks();
     const int64_t layers = model_->num_layers();
+    // dualpipe: two copies of 2 stages, chunk 2 + k repeating chunk k's layers.
+    const bool copies = plan_.placement.kind == schedule::PlacementKind::kBidirectional;
+    const int cuts = copies ? chunks / 2 : chunks;
     for (int chunk = 0; chunk < chunks; ++chunk) {
+      const int k = chunk % cuts;
       v1::ChunkSpec* spec = a->add_chunks();
       spec->set_chunk(chunk);
       spec->set_rank(plan_.placement.OwnerOf(chunk));
-      spec->set_first_layer(chunk * layers / chunks);
-      spec->set_last_layer((chunk + 1) * layers / chunks);
+      spec->set_first_layer(k * layers / cuts);
+      spec->set_last_layer((k + 1) * layers / cuts);
     }
     for (auto& d : daemons_) a->add_worker_addresses(d->address());
     for (const schedule::Action& act : plan_.actions[rank])
@@ -279,6 +283,26 @@ class StageWorkerTest : public ::testing::Test {
     return feeds_.back().get();
   }
 
+  // Sends the input and the target of every micro-batch of `batch` to the ends of its route
+  // (plan_.RouteBegin/RouteEnd: chunk 0 and the last chunk, or one copy's under dualpipe), over
+  // `feeds`, the coordinator's stream to each rank.
+  void FeedRouted(const std::map<int, PeerLink*>& feeds, int64_t step, const io::Batch& batch) {
+    const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      const int first = plan_.RouteBegin(mb);
+      const int last = plan_.RouteEnd(mb) - 1;
+      auto x = std::make_shared<const math::Matrix>(batch.inputs.middleRows(mb * mb_rows, mb_rows));
+      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(first))
+                      ->Send(TensorKey{step, mb, first, TensorKind::kInput}, x)
+                      .ok());
+      auto y =
+          std::make_shared<const math::Matrix>(batch.targets.middleRows(mb * mb_rows, mb_rows));
+      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(last))
+                      ->Send(TensorKey{step, mb, last, TensorKind::kTarget}, y)
+                      .ok());
+    }
+  }
+
   // Sends the inputs of every micro-batch of `batch` to `in` and the targets to `target`.
   void FeedBatch(PeerLink* in, PeerLink* target, int64_t step, const io::Batch& batch) {
     const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
@@ -331,7 +355,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerScheduleTest,
                                            ScheduleCase{schedule::ScheduleKind::kGPipe, 1},
                                            ScheduleCase{schedule::ScheduleKind::kZbH1, 1},
                                            ScheduleCase{schedule::ScheduleKind::kInterleaved, 2},
-                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2}),
+                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2},
+                                           ScheduleCase{schedule::ScheduleKind::kDualPipe, 2}),
                          CaseName);
 
 // Two steps and a checkpoint, bitwise equal to the reference. Interleaved sends activations from
@@ -345,12 +370,17 @@ void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   constexpr int64_t kGeneration = 1;
   AssignBoth(kGeneration);
-  const int first_owner = plan_.placement.OwnerOf(0);
-  const int last_owner = plan_.placement.OwnerOf(LastChunk());
-  PeerLink* in = Feed(first_owner, kGeneration);
-  PeerLink* target = last_owner == first_owner ? in : Feed(last_owner, kGeneration);
-  ASSERT_NE(in, nullptr);
-  ASSERT_NE(target, nullptr);
+  // The ranks at the ends of the micro-batches' routes, and the one whose loss each reports.
+  std::map<int, PeerLink*> feeds;
+  std::vector<int> loss_owner;
+  for (int mb = 0; mb < kMicrobatches; ++mb) {
+    for (int chunk : {plan_.RouteBegin(mb), plan_.RouteEnd(mb) - 1}) {
+      const int rank = plan_.placement.OwnerOf(chunk);
+      if (feeds.count(rank) == 0) feeds[rank] = Feed(rank, kGeneration);
+      ASSERT_NE(feeds[rank], nullptr);
+    }
+    loss_owner.push_back(plan_.placement.OwnerOf(plan_.RouteEnd(mb) - 1));
+  }
 
   auto reference = Reference();
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -365,9 +395,9 @@ void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
     for (int w = 0; w < 2; ++w) {
       ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
     }
-    FeedBatch(in, target, step, batch);
+    FeedRouted(feeds, step, batch);
     std::vector<double> per_layer(model_->num_layers(), 0.0);
-    std::vector<float> losses;
+    std::vector<float> losses(kMicrobatches, 0.0f);
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
       ASSERT_TRUE(e.ok()) << e.status();
@@ -380,11 +410,17 @@ void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
         EXPECT_LE(t.start_us(), t.end_us());
         EXPECT_GE(t.wait_us(), 0);
       }
-      for (const v1::LayerNormSq& n : done.grad_norms()) per_layer[n.layer()] = n.norm_sq();
-      if (w == last_owner) {
-        losses.assign(done.microbatch_losses().begin(), done.microbatch_losses().end());
-      } else {
+      for (const v1::LayerNormSq& n : done.grad_norms()) {
+        EXPECT_EQ(per_layer[n.layer()], 0.0) << "layer " << n.layer() << " reported twice";
+        per_layer[n.layer()] = n.norm_sq();
+      }
+      if (std::count(loss_owner.begin(), loss_owner.end(), w) == 0) {
         EXPECT_EQ(done.microbatch_losses_size(), 0);
+        continue;
+      }
+      ASSERT_EQ(done.microbatch_losses_size(), kMicrobatches);
+      for (int mb = 0; mb < kMicrobatches; ++mb) {
+        if (loss_owner[mb] == w) losses[mb] = done.microbatch_losses(mb);
       }
     }
     ASSERT_EQ(losses.size(), want->microbatch_losses.size());
@@ -465,7 +501,8 @@ class StageWorkerTiedScheduleTest : public StageWorkerScheduleTest {
 INSTANTIATE_TEST_SUITE_P(Schedules, StageWorkerTiedScheduleTest,
                          ::testing::Values(ScheduleCase{schedule::ScheduleKind::kOneFOneB, 1},
                                            ScheduleCase{schedule::ScheduleKind::kInterleaved, 2},
-                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2}),
+                                           ScheduleCase{schedule::ScheduleKind::kZbV, 2},
+                                           ScheduleCase{schedule::ScheduleKind::kDualPipe, 2}),
                          CaseName);
 
 TEST_P(StageWorkerTiedScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
@@ -522,6 +559,20 @@ TEST_P(StageWorkerTiedScheduleTest, ATiedGradientFromAnotherPeerIsRefused) {
   EXPECT_EQ(StreamEnd(1, "stage/0", 2, SecretOf(2)).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(StreamEnd(1, "stage/0", 1, "not-the-secret").code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+// Under dualpipe only the rank holding a stage's other copy sends its copy_gradient: the same
+// frame on the coordinator's feed stream to rank 0 (inputs and targets only) is refused naming
+// the kind, and the stream ends.
+TEST_P(StageWorkerScheduleTest, ACopyGradientFromANonPeerIsRefused) {
+  if (GetParam().kind != schedule::ScheduleKind::kDualPipe) GTEST_SKIP() << "dualpipe only";
+  UsePlan(GetParam().kind, GetParam().virtual_stages);
+  AssignBoth(1);
+  const absl::Status feed =
+      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
+                      TensorKey{1, 0, 0, TensorKind::kCopyGradient});
+  EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
+  EXPECT_THAT(feed.message(), HasSubstr("copy_gradient frames are not accepted on this stream"));
 }
 
 // Daemons emulating 1e-4 GFLOP/s (1e5 FLOP/s): the test MLP's step then takes ~0.1 s of
