@@ -4,9 +4,6 @@
 // of a replicated run resumes bitwise; a worker of replica 1 killed mid-run is replaced (R kept),
 // and without a spare the job drops to one replica, both bitwise the reference. Every process is
 // started by the test and signalled by its PID only.
-//
-// These need stage workers that run Assign.replica* (the reduction over replicas): ctest runs
-// them only when the build is configured with -DPIPETRAIN_REPLICAS_E2E=ON (label replicas-e2e).
 #include <signal.h>
 #include <sys/wait.h>
 
