@@ -1,5 +1,6 @@
 #include "common/job/job_spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -63,6 +64,26 @@ absl::Status CheckCounts(const v1::JobSpec& spec) {
   if (spec.keep_checkpoints() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep_checkpoints must be >= 0, got ", spec.keep_checkpoints()));
+  }
+  return absl::OkStatus();
+}
+
+// The growth bounds (docs/scaling.md, "Jobs that change shape"): max_stages 0 or in [stages,
+// 4096], max_replicas 0 or in [replicas (0: 1), 4096].
+absl::Status CheckGrowthBounds(const v1::JobSpec& spec) {
+  constexpr int32_t kMostWorkers = 4096;
+  if (spec.max_stages() != 0 &&
+      (spec.max_stages() < spec.stages() || spec.max_stages() > kMostWorkers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_stages must be 0 or in [stages = ", spec.stages(), ", ", kMostWorkers,
+                     "], got ", spec.max_stages()));
+  }
+  const int32_t replicas = std::max(1, spec.replicas());
+  if (spec.max_replicas() != 0 &&
+      (spec.max_replicas() < replicas || spec.max_replicas() > kMostWorkers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_replicas must be 0 or in [replicas = ", replicas, ", ", kMostWorkers,
+                     "], got ", spec.max_replicas()));
   }
   return absl::OkStatus();
 }
@@ -161,6 +182,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", spec->threads()));
   }
   PT_RETURN_IF_ERROR(CheckCounts(*spec));
+  PT_RETURN_IF_ERROR(CheckGrowthBounds(*spec));
   schedule::ScheduleParams params;
   params.kind = kind;
   params.stages = spec->stages();

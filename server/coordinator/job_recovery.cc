@@ -166,41 +166,60 @@ std::optional<std::vector<std::string>> CoordinatorCore::AwaitReplacements(Job& 
 bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fewest) {
   // Fewer stages, or a job restored from the journal: plan and partition anew, with the most
   // stages (at most names.size(), at least `fewest`) the schedule accepts.
+  absl::StatusOr<Layout> layout = PlanLayout(job, *names, fewest);
+  if (!layout.ok()) {
+    FailJob(job, absl::StrCat("cannot re-partition onto ", names->size(),
+                              " workers: ", layout.status().ToString()));
+    return false;
+  }
+  *names = layout->workers;
+  ApplyLayout(job, *std::move(layout));
+  return true;
+}
+
+absl::StatusOr<CoordinatorCore::Layout> CoordinatorCore::PlanLayout(
+    const Job& job, const std::vector<std::string>& names, int fewest) const {
   absl::Status laid = absl::InternalError("no stage count to try");
-  for (int n = static_cast<int>(names->size()); n >= std::max(fewest, 1); --n) {
-    v1::JobSpec spec = job.spec;
-    spec.set_stages(n);
-    absl::StatusOr<schedule::Plan> plan = job::PlanFor(spec, *job.model);
+  for (int n = static_cast<int>(names.size()); n >= std::max(fewest, 1); --n) {
+    Layout layout;
+    layout.spec = job.spec;
+    layout.spec.set_stages(n);
+    absl::StatusOr<schedule::Plan> plan = job::PlanFor(layout.spec, *job.model);
     if (!plan.ok()) {
       laid = plan.status();
       continue;
     }
     std::vector<double> speeds;
-    for (int r = 0; r < n; ++r) speeds.push_back(workers_.Find((*names)[r])->info.gflops());
+    for (int r = 0; r < n; ++r) speeds.push_back(workers_.Find(names[r])->info.gflops());
     absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-        job::PartitionChunks(spec, *job.model, *plan, speeds);
+        job::PartitionChunks(layout.spec, *job.model, *plan, speeds);
     if (!cut.ok()) {
       laid = cut.status();
       continue;
     }
-    job.spec = std::move(spec);
-    job.plan = *std::move(plan);
-    job.chunks = std::move(cut->first);
-    job.imbalance = cut->second;
-    names->resize(n);
-    return true;
+    layout.plan = *std::move(plan);
+    layout.chunks = std::move(cut->first);
+    layout.imbalance = cut->second;
+    layout.workers.assign(names.begin(), names.begin() + n);
+    return layout;
   }
-  FailJob(job,
-          absl::StrCat("cannot re-partition onto ", names->size(), " workers: ", laid.ToString()));
-  return false;
+  return laid;
 }
 
-void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& names) {
+void CoordinatorCore::ApplyLayout(Job& job, Layout layout) {
+  job.spec = std::move(layout.spec);
+  job.plan = std::move(layout.plan);
+  job.chunks = std::move(layout.chunks);
+  job.imbalance = layout.imbalance;
+}
+
+void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& names,
+                                      const std::string& why) {
   // Survivors left without a rank (a schedule that needs fewer stages) are released.
   v1::WorkerCommand release;
   release.mutable_release()->set_job(job.id);
   release.mutable_release()->set_generation(job.generation);
-  release.mutable_release()->set_reason("the job shrank to fewer stages");
+  release.mutable_release()->set_reason(why);
   for (const std::string& name : job.workers) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
     if (WorkerRecord* w = workers_.Find(name); w != nullptr && w->job == job.id) {
