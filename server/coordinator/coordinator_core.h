@@ -443,6 +443,11 @@ class CoordinatorCore {
                                           const std::string& fallback_secret, absl::Time start,
                                           const std::string& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // `job` grew from `before` (`joined` joined it): READY, logged, in its shape changes and its
+  // event log; returns the change.
+  v1::ShapeChange Grown(Job& job, const JobShape& before, absl::Time start,
+                        const std::string& checkpoint, const std::vector<std::string>& joined)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Records a growth of `job` that failed for `why` (logged, in its shape changes and its event
   // log; the idle workers now are not tried again) and returns it. `checkpoint`: the growth's
   // checkpoint if it was written (the job restarts from it from then on), else "".

@@ -39,6 +39,15 @@ v1::ShapeChange ShapeChangeOf(const Job& job, const JobShape& before, absl::Time
   return c;
 }
 
+// The ranks of `job` from `first` on that have not answered their Assign, increasing.
+std::vector<int> SilentRanks(const Job& job, int first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  std::vector<int> silent;
+  for (int rank = first; rank < static_cast<int>(job.op.assigned.size()); ++rank) {
+    if (!job.op.assigned[rank]) silent.push_back(rank);
+  }
+  return silent;
+}
+
 }  // namespace
 
 std::optional<v1::ShapeChange> CoordinatorCore::MaybeGrow(const std::string& id) {
@@ -147,17 +156,13 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
   const std::vector<std::string> names = grown.workers;
   ApplyLayout(job, std::move(grown));
   StartGeneration(job, names);
-  absl::Status assigned = AssignRanks(job, secret);
+  const absl::Status assigned = AssignRanks(job, secret);
   if (absl::IsDeadlineExceeded(assigned)) {
-    // Joining workers that never answered hang: evicted, they are not chosen again.
-    for (int rank = static_cast<int>(old.workers.size()); rank < static_cast<int>(names.size());
-         ++rank) {
-      if (!job.op.assigned[rank]) {
-        EvictWorker(names[rank], "deadline",
-                    absl::StrCat("no Assigned for generation ", job.generation, " of job ", job.id,
-                                 " within ", absl::FormatDuration(options_.assign_timeout)));
-      }
-    }
+    // Joining workers that never answered hang: evicted (while still joining: the growth fails,
+    // not the job), they are not chosen again.
+    EvictRanks(job, SilentRanks(job, static_cast<int>(old.workers.size())),
+               absl::StrCat("no Assigned for generation ", job.generation, " within ",
+                            absl::FormatDuration(options_.assign_timeout)));
   }
   job.joining.clear();
   if (shutting_down_ || IsTerminal(job.state) || job.state == JobState::kRecovering) {
@@ -167,22 +172,7 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
     // Nothing committed is lost: the stream goes on without replaying (CheckClaimCurrent).
     job.train_generation = job.generation;
   }
-  if (assigned.ok() && !job.recovery_restart) {
-    job.state = JobState::kReady;
-    job.growth_refused.clear();
-    v1::ShapeChange change = ShapeChangeOf(job, before, start, checkpoint);
-    for (const std::string& name : joined) change.add_joined(name);
-    job.shape_changes.push_back(change);
-    Log(absl::StrCat("job ", job.id, ": grew from ", ShapeText(before), " to ",
-                     ShapeText(ShapeOf(job.spec)), " after step ", job.steps_done, " (",
-                     absl::StrJoin(joined, ", "), " joined) in ", change.seconds(),
-                     " s; generation ", job.generation, " on ", absl::StrJoin(job.workers, ", ")));
-    v1::JobEvent event;
-    *event.mutable_shape_changed() = change;
-    RecordEvent(job, std::move(event));
-    job.pace.Restart();
-    return change;
-  }
+  if (assigned.ok() && !job.recovery_restart) return Grown(job, before, start, checkpoint, joined);
   // Back to the layout before the growth, restored from the growth's checkpoint (the joining
   // workers are released).
   const std::vector<std::string> old_names = old.workers;
@@ -190,6 +180,12 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
   StartGeneration(job, old_names, "the job's growth failed; it keeps its shape");
   const absl::Status back = AssignRanks(job, fallback_secret);
   if (!back.ok() || job.recovery_restart) {
+    if (job.spec.recover() && absl::IsDeadlineExceeded(back)) {
+      // An old rank that does not answer is stuck: a recoverable job recovers without it.
+      EvictRanks(job, SilentRanks(job, 0),
+                 absl::StrCat("no Assigned for generation ", job.generation, " within ",
+                              absl::FormatDuration(options_.assign_timeout)));
+    }
     if (job.state != JobState::kRecovering) AssignFailed(job, back).IgnoreError();
     return std::nullopt;
   }
@@ -200,6 +196,25 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
   return GrowthFailed(
       job, start, checkpoint,
       absl::StrCat("assigning ", names.size(), " stages failed: ", assigned.ToString()));
+}
+
+v1::ShapeChange CoordinatorCore::Grown(Job& job, const JobShape& before, absl::Time start,
+                                       const std::string& checkpoint,
+                                       const std::vector<std::string>& joined) {
+  job.state = JobState::kReady;
+  job.growth_refused.clear();
+  v1::ShapeChange change = ShapeChangeOf(job, before, start, checkpoint);
+  for (const std::string& name : joined) change.add_joined(name);
+  job.shape_changes.push_back(change);
+  Log(absl::StrCat("job ", job.id, ": grew from ", ShapeText(before), " to ",
+                   ShapeText(ShapeOf(job.spec)), " after step ", job.steps_done, " (",
+                   absl::StrJoin(joined, ", "), " joined) in ", change.seconds(), " s; generation ",
+                   job.generation, " on ", absl::StrJoin(job.workers, ", ")));
+  v1::JobEvent event;
+  *event.mutable_shape_changed() = change;
+  RecordEvent(job, std::move(event));
+  job.pace.Restart();  // a new layout: its pace is measured afresh, as after a recovery.
+  return change;
 }
 
 v1::ShapeChange CoordinatorCore::GrowthFailed(Job& job, absl::Time start,

@@ -215,6 +215,26 @@ class JobGrowthShortAssignTest : public JobGrowthTest {
   }
 };
 
+TEST_F(JobGrowthShortAssignTest, AJoiningWorkerThatNeverAnswersIsEvictedAndTheJobKeepsItsShape) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(GrowingSpec(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  AddWorkers(1);
+  workers_[2]->HoldAssigns();  // hung: it neither answers nor goes.
+  absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4, 0));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 1);
+  ASSERT_TRUE(r->has_shape_change());
+  EXPECT_THAT(r->shape_change().failed(), HasSubstr("assigning 3 stages failed"));
+  EXPECT_EQ(r->shape_change().stages(), 2);
+  EXPECT_EQ(JobOf("w2"), "<unregistered>");  // evicted: it is not chosen again.
+  EXPECT_TRUE(workers_[2]->closed().has_value());
+  r = Step(MakeBatch(job->job(), 4, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_shape_change());
+  EXPECT_EQ(r->step(), 2);
+}
+
 TEST_F(JobGrowthShortAssignTest, AnOldWorkerLostDuringTheGrowthRecoversFromItsCheckpoint) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = CreateJob(GrowingSpec(3, /*recover=*/true));
