@@ -497,7 +497,8 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // After an assignment: tells every rank to dial its neighbours and opens the feed links.
   void OpenLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // The last task of an ended job's thread: closes its links.
+  // The last task of an ended job's thread: closes its links, and removes its growth checkpoint
+  // once it is done or cancelled.
   void CloseJobLinks(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.

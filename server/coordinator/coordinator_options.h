@@ -41,8 +41,9 @@ struct CoordinatorOptions {
   std::string checkpoint_root;
   // Where a job that grows (JobSpec.max_stages) writes the checkpoint it takes for the growth:
   // <growth_dir>/<job id>, created when needed, one checkpoint per job (replaced by the next
-  // growth), which is also what a later recovery of the job restarts from (docs/scaling.md,
-  // "Jobs that change shape"). Not confined to checkpoint_root: only the coordinator names it.
+  // growth; removed once the job is done or cancelled), which is also what a later recovery of
+  // the job restarts from (docs/scaling.md, "Jobs that change shape"). Not confined to
+  // checkpoint_root: only the coordinator names it.
   // Empty (default): jobs never grow.
   std::string growth_dir;
   // How long a recoverable job's step that failed on a transport error waits for a worker's loss

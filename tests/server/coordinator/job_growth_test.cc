@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/coordinator/core_test_fixture.h"
@@ -98,6 +99,14 @@ TEST_F(JobGrowthTest, GrowsAtTheNextStepBoundaryAfterACheckpointInANewGeneration
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_FALSE(third->has_shape_change());
   EXPECT_EQ(third->step(), 3);
+  // Once the job is done, its growth checkpoint goes (its thread's last task removes it).
+  ASSERT_TRUE(core_->FinishJob(job->job()).ok());
+  bool gone = false;
+  for (int poll = 0; poll < 1000 && !gone; ++poll) {
+    gone = !std::filesystem::exists(c.checkpoint());
+    if (!gone) absl::SleepFor(absl::Milliseconds(10));  // polling a bounded wait.
+  }
+  EXPECT_TRUE(gone) << c.checkpoint();
 }
 
 TEST_F(JobGrowthTest, GrowsNoFurtherThanMaxStages) {
@@ -177,6 +186,9 @@ TEST_F(JobGrowthTest, AFailingCheckpointLeavesTheJobAtItsShapeAndTraining) {
   EXPECT_EQ(status->spec().stages(), 2);
   ASSERT_EQ(status->shape_changes_size(), 1);
   EXPECT_THAT(status->shape_changes(0).failed(), HasSubstr("checkpoint"));
+  // The file in the way of the growth directory is nobody's to remove.
+  ASSERT_TRUE(core_->FinishJob(job->job()).ok());
+  EXPECT_TRUE(std::filesystem::is_regular_file(root_ + "/blocked"));
 }
 
 TEST_F(JobGrowthTest, AJoiningWorkerLostDuringTheGrowthLeavesTheJobAtItsShape) {
