@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/progress.h"
+#include "client/cli/shape_line.h"
 #include "client/sdk/client.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -92,6 +93,19 @@ void PrintCheckpoint(const JobCommandOptions& o, const v1::CheckpointResponse& s
   }
 }
 
+// The job's shape, how far it may grow and its changes of shape, when it may or did change.
+void PrintShape(const v1::JobStatus& job, std::ostream& out) {
+  const v1::JobSpec& s = job.spec();
+  if (s.max_stages() <= s.stages() && s.max_replicas() <= std::max(1, s.replicas()) &&
+      job.shape_changes().empty()) {
+    return;
+  }
+  out << "  shape " << ShapeOfSpec(s);
+  if (s.max_stages() > s.stages()) out << ", grows up to " << s.max_stages() << " stages";
+  out << "\n";
+  for (const v1::ShapeChange& c : job.shape_changes()) out << "    " << ShapeChangeLine(c, false);
+}
+
 void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
   out << absl::StrFormat("job %s: %s", job.job(), StateName(job.state()));
   if (!job.reason().empty()) out << " (" << job.reason() << ")";
@@ -114,6 +128,7 @@ void PrintStatus(const v1::JobStatus& job, absl::Time now, std::ostream& out) {
       "%.3f\n",
       ShapeText(job), s.virtual_stages(), s.schedule(), s.microbatches(), s.seed(), s.threads(),
       job.imbalance());
+  PrintShape(job, out);
   for (const v1::StageStatus& st : job.stages()) {
     std::vector<std::string> layers;
     for (const v1::ChunkSpec& c : st.chunks()) {
@@ -135,6 +150,15 @@ nlohmann::ordered_json ProgressJson(const v1::JobProgress& p) {
       {"step_ms", p.step() > 0 ? nlohmann::ordered_json(p.step_ms()) : none},
       {"target_step", p.target_step() > 0 ? nlohmann::ordered_json(p.target_step()) : none},
       {"eta_s", p.has_eta_seconds() ? nlohmann::ordered_json(p.eta_seconds()) : none}};
+}
+
+// Each change of the job's shape, as ShapeChangeLine's JSON object.
+nlohmann::ordered_json ShapeChangesJson(const v1::JobStatus& job) {
+  nlohmann::ordered_json changes = nlohmann::ordered_json::array();
+  for (const v1::ShapeChange& c : job.shape_changes()) {
+    changes.push_back(nlohmann::ordered_json::parse(ShapeChangeLine(c, true)).at("shape_change"));
+  }
+  return changes;
 }
 
 }  // namespace
@@ -175,6 +199,10 @@ std::string JobStatusJson(const v1::JobStatus& job, absl::Time now) {
       {"client_attached", job.client_attached()},
       {"workers", stages},
       {"progress", ProgressJson(job.progress())},
+      {"replicas", std::max(1, job.spec().replicas())},
+      {"max_stages", job.spec().max_stages()},
+      {"max_replicas", job.spec().max_replicas()},
+      {"shape_changes", ShapeChangesJson(job)},
   };
   return j.dump();
 }

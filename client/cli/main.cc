@@ -157,6 +157,12 @@ ABSL_FLAG(int32_t, replicas, 1,
 ABSL_FLAG(int32_t, min_stages, 0,
           "train/local: with no replacement in time, re-partition onto the surviving workers with "
           "fewer stages, down to this many");
+ABSL_FLAG(int32_t, max_stages, 0,
+          "train/local: grow the job onto idle workers at a step boundary, after a checkpoint it "
+          "takes for it, up to this many stages (docs/scaling.md, \"Jobs that change shape\")");
+ABSL_FLAG(int32_t, max_replicas, 0,
+          "train/local: grow the job up to this many data-parallel replicas (JobSpec.max_replicas; "
+          "docs/scaling.md, \"Jobs that change shape\")");
 ABSL_FLAG(bool, pin_workers, true,
           "local: run each stage worker on CPUs of its own (--threads each) when they fit the "
           "CPUs here (faster transfers; docs/performance.md, \"One core per worker\"); false: "
@@ -209,7 +215,8 @@ const std::vector<std::string> kTrainingFlags = {
     "isa"};                                                           // instruction set
 const std::vector<std::string> kPipelineFlags = {"stages",      "schedule",   "virtual",
                                                  "trace",       "trace_steps", "min_stages",
-                                                 "replace_timeout", "plan",     "replicas"};
+                                                 "replace_timeout", "plan",     "replicas",
+                                                 "max_stages",      "max_replicas"};
 // How a command reaches a coordinator securely: TLS files and a token (docs/security.md).
 const std::vector<std::string> kSecurityFlags = {"tls_cert", "tls_key", "tls_ca", "token_file"};
 const std::vector<std::string> kJobFlags = {"coordinator", "json",    "tls_cert",
@@ -225,8 +232,8 @@ const std::vector<HelpTopic> kFlagTopics = {
       "eval_every", "input", "out", "vocab_size", "model_type", "character_coverage"}},
     {"schedule",
      {"schedule", "kind", "stages", "replicas", "microbatches", "virtual", "costs", "speeds",
-      "memory_cap", "min_stages", "plan", "local", "link_latency", "link_bandwidth", "message_cpu",
-      "step_overhead", "top", "partition_by"}},
+      "memory_cap", "min_stages", "max_stages", "max_replicas", "plan", "local", "link_latency",
+      "link_bandwidth", "message_cpu", "step_overhead", "top", "partition_by"}},
     {"optimizer", {"optimizer", "lr_schedule", "warmup_steps", "lr_decay_steps", "lr_min"}},
     {"checkpoints", {"save", "checkpoint_every", "keep_checkpoints", "resume", "checkpoint"}},
     {"compute", {"threads", "isa", "max_isa", "pin_workers"}},
@@ -390,6 +397,8 @@ const ProgramSpec& Program() {
        {"eval_every", "none"},
        {"checkpoint_every", "only at the end"},
        {"min_stages", "never: the job fails instead"},
+       {"max_stages", "never grow"},
+       {"max_replicas", "never grow"},
        {"trace_steps", "the last step"}},
       kFlagTopics,
       kCommandTopics};
@@ -478,6 +487,8 @@ absl::StatusOr<TrainCommandOptions> TrainOptionsFromFlags(const CommandLine& lin
   }
   o.replace_timeout = absl::GetFlag(FLAGS_replace_timeout);
   o.min_stages = absl::GetFlag(FLAGS_min_stages);
+  o.max_stages = absl::GetFlag(FLAGS_max_stages);
+  o.max_replicas = absl::GetFlag(FLAGS_max_replicas);
   o.reconnect_timeout = absl::GetFlag(FLAGS_reconnect_timeout);
   return o;
 }

@@ -18,6 +18,7 @@
 #include "client/cli/job_commands.h"
 #include "client/cli/reference_command.h"
 #include "client/cli/remote_evaluation.h"
+#include "client/cli/shape_line.h"
 #include "client/sdk/client.h"
 #include "common/io/dataset.h"
 #include "common/io/tokenizer.h"
@@ -52,6 +53,14 @@ absl::Status CheckTrainCommandOptions(const TrainCommandOptions& o) {
   if (o.min_stages < 0 || o.min_stages > o.stages) {
     return absl::InvalidArgumentError(
         absl::StrCat("--min-stages must be in [0, --stages = ", o.stages, "], got ", o.min_stages));
+  }
+  if (o.max_stages != 0 && o.max_stages < o.stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-stages must be 0 (never grow) or >= --stages = ", o.stages, ", got ", o.max_stages));
+  }
+  if (o.max_replicas < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-replicas must be 0 (never grow) or >= 1, got ", o.max_replicas));
   }
   if (o.replace_timeout <= absl::ZeroDuration() || o.reconnect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -199,6 +208,8 @@ absl::StatusOr<v1::JobSpec> JobSpecFor(const TrainCommandOptions& o, const Prepa
   spec.set_recover(true);  // survive a lost worker: replace it, restart, replay (docs).
   spec.set_replace_timeout_ms(absl::ToInt64Milliseconds(o.replace_timeout));
   spec.set_min_stages(o.min_stages);
+  spec.set_max_stages(o.max_stages);
+  spec.set_max_replicas(o.max_replicas);
   spec.set_isa(t.isa);              // empty: the highest level every worker runs.
   spec.set_planned_steps(t.steps);  // the target of the job's progress and ETA.
   // The coordinator writes it into every checkpoint of the job.
@@ -390,6 +401,13 @@ class TrainRun {
     options.on_recovery = [this](const v1::RecoveryEvent& r) {
       progress_.Clear();
       out_ << RecoveryLine(r, failed_at_, t_.json);
+      out_.flush();
+      progress_.Redraw();
+    };
+    // A change of shape (the job grew onto idle workers, or a growth failed): one line each.
+    options.on_shape_change = [this](const v1::ShapeChange& change) {
+      progress_.Clear();
+      out_ << ShapeChangeLine(change, t_.json);
       out_.flush();
       progress_.Redraw();
     };

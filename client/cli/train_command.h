@@ -52,6 +52,12 @@ struct TrainCommandOptions {
   // --min-stages N: with no replacement in time, shrink to the surviving workers, down to N
   // stages (JobSpec.min_stages), 0 <= N <= stages. Default 0: never shrink.
   int min_stages = 0;
+  // --max-stages N: grow onto idle workers at a step boundary up to N stages (JobSpec.max_stages;
+  // docs/scaling.md, "Jobs that change shape"): 0 or N >= stages. Default 0: never grow.
+  int max_stages = 0;
+  // --max-replicas N: grow up to N data-parallel replicas (JobSpec.max_replicas): 0 or N >= 1.
+  // Default 0: never.
+  int max_replicas = 0;
   // --reconnect-timeout: how long the run waits for a coordinator that went away to answer again
   // (client::TrainOptions::reconnect_timeout), > 0. Default 1 min.
   absl::Duration reconnect_timeout = absl::Minutes(1);

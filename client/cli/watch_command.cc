@@ -12,6 +12,7 @@
 #include "client/cli/interrupt.h"
 #include "client/cli/job_commands.h"
 #include "client/cli/progress.h"
+#include "client/cli/shape_line.h"
 #include "client/sdk/job_watch.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -79,6 +80,8 @@ void WatchPrinter::Print(const v1::JobEvent& event) {
       return PrintEnded(event.ended());
     case v1::JobEvent::kSkipped:
       return PrintSkipped(event.skipped());
+    case v1::JobEvent::kShapeChanged:
+      return PrintShapeChanged(event.shape_changed());
     case v1::JobEvent::KIND_NOT_SET:
       return;  // a kind this client does not know (a newer coordinator): nothing to print.
   }
@@ -197,6 +200,12 @@ void WatchPrinter::PrintRecovered(const v1::JobRecovered& recovered) {
                             recovered.stages_before(), r.stages(), recovered.imbalance());
     PrintRanks(recovered.stages(), r.replicas(), out_);
   }
+}
+
+void WatchPrinter::PrintShapeChanged(const v1::ShapeChange& c) {
+  // The line `pipetrain train` prints for it (text or JSON).
+  if (!options_.json) FlushStep();
+  out_ << ShapeChangeLine(c, options_.json);
 }
 
 void WatchPrinter::PrintCheckpoint(const v1::CheckpointWritten& c) {

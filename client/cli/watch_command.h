@@ -51,6 +51,8 @@ class WatchPrinter {
   void PrintRecovering(const v1::RecoveryEvent& r);
   void PrintRecovered(const v1::JobRecovered& r);
   void PrintCheckpoint(const v1::CheckpointWritten& c);
+  // A change of shape (or a failed growth): ShapeChangeLine.
+  void PrintShapeChanged(const v1::ShapeChange& c);
   void PrintEnded(const v1::JobEnded& e);
   void PrintSkipped(const v1::EventsSkipped& s);
   // Prints a pending last step line (text), if any.

@@ -258,6 +258,12 @@ absl::StatusOr<v1::StepResult> TrainSession::Receive() {
   Sent answered = std::move(sent_.front());
   sent_.pop_front();
   next_step_ = result->step();
+  if (result->has_shape_change()) {
+    const v1::ShapeChange& change = result->shape_change();
+    // A recovery restarts from the growth's checkpoint at the earliest.
+    if (!change.checkpoint().empty()) CheckpointDone(change.step());
+    if (options_.on_shape_change) options_.on_shape_change(change);
+  }
   if (options_.replay) {
     kept_.push_back(Kept{answered.step, std::move(answered.request), result->loss()});
     while (static_cast<int64_t>(kept_.size()) > options_.max_kept_batches) kept_.pop_front();

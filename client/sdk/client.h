@@ -130,6 +130,11 @@ struct TrainOptions {
   absl::Duration max_poll_interval = absl::Milliseconds(200);
   // Called after each recovery the session replayed through (the coordinator's record).
   std::function<void(const v1::RecoveryEvent&)> on_recovery;
+  // Called for each change of shape a result reports (StepResult.shape_change: the job grew
+  // before that step, or a growth failed and it kept its shape), before Receive returns it. A
+  // growth takes a checkpoint (ShapeChange.checkpoint): the batches before it are no longer kept
+  // for a replay, as after Checkpoint; nothing is replayed for a growth.
+  std::function<void(const v1::ShapeChange&)> on_shape_change;
   // Called when the session starts waiting for a recovery, with the error that began it.
   std::function<void(const absl::Status&)> on_wait;
   // Makes each pause between two polls (empty: absl::SleepFor). A test may record the pauses

@@ -72,7 +72,7 @@ absl::Status CheckCounts(const v1::JobSpec& spec) {
 }
 
 // replicas (0 filled in as 1): a power of two whose equal shares of the step's micro-batches are
-// nodes of its gradient tree; max_replicas and max_stages 0 or at least replicas and stages.
+// nodes of its gradient tree.
 absl::Status CheckReplicas(v1::JobSpec* spec) {
   if (spec->replicas() == 0) spec->set_replicas(1);
   const int M = spec->microbatches();
@@ -90,13 +90,25 @@ absl::Status CheckReplicas(v1::JobSpec* spec) {
           " (powers of two dividing ", M, ", docs/scaling.md \"Replicas\")"));
     }
   }
-  if (spec->max_replicas() != 0 && spec->max_replicas() < R) {
-    return absl::InvalidArgumentError(absl::StrCat("max_replicas must be 0 or >= replicas = ", R,
-                                                   ", got ", spec->max_replicas()));
+  return absl::OkStatus();
+}
+
+// The growth bounds (docs/scaling.md, "Jobs that change shape"): max_stages 0 or in [stages,
+// 4096], max_replicas 0 or in [replicas (0: 1), 4096].
+absl::Status CheckGrowthBounds(const v1::JobSpec& spec) {
+  constexpr int32_t kMostWorkers = 4096;
+  if (spec.max_stages() != 0 &&
+      (spec.max_stages() < spec.stages() || spec.max_stages() > kMostWorkers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_stages must be 0 or in [stages = ", spec.stages(), ", ", kMostWorkers,
+                     "], got ", spec.max_stages()));
   }
-  if (spec->max_stages() != 0 && spec->max_stages() < spec->stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_stages must be 0 or >= stages = ", spec->stages(), ", got ", spec->max_stages()));
+  const int32_t replicas = std::max(1, spec.replicas());
+  if (spec.max_replicas() != 0 &&
+      (spec.max_replicas() < replicas || spec.max_replicas() > kMostWorkers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_replicas must be 0 or in [replicas = ", replicas, ", ", kMostWorkers,
+                     "], got ", spec.max_replicas()));
   }
   return absl::OkStatus();
 }
@@ -246,6 +258,7 @@ absl::StatusOr<CheckedJobSpec> CheckJobSpec(const JobLimits& limits, v1::JobSpec
   }
   PT_RETURN_IF_ERROR(CheckCounts(*spec));
   PT_RETURN_IF_ERROR(CheckReplicas(spec));
+  PT_RETURN_IF_ERROR(CheckGrowthBounds(*spec));
   PT_ASSIGN_OR_RETURN(const schedule::ScheduleParams params, ReplicaScheduleParams(*spec));
   PT_RETURN_IF_ERROR(CheckReplicaSchedule(*spec, params));
   PT_RETURN_IF_ERROR(schedule::CheckExecutable(kind));

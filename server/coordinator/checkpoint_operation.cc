@@ -294,6 +294,10 @@ absl::Status CoordinatorCore::CollectShards(Job& job, int64_t step, const std::s
   return waited;
 }
 
+model::CheckpointManifest CoordinatorCore::CheckpointManifestOf(const Job& job) const {
+  return ManifestOf(job, job.steps_done);
+}
+
 absl::StatusOr<Job*> CoordinatorCore::LiveJobAt(const std::string& id, int64_t generation) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));

@@ -347,6 +347,10 @@ class CoordinatorCore {
   // recovering job's recovery is recorded in the same step as it becomes READY (RecordRecovery;
   // `stages_before`: its stage count before the recovery, for the log).
   absl::StatusOr<v1::JobStatus> Assign(Job* job, int stages_before = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends Assign (data links' secret `secret`) to every rank and waits for every Assigned (or a
+  // recovery restart): the wait's error, with no other consequence.
+  absl::Status AssignRanks(Job& job, const std::string& secret)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Assign's wait ended without every Assigned: `waited`, after the job was failed, or (a
   // recovery whose new layout lost a worker, or did not answer: evicted) left RECOVERING with
   // Recover queued again.
@@ -409,6 +413,59 @@ class CoordinatorCore {
   // Job `id` if it has not ended (FAILED_PRECONDITION) and is at `generation` (ABORTED).
   absl::StatusOr<Job*> LiveJobAt(const std::string& id, int64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the coordinator knows of a checkpoint of `job`'s last step (the manifest before its
+  // shards), as a Checkpoint writes it.
+  model::CheckpointManifest CheckpointManifestOf(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+
+  // ---- job_growth.cc (docs/scaling.md, "Jobs that change shape")
+  // A layout of a job: its spec (with its shape), plan, chunks and partition imbalance, and its
+  // workers by position.
+  struct Layout {
+    v1::JobSpec spec;
+    schedule::Plan plan;
+    std::vector<v1::ChunkSpec> chunks;
+    double imbalance = 1;
+    std::vector<std::string> workers;
+  };
+  // Job thread, at a step boundary (TrainStep, before the step is admitted): if job `id` may
+  // grow (READY, its stream's claim current, max_stages or max_replicas above its shape, idle
+  // workers of its instruction-set level registered and a layout of more stages or replicas that
+  // the schedule and the model accept: NextShape), takes a checkpoint into options().growth_dir (what a recovery restarts from
+  // from then on), re-partitions and re-assigns every rank with restore in a new generation.
+  // Returns the change of shape, or the failed growth (the job kept its shape and stays READY,
+  // unless a lost old worker made it recover or fail as it would have without the growth);
+  // nullopt when it did not try, or when the job left READY meanwhile (recovering, ended).
+  std::optional<v1::ShapeChange> MaybeGrow(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The layout `job` grows to with the idle workers now, or nullopt (a refused layout is logged
+  // and not tried again with the same idle workers).
+  std::optional<Layout> GrowthLayout(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // Assigns `grown` (generation secret `secret`) after the growth's `checkpoint` was written;
+  // if that fails without the job recovering or ending, assigns the job's layout before the
+  // growth again (`fallback_secret`). The change, the failed growth, or nullopt when the job
+  // recovers or ended.
+  std::optional<v1::ShapeChange> GrowInto(Job& job, Layout grown, const std::string& secret,
+                                          const std::string& fallback_secret, absl::Time start,
+                                          const std::string& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // `job` grew from `before` (`joined` joined it): READY, logged, in its shape changes and its
+  // event log; returns the change.
+  v1::ShapeChange Grown(Job& job, const JobShape& before, absl::Time start,
+                        const std::string& checkpoint, const std::vector<std::string>& joined)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // Records a growth of `job` that failed for `why` (logged, in its shape changes and its event
+  // log; the idle workers now are not tried again) and returns it. `checkpoint`: the growth's
+  // checkpoint if it was written (the job restarts from it from then on), else "".
+  v1::ShapeChange GrowthFailed(Job& job, absl::Time start, const std::string& checkpoint,
+                               const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // The layout of `replicas` replicas of n stages over the first R x n of `names` (placed by
+  // ArrangePositions), for the largest n in [fewest, most] that the workers given, the schedule
+  // (job::PlanFor) and the partitioner accept; the last refusal otherwise.
+  absl::StatusOr<Layout> PlanLayout(const Job& job, const std::vector<std::string>& names,
+                                    int fewest, int most, int replicas) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
+  // Gives `job` the spec, plan, chunks and imbalance of `layout` (its workers: StartGeneration).
+  static void ApplyLayout(Job& job, Layout layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
 
   // ---- job_recovery.cc
   // Starts recovering `job` from the loss of `name` (rank `rank`) for `cause` ("lost",
@@ -433,8 +490,10 @@ class CoordinatorCore {
   // Appends the recovery in progress to the job's recoveries (its duration now), logs it and
   // counts it in the metrics.
   void RecordRecovery(Job& job, int stages_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
-  // Gives the ranks to `names`, releases the workers left out, and starts a new generation.
-  void StartGeneration(Job& job, const std::vector<std::string>& names)
+  // Gives the ranks to `names`, releases the workers left out (telling them `why`), and starts a
+  // new generation.
+  void StartGeneration(Job& job, const std::vector<std::string>& names,
+                       const std::string& why = "the job shrank to fewer stages")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // Restores one journal record as a RECOVERING job (or a FAILED one saying why it cannot).
   void RestoreJob(journal::v1::JobRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -451,7 +510,8 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, job.mu);
   // After an assignment: tells every rank to dial its neighbours and opens the feed links.
   void OpenLinksEarly(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
-  // The last task of an ended job's thread: closes its links.
+  // The last task of an ended job's thread: closes its links, and removes its growth checkpoint
+  // once it is done or cancelled.
   void CloseJobLinks(Job* job) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.

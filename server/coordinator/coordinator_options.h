@@ -39,6 +39,13 @@ struct CoordinatorOptions {
   // this directory (io::ConfinePath; PERMISSION_DENIED otherwise). Empty (default): the
   // coordinator reads and writes no checkpoints (FAILED_PRECONDITION saying so).
   std::string checkpoint_root;
+  // Where a job that grows (JobSpec.max_stages) writes the checkpoint it takes for the growth:
+  // <growth_dir>/<job id>, created when needed, one checkpoint per job (replaced by the next
+  // growth; removed once the job is done or cancelled), which is also what a later recovery of
+  // the job restarts from (docs/scaling.md, "Jobs that change shape"). Not confined to
+  // checkpoint_root: only the coordinator names it.
+  // Empty (default): jobs never grow.
+  std::string growth_dir;
   // How long a recoverable job's step that failed on a transport error waits for a worker's loss
   // to be noticed (its Join stream ending) before the error goes to the client; also how long
   // ranks have to answer the Abort of a step that missed its deadline before the silent ones are

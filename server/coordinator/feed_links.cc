@@ -1,12 +1,15 @@
 // The data links a job's thread feeds its steps over: dialled to the owners of the first and the
 // last chunk when the job becomes ready, redialled by a step if one failed, closed by the job's
 // last task.
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/file_util.h"
 #include "common/util/annotate.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
@@ -41,6 +44,25 @@ void CoordinatorCore::CloseJobLinks(Job* job) {
   job->links.clear();
   // Without the lock: Shutdown waits for a running link callback, which may be waiting for it.
   for (auto& link : dead) link->Shutdown();
+  // A job that finished or was cancelled restores nothing any more: its growth checkpoint goes. A
+  // failed job's stays (its last state); a job of a coordinator shutting down is journaled and
+  // restores from it after a restart.
+  bool drop = false;
+  {
+    absl::MutexLock lock(&mu_);
+    job->mu.AssertHeld();
+    drop = (job->state == JobState::kDone || job->state == JobState::kCancelled) &&
+           !job->shape_changes.empty();
+  }
+  if (!drop || options_.growth_dir.empty()) return;
+  const std::string directory = io::JoinPath(options_.growth_dir, job->id);
+  std::error_code error;
+  std::filesystem::remove_all(directory, error);
+  if (error) {
+    Log(absl::StrCat("job ", job->id, ": cannot remove its growth checkpoint ", directory, ": ",
+                     error.message()),
+        logging::LogLevel::kWarning);
+  }
 }
 
 absl::Status CoordinatorCore::EnsureFeedLinks(Job* job, const FeedTarget& first,

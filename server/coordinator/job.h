@@ -144,6 +144,13 @@ struct Job {
   // (Recover is queued again) rather than wait for that worker's Assigned.
   bool recovery_restart ABSL_GUARDED_BY(mu) = false;
 
+  // Its changes of shape so far (growths, and growths that failed; job_growth.cc), the workers
+  // joining the growth in progress (losing one fails the growth, not the job), and the idle
+  // workers its last growth failed or was refused with: it does not try again with the same ones.
+  std::vector<v1::ShapeChange> shape_changes ABSL_GUARDED_BY(mu);
+  std::vector<std::string> joining ABSL_GUARDED_BY(mu);
+  std::vector<std::string> growth_refused ABSL_GUARDED_BY(mu);
+
   // Mailbox steps its evaluation runs used so far: the next one's keys start at kEvalStepBase +
   // this count (wire::EvalKey).
   int64_t eval_runs ABSL_GUARDED_BY(mu) = 0;

@@ -224,18 +224,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
     FailJob(*job, absl::StrCat("cannot make the data links' secret: ", secret.status().message()));
     return secret.status();
   }
-  job->link_secret = *std::move(secret);
-  const std::vector<std::string> addresses = RankAddresses(*job);
-  for (int p = 0; p < static_cast<int>(job->workers.size()); ++p) {
-    SendToRank(*job, p, AssignCommand(*job, p, addresses));
-  }
-  job->op.error = absl::OkStatus();
-  const absl::Status waited = AwaitOp(
-      *job,
-      [job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) {
-        return job->op.AllAssigned() || job->recovery_restart;
-      },
-      options_.assign_timeout, "every worker's Assigned");
+  const absl::Status waited = AssignRanks(*job, *secret);
   if (!waited.ok() || job->recovery_restart) return AssignFailed(*job, waited);
   if (job->state == JobState::kRecovering) RecordRecovery(*job, stages_before);
   job->state = JobState::kReady;
@@ -245,6 +234,22 @@ absl::StatusOr<v1::JobStatus> CoordinatorCore::Assign(Job* job, int stages_befor
                    absl::StrJoin(job->workers, ", "), " at instruction set ", job->spec.isa()));
   if (options_.metrics != nullptr) options_.metrics->RecordIsa(job->id, job->spec.isa());
   return StatusOf(*job);
+}
+
+absl::Status CoordinatorCore::AssignRanks(Job& job, const std::string& secret) {
+  job.link_secret = secret;
+  const std::vector<std::string> addresses = RankAddresses(job);
+  for (int p = 0; p < static_cast<int>(job.workers.size()); ++p) {
+    SendToRank(job, p, AssignCommand(job, p, addresses));
+  }
+  job.op.error = absl::OkStatus();
+  Job* raw = &job;
+  return AwaitOp(
+      job,
+      [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu) {
+        return raw->op.AllAssigned() || raw->recovery_restart;
+      },
+      options_.assign_timeout, "every worker's Assigned");
 }
 
 absl::Status CoordinatorCore::AssignFailed(Job& job, absl::Status waited) {

@@ -183,6 +183,7 @@ v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   s.set_owner(job.owner);
   *s.mutable_progress() = ProgressOf(job);
   for (const v1::RecoveryEvent& r : job.recoveries) *s.add_recoveries() = r;
+  for (const v1::ShapeChange& c : job.shape_changes) *s.add_shape_changes() = c;
   if (job.resume.has_value()) {
     v1::ResumedFrom* r = s.mutable_resumed_from();
     r->set_directory(job.resume_dir);

@@ -173,56 +173,74 @@ bool CoordinatorCore::Relayout(Job& job, std::vector<std::string>* names, int fe
                                int replicas) {
   // Fewer stages or replicas, or a job restored from the journal: plan and partition anew, with
   // `replicas` replicas and the most stages (at most names.size() / replicas and the stages it
-  // had, at least `fewest`)
-  // the schedule accepts; the workers placed by ArrangePositions.
-  absl::Status laid = absl::InternalError("no stage count to try");
+  // had, at least `fewest`) the schedule accepts.
   replicas = std::max(replicas, 1);
   const int most = std::min(static_cast<int>(names->size()) / replicas, job.spec.stages());
+  absl::StatusOr<Layout> layout = PlanLayout(job, *names, fewest, most, replicas);
+  if (!layout.ok()) {
+    FailJob(job, absl::StrCat("cannot re-partition onto ", names->size(),
+                              " workers: ", layout.status().ToString()));
+    return false;
+  }
+  *names = layout->workers;
+  ApplyLayout(job, *std::move(layout));
+  return true;
+}
+
+absl::StatusOr<CoordinatorCore::Layout> CoordinatorCore::PlanLayout(
+    const Job& job, const std::vector<std::string>& names, int fewest, int most,
+    int replicas) const {
+  absl::Status laid = absl::InternalError("no stage count to try");
   for (int n = most; n >= std::max(fewest, 1); --n) {
-    v1::JobSpec spec = job.spec;
-    spec.set_stages(n);
-    spec.set_replicas(replicas);
-    absl::StatusOr<schedule::Plan> plan = job::PlanFor(spec, *job.model);
+    Layout layout;
+    layout.spec = job.spec;
+    layout.spec.set_stages(n);
+    layout.spec.set_replicas(replicas);
+    absl::StatusOr<schedule::Plan> plan = job::PlanFor(layout.spec, *job.model);
     if (!plan.ok()) {
       laid = plan.status();
       continue;
     }
-    const JobShape shape = ShapeOf(spec);
+    const JobShape shape = ShapeOf(layout.spec);
+    if (shape.positions() > static_cast<int>(names.size())) continue;
     std::vector<double> speeds;
     for (int p = 0; p < shape.positions(); ++p) {
-      speeds.push_back(workers_.Find((*names)[p])->info.gflops());
+      speeds.push_back(workers_.Find(names[p])->info.gflops());
     }
     const std::vector<int> arranged = ArrangePositions(speeds, shape);
-    std::vector<std::string> placed;
     std::vector<double> placed_speeds;
     for (int p = 0; p < shape.positions(); ++p) {
-      placed.push_back((*names)[arranged[p]]);
+      layout.workers.push_back(names[arranged[p]]);
       placed_speeds.push_back(speeds[arranged[p]]);
     }
     absl::StatusOr<std::pair<std::vector<v1::ChunkSpec>, double>> cut =
-        job::PartitionChunks(spec, *job.model, *plan, RankSpeeds(placed_speeds, shape));
+        job::PartitionChunks(layout.spec, *job.model, *plan, RankSpeeds(placed_speeds, shape));
     if (!cut.ok()) {
       laid = cut.status();
       continue;
     }
-    job.spec = std::move(spec);
-    job.plan = *std::move(plan);
-    job.chunks = std::move(cut->first);
-    job.imbalance = cut->second;
-    *names = std::move(placed);
-    return true;
+    layout.plan = *std::move(plan);
+    layout.chunks = std::move(cut->first);
+    layout.imbalance = cut->second;
+    return layout;
   }
-  FailJob(job,
-          absl::StrCat("cannot re-partition onto ", names->size(), " workers: ", laid.ToString()));
-  return false;
+  return laid;
 }
 
-void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& names) {
+void CoordinatorCore::ApplyLayout(Job& job, Layout layout) {
+  job.spec = std::move(layout.spec);
+  job.plan = std::move(layout.plan);
+  job.chunks = std::move(layout.chunks);
+  job.imbalance = layout.imbalance;
+}
+
+void CoordinatorCore::StartGeneration(Job& job, const std::vector<std::string>& names,
+                                      const std::string& why) {
   // Survivors left without a rank (a schedule that needs fewer stages) are released.
   v1::WorkerCommand release;
   release.mutable_release()->set_job(job.id);
   release.mutable_release()->set_generation(job.generation);
-  release.mutable_release()->set_reason("the job shrank to fewer stages or replicas");
+  release.mutable_release()->set_reason(why);
   for (const std::string& name : job.workers) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
     if (WorkerRecord* w = workers_.Find(name); w != nullptr && w->job == job.id) {

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/grad_tree.h"
 
 namespace pipetrain::coordinator {
 
@@ -14,7 +15,26 @@ std::string JobShape::ToString() const {
 }
 
 JobShape ShapeOf(const v1::JobSpec& spec) {
-  return JobShape{spec.stages(), std::max(spec.replicas(), 1)};
+  return JobShape{std::max(spec.stages(), 1), std::max(spec.replicas(), 1)};
+}
+
+std::string ShapeText(const JobShape& shape) { return shape.ToString(); }
+
+std::optional<JobShape> NextShape(const v1::JobSpec& spec, int idle) {
+  const JobShape now = ShapeOf(spec);
+  if (idle <= 0) return std::nullopt;
+  const int workers = now.positions() + idle;
+  const absl::StatusOr<model::GradTree> tree = model::GradTree::Create(spec.microbatches());
+  int replicas = now.replicas;
+  while (tree.ok() && replicas * 2 <= spec.max_replicas() &&
+         replicas * 2 * now.stages <= workers && tree->SupportsReplicas(replicas * 2)) {
+    replicas *= 2;
+  }
+  if (replicas > now.replicas) return JobShape{now.stages, replicas};
+  // Every replica gets the same stage count: a stage more takes R workers.
+  const int stages = std::min(spec.max_stages(), now.stages + idle / now.replicas);
+  if (stages <= now.stages) return std::nullopt;
+  return JobShape{stages, now.replicas};
 }
 
 std::vector<int> ArrangePositions(const std::vector<double>& speeds, JobShape shape) {

@@ -16,10 +16,12 @@
 // --port-file (atomically) if given. SIGINT/SIGTERM shut it down cleanly (exit code 0).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -31,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/file_util.h"
 #include "common/net/token_auth.h"
 #include "common/net/transport_security.h"
 #include "common/util/annotate.h"
@@ -72,6 +75,9 @@ ABSL_FLAG(std::string, state_dir, "",
           "same directory continues them from their last checkpoint (docs/recovery.md); one "
           "coordinator per directory (a second one refuses to start); empty: jobs do not "
           "survive a restart");
+ABSL_FLAG(std::string, growth_dir, "",
+          "where a job that grows (--max-stages) writes the checkpoint it takes for the growth, "
+          "as <dir>/<job id> (docs/scaling.md, \"Jobs that change shape\")");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines as text (TIME LEVEL SOURCE MESSAGE) or json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info",
@@ -182,6 +188,17 @@ absl::Status SecurityConfig(DaemonConfig& c) {
   return absl::OkStatus();
 }
 
+// --growth-dir, or its default: <state dir>/growth, else pipetrain-growth-<pid> in the temporary
+// directory (jobs do not outlive this process then).
+std::string GrowthDir(const std::string& flag, const std::string& state_dir) {
+  if (!flag.empty()) return flag;
+  if (!state_dir.empty()) return pipetrain::io::JoinPath(state_dir, "growth");
+  std::error_code error;
+  std::string tmp = std::filesystem::temp_directory_path(error).string();
+  if (error || tmp.empty()) tmp = "/tmp";
+  return pipetrain::io::JoinPath(tmp, absl::StrCat("pipetrain-growth-", getpid()));
+}
+
 // Every flag, checked: INVALID_ARGUMENT naming the flag.
 absl::StatusOr<DaemonConfig> Config() {
   DaemonConfig c;
@@ -196,6 +213,7 @@ absl::StatusOr<DaemonConfig> Config() {
   c.core.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   c.core.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
   c.core.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  c.core.growth_dir = GrowthDir(absl::GetFlag(FLAGS_growth_dir), c.state_dir);
   c.core.job_limits.max_layers = absl::GetFlag(FLAGS_max_layers);
   c.core.job_limits.max_microbatches = absl::GetFlag(FLAGS_max_microbatches);
   c.transport.check_worker_certificates = c.tls.enabled();
@@ -329,7 +347,8 @@ std::optional<int> ParseCommandLine(int argc, char** argv) {
       "",
       // What the flags' own defaults ("") stand for.
       {{"checkpoint_root", "none: this coordinator keeps no checkpoints"},
-       {"state_dir", "none: jobs do not survive a restart"}}};
+       {"state_dir", "none: jobs do not survive a restart"},
+       {"growth_dir", "<state-dir>/growth, else pipetrain-growth-<pid> in $TMPDIR"}}};
   absl::SetProgramUsageMessage(program.summary);
   if (std::optional<int> exit_code = pipetrain::ParseDaemonCommandLine(program, argc, argv)) {
     return exit_code;

@@ -1,5 +1,6 @@
 // The core's membership hooks: a worker registers, reports on its job's operation, and goes
 // (its stream ended, or the coordinator evicted it).
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -235,6 +236,14 @@ void CoordinatorCore::LoseRank(const std::string& job_id, const std::string& nam
   Job& job = *it->second;
   job.mu.AssertHeld();
   if (IsTerminal(job.state)) return;
+  if (std::find(job.joining.begin(), job.joining.end(), name) != job.joining.end()) {
+    // A worker joining a growth: the growth fails and the job keeps its shape (job_growth.cc).
+    if (job.op.error.ok()) {
+      job.op.error = absl::AbortedError(
+          absl::StrCat("worker '", name, "', joining job '", job.id, "', was ", cause, ": ", why));
+    }
+    return;
+  }
   if (job.spec.recover()) {
     BeginRecovery(job, name, rank, cause);
   } else {

@@ -1,6 +1,7 @@
 #include "server/coordinator/step_run.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -25,8 +26,12 @@ constexpr int64_t kMaxStep = int64_t{1} << 53;
 
 absl::StatusOr<v1::StepResult> CoordinatorCore::TrainStep(
     const v1::TrainRequest& request, const std::function<bool()>& next_queued) {
+  // A step boundary: a job with room to grow grows onto idle workers first (job_growth.cc).
+  const std::optional<v1::ShapeChange> change = MaybeGrow(request.job());
   StepRun run(*this, request, next_queued);
-  return run.Run();
+  absl::StatusOr<v1::StepResult> result = run.Run();
+  if (result.ok() && change.has_value()) *result->mutable_shape_change() = *change;
+  return result;
 }
 
 absl::StatusOr<v1::StepResult> StepRun::Run() {

@@ -48,7 +48,9 @@ class StepResult:
     the simulator's for the measured action costs. workers: per-rank WorkerTimeline messages
     (busy_ms, bubble_fraction, action timings). proto: the message itself. recoveries: the
     coordinator's RecoveryEvent messages of the recoveries this step waited and replayed through
-    before it was applied (usually empty; see Job.recoveries)."""
+    before it was applied (usually empty; see Job.recoveries). shape_change: the coordinator's
+    ShapeChange when the job changed shape (grew onto idle workers, or a growth failed) just
+    before this step, else None (see Job.shape_changes)."""
 
     step: int
     loss: float
@@ -59,11 +61,13 @@ class StepResult:
     workers: list
     proto: pb.StepResult
     recoveries: list = dataclasses.field(default_factory=list)
+    shape_change: object = None
 
     @classmethod
     def from_proto(cls, r, recoveries=()):
         return cls(r.step, r.loss, list(r.microbatch_losses), r.step_ms, r.bubble_fraction,
-                   r.predicted_bubble_fraction, list(r.workers), r, list(recoveries))
+                   r.predicted_bubble_fraction, list(r.workers), r, list(recoveries),
+                   r.shape_change if r.HasField("shape_change") else None)
 
 
 def _invalid(message):
@@ -480,15 +484,23 @@ class Job:
     `on_wait(error)` (if given) is called when a wait begins, with the error that began it.
     Each recovery's RecoveryEvent is passed to `on_recovery` (if given), appended to
     `recoveries` and attached to the StepResult it preceded. A step the coordinator applied at
-    an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS."""
+    an earlier step than the next (it recovered while the stream was idle) raises DATA_LOSS.
+
+    Changes of shape (a job created with max_stages; docs/scaling.md "Jobs that change shape"):
+    a result whose proto has shape_change (the job grew onto idle workers just before that step,
+    or a growth failed and it kept its shape) passes it to `on_shape_change` (if given), appends
+    it to `shape_changes` and attaches it to the StepResult (its shape_change). Nothing is
+    replayed: the growth's checkpoint only drops the kept batches before it, as checkpoint()
+    does."""
 
     # Batches send() may have unanswered: the coordinator's running step and one read ahead.
     MAX_IN_FLIGHT = 2
 
     def __init__(self, client, status, *, max_kept_batches=10000, recovery_timeout=300.0,
-                 reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
+                 reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None,
+                 on_shape_change=None):
         self._check_options(max_kept_batches, recovery_timeout, reconnect_timeout,
-                            max_poll_interval, on_recovery, on_wait)
+                            max_poll_interval, on_recovery, on_wait, on_shape_change)
         self._client = client
         self.id = status.job
         self.spec = status.spec  # as the coordinator runs it: model sizes, V, threads filled in.
@@ -511,10 +523,12 @@ class Job:
         self._next_step = status.steps_done  # steps answered: the 0-based step of the next one.
         self._pending_recoveries = []  # since the last StepResult returned.
         self.recoveries = []  # every RecoveryEvent this Job replayed through, in order.
+        self._on_shape_change = on_shape_change
+        self.shape_changes = []  # every ShapeChange its results reported, in order.
 
     @staticmethod
     def _check_options(max_kept_batches, recovery_timeout, reconnect_timeout, max_poll_interval,
-                       on_recovery, on_wait):
+                       on_recovery, on_wait, on_shape_change=None):
         """INVALID_ARGUMENT naming the first replay option that is not usable (as
         TrainOptions::Check)."""
         if not isinstance(max_kept_batches, int) or max_kept_batches < 1:
@@ -524,7 +538,8 @@ class Job:
                             ("max_poll_interval", max_poll_interval)):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise _invalid("%s must be positive, got %r s" % (name, value))
-        for name, callback in (("on_recovery", on_recovery), ("on_wait", on_wait)):
+        for name, callback in (("on_recovery", on_recovery), ("on_wait", on_wait),
+                               ("on_shape_change", on_shape_change)):
             if callback is not None and not callable(callback):
                 raise _invalid("%s must be callable, got %s" % (name, type(callback).__name__))
 
@@ -655,6 +670,16 @@ class Job:
             self._kept.append(_Kept(result.step - 1, request, result.loss))
             while len(self._kept) > self._max_kept_batches:
                 self._kept.popleft()
+        if result.HasField("shape_change"):
+            change = result.shape_change
+            # A growth takes a checkpoint: a recovery restarts from it at the earliest. Nothing is
+            # replayed for a growth (the stream goes on).
+            if change.checkpoint:
+                while self._kept and self._kept[0].step < change.step:
+                    self._kept.popleft()
+            self.shape_changes.append(change)
+            if self._on_shape_change is not None:
+                self._on_shape_change(change)
         recoveries, self._pending_recoveries = self._pending_recoveries, []
         return StepResult.from_proto(result, recoveries)
 
@@ -1046,8 +1071,10 @@ class Client:
                    seed=0, threads=1, virtual_stages=0, data=None, resume_from=None,
                    recover=True, replace_timeout=30.0, min_stages=0, lr_schedule=None, *,
                    isa=None, save_to=None, keep_checkpoints=1, planned_steps=0, replicas=1,
+                   max_stages=0, max_replicas=0,
                    max_kept_batches=10000, recovery_timeout=300.0,
-                   reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None):
+                   reconnect_timeout=60.0, max_poll_interval=0.2, on_recovery=None, on_wait=None,
+                   on_shape_change=None):
         """Creates a job and returns it once every worker is ready (a Job, also a context manager).
 
         model: ModelSpec, path or text (sizes left 0 are filled by the coordinator from `data`).
@@ -1082,8 +1109,12 @@ class Client:
         the batches since its last checkpoint. replace_timeout: seconds an idle worker is waited
         for to take a lost rank (JobSpec.replace_timeout_ms). min_stages: with recover, shrink
         onto the survivors down to this many stages when none comes (0: never shrink).
+        max_stages, max_replicas: grow onto idle workers at a step boundary, after a checkpoint the
+        job takes for it, up to this many stages / replicas (JobSpec.max_stages, max_replicas, as
+        `pipetrain train --max-stages`; docs/scaling.md "Jobs that change shape"); 0: never.
+        Each change is in job.shape_changes and the StepResult it preceded.
         max_kept_batches, recovery_timeout, reconnect_timeout, max_poll_interval, on_recovery,
-        on_wait: see Job."""
+        on_wait, on_shape_change: see Job."""
         if replace_timeout < 0:
             raise _invalid("replace_timeout must be >= 0 s, got %r" % (replace_timeout,))
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
@@ -1091,7 +1122,8 @@ class Client:
         spec = pb.JobSpec(schedule=schedule, stages=stages, microbatches=microbatches,
                           virtual_stages=virtual_stages, seed=seed, threads=threads,
                           recover=recover, replace_timeout_ms=int(round(replace_timeout * 1000)),
-                          min_stages=min_stages, planned_steps=planned_steps, replicas=replicas)
+                          min_stages=min_stages, planned_steps=planned_steps, replicas=replicas,
+                          max_stages=max_stages, max_replicas=max_replicas)
         if isa is not None:
             if not isinstance(isa, str):
                 raise _invalid("isa must be a level name such as 'x86-64-v4', got %r" % (isa,))
@@ -1116,7 +1148,7 @@ class Client:
         job_options = dict(max_kept_batches=max_kept_batches, recovery_timeout=recovery_timeout,
                            reconnect_timeout=reconnect_timeout,
                            max_poll_interval=max_poll_interval, on_recovery=on_recovery,
-                           on_wait=on_wait)
+                           on_wait=on_wait, on_shape_change=on_shape_change)
         Job._check_options(**job_options)  # before the job takes its workers.
         status = self._call("CreateJob", pb.CreateJobRequest(spec=spec), long=True)
         return Job(self, status, **job_options)

@@ -27,6 +27,10 @@ A scenario's "coordinator" object:
     end             {}: (Train) the stream ends OK without an answer
     silent_restore  {"restore_to": R}: (Train) the job was restored to R between two steps and
                     applies the batch as step R + 1, answering it without an error
+    grow            {}: (Train) the job grew from 2 to 3 stages before the batch, after a
+                    checkpoint of the step before it (a recovery restores that one from then on):
+                    the batch is applied and its result carries the ShapeChange, in a new
+                    generation
   "polls" are GetJob's next answers, in order: READY, RECOVERING, FAILED (the job ended),
   UNAVAILABLE (a status the client does not retry: the coordinator unreachable), NOT_FOUND; a
   trailing "*" repeats the answer for ever. Afterwards GetJob answers the job's state (by default
@@ -392,6 +396,17 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 self._set_polls(fault["apply_then_cut"])
                 self._log("%s -> applied as step %d, then UNAVAILABLE (cut)" % (what, step))
                 raise _Abort(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
+            if "grow" in fault:
+                self._checkpoint_step = self._steps_done
+                self._generation += 1
+                self._log("%s -> step %d (grew from 2 to 3 stages after step %d)"
+                          % (what, step, self._steps_done))
+                outcome = self._result(step, tag)
+                outcome[1].shape_change.CopyFrom(pb.ShapeChange(
+                    step=step - 1, stages_before=2, stages=3, replicas_before=1, replicas=1,
+                    joined=["w2"], workers=["w0", "w1", "w2"], generation=self._generation,
+                    seconds=0.25, checkpoint="/growth/" + JOB))
+                return outcome
             if "silent_restore" in fault:
                 self._begin_recovery(fault["silent_restore"], "lost")
                 self._state = pb.JOB_STATE_READY

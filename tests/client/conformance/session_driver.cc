@@ -129,6 +129,10 @@ absl::Status Play(const json& scenario, const std::string& address) {
       options.on_recovery = [](const v1::RecoveryEvent& r) {
         Out(absl::StrFormat("  recovered from step %d (%s)", r.restored_step(), r.cause()));
       };
+      options.on_shape_change = [](const v1::ShapeChange& c) {
+        Out(absl::StrFormat("  grew from %d to %d stages after step %d", c.stages_before(),
+                            c.stages(), c.step()));
+      };
       options.pause = [](absl::Duration d) {
         Out(absl::StrCat("  pause ", absl::ToInt64Milliseconds(d), "ms"));
         std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));

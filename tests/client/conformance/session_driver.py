@@ -111,6 +111,8 @@ def main():
                     on_wait=lambda e: out("  wait %s" % e.code.name),
                     on_recovery=lambda r: out("  recovered from step %d (%s)"
                                               % (r.restored_step, r.cause)),
+                    on_shape_change=lambda c: out("  grew from %d to %d stages after step %d"
+                                                  % (c.stages_before, c.stages, c.step)),
                     **kwargs)
                 out("create -> ok")
             elif name == "step":

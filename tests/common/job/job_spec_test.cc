@@ -225,12 +225,29 @@ TEST(JobSpecTest, GrowthCapsAreZeroOrAtLeastTheShape) {
   replicas.set_max_replicas(1);
   absl::Status s = CheckJobSpec(JobLimits(), &replicas).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(s.message(), "max_replicas must be 0 or >= replicas = 2, got 1");
+  EXPECT_EQ(s.message(), "max_replicas must be 0 or in [replicas = 2, 4096], got 1");
   v1::JobSpec stages = MlpSpec(2, 2, 4);
   stages.set_max_stages(1);
   s = CheckJobSpec(JobLimits(), &stages).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(s.message(), "max_stages must be 0 or >= stages = 2, got 1");
+  EXPECT_EQ(s.message(), "max_stages must be 0 or in [stages = 2, 4096], got 1");
+}
+
+TEST(JobSpecTest, GrowthBoundsAreZeroOrAtLeastTheShape) {
+  v1::JobSpec spec = MlpSpec(2, 2, 4);
+  spec.set_max_stages(3);
+  spec.set_max_replicas(1);
+  ASSERT_TRUE(CheckJobSpec(JobLimits(), &spec).ok());
+  spec = MlpSpec(2, 2, 4);
+  spec.set_max_stages(1);
+  absl::Status s = CheckJobSpec(JobLimits(), &spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("max_stages must be 0 or in [stages = 2, 4096], got 1"));
+  spec = MlpSpec(2, 2, 4);
+  spec.set_max_replicas(-1);
+  s = CheckJobSpec(JobLimits(), &spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("max_replicas must be 0 or in [replicas = 1, 4096], got -1"));
 }
 
 TEST(JobSpecTest, IsaMustNameALevel) {

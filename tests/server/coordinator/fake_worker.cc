@@ -66,7 +66,7 @@ FakeWorker::~FakeWorker() {
   thread_.join();
 }
 
-absl::Status FakeWorker::Register(double gflops) {
+absl::Status FakeWorker::Register(double gflops, const std::vector<std::string>& isa_levels) {
   v1::WorkerEvent event;
   v1::RegisterWorker* r = event.mutable_register_();
   r->set_name(name_);
@@ -74,6 +74,7 @@ absl::Status FakeWorker::Register(double gflops) {
   r->set_cores(1);
   r->set_gflops(gflops);
   r->set_incarnation(1);
+  for (const std::string& level : isa_levels) r->add_isa_levels(level);
   return core_->OnWorkerEvent(this, &registered_, event);
 }
 

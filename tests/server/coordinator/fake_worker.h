@@ -40,8 +40,9 @@ class FakeWorker final : public WorkerChannel {
   // Ends its stream (OnWorkerGone) unless Gone() did, and joins the thread.
   ~FakeWorker() override;
 
-  // Registers with `gflops` as its speed: the core's answer.
-  absl::Status Register(double gflops = 10);
+  // Registers with `gflops` as its speed and `isa_levels` (none: the lowest level): the core's
+  // answer.
+  absl::Status Register(double gflops = 10, const std::vector<std::string>& isa_levels = {});
   // Its stream ends, as when the process dies (the core hears OnWorkerGone). Idempotent.
   void Gone();
 

@@ -1,6 +1,8 @@
 // JobShape: positions, the placement of workers on ranks and each rank's speed.
 #include "server/coordinator/job_shape.h"
 
+#include <optional>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -57,6 +59,54 @@ TEST(JobShapeTest, ARanksSpeedIsItsSlowestReplica) {
   // Positions: replica 0 = {8, 4}, replica 1 = {2, 6}.
   EXPECT_THAT(RankSpeeds({8, 4, 2, 6}, JobShape{2, 2}), ElementsAre(2, 4));
   EXPECT_THAT(RankSpeeds({8, 4}, JobShape{2, 1}), ElementsAre(8, 4));
+}
+
+v1::JobSpec Spec(int stages, int max_stages, int replicas = 0, int max_replicas = 0,
+                 int microbatches = 0) {
+  v1::JobSpec spec;
+  spec.set_stages(stages);
+  spec.set_max_stages(max_stages);
+  spec.set_replicas(replicas);
+  spec.set_max_replicas(max_replicas);
+  spec.set_microbatches(microbatches);
+  return spec;
+}
+
+TEST(JobShapeTest, GrowsToTheMostStagesTheIdleWorkersAllowUpToMaxStages) {
+  EXPECT_EQ(NextShape(Spec(2, 3, 0), 1), (JobShape{3, 1}));
+  EXPECT_EQ(NextShape(Spec(2, 3, 0), 5), (JobShape{3, 1}));  // not beyond max_stages.
+  EXPECT_EQ(NextShape(Spec(2, 8, 0), 3), (JobShape{5, 1}));
+}
+
+TEST(JobShapeTest, DoesNotGrowWithoutIdleWorkersOrRoom) {
+  EXPECT_EQ(NextShape(Spec(2, 3, 0), 0), std::nullopt);
+  EXPECT_EQ(NextShape(Spec(2, 0, 0), 4), std::nullopt);  // max_stages 0: never.
+  EXPECT_EQ(NextShape(Spec(3, 3, 0), 4), std::nullopt);  // at max_stages already.
+}
+
+TEST(JobShapeTest, AStageMoreTakesOneWorkerPerReplica) {
+  EXPECT_EQ(NextShape(Spec(2, 4, 2), 1), std::nullopt);
+  EXPECT_EQ(NextShape(Spec(2, 4, 2), 3), (JobShape{3, 2}));
+  EXPECT_EQ(NextShape(Spec(2, 4, 2), 4), (JobShape{4, 2}));
+}
+
+TEST(JobShapeTest, ShapeTextNamesReplicasOnlyWhenThereAreSeveral) {
+  EXPECT_EQ(ShapeText(JobShape{3, 1}), "3 stages");
+  EXPECT_EQ(ShapeText(JobShape{1, 1}), "1 stage");
+  EXPECT_EQ(ShapeText(JobShape{3, 2}), "3 stages x 2 replicas");
+  EXPECT_EQ(ShapeOf(Spec(2, 0, 0)).positions(), 2);
+}
+
+// With max_replicas the job doubles its replicas first, as far as the idle workers complete whole
+// pipelines and the step's gradient tree has shares for them; only then does it add stages.
+TEST(JobShapeTest, GrowsReplicasFirstWhereTheTreeSupportsThem) {
+  EXPECT_EQ(NextShape(Spec(2, 0, 1, 4, 8), 2), (JobShape{2, 2}));
+  EXPECT_EQ(NextShape(Spec(2, 0, 1, 4, 8), 6), (JobShape{2, 4}));
+  EXPECT_EQ(NextShape(Spec(2, 0, 2, 4, 8), 3), std::nullopt);       // 4 replicas need 8 workers.
+  EXPECT_EQ(NextShape(Spec(2, 3, 2, 4, 8), 3), (JobShape{3, 2}));   // so a stage more instead.
+  EXPECT_EQ(NextShape(Spec(2, 4, 1, 4, 6), 6), (JobShape{2, 2}));   // M = 6: shares for R <= 2.
+  EXPECT_EQ(NextShape(Spec(2, 4, 2, 4, 6), 4), (JobShape{4, 2}));
+  EXPECT_EQ(NextShape(Spec(2, 4, 1, 1, 8), 2), (JobShape{4, 1}));   // max_replicas 1: stages.
 }
 
 }  // namespace

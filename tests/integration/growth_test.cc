@@ -1,0 +1,142 @@
+// A job that grows (docs/scaling.md, "Jobs that change shape"): `pipetrain train --stages 2
+// --max-stages 3` on 2 workers; a third worker registers mid-run, the job grows to 3 stages at its
+// next step boundary (one line of the client's output says so) and ends with every loss and layer
+// file bit for bit those of `pipetrain reference`. Real daemons on 127.0.0.1, started by the test
+// and signalled by their PIDs only.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/daemons.h"
+#include "tests/integration/run_command.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::Example;
+using testing::ReadFile;
+using testing::StepLines;
+
+constexpr int kSteps = 100;
+
+class GrowthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir("pipetrain_grow_");
+    ASSERT_FALSE(dir_.empty());
+    ASSERT_EQ(
+        daemons_.Start(dir_, 2, {"--checkpoint-root", dir_, "--growth-dir", dir_ + "/growth"}), "");
+  }
+
+  void TearDown() override {
+    if (train_.pid > 0) {
+      kill(train_.pid, SIGKILL);
+      std::string rest;
+      testing::DrainAndWait(train_, &rest, 10000);
+    }
+    if (joiner_ > 0) {
+      kill(joiner_, SIGTERM);
+      waitpid(joiner_, nullptr, 0);
+    }
+    EXPECT_EQ(daemons_.Stop(), "");
+    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+  }
+
+  // Waits (at most 30 s) until `count` workers are registered.
+  bool AwaitWorkers(size_t count) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::vector<v1::WorkerInfo>> listed = daemons_.client().ListWorkers();
+      if (listed.ok() && listed->size() == count) return true;
+      absl::SleepFor(absl::Milliseconds(10));  // polling a bounded wait.
+    }
+    return false;
+  }
+
+  std::string dir_;
+  testing::Daemons daemons_;
+  testing::PipedChild train_;
+  pid_t joiner_ = -1;
+};
+
+TEST_F(GrowthTest, AJobOnTwoWorkersGrowsToThreeWhenOneRegistersAndStaysBitwiseTheReference) {
+  const std::string flags = absl::StrCat(
+      " --model ", Example("mlp_digits.textproto"),
+      " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
+      "--steps ",
+      kSteps);
+  const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
+      PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+
+  std::vector<std::string> argv = {
+      PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(), "--stages", "2",
+      "--max-stages",   "3",     "--save",        dir_ + "/pipe"};
+  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
+  const std::string err = dir_ + "/train.err";
+  train_ = testing::SpawnPiped(argv, err);
+  ASSERT_GT(train_.pid, 0);
+  // The smallest pipe: while the test does not read, the run blocks on its output a few dozen
+  // steps later, so it cannot end before the third worker has registered.
+  ASSERT_GT(fcntl(train_.out, F_SETPIPE_SZ, 4096), 0);
+  std::string out;
+  ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &out)) << out << ReadFile(err);
+
+  joiner_ = testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator", daemons_.address(),
+                            "--listen", "127.0.0.1:0", "--name", "w2"},
+                           dir_ + "/worker-2.log");
+  ASSERT_GT(joiner_, 0);
+  ASSERT_TRUE(AwaitWorkers(3)) << ReadFile(dir_ + "/worker-2.log");
+  const int status = testing::DrainAndWait(train_, &out, 300000);
+  train_.pid = -1;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err) << ReadFile(dir_ + "/coordinator.log");
+
+  // One line for the change of shape, after the step it followed.
+  std::vector<nlohmann::json> changes;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "{\"shape_change\"")) continue;
+    std::cout << line << "\n";  // its seconds, for docs/scaling.md.
+    changes.push_back(nlohmann::json::parse(line).at("shape_change"));
+  }
+  ASSERT_EQ(changes.size(), 1u) << out;
+  EXPECT_EQ(changes[0].at("stages_before"), 2);
+  EXPECT_EQ(changes[0].at("stages"), 3);
+  EXPECT_EQ(changes[0].at("joined"), nlohmann::json::array({"w2"}));
+  EXPECT_EQ(changes[0].at("failed"), "");
+  EXPECT_GE(changes[0].at("step").get<int>(), 5);
+  EXPECT_LT(changes[0].at("step").get<int>(), kSteps);
+
+  // Every loss and the final weights are the reference's.
+  const std::vector<std::string> want = StepLines(ref.out, /*pipeline=*/false);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(StepLines(out, /*pipeline=*/true), want);
+  const testing::LayerFiles layers = testing::CompareLayerFiles(dir_ + "/ref", dir_ + "/pipe");
+  EXPECT_EQ(layers.compared, 3);  // the model's layers with weights.
+  EXPECT_THAT(layers.differ, ::testing::IsEmpty());
+
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  const v1::JobStatus& job = (*jobs)[0];
+  EXPECT_EQ(job.state(), v1::JOB_STATE_DONE);
+  EXPECT_EQ(job.spec().stages(), 3);
+  ASSERT_EQ(job.shape_changes_size(), 1);
+  EXPECT_EQ(job.shape_changes(0).checkpoint(), absl::StrCat(dir_, "/growth/", job.job()));
+  EXPECT_EQ(job.recoveries_size(), 0);
+}
+
+}  // namespace
+}  // namespace pipetrain
