@@ -111,9 +111,8 @@ inline bool PortableExpLanes(const double* x, double* y) {
                                         _mm256_cmp_pd(t, _mm256_setzero_pd(), _CMP_LT_OQ));
   const __m128i n = _mm256_cvttpd_epi32(_mm256_add_pd(t, half));
   const __m256d nd = _mm256_cvtepi32_pd(n);
-  const __m256d r =
-      _mm256_sub_pd(_mm256_sub_pd(v, _mm256_mul_pd(nd, _mm256_set1_pd(kLn2Over32Hi))),
-                    _mm256_mul_pd(nd, _mm256_set1_pd(kLn2Over32Lo)));
+  const __m256d r = _mm256_sub_pd(_mm256_sub_pd(v, _mm256_mul_pd(nd, _mm256_set1_pd(kLn2Over32Hi))),
+                                  _mm256_mul_pd(nd, _mm256_set1_pd(kLn2Over32Lo)));
   const __m128i j = _mm_and_si128(n, _mm_set1_epi32(31));
   const __m128i m = _mm_srai_epi32(_mm_sub_epi32(n, j), 5);  // exact: n - j is a multiple of 32
   __m256d q = _mm256_set1_pd(1.0 / 720.0);
@@ -125,9 +124,9 @@ inline bool PortableExpLanes(const double* x, double* y) {
   q = _mm256_mul_pd(q, r);
   // The masked form with a zero source: the plain one trips GCC 12's -Wmaybe-uninitialized on its
   // own _mm256_undefined_pd (GCC PR 105593).
-  const __m256d tj = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), kExp2Table, j,
-                                              _mm256_castsi256_pd(_mm256_set1_epi64x(-1)),
-                                              sizeof(double));
+  const __m256d tj =
+      _mm256_mask_i32gather_pd(_mm256_setzero_pd(), kExp2Table, j,
+                               _mm256_castsi256_pd(_mm256_set1_epi64x(-1)), sizeof(double));
   const __m256d p = _mm256_add_pd(tj, _mm256_mul_pd(tj, q));
   const __m256i scale_bits =
       _mm256_slli_epi64(_mm256_cvtepi32_epi64(_mm_add_epi32(m, _mm_set1_epi32(1023))), 52);
