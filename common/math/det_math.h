@@ -23,9 +23,9 @@ double PortableExp(double x);
 
 // y[i] = PortableExp(x[i]) for i < n, bitwise: the same IEEE-754 operations in the same order.
 // With AVX-512 (x86-64-v4) 8 arguments at a time in vector registers (GCC/Clang vector
-// extensions), arguments outside [-700, 700] or NaN through PortableExp itself; at other levels
-// PortableExp one argument at a time. x and y may be the same array (not otherwise overlapping).
-// n >= 0.
+// extensions), with AVX2 (x86-64-v3) 4 at a time (intrinsics); arguments outside [-700, 700] or
+// NaN through PortableExp itself; without AVX2 PortableExp one argument at a time. x and y may be
+// the same array (not otherwise overlapping). n >= 0.
 void PortableExpArray(const double* x, int64_t n, double* y);
 
 // Natural logarithm. Returns -inf for 0, NaN for negative or NaN arguments, +inf for +inf.

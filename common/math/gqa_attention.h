@@ -42,34 +42,40 @@ void GqaAttentionBackward(const GqaShape& shape, ConstMatrixMap q, ConstMatrixMa
 using ConstStridedMap = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
 using StridedMap = Eigen::Map<Matrix, 0, Eigen::OuterStride<>>;
 
-// Query rows per block of the causal products (docs/numerics.md, "Causal attention").
+// Query rows per tile of the causal products: a tile of rows i0 .. i0+b-1 computes the scores of
+// keys 0 .. first+i0+b-1 only (docs/numerics.md, "Causal attention").
+inline constexpr int64_t kCausalTileRows = 8;
+// Query rows per pass of the forward (scores, softmax, context) and of the backward's first half,
+// for cache locality. The bits do not depend on it.
 inline constexpr int64_t kCausalBlock = 32;
 
 // Score entries CausalHeadForward computes for one head and one sample of `context` tokens (first
-// 0): the sum over query blocks of rows x keys, between context (context+1) / 2 and context^2
-// (context^2 exactly when context <= kCausalBlock). Each backward product has as many.
+// 0): the sum over tiles of kCausalTileRows rows of rows x keys, between context (context+1) / 2
+// and context^2. Each backward product of the scores' shape has as many.
 double CausalScoreEntries(int64_t context);
 
 // One head's causal attention for one sample: the n rows of q [n, hd] are the queries at
 // positions first .. first+n-1; k, v [>= first+n, hd] hold the keys and values of positions 0..
 // Writes P [n, first+n] at `p` (row stride first+n): exactly 0 above the causal diagonal; and
-// out [n, hd] = P v. Query rows go in blocks of kCausalBlock (the last one shorter); the block of
-// rows r0 .. r0+b-1 sees keys 0 .. e-1, e = first+r0+b, and runs
-//   S = q_block k[0:e]^T   (one GEMM, depth hd; never the keys after e)
-//   CausalSoftmaxRows(b, first+n, first+r0, scale, P rows r0..)
-//   out_block = P[block, 0:e] v[0:e]   (one GEMM, depth e; the zeros above the diagonal inside
-//                                       the block are added as exact zeros)
-// The same shapes give the same bits (Eigen's products, pinned blocking): the training forward
-// (first 0, n = T) and a cached forward of a whole sample agree bitwise.
+// out [n, hd] = P v. Per query row i (position first+i), lanes of one vector per output column,
+// each sum in increasing depth with a fused multiply-add per term at x86-64-v3/-v4 (a multiply and
+// an add elsewhere), starting from 0:
+//   S_ij = sum_d q_id k_jd               (j <= first+i; never the keys after first+i)
+//   P_i  = CausalSoftmaxRows(S_i)
+//   out_ic = sum_{j=0..first+i} P_ij v_jc
+// A row's bits do not depend on n, first, the tiling or the vector width: the training forward
+// (first 0, n = T) and a cached forward of any rows agree bitwise. Thread-safe: operands are packed
+// into a buffer of the calling thread's, kept across calls.
 void CausalHeadForward(ConstStridedMap q, ConstStridedMap k, ConstStridedMap v, int64_t first,
                        float scale, float* p, StridedMap out);
 
 // The backward of CausalHeadForward(first = 0, n = T rows) given its P (`p`, T x T) and
-// dout [T, hd]; `ds` is T x T floats of scratch. Per query block (as the forward):
-//   dP = dout_block v[0:e]^T;  dS = CausalSoftmaxBackwardRows(dP);  dq_block = dS[.., 0:e] k[0:e]
-// then per key block c (columns c0 .. c0+b-1; rows i < c0 have P = dS = 0 there):
-//   dv_c (+)= P[c0:T, c]^T dout[c0:T],  dk_c (+)= dS[c0:T, c]^T q[c0:T]   (depth T - c0)
-// assigning when `accumulate` is false, adding otherwise.
+// dout [T, hd]; `ds` is T x T floats of scratch. With the forward's arithmetic (sums in increasing
+// index from 0):
+//   dP_ij = sum_d dout_id v_jd (j <= i);  dS = CausalSoftmaxBackwardRows(dP)
+//   dq_ic = sum_{j<=i} dS_ij k_jc
+//   dv_jc (+)= sum_{i>=j} P_ij dout_ic,  dk_jc (+)= sum_{i>=j} dS_ij q_ic
+// assigning when `accumulate` is false, adding the head's sum otherwise.
 void CausalHeadBackward(ConstStridedMap q, ConstStridedMap k, ConstStridedMap v, const float* p,
                         ConstStridedMap dout, double scale, float* ds, bool accumulate,
                         StridedMap dq, StridedMap dk, StridedMap dv);

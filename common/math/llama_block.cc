@@ -443,12 +443,15 @@ void LlamaBlock::AttentionIncremental(ConstMatrixMap q, int64_t position, const 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const ConstMatrixMap k_all(keys, len, kv_dim_);
   const ConstMatrixMap v_all(values, len, kv_dim_);
-  MatrixMap a(att, n, len);
+  auto head = [](ConstMatrixMap m, int64_t rows, int64_t col0, int64_t cols) {
+    return ConstStridedMap(m.data() + col0, rows, cols, Eigen::OuterStride<>(m.cols()));
+  };
   for (int64_t h = 0; h < config_.heads; ++h) {
     const int64_t j = h / group;
-    a.noalias() = q.block(0, h * hd, n, hd) * k_all.block(0, j * hd, len, hd).transpose();
-    CausalSoftmaxRows(n, len, position, scale, att);  // row i is position position+i
-    out.block(0, h * hd, n, hd).noalias() = a * v_all.block(0, j * hd, len, hd);
+    // Row i is position position+i.
+    CausalHeadForward(head(q, n, h * hd, hd), head(k_all, len, j * hd, hd),
+                      head(v_all, len, j * hd, hd), position, scale, att,
+                      StridedMap(out.data() + h * hd, n, hd, Eigen::OuterStride<>(out.cols())));
   }
 }
 

@@ -1,7 +1,10 @@
 #include "common/math/gqa_attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -166,13 +169,105 @@ TEST(GqaAttentionTest, MaskedHalfIsNeverRead) {
   }
 }
 
-TEST(GqaAttentionTest, CausalScoreEntriesCountTheComputedBlocks) {
+TEST(GqaAttentionTest, CausalScoreEntriesCountTheComputedTiles) {
+  static_assert(kCausalTileRows == 8);
+  EXPECT_EQ(CausalScoreEntries(1), 1.0);
+  // 6 = one tile of 6 rows: the full square.
   EXPECT_EQ(CausalScoreEntries(6), 36.0);
-  EXPECT_EQ(CausalScoreEntries(kCausalBlock), static_cast<double>(kCausalBlock * kCausalBlock));
-  // 128 = four blocks of 32: 32 (32 + 64 + 96 + 128) of the 16384 scores.
-  EXPECT_EQ(CausalScoreEntries(128), 10240.0);
-  // 70 = 32 + 32 + 6.
-  EXPECT_EQ(CausalScoreEntries(70), 32.0 * 32 + 32.0 * 64 + 6.0 * 70);
+  // 20 = tiles of 8 (8 keys), 8 (16 keys) and 4 rows (20 keys).
+  EXPECT_EQ(CausalScoreEntries(20), 8.0 * 8 + 8.0 * 16 + 4.0 * 20);
+  // 128 = 16 tiles of 8: 8 (8 + 16 + ... + 128) of the 16384 scores.
+  EXPECT_EQ(CausalScoreEntries(128), 8704.0);
+}
+
+// One term of a documented sum (gqa_attention.h): a fused multiply-add where the library's level
+// has FMA (this test is compiled at the same PIPETRAIN_ARCH, with -ffp-contract=off), a multiply
+// and an add otherwise.
+float Term(float a, float b, float acc) {
+#if defined(__FMA__)
+  return std::fma(a, b, acc);
+#else
+  return a * b + acc;
+#endif
+}
+
+// The forward's and backward's bits are exactly the documented sums, element by element, for a
+// context of several passes and tiles (the last ones short) and a head size of a vector and a
+// half at every level.
+TEST(GqaAttentionTest, ProductsAreTheDocumentedSums) {
+  const int64_t t = 2 * kCausalBlock + 7, hd = 24;
+  const Matrix q = RandomMatrix(t, hd, 21, -2, 2), k = RandomMatrix(t, hd, 22, -2, 2);
+  const Matrix v = RandomMatrix(t, hd, 23), dout = RandomMatrix(t, hd, 24);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  auto map = [](const Matrix& m) {
+    return ConstStridedMap(m.data(), m.rows(), m.cols(), Eigen::OuterStride<>(m.cols()));
+  };
+  auto out_map = [](Matrix& m) {
+    return StridedMap(m.data(), m.rows(), m.cols(), Eigen::OuterStride<>(m.cols()));
+  };
+  std::vector<float> p(static_cast<size_t>(t * t)), ds(static_cast<size_t>(t * t));
+  Matrix out(t, hd), dq(t, hd), dk(t, hd), dv(t, hd);
+  CausalHeadForward(map(q), map(k), map(v), 0, scale, p.data(), out_map(out));
+  CausalHeadBackward(map(q), map(k), map(v), p.data(), map(dout), scale, ds.data(), false,
+                     out_map(dq), out_map(dk), out_map(dv));
+  // The scores, then the library's own softmax rows (tested on their own).
+  std::vector<float> want_p(static_cast<size_t>(t * t)), want_ds(static_cast<size_t>(t * t));
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      float s = 0, dp = 0;
+      for (int64_t d = 0; d < hd; ++d) s = Term(q(i, d), k(j, d), s);
+      for (int64_t d = 0; d < hd; ++d) dp = Term(dout(i, d), v(j, d), dp);
+      want_p[i * t + j] = s;
+      want_ds[i * t + j] = dp;
+    }
+  }
+  CausalSoftmaxRows(t, t, 0, scale, want_p.data());
+  CausalSoftmaxBackwardRows(t, t, 0, scale, want_p.data(), want_ds.data());
+  ASSERT_EQ(std::memcmp(p.data(), want_p.data(), p.size() * sizeof(float)), 0);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t c = 0; c < hd; ++c) {
+      float o = 0, g = 0, gk = 0, gv = 0;
+      for (int64_t j = 0; j <= i; ++j) o = Term(want_p[i * t + j], v(j, c), o);
+      for (int64_t j = 0; j <= i; ++j) g = Term(want_ds[i * t + j], k(j, c), g);
+      for (int64_t r = i; r < t; ++r) gv = Term(want_p[r * t + i], dout(r, c), gv);
+      for (int64_t r = i; r < t; ++r) gk = Term(want_ds[r * t + i], q(r, c), gk);
+      ASSERT_EQ(out(i, c), o) << i << " " << c;
+      ASSERT_EQ(dq(i, c), g) << i << " " << c;
+      ASSERT_EQ(dv(i, c), gv) << i << " " << c;
+      ASSERT_EQ(dk(i, c), gk) << i << " " << c;
+    }
+  }
+}
+
+// A cached forward of any rows (first > 0, n of them) gives those rows' bits of the whole
+// sample's forward: the sums do not depend on the tiling.
+TEST(GqaAttentionTest, AnyRowsAloneAreBitwiseTheWholeForward) {
+  const int64_t t = 2 * kCausalBlock + 7, hd = 16, cols = 3 * hd;
+  // The head in the middle of wider rows, as the blocks lay heads out.
+  const Matrix q = RandomMatrix(t, cols, 31, -2, 2), k = RandomMatrix(t, cols, 32, -2, 2);
+  const Matrix v = RandomMatrix(t, cols, 33);
+  const float scale = 0.25f;
+  auto head = [&](const Matrix& m, int64_t row0, int64_t rows) {
+    return ConstStridedMap(m.data() + row0 * cols + hd, rows, hd, Eigen::OuterStride<>(cols));
+  };
+  std::vector<float> p(static_cast<size_t>(t * t));
+  Matrix out(t, hd);
+  CausalHeadForward(head(q, 0, t), head(k, 0, t), head(v, 0, t), 0, scale, p.data(),
+                    StridedMap(out.data(), t, hd, Eigen::OuterStride<>(hd)));
+  for (const auto& [first, n] : {std::pair<int64_t, int64_t>{0, 1}, {5, 3}, {33, 1}, {30, 41}}) {
+    SCOPED_TRACE(std::to_string(first) + " " + std::to_string(n));
+    const int64_t len = first + n;
+    std::vector<float> pr(static_cast<size_t>(n * len));
+    Matrix o(n, hd);
+    CausalHeadForward(head(q, first, n), head(k, 0, len), head(v, 0, len), first, scale, pr.data(),
+                      StridedMap(o.data(), n, hd, Eigen::OuterStride<>(hd)));
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(o), ConstMatrixMap(out.data() + first * hd, n, hd)));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(pr.data() + i * len, p.data() + (first + i) * t, len * sizeof(float)),
+                0)
+          << i;
+    }
+  }
 }
 
 }  // namespace

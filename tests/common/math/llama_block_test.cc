@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/math/gqa_attention.h"
 #include "gtest/gtest.h"
 #include "tests/common/math/grad_check.h"
 
@@ -257,13 +258,15 @@ TEST(LlamaBlockTest, StashIsReusedWhenSizeMatches) {
 }
 
 TEST(LlamaBlockTest, FlopsFollowDocumentedFormula) {
-  const int64_t d = 16, heads = 4, kv = 2, t = 8, hid = 40, rows = 3 * t;
+  const int64_t d = 16, heads = 4, kv = 2, t = 20, hid = 40, rows = 3 * t;
   const LlamaBlock block(Config(d, heads, kv, t, hid));
   const FlopCount f = block.Flops(rows);
   const double n = rows, kvd = kv * (d / heads);
   const double weight_gemm = 2 * n * (2 * d * d + 2 * d * kvd + 3 * d * hid);
-  const double attn_gemm = 2 * n * t * d;
-  const double scores = n * heads * t;
+  // Keys per query row the causal tiles compute (gqa_attention.h).
+  const double keys = CausalScoreEntries(t) / t;
+  const double attn_gemm = 2 * n * keys * d;  // one product over the computed scores
+  const double scores = n * heads * keys;
   const double rope = 3 * n * (d + kvd);
   EXPECT_DOUBLE_EQ(f.forward, weight_gemm + 2 * attn_gemm + 8 * n * d + 8 * scores + rope +
                                   8 * n * hid + 2 * n * d);

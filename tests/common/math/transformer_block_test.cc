@@ -255,13 +255,15 @@ TEST(TransformerBlockTest, StashIsReusedWhenSizeMatches) {
 }
 
 TEST(TransformerBlockTest, FlopsFollowDocumentedFormula) {
-  const int64_t d = 16, heads = 4, t = 8, ratio = 4, rows = 3 * t, hid = ratio * d;
+  const int64_t d = 16, heads = 4, t = 20, ratio = 4, rows = 3 * t, hid = ratio * d;
   const TransformerBlock block(d, heads, t, ratio);
   const FlopCount f = block.Flops(rows);
   const double n = rows;
   const double weight_gemm = 2 * n * (3 * d * d + d * d + d * hid + hid * d);
-  const double attn_gemm = 2 * n * t * d;  // one T x T x hd product per sample and head
-  const double scores = n * heads * t;
+  // Keys per query row the causal tiles compute (gqa_attention.h).
+  const double keys = CausalScoreEntries(t) / t;
+  const double attn_gemm = 2 * n * keys * d;  // one product over the computed scores
+  const double scores = n * heads * keys;
   const double biases = n * (3 * d + d + hid + d);
   EXPECT_DOUBLE_EQ(f.forward, weight_gemm + 2 * attn_gemm + biases + 14 * n * d + 8 * scores +
                                   10 * n * hid + 2 * n * d);
