@@ -228,8 +228,8 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   absl::StatusOr<v1::JobStatus> job = client_->CreateJob(job_spec);
   ASSERT_TRUE(job.ok()) << job.status();
 
-  // `workers` shows both, each serving the job at its rank (in registration order, which the
-  // two processes race for: the ranks are matched to the names ListWorkers gives).
+  // `workers` shows both, each serving the job at its rank of replica 0 (in registration order,
+  // which the two processes race for: the ranks are matched to the names ListWorkers gives).
   run = Pipetrain("workers");
   ASSERT_EQ(run.exit_code, 0) << ReadFile(dir_ + "/client.log");
   EXPECT_THAT(run.out, HasSubstr("WORKER"));
@@ -237,9 +237,10 @@ TEST_F(ServiceTest, JobsStatusAndCancelCommands) {
   ASSERT_TRUE(workers.ok()) << workers.status();
   ASSERT_EQ(workers->size(), 2u);
   for (const v1::WorkerInfo& w : *workers) {
-    EXPECT_THAT(run.out, ::testing::ContainsRegex(absl::StrCat("\n", w.name(),
-                                                               " +127\\.0\\.0\\.1:[0-9]+ .* ",
-                                                               job->job(), " +", w.rank(), "\n")));
+    EXPECT_THAT(run.out, ::testing::ContainsRegex(
+                             absl::StrCat("\n", w.name(), " +127\\.0\\.0\\.1:[0-9]+ .* ",
+                                          job->job(), " +", w.rank(), " +0\n")));
+    EXPECT_EQ(w.replica(), 0);
   }
   run = Pipetrain("workers --json");
   ASSERT_EQ(run.exit_code, 0);
