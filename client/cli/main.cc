@@ -630,8 +630,8 @@ absl::Status RunPlan(const CommandLine& line) {
 }
 
 // --plan auto: the best plan of `pipetrain plan` (for `local_workers` workers here, or 0: the
-// coordinator's idle workers; at most kAutoPlanMaxReplicas replicas) replaces the stages,
-// schedule, virtual stages, micro-batches and the layer costs the coordinator cuts by of `t`; says
+// coordinator's idle workers) replaces the stages, replicas, schedule, virtual stages,
+// micro-batches and the layer costs the coordinator cuts by of `t`; says
 // which on standard output (standard error with --json). No --plan: nothing.
 absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainCommandOptions* t) {
   const std::string mode = absl::GetFlag(FLAGS_plan);

@@ -26,10 +26,9 @@
 
 namespace pipetrain::cli {
 
-// The most replicas `--plan auto` may choose (`pipetrain plan` ranks plans of any replica count
-// the workers allow). 1 until the coordinator runs JobSpec.replicas (issue 29): then raise it to
-// the workers' count and have ApplyAutoPlan (client/cli/main.cc) pass the choice's replicas on.
-inline constexpr int kAutoPlanMaxReplicas = 1;
+// The most replicas `--plan auto` may choose: as many as `pipetrain plan` ranks (the workers'
+// count bounds them first; this only caps what a plan may ask of the coordinator).
+inline constexpr int kAutoPlanMaxReplicas = 4096;
 
 struct PlanCommandOptions {
   // --model, --data, --data-dir, --tokenizer, --batch, --seed, --threads, --optimizer, --isa.

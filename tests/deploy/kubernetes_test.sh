@@ -36,8 +36,8 @@ for dir in "$src"/deploy/kubernetes/overlays/*/; do
   # The client Job's pipeline (stages x replicas) must fit on the overlay's workers.
   workers=$(awk '/^kind: StatefulSet/{s=1} /^---/{s=0} s && /^  name: pipetrain-worker$/{w=1}
     s && w && /^  replicas:/{print $2; exit}' "$tmp/$name.yaml")
-  stages=$(grep -oE -- '--stages=[0-9]+' "$tmp/$name.yaml" | tail -1 | cut -d= -f2)
-  replicas=$(grep -oE -- '--replicas=[0-9]+' "$tmp/$name.yaml" | tail -1 | cut -d= -f2)
+  stages=$({ grep -oE -- '--stages=[0-9]+' "$tmp/$name.yaml" || true; } | tail -1 | cut -d= -f2)
+  replicas=$({ grep -oE -- '--replicas=[0-9]+' "$tmp/$name.yaml" || true; } | tail -1 | cut -d= -f2)
   if [[ -z $workers || -z $stages ]] || ((stages * ${replicas:-1} > workers)); then
     echo "kubernetes_test: FAIL: $name: a job of ${stages:-?} stages x ${replicas:-1} replicas on ${workers:-?} workers"
     exit 1

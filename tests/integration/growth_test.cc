@@ -1,7 +1,8 @@
 // A job that grows (docs/scaling.md, "Jobs that change shape"): `pipetrain train --stages 2
 // --max-stages 3` on 2 workers; a third worker registers mid-run, the job grows to 3 stages at its
 // next step boundary (one line of the client's output says so) and ends with every loss and layer
-// file bit for bit those of `pipetrain reference`. Real daemons on 127.0.0.1, started by the test
+// file bit for bit those of `pipetrain reference`; with `--max-replicas 2` two joining workers
+// become a second replica, bitwise the same. Real daemons on 127.0.0.1, started by the test
 // and signalled by their PIDs only.
 #include <fcntl.h>
 #include <signal.h>
@@ -46,10 +47,6 @@ class GrowthTest : public ::testing::Test {
       std::string rest;
       testing::DrainAndWait(train_, &rest, 10000);
     }
-    if (joiner_ > 0) {
-      kill(joiner_, SIGTERM);
-      waitpid(joiner_, nullptr, 0);
-    }
     EXPECT_EQ(daemons_.Stop(), "");
     if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
@@ -68,64 +65,94 @@ class GrowthTest : public ::testing::Test {
   std::string dir_;
   testing::Daemons daemons_;
   testing::PipedChild train_;
-  pid_t joiner_ = -1;
 };
 
-TEST_F(GrowthTest, AJobOnTwoWorkersGrowsToThreeWhenOneRegistersAndStaysBitwiseTheReference) {
-  const std::string flags = absl::StrCat(
-      " --model ", Example("mlp_digits.textproto"),
-      " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
-      "--steps ",
-      kSteps);
-  const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
-      PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
-  ASSERT_EQ(ref.exit_code, 0) << ref.out;
-
-  std::vector<std::string> argv = {
-      PIPETRAIN_BINARY, "train", "--coordinator", daemons_.address(), "--stages", "2",
-      "--max-stages",   "3",     "--save",        dir_ + "/pipe"};
-  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
-  const std::string err = dir_ + "/train.err";
-  train_ = testing::SpawnPiped(argv, err);
-  ASSERT_GT(train_.pid, 0);
-  // The smallest pipe: while the test does not read, the run blocks on its output a few dozen
-  // steps later, so it cannot end before the third worker has registered.
-  ASSERT_GT(fcntl(train_.out, F_SETPIPE_SZ, 4096), 0);
+// What a growing run gave: its output and the one change of shape it printed.
+struct GrowthRun {
   std::string out;
-  ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &out)) << out << ReadFile(err);
+  nlohmann::json change;
+};
 
-  joiner_ = testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator", daemons_.address(),
-                            "--listen", "127.0.0.1:0", "--name", "w2"},
-                           dir_ + "/worker-2.log");
-  ASSERT_GT(joiner_, 0);
-  ASSERT_TRUE(AwaitWorkers(3)) << ReadFile(dir_ + "/worker-2.log");
-  const int status = testing::DrainAndWait(train_, &out, 300000);
-  train_.pid = -1;
-  ASSERT_TRUE(WIFEXITED(status)) << out;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << out << ReadFile(err) << ReadFile(dir_ + "/coordinator.log");
+class GrowthRunTest : public GrowthTest {
+ protected:
+  // `pipetrain train` of the digits MLP with `shape_flags` on the 2 workers, `joiners` started
+  // once step 5 printed; the run must end with one change of shape and every loss and the final
+  // weights of `pipetrain reference`.
+  void RunAndCompare(const std::vector<std::string>& shape_flags,
+                     const std::vector<std::string>& joiners, GrowthRun* run) {
+    const std::string flags = absl::StrCat(
+        " --model ", Example("mlp_digits.textproto"),
+        " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
+        "--steps ",
+        kSteps);
+    const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
+        PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+    ASSERT_EQ(ref.exit_code, 0) << ref.out;
+    std::vector<std::string> argv = {PIPETRAIN_BINARY, "train",        "--coordinator",
+                                     daemons_.address(), "--save", dir_ + "/pipe"};
+    argv.insert(argv.end(), shape_flags.begin(), shape_flags.end());
+    for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
+    const std::string err = dir_ + "/train.err";
+    train_ = testing::SpawnPiped(argv, err);
+    ASSERT_GT(train_.pid, 0);
+    // The smallest pipe: while the test does not read, the run blocks on its output a few dozen
+    // steps later, so it cannot end before the joining workers have registered.
+    ASSERT_GT(fcntl(train_.out, F_SETPIPE_SZ, 4096), 0);
+    ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &run->out)) << run->out << ReadFile(err);
+    for (const std::string& name : joiners) {
+      const pid_t pid = testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator",
+                                        daemons_.address(), "--listen", "127.0.0.1:0", "--name",
+                                        name},
+                                       dir_ + "/" + name + ".log");
+      ASSERT_GT(pid, 0);
+      joiners_.push_back(pid);
+    }
+    ASSERT_TRUE(AwaitWorkers(2 + joiners.size())) << ReadFile(dir_ + "/coordinator.log");
+    const int status = testing::DrainAndWait(train_, &run->out, 300000);
+    train_.pid = -1;
+    ASSERT_TRUE(WIFEXITED(status)) << run->out;
+    ASSERT_EQ(WEXITSTATUS(status), 0)
+        << run->out << ReadFile(err) << ReadFile(dir_ + "/coordinator.log");
 
-  // One line for the change of shape, after the step it followed.
-  std::vector<nlohmann::json> changes;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (!absl::StartsWith(line, "{\"shape_change\"")) continue;
-    std::cout << line << "\n";  // its seconds, for docs/scaling.md.
-    changes.push_back(nlohmann::json::parse(line).at("shape_change"));
+    // One line for the change of shape, after the step it followed.
+    std::vector<nlohmann::json> changes;
+    for (absl::string_view line : absl::StrSplit(run->out, '\n')) {
+      if (!absl::StartsWith(line, "{\"shape_change\"")) continue;
+      std::cout << line << "\n";  // its seconds, for docs/scaling.md.
+      changes.push_back(nlohmann::json::parse(line).at("shape_change"));
+    }
+    ASSERT_EQ(changes.size(), 1u) << run->out;
+    run->change = changes[0];
+    EXPECT_EQ(run->change.at("failed"), "");
+    EXPECT_GE(run->change.at("step").get<int>(), 5);
+    EXPECT_LT(run->change.at("step").get<int>(), kSteps);
+
+    // Every loss and the final weights are the reference's.
+    const std::vector<std::string> want = StepLines(ref.out, /*pipeline=*/false);
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(StepLines(run->out, /*pipeline=*/true), want);
+    const testing::LayerFiles layers = testing::CompareLayerFiles(dir_ + "/ref", dir_ + "/pipe");
+    EXPECT_EQ(layers.compared, 3);  // the model's layers with weights.
+    EXPECT_THAT(layers.differ, ::testing::IsEmpty());
   }
-  ASSERT_EQ(changes.size(), 1u) << out;
-  EXPECT_EQ(changes[0].at("stages_before"), 2);
-  EXPECT_EQ(changes[0].at("stages"), 3);
-  EXPECT_EQ(changes[0].at("joined"), nlohmann::json::array({"w2"}));
-  EXPECT_EQ(changes[0].at("failed"), "");
-  EXPECT_GE(changes[0].at("step").get<int>(), 5);
-  EXPECT_LT(changes[0].at("step").get<int>(), kSteps);
 
-  // Every loss and the final weights are the reference's.
-  const std::vector<std::string> want = StepLines(ref.out, /*pipeline=*/false);
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  EXPECT_EQ(StepLines(out, /*pipeline=*/true), want);
-  const testing::LayerFiles layers = testing::CompareLayerFiles(dir_ + "/ref", dir_ + "/pipe");
-  EXPECT_EQ(layers.compared, 3);  // the model's layers with weights.
-  EXPECT_THAT(layers.differ, ::testing::IsEmpty());
+  void TearDown() override {
+    for (pid_t pid : joiners_) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+    GrowthTest::TearDown();
+  }
+
+  std::vector<pid_t> joiners_;
+};
+
+TEST_F(GrowthRunTest, AJobOnTwoWorkersGrowsToThreeWhenOneRegistersAndStaysBitwiseTheReference) {
+  GrowthRun run;
+  ASSERT_NO_FATAL_FAILURE(RunAndCompare({"--stages", "2", "--max-stages", "3"}, {"w2"}, &run));
+  EXPECT_EQ(run.change.at("stages_before"), 2);
+  EXPECT_EQ(run.change.at("stages"), 3);
+  EXPECT_EQ(run.change.at("joined"), nlohmann::json::array({"w2"}));
 
   absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -136,6 +163,25 @@ TEST_F(GrowthTest, AJobOnTwoWorkersGrowsToThreeWhenOneRegistersAndStaysBitwiseTh
   ASSERT_EQ(job.shape_changes_size(), 1);
   EXPECT_EQ(job.shape_changes(0).checkpoint(), absl::StrCat(dir_, "/growth/", job.job()));
   EXPECT_EQ(job.recoveries_size(), 0);
+}
+
+// With --max-replicas the job takes two joining workers as a second replica of its 2 stages (one
+// worker alone completes no pipeline, so it waits for both), bitwise the reference.
+TEST_F(GrowthRunTest, AJobOfTwoStagesGrowsASecondReplicaWhenTwoWorkersRegister) {
+  GrowthRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunAndCompare({"--stages", "2", "--max-replicas", "2"}, {"w2", "w3"}, &run));
+  EXPECT_EQ(run.change.at("stages_before"), 2);
+  EXPECT_EQ(run.change.at("stages"), 2);
+  EXPECT_EQ(run.change.at("replicas_before"), 1);
+  EXPECT_EQ(run.change.at("replicas"), 2);
+  EXPECT_EQ(run.change.at("workers").size(), 4u);
+
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].spec().replicas(), 2);
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DONE);
 }
 
 }  // namespace

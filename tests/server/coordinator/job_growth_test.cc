@@ -125,6 +125,38 @@ TEST_F(JobGrowthTest, GrowsNoFurtherThanMaxStages) {
   EXPECT_FALSE(r->has_shape_change());
 }
 
+// With max_replicas the job doubles its replicas before it adds stages (NextShape): 2 idle
+// workers complete a second pipeline of 2 stages, so it grows to 2 stages x 2 replicas on all four,
+// placed by speed (equal here: consecutive workers share a rank), and trains on in that shape.
+TEST_F(JobGrowthTest, GrowsReplicasFirstWhenMaxReplicasAllows) {
+  AddWorkers(2);
+  v1::JobSpec spec = GrowingSpec(3);
+  spec.set_max_replicas(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  AddWorkers(2);
+  absl::StatusOr<v1::StepResult> r = Step(MakeBatch(job->job(), 4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_shape_change());
+  const v1::ShapeChange& c = r->shape_change();
+  EXPECT_EQ(c.failed(), "");
+  EXPECT_EQ(c.stages_before(), 2);
+  EXPECT_EQ(c.stages(), 2);
+  EXPECT_EQ(c.replicas_before(), 1);
+  EXPECT_EQ(c.replicas(), 2);
+  EXPECT_THAT(c.joined(), ElementsAre("w2", "w3"));
+  EXPECT_THAT(c.workers(), ElementsAre("w0", "w2", "w1", "w3"));
+  for (const std::string name : {"w0", "w1", "w2", "w3"}) EXPECT_EQ(JobOf(name), job->job());
+  absl::StatusOr<v1::JobStatus> status = core_->GetJob(job->job());
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->spec().replicas(), 2);
+  EXPECT_EQ(status->spec().stages(), 2);
+  r = Step(MakeBatch(job->job(), 4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_shape_change());
+  EXPECT_EQ(r->microbatch_losses_size(), 2);
+}
+
 TEST_F(JobGrowthTest, DoesNotGrowWithoutMaxStages) {
   AddWorkers(2);
   absl::StatusOr<v1::JobStatus> job = CreateJob(MakeSpec(2, 2));
