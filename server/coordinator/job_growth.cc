@@ -54,6 +54,14 @@ std::vector<int> SilentRanks(const Job& job, const std::vector<std::string>* onl
   return silent;
 }
 
+// Moves the Train stream's claim of `job` to its current generation if it held `from` (a
+// stream that claimed another generation, or none, is left alone).
+void MoveClaim(Job& job, int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  if (job.train_owner != nullptr && job.train_generation == from) {
+    job.train_generation = job.generation;
+  }
+}
+
 }  // namespace
 
 std::optional<v1::ShapeChange> CoordinatorCore::MaybeGrow(const std::string& id) {
@@ -171,6 +179,10 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
   const JobShape after = ShapeOf(grown.spec);
   ApplyLayout(job, std::move(grown));
   StartGeneration(job, names);
+  // The Train stream's claim moves with the generation at once (nothing committed is lost, so it
+  // replays nothing): a batch that arrives while the ranks are assigned (the lock is released
+  // meanwhile) is the job's next step, not a stale one (CheckClaimCurrent).
+  MoveClaim(job, claimed);
   const absl::Status assigned = AssignRanks(job, secret);
   if (absl::IsDeadlineExceeded(assigned)) {
     // Joining workers that never answered hang: evicted (while still joining: the growth fails,
@@ -183,16 +195,14 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
   if (shutting_down_ || IsTerminal(job.state) || job.state == JobState::kRecovering) {
     return std::nullopt;
   }
-  if (job.train_owner != nullptr && job.train_generation == claimed) {
-    // Nothing committed is lost: the stream goes on without replaying (CheckClaimCurrent).
-    job.train_generation = job.generation;
-  }
   if (assigned.ok() && !job.recovery_restart) return Grown(job, before, start, checkpoint, joined);
   // Back to the layout before the growth, restored from the growth's checkpoint (the joining
   // workers are released).
   const std::vector<std::string> old_names = old.workers;
+  const int64_t grown_generation = job.generation;
   ApplyLayout(job, std::move(old));
   StartGeneration(job, old_names, "the job's growth failed; it keeps its shape");
+  MoveClaim(job, grown_generation);
   const absl::Status back = AssignRanks(job, fallback_secret);
   if (!back.ok() || job.recovery_restart) {
     if (job.spec.recover() && absl::IsDeadlineExceeded(back)) {
@@ -203,9 +213,6 @@ std::optional<v1::ShapeChange> CoordinatorCore::GrowInto(Job& job, Layout grown,
     }
     if (job.state != JobState::kRecovering) AssignFailed(job, back).IgnoreError();
     return std::nullopt;
-  }
-  if (job.train_owner != nullptr && job.train_generation == claimed) {
-    job.train_generation = job.generation;
   }
   job.state = JobState::kReady;
   return GrowthFailed(

@@ -114,6 +114,16 @@ void FakeWorker::DelayAssigns(absl::Duration delay) {
   assign_delay_ = delay;
 }
 
+void FakeWorker::GateAssigns() {
+  absl::MutexLock lock(&mu_);
+  assign_gate_ = std::make_shared<absl::Notification>();
+}
+
+void FakeWorker::OpenAssigns() {
+  absl::MutexLock lock(&mu_);
+  if (assign_gate_ != nullptr && !assign_gate_->HasBeenNotified()) assign_gate_->Notify();
+}
+
 void FakeWorker::SkewGradNorms(double by) {
   absl::MutexLock lock(&mu_);
   grad_norm_skew_ = by;
@@ -171,12 +181,15 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   if (command.has_assign()) {
     const v1::Assign& a = command.assign();
     absl::Duration delay;
+    std::shared_ptr<absl::Notification> gate;
     {
       absl::MutexLock lock(&mu_);
       assign_ = a;
       if (hold_assigns_) return std::nullopt;
       delay = assign_delay_;
+      gate = assign_gate_;
     }
+    if (gate != nullptr) gate->WaitForNotificationWithTimeout(absl::Seconds(30));
     absl::SleepFor(delay);  // the time a worker takes to build its stages.
     event.mutable_assigned()->set_job(a.job());
     event.mutable_assigned()->set_generation(a.generation());

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
@@ -56,6 +57,10 @@ class FakeWorker final : public WorkerChannel {
   void HoldAssigns();
   // Script: Assigns are answered `delay` after they arrive.
   void DelayAssigns(absl::Duration delay);
+  // Script: Assigns are answered only once OpenAssigns() was called (at most 30 s later), so that
+  // a test acts while the core waits for them.
+  void GateAssigns();
+  void OpenAssigns();
   // Script: the gradient norms it reports (when the job clips: layer + 1 for each of its layers)
   // are `by` higher, as a replica whose reduction went wrong would report.
   void SkewGradNorms(double by);
@@ -96,6 +101,7 @@ class FakeWorker final : public WorkerChannel {
   bool hold_runs_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_assigns_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration assign_delay_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<absl::Notification> assign_gate_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   double grad_norm_skew_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);

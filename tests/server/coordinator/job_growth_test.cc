@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -155,6 +156,40 @@ TEST_F(JobGrowthTest, GrowsReplicasFirstWhenMaxReplicasAllows) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->has_shape_change());
   EXPECT_EQ(r->microbatch_losses_size(), 2);
+}
+
+// A batch that arrives on the Train stream while the job grows (its ranks being assigned, the
+// core's lock released) is the job's next step: the stream's claim moved with the generation at
+// once, so the batch is not refused as a stale stream's (its client lost nothing to replay, and
+// `pipetrain train` would fail on such a refusal).
+TEST_F(JobGrowthTest, ABatchArrivingWhileTheJobGrowsIsItsNextStep) {
+  AddWorkers(2);
+  absl::StatusOr<v1::JobStatus> job = CreateJob(GrowingSpec(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int stream = 0;  // the Train stream's identity.
+  ASSERT_TRUE(core_->ClaimJob(job->job(), &stream).ok());
+  ASSERT_TRUE(ClientStep(MakeBatch(job->job(), 4)).ok());
+  AddWorkers(1);
+  workers_[2]->GateAssigns();
+  absl::StatusOr<v1::StepResult> grown = absl::UnknownError("not run");
+  std::thread growing([&] { grown = ClientStep(MakeBatch(job->job(), 4, 1)); });
+  ASSERT_TRUE(workers_[2]->WaitFor("assign"));  // the growth waits for w2's Assigned now.
+  absl::Notification third_done;
+  absl::StatusOr<v1::StepResult> third = absl::UnknownError("not run");
+  const absl::Status posted = core_->PostClientRequest(job->job(), [&] {
+    third = core_->TrainStep(MakeBatch(job->job(), 4, 2), [] { return false; });
+    third_done.Notify();
+  });
+  workers_[2]->OpenAssigns();
+  growing.join();
+  ASSERT_TRUE(posted.ok()) << posted;
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  ASSERT_TRUE(grown->has_shape_change());
+  EXPECT_EQ(grown->shape_change().stages(), 3);
+  ASSERT_TRUE(third_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->step(), 3);
+  core_->ReleaseJob(job->job(), &stream);
 }
 
 TEST_F(JobGrowthTest, DoesNotGrowWithoutMaxStages) {
