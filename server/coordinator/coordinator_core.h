@@ -431,11 +431,12 @@ class CoordinatorCore {
   // Job thread, at a step boundary (TrainStep, before the step is admitted): if job `id` may
   // grow (READY, its stream's claim current, max_stages or max_replicas above its shape, idle
   // workers of its instruction-set level registered and a layout of more stages or replicas that
-  // the schedule and the model accept: NextShape), takes a checkpoint into options().growth_dir (what a recovery restarts from
-  // from then on), re-partitions and re-assigns every rank with restore in a new generation.
-  // Returns the change of shape, or the failed growth (the job kept its shape and stays READY,
-  // unless a lost old worker made it recover or fail as it would have without the growth);
-  // nullopt when it did not try, or when the job left READY meanwhile (recovering, ended).
+  // the schedule and the model accept: NextShape), takes a checkpoint into options().growth_dir
+  // (what a recovery restarts from from then on), re-partitions and re-assigns every rank with
+  // restore in a new generation. Returns the change of shape, or the failed growth (the job kept
+  // its shape and stays READY, unless a lost old worker made it recover or fail as it would have
+  // without the growth); nullopt when it did not try, or when the job left READY meanwhile
+  // (recovering, ended).
   std::optional<v1::ShapeChange> MaybeGrow(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // The layout `job` grows to with the idle workers now, or nullopt (a refused layout is logged
   // and not tried again with the same idle workers).

@@ -26,8 +26,8 @@ std::optional<JobShape> NextShape(const v1::JobSpec& spec, int idle) {
   const int workers = now.positions() + idle;
   const absl::StatusOr<model::GradTree> tree = model::GradTree::Create(spec.microbatches());
   int replicas = now.replicas;
-  while (tree.ok() && replicas * 2 <= spec.max_replicas() &&
-         replicas * 2 * now.stages <= workers && tree->SupportsReplicas(replicas * 2)) {
+  while (tree.ok() && replicas * 2 <= spec.max_replicas() && replicas * 2 * now.stages <= workers &&
+         tree->SupportsReplicas(replicas * 2)) {
     replicas *= 2;
   }
   if (replicas > now.replicas) return JobShape{now.stages, replicas};

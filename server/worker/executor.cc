@@ -163,9 +163,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
             [](const OwnedChunk& a, const OwnedChunk& b) { return a.chunk < b.chunk; });
   PT_RETURN_IF_ERROR(CheckChunkLayers(*model, chunks, routes));
   if (options.two_copies && options.replicas > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "two copies of the stages (dualpipe) with ", options.replicas,
-        " data-parallel replicas: dualpipe runs with one replica"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("two copies of the stages (dualpipe) with ", options.replicas,
+                     " data-parallel replicas: dualpipe runs with one replica"));
   }
   std::unique_ptr<StepExecutor> executor(
       new StepExecutor(model, std::move(chunks), routes, mailbox, sender, options));

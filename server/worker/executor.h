@@ -377,7 +377,7 @@ class StepExecutor {
   std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
   // The reduction over the replicas (null with one replica); its thread calls sender_.
   std::unique_ptr<ReplicaReducer> reducer_;
-  ChunkRoutes routes_;               // one or two copies of the stages.
+  ChunkRoutes routes_;  // one or two copies of the stages.
 
   std::vector<OwnedChunk> chunks_;  // increasing chunk index.
   Phase phase_ = Phase::kIdle;

@@ -88,7 +88,7 @@ class GrowthRunTest : public GrowthTest {
     const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
         PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
     ASSERT_EQ(ref.exit_code, 0) << ref.out;
-    std::vector<std::string> argv = {PIPETRAIN_BINARY, "train",        "--coordinator",
+    std::vector<std::string> argv = {PIPETRAIN_BINARY,   "train",  "--coordinator",
                                      daemons_.address(), "--save", dir_ + "/pipe"};
     argv.insert(argv.end(), shape_flags.begin(), shape_flags.end());
     for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
@@ -98,12 +98,13 @@ class GrowthRunTest : public GrowthTest {
     // The smallest pipe: while the test does not read, the run blocks on its output a few dozen
     // steps later, so it cannot end before the joining workers have registered.
     ASSERT_GT(fcntl(train_.out, F_SETPIPE_SZ, 4096), 0);
-    ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &run->out)) << run->out << ReadFile(err);
+    ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &run->out))
+        << run->out << ReadFile(err);
     for (const std::string& name : joiners) {
-      const pid_t pid = testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator",
-                                        daemons_.address(), "--listen", "127.0.0.1:0", "--name",
-                                        name},
-                                       dir_ + "/" + name + ".log");
+      const pid_t pid =
+          testing::Spawn({PIPETRAIN_STAGE_WORKER_BINARY, "--coordinator", daemons_.address(),
+                          "--listen", "127.0.0.1:0", "--name", name},
+                         dir_ + "/" + name + ".log");
       ASSERT_GT(pid, 0);
       joiners_.push_back(pid);
     }

@@ -58,10 +58,10 @@ const std::map<std::string, std::vector<std::string>>& CommandFlags() {
       a.insert(a.end(), b.begin(), b.end());
       return a;
     };
-    const std::vector<std::string> pipeline = {
-        "--stages",     "--schedule",        "--virtual", "--trace",      "--trace-steps",
-        "--min-stages", "--replace-timeout", "--plan",    "--replicas",   "--max-stages",
-        "--max-replicas"};
+    const std::vector<std::string> pipeline = {"--stages",          "--schedule",    "--virtual",
+                                               "--trace",           "--trace-steps", "--min-stages",
+                                               "--replace-timeout", "--plan",        "--replicas",
+                                               "--max-stages",      "--max-replicas"};
     const std::vector<std::string> security = {"--tls-cert", "--tls-key", "--tls-ca",
                                                "--token-file"};
     return new std::map<std::string, std::vector<std::string>>{

@@ -102,11 +102,11 @@ TEST(JobShapeTest, ShapeTextNamesReplicasOnlyWhenThereAreSeveral) {
 TEST(JobShapeTest, GrowsReplicasFirstWhereTheTreeSupportsThem) {
   EXPECT_EQ(NextShape(Spec(2, 0, 1, 4, 8), 2), (JobShape{2, 2}));
   EXPECT_EQ(NextShape(Spec(2, 0, 1, 4, 8), 6), (JobShape{2, 4}));
-  EXPECT_EQ(NextShape(Spec(2, 0, 2, 4, 8), 3), std::nullopt);       // 4 replicas need 8 workers.
-  EXPECT_EQ(NextShape(Spec(2, 3, 2, 4, 8), 3), (JobShape{3, 2}));   // so a stage more instead.
-  EXPECT_EQ(NextShape(Spec(2, 4, 1, 4, 6), 6), (JobShape{2, 2}));   // M = 6: shares for R <= 2.
+  EXPECT_EQ(NextShape(Spec(2, 0, 2, 4, 8), 3), std::nullopt);      // 4 replicas need 8 workers.
+  EXPECT_EQ(NextShape(Spec(2, 3, 2, 4, 8), 3), (JobShape{3, 2}));  // so a stage more instead.
+  EXPECT_EQ(NextShape(Spec(2, 4, 1, 4, 6), 6), (JobShape{2, 2}));  // M = 6: shares for R <= 2.
   EXPECT_EQ(NextShape(Spec(2, 4, 2, 4, 6), 4), (JobShape{4, 2}));
-  EXPECT_EQ(NextShape(Spec(2, 4, 1, 1, 8), 2), (JobShape{4, 1}));   // max_replicas 1: stages.
+  EXPECT_EQ(NextShape(Spec(2, 4, 1, 1, 8), 2), (JobShape{4, 1}));  // max_replicas 1: stages.
 }
 
 }  // namespace
