@@ -436,23 +436,6 @@ absl::Status Stage::SetGradsFrom(absl::Span<const float> flat) {
   return absl::OkStatus();
 }
 
-math::Tensor Stage::FlatGrads() {
-  math::Tensor flat{{1, NumGradFloats()}, {}};
-  CopyGradsTo(&flat.data);
-  return flat;
-}
-
-absl::Status Stage::SetFlatGrads(const math::Tensor& flat) {
-  const int64_t n = NumGradFloats();
-  if (flat.shape != std::vector<int64_t>{1, n}) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradients of shape [", absl::StrJoin(flat.shape, ","), "] with ",
-                     flat.data.size(), " floats for the stage over layers [", first_, ", ", last_,
-                     "), which has ", n, " gradient elements ([1,", n, "])"));
-  }
-  return SetGradsFrom(flat.data);
-}
-
 void Stage::CombineTiedGrads() {
   const int64_t e = TiedLocalLayer(TieEnd::kEmbedding);
   const int64_t h = TiedLocalLayer(TieEnd::kHead);

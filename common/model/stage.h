@@ -153,9 +153,10 @@ class Stage {
   // BackwardWeight, before GradNormSqPerLayer and ApplyOptimizer.
   void CombineTiedGrads();
 
-  // Data-parallel replicas (server/worker/replica_reducer.h): the step's gradients as one flat
-  // vector -- every layer's parameters in order, each tensor's elements in order (a tied head's
-  // copy of the table included) -- to be reduced over the replicas and put back.
+  // The step's gradients as one flat vector -- every layer's parameters in order, each tensor's
+  // elements in order (a tied head's copy of the table included) -- to be reduced over the
+  // replicas (server/worker/replica_reducer.h) or summed with the other copy of the stage under
+  // bidirectional DualPipe (executor_copies.cc), and put back.
   // The floats of that vector.
   int64_t NumGradFloats() const;
   // Copies the gradients, as grads() reads them (deferred W added first), into *flat, resized to
@@ -165,11 +166,6 @@ class Stage {
   // anything reads them. INVALID_ARGUMENT (nothing changed) if `flat` does not hold
   // NumGradFloats() floats.
   absl::Status SetGradsFrom(absl::Span<const float> flat);
-  // The same vector as a [1, n] tensor, and back (n = NumGradFloats()): the form in which the two
-  // copies of a stage under bidirectional DualPipe swap their partial gradients
-  // (worker::SumWithPeer). SetFlatGrads: INVALID_ARGUMENT (nothing changed) for another shape.
-  math::Tensor FlatGrads();
-  absl::Status SetFlatGrads(const math::Tensor& flat);
 
   // Bytes the layers' parameter caches hold (math::ParamCache: the Linear weights packed for the
   // forward and input-gradient products, about twice their size once used).

@@ -40,9 +40,11 @@ absl::Status StepExecutor::ExchangeCopyGradients(int64_t step, ExchangeTransport
   for (int local : order) {
     model::Stage& stage = chunks_[local].stage;
     const int chunk = chunks_[local].chunk;
-    math::Tensor flat = stage.FlatGrads();
+    math::Tensor flat;
+    stage.CopyGradsTo(&flat.data);
     const int64_t n = static_cast<int64_t>(flat.data.size());
     if (n == 0) continue;  // a stage without parameters (the other copy skips it too).
+    flat.shape = {1, n};
     // The down copy added micro-batches [0, M/2), the lower node of the step's tree: first.
     absl::StatusOr<math::Tensor> sum = SumWithPeer(
         transport,
@@ -57,9 +59,8 @@ absl::Status StepExecutor::ExchangeCopyGradients(int64_t step, ExchangeTransport
                        chunk, ") with its copy ", routes_.OtherCopy(chunk), ": ",
                        sum.status().message()));
     }
-    sum->data.resize(static_cast<size_t>(n));
-    sum->shape = {1, n};
-    PT_RETURN_IF_ERROR(stage.SetFlatGrads(*sum));
+    sum->data.resize(static_cast<size_t>(n));  // the padding dropped.
+    PT_RETURN_IF_ERROR(stage.SetGradsFrom(sum->data));
   }
   return absl::OkStatus();
 }

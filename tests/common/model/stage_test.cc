@@ -189,34 +189,6 @@ TEST(StageTest, FlatGradientsRoundTripInLayerAndParameterOrder) {
   EXPECT_EQ(stage->GradNormSqPerLayer(), norms);
 }
 
-// FlatGrads is every gradient in layer, parameter and element order as one [1, n] row, and
-// SetFlatGrads puts such a row back (the two copies of a stage under dualpipe swap it), refusing
-// any other shape without changing anything.
-TEST(StageTest, FlatGradsRoundTripInLayerParameterElementOrder) {
-  auto model = BuildOrDie(kGptSpec);
-  ASSERT_NE(model, nullptr);
-  auto stage = Stage::Create(model.get(), 0, model->num_layers(), 3, math::OptimizerConfig{});
-  ASSERT_TRUE(stage.ok()) << stage.status();
-  RunStep(*model, &*stage, 1);
-  math::Tensor flat = stage->FlatGrads();
-  std::vector<float> want;
-  for (int64_t l = 0; l < model->num_layers(); ++l) {
-    for (const math::Tensor& g : stage->grads(l))
-      want.insert(want.end(), g.data.begin(), g.data.end());
-  }
-  ASSERT_EQ(flat.shape, (std::vector<int64_t>{1, static_cast<int64_t>(want.size())}));
-  EXPECT_EQ(flat.data, want);
-  for (float& v : flat.data) v = 2 * v + 1;
-  ASSERT_TRUE(stage->SetFlatGrads(flat).ok());
-  EXPECT_EQ(stage->FlatGrads().data, flat.data);
-  math::Tensor short_row{{1, static_cast<int64_t>(want.size()) - 1}, {}};
-  short_row.data.assign(want.size() - 1, 0.0f);
-  const absl::Status refused = stage->SetFlatGrads(short_row);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(refused.message(), ::testing::HasSubstr("gradient elements"));
-  EXPECT_EQ(stage->FlatGrads().data, flat.data);
-}
-
 // ApplyOptimizer leaves every gradient zero (the worker's next RunStep relies on it instead of
 // clearing them again), and ZeroGrads still clears gradients that a discarded step left (as an
 // aborted step does): both stages end bitwise equal, for an optimizer with state (AdamW) and one
