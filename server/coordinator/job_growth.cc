@@ -228,8 +228,8 @@ v1::ShapeChange CoordinatorCore::Grown(Job& job, const JobShape& before, absl::T
   v1::ShapeChange change = ShapeChangeOf(job, before, start, checkpoint);
   for (const std::string& name : joined) change.add_joined(name);
   job.shape_changes.push_back(change);
-  Log(absl::StrCat("job ", job.id, ": grew from ", ShapeText(before), " to ",
-                   ShapeText(ShapeOf(job.spec)), " after step ", job.steps_done, " (",
+  Log(absl::StrCat("job ", job.id, ": grew from ", before.ToString(), " to ",
+                   ShapeOf(job.spec).ToString(), " after step ", job.steps_done, " (",
                    absl::StrJoin(joined, ", "), " joined) in ", change.seconds(), " s; generation ",
                    job.generation, " on ", absl::StrJoin(job.workers, ", ")));
   v1::JobEvent event;
@@ -251,7 +251,7 @@ v1::ShapeChange CoordinatorCore::GrowthFailed(Job& job, absl::Time start,
     job.growth_refused.push_back(w->info.name());
   }
   Log(absl::StrCat("job ", job.id, ": did not grow after step ", job.steps_done, " (", why,
-                   "); it stays at ", ShapeText(shape), " and trains on"),
+                   "); it stays at ", shape.ToString(), " and trains on"),
       logging::LogLevel::kWarning);
   v1::JobEvent event;
   *event.mutable_shape_changed() = change;

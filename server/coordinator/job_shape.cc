@@ -18,8 +18,6 @@ JobShape ShapeOf(const v1::JobSpec& spec) {
   return JobShape{std::max(spec.stages(), 1), std::max(spec.replicas(), 1)};
 }
 
-std::string ShapeText(const JobShape& shape) { return shape.ToString(); }
-
 std::optional<JobShape> NextShape(const v1::JobSpec& spec, int idle) {
   const JobShape now = ShapeOf(spec);
   if (idle <= 0) return std::nullopt;

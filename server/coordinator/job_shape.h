@@ -36,9 +36,6 @@ struct JobShape {
 // The shape a checked spec asks for (stages; replicas, 0 meaning 1).
 JobShape ShapeOf(const v1::JobSpec& spec);
 
-// shape.ToString().
-std::string ShapeText(const JobShape& shape);
-
 // The shape job `spec` grows to with `idle` more workers (idle >= 0), or nullopt when it cannot
 // grow. More replicas first, where spec.max_replicas allows: the largest power of two R' <=
 // max_replicas whose R' x S workers the idle ones complete and whose shares the step's gradient

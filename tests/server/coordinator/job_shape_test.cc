@@ -90,10 +90,10 @@ TEST(JobShapeTest, AStageMoreTakesOneWorkerPerReplica) {
   EXPECT_EQ(NextShape(Spec(2, 4, 2), 4), (JobShape{4, 2}));
 }
 
-TEST(JobShapeTest, ShapeTextNamesReplicasOnlyWhenThereAreSeveral) {
-  EXPECT_EQ(ShapeText(JobShape{3, 1}), "3 stages");
-  EXPECT_EQ(ShapeText(JobShape{1, 1}), "1 stage");
-  EXPECT_EQ(ShapeText(JobShape{3, 2}), "3 stages x 2 replicas");
+TEST(JobShapeTest, ToStringNamesReplicasOnlyWhenThereAreSeveral) {
+  EXPECT_EQ((JobShape{3, 1}).ToString(), "3 stages");
+  EXPECT_EQ((JobShape{1, 1}).ToString(), "1 stage");
+  EXPECT_EQ((JobShape{3, 2}).ToString(), "3 stages x 2 replicas");
   EXPECT_EQ(ShapeOf(Spec(2, 0, 0)).positions(), 2);
 }
 
