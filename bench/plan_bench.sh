@@ -64,13 +64,13 @@ for l in open(sys.argv[1]):
     >"$out/default.json" 2>/dev/null
   share=$(python3 -c "print('%.3f' % (($share_before + $(cpu_share)) / 2))")
   auto_line=$(grep -m1 '^plan auto:' "$out/auto.err")
-  auto_plan=$(sed -E 's/^plan auto: 1 replica x ([0-9]+) stages? x ([0-9]+) virtual, ([a-z0-9-]+), ([0-9]+) micro-batches.*/S=\1 V=\2 \3 M=\4/' <<<"$auto_line")
+  auto_plan=$(sed -E 's/^plan auto: ([0-9]+) replicas? x ([0-9]+) stages? x ([0-9]+) virtual, ([a-z0-9-]+), ([0-9]+) micro-batches.*/R=\1 S=\2 V=\3 \4 M=\5/' <<<"$auto_line")
   auto_pred=$(grep -o 'predicted [0-9.]*' <<<"$auto_line" | cut -d' ' -f2)
   auto_meas=$(measured "$out/auto.json")
   default_meas=$(measured "$out/default.json")
   for run in auto default; do
     if [[ $run == auto ]]; then plan=$auto_plan pred=$auto_pred meas=$auto_meas
-    else plan="S=2 V=1 1f1b M=1" pred=$default_pred meas=$default_meas; fi
+    else plan="R=1 S=2 V=1 1f1b M=1" pred=$default_pred meas=$default_meas; fi
     printf "%-9s %-8s %-32s %9s %9s %6s %9s %9s\n" "$model" "$run" "$plan" "$pred" "$meas" \
       "$share" "$(python3 -c "print('%.1f' % ($meas / $share))")" \
       "$(python3 -c "print('%.3f' % ($meas / $share / $pred))")"

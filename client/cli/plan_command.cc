@@ -115,7 +115,8 @@ absl::StatusOr<std::map<int, plan::ModelCosts>> CostsByMicrobatches(
   return by_m;
 }
 
-// Times chunks on this machine (plan::MeasureChunkSeconds), each (first, last, M) once.
+// Times each worker's chunks on this machine (plan::MeasureWorkerChunkSeconds), each set of
+// chunks and M once.
 class ChunkTimings {
  public:
   ChunkTimings(const model::Model* net, const math::OptimizerConfig& optimizer,
@@ -125,13 +126,14 @@ class ChunkTimings {
     measure_.seed = training.seed;
   }
 
-  absl::StatusOr<plan::ChunkSeconds> operator()(int first, int last, int microbatches) {
-    const auto key = std::make_tuple(first, last, microbatches);
+  absl::StatusOr<std::vector<plan::ChunkSeconds>> operator()(
+      const std::vector<plan::LayerRange>& chunks, int microbatches) {
+    auto key = std::make_pair(chunks, microbatches);
     if (auto it = seconds_.find(key); it != seconds_.end()) return it->second;
-    PT_ASSIGN_OR_RETURN(
-        plan::ChunkSeconds s,
-        plan::MeasureChunkSeconds(*net_, first, last, batch_ / microbatches, optimizer_, measure_));
-    seconds_[key] = s;
+    PT_ASSIGN_OR_RETURN(std::vector<plan::ChunkSeconds> s,
+                        plan::MeasureWorkerChunkSeconds(*net_, chunks, batch_ / microbatches,
+                                                        optimizer_, measure_));
+    seconds_.emplace(std::move(key), s);
     return s;
   }
 
@@ -140,7 +142,7 @@ class ChunkTimings {
   math::OptimizerConfig optimizer_;
   int64_t batch_;
   plan::MeasureOptions measure_;
-  std::map<std::tuple<int, int, int>, plan::ChunkSeconds> seconds_;
+  std::map<std::pair<std::vector<plan::LayerRange>, int>, std::vector<plan::ChunkSeconds>> seconds_;
 };
 
 // Confines the calling thread to the first `threads` CPUs it may use while it lives, as `pipetrain
@@ -209,7 +211,9 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   po.workers = result.workers;
   po.link = {o.link_latency_seconds, o.link_bytes_per_second, o.message_cpu_seconds};
   po.step_overhead_seconds = o.step_overhead_seconds;
-  po.chunk_timer = [&timings](int first, int last, int m) { return timings(first, last, m); };
+  po.chunk_timer = [&timings](const std::vector<plan::LayerRange>& chunks, int m) {
+    return timings(chunks, m);
+  };
   po.threads = o.training.threads;
   po.max_replicas = static_cast<int>(result.workers.size());
   po.partition_by_layer_costs = o.partition_by_layer_costs;

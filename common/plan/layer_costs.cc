@@ -61,19 +61,22 @@ math::Matrix TimingInput(int64_t rows, int64_t cols, float scale, int64_t vocab)
 
 absl::Status CheckMeasureOptions(const MeasureOptions& options) {
   if (options.repeats < 1 || options.repeats > 1000 || options.threads < 1 ||
-      options.threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("measuring needs repeats in [1, 1000] and threads in [1, 1024], got ",
-                     options.repeats, " and ", options.threads));
+      options.threads > 1024 || !(options.min_seconds >= 0 && options.min_seconds <= 60)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "measuring needs repeats in [1, 1000], threads in [1, 1024] and min_seconds in [0, 60], "
+        "got ",
+        options.repeats, ", ", options.threads, " and ", options.min_seconds));
   }
   return absl::OkStatus();
 }
 
-// The median of the repeats (their CPU seconds: a first touch or a cache flushed by another
-// process is an outlier, not the rule).
-double Median(std::vector<double> v) {
+// The lower quartile of the repeats (their CPU seconds): what an op costs when the core and its
+// caches are the worker's. A first touch, or caches flushed by another process of a shared host
+// (under 3 busy processes per CPU an op's median moved by 2x from one measurement to the next),
+// is an outlier, not the rule.
+double LowerQuartile(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return v[v.size() / 4];
 }
 
 // The CPU seconds this process has used: what an op costs a core, without the time other
@@ -86,43 +89,96 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Times layer `l` alone (see MeasureLayerCosts) and fills the seconds of `cost`.
-absl::Status TimeLayer(const model::Model& model, int64_t l, int64_t rows,
-                       const math::OptimizerConfig& optimizer, const MeasureOptions& options,
-                       LayerCost* cost) {
-  PT_ASSIGN_OR_RETURN(model::Stage stage,
-                      model::Stage::Create(&model, l, l + 1, options.seed, optimizer));
-  stage.set_weight_grad_defer_bytes(0);
-  const math::Layer& layer = model.layer(l);
-  const math::Matrix x = TimingInput(rows, layer.in_features(), 1.0f, EmbeddingVocab(layer));
-  const math::Matrix dy = TimingInput(rows, layer.out_features(), 1e-3f, 0);
-  std::vector<double> f, i, w, opt;
-  for (int r = 0; r <= options.repeats; ++r) {
-    model::MicrobatchState mb;
-    double t0 = ProcessCpuSeconds();
-    stage.Forward(math::AsConstMap(x), &mb);
-    const double tf = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.BackwardInput(math::AsConstMap(dy), l > 0, &mb);
-    const double ti = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.BackwardWeight(&mb);
-    const double tw = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.ApplyOptimizer(r + 1, 1.0f);
-    const double to = (ProcessCpuSeconds() - t0) / options.threads;
-    if (r == 0) continue;  // warm-up: first touches, parameter caches.
-    f.push_back(tf);
-    i.push_back(ti);
-    w.push_back(tw);
-    opt.push_back(to);
+absl::Status CheckWorkerChunks(const model::Model& model, const std::vector<LayerRange>& chunks) {
+  if (chunks.empty()) return absl::InvalidArgumentError("a worker to time holds no chunk");
+  int64_t previous_last = 0;
+  for (const LayerRange& c : chunks) {
+    if (c.first < previous_last || c.first >= c.last || c.last > model.num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk [", c.first, ", ", c.last, ") is not a layer range of a model of ",
+                       model.num_layers(), " layers after the worker's previous chunk (ending at ",
+                       previous_last, ")"));
+    }
+    previous_last = c.last;
   }
-  cost->forward = Median(std::move(f));
-  cost->backward_input = Median(std::move(i));
-  cost->backward_weight = Median(std::move(w));
-  cost->optimizer = Median(std::move(opt));
   return absl::OkStatus();
 }
+
+// One chunk of a worker being timed: its stage and the micro-batch it runs; each op returns its
+// CPU seconds / threads.
+// Most repeats a measurement takes to reach MeasureOptions::min_seconds.
+constexpr int kMaxRepeats = 1000;
+
+class ChunkRig {
+ public:
+  static absl::StatusOr<ChunkRig> Create(const model::Model& model, const LayerRange& range,
+                                         int64_t samples, const math::OptimizerConfig& optimizer,
+                                         const MeasureOptions& options) {
+    PT_ASSIGN_OR_RETURN(model::Stage stage, model::Stage::Create(&model, range.first, range.last,
+                                                                 options.seed, optimizer));
+    stage.set_weight_grad_defer_bytes(0);
+    const int64_t rows = samples * model.tokens_per_sample();
+    const math::Layer& in = model.layer(range.first);
+    const math::Layer& out = model.layer(range.last - 1);
+    ChunkRig rig(std::move(stage), &model, range.first > 0, range.last == model.num_layers());
+    rig.x_ = TimingInput(rows, in.in_features(), 1.0f, EmbeddingVocab(in));
+    rig.dy_ = TimingInput(rows, out.out_features(), 1e-3f, 0);
+    // Class 0 for every row (a valid target of both losses).
+    if (rig.loss_) rig.targets_ = math::Matrix::Zero(rows, model.target_features());
+    rig.dpred_.resize(rows, out.out_features());
+    return rig;
+  }
+
+  double Forward(model::MicrobatchState* mb, const MeasureOptions& o) {
+    const double t0 = ProcessCpuSeconds();
+    const math::Matrix& pred = stage_.Forward(math::AsConstMap(x_), mb);
+    if (loss_) {
+      model_->loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets_),
+                                 1.0 / static_cast<double>(x_.rows()), math::AsMap(dpred_));
+    }
+    return (ProcessCpuSeconds() - t0) / o.threads;
+  }
+  double BackwardInput(model::MicrobatchState* mb, const MeasureOptions& o) {
+    const double t0 = ProcessCpuSeconds();
+    stage_.BackwardInput(math::AsConstMap(loss_ ? dpred_ : dy_), needs_dx_, mb);
+    return (ProcessCpuSeconds() - t0) / o.threads;
+  }
+  double BackwardWeight(model::MicrobatchState* mb, const MeasureOptions& o) {
+    const double t0 = ProcessCpuSeconds();
+    stage_.BackwardWeight(mb);
+    return (ProcessCpuSeconds() - t0) / o.threads;
+  }
+  double Update(int step, const MeasureOptions& o) {
+    const double t0 = ProcessCpuSeconds();
+    stage_.ApplyOptimizer(step, 1.0f);
+    return (ProcessCpuSeconds() - t0) / o.threads;
+  }
+
+ private:
+  ChunkRig(model::Stage stage, const model::Model* model, bool needs_dx, bool loss)
+      : stage_(std::move(stage)), model_(model), needs_dx_(needs_dx), loss_(loss) {}
+
+  model::Stage stage_;
+  const model::Model* model_;
+  bool needs_dx_;
+  bool loss_;
+  math::Matrix x_, dy_, targets_, dpred_;
+};
+
+// One chunk's figures over the repeats.
+struct ChunkSamples {
+  std::vector<double> f, i, w, opt;
+  void Add(const ChunkSeconds& s) {
+    f.push_back(s.forward);
+    i.push_back(s.backward_input);
+    w.push_back(s.backward_weight);
+    opt.push_back(s.optimizer);
+  }
+  ChunkSeconds LowerQuartiles() {
+    return {LowerQuartile(std::move(f)), LowerQuartile(std::move(i)), LowerQuartile(std::move(w)),
+            LowerQuartile(std::move(opt))};
+  }
+};
 
 }  // namespace
 
@@ -165,62 +221,61 @@ absl::StatusOr<ModelCosts> MeasureLayerCosts(const model::Model& model, int64_t 
   const double factor = StateBytesPerParamByte(optimizer);
   for (int64_t l = 0; l < model.num_layers(); ++l) {
     LayerCost cost = LayerBytes(model, l, rows, params, factor);
-    PT_RETURN_IF_ERROR(TimeLayer(model, l, rows, optimizer, options, &cost));
+    PT_ASSIGN_OR_RETURN(
+        std::vector<ChunkSeconds> s,
+        MeasureWorkerChunkSeconds(model, {{l, l + 1}}, samples, optimizer, options));
+    cost.forward = s[0].forward;
+    cost.backward_input = s[0].backward_input;
+    cost.backward_weight = s[0].backward_weight;
+    cost.optimizer = s[0].optimizer;
     costs.layers.push_back(cost);
   }
   return costs;
+}
+
+absl::StatusOr<std::vector<ChunkSeconds>> MeasureWorkerChunkSeconds(
+    const model::Model& model, const std::vector<LayerRange>& chunks, int64_t samples,
+    const math::OptimizerConfig& optimizer, const MeasureOptions& options) {
+  PT_RETURN_IF_ERROR(CheckCostArguments(samples, 1));
+  PT_RETURN_IF_ERROR(CheckMeasureOptions(options));
+  PT_RETURN_IF_ERROR(CheckWorkerChunks(model, chunks));
+  model.kernels().ConfigureEigen(options.threads);
+  std::vector<ChunkRig> rigs;
+  rigs.reserve(chunks.size());
+  for (const LayerRange& range : chunks) {
+    PT_ASSIGN_OR_RETURN(ChunkRig rig, ChunkRig::Create(model, range, samples, optimizer, options));
+    rigs.push_back(std::move(rig));
+  }
+  std::vector<ChunkSamples> times(chunks.size());
+  double timed = 0;  // CPU seconds of the timed repeats.
+  for (int r = 0; r <= options.repeats || (timed < options.min_seconds && r <= kMaxRepeats); ++r) {
+    std::vector<model::MicrobatchState> mbs(rigs.size());
+    std::vector<ChunkSeconds> s(rigs.size());
+    for (size_t k = 0; k < rigs.size(); ++k) s[k].forward = rigs[k].Forward(&mbs[k], options);
+    for (size_t k = rigs.size(); k-- > 0;) {
+      s[k].backward_input = rigs[k].BackwardInput(&mbs[k], options);
+      s[k].backward_weight = rigs[k].BackwardWeight(&mbs[k], options);
+    }
+    for (size_t k = 0; k < rigs.size(); ++k) s[k].optimizer = rigs[k].Update(r + 1, options);
+    if (r == 0) continue;  // warm-up: first touches, parameter caches.
+    for (size_t k = 0; k < rigs.size(); ++k) {
+      times[k].Add(s[k]);
+      timed += s[k].forward + s[k].backward_input + s[k].backward_weight + s[k].optimizer;
+    }
+  }
+  std::vector<ChunkSeconds> out;
+  for (ChunkSamples& t : times) out.push_back(t.LowerQuartiles());
+  return out;
 }
 
 absl::StatusOr<ChunkSeconds> MeasureChunkSeconds(const model::Model& model, int64_t first,
                                                  int64_t last, int64_t samples,
                                                  const math::OptimizerConfig& optimizer,
                                                  const MeasureOptions& options) {
-  PT_RETURN_IF_ERROR(CheckCostArguments(samples, 1));
-  PT_RETURN_IF_ERROR(CheckMeasureOptions(options));
-  if (first < 0 || first >= last || last > model.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk [", first, ", ", last,
-                                                   ") is not a layer range of a model of ",
-                                                   model.num_layers(), " layers"));
-  }
-  model.kernels().ConfigureEigen(options.threads);
-  PT_ASSIGN_OR_RETURN(model::Stage stage,
-                      model::Stage::Create(&model, first, last, options.seed, optimizer));
-  stage.set_weight_grad_defer_bytes(0);
-  const int64_t rows = samples * model.tokens_per_sample();
-  const math::Matrix x =
-      TimingInput(rows, model.layer(first).in_features(), 1.0f, EmbeddingVocab(model.layer(first)));
-  const math::Matrix dy = TimingInput(rows, model.layer(last - 1).out_features(), 1e-3f, 0);
-  const bool loss = last == model.num_layers();
-  // Class 0 for every row (a valid target of both losses).
-  const math::Matrix targets = math::Matrix::Zero(rows, model.target_features());
-  math::Matrix dpred(rows, model.layer(last - 1).out_features());
-  std::vector<double> f, i, w, opt;
-  for (int r = 0; r <= options.repeats; ++r) {
-    model::MicrobatchState mb;
-    double t0 = ProcessCpuSeconds();
-    const math::Matrix& pred = stage.Forward(math::AsConstMap(x), &mb);
-    if (loss) {
-      model.loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets), 1.0 / rows,
-                               math::AsMap(dpred));
-    }
-    const double tf = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.BackwardInput(math::AsConstMap(loss ? dpred : dy), first > 0, &mb);
-    const double ti = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.BackwardWeight(&mb);
-    const double tw = (ProcessCpuSeconds() - t0) / options.threads;
-    t0 = ProcessCpuSeconds();
-    stage.ApplyOptimizer(r + 1, 1.0f);
-    const double to = (ProcessCpuSeconds() - t0) / options.threads;
-    if (r == 0) continue;
-    f.push_back(tf);
-    i.push_back(ti);
-    w.push_back(tw);
-    opt.push_back(to);
-  }
-  return ChunkSeconds{Median(std::move(f)), Median(std::move(i)), Median(std::move(w)),
-                      Median(std::move(opt))};
+  PT_ASSIGN_OR_RETURN(
+      std::vector<ChunkSeconds> s,
+      MeasureWorkerChunkSeconds(model, {LayerRange{first, last}}, samples, optimizer, options));
+  return s[0];
 }
 
 }  // namespace pipetrain::plan

@@ -75,15 +75,29 @@ MessageCounts CountMessages(const schedule::Placement& placement, int c) {
   return n;
 }
 
-// Chunk c's seconds at costs.gflops: from options.chunk_timer, else its layers' sums.
+// Chunk c's seconds at costs.gflops: from options.chunk_timer (given the chunks c's owner holds),
+// else its layers' sums.
 absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
                                        const ModelCosts& costs, const PlannerOptions& options,
                                        int microbatches) {
-  const int first = cut.boundaries[c];
-  const int last = cut.boundaries[c + 1];
-  if (options.chunk_timer) return options.chunk_timer(first, last, microbatches);
+  if (options.chunk_timer) {
+    const schedule::Placement& placement = cut.placement;
+    std::vector<LayerRange> held;
+    size_t index = 0;
+    for (int k = 0; k < placement.num_chunks(); ++k) {
+      if (placement.OwnerOf(k) != placement.OwnerOf(c)) continue;
+      if (k == c) index = held.size();
+      held.push_back({cut.boundaries[k], cut.boundaries[k + 1]});
+    }
+    PT_ASSIGN_OR_RETURN(std::vector<ChunkSeconds> seconds, options.chunk_timer(held, microbatches));
+    if (seconds.size() != held.size()) {
+      return absl::InternalError(absl::StrCat("the chunk timer gave ", seconds.size(),
+                                              " figures for ", held.size(), " chunks"));
+    }
+    return seconds[index];
+  }
   ChunkSeconds sum;
-  for (int l = first; l < last; ++l) {
+  for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
     sum.forward += costs.layers[l].forward;
     sum.backward_input += costs.layers[l].backward_input;
     sum.backward_weight += costs.layers[l].backward_weight;

@@ -40,10 +40,11 @@ struct LinkCosts {
   double cpu_seconds_per_message = 0;
 };
 
-// The seconds of one micro-batch on the chunk of layers [first, last) when a step has
-// `microbatches` of them, at the speed ModelCosts::gflops (e.g. MeasureChunkSeconds, memoized).
-using ChunkTimer =
-    std::function<absl::StatusOr<ChunkSeconds>(int first, int last, int microbatches)>;
+// The seconds of one micro-batch on each of one worker's chunks (their layer ranges, in chunk
+// order) when a step has `microbatches` of them, at the speed ModelCosts::gflops, [k] for
+// chunks[k]: timed together, as the worker runs them (e.g. MeasureWorkerChunkSeconds, memoized).
+using ChunkTimer = std::function<absl::StatusOr<std::vector<ChunkSeconds>>(
+    const std::vector<LayerRange>& chunks, int microbatches)>;
 
 struct PlannerOptions {
   int64_t batch = 0;                     // B, samples per step, >= 1.
@@ -53,7 +54,7 @@ struct PlannerOptions {
   std::vector<schedule::ScheduleKind> kinds;
   int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
   LinkCosts link;
-  // Set: each chunk's seconds come from it (layers timed together, as a worker runs them);
+  // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them);
   // unset: the sums of the layers' seconds in the ModelCosts.
   ChunkTimer chunk_timer;
   // > 0: the workers share one host of this many CPUs (`pipetrain local`): a plan of S stages

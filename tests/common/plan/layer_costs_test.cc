@@ -86,6 +86,29 @@ TEST(LayerCostsTest, ChunkSecondsHaveEveryFigureAndCheckTheRange) {
   }
 }
 
+// A worker's chunks timed together: one figure per chunk, each of every op; ranges must be
+// ascending and disjoint.
+TEST(LayerCostsTest, WorkerChunkSecondsHaveAFigurePerChunk) {
+  std::unique_ptr<model::Model> m = SmallModel();
+  const math::OptimizerConfig adamw;
+  MeasureOptions options;
+  options.repeats = 3;
+  absl::StatusOr<std::vector<ChunkSeconds>> s =
+      MeasureWorkerChunkSeconds(*m, {{0, 1}, {2, 3}}, 2, adamw, options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->size(), 2u);
+  for (const ChunkSeconds& c : *s) {
+    for (double t : {c.forward, c.backward_input, c.backward_weight, c.optimizer}) {
+      EXPECT_TRUE(std::isfinite(t) && t >= 0);
+    }
+  }
+  for (const std::vector<LayerRange>& bad : std::vector<std::vector<LayerRange>>{
+           {}, {{1, 2}, {0, 1}}, {{0, 2}, {1, 3}}, {{0, 1}, {1, 4}}}) {
+    absl::Status st = MeasureWorkerChunkSeconds(*m, bad, 2, adamw, options).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad.size();
+  }
+}
+
 TEST(LayerCostsTest, RefusesArgumentsOutOfRange) {
   std::unique_ptr<model::Model> m = SmallModel();
   const math::OptimizerConfig adamw;

@@ -71,23 +71,56 @@ TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
 TEST(PlannerTest, ChunkTimerGivesTheChunksSeconds) {
   const std::vector<double> flops(4, 1.0);
   PlannerOptions o = Options(2, 2);
-  std::vector<std::tuple<int, int, int>> calls;
-  o.chunk_timer = [&calls](int first, int last, int m) -> absl::StatusOr<ChunkSeconds> {
-    calls.emplace_back(first, last, m);
-    return ChunkSeconds{1, 1, 1, 0.5};
+  std::vector<std::pair<std::vector<LayerRange>, int>> calls;
+  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks,
+                           int m) -> absl::StatusOr<std::vector<ChunkSeconds>> {
+    calls.emplace_back(chunks, m);
+    return std::vector<ChunkSeconds>(chunks.size(), ChunkSeconds{1, 1, 1, 0.5});
   };
   absl::StatusOr<PlanChoice> p =
       EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(calls, (std::vector<std::tuple<int, int, int>>{{0, 2, 2}, {2, 4, 2}}));
+  using Call = std::pair<std::vector<LayerRange>, int>;
+  EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 2}, {{{2, 4}}, 2}}));
   // The update (0.5 s) first, then GPipe with F 1, B 2 over 2 stages and 2 micro-batches: 9 s.
   EXPECT_DOUBLE_EQ(p->step_seconds, 9.5);
-  o.chunk_timer = [](int, int, int) -> absl::StatusOr<ChunkSeconds> {
+  o.chunk_timer = [](const std::vector<LayerRange>&,
+                     int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
     return absl::ResourceExhaustedError("chunk too large");
   };
   EXPECT_EQ(
       EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2).status().code(),
       absl::StatusCode::kResourceExhausted);
+  o.chunk_timer = [](const std::vector<LayerRange>&,
+                     int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
+    return std::vector<ChunkSeconds>{};
+  };
+  EXPECT_EQ(
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2).status().code(),
+      absl::StatusCode::kInternal);
+}
+
+// The timer gets every chunk a worker holds, together, and each chunk takes its own figure: an
+// interleaved plan of 2 stages x 2 virtual puts chunks 0 and 2 on rank 0, 1 and 3 on rank 1.
+TEST(PlannerTest, ChunkTimerTimesAWorkersChunksTogether) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(2, 2);
+  std::map<std::vector<LayerRange>, int> calls;
+  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks,
+                           int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
+    ++calls[chunks];
+    std::vector<ChunkSeconds> s;
+    // Each chunk's F is its first layer + 1 s: which figure goes to which chunk shows.
+    for (const LayerRange& c : chunks) s.push_back({c.first + 1.0, 0, 0, 0});
+    return s;
+  };
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kInterleaved, 2, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::vector<LayerRange> rank0{{0, 1}, {2, 3}}, rank1{{1, 2}, {3, 4}};
+  EXPECT_EQ(calls, (std::map<std::vector<LayerRange>, int>{{rank0, 2}, {rank1, 2}}));
+  // Each micro-batch's F runs through chunks 0..3 (1, 2, 3, 4 s) one after another.
+  EXPECT_GE(p->step_seconds, 1.0 + 2.0 + 3.0 + 4.0);
 }
 
 // A worker twice as fast takes half the time for the same layers; the cut follows the speeds.
