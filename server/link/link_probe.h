@@ -1,0 +1,67 @@
+// The link probe: a link's latency, bandwidth and CPU per message measured through the data plane
+// itself (a PeerLink over StageWorker.Exchange, the frame codec and the credit window, as the
+// workers send tensors), for the planner's plan::LinkCosts (docs/scaling.md, "Links").
+//
+// The probe sends tensors on a link whose other end answers every tensor it receives with one
+// small tensor:
+//   latency      the median round trip of a small tensor and its answer, halved;
+//   bandwidth    the payload bytes of a run of bulk tensors (several MiB each, queued at once)
+//                over the time from the first Send to the last answer, less one round trip; the
+//                median of the runs;
+//   message CPU  the CPU seconds of this process during the measured round trips over the tensor
+//                ends they had: 4 per round trip (each of its 2 tensors is sent by one end and
+//                received by the other), what plan::LinkCosts::cpu_seconds_per_message charges to
+//                each op that sends or receives a tensor. Both ends must be in this process.
+#ifndef PIPETRAIN_SERVER_LINK_LINK_PROBE_H_
+#define PIPETRAIN_SERVER_LINK_LINK_PROBE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/link/peer_link.h"
+
+namespace pipetrain::link {
+
+struct LinkProbeOptions {
+  // Small-tensor round trips measured (latency, CPU per message), after 8 unmeasured ones; in
+  // [4, 10000]. Default 64.
+  int round_trips = 64;
+  // Payload bytes of a small tensor (and of every answer): a multiple of 4 in [4, 64 KiB].
+  // Default 256.
+  int64_t small_bytes = 256;
+  // Payload bytes of a bulk tensor: a multiple of 4 KiB in [64 KiB, 64 MiB]. Default 4 MiB.
+  int64_t bulk_bytes = int64_t{4} << 20;
+  int bulk_tensors = 8;  // bulk tensors per run, in [1, 1024]. Default 8.
+  int bulk_runs = 3;     // runs (after one unmeasured bulk tensor), in [1, 100]. Default 3.
+  // Bounds the whole probe (a link that stalls fails it with DEADLINE_EXCEEDED); in (0, 1 h].
+  // Default 10 s (a healthy loopback probe with the defaults takes well under a second).
+  absl::Duration timeout = absl::Seconds(10);
+  LinkOptions link;  // the options of both ends (fragment size, credit window).
+
+  // OK, or INVALID_ARGUMENT naming the bad field and its range.
+  absl::Status Check() const;
+};
+
+// What the probe measured. Every figure is positive and finite.
+struct LinkMeasurement {
+  double latency_seconds = 0;          // one way: the median small round trip / 2.
+  double bytes_per_second = 0;         // payload bytes per second of a stream of bulk tensors.
+  double cpu_seconds_per_message = 0;  // CPU seconds per tensor end (sent or received).
+  int round_trips = 0;                 // small round trips measured.
+  int64_t bulk_bytes = 0;              // payload bytes of the measured bulk runs.
+};
+
+// Measures this host's loopback link: an ExchangeService on 127.0.0.1 (an ephemeral port, plain
+// text) whose streams answer every tensor, and a PeerLink dialled to it, both in
+// this process and torn down before this returns. Blocks for the probe (well under a second with
+// the defaults on an idle host). Errors: INVALID_ARGUMENT for bad options; UNAVAILABLE when the
+// server cannot listen or the link fails (with the link's status); DEADLINE_EXCEEDED when the
+// answers do not come within options.timeout. Thread-safe (each call has its own server), but
+// concurrent probes measure each other's load.
+absl::StatusOr<LinkMeasurement> MeasureLoopbackLink(const LinkProbeOptions& options = {});
+
+}  // namespace pipetrain::link
+
+#endif  // PIPETRAIN_SERVER_LINK_LINK_PROBE_H_
