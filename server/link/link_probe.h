@@ -7,7 +7,8 @@
 //   latency      the median round trip of a small tensor and its answer, halved;
 //   bandwidth    the payload bytes of a run of bulk tensors (several MiB each, queued at once)
 //                over the time from the first Send to the last answer, less one round trip; the
-//                median of the runs;
+//                best of the runs (as bench/stream_bench reports: a slower run is another
+//                process's load on the host, not the link);
 //   message CPU  the CPU seconds of this process during the measured round trips over the tensor
 //                ends they had: 4 per round trip (each of its 2 tensors is sent by one end and
 //                received by the other), what plan::LinkCosts::cpu_seconds_per_message charges to
@@ -34,7 +35,7 @@ struct LinkProbeOptions {
   // Payload bytes of a bulk tensor: a multiple of 4 KiB in [64 KiB, 64 MiB]. Default 4 MiB.
   int64_t bulk_bytes = int64_t{4} << 20;
   int bulk_tensors = 8;  // bulk tensors per run, in [1, 1024]. Default 8.
-  int bulk_runs = 3;     // runs (after one unmeasured bulk tensor), in [1, 100]. Default 3.
+  int bulk_runs = 5;     // runs (after one unmeasured bulk tensor), in [1, 100]. Default 5.
   // Bounds the whole probe (a link that stalls fails it with DEADLINE_EXCEEDED); in (0, 1 h].
   // Default 10 s (a healthy loopback probe with the defaults takes well under a second).
   absl::Duration timeout = absl::Seconds(10);
