@@ -12,24 +12,41 @@
 //   message CPU  the CPU seconds of this process during the measured round trips over the tensor
 //                ends they had: 4 per round trip (each of its 2 tensors is sent by one end and
 //                received by the other), what plan::LinkCosts::cpu_seconds_per_message charges to
-//                each op that sends or receives a tensor. Both ends must be in this process.
+//                each op that sends or receives a tensor. With both ends in this process
+//                (MeasureLoopbackLink) that is both ends' CPU; across processes
+//                (MeasurePeerLink) this end's CPU over its 2 tensor ends per round trip (the
+//                answering end is taken to spend as much).
 #ifndef PIPETRAIN_SERVER_LINK_LINK_PROBE_H_
 #define PIPETRAIN_SERVER_LINK_LINK_PROBE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/link/peer_link.h"
 
 namespace pipetrain::link {
 
+// The job a probe stream names (PeerHello.identity.job, generation kLinkProbeGeneration): an
+// Exchange server hands such a stream to a ProbeAnswerer. No job has this id (job ids begin with
+// "job-").
+inline constexpr char kLinkProbeJob[] = "link-probe";
+inline constexpr int64_t kLinkProbeGeneration = 1;
+// Payload bytes of every answer.
+inline constexpr int64_t kProbeAnswerBytes = 256;
+// Probe streams a ProbeAnswerer serves at once.
+inline constexpr int kMaxProbeStreams = 8;
+
 struct LinkProbeOptions {
   // Small-tensor round trips measured (latency, CPU per message), after 8 unmeasured ones; in
   // [4, 10000]. Default 64.
   int round_trips = 64;
-  // Payload bytes of a small tensor (and of every answer): a multiple of 4 in [4, 64 KiB].
+  // Payload bytes of a small tensor: a multiple of 4 in [4, 64 KiB].
   // Default 256.
   int64_t small_bytes = 256;
   // Payload bytes of a bulk tensor: a multiple of 4 KiB in [64 KiB, 64 MiB]. Default 4 MiB.
@@ -53,6 +70,41 @@ struct LinkMeasurement {
   int round_trips = 0;                 // small round trips measured.
   int64_t bulk_bytes = 0;              // payload bytes of the measured bulk runs.
 };
+
+// The answering end of probe streams, for an ExchangeService's accept callback: every tensor
+// (activations of chunk 1, at most 64 MiB) is answered at once with kProbeAnswerBytes (a gradient
+// of chunk 0 under the tensor's step). Keeps the links of the streams it serves; a stream that
+// ended is let go when the next one arrives. Thread-safe.
+class ProbeAnswerer {
+ public:
+  ProbeAnswerer();
+  ~ProbeAnswerer();  // shuts every stream down.
+  ProbeAnswerer(const ProbeAnswerer&) = delete;
+  ProbeAnswerer& operator=(const ProbeAnswerer&) = delete;
+
+  // Serves the probe stream `link` of `hello` (call it from the accept callback for streams of
+  // kLinkProbeJob; never blocks). Errors: INVALID_ARGUMENT for a hello of another job or
+  // generation; RESOURCE_EXHAUSTED when kMaxProbeStreams streams are open.
+  absl::StatusOr<LinkSettings> Accept(const PeerHello& hello, std::unique_ptr<PeerLink> link);
+
+  // Shuts every stream down; no answer is sent after this returns. Idempotent.
+  void Shutdown();
+
+ private:
+  const std::shared_ptr<const math::Matrix> answer_;
+  absl::Mutex mu_;  // protects links_.
+  std::vector<std::unique_ptr<PeerLink>> links_ ABSL_GUARDED_BY(mu_);
+};
+
+// Measures the link to the ProbeAnswerer behind `channel` (see CreateExchangeChannel; `peer`
+// names it in messages), from this process: a probe stream of kLinkProbeJob is dialled, measured
+// and shut down before this returns. `hello_peer` is this end's name (PeerHello.peer). Errors as
+// MeasureLoopbackLink's; a peer that refuses the stream or cannot be reached is UNAVAILABLE (or
+// the peer's status code), with its message.
+absl::StatusOr<LinkMeasurement> MeasurePeerLink(std::shared_ptr<grpc::Channel> channel,
+                                                const std::string& peer,
+                                                const std::string& hello_peer,
+                                                const LinkProbeOptions& options = {});
 
 // Measures this host's loopback link: an ExchangeService on 127.0.0.1 (an ephemeral port, plain
 // text) whose streams answer every tensor, and a PeerLink dialled to it, both in

@@ -3,11 +3,16 @@
 // out of time are errors that say so.
 #include "server/link/link_probe.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <cmath>
+#include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/link/exchange_service.h"
 
 namespace pipetrain::link {
 namespace {
@@ -84,9 +89,75 @@ TEST(LinkProbeTest, AProbeOutOfTimeIsDeadlineExceeded) {
   o.timeout = absl::Nanoseconds(1);
   absl::Status s = MeasureLoopbackLink(o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_THAT(
-      std::string(s.message()),
-      HasSubstr("link probe: 0 of 1 tensors were answered on the loopback link within 1ns"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("link probe: out of time (1ns) waiting for the answer to tensor 0 on the "
+                        "link to loopback 127.0.0.1:"));
+}
+
+// An Exchange server on 127.0.0.1 whose streams go to `accept`, as a stage worker's do.
+class ProbeServer {
+ public:
+  explicit ProbeServer(AcceptFn accept) {
+    auto service = ExchangeService::Create(LinkOptions{}, std::move(accept));
+    EXPECT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    service_->RegisterOn(&builder);
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+  }
+  ~ProbeServer() { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  std::unique_ptr<ExchangeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Across processes' worth of code: a server that hands probe streams to a ProbeAnswerer (as a
+// stage worker does) is measured from the dialling end alone.
+TEST(LinkProbeTest, MeasuresAPeerThatAnswersProbeStreams) {
+  ProbeAnswerer answerer;
+  ProbeServer server([&answerer](const PeerHello& hello, std::unique_ptr<PeerLink> link) {
+    return answerer.Accept(hello, std::move(link));
+  });
+  LinkProbeOptions options;
+  options.bulk_runs = 2;
+  absl::StatusOr<LinkMeasurement> m = MeasurePeerLink(CreateExchangeChannel(server.Address()),
+                                                      server.Address(), "worker-a", options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExpectPositiveAndFinite(*m);
+  EXPECT_EQ(m->bulk_bytes, int64_t{2} * 8 * (int64_t{4} << 20));
+  // The answerer served the stream and let it go: a second probe is served too.
+  m = MeasurePeerLink(CreateExchangeChannel(server.Address()), server.Address(), "worker-a",
+                      options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  answerer.Shutdown();
+}
+
+TEST(LinkProbeTest, TheAnswererRefusesStreamsOfAJob) {
+  ProbeAnswerer answerer;
+  PeerHello hello{"stage/0", wire::StreamIdentity{"job-1", 1}, ""};
+  absl::Status s = answerer.Accept(hello, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("a probe stream from 'stage/0' names job 'job-1' generation 1"));
+}
+
+// A peer that refuses the probe stream (a worker without a probe answerer) fails the probe with
+// the peer's status.
+TEST(LinkProbeTest, APeerThatRefusesTheStreamFailsTheProbeWithItsStatus) {
+  ProbeServer server(
+      [](const PeerHello&, std::unique_ptr<PeerLink>) -> absl::StatusOr<LinkSettings> {
+        return absl::AbortedError("worker w has no job");
+      });
+  absl::Status s =
+      MeasurePeerLink(CreateExchangeChannel(server.Address()), "w", "worker-a").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("link probe: the link to w failed: "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("worker w has no job"));
 }
 
 }  // namespace
