@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -61,12 +62,41 @@ absl::Status CheckPlanOptions(const PlanCommandOptions& o) {
   return CheckTrainingOptions(o.training);
 }
 
-// The link figures: those given; the others measured on this host's loopback link (--local) or
-// the defaults (--coordinator). A failed probe is an error saying how to plan without it.
-absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o) {
+// The worst of `links` between two of `workers` without an error (see PlanCommandOptions), into
+// `f`; nothing when there is none.
+void WorstMeasuredLink(const std::vector<v1::MeasuredLink>& links,
+                       const std::vector<plan::WorkerResources>& workers, PlanLinkFigures* f) {
+  std::set<std::string> names;
+  for (const plan::WorkerResources& w : workers) names.insert(w.name);
+  int pairs = 0;
+  plan::LinkCosts& c = f->costs;
+  for (const v1::MeasuredLink& l : links) {
+    if (!l.error().empty() || names.count(l.from()) == 0 || names.count(l.to()) == 0) continue;
+    const bool first = pairs++ == 0;
+    c.latency_seconds =
+        first ? l.latency_seconds() : std::max(c.latency_seconds, l.latency_seconds());
+    c.bytes_per_second =
+        first ? l.bytes_per_second() : std::min(c.bytes_per_second, l.bytes_per_second());
+    c.cpu_seconds_per_message =
+        first ? l.cpu_seconds_per_message()
+              : std::max(c.cpu_seconds_per_message, l.cpu_seconds_per_message());
+  }
+  if (pairs == 0) return;
+  f->latency = f->bandwidth = f->message_cpu = LinkFigureSource::kMeasured;
+  f->measured_on = absl::StrCat("the worst of ", pairs, " measured link", pairs == 1 ? "" : "s",
+                                " between the coordinator's workers");
+}
+
+// The link figures: those given; the others measured on this host's loopback link (--local), the
+// worst of those the coordinator's idle `workers` measured (`links`), or the defaults. A failed
+// loopback probe is an error saying how to plan without it.
+absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o,
+                                         const std::vector<plan::WorkerResources>& workers,
+                                         const std::vector<v1::MeasuredLink>& links) {
   PlanLinkFigures f;
   f.costs = {kDefaultLinkLatencySeconds, kDefaultLinkBytesPerSecond, kDefaultMessageCpuSeconds};
   const bool all_given = o.link_latency_seconds && o.link_bytes_per_second && o.message_cpu_seconds;
+  if (o.local_workers == 0) WorstMeasuredLink(links, workers, &f);
   if (o.local_workers > 0 && !all_given) {
     absl::StatusOr<link::LinkMeasurement> m = link::MeasureLoopbackLink(o.link_probe);
     if (!m.ok()) {
@@ -79,6 +109,7 @@ absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o) {
     }
     f.costs = {m->latency_seconds, m->bytes_per_second, m->cpu_seconds_per_message};
     f.latency = f.bandwidth = f.message_cpu = LinkFigureSource::kMeasured;
+    f.measured_on = "this host's loopback link";
   }
   if (o.link_latency_seconds) {
     f.costs.latency_seconds = *o.link_latency_seconds;
@@ -121,10 +152,10 @@ std::string Rate(double bytes_per_second) {
   return absl::StrFormat("%.1f kB/s", bytes_per_second / 1e3);
 }
 
-// --local N twins at this host's speed, or the coordinator's idle workers in rank order; then
-// --memory-cap over their memory.
-absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommandOptions& o,
-                                                               double local_gflops) {
+// --local N twins at this host's speed, or the coordinator's idle workers in rank order (and the
+// links they measured, into `links`); then --memory-cap over their memory.
+absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(
+    const PlanCommandOptions& o, double local_gflops, std::vector<v1::MeasuredLink>* links) {
   std::vector<plan::WorkerResources> workers;
   if (o.local_workers > 0) {
     for (int w = 0; w < o.local_workers; ++w) {
@@ -138,6 +169,7 @@ absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommand
     for (const v1::WorkerInfo& w : infos) {
       if (!w.job().empty()) continue;
       workers.push_back({w.name(), w.gflops(), static_cast<double>(w.memory_bytes())});
+      links->insert(links->end(), w.links().begin(), w.links().end());
     }
     if (workers.empty()) {
       return absl::FailedPreconditionError(absl::StrCat("the coordinator at ", o.coordinator,
@@ -256,15 +288,21 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   const model::Model& net = *setup.model;
   PlanResult result;
   result.batch = o.training.batch;
+  std::vector<v1::MeasuredLink> links;
+  if (o.local_workers == 0) {
+    PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, 0, &links));
+  }
   // Before the timing confines this thread: the probe's gRPC threads would inherit its CPUs.
-  PT_ASSIGN_OR_RETURN(result.link, PlanLink(o));
+  PT_ASSIGN_OR_RETURN(result.link, PlanLink(o, result.workers, links));
   const int host_cpus = util::UsableCpuCount();  // before the timing confines this thread.
   ConfinedTimingScope confined(o.training.threads);
   const math::Kernels& kernels = net.kernels();
   PT_ASSIGN_OR_RETURN(const plan::SpeedProbe probe,
                       plan::ProbeSpeed([&kernels] { return kernels.MeasureGemmGflops(0); }));
   result.local_gflops = probe.speed;
-  PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, probe.speed));
+  if (o.local_workers > 0) {
+    PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, probe.speed, &links));
+  }
   PT_ASSIGN_OR_RETURN(const auto by_m, CostsByMicrobatches(o, net, optimizer, probe.speed));
   ChunkTimings timings(&net, optimizer, o.training);
   plan::PlannerOptions po;
@@ -291,11 +329,11 @@ std::string LinkFiguresText(const PlanLinkFigures& link) {
   }
   std::string text =
       absl::StrCat("link ", SourceName(link.latency), ": ", latency, ", ", rate, ", ", cpu);
-  if (link.latency == LinkFigureSource::kMeasured) {
-    absl::StrAppend(&text, " (this host's loopback link)");
+  if (link.latency == LinkFigureSource::kMeasured && !link.measured_on.empty()) {
+    absl::StrAppend(&text, " (", link.measured_on, ")");
   } else if (link.latency == LinkFigureSource::kDefault) {
     absl::StrAppend(&text,
-                    " (the links between a coordinator's workers are not measured: give "
+                    " (no link between the coordinator's workers was measured: give "
                     "--link-latency, --link-bandwidth and --message-cpu)");
   }
   return text;

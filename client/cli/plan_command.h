@@ -6,7 +6,8 @@
 //       [--link-bandwidth BYTES_PER_S] [--message-cpu S] [--step-overhead S] [--top K] [--json]
 //
 // The link figures not given are measured on this host's loopback link (--local; the workers'
-// own link code, link::MeasureLoopbackLink) or, for a coordinator's workers, the defaults.
+// own link code, link::MeasureLoopbackLink) or, for a coordinator's workers, the worst of the
+// links they measured between each other (WorkerInfo.links), else the defaults.
 // The per-layer costs are timed on this machine (plan::MeasureLayerCosts) for every micro-batch
 // count M dividing B (up to 64): each plan is cut by them (what `--plan auto` sends as
 // JobSpec.layer_costs, so the coordinator makes the same cut), its chunks are timed together
@@ -34,7 +35,8 @@ namespace pipetrain::cli {
 // count bounds them first; this only caps what a plan may ask of the coordinator).
 inline constexpr int kAutoPlanMaxReplicas = 4096;
 
-// The link figures of a coordinator's workers when not given: what docs/performance.md measured
+// The link figures of a coordinator's workers when neither given nor measured by them (e.g. a
+// coordinator run with --probe-links=false): what docs/performance.md measured
 // between two pinned workers on one host (~100 us per tensor, ~2 GB/s for a stream, and what
 // their busy time grew by per tensor, docs/scaling.md).
 inline constexpr double kDefaultLinkLatencySeconds = 100e-6;
@@ -56,8 +58,10 @@ struct PlanCommandOptions {
   // --message-cpu (CPU seconds a worker spends per tensor it sends or receives, >= 0). A figure
   // given is used as it is (users on known networks). Unset, with --local: measured on this
   // host's loopback link through the workers' link code (link::MeasureLoopbackLink with
-  // `link_probe`; the probe is not run when all three are given); with --coordinator: the
-  // kDefault* figures below (the links between a coordinator's workers are not measured).
+  // `link_probe`; the probe is not run when all three are given); with --coordinator: the worst
+  // of the links its workers measured between each other (ListWorkers' WorkerInfo.links: the
+  // highest latency and CPU per message, the lowest bandwidth, each over every measured pair of
+  // the idle workers), or the kDefault* figures below when none was measured.
   std::optional<double> link_latency_seconds;
   std::optional<double> link_bytes_per_second;
   std::optional<double> message_cpu_seconds;
@@ -76,9 +80,9 @@ struct PlanCommandOptions {
 
 // Where a link figure of the plans came from.
 enum class LinkFigureSource {
-  kMeasured,  // the loopback probe (--local).
+  kMeasured,  // the link probe: on this host's loopback (--local), or the workers' (--coordinator).
   kGiven,     // its flag.
-  kDefault,   // kDefault*: not given and not measured (--coordinator).
+  kDefault,   // kDefault*: not given, and no link of the coordinator's workers was measured.
 };
 
 // The link figures the plans were computed with, and where each came from.
@@ -87,10 +91,14 @@ struct PlanLinkFigures {
   LinkFigureSource latency = LinkFigureSource::kDefault;
   LinkFigureSource bandwidth = LinkFigureSource::kDefault;
   LinkFigureSource message_cpu = LinkFigureSource::kDefault;
+  // What the measured figures are of: "this host's loopback link", "the worst of 3 measured
+  // links between the coordinator's workers"; empty when none is measured.
+  std::string measured_on;
 };
 
 // One line for plan headers: "link measured: 45 us, 2.1 GB/s, 12 us CPU per message (this
-// host's loopback)" when the figures share a source (measured, given or default), else each
+// host's loopback link)" (measured_on) when the figures share a source (measured, given or
+// default), else each
 // figure with its own, e.g. "link: 45 us measured, 10.0 MB/s given, 12 us CPU per message
 // measured". A bandwidth of 0 reads "infinite bandwidth". Pure.
 std::string LinkFiguresText(const PlanLinkFigures& link);

@@ -132,13 +132,15 @@ PlanLinkFigures Figures(LinkFigureSource latency, LinkFigureSource bandwidth,
 
 TEST(PlanCommandTest, LinkFiguresSayWhereTheyCameFrom) {
   using S = LinkFigureSource;
-  EXPECT_EQ(LinkFiguresText(Figures(S::kMeasured, S::kMeasured, S::kMeasured)),
+  PlanLinkFigures measured = Figures(S::kMeasured, S::kMeasured, S::kMeasured);
+  measured.measured_on = "this host's loopback link";
+  EXPECT_EQ(LinkFiguresText(measured),
             "link measured: 45 us, 2.1 GB/s, 3.2 us CPU per message (this host's loopback link)");
   EXPECT_EQ(LinkFiguresText(Figures(S::kGiven, S::kGiven, S::kGiven)),
             "link given: 45 us, 2.1 GB/s, 3.2 us CPU per message");
   EXPECT_THAT(LinkFiguresText(Figures(S::kDefault, S::kDefault, S::kDefault)),
-              HasSubstr("link default: 45 us, 2.1 GB/s, 3.2 us CPU per message (the links "
-                        "between a coordinator's workers are not measured"));
+              HasSubstr("link default: 45 us, 2.1 GB/s, 3.2 us CPU per message (no link "
+                        "between the coordinator's workers was measured"));
   PlanLinkFigures mixed = Figures(S::kMeasured, S::kGiven, S::kMeasured);
   mixed.costs.bytes_per_second = 12.5e6;
   EXPECT_EQ(LinkFiguresText(mixed),
