@@ -186,11 +186,16 @@ ABSL_FLAG(std::string, plan, "",
           "train/local: auto = run the best plan of `pipetrain plan` (stages, schedule, virtual "
           "stages, micro-batches) instead of --stages/--schedule/--virtual/--microbatches");
 ABSL_FLAG(int32_t, local, 0, "plan: plan for N workers on this host (instead of --coordinator)");
-ABSL_FLAG(double, link_latency, 100e-6,
-          "plan: seconds a message between two workers takes besides its bytes");
-ABSL_FLAG(double, link_bandwidth, 2e9, "plan: bytes per second between two workers (0: infinite)");
-ABSL_FLAG(double, message_cpu, 30e-6,
-          "plan: CPU seconds a worker spends on each tensor it sends or receives");
+// Unset: measured on this host's loopback link with --local, the defaults with --coordinator.
+ABSL_FLAG(std::optional<double>, link_latency, std::nullopt,
+          "plan: seconds a message between two workers takes besides its bytes (unset: measured "
+          "with --local, 100e-6 with --coordinator)");
+ABSL_FLAG(std::optional<double>, link_bandwidth, std::nullopt,
+          "plan: bytes per second between two workers, 0: infinite (unset: measured with "
+          "--local, 2e9 with --coordinator)");
+ABSL_FLAG(std::optional<double>, message_cpu, std::nullopt,
+          "plan: CPU seconds a worker spends on each tensor it sends or receives (unset: "
+          "measured with --local, 30e-6 with --coordinator)");
 ABSL_FLAG(double, step_overhead, 1.2e-3,
           "plan: seconds per step outside the workers' actions (the coordinator's round trips)");
 ABSL_FLAG(int32_t, top, 10, "plan: how many of the ranked plans to print");
@@ -660,9 +665,9 @@ absl::Status ApplyAutoPlan(const CommandLine& line, int local_workers, TrainComm
   t->layer_costs = best.layer_costs;
   (t->training.json ? std::cerr : std::cout) << absl::StrFormat(
       "plan auto: %s of %d plans on %d workers: predicted %.0f samples/s, step %.2f ms, bubble "
-      "%.1f%%\n",
+      "%.1f%%; %s\n",
       plan::PlanLabel(best), result.plans.size(), result.workers.size(), best.samples_per_second,
-      best.step_seconds * 1e3, best.bubble * 100);
+      best.step_seconds * 1e3, best.bubble * 100, LinkFiguresText(result.link));
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -37,18 +38,18 @@ absl::Status CheckPlanOptions(const PlanCommandOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--local must be in [1, ", util::kMaxCpus, "], got ", o.local_workers));
   }
-  if (!(o.link_latency_seconds >= 0 && o.link_latency_seconds <= 1e6)) {
+  if (const double l = o.link_latency_seconds.value_or(0); !(l >= 0 && l <= 1e6)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--link-latency must be in [0, 1e6] seconds, got ", o.link_latency_seconds));
+        absl::StrCat("--link-latency must be in [0, 1e6] seconds, got ", l));
   }
-  const double bw = o.link_bytes_per_second;
+  const double bw = o.link_bytes_per_second.value_or(0);
   if (!(bw == 0 || (bw >= 1e-3 && bw <= 1e30))) {
     return absl::InvalidArgumentError(
         absl::StrCat("--link-bandwidth must be 0 (infinite) or in [1e-3, 1e30] bytes/s, got ", bw));
   }
-  if (!(o.message_cpu_seconds >= 0 && o.message_cpu_seconds <= 1e6)) {
+  if (const double c = o.message_cpu_seconds.value_or(0); !(c >= 0 && c <= 1e6)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--message-cpu must be in [0, 1e6] seconds, got ", o.message_cpu_seconds));
+        absl::StrCat("--message-cpu must be in [0, 1e6] seconds, got ", c));
   }
   if (!(o.step_overhead_seconds >= 0 && o.step_overhead_seconds <= 1e6)) {
     return absl::InvalidArgumentError(
@@ -57,13 +58,104 @@ absl::Status CheckPlanOptions(const PlanCommandOptions& o) {
   if (o.top < 1 || o.max_microbatches < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--top must be >= 1, got ", o.top));
   }
+  if (o.local_workers > 0) PT_RETURN_IF_ERROR(o.link_probe.Check());
   return CheckTrainingOptions(o.training);
 }
 
-// --local N twins at this host's speed, or the coordinator's idle workers in rank order; then
-// --memory-cap over their memory.
-absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommandOptions& o,
-                                                               double local_gflops) {
+// The worst of `links` between two of `workers` without an error (see PlanCommandOptions), into
+// `f`; nothing when there is none.
+void WorstMeasuredLink(const std::vector<v1::MeasuredLink>& links,
+                       const std::vector<plan::WorkerResources>& workers, PlanLinkFigures* f) {
+  std::set<std::string> names;
+  for (const plan::WorkerResources& w : workers) names.insert(w.name);
+  int pairs = 0;
+  plan::LinkCosts& c = f->costs;
+  for (const v1::MeasuredLink& l : links) {
+    if (!l.error().empty() || names.count(l.from()) == 0 || names.count(l.to()) == 0) continue;
+    const bool first = pairs++ == 0;
+    c.latency_seconds =
+        first ? l.latency_seconds() : std::max(c.latency_seconds, l.latency_seconds());
+    c.bytes_per_second =
+        first ? l.bytes_per_second() : std::min(c.bytes_per_second, l.bytes_per_second());
+    c.cpu_seconds_per_message =
+        first ? l.cpu_seconds_per_message()
+              : std::max(c.cpu_seconds_per_message, l.cpu_seconds_per_message());
+  }
+  if (pairs == 0) return;
+  f->latency = f->bandwidth = f->message_cpu = LinkFigureSource::kMeasured;
+  f->measured_on = absl::StrCat("the worst of ", pairs, " measured link", pairs == 1 ? "" : "s",
+                                " between the coordinator's workers");
+}
+
+// The link figures: those given; the others measured on this host's loopback link (--local), the
+// worst of those the coordinator's idle `workers` measured (`links`), or the defaults. A failed
+// loopback probe is an error saying how to plan without it.
+absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o,
+                                         const std::vector<plan::WorkerResources>& workers,
+                                         const std::vector<v1::MeasuredLink>& links) {
+  PlanLinkFigures f;
+  f.costs = {kDefaultLinkLatencySeconds, kDefaultLinkBytesPerSecond, kDefaultMessageCpuSeconds};
+  const bool all_given = o.link_latency_seconds && o.link_bytes_per_second && o.message_cpu_seconds;
+  if (o.local_workers == 0) WorstMeasuredLink(links, workers, &f);
+  if (o.local_workers > 0 && !all_given) {
+    absl::StatusOr<link::LinkMeasurement> m = link::MeasureLoopbackLink(o.link_probe);
+    if (!m.ok()) {
+      return absl::Status(
+          m.status().code(),
+          absl::StrCat("measuring this host's loopback link for the plans failed (give "
+                       "--link-latency, --link-bandwidth and --message-cpu to plan without "
+                       "measuring): ",
+                       m.status().message()));
+    }
+    f.costs = {m->latency_seconds, m->bytes_per_second, m->cpu_seconds_per_message};
+    f.latency = f.bandwidth = f.message_cpu = LinkFigureSource::kMeasured;
+    f.measured_on = "this host's loopback link";
+  }
+  if (o.link_latency_seconds) {
+    f.costs.latency_seconds = *o.link_latency_seconds;
+    f.latency = LinkFigureSource::kGiven;
+  }
+  if (o.link_bytes_per_second) {
+    f.costs.bytes_per_second = *o.link_bytes_per_second;
+    f.bandwidth = LinkFigureSource::kGiven;
+  }
+  if (o.message_cpu_seconds) {
+    f.costs.cpu_seconds_per_message = *o.message_cpu_seconds;
+    f.message_cpu = LinkFigureSource::kGiven;
+  }
+  return f;
+}
+
+const char* SourceName(LinkFigureSource source) {
+  switch (source) {
+    case LinkFigureSource::kMeasured:
+      return "measured";
+    case LinkFigureSource::kGiven:
+      return "given";
+    case LinkFigureSource::kDefault:
+      return "default";
+  }
+  return "unknown";
+}
+
+// "45 us", "3.2 us": microseconds, with a decimal below 10.
+std::string Microseconds(double seconds) {
+  const double us = seconds * 1e6;
+  return us < 10 ? absl::StrFormat("%.1f us", us) : absl::StrFormat("%.0f us", us);
+}
+
+// "2.1 GB/s", "12.5 MB/s", "infinite bandwidth" (1 GB = 10^9 bytes).
+std::string Rate(double bytes_per_second) {
+  if (bytes_per_second == 0) return "infinite bandwidth";
+  if (bytes_per_second >= 1e9) return absl::StrFormat("%.1f GB/s", bytes_per_second / 1e9);
+  if (bytes_per_second >= 1e6) return absl::StrFormat("%.1f MB/s", bytes_per_second / 1e6);
+  return absl::StrFormat("%.1f kB/s", bytes_per_second / 1e3);
+}
+
+// --local N twins at this host's speed, or the coordinator's idle workers in rank order (and the
+// links they measured, into `links`); then --memory-cap over their memory.
+absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(
+    const PlanCommandOptions& o, double local_gflops, std::vector<v1::MeasuredLink>* links) {
   std::vector<plan::WorkerResources> workers;
   if (o.local_workers > 0) {
     for (int w = 0; w < o.local_workers; ++w) {
@@ -77,6 +169,7 @@ absl::StatusOr<std::vector<plan::WorkerResources>> PlanWorkers(const PlanCommand
     for (const v1::WorkerInfo& w : infos) {
       if (!w.job().empty()) continue;
       workers.push_back({w.name(), w.gflops(), static_cast<double>(w.memory_bytes())});
+      links->insert(links->end(), w.links().begin(), w.links().end());
     }
     if (workers.empty()) {
       return absl::FailedPreconditionError(absl::StrCat("the coordinator at ", o.coordinator,
@@ -197,19 +290,27 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   const model::Model& net = *setup.model;
   PlanResult result;
   result.batch = o.training.batch;
+  std::vector<v1::MeasuredLink> links;
+  if (o.local_workers == 0) {
+    PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, 0, &links));
+  }
+  // Before the timing confines this thread: the probe's gRPC threads would inherit its CPUs.
+  PT_ASSIGN_OR_RETURN(result.link, PlanLink(o, result.workers, links));
   const int host_cpus = util::UsableCpuCount();  // before the timing confines this thread.
   ConfinedTimingScope confined(o.training.threads);
   const math::Kernels& kernels = net.kernels();
   PT_ASSIGN_OR_RETURN(const plan::SpeedProbe probe,
                       plan::ProbeSpeed([&kernels] { return kernels.MeasureGemmGflops(0); }));
   result.local_gflops = probe.speed;
-  PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, probe.speed));
+  if (o.local_workers > 0) {
+    PT_ASSIGN_OR_RETURN(result.workers, PlanWorkers(o, probe.speed, &links));
+  }
   PT_ASSIGN_OR_RETURN(const auto by_m, CostsByMicrobatches(o, net, optimizer, probe.speed));
   ChunkTimings timings(&net, optimizer, o.training);
   plan::PlannerOptions po;
   po.batch = o.training.batch;
   po.workers = result.workers;
-  po.link = {o.link_latency_seconds, o.link_bytes_per_second, o.message_cpu_seconds};
+  po.link = result.link.costs;
   po.step_overhead_seconds = o.step_overhead_seconds;
   po.chunk_timer = [&timings](const std::vector<plan::LayerRange>& chunks, int m) {
     return timings(chunks, m);
@@ -220,6 +321,26 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   if (o.local_workers > 0) po.host_cpus = host_cpus;
   PT_ASSIGN_OR_RETURN(result.plans, plan::RankPlans(net.LayerFlops(1), by_m, po));
   return result;
+}
+
+std::string LinkFiguresText(const PlanLinkFigures& link) {
+  const std::string latency = Microseconds(link.costs.latency_seconds);
+  const std::string rate = Rate(link.costs.bytes_per_second);
+  const std::string cpu = Microseconds(link.costs.cpu_seconds_per_message) + " CPU per message";
+  if (link.latency != link.bandwidth || link.latency != link.message_cpu) {
+    return absl::StrCat("link: ", latency, " ", SourceName(link.latency), ", ", rate, " ",
+                        SourceName(link.bandwidth), ", ", cpu, " ", SourceName(link.message_cpu));
+  }
+  std::string text =
+      absl::StrCat("link ", SourceName(link.latency), ": ", latency, ", ", rate, ", ", cpu);
+  if (link.latency == LinkFigureSource::kMeasured && !link.measured_on.empty()) {
+    absl::StrAppend(&text, " (", link.measured_on, ")");
+  } else if (link.latency == LinkFigureSource::kDefault) {
+    absl::StrAppend(&text,
+                    " (no link between the coordinator's workers was measured: give "
+                    "--link-latency, --link-bandwidth and --message-cpu)");
+  }
+  return text;
 }
 
 absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result, int max_replicas) {
@@ -260,7 +381,14 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
           {"imbalance", p.imbalance},
           {"boundaries", p.boundaries},
           {"peak_memory_bytes", p.peak_memory_bytes},
-          {"fits_memory", p.fits_memory}};
+          {"fits_memory", p.fits_memory},
+          {"link",
+           {{"latency_seconds", r.link.costs.latency_seconds},
+            {"latency_source", SourceName(r.link.latency)},
+            {"bytes_per_second", r.link.costs.bytes_per_second},
+            {"bandwidth_source", SourceName(r.link.bandwidth)},
+            {"cpu_seconds_per_message", r.link.costs.cpu_seconds_per_message},
+            {"message_cpu_source", SourceName(r.link.message_cpu)}}}};
       absl::StrAppend(&out, j.dump(), "\n");
     }
     return out;
@@ -274,6 +402,7 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
   }
   absl::StrAppend(&out,
                   absl::StrFormat("); layer costs timed here at %.1f GFLOP/s\n", r.local_gflops));
+  absl::StrAppend(&out, LinkFiguresText(r.link), "\n");
   constexpr char kRow[] = "%-4s %-8s %-6s %-20s %-7s %-12s %10s %9s %7s %9s %9s %11s %s\n";
   absl::StrAppend(&out, absl::StrFormat(kRow, "#", "REPLICAS", "STAGES", "SCHEDULE", "VIRTUAL",
                                         "MICROBATCHES", "SAMPLES/S", "STEP MS", "BUBBLE",

@@ -5,6 +5,9 @@
 //       [--threads T] [--optimizer ...] [--memory-cap BYTES[,...]] [--link-latency S]
 //       [--link-bandwidth BYTES_PER_S] [--message-cpu S] [--step-overhead S] [--top K] [--json]
 //
+// The link figures not given are measured on this host's loopback link (--local; the workers'
+// own link code, link::MeasureLoopbackLink) or, for a coordinator's workers, the worst of the
+// links they measured between each other (WorkerInfo.links), else the defaults.
 // The per-layer costs are timed on this machine (plan::MeasureLayerCosts) for every micro-batch
 // count M dividing B (up to 64): each plan is cut by them (what `--plan auto` sends as
 // JobSpec.layer_costs, so the coordinator makes the same cut), its chunks are timed together
@@ -15,6 +18,7 @@
 #ifndef PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 #define PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -23,12 +27,21 @@
 #include "client/cli/training_options.h"
 #include "client/sdk/client.h"
 #include "common/plan/planner.h"
+#include "server/link/link_probe.h"
 
 namespace pipetrain::cli {
 
 // The most replicas `--plan auto` may choose: as many as `pipetrain plan` ranks (the workers'
 // count bounds them first; this only caps what a plan may ask of the coordinator).
 inline constexpr int kAutoPlanMaxReplicas = 4096;
+
+// The link figures of a coordinator's workers when neither given nor measured by them (e.g. a
+// coordinator run with --probe-links=false): what docs/performance.md measured
+// between two pinned workers on one host (~100 us per tensor, ~2 GB/s for a stream, and what
+// their busy time grew by per tensor, docs/scaling.md).
+inline constexpr double kDefaultLinkLatencySeconds = 100e-6;
+inline constexpr double kDefaultLinkBytesPerSecond = 2e9;
+inline constexpr double kDefaultMessageCpuSeconds = 30e-6;
 
 struct PlanCommandOptions {
   // --model, --data, --data-dir, --tokenizer, --batch, --seed, --threads, --optimizer, --isa.
@@ -41,14 +54,18 @@ struct PlanCommandOptions {
   // --memory-cap: bytes a plan may fill per worker, one value or one per worker (as `partition`).
   // Empty: each worker's memory.
   std::vector<double> memory_caps;
-  // --link-latency (seconds per message, >= 0) and --link-bandwidth (bytes/s; 0: infinite).
-  // Defaults: what docs/performance.md measured between two pinned workers on one host
-  // (~100 us per tensor, ~2 GB/s for a stream).
-  double link_latency_seconds = 100e-6;
-  double link_bytes_per_second = 2e9;
-  // --message-cpu: CPU seconds a worker spends per tensor it sends or receives, >= 0 (default
-  // 30 us: what the busy time of pinned workers on one host grew by per tensor, docs/scaling.md).
-  double message_cpu_seconds = 30e-6;
+  // --link-latency (seconds per message, >= 0), --link-bandwidth (bytes/s; 0: infinite) and
+  // --message-cpu (CPU seconds a worker spends per tensor it sends or receives, >= 0). A figure
+  // given is used as it is (users on known networks). Unset, with --local: measured on this
+  // host's loopback link through the workers' link code (link::MeasureLoopbackLink with
+  // `link_probe`; the probe is not run when all three are given); with --coordinator: the worst
+  // of the links its workers measured between each other (ListWorkers' WorkerInfo.links: the
+  // highest latency and CPU per message, the lowest bandwidth, each over every measured pair of
+  // the idle workers), or the kDefault* figures below when none was measured.
+  std::optional<double> link_latency_seconds;
+  std::optional<double> link_bytes_per_second;
+  std::optional<double> message_cpu_seconds;
+  link::LinkProbeOptions link_probe;  // the loopback probe's options (defaults: ~0.3 s).
   // --step-overhead: seconds per step outside the workers' action lists (RunStep, StepDone and
   // Commit round trips; docs/performance.md: 1.0-1.2 ms), >= 0.
   double step_overhead_seconds = 1.2e-3;
@@ -61,17 +78,44 @@ struct PlanCommandOptions {
   bool partition_by_layer_costs = true;
 };
 
+// Where a link figure of the plans came from.
+enum class LinkFigureSource {
+  kMeasured,  // the link probe: on this host's loopback (--local), or the workers' (--coordinator).
+  kGiven,     // its flag.
+  kDefault,   // kDefault*: not given, and no link of the coordinator's workers was measured.
+};
+
+// The link figures the plans were computed with, and where each came from.
+struct PlanLinkFigures {
+  plan::LinkCosts costs;
+  LinkFigureSource latency = LinkFigureSource::kDefault;
+  LinkFigureSource bandwidth = LinkFigureSource::kDefault;
+  LinkFigureSource message_cpu = LinkFigureSource::kDefault;
+  // What the measured figures are of: "this host's loopback link", "the worst of 3 measured
+  // links between the coordinator's workers"; empty when none is measured.
+  std::string measured_on;
+};
+
+// One line for plan headers: "link measured: 45 us, 2.1 GB/s, 12 us CPU per message (this
+// host's loopback link)" (measured_on) when the figures share a source (measured, given or
+// default), else each
+// figure with its own, e.g. "link: 45 us measured, 10.0 MB/s given, 12 us CPU per message
+// measured". A bandwidth of 0 reads "infinite bandwidth". Pure.
+std::string LinkFiguresText(const PlanLinkFigures& link);
+
 // The plans and what they were computed from.
 struct PlanResult {
   int64_t batch = 0;
   double local_gflops = 0;  // this machine's speed probe: the speed the timed costs hold at.
+  PlanLinkFigures link;     // the link figures every plan was simulated with.
   std::vector<plan::WorkerResources> workers;
   std::vector<plan::PlanChoice> plans;  // best first.
 };
 
 // Measures and ranks. Errors: INVALID_ARGUMENT for bad options (naming the flag), those of the
 // training setup (model, data), UNAVAILABLE and others from the coordinator, FAILED_PRECONDITION
-// when it has no idle worker or no plan runs.
+// when it has no idle worker or no plan runs, and the loopback probe's (UNAVAILABLE,
+// DEADLINE_EXCEEDED: its message says which flags plan without it).
 absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& options);
 
 // The best plan of at most `max_replicas` replicas that fits every worker's memory.
@@ -79,7 +123,8 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& options);
 absl::StatusOr<plan::PlanChoice> BestPlan(const PlanResult& result,
                                           int max_replicas = kAutoPlanMaxReplicas);
 
-// The ranked table (or JSON lines) of the first `top` plans, with a header naming the workers.
+// The ranked table (or JSON lines) of the first `top` plans, with a header naming the workers and
+// the link figures (LinkFiguresText; in JSON, each plan's "link" object).
 std::string FormatPlans(const PlanResult& result, int top, bool json);
 
 // ComputePlans, then FormatPlans to `out`.

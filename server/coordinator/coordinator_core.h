@@ -292,6 +292,11 @@ class CoordinatorCore {
   // ---- membership.cc
   absl::Status RegisterWorker(WorkerChannel* channel, const v1::RegisterWorker& r,
                               std::string* name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With options_.probe_links: sends worker `name` a ProbeLinks naming the other idle workers.
+  void SendProbeLinks(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the links a worker measured (its LinksProbed); drops (and logs) malformed ones.
+  void RecordLinksProbed(WorkerRecord& worker, const v1::LinksProbed& probed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a registered worker's event about its job (Assigned, StepDone, ...).
   absl::Status RecordJobEvent(const WorkerRecord& worker, const v1::WorkerEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

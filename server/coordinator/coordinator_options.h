@@ -73,6 +73,10 @@ struct CoordinatorOptions {
   absl::Duration housekeeping_interval = absl::Seconds(1);
   // Caps on a job's model and step (CreateJob: RESOURCE_EXHAUSTED naming the flag).
   job::JobLimits job_limits;
+  // Sends each worker that registers a ProbeLinks naming the idle workers registered before it,
+  // and keeps the links it measures (ListWorkers' WorkerInfo.links; docs/scaling.md, "The cost
+  // model"). Default false (the coordinator binary's --probe-links, default true).
+  bool probe_links = false;
   // Events each job's log keeps for WatchJob (its recent history; a slower watcher skips the
   // older ones), >= 1. Default 256.
   int job_events = 256;

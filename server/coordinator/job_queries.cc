@@ -121,6 +121,9 @@ std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() {
     *info.mutable_isa_levels() = w->info.isa_levels();
     info.set_memory_bytes(w->info.memory_bytes());
     info.set_job(w->job);
+    for (const auto& [to, l] : w->links) {
+      if (workers_.Find(to) != nullptr) *info.add_links() = l;
+    }
     // The registry keeps the worker's position in its job: its rank and replica.
     info.set_rank(w->rank);
     info.set_replica(w->rank < 0 ? -1 : 0);

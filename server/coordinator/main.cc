@@ -105,6 +105,9 @@ ABSL_FLAG(int64_t, max_message_size, int64_t{512} << 20,
 ABSL_FLAG(int32_t, max_concurrent_streams, 100,
           "most concurrent gRPC streams one connection (a client, a worker) may open");
 ABSL_FLAG(int32_t, max_layers, 4096, "most layers a job's model may have");
+ABSL_FLAG(bool, probe_links, true,
+          "have each worker that registers measure its links to the idle workers registered "
+          "before it (listed by ListWorkers, used by `pipetrain plan`)");
 ABSL_FLAG(int32_t, max_microbatches, 1024, "most micro-batches a job's step may have");
 
 namespace {
@@ -212,6 +215,7 @@ absl::StatusOr<DaemonConfig> Config() {
   c.core.job_events = absl::GetFlag(FLAGS_job_events);
   c.core.step_deadline_floor = absl::GetFlag(FLAGS_step_deadline_floor);
   c.core.step_deadline_factor = absl::GetFlag(FLAGS_step_deadline_factor);
+  c.core.probe_links = absl::GetFlag(FLAGS_probe_links);
   c.core.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   c.core.growth_dir = GrowthDir(absl::GetFlag(FLAGS_growth_dir), c.state_dir);
   c.core.job_limits.max_layers = absl::GetFlag(FLAGS_max_layers);

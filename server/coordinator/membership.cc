@@ -14,6 +14,9 @@
 namespace pipetrain::coordinator {
 namespace {
 
+// Targets of one ProbeLinks, and links kept per worker (worker_control.proto).
+constexpr int kMaxProbeTargets = 64;
+
 std::string CodeName(const v1::WorkerError& e) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(e.code()));
 }
@@ -37,7 +40,11 @@ absl::Status CoordinatorCore::OnWorkerEvent(WorkerChannel* channel, std::string*
   if (event.event_case() == v1::WorkerEvent::EVENT_NOT_SET) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", *name, "' sent an empty event"));
   }
-  const WorkerRecord* worker = workers_.Find(*name);
+  WorkerRecord* const worker = workers_.Find(*name);
+  if (event.has_links_probed() && worker != nullptr && worker->channel == channel) {
+    RecordLinksProbed(*worker, event.links_probed());
+    return absl::OkStatus();
+  }
   if (worker == nullptr || worker->channel != channel || worker->job.empty()) {
     return absl::OkStatus();  // stale: an evicted or idle worker's late report.
   }
@@ -71,13 +78,52 @@ absl::Status CoordinatorCore::RegisterWorker(WorkerChannel* channel, const v1::R
       }
     }
   }
-  workers_.Add(r, channel);
+  const WorkerRecord& added = workers_.Add(r, channel);
   *name = r.name();
   Log(absl::StrFormat("worker '%s' registered from %s: %d cores, %.2f GFLOP/s, instruction sets %s",
                       r.name(), r.address(), r.cores(), r.gflops(),
                       math::IsaListName(WorkerIsas(r))));
+  if (options_.probe_links) SendProbeLinks(added);
   event_cv_.SignalAll();  // a recovery may be waiting for an idle worker.
   return absl::OkStatus();
+}
+
+void CoordinatorCore::SendProbeLinks(const WorkerRecord& worker) {
+  v1::WorkerCommand command;
+  v1::ProbeLinks* probe = command.mutable_probe_links();
+  for (const WorkerRecord* other : workers_.Idle()) {
+    if (other == &worker) continue;
+    if (probe->targets_size() == kMaxProbeTargets) break;
+    v1::LinkProbeTarget* target = probe->add_targets();
+    target->set_name(other->info.name());
+    target->set_address(other->info.address());
+  }
+  if (probe->targets_size() > 0) worker.channel->Send(command);
+}
+
+void CoordinatorCore::RecordLinksProbed(WorkerRecord& worker, const v1::LinksProbed& probed) {
+  const std::string& name = worker.info.name();
+  for (const v1::MeasuredLink& l : probed.links()) {
+    const bool figures_ok =
+        l.error().empty()
+            ? std::isfinite(l.latency_seconds()) && l.latency_seconds() > 0 &&
+                  std::isfinite(l.bytes_per_second()) && l.bytes_per_second() > 0 &&
+                  std::isfinite(l.cpu_seconds_per_message()) && l.cpu_seconds_per_message() > 0
+            : l.error().size() <= 4096;
+    if (l.from() != name || l.to().empty() || l.to() == name || !figures_ok ||
+        worker.links.size() >= kMaxProbeTargets) {
+      Log(absl::StrCat("worker '", name, "' reported a malformed measured link (from '", l.from(),
+                       "' to '", l.to(), "'): dropped"),
+          logging::LogLevel::kWarning);
+      continue;
+    }
+    worker.links[l.to()] = l;
+    Log(l.error().empty()
+            ? absl::StrFormat("link %s -> %s measured: %.0f us, %.3g B/s, %.1f us CPU per message",
+                              name, l.to(), l.latency_seconds() * 1e6, l.bytes_per_second(),
+                              l.cpu_seconds_per_message() * 1e6)
+            : absl::StrCat("link ", name, " -> ", l.to(), " not measured: ", l.error()));
+  }
 }
 
 absl::Status CoordinatorCore::RecordJobEvent(const WorkerRecord& worker,

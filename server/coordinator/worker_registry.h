@@ -25,6 +25,8 @@ struct WorkerRecord {
   WorkerChannel* channel = nullptr;  // its Join stream; valid while registered.
   std::string job;                   // the job it holds a rank of; empty when idle.
   int rank = -1;  // its position in `job` (job_shape.h: its rank with one replica); -1: idle.
+  // The links it measured to other workers (its LinksProbed), by target name.
+  std::map<std::string, v1::MeasuredLink> links;
 };
 
 class WorkerRegistry {

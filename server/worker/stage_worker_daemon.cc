@@ -136,6 +136,9 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
     daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
                                 options.emulate_gflops));
   }
+  daemon->link_prober_ = std::make_unique<LinkProber>(
+      daemon->name_, daemon->channel_credentials_, WorkerProbeOptions(options.link),
+      [raw = daemon.get()](v1::WorkerEvent event) { raw->Emit(std::move(event)); });
   daemon->command_thread_ = std::thread([raw = daemon.get()] { raw->CommandLoop(); });
   daemon->session_thread_ = std::thread([raw = daemon.get()] { raw->SessionLoop(); });
   return daemon;
@@ -308,6 +311,10 @@ void StageWorkerDaemon::Log(absl::string_view message, logging::LogLevel level) 
 
 absl::StatusOr<link::LinkSettings> StageWorkerDaemon::Accept(const link::PeerHello& hello,
                                                              std::unique_ptr<link::PeerLink> link) {
+  // Another worker measuring its link to this one (its LinkProber): answered whatever the job.
+  if (hello.identity.job == link::kLinkProbeJob) {
+    return probe_answerer_.Accept(hello, std::move(link));
+  }
   std::shared_ptr<WorkerJob> job;
   {
     absl::MutexLock lock(&job_mu_);
@@ -435,6 +442,10 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
         job->OnOpenLinks();
       return;
     }
+    case v1::WorkerCommand::kProbeLinks:
+      // Answered with LinksProbed, from the prober's thread.
+      link_prober_->Start(command.probe_links());
+      return;
     case v1::WorkerCommand::COMMAND_NOT_SET:
       EmitError("", 0, 0, absl::InvalidArgumentError("empty WorkerCommand"));
       return;
@@ -486,7 +497,9 @@ void StageWorkerDaemon::Shutdown() {
   if (stream != nullptr) stream->Cancel();
   if (session_thread_.joinable()) session_thread_.join();
   if (command_thread_.joinable()) command_thread_.join();  // drops the job on its way out.
+  if (link_prober_ != nullptr) link_prober_->Stop();
   DropJob("the worker is shutting down");
+  probe_answerer_.Shutdown();
   if (server_ != nullptr) {
     introspection::SetNotServing(server_.get());
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

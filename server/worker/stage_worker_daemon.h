@@ -34,9 +34,11 @@
 #include "pipetrain/v1/worker_control.grpc.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/exchange_service.h"
+#include "server/link/link_probe.h"
 #include "server/link/peer_link.h"
 #include "server/worker/control_stream.h"
 #include "server/worker/host_probe.h"
+#include "server/worker/link_prober.h"
 #include "server/worker/worker_job.h"
 
 namespace grpc {
@@ -225,6 +227,10 @@ class StageWorkerDaemon final : private JobHost {
   std::string name_;     // likewise.
   int port_ = 0;         // likewise.
 
+  // Answers the probe streams other workers open to measure their links to this one (Accept).
+  link::ProbeAnswerer probe_answerer_;
+  // Runs the coordinator's ProbeLinks (set in Start before any thread runs).
+  std::unique_ptr<LinkProber> link_prober_;
   std::unique_ptr<link::ExchangeService> exchange_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coordinator_channel_;

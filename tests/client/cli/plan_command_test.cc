@@ -1,9 +1,12 @@
 // `pipetrain plan`'s options, its choice for --plan auto and its table (client/cli/plan_command.h).
 #include "client/cli/plan_command.h"
 
+#include <cmath>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pipetrain::cli {
 namespace {
@@ -106,8 +109,123 @@ TEST(PlanCommandTest, RefusesBadOptionsBeforeMeasuring) {
   absl::Status cpu = ComputePlans(o).status();
   EXPECT_NE(cpu.message().find("--message-cpu"), std::string::npos) << cpu;
   o.message_cpu_seconds = 0;
+  o.link_latency_seconds = -1e-6;
+  absl::Status latency = ComputePlans(o).status();
+  EXPECT_NE(latency.message().find("--link-latency must be in [0, 1e6]"), std::string::npos)
+      << latency;
+  o.link_latency_seconds.reset();
   o.top = 0;
   EXPECT_NE(ComputePlans(o).status().message().find("--top"), std::string::npos);
+}
+
+using ::testing::HasSubstr;
+
+PlanLinkFigures Figures(LinkFigureSource latency, LinkFigureSource bandwidth,
+                        LinkFigureSource cpu) {
+  PlanLinkFigures f;
+  f.costs = {45e-6, 2.1e9, 3.25e-6};
+  f.latency = latency;
+  f.bandwidth = bandwidth;
+  f.message_cpu = cpu;
+  return f;
+}
+
+TEST(PlanCommandTest, LinkFiguresSayWhereTheyCameFrom) {
+  using S = LinkFigureSource;
+  PlanLinkFigures measured = Figures(S::kMeasured, S::kMeasured, S::kMeasured);
+  measured.measured_on = "this host's loopback link";
+  EXPECT_EQ(LinkFiguresText(measured),
+            "link measured: 45 us, 2.1 GB/s, 3.2 us CPU per message (this host's loopback link)");
+  EXPECT_EQ(LinkFiguresText(Figures(S::kGiven, S::kGiven, S::kGiven)),
+            "link given: 45 us, 2.1 GB/s, 3.2 us CPU per message");
+  EXPECT_THAT(LinkFiguresText(Figures(S::kDefault, S::kDefault, S::kDefault)),
+              HasSubstr("link default: 45 us, 2.1 GB/s, 3.2 us CPU per message (no link "
+                        "between the coordinator's workers was measured"));
+  PlanLinkFigures mixed = Figures(S::kMeasured, S::kGiven, S::kMeasured);
+  mixed.costs.bytes_per_second = 12.5e6;
+  EXPECT_EQ(LinkFiguresText(mixed),
+            "link: 45 us measured, 12.5 MB/s given, 3.2 us CPU per message measured");
+  mixed.costs.bytes_per_second = 0;
+  EXPECT_THAT(LinkFiguresText(mixed), HasSubstr("infinite bandwidth given"));
+}
+
+TEST(PlanCommandTest, TableAndJsonNameTheLinkFigures) {
+  PlanResult r = Result();
+  r.link = Figures(LinkFigureSource::kGiven, LinkFigureSource::kGiven, LinkFigureSource::kGiven);
+  EXPECT_THAT(FormatPlans(r, 10, false),
+              HasSubstr("GFLOP/s\nlink given: 45 us, 2.1 GB/s, 3.2 us CPU per message\n#"));
+  const std::string json = FormatPlans(r, 1, true);
+  const nlohmann::json j = nlohmann::json::parse(json);
+  EXPECT_DOUBLE_EQ(j["link"]["latency_seconds"].get<double>(), 45e-6);
+  EXPECT_DOUBLE_EQ(j["link"]["bytes_per_second"].get<double>(), 2.1e9);
+  EXPECT_DOUBLE_EQ(j["link"]["cpu_seconds_per_message"].get<double>(), 3.25e-6);
+  EXPECT_EQ(j["link"]["latency_source"], "given");
+}
+
+// Plans for two workers on this host of the small digits MLP (each ComputePlans times its
+// layers: about a second).
+PlanCommandOptions LocalDigits() {
+  PlanCommandOptions o;
+  o.training.model_path = PIPETRAIN_SOURCE_DIR "/examples/mlp_digits.textproto";
+  o.training.data_dir = PIPETRAIN_SOURCE_DIR "/data";
+  o.training.batch = 8;
+  o.local_workers = 2;
+  o.max_microbatches = 2;
+  return o;
+}
+
+// Unset, the link figures are measured on the loopback link: positive and finite, and what
+// every plan was simulated with.
+TEST(PlanCommandTest, LocalPlansMeasureTheLinkWhenNotGiven) {
+  absl::StatusOr<PlanResult> r = ComputePlans(LocalDigits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->link.latency, LinkFigureSource::kMeasured);
+  EXPECT_EQ(r->link.bandwidth, LinkFigureSource::kMeasured);
+  EXPECT_EQ(r->link.message_cpu, LinkFigureSource::kMeasured);
+  for (const double x : {r->link.costs.latency_seconds, r->link.costs.bytes_per_second,
+                         r->link.costs.cpu_seconds_per_message}) {
+    EXPECT_TRUE(std::isfinite(x) && x > 0) << x;
+  }
+  ASSERT_FALSE(r->plans.empty());
+  EXPECT_THAT(FormatPlans(*r, 1, false), HasSubstr("link measured: "));
+}
+
+// Given, a figure overrides the measurement; the others are still measured.
+TEST(PlanCommandTest, GivenLinkFiguresOverrideTheMeasurement) {
+  PlanCommandOptions o = LocalDigits();
+  o.link_bytes_per_second = 0;
+  o.message_cpu_seconds = 7e-6;
+  absl::StatusOr<PlanResult> r = ComputePlans(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->link.latency, LinkFigureSource::kMeasured);
+  EXPECT_GT(r->link.costs.latency_seconds, 0);
+  EXPECT_EQ(r->link.bandwidth, LinkFigureSource::kGiven);
+  EXPECT_EQ(r->link.costs.bytes_per_second, 0);
+  EXPECT_EQ(r->link.message_cpu, LinkFigureSource::kGiven);
+  EXPECT_EQ(r->link.costs.cpu_seconds_per_message, 7e-6);
+}
+
+// A probe that fails is an error naming the flags that plan without it; with all three given
+// the probe is not run and the plans are made (the same failing probe options).
+TEST(PlanCommandTest, AFailedProbeSaysHowToPlanWithoutIt) {
+  PlanCommandOptions o = LocalDigits();
+  o.link_probe.timeout = absl::Nanoseconds(1);  // no round trip meets it.
+  o.link_latency_seconds = 50e-6;
+  absl::Status failed = ComputePlans(o).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
+  EXPECT_THAT(
+      std::string(failed.message()),
+      HasSubstr("measuring this host's loopback link for the plans failed (give "
+                "--link-latency, --link-bandwidth and --message-cpu to plan without "
+                "measuring): link probe: out of time (1ns) waiting for the answer to tensor 0"));
+  o.link_bytes_per_second = 1e9;
+  o.message_cpu_seconds = 20e-6;
+  absl::StatusOr<PlanResult> r = ComputePlans(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->link.costs.latency_seconds, 50e-6);
+  EXPECT_EQ(r->link.costs.bytes_per_second, 1e9);
+  EXPECT_EQ(r->link.costs.cpu_seconds_per_message, 20e-6);
+  EXPECT_EQ(LinkFiguresText(r->link), "link given: 50 us, 1.0 GB/s, 20 us CPU per message");
 }
 
 }  // namespace
