@@ -1,6 +1,5 @@
 #include "common/util/cpu_set.h"
 
-#include <dirent.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -14,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/util/status_macros.h"
 
 namespace pipetrain::util {
 namespace {
@@ -30,28 +28,6 @@ absl::StatusOr<int> ParseCpu(absl::string_view text, absl::string_view item) {
                                                    " is beyond the highest, ", kMaxCpus - 1));
   }
   return cpu;
-}
-
-cpu_set_t SetOf(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int cpu : cpus) CPU_SET(cpu, &set);
-  return set;
-}
-
-// The ids of this process's threads now.
-absl::StatusOr<std::vector<int>> ThreadIds() {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) {
-    return absl::InternalError(absl::StrCat("opendir(/proc/self/task): ", std::strerror(errno)));
-  }
-  std::vector<int> tids;
-  while (dirent* entry = readdir(dir)) {
-    int tid = 0;
-    if (absl::SimpleAtoi(entry->d_name, &tid) && tid > 0) tids.push_back(tid);
-  }
-  closedir(dir);
-  return tids;
 }
 
 }  // namespace
@@ -104,18 +80,16 @@ std::string FormatCpuList(std::vector<int> cpus) {
   return out;
 }
 
-std::vector<int> ThreadCpus(int tid) {
+std::vector<int> AllowedCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::vector<int> cpus;
-  if (sched_getaffinity(tid, sizeof(set), &set) != 0) return cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
   for (int cpu = 0; cpu < kMaxCpus; ++cpu) {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   }
   return cpus;
 }
-
-std::vector<int> AllowedCpus() { return ThreadCpus(0); }
 
 int UsableCpuCount() {
   const size_t allowed = AllowedCpus().size();
@@ -156,35 +130,6 @@ absl::Status ConfineToCpus(const std::vector<int>& cpus) {
         absl::StrCat("sched_setaffinity(", FormatCpuList(cpus), "): ", std::strerror(errno)));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<ProcessConfinement>> ProcessConfinement::Confine(
-    const std::vector<int>& cpus) {
-  std::unique_ptr<ProcessConfinement> c(new ProcessConfinement());
-  c->caller_cpus_ = AllowedCpus();
-  if (c->caller_cpus_.empty()) {
-    return absl::InternalError("the calling thread's CPUs cannot be read (sched_getaffinity)");
-  }
-  PT_ASSIGN_OR_RETURN(const std::vector<int> tids, ThreadIds());
-  for (int tid : tids) {
-    std::vector<int> former = ThreadCpus(tid);
-    if (!former.empty()) c->saved_.emplace_back(tid, std::move(former));  // else: it ended.
-  }
-  PT_RETURN_IF_ERROR(ConfineToCpus(cpus));  // checks `cpus` (and confines the calling thread).
-  const cpu_set_t set = SetOf(cpus);
-  for (const auto& [tid, former] : c->saved_) sched_setaffinity(tid, sizeof(set), &set);
-  return c;
-}
-
-ProcessConfinement::~ProcessConfinement() {
-  absl::StatusOr<std::vector<int>> tids = ThreadIds();
-  if (!tids.ok()) return;
-  for (int tid : *tids) {
-    auto it =
-        std::find_if(saved_.begin(), saved_.end(), [tid](const auto& s) { return s.first == tid; });
-    const cpu_set_t set = SetOf(it != saved_.end() ? it->second : caller_cpus_);
-    sched_setaffinity(tid, sizeof(set), &set);  // a thread that ended meanwhile: nothing to do.
-  }
 }
 
 absl::Status ConfineToCpuList(absl::string_view list) {

@@ -11,9 +11,7 @@
 #ifndef PIPETRAIN_COMMON_UTIL_CPU_SET_H_
 #define PIPETRAIN_COMMON_UTIL_CPU_SET_H_
 
-#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,10 +36,6 @@ std::string FormatCpuList(std::vector<int> cpus);
 // not say.
 std::vector<int> AllowedCpus();
 
-// The CPUs thread `tid` of this process may run on (0: the calling thread), sorted; empty if the
-// kernel does not say (e.g. the thread ended).
-std::vector<int> ThreadCpus(int tid);
-
 // How many CPUs the calling thread may run on: the size of AllowedCpus(), or
 // std::thread::hardware_concurrency() if that is empty; at least 1.
 int UsableCpuCount();
@@ -56,26 +50,6 @@ std::vector<std::vector<int>> CpuGroups(const std::vector<int>& cpus, int groups
 // `cpus` is empty or names a CPU this thread may not use (the message lists the allowed ones);
 // INTERNAL if the kernel refuses.
 absl::Status ConfineToCpus(const std::vector<int>& cpus);
-
-// Confines every thread of this process to `cpus` while it lives: those running at Confine (and
-// so the threads they start meanwhile, which inherit it). On destruction every thread that still
-// runs gets back the mask it had at Confine, and a thread started meanwhile the mask the calling
-// thread had. For measuring what a process's threads take from a CPU they share with a busy one
-// (the link probe). Not for daemons: a daemon confines itself once, with ConfineToCpus.
-class ProcessConfinement {
- public:
-  // INVALID_ARGUMENT as ConfineToCpus; INTERNAL if the process's threads cannot be listed
-  // (/proc/self/task) or the calling thread's mask cannot be read.
-  static absl::StatusOr<std::unique_ptr<ProcessConfinement>> Confine(const std::vector<int>& cpus);
-  ~ProcessConfinement();
-  ProcessConfinement(const ProcessConfinement&) = delete;
-  ProcessConfinement& operator=(const ProcessConfinement&) = delete;
-
- private:
-  ProcessConfinement() = default;
-  std::vector<std::pair<int, std::vector<int>>> saved_;  // (thread id, its former CPUs).
-  std::vector<int> caller_cpus_;
-};
 
 // ConfineToCpus(ParseCpuList(list)): the errors of either (`stage_worker --cpus LIST`).
 absl::Status ConfineToCpuList(absl::string_view list);

@@ -1,15 +1,10 @@
 #include "common/util/cpu_set.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -142,64 +137,6 @@ TEST(CpuGroupsTest, NothingWhenTheGroupsDoNotFit) {
   EXPECT_THAT(CpuGroups({0, 1}, 0, 1), IsEmpty());
   EXPECT_THAT(CpuGroups({0, 1}, 1, 0), IsEmpty());
   EXPECT_THAT(CpuGroups({0, 1}, 1 << 30, 1 << 30), IsEmpty());  // no overflow.
-}
-
-// A thread that reports its id and waits until it is released.
-class ParkedThread {
- public:
-  ParkedThread()
-      : thread_([this] {
-          tid_ = static_cast<int>(gettid());
-          started_.Notify();
-          release_.WaitForNotification();
-        }) {
-    started_.WaitForNotification();
-  }
-  ~ParkedThread() {
-    release_.Notify();
-    thread_.join();
-  }
-  int tid() const { return tid_; }
-
- private:
-  absl::Notification started_, release_;
-  std::atomic<int> tid_{0};
-  std::thread thread_;
-};
-
-// Every thread of the process runs on the confinement's CPUs while it lives; afterwards each gets
-// its mask back, and a thread started meanwhile the caller's.
-TEST(ProcessConfinementTest, ConfinesEveryThreadAndGivesTheMasksBack) {
-  const std::vector<int> allowed = AllowedCpus();
-  ASSERT_FALSE(allowed.empty());
-  const std::vector<int> one{allowed.back()};
-  ParkedThread before;
-  std::unique_ptr<ParkedThread> during;
-  {
-    absl::StatusOr<std::unique_ptr<ProcessConfinement>> c = ProcessConfinement::Confine(one);
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(AllowedCpus(), one);
-    EXPECT_EQ(ThreadCpus(before.tid()), one);
-    during = std::make_unique<ParkedThread>();
-    EXPECT_EQ(ThreadCpus(during->tid()), one);
-  }
-  EXPECT_EQ(AllowedCpus(), allowed);
-  EXPECT_EQ(ThreadCpus(before.tid()), allowed);
-  EXPECT_EQ(ThreadCpus(during->tid()), allowed);
-}
-
-TEST(ProcessConfinementTest, RefusesCpusTheProcessMayNotUseAndChangesNothing) {
-  const std::vector<int> allowed = AllowedCpus();
-  int outside = kMaxCpus - 1;
-  while (outside >= 0 && std::binary_search(allowed.begin(), allowed.end(), outside)) --outside;
-  ASSERT_GE(outside, 0);
-  ParkedThread other;
-  absl::StatusOr<std::unique_ptr<ProcessConfinement>> c = ProcessConfinement::Confine({outside});
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(c.status().message(), HasSubstr(absl::StrCat("CPU ", outside, " is not available")));
-  EXPECT_EQ(ProcessConfinement::Confine({}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllowedCpus(), allowed);
-  EXPECT_EQ(ThreadCpus(other.tid()), allowed);
 }
 
 }  // namespace
