@@ -84,6 +84,9 @@ class FakeWorker final : public WorkerChannel {
   void Loop();
   // The event answering `command`, or none.
   std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
+  // The event answering `run`, a RunStep, EvalRun or GenRun, as scripted (held: none; failing:
+  // WorkerError), else its StepDone, EvalDone or GenDone.
+  std::optional<v1::WorkerEvent> AnswerRun(const v1::WorkerCommand& run);
   v1::WorkerEvent StepDone(const v1::RunStep& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WorkerEvent EvalDone(const v1::EvalRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last chunk owner's logits: FakeNextToken of each run (others: none).
@@ -104,9 +107,8 @@ class FakeWorker final : public WorkerChannel {
   std::shared_ptr<absl::Notification> assign_gate_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   double grad_norm_skew_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::EvalRun> held_eval_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::GenRun> held_gen_ ABSL_GUARDED_BY(mu_);
+  // The run commands HoldRunSteps holds, at most one of each kind, until an Abort.
+  std::map<v1::WorkerCommand::CommandCase, v1::WorkerCommand> held_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::GenRun> gen_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
