@@ -9,18 +9,12 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,9 +27,7 @@
 #include "absl/time/time.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
-#include "common/model/checkpoint.h"
 #include "common/model/model.h"
-#include "common/model/optimizer_proto.h"
 #include "common/model/reference_trainer.h"
 #include "common/schedule/generator.h"
 #include "gmock/gmock.h"
@@ -47,6 +39,7 @@
 #include "server/link/peer_link.h"
 #include "tests/common/model/test_models.h"
 #include "tests/server/worker/fake_coordinator.h"
+#include "tests/server/worker/fake_job.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -64,50 +57,22 @@ constexpr uint64_t kSeed = 7;
 constexpr int kMicrobatches = 4;
 constexpr int64_t kSamples = 16;
 
+using testing::Bits;
 using testing::FakeCoordinator;
 
 // ------------------------------------------------------------------ helpers
 
-math::OptimizerConfig Optimizer() {
-  math::OptimizerConfig o;
-  o.kind = math::OptimizerKind::kSgd;
-  o.lr = 0.1f;
-  o.momentum = 0.9f;
-  o.weight_decay = 0.01f;
-  o.clip_norm = 0.5f;
-  return o;
-}
-
-uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir =
-      absl::StrCat(base != nullptr ? base : "/tmp", "/stage_worker_test_", getpid(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+// The job's identity at `generation` (its name and link secret), enough for its commands.
+testing::FakeJob JobAt(int64_t generation) {
+  testing::FakeJob job;
+  job.job = kJob;
+  job.generation = generation;
+  job.secret = absl::StrCat("secret-of-generation-", generation);
+  return job;
 }
 
 v1::WorkerCommand RunStepCommand(int64_t generation, int64_t step, int64_t rows) {
-  v1::WorkerCommand c;
-  v1::RunStep* r = c.mutable_run_step();
-  r->set_job(kJob);
-  r->set_generation(generation);
-  r->set_step(step);
-  r->set_batch_rows(rows);
-  return c;
+  return testing::RunStepCommand(JobAt(generation), step, rows);
 }
 
 // Two daemons registered with a fake coordinator, and the job's plan.
@@ -154,7 +119,7 @@ class StageWorkerTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
   }
 
-  static std::string Name(int w) { return absl::StrCat("w", w); }
+  static std::string Name(int w) { return testing::WorkerName(w); }
 
   // Replaces the plan (1F1B, S = 2, V = 1 after SetUp).
   void UsePlan(schedule::ScheduleKind kind, int virtual_stages) {
@@ -166,47 +131,28 @@ class StageWorkerTest : public ::testing::Test {
 
   int LastChunk() const { return plan_.num_chunks() - 1; }
 
+  // The job at `generation` on both daemons: model_ and plan_, M = kMicrobatches.
+  testing::FakeJob Job(int64_t generation) const {
+    testing::FakeJob job = JobAt(generation);
+    job.seed = kSeed;
+    job.optimizer = testing::TestOptimizer();
+    job.stages = 2;
+    job.microbatches = kMicrobatches;
+    job.samples = kSamples;
+    job.model = model_.get();
+    job.plan = &plan_;
+    for (const auto& d : daemons_) job.addresses.push_back(d->address());
+    return job;
+  }
+
   // The Assign of worker `rank`: the layers cut evenly into the plan's chunks (with S*V = 2:
   // [0, 3) and [3, 6)), placed by the plan.
-  v1::WorkerCommand AssignCommand(int rank, int64_t generation) {
-    v1::WorkerCommand c;
-    v1::Assign* a = c.mutable_assign();
-    a->set_job(kJob);
-    a->set_generation(generation);
-    a->set_rank(rank);
-    *a->mutable_model() = model_->spec();
-    *a->mutable_optimizer() = model::OptimizerToProto(Optimizer());
-    a->set_seed(kSeed);
-    a->set_threads(1);
-    a->set_stages(2);
-    a->set_virtual_stages(plan_.virtual_stages());
-    a->set_microbatches(kMicrobatches);
-    const int chunks = plan_.num_chunks();
-    const int64_t layers = model_->num_layers();
-    // dualpipe: two copies of 2 stages, chunk 2 + k repeating chunk k's layers.
-    const bool copies = plan_.placement.kind == schedule::PlacementKind::kBidirectional;
-    const int cuts = copies ? chunks / 2 : chunks;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const int k = chunk % cuts;
-      v1::ChunkSpec* spec = a->add_chunks();
-      spec->set_chunk(chunk);
-      spec->set_rank(plan_.placement.OwnerOf(chunk));
-      spec->set_first_layer(k * layers / cuts);
-      spec->set_last_layer((k + 1) * layers / cuts);
-    }
-    for (auto& d : daemons_) a->add_worker_addresses(d->address());
-    for (const schedule::Action& act : plan_.actions[rank])
-      *a->add_actions() = control::ActionToProto(act);
-    a->set_link_secret(SecretOf(generation));
-    // The level of the in-process reference the results are compared with.
-    a->set_isa(std::string(math::IsaName(model_->isa())));
-    return c;
+  v1::WorkerCommand AssignCommand(int rank, int64_t generation) const {
+    return testing::AssignCommand(Job(generation), 0, rank);
   }
 
   // The link secret the fake coordinator gives `generation` (Assign.link_secret).
-  static std::string SecretOf(int64_t generation) {
-    return absl::StrCat("secret-of-generation-", generation);
-  }
+  static std::string SecretOf(int64_t generation) { return JobAt(generation).secret; }
 
   // Opens an Exchange stream to worker `w` as `peer` for (kJob, generation) presenting `secret`,
   // and returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
@@ -253,54 +199,18 @@ class StageWorkerTest : public ::testing::Test {
     }
   }
 
-  // The single-process trainer the workers' steps must equal: the same model, micro-batches, seed
-  // and optimizer, one thread.
+  // The single-process trainer the workers' steps must equal.
   absl::StatusOr<std::unique_ptr<model::ReferenceTrainer>> Reference() const {
-    model::TrainerOptions ro;
-    ro.microbatches = kMicrobatches;
-    ro.threads = 1;
-    ro.seed = kSeed;
-    ro.optimizer = Optimizer();
-    return model::ReferenceTrainer::Create(model_.get(), ro);
+    return testing::Reference(Job(1));
   }
 
   // Opens the coordinator's feed stream to worker `w` (as peer "coordinator").
   PeerLink* Feed(int w, int64_t generation) {
-    LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, generation};
-    settings.validation.num_microbatches = kMicrobatches;
-    settings.validation.num_chunks = plan_.num_chunks();
-    settings.callbacks.on_tensor = [](const TensorKey& key, math::Matrix) {
-      return absl::InvalidArgumentError("the coordinator receives no tensors");
-    };
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{"coordinator", wire::StreamIdentity{kJob, generation}, SecretOf(generation)},
-        LinkOptions{}, settings);
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = testing::OpenFeed(Job(generation), w);
     EXPECT_TRUE(link.ok()) << link.status();
     if (!link.ok()) return nullptr;
     feeds_.push_back(*std::move(link));
     return feeds_.back().get();
-  }
-
-  // Sends the input and the target of every micro-batch of `batch` to the ends of its route
-  // (plan_.RouteBegin/RouteEnd: chunk 0 and the last chunk, or one copy's under dualpipe), over
-  // `feeds`, the coordinator's stream to each rank.
-  void FeedRouted(const std::map<int, PeerLink*>& feeds, int64_t step, const io::Batch& batch) {
-    const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
-    for (int mb = 0; mb < kMicrobatches; ++mb) {
-      const int first = plan_.RouteBegin(mb);
-      const int last = plan_.RouteEnd(mb) - 1;
-      auto x = std::make_shared<const math::Matrix>(batch.inputs.middleRows(mb * mb_rows, mb_rows));
-      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(first))
-                      ->Send(TensorKey{step, mb, first, TensorKind::kInput}, x)
-                      .ok());
-      auto y =
-          std::make_shared<const math::Matrix>(batch.targets.middleRows(mb * mb_rows, mb_rows));
-      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(last))
-                      ->Send(TensorKey{step, mb, last, TensorKind::kTarget}, y)
-                      .ok());
-    }
   }
 
   // Sends the inputs of every micro-batch of `batch` to `in` and the targets to `target`.
@@ -370,120 +280,13 @@ void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   constexpr int64_t kGeneration = 1;
   AssignBoth(kGeneration);
-  // The ranks at the ends of the micro-batches' routes, and the one whose loss each reports.
+  // The ranks at the ends of the micro-batches' routes.
   std::map<int, PeerLink*> feeds;
-  std::vector<int> loss_owner;
-  for (int mb = 0; mb < kMicrobatches; ++mb) {
-    for (int chunk : {plan_.RouteBegin(mb), plan_.RouteEnd(mb) - 1}) {
-      const int rank = plan_.placement.OwnerOf(chunk);
-      if (feeds.count(rank) == 0) feeds[rank] = Feed(rank, kGeneration);
-      ASSERT_NE(feeds[rank], nullptr);
-    }
-    loss_owner.push_back(plan_.placement.OwnerOf(plan_.RouteEnd(mb) - 1));
+  for (int rank : testing::FedWorkers(Job(kGeneration))) {
+    feeds[rank] = Feed(rank, kGeneration);
+    ASSERT_NE(feeds[rank], nullptr);
   }
-
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-
-  for (int64_t step = 1; step <= 2; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step));
-    const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, static_cast<int>(step));
-    absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-    ASSERT_TRUE(want.ok()) << want.status();
-
-    const int64_t rows = batch.inputs.rows();
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
-    }
-    FeedRouted(feeds, step, batch);
-    std::vector<double> per_layer(model_->num_layers(), 0.0);
-    std::vector<float> losses(kMicrobatches, 0.0f);
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-      const v1::StepDone& done = e->step_done();
-      EXPECT_EQ(done.step(), step);
-      EXPECT_EQ(done.generation(), kGeneration);
-      EXPECT_EQ(done.timings_size(), static_cast<int>(plan_.actions[w].size()));
-      for (const v1::ActionTiming& t : done.timings()) {
-        EXPECT_LE(t.start_us(), t.end_us());
-        EXPECT_GE(t.wait_us(), 0);
-      }
-      for (const v1::LayerNormSq& n : done.grad_norms()) {
-        EXPECT_EQ(per_layer[n.layer()], 0.0) << "layer " << n.layer() << " reported twice";
-        per_layer[n.layer()] = n.norm_sq();
-      }
-      if (std::count(loss_owner.begin(), loss_owner.end(), w) == 0) {
-        EXPECT_EQ(done.microbatch_losses_size(), 0);
-        continue;
-      }
-      ASSERT_EQ(done.microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        if (loss_owner[mb] == w) losses[mb] = done.microbatch_losses(mb);
-      }
-    }
-    ASSERT_EQ(losses.size(), want->microbatch_losses.size());
-    float loss = 0;
-    for (size_t mb = 0; mb < losses.size(); ++mb) {
-      EXPECT_EQ(Bits(losses[mb]), Bits(want->microbatch_losses[mb])) << "mb " << mb;
-      loss += losses[mb];
-    }
-    EXPECT_EQ(Bits(loss), Bits(want->loss));
-    const double norm_sq = model::SumLayerNormSq(per_layer);
-    EXPECT_EQ(norm_sq, want->grad_norm_sq);
-    const float clip = math::ClipScale(norm_sq, Optimizer().clip_norm);
-    EXPECT_EQ(Bits(clip), Bits(want->clip_scale));
-
-    for (int w = 0; w < 2; ++w) {
-      v1::WorkerCommand c;
-      v1::Commit* commit = c.mutable_commit();
-      commit->set_job(kJob);
-      commit->set_generation(kGeneration);
-      commit->set_step(step);
-      commit->set_clip_scale(clip);
-      ASSERT_TRUE(coordinator_.Send(Name(w), c));
-    }
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_committed()) << e->DebugString();
-      EXPECT_EQ(e->committed().step(), step);
-    }
-  }
-
-  // Shards uploaded by both workers, byte for byte equal to the reference's files.
-  const std::string ref_dir = TempDir("reference");
-  for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    v1::SaveShards* save = c.mutable_save_shards();
-    save->set_job(kJob);
-    save->set_generation(kGeneration);
-    save->set_step(2);
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
-  }
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_shards_saved()) << e->DebugString();
-  }
-  model::CheckpointManifest manifest;
-  manifest.step = (*reference)->steps_done();
-  manifest.model_spec = model_->spec();
-  manifest.optimizer = math::FormatOptimizerConfig(Optimizer());
-  manifest.seed = kSeed;
-  manifest.batch_size = kSamples;
-  manifest.microbatches = kMicrobatches;
-  manifest.shards = model::LayerShards(*model_, 0, model_->num_layers());
-  ASSERT_EQ(manifest.step, 2);
-  ASSERT_TRUE(model::SaveCheckpoint(ref_dir, manifest, (*reference)->ExportState()).ok());
-  ASSERT_FALSE(manifest.shards.empty());
-  for (const model::CheckpointShard& shard : manifest.shards) {
-    const std::string want = ReadBytes(absl::StrCat(ref_dir, "/", shard.file));
-    const std::string got = coordinator_.Uploaded(shard.file);
-    ASSERT_FALSE(want.empty()) << shard.file;
-    EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
-  }
+  testing::ExpectStepsBitwiseEqualToTheReference(&coordinator_, Job(kGeneration), feeds, 2);
 }
 
 // The tied GPT (tie_embeddings) on two daemons: with 1F1B and interleaved the ranks of chunk 0 and
@@ -666,12 +469,7 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
     ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
   }
   for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    c.mutable_abort()->set_job(kJob);
-    c.mutable_abort()->set_generation(kGeneration);
-    c.mutable_abort()->set_step(0);
-    c.mutable_abort()->set_reason("test");
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
+    ASSERT_TRUE(coordinator_.Send(Name(w), testing::AbortCommand(JobAt(kGeneration), 0, "test")));
   }
   for (int w = 0; w < 2; ++w) {
     absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
@@ -890,11 +688,7 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   // Worker 0 still runs the job: its step fails only by the Abort (ABORTED) or by its released
   // neighbour refusing the link it dials at the step (ABORTED or UNAVAILABLE naming the link) —
   // whichever comes first is the scheduler's choice — never with its own "no job".
-  v1::WorkerCommand abort;
-  abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_generation(9);
-  abort.mutable_abort()->set_step(0);
-  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
+  ASSERT_TRUE(coordinator_.Send(Name(0), testing::AbortCommand(JobAt(9), 0)));
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_TRUE(e->has_error()) << e->DebugString();
@@ -933,12 +727,8 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
       ASSERT_TRUE(e->has_step_done()) << e->DebugString();
     }
     for (int w = 0; w < 2; ++w) {
-      v1::WorkerCommand c;
-      c.mutable_commit()->set_job(kJob);
-      c.mutable_commit()->set_generation(kGeneration);
-      c.mutable_commit()->set_step(step);
-      c.mutable_commit()->set_clip_scale(1.0f);
-      ASSERT_TRUE(coordinator_.Send(Name(w), c));
+      ASSERT_TRUE(
+          coordinator_.Send(Name(w), testing::CommitCommand(JobAt(kGeneration), step, 1.0f)));
     }
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
@@ -979,12 +769,7 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
     ASSERT_TRUE(e->has_step_done()) << e->DebugString();
   }
   for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    c.mutable_commit()->set_job(kJob);
-    c.mutable_commit()->set_generation(kGeneration);
-    c.mutable_commit()->set_step(1);
-    c.mutable_commit()->set_clip_scale(1.0f);
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
+    ASSERT_TRUE(coordinator_.Send(Name(w), testing::CommitCommand(JobAt(kGeneration), 1, 1.0f)));
   }
   for (int w = 0; w < 2; ++w) {
     absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
@@ -1013,11 +798,7 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
   EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
   // The generation is broken: a new RunStep fails at once with the link's status.
-  v1::WorkerCommand abort;
-  abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_generation(kGeneration);
-  abort.mutable_abort()->set_step(2);
-  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
+  ASSERT_TRUE(coordinator_.Send(Name(0), testing::AbortCommand(JobAt(kGeneration), 2)));
   ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kGeneration, 2, rows)));
   e = coordinator_.Next(Name(0));
   ASSERT_TRUE(e.ok()) << e.status();
