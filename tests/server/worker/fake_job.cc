@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/checkpoint.h"
 #include "common/model/optimizer_proto.h"
 #include "gtest/gtest.h"
@@ -24,6 +25,16 @@ namespace {
 using link::PeerLink;
 using wire::TensorKey;
 using wire::TensorKind;
+
+// Sets the job, generation and step of `command` (a RunStep, Commit, SaveShards or Abort); returns
+// it.
+template <typename Command>
+Command* Fence(const FakeJob& job, int64_t step, Command* command) {
+  command->set_job(job.job);
+  command->set_generation(job.generation);
+  command->set_step(step);
+  return command;
+}
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -179,40 +190,25 @@ uint32_t Bits(float v) {
 
 v1::WorkerCommand RunStepCommand(const FakeJob& job, int64_t step, int64_t rows) {
   v1::WorkerCommand c;
-  v1::RunStep* r = c.mutable_run_step();
-  r->set_job(job.job);
-  r->set_generation(job.generation);
-  r->set_step(step);
-  r->set_batch_rows(rows);
+  Fence(job, step, c.mutable_run_step())->set_batch_rows(rows);
   return c;
 }
 
 v1::WorkerCommand CommitCommand(const FakeJob& job, int64_t step, float clip_scale) {
   v1::WorkerCommand c;
-  v1::Commit* commit = c.mutable_commit();
-  commit->set_job(job.job);
-  commit->set_generation(job.generation);
-  commit->set_step(step);
-  commit->set_clip_scale(clip_scale);
+  Fence(job, step, c.mutable_commit())->set_clip_scale(clip_scale);
   return c;
 }
 
 v1::WorkerCommand SaveShardsCommand(const FakeJob& job, int64_t step) {
   v1::WorkerCommand c;
-  v1::SaveShards* save = c.mutable_save_shards();
-  save->set_job(job.job);
-  save->set_generation(job.generation);
-  save->set_step(step);
+  Fence(job, step, c.mutable_save_shards());
   return c;
 }
 
 v1::WorkerCommand AbortCommand(const FakeJob& job, int64_t step, const std::string& reason) {
   v1::WorkerCommand c;
-  v1::Abort* abort = c.mutable_abort();
-  abort->set_job(job.job);
-  abort->set_generation(job.generation);
-  abort->set_step(step);
-  abort->set_reason(reason);
+  Fence(job, step, c.mutable_abort())->set_reason(reason);
   return c;
 }
 
@@ -315,6 +311,38 @@ void FeedRouted(const FakeJob& job, const std::map<int, PeerLink*>& feeds, int64
       ASSERT_TRUE(target->second->Send(TensorKey{step, i, last, TensorKind::kTarget}, y).ok());
     }
   }
+}
+
+absl::Status StreamEndStatus(const std::string& address, const link::PeerHello& hello,
+                             const wire::FrameValidation& validation,
+                             const std::optional<TensorKey>& key, absl::Duration timeout) {
+  absl::Mutex mu;
+  absl::Status ended;
+  bool done = false;
+  link::LinkSettings settings;
+  settings.validation = validation;
+  settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
+  settings.callbacks.on_error = [&](const absl::Status& status) {
+    absl::MutexLock lock(&mu);
+    ended = status;
+    done = true;
+  };
+  absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
+      link::CreateExchangeChannel(address), address, hello, link::LinkOptions{}, settings);
+  if (!link.ok()) return link.status();
+  const absl::Status sent = key.has_value()
+                                ? (*link)->Send(*key, std::make_shared<const math::Matrix>(2, 3))
+                                : absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu);
+    if (sent.ok() && !mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      ended = absl::DeadlineExceededError(
+          absl::StrCat("the stream was not refused within ", absl::FormatDuration(timeout)));
+    }
+  }
+  (*link)->Shutdown();  // no callback runs after this: `mu` may go.
+  absl::MutexLock lock(&mu);
+  return sent.ok() ? ended : sent;
 }
 
 void ExpectStepsBitwiseEqualToTheReference(FakeCoordinator* coordinator, const FakeJob& job,

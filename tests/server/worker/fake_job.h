@@ -11,15 +11,20 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
 #include "common/model/model.h"
 #include "common/model/reference_trainer.h"
 #include "common/schedule/ir.h"
+#include "common/wire/frame_codec.h"
+#include "common/wire/tensor_key.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
 #include "tests/server/worker/fake_coordinator.h"
@@ -85,6 +90,14 @@ std::vector<int> FedWorkers(const FakeJob& job);
 // route in its replica, over `feeds` (the coordinator's stream to each of FedWorkers, by worker).
 void FeedRouted(const FakeJob& job, const std::map<int, link::PeerLink*>& feeds, int64_t step,
                 const io::Batch& batch);
+
+// Opens an Exchange stream to `address` presenting `hello`, the frames it receives checked as
+// `validation`, sends a [2, 3] tensor under `key` if there is one, and returns the status the
+// stream ends with: the Send's error, or DEADLINE_EXCEEDED if the stream still runs after
+// `timeout`.
+absl::Status StreamEndStatus(const std::string& address, const link::PeerHello& hello,
+                             const wire::FrameValidation& validation,
+                             const std::optional<wire::TensorKey>& key, absl::Duration timeout);
 
 // Runs steps 1..`steps` of the job (assigned, `feeds` open) through `coordinator`: each step's
 // batch (MakeBatch with the step as its seed) fed, every worker's StepDone checked (step,

@@ -44,8 +44,6 @@
 namespace pipetrain::worker {
 namespace {
 
-using link::LinkOptions;
-using link::LinkSettings;
 using link::PeerHello;
 using link::PeerLink;
 using ::testing::HasSubstr;
@@ -154,36 +152,33 @@ class StageWorkerTest : public ::testing::Test {
   // The link secret the fake coordinator gives `generation` (Assign.link_secret).
   static std::string SecretOf(int64_t generation) { return JobAt(generation).secret; }
 
+  // The checks a stream of the job at `generation` applies to the frames it receives.
+  wire::FrameValidation Validation(int64_t generation) const {
+    wire::FrameValidation validation;
+    validation.expected = wire::StreamIdentity{kJob, generation};
+    validation.num_microbatches = kMicrobatches;
+    validation.num_chunks = plan_.num_chunks();
+    return validation;
+  }
+
   // Opens an Exchange stream to worker `w` as `peer` for (kJob, generation) presenting `secret`,
   // and returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
   absl::Status StreamEnd(int w, const std::string& peer, int64_t generation,
                          const std::string& secret) {
-    absl::Mutex mu;
-    absl::Status ended;
-    bool done = false;
-    LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, generation};
-    settings.validation.num_microbatches = kMicrobatches;
-    settings.validation.num_chunks = plan_.num_chunks();
-    settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
-    settings.callbacks.on_error = [&](const absl::Status& status) {
-      absl::MutexLock lock(&mu);
-      ended = status;
-      done = true;
-    };
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
-    if (!link.ok()) return link.status();
-    {
-      absl::MutexLock lock(&mu);
-      if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
-        ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
-      }
-    }
-    (*link)->Shutdown();  // no callback runs after this: `mu` may go.
-    absl::MutexLock lock(&mu);
-    return ended;
+    return testing::StreamEndStatus(daemons_[w]->address(),
+                                    PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret},
+                                    Validation(generation), std::nullopt, absl::Seconds(10));
+  }
+
+  // Opens an Exchange stream to worker `w` as `peer` (with the secret of `generation`), sends one
+  // [2, 3] tensor under `key` and returns the status the stream ends with (DEADLINE_EXCEEDED if
+  // it still runs after 10 s).
+  absl::Status SendAndAwaitEnd(int w, const std::string& peer, int64_t generation,
+                               const TensorKey& key) {
+    return testing::StreamEndStatus(
+        daemons_[w]->address(),
+        PeerHello{peer, wire::StreamIdentity{kJob, generation}, SecretOf(generation)},
+        Validation(generation), key, absl::Seconds(10));
   }
 
   // Assigns both workers at `generation` and waits for both Assigned.
@@ -312,41 +307,6 @@ TEST_P(StageWorkerTiedScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
   ExpectTwoStepsBitwiseEqualToTheReference();
 }
 
-// Opens an Exchange stream to worker `w` as `peer` (with the generation's secret), sends one
-// [2, 3] tensor under `key` and returns the status the stream ends with (DEADLINE_EXCEEDED if it
-// still runs after 10 s).
-absl::Status SendAndAwaitEnd(const std::string& address, const std::string& peer,
-                             int64_t generation, const std::string& secret, int chunks,
-                             const TensorKey& key) {
-  absl::Mutex mu;
-  absl::Status ended;
-  bool done = false;
-  LinkSettings settings;
-  settings.validation.expected = wire::StreamIdentity{kJob, generation};
-  settings.validation.num_microbatches = kMicrobatches;
-  settings.validation.num_chunks = chunks;
-  settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
-  settings.callbacks.on_error = [&](const absl::Status& status) {
-    absl::MutexLock lock(&mu);
-    ended = status;
-    done = true;
-  };
-  absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-      link::CreateExchangeChannel(address), address,
-      PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
-  if (!link.ok()) return link.status();
-  absl::Status sent = (*link)->Send(key, std::make_shared<const math::Matrix>(2, 3));
-  {
-    absl::MutexLock lock(&mu);
-    if (sent.ok() && !mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
-      ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
-    }
-  }
-  (*link)->Shutdown();  // no callback runs after this: `mu` may go.
-  absl::MutexLock lock(&mu);
-  return sent.ok() ? ended : sent;
-}
-
 // Only the tie's other end sends a tied_gradient: the coordinator's feed stream to rank 0 (inputs
 // and targets only) is refused naming the kind. The tie's own stream is a neighbour's, fenced by
 // generation and secret like every other.
@@ -355,8 +315,7 @@ TEST_P(StageWorkerTiedScheduleTest, ATiedGradientFromAnotherPeerIsRefused) {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   AssignBoth(1);
   const absl::Status feed =
-      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
-                      TensorKey{1, 0, 0, TensorKind::kTiedGradient});
+      SendAndAwaitEnd(0, "coordinator", 1, TensorKey{1, 0, 0, TensorKind::kTiedGradient});
   EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
   EXPECT_THAT(feed.message(), HasSubstr("tied_gradient frames are not accepted on this stream"));
   EXPECT_EQ(StreamEnd(1, "stage/0", 2, SecretOf(2)).code(), absl::StatusCode::kAborted);
@@ -372,8 +331,7 @@ TEST_P(StageWorkerScheduleTest, ACopyGradientFromANonPeerIsRefused) {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   AssignBoth(1);
   const absl::Status feed =
-      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
-                      TensorKey{1, 0, 0, TensorKind::kCopyGradient});
+      SendAndAwaitEnd(0, "coordinator", 1, TensorKey{1, 0, 0, TensorKind::kCopyGradient});
   EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
   EXPECT_THAT(feed.message(), HasSubstr("copy_gradient frames are not accepted on this stream"));
 }

@@ -34,8 +34,6 @@
 namespace pipetrain::worker {
 namespace {
 
-using link::LinkOptions;
-using link::LinkSettings;
 using link::PeerHello;
 using link::PeerLink;
 using testing::FakeCoordinator;
@@ -195,34 +193,14 @@ TEST_F(ReplicaTest, TwoReplicasOfATiedModelEqualTheReference) {
 // tensor under `key` and returns the status the stream ends with.
 absl::Status SendAndAwaitEnd(const std::string& address, const std::string& peer, int chunks,
                              int rounds, const TensorKey& key) {
-  absl::Mutex mu;
-  absl::Status ended;
-  bool done = false;
-  LinkSettings settings;
-  settings.validation.expected = wire::StreamIdentity{kJob, kGeneration};
-  settings.validation.num_microbatches = 4;
-  settings.validation.num_chunks = chunks;
-  settings.validation.replica_rounds = rounds;
-  settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
-  settings.callbacks.on_error = [&](const absl::Status& status) {
-    absl::MutexLock lock(&mu);
-    ended = status;
-    done = true;
-  };
-  absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-      link::CreateExchangeChannel(address), address,
-      PeerHello{peer, wire::StreamIdentity{kJob, kGeneration}, kSecret}, LinkOptions{}, settings);
-  if (!link.ok()) return link.status();
-  absl::Status sent = (*link)->Send(key, std::make_shared<const math::Matrix>(2, 3));
-  {
-    absl::MutexLock lock(&mu);
-    if (sent.ok() && !mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(30))) {
-      ended = absl::DeadlineExceededError("the stream was not refused within 30 s");
-    }
-  }
-  (*link)->Shutdown();  // no callback runs after this: `mu` may go.
-  absl::MutexLock lock(&mu);
-  return sent.ok() ? ended : sent;
+  wire::FrameValidation validation;
+  validation.expected = wire::StreamIdentity{kJob, kGeneration};
+  validation.num_microbatches = 4;
+  validation.num_chunks = chunks;
+  validation.replica_rounds = rounds;
+  return testing::StreamEndStatus(address,
+                                  PeerHello{peer, wire::StreamIdentity{kJob, kGeneration}, kSecret},
+                                  validation, key, absl::Seconds(30));
 }
 
 // With 4 replicas of one stage, replica 3 reduces with replica 2 (rounds 0 and 3) and replica 1
