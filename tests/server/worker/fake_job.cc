@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -98,9 +99,8 @@ void CollectStepDone(FakeCoordinator* coordinator, const FakeJob& job, int64_t s
 void RunStepBitwise(FakeCoordinator* coordinator, const FakeJob& job,
                     const std::map<int, PeerLink*>& feeds, int64_t step, const io::Batch& batch,
                     const model::StepResult& want) {
-  for (int p = 0; p < job.workers(); ++p) {
-    ASSERT_TRUE(coordinator->Send(WorkerName(p), RunStepCommand(job, step, batch.inputs.rows())));
-  }
+  ASSERT_TRUE(
+      SendToAll(coordinator, job.workers(), RunStepCommand(job, step, batch.inputs.rows())));
   ASSERT_NO_FATAL_FAILURE(FeedRouted(job, feeds, step, batch));
   StepReports got;
   ASSERT_NO_FATAL_FAILURE(CollectStepDone(coordinator, job, step, &got));
@@ -117,15 +117,11 @@ void RunStepBitwise(FakeCoordinator* coordinator, const FakeJob& job,
   EXPECT_EQ(norm_sq, want.grad_norm_sq);
   const float clip = math::ClipScale(norm_sq, job.optimizer.clip_norm);
   ASSERT_EQ(Bits(clip), Bits(want.clip_scale));
-  for (int p = 0; p < job.workers(); ++p) {
-    ASSERT_TRUE(coordinator->Send(WorkerName(p), CommitCommand(job, step, clip)));
-  }
-  for (int p = 0; p < job.workers(); ++p) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator->Next(WorkerName(p));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_committed()) << e->DebugString();
-    EXPECT_EQ(e->committed().step(), step);
-  }
+  ASSERT_TRUE(SendToAll(coordinator, job.workers(), CommitCommand(job, step, clip)));
+  std::vector<v1::WorkerEvent> committed;
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectNextOfAll(coordinator, job.workers(), &v1::WorkerEvent::has_committed, &committed));
+  for (const v1::WorkerEvent& e : committed) EXPECT_EQ(e.committed().step(), step);
 }
 
 // Has every replica save its shards of step `steps` and compares the uploaded layer files with
@@ -171,6 +167,60 @@ void ExpectShardsOfTheReference(FakeCoordinator* coordinator, const FakeJob& job
 }  // namespace
 
 std::string WorkerName(int p) { return absl::StrCat("w", p); }
+
+absl::Status StartLoopback(FakeCoordinator* coordinator, int workers, StageWorkerOptions options,
+                           std::unique_ptr<grpc::Server>* server,
+                           std::vector<std::unique_ptr<StageWorkerDaemon>>* daemons) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(coordinator);
+  *server = builder.BuildAndStart();
+  if (*server == nullptr) return absl::UnavailableError("the fake coordinator did not start");
+  options.coordinator = absl::StrCat("127.0.0.1:", port);
+  options.listen = "127.0.0.1:0";
+  for (int p = 0; p < workers; ++p) {
+    options.name = WorkerName(p);
+    absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(options);
+    if (!d.ok()) return d.status();
+    daemons->push_back(*std::move(d));
+  }
+  for (int p = 0; p < workers; ++p) {
+    if (absl::StatusOr<v1::RegisterWorker> reg = coordinator->WaitRegistered(WorkerName(p));
+        !reg.ok()) {
+      return reg.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ShutdownLoopback(const std::vector<std::unique_ptr<PeerLink>>& feeds,
+                      std::vector<std::unique_ptr<StageWorkerDaemon>>* daemons,
+                      grpc::Server* server) {
+  for (const auto& link : feeds) link->Shutdown();
+  for (auto& d : *daemons) {
+    if (d != nullptr) d->Shutdown();
+  }
+  daemons->clear();
+  if (server != nullptr) server->Shutdown(std::chrono::system_clock::now());
+}
+
+bool SendToAll(FakeCoordinator* coordinator, int workers, const v1::WorkerCommand& command) {
+  for (int p = 0; p < workers; ++p) {
+    if (!coordinator->Send(WorkerName(p), command)) return false;
+  }
+  return true;
+}
+
+void ExpectNextOfAll(FakeCoordinator* coordinator, int workers,
+                     bool (v1::WorkerEvent::*has)() const, std::vector<v1::WorkerEvent>* events) {
+  for (int p = 0; p < workers; ++p) {
+    absl::StatusOr<v1::WorkerEvent> e = coordinator->Next(WorkerName(p));
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(((*e).*has)()) << WorkerName(p) << ": " << e->DebugString();
+    if (events != nullptr) events->push_back(*std::move(e));
+  }
+}
 
 math::OptimizerConfig TestOptimizer() {
   math::OptimizerConfig o;
@@ -311,6 +361,18 @@ void FeedRouted(const FakeJob& job, const std::map<int, PeerLink*>& feeds, int64
       ASSERT_TRUE(target->second->Send(TensorKey{step, i, last, TensorKind::kTarget}, y).ok());
     }
   }
+}
+
+void RunAndCommit(FakeCoordinator* coordinator, const FakeJob& job,
+                  const std::map<int, PeerLink*>& feeds, int64_t step, const io::Batch& batch) {
+  ASSERT_TRUE(
+      SendToAll(coordinator, job.workers(), RunStepCommand(job, step, batch.inputs.rows())));
+  ASSERT_NO_FATAL_FAILURE(FeedRouted(job, feeds, step, batch));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectNextOfAll(coordinator, job.workers(), &v1::WorkerEvent::has_step_done));
+  ASSERT_TRUE(SendToAll(coordinator, job.workers(), CommitCommand(job, step, 1.0f)));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectNextOfAll(coordinator, job.workers(), &v1::WorkerEvent::has_committed));
 }
 
 absl::Status StreamEndStatus(const std::string& address, const link::PeerHello& hello,

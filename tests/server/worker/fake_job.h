@@ -8,6 +8,8 @@
 #ifndef PIPETRAIN_TESTS_SERVER_WORKER_FAKE_JOB_H_
 #define PIPETRAIN_TESTS_SERVER_WORKER_FAKE_JOB_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,6 +29,7 @@
 #include "common/wire/tensor_key.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
+#include "server/worker/stage_worker_daemon.h"
 #include "tests/server/worker/fake_coordinator.h"
 
 namespace pipetrain::worker::testing {
@@ -54,6 +57,27 @@ struct FakeJob {
 
 // The name worker `p` registers with: "w<p>".
 std::string WorkerName(int p);
+
+// Starts a server for `coordinator` on 127.0.0.1 and `workers` daemons with `options` (their
+// coordinator, listen address and name set here: worker p registers as WorkerName(p)) into
+// *server and *daemons, and waits until each has registered. An error says what did not start.
+absl::Status StartLoopback(FakeCoordinator* coordinator, int workers, StageWorkerOptions options,
+                           std::unique_ptr<grpc::Server>* server,
+                           std::vector<std::unique_ptr<StageWorkerDaemon>>* daemons);
+
+// Shuts down `feeds`, then `daemons` (and forgets them), then `server` (if any).
+void ShutdownLoopback(const std::vector<std::unique_ptr<link::PeerLink>>& feeds,
+                      std::vector<std::unique_ptr<StageWorkerDaemon>>* daemons,
+                      grpc::Server* server);
+
+// Sends `command` to each of workers 0..`workers` - 1; false if one has no open stream.
+bool SendToAll(FakeCoordinator* coordinator, int workers, const v1::WorkerCommand& command);
+
+// Waits for the next event of each of workers 0..`workers` - 1, in order, and expects it to be of
+// the kind `has` tells (e.g. &v1::WorkerEvent::has_step_done); appends them to *events if given.
+void ExpectNextOfAll(FakeCoordinator* coordinator, int workers,
+                     bool (v1::WorkerEvent::*has)() const,
+                     std::vector<v1::WorkerEvent>* events = nullptr);
 
 // SGD with lr 0.1, momentum 0.9, weight decay 0.01 and clip norm 0.5: the tests' jobs' optimizer.
 math::OptimizerConfig TestOptimizer();
@@ -90,6 +114,12 @@ std::vector<int> FedWorkers(const FakeJob& job);
 // route in its replica, over `feeds` (the coordinator's stream to each of FedWorkers, by worker).
 void FeedRouted(const FakeJob& job, const std::map<int, link::PeerLink*>& feeds, int64_t step,
                 const io::Batch& batch);
+
+// Runs `step` of the job on every worker with `batch` fed over `feeds` (as FeedRouted) and commits
+// it with clip scale 1: RunStep, each worker's StepDone, Commit, each worker's Committed.
+void RunAndCommit(FakeCoordinator* coordinator, const FakeJob& job,
+                  const std::map<int, link::PeerLink*>& feeds, int64_t step,
+                  const io::Batch& batch);
 
 // Opens an Exchange stream to `address` presenting `hello`, the frames it receives checked as
 // `validation`, sends a [2, 3] tensor under `key` if there is one, and returns the status the

@@ -77,23 +77,12 @@ v1::WorkerCommand RunStepCommand(int64_t generation, int64_t step, int64_t rows)
 class StageWorkerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&coordinator_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    for (int w = 0; w < 2; ++w) {
-      StageWorkerOptions o;
-      o.coordinator = absl::StrCat("127.0.0.1:", port_);
-      o.listen = "127.0.0.1:0";
-      o.name = absl::StrCat("w", w);
-      o.gflops = 1;  // no probe in tests.
-      o.threads_max = 2;
-      o.emulate_gflops = emulate_gflops_;
-      absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(o);
-      ASSERT_TRUE(d.ok()) << d.status();
-      daemons_.push_back(*std::move(d));
-    }
+    StageWorkerOptions o;
+    o.gflops = 1;  // no probe in tests.
+    o.threads_max = 2;
+    o.emulate_gflops = emulate_gflops_;
+    const absl::Status started = testing::StartLoopback(&coordinator_, 2, o, &server_, &daemons_);
+    ASSERT_TRUE(started.ok()) << started;
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(w));
       ASSERT_TRUE(reg.ok()) << reg.status();
@@ -108,14 +97,7 @@ class StageWorkerTest : public ::testing::Test {
     plan_ = *std::move(plan);
   }
 
-  void TearDown() override {
-    for (auto& link : feeds_) link->Shutdown();
-    for (auto& d : daemons_) {
-      if (d != nullptr) d->Shutdown();
-    }
-    daemons_.clear();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-  }
+  void TearDown() override { testing::ShutdownLoopback(feeds_, &daemons_, server_.get()); }
 
   static std::string Name(int w) { return testing::WorkerName(w); }
 
@@ -185,13 +167,31 @@ class StageWorkerTest : public ::testing::Test {
   void AssignBoth(int64_t generation) {
     for (int w = 0; w < 2; ++w)
       ASSERT_TRUE(coordinator_.Send(Name(w), AssignCommand(w, generation)));
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_assigned()) << e->DebugString();
-      EXPECT_EQ(e->assigned().job(), kJob);
-      EXPECT_EQ(e->assigned().generation(), generation);
+    std::vector<v1::WorkerEvent> assigned;
+    ASSERT_NO_FATAL_FAILURE(
+        testing::ExpectNextOfAll(&coordinator_, 2, &v1::WorkerEvent::has_assigned, &assigned));
+    for (const v1::WorkerEvent& e : assigned) {
+      EXPECT_EQ(e.assigned().job(), kJob);
+      EXPECT_EQ(e.assigned().generation(), generation);
     }
+  }
+
+  // Sends `command` to both workers; false if one has no open stream.
+  bool SendBoth(const v1::WorkerCommand& command) {
+    return testing::SendToAll(&coordinator_, 2, command);
+  }
+
+  // The next event of both workers, each of the kind `has` tells, into *events if given.
+  void ExpectNextOfBoth(bool (v1::WorkerEvent::*has)() const,
+                        std::vector<v1::WorkerEvent>* events = nullptr) {
+    testing::ExpectNextOfAll(&coordinator_, 2, has, events);
+  }
+
+  // Runs `step` of the job at `generation` (1F1B over both workers), `batch` fed over `in` to
+  // rank 0 and `target` to rank 1, and commits it (clip scale 1).
+  void RunAndCommit(int64_t generation, int64_t step, PeerLink* in, PeerLink* target,
+                    const io::Batch& batch) {
+    testing::RunAndCommit(&coordinator_, Job(generation), {{0, in}, {1, target}}, step, batch);
   }
 
   // The single-process trainer the workers' steps must equal.
@@ -206,6 +206,26 @@ class StageWorkerTest : public ::testing::Test {
     if (!link.ok()) return nullptr;
     feeds_.push_back(*std::move(link));
     return feeds_.back().get();
+  }
+
+  // Runs `step` of the job at `generation` on both workers with `batch` fed over `in` and
+  // `target` (no Commit), and expects the last rank's losses to be those of the reference's first
+  // step on `batch`.
+  void ExpectStepLossesOfTheReference(int64_t generation, int64_t step, PeerLink* in,
+                                      PeerLink* target, const io::Batch& batch) {
+    auto reference = Reference();
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(SendBoth(RunStepCommand(generation, step, batch.inputs.rows())));
+    FeedBatch(in, target, step, batch);
+    std::vector<v1::WorkerEvent> done;
+    ASSERT_NO_FATAL_FAILURE(ExpectNextOfBoth(&v1::WorkerEvent::has_step_done, &done));
+    const v1::StepDone& last = done[1].step_done();
+    ASSERT_EQ(last.microbatch_losses_size(), kMicrobatches);
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      EXPECT_EQ(Bits(last.microbatch_losses(mb)), Bits(want->microbatch_losses[mb])) << "mb " << mb;
+    }
   }
 
   // Sends the inputs of every micro-batch of `batch` to `in` and the targets to `target`.
@@ -227,7 +247,6 @@ class StageWorkerTest : public ::testing::Test {
 
   FakeCoordinator coordinator_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   double emulate_gflops_ = 0;  // set by derived fixtures before SetUp.
   std::vector<std::unique_ptr<StageWorkerDaemon>> daemons_;
   std::vector<std::unique_ptr<PeerLink>> feeds_;
@@ -378,9 +397,7 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   ASSERT_GT(longest, 0.01);
 
   const absl::Time t0 = absl::Now();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 0, rows)));
   FeedBatch(in, target, 0, batch);
   std::vector<float> losses;
   for (int w = 0; w < 2; ++w) {
@@ -423,12 +440,8 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
   // Step 0 starts without inputs (nothing is in flight), and is aborted.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), testing::AbortCommand(JobAt(kGeneration), 0, "test")));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 0, rows)));
+  ASSERT_TRUE(SendBoth(testing::AbortCommand(JobAt(kGeneration), 0, "test")));
   for (int w = 0; w < 2; ++w) {
     absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
     ASSERT_TRUE(e.ok()) << e.status();
@@ -437,25 +450,7 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
     EXPECT_EQ(e->error().step(), 0);
   }
   // The re-run is exact.
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-  ASSERT_TRUE(want.ok()) << want.status();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
-  FeedBatch(in, target, 0, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    if (w == 1) {
-      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepLossesOfTheReference(kGeneration, 0, in, target, batch));
 }
 
 // Issue 14: a process that is not one of the generation's peers opens Exchange streams to rank 1
@@ -477,26 +472,8 @@ TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer)
   PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
-  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-  ASSERT_TRUE(want.ok()) << want.status();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, batch.inputs.rows())));
-  }
-  FeedBatch(in, target, 0, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    if (w == 1) {
-      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepLossesOfTheReference(kGeneration, 0, in, target, batch));
   // Once rank 0's real stream is in, a second claimant with the secret is still refused: the
   // legitimate stream is never displaced.
   EXPECT_EQ(StreamEnd(1, "stage/0", kGeneration, SecretOf(kGeneration)).code(),
@@ -666,7 +643,6 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
   constexpr int64_t kGeneration = 8;
   AssignBoth(kGeneration);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
-  const int64_t rows = batch.inputs.rows();
   for (int64_t step = 1; step <= 2; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     // A fresh pair of feed streams per step; the previous pair is closed first.
@@ -675,24 +651,7 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
     PeerLink* target = Feed(1, kGeneration);
     ASSERT_NE(in, nullptr);
     ASSERT_NE(target, nullptr);
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
-    }
-    FeedBatch(in, target, step, batch);
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    }
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(
-          coordinator_.Send(Name(w), testing::CommitCommand(JobAt(kGeneration), step, 1.0f)));
-    }
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_committed()) << e->DebugString();
-    }
+    ASSERT_NO_FATAL_FAILURE(RunAndCommit(kGeneration, step, in, target, batch));
   }
 }
 
@@ -717,28 +676,10 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
   // Step 1 completes: the link between the workers is established.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 1, rows)));
-  }
-  FeedBatch(in, target, 1, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-  }
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), testing::CommitCommand(JobAt(kGeneration), 1, 1.0f)));
-  }
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_committed()) << e->DebugString();
-  }
+  ASSERT_NO_FATAL_FAILURE(RunAndCommit(kGeneration, 1, in, target, batch));
   // Step 2: no targets, so worker 1 waits and worker 0 waits for its gradients; then worker 1
   // goes away and worker 0's established link breaks.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 2, rows)));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 2, rows)));
   FeedBatch(in, nullptr, 2, batch);
   daemons_[1]->Shutdown();
   // The link may break before worker 0 reads RunStep(2) (they travel on different streams); it

@@ -56,25 +56,12 @@ class ReplicaTest : public ::testing::Test {
     replicas_ = replicas;
     stages_ = stages;
     microbatches_ = microbatches;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&coordinator_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    for (int w = 0; w < replicas * stages; ++w) {
-      StageWorkerOptions o;
-      o.coordinator = absl::StrCat("127.0.0.1:", port_);
-      o.listen = "127.0.0.1:0";
-      o.name = Name(w);
-      o.gflops = 1;  // no probe in tests.
-      o.threads_max = 1;
-      absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(o);
-      ASSERT_TRUE(d.ok()) << d.status();
-      daemons_.push_back(*std::move(d));
-    }
-    for (int w = 0; w < replicas * stages; ++w) {
-      ASSERT_TRUE(coordinator_.WaitRegistered(Name(w)).ok()) << Name(w);
-    }
+    StageWorkerOptions o;
+    o.gflops = 1;  // no probe in tests.
+    o.threads_max = 1;
+    const absl::Status started =
+        testing::StartLoopback(&coordinator_, replicas * stages, o, &server_, &daemons_);
+    ASSERT_TRUE(started.ok()) << started;
     model_ = model::testing::BuildOrDie(spec);
     absl::StatusOr<schedule::Plan> plan =
         schedule::GenerateSchedule({kind, stages, microbatches / replicas, virtual_stages});
@@ -82,14 +69,7 @@ class ReplicaTest : public ::testing::Test {
     plan_ = *std::move(plan);
   }
 
-  void TearDown() override {
-    for (auto& link : links_) link->Shutdown();
-    for (auto& d : daemons_) {
-      if (d != nullptr) d->Shutdown();
-    }
-    daemons_.clear();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-  }
+  void TearDown() override { testing::ShutdownLoopback(links_, &daemons_, server_.get()); }
 
   static std::string Name(int w) { return testing::WorkerName(w); }
   int Worker(int replica, int rank) const { return replica * stages_ + rank; }
@@ -123,11 +103,8 @@ class ReplicaTest : public ::testing::Test {
         ASSERT_TRUE(coordinator_.Send(Name(Worker(q, r)), testing::AssignCommand(Job(), q, r)));
       }
     }
-    for (int w = 0; w < replicas_ * stages_; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_assigned()) << e->DebugString();
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectNextOfAll(&coordinator_, replicas_ * stages_,
+                                                     &v1::WorkerEvent::has_assigned));
   }
 
   // Opens the coordinator's feed streams to the ends of every replica's routes.
@@ -150,7 +127,6 @@ class ReplicaTest : public ::testing::Test {
 
   FakeCoordinator coordinator_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   int replicas_ = 1, stages_ = 1, microbatches_ = 1;
   std::vector<std::unique_ptr<StageWorkerDaemon>> daemons_;
   std::vector<std::unique_ptr<PeerLink>> links_;  // the feed streams, owned.
@@ -233,21 +209,7 @@ TEST_F(ReplicaTest, ALostReplicaPeerFailsTheStepWithUnavailable) {
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 1);
   const int64_t rows = batch.inputs.rows();
   // Step 1 on both replicas: the link between them is established.
-  for (int w = 0; w < 2; ++w)
-    ASSERT_TRUE(coordinator_.Send(Name(w), testing::RunStepCommand(Job(), 1, rows)));
-  FeedBatch(1, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-  }
-  for (int w = 0; w < 2; ++w)
-    ASSERT_TRUE(coordinator_.Send(Name(w), testing::CommitCommand(Job(), 1, 1.0f)));
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_committed()) << e->DebugString();
-  }
+  ASSERT_NO_FATAL_FAILURE(testing::RunAndCommit(&coordinator_, Job(), feeds_, 1, batch));
   // Step 2 on replica 0 only: it waits for replica 1's messages, and replica 1 goes away.
   ASSERT_TRUE(coordinator_.Send(Name(0), testing::RunStepCommand(Job(), 2, rows)));
   FeedBatch(2, batch);
