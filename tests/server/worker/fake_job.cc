@@ -222,6 +222,32 @@ void ExpectNextOfAll(FakeCoordinator* coordinator, int workers,
   }
 }
 
+void ExpectRefusal(FakeCoordinator* coordinator, const std::string& name,
+                   const v1::WorkerCommand& command, v1::WorkerError* error) {
+  ASSERT_TRUE(coordinator->Send(name, command)) << name;
+  absl::StatusOr<v1::WorkerEvent> e = coordinator->Next(name);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  *error = e->error();
+}
+
+void ExpectStepUnavailable(FakeCoordinator* coordinator, const std::string& name, int64_t step,
+                           v1::WorkerError* error) {
+  absl::StatusOr<v1::WorkerEvent> e = coordinator->Next(name);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_error()) << e->DebugString();
+  if (e->error().step() == step - 1) {
+    EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+    e = coordinator->Next(name);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE(e->has_error()) << e->DebugString();
+  }
+  EXPECT_EQ(e->error().step(), step);
+  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable))
+      << e->error().message();
+  *error = e->error();
+}
+
 math::OptimizerConfig TestOptimizer() {
   math::OptimizerConfig o;
   o.kind = math::OptimizerKind::kSgd;

@@ -79,6 +79,18 @@ void ExpectNextOfAll(FakeCoordinator* coordinator, int workers,
                      bool (v1::WorkerEvent::*has)() const,
                      std::vector<v1::WorkerEvent>* events = nullptr);
 
+// Sends `command` to worker `name` and waits for its answer, expected to be a WorkerError; the
+// error into *error.
+void ExpectRefusal(FakeCoordinator* coordinator, const std::string& name,
+                   const v1::WorkerCommand& command, v1::WorkerError* error);
+
+// Waits for worker `name` to report that `step` failed with UNAVAILABLE, a link of it having
+// broken. The link may break before the worker reads RunStep(`step`) (they travel on different
+// streams): it then first reports the failure against step - 1, also UNAVAILABLE. The step's
+// error into *error.
+void ExpectStepUnavailable(FakeCoordinator* coordinator, const std::string& name, int64_t step,
+                           v1::WorkerError* error);
+
 // SGD with lr 0.1, momentum 0.9, weight decay 0.01 and clip norm 0.5: the tests' jobs' optimizer.
 math::OptimizerConfig TestOptimizer();
 

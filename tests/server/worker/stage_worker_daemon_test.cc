@@ -176,6 +176,20 @@ class StageWorkerTest : public ::testing::Test {
     }
   }
 
+  // Sends `command` to worker `w` and waits for its answer, expected to be a WorkerError (into
+  // *error).
+  void ExpectRefusal(int w, const v1::WorkerCommand& command, v1::WorkerError* error) {
+    testing::ExpectRefusal(&coordinator_, Name(w), command, error);
+  }
+
+  // Sends `assign` to worker `w` and expects it to answer Assigned.
+  void ExpectAssigned(int w, const v1::WorkerCommand& assign) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), assign));
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  }
+
   // Sends `command` to both workers; false if one has no open stream.
   bool SendBoth(const v1::WorkerCommand& command) {
     return testing::SendToAll(&coordinator_, 2, command);
@@ -513,55 +527,41 @@ TEST_F(StageWorkerTest, HealthServiceReportsServing) {
 }
 
 TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
+  v1::WorkerError error;
   v1::WorkerCommand bad = AssignCommand(0, 3);
   bad.mutable_assign()->mutable_chunks(1)->set_rank(7);  // no such rank
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("chunk 1"));
-  EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_EQ(e->error().generation(), 3);
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("chunk 1"));
+  EXPECT_EQ(error.job(), kJob);
+  EXPECT_EQ(error.generation(), 3);
 
   v1::WorkerCommand foreign = AssignCommand(0, 3);
   *foreign.mutable_assign()->mutable_actions(0) =
       control::ActionToProto(schedule::Action{schedule::Op::kForward, 0, 1});  // worker 1's chunk
-  ASSERT_TRUE(coordinator_.Send(Name(0), foreign));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("does not hold"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, foreign, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("does not hold"));
 
   v1::WorkerCommand bad_model = AssignCommand(0, 3);
   bad_model.mutable_assign()->mutable_model()->mutable_layers(3)->mutable_linear()->set_in_features(
       99);
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad_model));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad_model, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 
   v1::WorkerCommand no_secret = AssignCommand(0, 3);
   no_secret.mutable_assign()->clear_link_secret();
-  ASSERT_TRUE(coordinator_.Send(Name(0), no_secret));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("no link_secret"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, no_secret, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("no link_secret"));
 
   // An instruction-set level the worker does not know is refused; every worker registered the
   // levels this CPU runs (no --max-isa here).
   v1::WorkerCommand bad_isa = AssignCommand(0, 3);
   bad_isa.mutable_assign()->set_isa("x86-64-v9");
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad_isa));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("unknown instruction set 'x86-64-v9'"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad_isa, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("unknown instruction set 'x86-64-v9'"));
   absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(0));
   ASSERT_TRUE(reg.ok()) << reg.status();
   std::vector<std::string> levels;
@@ -569,37 +569,27 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   EXPECT_THAT(reg->isa_levels(), ::testing::ElementsAreArray(levels));
 
   // A RunStep for a job the worker does not have is refused; a valid Assign then works.
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(3, 0, kSamples)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(3, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 
-  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 3)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(0, AssignCommand(0, 3));
 }
 
 TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
+  v1::WorkerError error;
   AssignBoth(6);
   ASSERT_EQ(coordinator_.registrations(Name(0)), 1);
   ASSERT_TRUE(coordinator_.Kick(Name(0)));
   ASSERT_TRUE(coordinator_.WaitRegistrations(Name(0), 2));
   // The job went with the stream: a RunStep for it is refused.
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(6, 0, kSamples)));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(6, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   // And a new Assign works on the new stream.
-  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 7)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(0, AssignCommand(0, 7));
 }
 
 TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
+  v1::WorkerError error;
   AssignBoth(9);
   // A Release of another job or a later generation's job leaves the job alone...
   v1::WorkerCommand other;
@@ -614,29 +604,20 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   // ... Release is not answered, and commands are handled in order: the RunStep behind each
   // Release shows what it did.
   ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(9, 0, kSamples)));
-  ASSERT_TRUE(coordinator_.Send(Name(1), RunStepCommand(9, 0, kSamples)));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(e->error().message(), HasSubstr("no job"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(1, RunStepCommand(9, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(error.message(), HasSubstr("no job"));
   // Worker 0 still runs the job: its step fails only by the Abort (ABORTED) or by its released
   // neighbour refusing the link it dials at the step (ABORTED or UNAVAILABLE naming the link) —
   // whichever comes first is the scheduler's choice — never with its own "no job".
-  ASSERT_TRUE(coordinator_.Send(Name(0), testing::AbortCommand(JobAt(9), 0)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_THAT(e->error().code(), ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
-                                                  static_cast<int>(absl::StatusCode::kUnavailable)))
-      << e->DebugString();
-  EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_THAT(e->error().message(), ::testing::Not(HasSubstr("this worker has no job")));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, testing::AbortCommand(JobAt(9), 0), &error));
+  EXPECT_THAT(error.code(), ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
+                                             static_cast<int>(absl::StatusCode::kUnavailable)))
+      << error.DebugString();
+  EXPECT_EQ(error.job(), kJob);
+  EXPECT_THAT(error.message(), ::testing::Not(HasSubstr("this worker has no job")));
   // The released worker takes a new job.
-  ASSERT_TRUE(coordinator_.Send(Name(1), AssignCommand(1, 10)));
-  e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(1, AssignCommand(1, 10));
 }
 
 TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
@@ -657,13 +638,10 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
 
 TEST_F(StageWorkerTest, StaleGenerationCommandIsAborted) {
   AssignBoth(5);
-  v1::WorkerCommand stale = RunStepCommand(4, 0, kSamples);
-  ASSERT_TRUE(coordinator_.Send(Name(1), stale));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
-  EXPECT_EQ(e->error().generation(), 4);
+  v1::WorkerError error;
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(1, RunStepCommand(4, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(error.generation(), 4);
 }
 
 TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
@@ -682,27 +660,14 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
   ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 2, rows)));
   FeedBatch(in, nullptr, 2, batch);
   daemons_[1]->Shutdown();
-  // The link may break before worker 0 reads RunStep(2) (they travel on different streams); it
-  // then first reports the failure against its latest step, 1. Either way step 2 fails.
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  if (e->error().step() == 1) {
-    EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
-    e = coordinator_.Next(Name(0));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_error()) << e->DebugString();
-  }
-  EXPECT_EQ(e->error().step(), 2);
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
+  // Step 2 fails (perhaps after a report against step 1).
+  v1::WorkerError error;
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectStepUnavailable(&coordinator_, Name(0), 2, &error));
+  EXPECT_THAT(error.message(), HasSubstr("stage/1"));
   // The generation is broken: a new RunStep fails at once with the link's status.
   ASSERT_TRUE(coordinator_.Send(Name(0), testing::AbortCommand(JobAt(kGeneration), 2)));
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kGeneration, 2, rows)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(kGeneration, 2, rows), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(StageWorkerTest, LostNeighbourFailsTheStep) {
