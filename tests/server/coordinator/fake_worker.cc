@@ -77,6 +77,25 @@ constexpr struct {
 
 }  // namespace
 
+absl::StatusOr<AssignedState> InitialStateOf(const v1::Assign& assign) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(assign.model()));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer,
+                      model::OptimizerFromProto(assign.optimizer()));
+  AssignedState state;
+  for (const v1::ChunkSpec& c : assign.chunks()) {
+    if (c.rank() != assign.rank()) continue;
+    PT_ASSIGN_OR_RETURN(
+        model::Stage stage,
+        model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), assign.seed(), optimizer));
+    state.tensors.merge(stage.ExportState());
+    for (const model::CheckpointShard& s :
+         model::LayerShards(*net, c.first_layer(), c.last_layer())) {
+      state.shards.push_back(s);
+    }
+  }
+  return state;
+}
+
 FakeWorker::FakeWorker(CoordinatorCore* core, std::string name)
     : core_(core), name_(std::move(name)), thread_([this] { Loop(); }) {}
 
@@ -352,21 +371,7 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
     absl::MutexLock lock(&mu_);
     a = assign_;
   }
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
-  std::map<std::string, math::Tensor> tensors;
-  std::vector<model::CheckpointShard> shards;
-  for (const v1::ChunkSpec& c : a.chunks()) {
-    if (c.rank() != a.rank()) continue;
-    PT_ASSIGN_OR_RETURN(
-        model::Stage stage,
-        model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
-    tensors.merge(stage.ExportState());
-    for (const model::CheckpointShard& s :
-         model::LayerShards(*net, c.first_layer(), c.last_layer())) {
-      shards.push_back(s);
-    }
-  }
+  PT_ASSIGN_OR_RETURN(AssignedState state, InitialStateOf(a));
   v1::PutStateRequest first;
   first.set_job(save.job());
   first.set_generation(save.generation());
@@ -374,9 +379,9 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
   first.set_worker(registered_);
   PT_ASSIGN_OR_RETURN(UploadTarget target, core_->AcceptUpload(first));
   ShardUpload upload(std::move(target), nullptr);
-  for (model::CheckpointShard& shard : shards) {
+  for (model::CheckpointShard& shard : state.shards) {
     PT_ASSIGN_OR_RETURN(std::string bytes,
-                        model::SerializeCheckpointShard(&shard, tensors, save.step()));
+                        model::SerializeCheckpointShard(&shard, state.tensors, save.step()));
     v1::StateChunk chunk;
     chunk.set_file(shard.file);
     chunk.set_first_layer(shard.first_layer);

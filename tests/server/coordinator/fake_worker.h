@@ -17,9 +17,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/math/tensor.h"
+#include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
@@ -33,6 +36,17 @@ namespace pipetrain::coordinator::testing {
 inline int64_t FakeNextToken(const v1::DecodeMicrobatch& run, int64_t vocab) {
   return (run.position() + run.rows() + 3 * run.sequence()) % vocab;
 }
+
+// What a worker freshly assigned an Assign holds (the fakes train nothing): the initial tensors of
+// its chunks' layers, by name, and those layers' checkpoint shards.
+struct AssignedState {
+  std::map<std::string, math::Tensor> tensors;
+  std::vector<model::CheckpointShard> shards;
+};
+
+// The state of a worker freshly assigned `assign` (the layers of its rank's chunks); an error if
+// the Assign's model or optimizer does not build.
+absl::StatusOr<AssignedState> InitialStateOf(const v1::Assign& assign);
 
 class FakeWorker final : public WorkerChannel {
  public:
