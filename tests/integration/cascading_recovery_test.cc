@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -36,7 +37,7 @@ constexpr int kStages = 2;
 constexpr int kMaxFaults = 3;  // and as many spares.
 constexpr int kSteps = 400;
 
-class CascadingRecoveryTest : public ::testing::Test {
+class CascadingRecoveryTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_cascade_");
@@ -44,10 +45,6 @@ class CascadingRecoveryTest : public ::testing::Test {
     ASSERT_EQ(daemons_.Start(dir_, kStages + kMaxFaults,
                              {"--client-lease", "10m", "--checkpoint-root", dir_}),
               "");
-  }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // The workers of job `id`'s current layout not yet in `killed`.
@@ -61,9 +58,6 @@ class CascadingRecoveryTest : public ::testing::Test {
     }
     return names;
   }
-
-  std::string dir_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBitwise) {

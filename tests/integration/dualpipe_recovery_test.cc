@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -27,20 +28,13 @@ using testing::StepLines;
 
 constexpr int kSteps = 100;
 
-class DualPipeRecoveryTest : public ::testing::Test {
+class DualPipeRecoveryTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_dualpipe_");
     ASSERT_FALSE(dir_.empty());
     ASSERT_EQ(daemons_.Start(dir_, 3, {"--checkpoint-root", dir_}), "");
   }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
-  }
-
-  std::string dir_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(DualPipeRecoveryTest, AWorkerLostMidRunIsReplacedAndTheRunEndsBitwiseTheReference) {

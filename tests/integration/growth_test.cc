@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -31,7 +32,7 @@ using testing::StepLines;
 
 constexpr int kSteps = 100;
 
-class GrowthTest : public ::testing::Test {
+class GrowthTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_grow_");
@@ -46,8 +47,7 @@ class GrowthTest : public ::testing::Test {
       std::string rest;
       testing::DrainAndWait(train_, &rest, 10000);
     }
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+    DaemonsTest::TearDown();
   }
 
   // Waits (at most 30 s) until `count` workers are registered.
@@ -61,8 +61,6 @@ class GrowthTest : public ::testing::Test {
     return false;
   }
 
-  std::string dir_;
-  testing::Daemons daemons_;
   testing::PipedChild train_;
 };
 
