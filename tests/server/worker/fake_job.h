@@ -34,6 +34,9 @@
 
 namespace pipetrain::worker::testing {
 
+// SGD with lr 0.1, momentum 0.9, weight decay 0.01 and clip norm 0.5: the tests' jobs' optimizer.
+math::OptimizerConfig TestOptimizer();
+
 // What a fake coordinator knows of one job. The model and plan are the caller's and must outlive
 // every use.
 struct FakeJob {
@@ -41,7 +44,7 @@ struct FakeJob {
   int64_t generation = 1;
   std::string secret;  // Assign.link_secret, which the feed streams present.
   uint64_t seed = 0;
-  math::OptimizerConfig optimizer;
+  math::OptimizerConfig optimizer = TestOptimizer();
   int replicas = 1;
   int stages = 1;
   int microbatches = 1;  // per step over all replicas: the reference's M.
@@ -49,6 +52,17 @@ struct FakeJob {
   const model::Model* model = nullptr;
   const schedule::Plan* plan = nullptr;  // each replica's, of M / R micro-batches.
   std::vector<std::string> addresses;    // the daemons' Exchange addresses, by worker.
+
+  // The job (its other fields at their defaults) of `model` and `plan` on `daemons`: worker p is
+  // daemons[p].
+  static FakeJob Of(const model::Model* model, const schedule::Plan* plan,
+                    const std::vector<std::unique_ptr<StageWorkerDaemon>>& daemons) {
+    FakeJob job;
+    job.model = model;
+    job.plan = plan;
+    for (const auto& d : daemons) job.addresses.push_back(d->address());
+    return job;
+  }
 
   int workers() const { return replicas * stages; }
   int Worker(int replica, int rank) const { return replica * stages + rank; }
@@ -90,9 +104,6 @@ void ExpectRefusal(FakeCoordinator* coordinator, const std::string& name,
 // error into *error.
 void ExpectStepUnavailable(FakeCoordinator* coordinator, const std::string& name, int64_t step,
                            v1::WorkerError* error);
-
-// SGD with lr 0.1, momentum 0.9, weight decay 0.01 and clip norm 0.5: the tests' jobs' optimizer.
-math::OptimizerConfig TestOptimizer();
 
 // The bits of `v` (for bitwise comparisons).
 uint32_t Bits(float v);

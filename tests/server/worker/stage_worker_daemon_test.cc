@@ -60,9 +60,9 @@ using testing::FakeCoordinator;
 
 // ------------------------------------------------------------------ helpers
 
-// The job's identity at `generation` (its name and link secret), enough for its commands.
-testing::FakeJob JobAt(int64_t generation) {
-  testing::FakeJob job;
+// `job` (by default: nothing else known) at `generation`, with its name and link secret: enough
+// for its commands.
+testing::FakeJob JobAt(int64_t generation, testing::FakeJob job = {}) {
   job.job = kJob;
   job.generation = generation;
   job.secret = absl::StrCat("secret-of-generation-", generation);
@@ -113,15 +113,11 @@ class StageWorkerTest : public ::testing::Test {
 
   // The job at `generation` on both daemons: model_ and plan_, M = kMicrobatches.
   testing::FakeJob Job(int64_t generation) const {
-    testing::FakeJob job = JobAt(generation);
+    testing::FakeJob job = JobAt(generation, testing::FakeJob::Of(model_.get(), &plan_, daemons_));
     job.seed = kSeed;
-    job.optimizer = testing::TestOptimizer();
     job.stages = 2;
     job.microbatches = kMicrobatches;
     job.samples = kSamples;
-    job.model = model_.get();
-    job.plan = &plan_;
-    for (const auto& d : daemons_) job.addresses.push_back(d->address());
     return job;
   }
 

@@ -76,19 +76,15 @@ class ReplicaTest : public ::testing::Test {
 
   // The job on every daemon: model_ and plan_, R x S, M = microbatches_.
   testing::FakeJob Job() const {
-    testing::FakeJob job;
+    testing::FakeJob job = testing::FakeJob::Of(model_.get(), &plan_, daemons_);
     job.job = kJob;
     job.generation = kGeneration;
     job.secret = kSecret;
     job.seed = kSeed;
-    job.optimizer = testing::TestOptimizer();
     job.replicas = replicas_;
     job.stages = stages_;
     job.microbatches = microbatches_;
     job.samples = kSamples;
-    job.model = model_.get();
-    job.plan = &plan_;
-    for (const auto& d : daemons_) job.addresses.push_back(d->address());
     return job;
   }
 
