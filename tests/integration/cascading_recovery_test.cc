@@ -4,8 +4,6 @@
 // idle spares. The job
 // recovers from all of them and `pipetrain train` ends with every loss and the final checkpoint's
 // files bit for bit those of `pipetrain reference` (docs/recovery.md, "Faults during a recovery").
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -38,7 +37,7 @@ constexpr int kStages = 2;
 constexpr int kMaxFaults = 3;  // and as many spares.
 constexpr int kSteps = 400;
 
-class CascadingRecoveryTest : public ::testing::Test {
+class CascadingRecoveryTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_cascade_");
@@ -46,10 +45,6 @@ class CascadingRecoveryTest : public ::testing::Test {
     ASSERT_EQ(daemons_.Start(dir_, kStages + kMaxFaults,
                              {"--client-lease", "10m", "--checkpoint-root", dir_}),
               "");
-  }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // The workers of job `id`'s current layout not yet in `killed`.
@@ -63,9 +58,6 @@ class CascadingRecoveryTest : public ::testing::Test {
     }
     return names;
   }
-
-  std::string dir_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBitwise) {
@@ -79,21 +71,15 @@ TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBit
       " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
       "--steps ",
       kSteps);
-  const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
-      PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+  const testing::CommandRun ref = testing::RunReference(flags, dir_ + "/ref");
   ASSERT_EQ(ref.exit_code, 0) << ref.out;
 
-  std::vector<std::string> argv = {
-      PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
-      "--stages",           "2",     "--schedule",    "1f1b",
-      "--checkpoint-every", "20",    "--save",        dir_ + "/pipe"};
-  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
   const std::string err = dir_ + "/train.err";
-  testing::PipedChild train = testing::SpawnPiped(argv, err);
+  testing::PipedChild train = testing::SpawnThrottledTrain(
+      daemons_.address(),
+      {"--stages", "2", "--schedule", "1f1b", "--checkpoint-every", "20", "--save", dir_ + "/pipe"},
+      flags, err);
   ASSERT_GT(train.pid, 0);
-  // The smallest pipe: while the test does not read, `pipetrain train` blocks on its output a few
-  // dozen steps later, so the run cannot end before every fault has landed.
-  ASSERT_GT(fcntl(train.out, F_SETPIPE_SZ, 4096), 0);
   std::string out;
   ASSERT_TRUE(testing::ReadUntil(train, "{\"step\": 1,", &out)) << out << ReadFile(err);
   absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
@@ -113,11 +99,8 @@ TEST_F(CascadingRecoveryTest, KWorkersKilledAtRandomMomentsWithKSparesRecoverBit
       alive = Alive(id, killed);
     }
     ASSERT_FALSE(alive.empty()) << "no replacement in the layout after 30 s";
-    const std::string victim = alive[rng() % alive.size()];  // "w<index>"
-    const size_t index = std::stoul(victim.substr(1));
-    ASSERT_LT(index, daemons_.workers().size());
-    ASSERT_EQ(kill(daemons_.workers()[index], SIGKILL), 0) << victim;
-    daemons_.Reap(index);
+    const std::string victim = alive[rng() % alive.size()];
+    ASSERT_EQ(daemons_.KillWorker(victim), "");
     killed.insert(victim);
     // When the next fault lands (not a synchronisation): at once (two workers killed together),
     // within 50 ms (while the recovery assigns its replacements) or within 1.5 s.

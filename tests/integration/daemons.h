@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -87,6 +88,26 @@ inline PipedChild SpawnEndlessTrain(const std::string& address, const std::strin
       "--steps",        "1000000", "--json"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return SpawnPiped(argv, stderr_path);
+}
+
+// `pipetrain reference` with `flags` (each with a leading space), one evaluation sample, its final
+// checkpoint saved in `save_dir`; its output (stderr included) and exit code.
+inline CommandRun RunReference(const std::string& flags, const std::string& save_dir) {
+  return RunCommand(absl::StrCat(PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ",
+                                 save_dir, " 2>&1"));
+}
+
+// `pipetrain train --coordinator <address>`, then `train_flags`, then the words of `flags`, stderr
+// into `stderr_path` and stdout into a one-page pipe (4096 bytes): while the test does not read,
+// the run blocks on its output a few dozen steps later, so it cannot end before what the test does
+// meanwhile (a fault, a joining worker) has landed. pid -1 if it could not be started.
+inline PipedChild SpawnThrottledTrain(const std::string& address,
+                                      const std::vector<std::string>& train_flags,
+                                      const std::string& flags, const std::string& stderr_path) {
+  std::vector<std::string> argv = {PIPETRAIN_BINARY, "train", "--coordinator", address};
+  argv.insert(argv.end(), train_flags.begin(), train_flags.end());
+  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
+  return SpawnPiped(argv, stderr_path, /*pipe_bytes=*/4096);
 }
 
 // The spec of a job training the example digits MLP over `stages` stages: 1F1B, 2 micro-batches,
@@ -205,6 +226,24 @@ class Daemons {
     if (w >= workers_.size() || workers_[w] <= 0) return;
     waitpid(workers_[w], nullptr, 0);
     workers_[w] = -1;
+  }
+
+  // SIGKILLs the worker Start named `name` ("w" + N: the name the coordinator reports, e.g. a
+  // stage's worker) and waits for it (Reap). Returns "" on success, else why not: a name Start
+  // did not give, a worker already reaped, or kill failing.
+  std::string KillWorker(const std::string& name) {
+    absl::string_view digits = name;
+    size_t w = 0;
+    if (!absl::ConsumePrefix(&digits, "w") || !absl::SimpleAtoi(digits, &w) ||
+        w >= workers_.size()) {
+      return absl::StrCat("no worker '", name, "' of ", workers_.size(), " started");
+    }
+    if (workers_[w] <= 0) return absl::StrCat("worker '", name, "' is already gone");
+    if (kill(workers_[w], SIGKILL) != 0) {
+      return absl::StrCat("kill(", workers_[w], ", SIGKILL) of worker '", name, "' failed");
+    }
+    Reap(w);
+    return "";
   }
 
   // The coordinator's HOST:PORT.

@@ -5,8 +5,6 @@
 // copies load it) onto the spare, replays, and ends with every loss and the final checkpoint's
 // files bit for bit those of `pipetrain reference`. Real daemons on 127.0.0.1, started by the
 // test and signalled by their PIDs only.
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,11 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "client/sdk/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -30,20 +28,13 @@ using testing::StepLines;
 
 constexpr int kSteps = 100;
 
-class DualPipeRecoveryTest : public ::testing::Test {
+class DualPipeRecoveryTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_dualpipe_");
     ASSERT_FALSE(dir_.empty());
     ASSERT_EQ(daemons_.Start(dir_, 3, {"--checkpoint-root", dir_}), "");
   }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
-  }
-
-  std::string dir_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(DualPipeRecoveryTest, AWorkerLostMidRunIsReplacedAndTheRunEndsBitwiseTheReference) {
@@ -51,21 +42,16 @@ TEST_F(DualPipeRecoveryTest, AWorkerLostMidRunIsReplacedAndTheRunEndsBitwiseTheR
       " --model ", Example("gpt_char.textproto"),
       " --data text --batch 8 --microbatches 4 --seed 5 --optimizer adamw:lr=1e-2 --json --steps ",
       kSteps);
-  const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
-      PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+  const testing::CommandRun ref = testing::RunReference(flags, dir_ + "/ref");
   ASSERT_EQ(ref.exit_code, 0) << ref.out;
 
-  std::vector<std::string> argv = {
-      PIPETRAIN_BINARY,     "train", "--coordinator", daemons_.address(),
-      "--stages",           "2",     "--schedule",    "dualpipe",
-      "--checkpoint-every", "5",     "--save",        dir_ + "/pipe"};
-  for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
   const std::string err = dir_ + "/train.err";
-  testing::PipedChild train = testing::SpawnPiped(argv, err);
+  testing::PipedChild train =
+      testing::SpawnThrottledTrain(daemons_.address(),
+                                   {"--stages", "2", "--schedule", "dualpipe", "--checkpoint-every",
+                                    "5", "--save", dir_ + "/pipe"},
+                                   flags, err);
   ASSERT_GT(train.pid, 0);
-  // The smallest pipe: while the test does not read, `pipetrain train` blocks on its output a few
-  // dozen steps later, so the run cannot end before the fault has landed.
-  ASSERT_GT(fcntl(train.out, F_SETPIPE_SZ, 4096), 0);
   std::string out;
   ASSERT_TRUE(testing::ReadUntil(train, "{\"step\": 12,", &out)) << out << ReadFile(err);
   absl::StatusOr<std::vector<v1::JobStatus>> jobs = daemons_.client().ListJobs();
@@ -73,11 +59,8 @@ TEST_F(DualPipeRecoveryTest, AWorkerLostMidRunIsReplacedAndTheRunEndsBitwiseTheR
   ASSERT_EQ(jobs->size(), 1u);
   ASSERT_EQ((*jobs)[0].stages_size(), 2);
   // Rank 1: the down copy's stage 1 (the loss of micro-batches 0, 1) and the up copy's stage 0.
-  const std::string victim = (*jobs)[0].stages(1).worker();  // "w<index>"
-  const size_t index = std::stoul(victim.substr(1));
-  ASSERT_LT(index, daemons_.workers().size());
-  ASSERT_EQ(kill(daemons_.workers()[index], SIGKILL), 0) << victim;
-  daemons_.Reap(index);
+  const std::string victim = (*jobs)[0].stages(1).worker();
+  ASSERT_EQ(daemons_.KillWorker(victim), "");
 
   const int status = testing::DrainAndWait(train, &out, 300000);
   ASSERT_TRUE(WIFEXITED(status)) << out;

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -40,7 +41,7 @@ std::vector<std::string> EvalLines(const std::string& out) {
   return lines;
 }
 
-class EvaluateTest : public ::testing::Test {
+class EvaluateTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = TempDir("pipetrain_evaluate_");
@@ -48,10 +49,6 @@ class EvaluateTest : public ::testing::Test {
     root_ = dir_ + "/root";
     ASSERT_EQ(testing::RunCommand(absl::StrCat("mkdir -p ", root_)).exit_code, 0);
     ASSERT_EQ(daemons_.Start(dir_, 2, {"--checkpoint-root", root_}), "");
-  }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
   // `pipetrain ARGS`: stdout captured, stderr into dir_/NAME.err.
   testing::CommandRun Pipetrain(const std::string& args, const std::string& name) {
@@ -67,9 +64,7 @@ class EvaluateTest : public ::testing::Test {
                         "--optimizer adamw:lr=1e-2 --json --steps 4 --eval-samples 300");
   }
 
-  std::string dir_;
   std::string root_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(EvaluateTest, EvalEveryThroughTheServicePrintsTheReferencesAndEvaluatesLines) {

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -25,7 +26,7 @@ using ::testing::HasSubstr;
 using testing::ReadFile;
 using testing::TempDir;
 
-class GenerateTest : public ::testing::Test {
+class GenerateTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = TempDir("pipetrain_generate_");
@@ -33,10 +34,6 @@ class GenerateTest : public ::testing::Test {
     root_ = dir_ + "/root";
     ASSERT_EQ(testing::RunCommand(absl::StrCat("mkdir -p ", root_)).exit_code, 0);
     ASSERT_EQ(daemons_.Start(dir_, 2, {"--checkpoint-root", root_}), "");
-  }
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // `pipetrain generate` of the checkpoint in `ck` from `prompt`: its standard output.
@@ -71,9 +68,7 @@ class GenerateTest : public ::testing::Test {
     return daemons_.client().CreateJob(spec);
   }
 
-  std::string dir_;
   std::string root_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(GenerateTest, GenerateOnTheLiveJobGivesTheLocalGeneratorsTextForTheSameSeed) {

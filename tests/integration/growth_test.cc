@@ -4,7 +4,6 @@
 // file bit for bit those of `pipetrain reference`; with `--max-replicas 2` two joining workers
 // become a second replica, bitwise the same. Real daemons on 127.0.0.1, started by the test
 // and signalled by their PIDs only.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -32,7 +32,7 @@ using testing::StepLines;
 
 constexpr int kSteps = 100;
 
-class GrowthTest : public ::testing::Test {
+class GrowthTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_grow_");
@@ -47,8 +47,7 @@ class GrowthTest : public ::testing::Test {
       std::string rest;
       testing::DrainAndWait(train_, &rest, 10000);
     }
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+    DaemonsTest::TearDown();
   }
 
   // Waits (at most 30 s) until `count` workers are registered.
@@ -62,8 +61,6 @@ class GrowthTest : public ::testing::Test {
     return false;
   }
 
-  std::string dir_;
-  testing::Daemons daemons_;
   testing::PipedChild train_;
 };
 
@@ -85,19 +82,14 @@ class GrowthRunTest : public GrowthTest {
         " --data digits --batch 16 --microbatches 4 --seed 11 --optimizer adamw:lr=1e-2 --json "
         "--steps ",
         kSteps);
-    const testing::CommandRun ref = testing::RunCommand(absl::StrCat(
-        PIPETRAIN_BINARY, " reference", flags, " --eval-samples 1 --save ", dir_, "/ref 2>&1"));
+    const testing::CommandRun ref = testing::RunReference(flags, dir_ + "/ref");
     ASSERT_EQ(ref.exit_code, 0) << ref.out;
-    std::vector<std::string> argv = {PIPETRAIN_BINARY,   "train",  "--coordinator",
-                                     daemons_.address(), "--save", dir_ + "/pipe"};
-    argv.insert(argv.end(), shape_flags.begin(), shape_flags.end());
-    for (absl::string_view f : absl::StrSplit(flags, ' ', absl::SkipEmpty())) argv.emplace_back(f);
+    std::vector<std::string> train_flags = {"--save", dir_ + "/pipe"};
+    train_flags.insert(train_flags.end(), shape_flags.begin(), shape_flags.end());
     const std::string err = dir_ + "/train.err";
-    train_ = testing::SpawnPiped(argv, err);
+    // The run cannot end before the joining workers have registered.
+    train_ = testing::SpawnThrottledTrain(daemons_.address(), train_flags, flags, err);
     ASSERT_GT(train_.pid, 0);
-    // The smallest pipe: while the test does not read, the run blocks on its output a few dozen
-    // steps later, so it cannot end before the joining workers have registered.
-    ASSERT_GT(fcntl(train_.out, F_SETPIPE_SZ, 4096), 0);
     ASSERT_TRUE(testing::ReadUntil(train_, "{\"step\": 5,", &run->out))
         << run->out << ReadFile(err);
     for (const std::string& name : joiners) {

@@ -34,6 +34,7 @@
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/link/peer_link.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -232,7 +233,7 @@ v1::CreateJobRequest RequestOfSize(int64_t bytes) {
   return request;
 }
 
-class HostileClientTest : public ::testing::Test {
+class HostileClientTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_hostile_");
@@ -249,11 +250,6 @@ class HostileClientTest : public ::testing::Test {
     ASSERT_EQ(targets_.size(), 3u);
     stub_ = v1::Coordinator::NewStub(Channel(daemons_.address()));
     worker_stub_ = v1::WorkerControl::NewStub(Channel(daemons_.address()));
-  }
-
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // Every daemon answers its health check and runs; the logs if not.
@@ -292,8 +288,6 @@ class HostileClientTest : public ::testing::Test {
     EXPECT_EQ(LossLines(train.out), want);
   }
 
-  std::string dir_;
-  testing::Daemons daemons_;
   std::vector<std::string> targets_;  // both workers' addresses, then the coordinator's
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<v1::WorkerControl::Stub> worker_stub_;

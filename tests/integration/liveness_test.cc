@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -37,7 +38,7 @@ using ::testing::HasSubstr;
 
 constexpr int kWorkers = 2;
 
-class LivenessTest : public ::testing::Test {
+class LivenessTest : public testing::DaemonsTest {
  protected:
   // Flags the coordinator and the workers get besides their addresses and names.
   virtual std::vector<std::string> CoordinatorFlags() const { return {}; }
@@ -51,8 +52,7 @@ class LivenessTest : public ::testing::Test {
 
   void TearDown() override {
     if (daemons_.coordinator() > 0) kill(daemons_.coordinator(), SIGKILL);
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+    DaemonsTest::TearDown();
   }
 
   // Stops the coordinator (SIGSTOP) and waits until it has stopped (a signal is delivered
@@ -85,9 +85,6 @@ class LivenessTest : public ::testing::Test {
     if (!job.ok()) return job.status();
     return daemons_.client().CreateJob(*job);
   }
-
-  std::string dir_;
-  testing::Daemons daemons_;
 };
 
 // A batch of `samples` digits-shaped samples (64 features, class 0).

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -36,7 +37,7 @@ std::optional<bool> BlockedWritingStdout(pid_t pid) {
   return absl::StartsWith(syscall, "1 0x1 ");
 }
 
-class RecoveryReportTest : public ::testing::Test {
+class RecoveryReportTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_rep_");
@@ -54,8 +55,7 @@ class RecoveryReportTest : public ::testing::Test {
       kill(replacement_, SIGTERM);
       waitpid(replacement_, nullptr, 0);
     }
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
+    DaemonsTest::TearDown();
   }
 
   // Waits (at most 120 s) until `pipetrain train` is blocked writing a line to its full stdout;
@@ -81,8 +81,6 @@ class RecoveryReportTest : public ::testing::Test {
     return false;
   }
 
-  std::string dir_;
-  testing::Daemons daemons_;
   testing::PipedChild train_;
   pid_t replacement_ = -1;
 };
@@ -136,9 +134,7 @@ TEST_F(RecoveryReportTest, AWorkerLostRightAfterACheckpointIsReportedAsItHappens
   ASSERT_GT(step, 0);
   ASSERT_EQ(step % 5, 0);
   const std::string victim = job.stages(1).worker();
-  const size_t index = victim == "w0" ? 0 : 1;
-  ASSERT_EQ(kill(daemons_.workers()[index], SIGKILL), 0);
-  daemons_.Reap(index);
+  ASSERT_EQ(daemons_.KillWorker(victim), "");
   ASSERT_TRUE(AwaitRecovering(job.job()));
 
   // No worker can replace it yet: the wait itself must show.

@@ -27,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -58,7 +59,7 @@ std::vector<std::string> StepLines(const std::string& out) {
   return lines;
 }
 
-class SaveTest : public ::testing::Test {
+class SaveTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = TempDir("pipetrain_save_");
@@ -68,11 +69,6 @@ class SaveTest : public ::testing::Test {
     const std::string error =
         daemons_.Start(dir_, 2, {"--client-lease", "10m", "--checkpoint-root", root_});
     ASSERT_EQ(error, "");
-  }
-
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // `pipetrain ARGS`: stdout captured, stderr into `err` (truncated first).
@@ -92,9 +88,7 @@ class SaveTest : public ::testing::Test {
     return absl::StrCat("train --coordinator ", coordinator, " --stages ", stages, RunFlags(steps));
   }
 
-  std::string dir_;
   std::string root_;  // the coordinator's --checkpoint-root.
-  testing::Daemons daemons_;
 };
 
 // The user report of issue 33: 50 steps trained, then the save refused and the weights gone. Now

@@ -34,6 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 #include "tests/integration/run_command.h"
 
 namespace pipetrain {
@@ -72,7 +73,7 @@ int64_t RssKib(pid_t pid) {
   return -1;
 }
 
-class ServiceTest : public ::testing::Test {
+class ServiceTest : public testing::DaemonsTest {
  protected:
   // stage_worker processes started (named w0, w1, ...).
   virtual int Workers() const { return 2; }
@@ -91,11 +92,6 @@ class ServiceTest : public ::testing::Test {
     client_ = &daemons_.client();
   }
 
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
-  }
-
   // `pipetrain ARGS --coordinator ADDRESS`, stdout captured (stderr into the test's log).
   testing::CommandRun Pipetrain(const std::string& args) {
     return testing::RunCommand(absl::StrCat(PIPETRAIN_BINARY, " ", args, " --coordinator ",
@@ -109,8 +105,6 @@ class ServiceTest : public ::testing::Test {
                         " --optimizer adamw:lr=1e-2 --json");
   }
 
-  std::string dir_;
-  testing::Daemons daemons_;
   client::Client* client_ = nullptr;  // daemons_.client()
 };
 
@@ -610,12 +604,7 @@ class BetweenStepsRecoveryTest : public ServiceTest {
   }
 
   // SIGKILLs the worker holding rank 1 of job_.
-  void KillRankOne() {
-    const std::string victim = job_.stages(1).worker();
-    const int index = victim.back() - '0';
-    ASSERT_EQ(kill(daemons_.workers()[index], SIGKILL), 0);
-    daemons_.Reap(index);
-  }
+  void KillRankOne() { ASSERT_EQ(daemons_.KillWorker(job_.stages(1).worker()), ""); }
 
   // Ends job_ after its last step, then expects one recovery (to step 2) and faulted_ to be the
   // losses of the same batches with no fault on a new job, bit for bit.

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/daemons_fixture.h"
 
 namespace pipetrain {
 namespace {
@@ -28,7 +29,7 @@ std::string HostName() {
   return name;
 }
 
-class StateDirTest : public ::testing::Test {
+class StateDirTest : public testing::DaemonsTest {
  protected:
   void SetUp() override {
     dir_ = testing::TempDir("pipetrain_state_");
@@ -37,11 +38,6 @@ class StateDirTest : public ::testing::Test {
     const std::string error =
         daemons_.Start(dir_, 1, {"--state-dir", state_, "--checkpoint-root", dir_});
     ASSERT_EQ(error, "");
-  }
-
-  void TearDown() override {
-    EXPECT_EQ(daemons_.Stop(), "");
-    if (!HasFailure()) testing::RunCommand(absl::StrCat("rm -rf ", dir_));
   }
 
   // A second coordinator on the state directory (any free port): its wait status once it ended
@@ -56,9 +52,7 @@ class StateDirTest : public ::testing::Test {
     return status;
   }
 
-  std::string dir_;
   std::string state_;
-  testing::Daemons daemons_;
 };
 
 TEST_F(StateDirTest, ASecondCoordinatorOnTheStateDirectoryRefusesToStart) {

@@ -204,4 +204,54 @@ void ExpectBitwiseStableUnderRealignment(const Layer& layer, const std::vector<T
   }
 }
 
+void ExpectBitwiseRepeatableForEachThreadCount(const Layer& layer,
+                                               const std::vector<Tensor>& params, const Matrix& x,
+                                               const Matrix& dy) {
+  const int saved = Eigen::nbThreads();
+  for (int threads : {1, 2}) {
+    Eigen::setNbThreads(threads);
+    const LayerRun a = RunLayer(layer, params, x, dy);
+    const LayerRun b = RunLayer(layer, params, x, dy);
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.y), AsConstMap(b.y))) << threads;
+    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.dx), AsConstMap(b.dx))) << threads;
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(a.grads[i].data, b.grads[i].data)) << threads << " " << i;
+    }
+  }
+  Eigen::setNbThreads(saved);
+}
+
+Matrix FullForward(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x) {
+  Matrix y(x.rows(), layer.out_features());
+  Stash stash;
+  layer.Forward(params, AsConstMap(x), AsMap(y), &stash);
+  return y;
+}
+
+Matrix IncrementalForward(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x,
+                          const std::vector<int64_t>& chunks, IncrementalState* state) {
+  Matrix y(x.rows(), layer.out_features());
+  Stash scratch;
+  int64_t position = 0;
+  for (const int64_t n : chunks) {
+    EXPECT_EQ(state->positions(), position);
+    layer.ForwardIncremental(params, position,
+                             ConstMatrixMap(x.data() + position * x.cols(), n, x.cols()), state,
+                             &scratch, MatrixMap(y.data() + position * y.cols(), n, y.cols()));
+    position += n;
+  }
+  EXPECT_EQ(position, x.rows());
+  EXPECT_EQ(state->positions(), position);
+  return y;
+}
+
+double MaxRelativeError(const Matrix& a, const Matrix& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a.data()[i]) - b.data()[i]);
+    worst = std::max(worst, d / (std::abs(static_cast<double>(b.data()[i])) + 1.0));
+  }
+  return worst;
+}
+
 }  // namespace pipetrain::math::testing

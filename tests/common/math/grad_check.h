@@ -1,5 +1,6 @@
-// Test helpers for pipetrain_math: random inputs, a central-difference gradient checker, and a
-// driver that checks every input and parameter gradient of a Layer.
+// Test helpers for pipetrain_math: random inputs, a central-difference gradient checker, a driver
+// that checks every input and parameter gradient of a Layer, and the full and incremental (KV
+// cache) forward runs the incremental tests compare.
 #ifndef PIPETRAIN_TESTS_COMMON_MATH_GRAD_CHECK_H_
 #define PIPETRAIN_TESTS_COMMON_MATH_GRAD_CHECK_H_
 
@@ -74,10 +75,28 @@ LayerRun RunLayer(const Layer& layer, const std::vector<Tensor>& params, const M
 void ExpectBitwiseStableUnderRealignment(const Layer& layer, const std::vector<Tensor>& params,
                                          const Matrix& x, const Matrix& dy);
 
+// Runs the layer twice on (params, x, dy) with Eigen's products on 1 thread, then on 2, and
+// expects each pair's y, dx and gradients to have the same bits (restores Eigen's thread count).
+void ExpectBitwiseRepeatableForEachThreadCount(const Layer& layer,
+                                               const std::vector<Tensor>& params, const Matrix& x,
+                                               const Matrix& dy);
+
 // A read-only view of a mutable map (Eigen does not convert Map<T> to Map<const T>).
 inline ConstMatrixMap Const(const MatrixMap& m) {
   return ConstMatrixMap(m.data(), m.rows(), m.cols());
 }
+
+// Forward of `layer` on `x` (with a fresh stash): its output.
+Matrix FullForward(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x);
+
+// Runs x's rows through layer.ForwardIncremental from position 0 in calls of `chunks[i]` rows each
+// (in order, summing to x.rows()) on `state`, expecting the state to count the positions run;
+// returns the outputs of all rows.
+Matrix IncrementalForward(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x,
+                          const std::vector<int64_t>& chunks, IncrementalState* state);
+
+// The largest |a - b| / (|b| + 1) over two equally shaped matrices.
+double MaxRelativeError(const Matrix& a, const Matrix& b);
 
 // max_i |v_i| (0 for an empty vector).
 float MaxAbs(const std::vector<float>& v);

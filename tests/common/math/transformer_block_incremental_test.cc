@@ -16,6 +16,9 @@ namespace pipetrain::math {
 namespace {
 
 using testing::BitwiseEqual;
+using testing::FullForward;
+using testing::IncrementalForward;
+using testing::MaxRelativeError;
 using testing::RandomMatrix;
 
 constexpr int64_t kDim = 32;
@@ -38,41 +41,6 @@ std::vector<Tensor> RandomParams(const Layer& block, uint64_t seed) {
   return p;
 }
 
-Matrix FullForward(const Layer& block, const std::vector<Tensor>& p, const Matrix& x) {
-  Matrix y(x.rows(), block.out_features());
-  Stash stash;
-  block.Forward(p, AsConstMap(x), AsMap(y), &stash);
-  return y;
-}
-
-// Runs x's rows through ForwardIncremental in calls of `chunks[i]` rows each (in order).
-Matrix Incremental(const Layer& block, const std::vector<Tensor>& p, const Matrix& x,
-                   const std::vector<int64_t>& chunks, IncrementalState* state) {
-  Matrix y(x.rows(), block.out_features());
-  Stash scratch;
-  int64_t position = 0;
-  for (const int64_t n : chunks) {
-    EXPECT_EQ(state->positions(), position);
-    block.ForwardIncremental(p, position,
-                             ConstMatrixMap(x.data() + position * x.cols(), n, x.cols()), state,
-                             &scratch, MatrixMap(y.data() + position * y.cols(), n, y.cols()));
-    position += n;
-  }
-  EXPECT_EQ(position, x.rows());
-  EXPECT_EQ(state->positions(), position);
-  return y;
-}
-
-// The largest |a - b| over |b| + 1 of two equally shaped matrices.
-double MaxRelativeError(const Matrix& a, const Matrix& b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(static_cast<double>(a.data()[i]) - b.data()[i]);
-    worst = std::max(worst, d / (std::abs(static_cast<double>(b.data()[i])) + 1.0));
-  }
-  return worst;
-}
-
 TEST(TransformerBlockIncrementalTest, AWholeSampleAtOnceIsBitwiseForward) {
   const TransformerBlock block(kDim, kHeads, kContext, kRatio);
   const std::vector<Tensor> p = RandomParams(block, 11);
@@ -80,7 +48,7 @@ TEST(TransformerBlockIncrementalTest, AWholeSampleAtOnceIsBitwiseForward) {
   const std::unique_ptr<IncrementalState> state = block.NewIncrementalState();
   ASSERT_NE(state, nullptr);
   EXPECT_EQ(state->bytes(), 2 * kContext * kDim * 4);
-  const Matrix y = Incremental(block, p, x, {kContext}, state.get());
+  const Matrix y = IncrementalForward(block, p, x, {kContext}, state.get());
   EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(FullForward(block, p, x))));
 }
 
@@ -93,10 +61,10 @@ TEST(TransformerBlockIncrementalTest, SeveralQueryBlocksAtOnceAreBitwiseForward)
   const Matrix x = RandomMatrix(context, kDim, 22);
   const Matrix full = FullForward(block, p, x);
   const std::unique_ptr<IncrementalState> whole = block.NewIncrementalState();
-  EXPECT_TRUE(
-      BitwiseEqual(AsConstMap(Incremental(block, p, x, {context}, whole.get())), AsConstMap(full)));
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(IncrementalForward(block, p, x, {context}, whole.get())),
+                           AsConstMap(full)));
   const std::unique_ptr<IncrementalState> chunked = block.NewIncrementalState();
-  const Matrix y = Incremental(block, p, x, {5, 40, 1, context - 46}, chunked.get());
+  const Matrix y = IncrementalForward(block, p, x, {5, 40, 1, context - 46}, chunked.get());
   for (int64_t r = 0; r < context; ++r) {
     EXPECT_LE(MaxRelativeError(y.row(r), full.row(r)), 2e-6) << "position " << r;
   }
@@ -115,7 +83,7 @@ TEST(TransformerBlockIncrementalTest, EveryPositionMatchesForwardToRounding) {
        {std::vector<int64_t>(kContext, 1), std::vector<int64_t>{3, 1, 5, 2, 1},
         std::vector<int64_t>{1, kContext - 1}}) {
     const std::unique_ptr<IncrementalState> state = block.NewIncrementalState();
-    const Matrix y = Incremental(block, p, x, chunks, state.get());
+    const Matrix y = IncrementalForward(block, p, x, chunks, state.get());
     for (int64_t r = 0; r < kContext; ++r) {
       SCOPED_TRACE(::testing::Message() << "position " << r << ", first chunk " << chunks[0]);
       EXPECT_LE(MaxRelativeError(y.row(r), full.row(r)), 2e-6);
@@ -137,7 +105,7 @@ TEST(TransformerBlockIncrementalTest, PrefixOfAPaddedSampleMatches) {
   EXPECT_TRUE(BitwiseEqual(ConstMatrixMap(a.data(), 5, kDim), ConstMatrixMap(b.data(), 5, kDim)));
   const std::unique_ptr<IncrementalState> state = block.NewIncrementalState();
   const Matrix first = x.topRows(5);
-  const Matrix y = Incremental(block, p, first, {5}, state.get());
+  const Matrix y = IncrementalForward(block, p, first, {5}, state.get());
   EXPECT_LE(MaxRelativeError(y, a.topRows(5)), 2e-6);
 }
 
@@ -146,10 +114,12 @@ TEST(TransformerBlockIncrementalTest, ClearStartsOverWithTheSameBits) {
   const std::vector<Tensor> p = RandomParams(block, 2);
   const Matrix x = RandomMatrix(kContext, kDim, 6);
   const std::unique_ptr<IncrementalState> state = block.NewIncrementalState();
-  const Matrix first = Incremental(block, p, x, std::vector<int64_t>(kContext, 1), state.get());
+  const Matrix first =
+      IncrementalForward(block, p, x, std::vector<int64_t>(kContext, 1), state.get());
   state->Clear();
   EXPECT_EQ(state->positions(), 0);
-  const Matrix again = Incremental(block, p, x, std::vector<int64_t>(kContext, 1), state.get());
+  const Matrix again =
+      IncrementalForward(block, p, x, std::vector<int64_t>(kContext, 1), state.get());
   EXPECT_TRUE(BitwiseEqual(AsConstMap(first), AsConstMap(again)));
 }
 
@@ -165,10 +135,11 @@ TEST(TransformerBlockIncrementalTest, EveryLevelsBlockIsIncremental) {
     const std::vector<Tensor> p = RandomParams(*block, 9);
     const Matrix x = RandomMatrix(kContext, kDim, 10);
     const std::unique_ptr<IncrementalState> state = block->NewIncrementalState();
-    const Matrix y = Incremental(*block, p, x, {kContext}, state.get());
+    const Matrix y = IncrementalForward(*block, p, x, {kContext}, state.get());
     EXPECT_TRUE(BitwiseEqual(AsConstMap(y), AsConstMap(FullForward(*block, p, x))));
     state->Clear();
-    const Matrix steps = Incremental(*block, p, x, std::vector<int64_t>(kContext, 1), state.get());
+    const Matrix steps =
+        IncrementalForward(*block, p, x, std::vector<int64_t>(kContext, 1), state.get());
     EXPECT_LE(MaxRelativeError(steps, y), 2e-6);
   }
 }

@@ -12,6 +12,7 @@ namespace pipetrain::math {
 namespace {
 
 using testing::BitwiseEqual;
+using testing::ExpectBitwiseRepeatableForEachThreadCount;
 using testing::ExpectBitwiseStableUnderRealignment;
 using testing::ExpectLayerGradientsMatch;
 using testing::LayerRun;
@@ -275,22 +276,11 @@ TEST(TransformerBlockTest, FlopsFollowDocumentedFormula) {
 // Same inputs and the same thread count give the same bits, with Eigen's products run on one
 // thread and parallelised on two (sizes large enough for Eigen to split the GEMMs).
 TEST(TransformerBlockTest, RepeatsBitsForEachThreadCount) {
-  const int saved = Eigen::nbThreads();
   const TransformerBlock block(64, 4, 32, 4);
   const std::vector<Tensor> p = RandomParams(block, 2);
   const Matrix x = RandomMatrix(4 * 32, 64, 3);
   const Matrix dy = RandomMatrix(4 * 32, 64, 4);
-  for (int threads : {1, 2}) {
-    Eigen::setNbThreads(threads);
-    const LayerRun a = RunLayer(block, p, x, dy);
-    const LayerRun b = RunLayer(block, p, x, dy);
-    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.y), AsConstMap(b.y))) << threads;
-    EXPECT_TRUE(BitwiseEqual(AsConstMap(a.dx), AsConstMap(b.dx))) << threads;
-    for (size_t i = 0; i < p.size(); ++i) {
-      EXPECT_TRUE(BitwiseEqual(a.grads[i].data, b.grads[i].data)) << threads << " " << i;
-    }
-  }
-  Eigen::setNbThreads(saved);
+  ExpectBitwiseRepeatableForEachThreadCount(block, p, x, dy);
 }
 
 TEST(TransformerBlockTest, BitsDoNotDependOnBufferAlignment) {

@@ -129,9 +129,7 @@ TEST_F(CoordinatorCoreTest, ALostWorkerIsReplacedByASpareInANewGeneration) {
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(Step(MakeBatch(job->job(), 4)).ok());
   workers_[1]->Gone();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->recoveries_size(), 1);
   const v1::RecoveryEvent& event = status->recoveries(0);
@@ -180,9 +178,7 @@ TEST_F(CoordinatorCoreTest, ARecoveryAtACheckpointIsNeverHiddenFromTheClient) {
     EXPECT_THAT(refused.message(), HasSubstr("is recovering (worker 'w1' lost)"));
   }
   AddWorkers(1);  // the replacement.
-  status = AwaitJob(id, [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  status = AwaitRecovered(id);
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->steps_done(), 1);  // the client's step: nothing to replay.
   // The old stream's next batch names the right step and is still refused, as is a checkpoint
@@ -238,9 +234,7 @@ TEST_F(CoordinatorCoreTest, ACheckpointIsUploadedPublishedAndRestoredAfterALoss)
   EXPECT_EQ(manifest->seed, 1);
   // A loss now restarts every rank from the checkpoint: step 2, in generation 2.
   workers_[0]->Gone();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->steps_done(), 2);
   EXPECT_EQ(status->recoveries(0).restored_step(), 2);
@@ -513,9 +507,7 @@ TEST_F(CoordinatorLeaseCoreTest, ARecoveringJobsLeaseStartsAgainWhenItIsReady) {
   clock_.Advance(absl::Hours(1));
   EXPECT_EQ(StateAfterHousekeeping(id), v1::JOB_STATE_RECOVERING);
   AddWorkers(1);
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(id, [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(id);
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->state(), v1::JOB_STATE_READY);
   clock_.Advance(absl::Minutes(5) - absl::Seconds(1));

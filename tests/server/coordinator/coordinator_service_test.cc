@@ -38,6 +38,7 @@
 #include "server/link/peer_link.h"
 #include "server/worker/state_transfer.h"
 #include "tests/server/coordinator/core_test_fixture.h"
+#include "tests/server/coordinator/fake_worker.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -310,27 +311,15 @@ class FakeWorker {
       absl::MutexLock lock(&mu_);
       a = assign_;
     }
-    PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
-    PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
+    PT_ASSIGN_OR_RETURN(testing::AssignedState state, testing::InitialStateOf(a));
     worker::StateUpload upload;
     upload.job = save.job();
     upload.generation = save.generation();
     upload.step = save.step();
     upload.worker = name_;
-    std::map<std::string, math::Tensor> tensors;
-    for (const v1::ChunkSpec& c : a.chunks()) {
-      if (c.rank() != a.rank()) continue;
-      PT_ASSIGN_OR_RETURN(
-          model::Stage stage,
-          model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
-      tensors.merge(stage.ExportState());
-      for (const model::CheckpointShard& s :
-           model::LayerShards(*net, c.first_layer(), c.last_layer())) {
-        upload.shards.push_back(s);
-      }
-    }
+    upload.shards = std::move(state.shards);
     grpc::ClientContext context;
-    return worker::PutState(stub_.get(), &context, upload, tensors).status();
+    return worker::PutState(stub_.get(), &context, upload, state.tensors).status();
   }
 
   void ReadLoop() {

@@ -66,6 +66,12 @@ class CoreTest : public ::testing::Test {
   // Polls the job's status until `ready` holds (at most 10 s).
   absl::StatusOr<v1::JobStatus> AwaitJob(const std::string& job,
                                          const std::function<bool(const v1::JobStatus&)>& ready);
+  // Polls the job's status until it is READY after exactly `recoveries` recoveries (at most 10 s).
+  absl::StatusOr<v1::JobStatus> AwaitRecovered(const std::string& job, int recoveries = 1) {
+    return AwaitJob(job, [recoveries](const v1::JobStatus& s) {
+      return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == recoveries;
+    });
+  }
 
   std::string root_;
   std::shared_ptr<FakeFeedLinks> links_;

@@ -157,9 +157,7 @@ TEST_F(EvalRunTest, AWorkerLostMidEvaluationFailsItAndTheJobRecoversAsForAStep) 
   client.join();
   // The client hears of the recovery (ABORTED) and may evaluate again once the job is READY.
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->recoveries(0).lost_worker(), "w1");
   // The rank still running the evaluation drops it with its generation: it is assigned anew.

@@ -40,19 +40,61 @@ std::string KindOf(const v1::WorkerCommand& c) {
   }
 }
 
-v1::WorkerEvent ErrorEvent(const std::string& job, int64_t generation, int64_t step,
-                           const absl::Status& status) {
+// The error event answering `fenced` (a RunStep, EvalRun, GenRun or SaveShards: its job,
+// generation and step) with `status`.
+template <typename Fenced>
+v1::WorkerEvent ErrorEvent(const Fenced& fenced, const absl::Status& status) {
   v1::WorkerEvent event;
   v1::WorkerError* e = event.mutable_error();
-  e->set_job(job);
-  e->set_generation(generation);
-  e->set_step(step);
+  e->set_job(fenced.job());
+  e->set_generation(fenced.generation());
+  e->set_step(fenced.step());
   e->set_code(static_cast<int>(status.code()));
   e->set_message(std::string(status.message()));
   return event;
 }
 
+// The error event answering `run` (a RunStep, EvalRun or GenRun command) with `status`.
+v1::WorkerEvent RunErrorEvent(const v1::WorkerCommand& run, const absl::Status& status) {
+  switch (run.command_case()) {
+    case v1::WorkerCommand::kRunStep:
+      return ErrorEvent(run.run_step(), status);
+    case v1::WorkerCommand::kEvalRun:
+      return ErrorEvent(run.eval_run(), status);
+    default:
+      return ErrorEvent(run.gen_run(), status);
+  }
+}
+
+// The run commands a held one is released from by an Abort, in the order an Abort looks for
+// them, and what the error it is answered with calls it.
+constexpr struct {
+  v1::WorkerCommand::CommandCase kind;
+  const char* what;
+} kHeldRuns[] = {{v1::WorkerCommand::kGenRun, "decode round"},
+                 {v1::WorkerCommand::kEvalRun, "evaluation"},
+                 {v1::WorkerCommand::kRunStep, "step"}};
+
 }  // namespace
+
+absl::StatusOr<AssignedState> InitialStateOf(const v1::Assign& assign) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(assign.model()));
+  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer,
+                      model::OptimizerFromProto(assign.optimizer()));
+  AssignedState state;
+  for (const v1::ChunkSpec& c : assign.chunks()) {
+    if (c.rank() != assign.rank()) continue;
+    PT_ASSIGN_OR_RETURN(
+        model::Stage stage,
+        model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), assign.seed(), optimizer));
+    state.tensors.merge(stage.ExportState());
+    for (const model::CheckpointShard& s :
+         model::LayerShards(*net, c.first_layer(), c.last_layer())) {
+      state.shards.push_back(s);
+    }
+  }
+  return state;
+}
 
 FakeWorker::FakeWorker(CoordinatorCore* core, std::string name)
     : core_(core), name_(std::move(name)), thread_([this] { Loop(); }) {}
@@ -195,36 +237,8 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     event.mutable_assigned()->set_generation(a.generation());
     return event;
   }
-  if (command.has_run_step()) {
-    const v1::RunStep& r = command.run_step();
-    absl::MutexLock lock(&mu_);
-    if (hold_runs_) {
-      held_ = r;
-      return std::nullopt;
-    }
-    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
-    return StepDone(r);
-  }
-  if (command.has_eval_run()) {
-    const v1::EvalRun& r = command.eval_run();
-    absl::MutexLock lock(&mu_);
-    if (hold_runs_) {
-      held_eval_ = r;
-      return std::nullopt;
-    }
-    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
-    return EvalDone(r);
-  }
-  if (command.has_gen_run()) {
-    const v1::GenRun& r = command.gen_run();
-    absl::MutexLock lock(&mu_);
-    gen_runs_.push_back(r);
-    if (hold_runs_) {
-      held_gen_ = r;
-      return std::nullopt;
-    }
-    if (!fail_runs_.ok()) return ErrorEvent(r.job(), r.generation(), r.step(), fail_runs_);
-    return GenDone(r);
+  if (command.has_run_step() || command.has_eval_run() || command.has_gen_run()) {
+    return AnswerRun(command);
   }
   if (command.has_commit()) {
     const v1::Commit& c = command.commit();
@@ -235,28 +249,20 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   }
   if (command.has_abort()) {
     absl::MutexLock lock(&mu_);
-    if (held_gen_.has_value()) {
-      const v1::GenRun held = *held_gen_;
-      held_gen_.reset();
-      return ErrorEvent(held.job(), held.generation(), held.step(),
-                        absl::AbortedError("decode round aborted by the coordinator"));
+    for (const auto& [kind, what] : kHeldRuns) {
+      auto it = held_.find(kind);
+      if (it == held_.end()) continue;
+      v1::WorkerCommand run = std::move(it->second);
+      held_.erase(it);
+      return RunErrorEvent(run,
+                           absl::AbortedError(absl::StrCat(what, " aborted by the coordinator")));
     }
-    if (held_eval_.has_value()) {
-      const v1::EvalRun held = *held_eval_;
-      held_eval_.reset();
-      return ErrorEvent(held.job(), held.generation(), held.step(),
-                        absl::AbortedError("evaluation aborted by the coordinator"));
-    }
-    if (!held_.has_value()) return std::nullopt;
-    const v1::RunStep held = *held_;
-    held_.reset();
-    return ErrorEvent(held.job(), held.generation(), held.step(),
-                      absl::AbortedError("step aborted by the coordinator"));
+    return std::nullopt;
   }
   if (command.has_save_shards()) {
     const v1::SaveShards& s = command.save_shards();
     if (const absl::Status uploaded = UploadShards(s); !uploaded.ok()) {
-      return ErrorEvent(s.job(), s.generation(), s.step(), uploaded);
+      return ErrorEvent(s, uploaded);
     }
     event.mutable_shards_saved()->set_job(s.job());
     event.mutable_shards_saved()->set_generation(s.generation());
@@ -264,6 +270,19 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
     return event;
   }
   return std::nullopt;
+}
+
+std::optional<v1::WorkerEvent> FakeWorker::AnswerRun(const v1::WorkerCommand& run) {
+  absl::MutexLock lock(&mu_);
+  if (run.has_gen_run()) gen_runs_.push_back(run.gen_run());
+  if (hold_runs_) {
+    held_[run.command_case()] = run;
+    return std::nullopt;
+  }
+  if (!fail_runs_.ok()) return RunErrorEvent(run, fail_runs_);
+  if (run.has_run_step()) return StepDone(run.run_step());
+  if (run.has_eval_run()) return EvalDone(run.eval_run());
+  return GenDone(run.gen_run());
 }
 
 v1::WorkerEvent FakeWorker::StepDone(const v1::RunStep& r) const {
@@ -352,21 +371,7 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
     absl::MutexLock lock(&mu_);
     a = assign_;
   }
-  PT_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net, model::Model::Build(a.model()));
-  PT_ASSIGN_OR_RETURN(math::OptimizerConfig optimizer, model::OptimizerFromProto(a.optimizer()));
-  std::map<std::string, math::Tensor> tensors;
-  std::vector<model::CheckpointShard> shards;
-  for (const v1::ChunkSpec& c : a.chunks()) {
-    if (c.rank() != a.rank()) continue;
-    PT_ASSIGN_OR_RETURN(
-        model::Stage stage,
-        model::Stage::Create(net.get(), c.first_layer(), c.last_layer(), a.seed(), optimizer));
-    tensors.merge(stage.ExportState());
-    for (const model::CheckpointShard& s :
-         model::LayerShards(*net, c.first_layer(), c.last_layer())) {
-      shards.push_back(s);
-    }
-  }
+  PT_ASSIGN_OR_RETURN(AssignedState state, InitialStateOf(a));
   v1::PutStateRequest first;
   first.set_job(save.job());
   first.set_generation(save.generation());
@@ -374,9 +379,9 @@ absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {
   first.set_worker(registered_);
   PT_ASSIGN_OR_RETURN(UploadTarget target, core_->AcceptUpload(first));
   ShardUpload upload(std::move(target), nullptr);
-  for (model::CheckpointShard& shard : shards) {
+  for (model::CheckpointShard& shard : state.shards) {
     PT_ASSIGN_OR_RETURN(std::string bytes,
-                        model::SerializeCheckpointShard(&shard, tensors, save.step()));
+                        model::SerializeCheckpointShard(&shard, state.tensors, save.step()));
     v1::StateChunk chunk;
     chunk.set_file(shard.file);
     chunk.set_first_layer(shard.first_layer);

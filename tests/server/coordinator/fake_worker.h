@@ -17,9 +17,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/math/tensor.h"
+#include "common/model/checkpoint.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/worker_control.pb.h"
 #include "server/coordinator/coordinator_core.h"
@@ -33,6 +36,17 @@ namespace pipetrain::coordinator::testing {
 inline int64_t FakeNextToken(const v1::DecodeMicrobatch& run, int64_t vocab) {
   return (run.position() + run.rows() + 3 * run.sequence()) % vocab;
 }
+
+// What a worker freshly assigned an Assign holds (the fakes train nothing): the initial tensors of
+// its chunks' layers, by name, and those layers' checkpoint shards.
+struct AssignedState {
+  std::map<std::string, math::Tensor> tensors;
+  std::vector<model::CheckpointShard> shards;
+};
+
+// The state of a worker freshly assigned `assign` (the layers of its rank's chunks); an error if
+// the Assign's model or optimizer does not build.
+absl::StatusOr<AssignedState> InitialStateOf(const v1::Assign& assign);
 
 class FakeWorker final : public WorkerChannel {
  public:
@@ -84,6 +98,9 @@ class FakeWorker final : public WorkerChannel {
   void Loop();
   // The event answering `command`, or none.
   std::optional<v1::WorkerEvent> Answer(const v1::WorkerCommand& command);
+  // The event answering `run`, a RunStep, EvalRun or GenRun, as scripted (held: none; failing:
+  // WorkerError), else its StepDone, EvalDone or GenDone.
+  std::optional<v1::WorkerEvent> AnswerRun(const v1::WorkerCommand& run);
   v1::WorkerEvent StepDone(const v1::RunStep& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::WorkerEvent EvalDone(const v1::EvalRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last chunk owner's logits: FakeNextToken of each run (others: none).
@@ -104,9 +121,8 @@ class FakeWorker final : public WorkerChannel {
   std::shared_ptr<absl::Notification> assign_gate_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_runs_ ABSL_GUARDED_BY(mu_);
   double grad_norm_skew_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<v1::RunStep> held_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::EvalRun> held_eval_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::GenRun> held_gen_ ABSL_GUARDED_BY(mu_);
+  // The run commands HoldRunSteps holds, at most one of each kind, until an Abort.
+  std::map<v1::WorkerCommand::CommandCase, v1::WorkerCommand> held_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::GenRun> gen_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

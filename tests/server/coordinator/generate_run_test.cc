@@ -233,9 +233,7 @@ TEST_F(GenerateRunTest, AWorkerLostMidRequestFailsItAndTheJobRecoversAsForAStep)
   workers_[1]->Gone();
   client.join();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->recoveries(0).lost_worker(), "w1");
   EXPECT_EQ(workers_[0]->assign().generation(), 2);

@@ -247,9 +247,7 @@ TEST_F(JobEventsTest, ARecoveryIsLoggedWithItsNewLayout) {
   EXPECT_EQ(Describe(handed[0]), "recovering w1");
   EXPECT_EQ(handed[0].recovering().cause(), "lost");
   EXPECT_EQ(handed[0].recovering().steps_done(), 1);
-  ASSERT_TRUE(AwaitJob(job->job(), [](const v1::JobStatus& s) {
-                return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-              }).ok());
+  ASSERT_TRUE(AwaitRecovered(job->job()).ok());
   const std::vector<std::string> rest = ReadAll(job->job(), start->watch);
   ASSERT_THAT(rest, ElementsAre("recovered 2 -> 2 stages"));
   absl::StatusOr<CoordinatorCore::WatchStart> late = core_->OpenWatch(job->job(), "", 2, &watcher_);

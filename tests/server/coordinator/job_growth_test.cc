@@ -328,9 +328,7 @@ TEST_F(JobGrowthShortAssignTest, AnOldWorkerLostDuringTheGrowthRecoversFromItsCh
   workers_[1]->Gone();
   step.join();
   // However the loss and the growth interleave, the job recovers from the growth's checkpoint.
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->recoveries_size(), 1) << status->DebugString();
   EXPECT_EQ(status->recoveries(0).restored_step(), 1);

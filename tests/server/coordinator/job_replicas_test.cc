@@ -159,9 +159,7 @@ TEST_F(JobReplicasTest, ReplicaZeroSavesAndEveryWorkerOfAReplacementRestores) {
   EXPECT_THAT(refused.message(), HasSubstr("only replica 0 writes checkpoints"));
   // w3 (rank 1 of replica 1) is lost: the spare takes its position, the job keeps 2 replicas.
   W(3).Gone();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->replicas(), 2);
   EXPECT_EQ(status->recoveries(0).replicas(), 2);
@@ -201,9 +199,7 @@ TEST_F(JobReplicasTest, WithoutASpareAJobThatMayShrinkDropsToHalfItsReplicas) {
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(Step(MakeBatch(job->job(), 8)).ok());
   W(3).Gone();
-  absl::StatusOr<v1::JobStatus> status = AwaitJob(job->job(), [](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_READY && s.recoveries_size() == 1;
-  });
+  absl::StatusOr<v1::JobStatus> status = AwaitRecovered(job->job());
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->replicas(), 1);
   EXPECT_EQ(status->spec().stages(), 2);

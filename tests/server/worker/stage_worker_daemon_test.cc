@@ -9,18 +9,12 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,9 +27,7 @@
 #include "absl/time/time.h"
 #include "common/io/dataset.h"
 #include "common/math/optimizer.h"
-#include "common/model/checkpoint.h"
 #include "common/model/model.h"
-#include "common/model/optimizer_proto.h"
 #include "common/model/reference_trainer.h"
 #include "common/schedule/generator.h"
 #include "gmock/gmock.h"
@@ -47,12 +39,11 @@
 #include "server/link/peer_link.h"
 #include "tests/common/model/test_models.h"
 #include "tests/server/worker/fake_coordinator.h"
+#include "tests/server/worker/fake_job.h"
 
 namespace pipetrain::worker {
 namespace {
 
-using link::LinkOptions;
-using link::LinkSettings;
 using link::PeerHello;
 using link::PeerLink;
 using ::testing::HasSubstr;
@@ -64,73 +55,34 @@ constexpr uint64_t kSeed = 7;
 constexpr int kMicrobatches = 4;
 constexpr int64_t kSamples = 16;
 
+using testing::Bits;
 using testing::FakeCoordinator;
 
 // ------------------------------------------------------------------ helpers
 
-math::OptimizerConfig Optimizer() {
-  math::OptimizerConfig o;
-  o.kind = math::OptimizerKind::kSgd;
-  o.lr = 0.1f;
-  o.momentum = 0.9f;
-  o.weight_decay = 0.01f;
-  o.clip_norm = 0.5f;
-  return o;
-}
-
-uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir =
-      absl::StrCat(base != nullptr ? base : "/tmp", "/stage_worker_test_", getpid(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+// `job` (by default: nothing else known) at `generation`, with its name and link secret: enough
+// for its commands.
+testing::FakeJob JobAt(int64_t generation, testing::FakeJob job = {}) {
+  job.job = kJob;
+  job.generation = generation;
+  job.secret = absl::StrCat("secret-of-generation-", generation);
+  return job;
 }
 
 v1::WorkerCommand RunStepCommand(int64_t generation, int64_t step, int64_t rows) {
-  v1::WorkerCommand c;
-  v1::RunStep* r = c.mutable_run_step();
-  r->set_job(kJob);
-  r->set_generation(generation);
-  r->set_step(step);
-  r->set_batch_rows(rows);
-  return c;
+  return testing::RunStepCommand(JobAt(generation), step, rows);
 }
 
 // Two daemons registered with a fake coordinator, and the job's plan.
 class StageWorkerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&coordinator_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    for (int w = 0; w < 2; ++w) {
-      StageWorkerOptions o;
-      o.coordinator = absl::StrCat("127.0.0.1:", port_);
-      o.listen = "127.0.0.1:0";
-      o.name = absl::StrCat("w", w);
-      o.gflops = 1;  // no probe in tests.
-      o.threads_max = 2;
-      o.emulate_gflops = emulate_gflops_;
-      absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> d = StageWorkerDaemon::Start(o);
-      ASSERT_TRUE(d.ok()) << d.status();
-      daemons_.push_back(*std::move(d));
-    }
+    StageWorkerOptions o;
+    o.gflops = 1;  // no probe in tests.
+    o.threads_max = 2;
+    o.emulate_gflops = emulate_gflops_;
+    const absl::Status started = testing::StartLoopback(&coordinator_, 2, o, &server_, &daemons_);
+    ASSERT_TRUE(started.ok()) << started;
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(w));
       ASSERT_TRUE(reg.ok()) << reg.status();
@@ -145,16 +97,9 @@ class StageWorkerTest : public ::testing::Test {
     plan_ = *std::move(plan);
   }
 
-  void TearDown() override {
-    for (auto& link : feeds_) link->Shutdown();
-    for (auto& d : daemons_) {
-      if (d != nullptr) d->Shutdown();
-    }
-    daemons_.clear();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-  }
+  void TearDown() override { testing::ShutdownLoopback(feeds_, &daemons_, server_.get()); }
 
-  static std::string Name(int w) { return absl::StrCat("w", w); }
+  static std::string Name(int w) { return testing::WorkerName(w); }
 
   // Replaces the plan (1F1B, S = 2, V = 1 after SetUp).
   void UsePlan(schedule::ScheduleKind kind, int virtual_stages) {
@@ -166,140 +111,130 @@ class StageWorkerTest : public ::testing::Test {
 
   int LastChunk() const { return plan_.num_chunks() - 1; }
 
+  // The job at `generation` on both daemons: model_ and plan_, M = kMicrobatches.
+  testing::FakeJob Job(int64_t generation) const {
+    testing::FakeJob job = JobAt(generation, testing::FakeJob::Of(model_.get(), &plan_, daemons_));
+    job.seed = kSeed;
+    job.stages = 2;
+    job.microbatches = kMicrobatches;
+    job.samples = kSamples;
+    return job;
+  }
+
   // The Assign of worker `rank`: the layers cut evenly into the plan's chunks (with S*V = 2:
   // [0, 3) and [3, 6)), placed by the plan.
-  v1::WorkerCommand AssignCommand(int rank, int64_t generation) {
-    v1::WorkerCommand c;
-    v1::Assign* a = c.mutable_assign();
-    a->set_job(kJob);
-    a->set_generation(generation);
-    a->set_rank(rank);
-    *a->mutable_model() = model_->spec();
-    *a->mutable_optimizer() = model::OptimizerToProto(Optimizer());
-    a->set_seed(kSeed);
-    a->set_threads(1);
-    a->set_stages(2);
-    a->set_virtual_stages(plan_.virtual_stages());
-    a->set_microbatches(kMicrobatches);
-    const int chunks = plan_.num_chunks();
-    const int64_t layers = model_->num_layers();
-    // dualpipe: two copies of 2 stages, chunk 2 + k repeating chunk k's layers.
-    const bool copies = plan_.placement.kind == schedule::PlacementKind::kBidirectional;
-    const int cuts = copies ? chunks / 2 : chunks;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const int k = chunk % cuts;
-      v1::ChunkSpec* spec = a->add_chunks();
-      spec->set_chunk(chunk);
-      spec->set_rank(plan_.placement.OwnerOf(chunk));
-      spec->set_first_layer(k * layers / cuts);
-      spec->set_last_layer((k + 1) * layers / cuts);
-    }
-    for (auto& d : daemons_) a->add_worker_addresses(d->address());
-    for (const schedule::Action& act : plan_.actions[rank])
-      *a->add_actions() = control::ActionToProto(act);
-    a->set_link_secret(SecretOf(generation));
-    // The level of the in-process reference the results are compared with.
-    a->set_isa(std::string(math::IsaName(model_->isa())));
-    return c;
+  v1::WorkerCommand AssignCommand(int rank, int64_t generation) const {
+    return testing::AssignCommand(Job(generation), 0, rank);
   }
 
   // The link secret the fake coordinator gives `generation` (Assign.link_secret).
-  static std::string SecretOf(int64_t generation) {
-    return absl::StrCat("secret-of-generation-", generation);
+  static std::string SecretOf(int64_t generation) { return JobAt(generation).secret; }
+
+  // The checks a stream of the job at `generation` applies to the frames it receives.
+  wire::FrameValidation Validation(int64_t generation) const {
+    wire::FrameValidation validation;
+    validation.expected = wire::StreamIdentity{kJob, generation};
+    validation.num_microbatches = kMicrobatches;
+    validation.num_chunks = plan_.num_chunks();
+    return validation;
   }
 
   // Opens an Exchange stream to worker `w` as `peer` for (kJob, generation) presenting `secret`,
   // and returns the status the stream ends with (DEADLINE_EXCEEDED if it still runs after 10 s).
   absl::Status StreamEnd(int w, const std::string& peer, int64_t generation,
                          const std::string& secret) {
-    absl::Mutex mu;
-    absl::Status ended;
-    bool done = false;
-    LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, generation};
-    settings.validation.num_microbatches = kMicrobatches;
-    settings.validation.num_chunks = plan_.num_chunks();
-    settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
-    settings.callbacks.on_error = [&](const absl::Status& status) {
-      absl::MutexLock lock(&mu);
-      ended = status;
-      done = true;
-    };
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
-    if (!link.ok()) return link.status();
-    {
-      absl::MutexLock lock(&mu);
-      if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
-        ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
-      }
-    }
-    (*link)->Shutdown();  // no callback runs after this: `mu` may go.
-    absl::MutexLock lock(&mu);
-    return ended;
+    return testing::StreamEndStatus(daemons_[w]->address(),
+                                    PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret},
+                                    Validation(generation), std::nullopt, absl::Seconds(10));
+  }
+
+  // Opens an Exchange stream to worker `w` as `peer` (with the secret of `generation`), sends one
+  // [2, 3] tensor under `key` and returns the status the stream ends with (DEADLINE_EXCEEDED if
+  // it still runs after 10 s).
+  absl::Status SendAndAwaitEnd(int w, const std::string& peer, int64_t generation,
+                               const TensorKey& key) {
+    return testing::StreamEndStatus(
+        daemons_[w]->address(),
+        PeerHello{peer, wire::StreamIdentity{kJob, generation}, SecretOf(generation)},
+        Validation(generation), key, absl::Seconds(10));
   }
 
   // Assigns both workers at `generation` and waits for both Assigned.
   void AssignBoth(int64_t generation) {
     for (int w = 0; w < 2; ++w)
       ASSERT_TRUE(coordinator_.Send(Name(w), AssignCommand(w, generation)));
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_assigned()) << e->DebugString();
-      EXPECT_EQ(e->assigned().job(), kJob);
-      EXPECT_EQ(e->assigned().generation(), generation);
+    std::vector<v1::WorkerEvent> assigned;
+    ASSERT_NO_FATAL_FAILURE(
+        testing::ExpectNextOfAll(&coordinator_, 2, &v1::WorkerEvent::has_assigned, &assigned));
+    for (const v1::WorkerEvent& e : assigned) {
+      EXPECT_EQ(e.assigned().job(), kJob);
+      EXPECT_EQ(e.assigned().generation(), generation);
     }
   }
 
-  // The single-process trainer the workers' steps must equal: the same model, micro-batches, seed
-  // and optimizer, one thread.
+  // Sends `command` to worker `w` and waits for its answer, expected to be a WorkerError (into
+  // *error).
+  void ExpectRefusal(int w, const v1::WorkerCommand& command, v1::WorkerError* error) {
+    testing::ExpectRefusal(&coordinator_, Name(w), command, error);
+  }
+
+  // Sends `assign` to worker `w` and expects it to answer Assigned.
+  void ExpectAssigned(int w, const v1::WorkerCommand& assign) {
+    ASSERT_TRUE(coordinator_.Send(Name(w), assign));
+    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  }
+
+  // Sends `command` to both workers; false if one has no open stream.
+  bool SendBoth(const v1::WorkerCommand& command) {
+    return testing::SendToAll(&coordinator_, 2, command);
+  }
+
+  // The next event of both workers, each of the kind `has` tells, into *events if given.
+  void ExpectNextOfBoth(bool (v1::WorkerEvent::*has)() const,
+                        std::vector<v1::WorkerEvent>* events = nullptr) {
+    testing::ExpectNextOfAll(&coordinator_, 2, has, events);
+  }
+
+  // Runs `step` of the job at `generation` (1F1B over both workers), `batch` fed over `in` to
+  // rank 0 and `target` to rank 1, and commits it (clip scale 1).
+  void RunAndCommit(int64_t generation, int64_t step, PeerLink* in, PeerLink* target,
+                    const io::Batch& batch) {
+    testing::RunAndCommit(&coordinator_, Job(generation), {{0, in}, {1, target}}, step, batch);
+  }
+
+  // The single-process trainer the workers' steps must equal.
   absl::StatusOr<std::unique_ptr<model::ReferenceTrainer>> Reference() const {
-    model::TrainerOptions ro;
-    ro.microbatches = kMicrobatches;
-    ro.threads = 1;
-    ro.seed = kSeed;
-    ro.optimizer = Optimizer();
-    return model::ReferenceTrainer::Create(model_.get(), ro);
+    return testing::Reference(Job(1));
   }
 
   // Opens the coordinator's feed stream to worker `w` (as peer "coordinator").
   PeerLink* Feed(int w, int64_t generation) {
-    LinkSettings settings;
-    settings.validation.expected = wire::StreamIdentity{kJob, generation};
-    settings.validation.num_microbatches = kMicrobatches;
-    settings.validation.num_chunks = plan_.num_chunks();
-    settings.callbacks.on_tensor = [](const TensorKey& key, math::Matrix) {
-      return absl::InvalidArgumentError("the coordinator receives no tensors");
-    };
-    absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-        link::CreateExchangeChannel(daemons_[w]->address()), daemons_[w]->address(),
-        PeerHello{"coordinator", wire::StreamIdentity{kJob, generation}, SecretOf(generation)},
-        LinkOptions{}, settings);
+    absl::StatusOr<std::unique_ptr<PeerLink>> link = testing::OpenFeed(Job(generation), w);
     EXPECT_TRUE(link.ok()) << link.status();
     if (!link.ok()) return nullptr;
     feeds_.push_back(*std::move(link));
     return feeds_.back().get();
   }
 
-  // Sends the input and the target of every micro-batch of `batch` to the ends of its route
-  // (plan_.RouteBegin/RouteEnd: chunk 0 and the last chunk, or one copy's under dualpipe), over
-  // `feeds`, the coordinator's stream to each rank.
-  void FeedRouted(const std::map<int, PeerLink*>& feeds, int64_t step, const io::Batch& batch) {
-    const int64_t mb_rows = batch.inputs.rows() / kMicrobatches;
+  // Runs `step` of the job at `generation` on both workers with `batch` fed over `in` and
+  // `target` (no Commit), and expects the last rank's losses to be those of the reference's first
+  // step on `batch`.
+  void ExpectStepLossesOfTheReference(int64_t generation, int64_t step, PeerLink* in,
+                                      PeerLink* target, const io::Batch& batch) {
+    auto reference = Reference();
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(SendBoth(RunStepCommand(generation, step, batch.inputs.rows())));
+    FeedBatch(in, target, step, batch);
+    std::vector<v1::WorkerEvent> done;
+    ASSERT_NO_FATAL_FAILURE(ExpectNextOfBoth(&v1::WorkerEvent::has_step_done, &done));
+    const v1::StepDone& last = done[1].step_done();
+    ASSERT_EQ(last.microbatch_losses_size(), kMicrobatches);
     for (int mb = 0; mb < kMicrobatches; ++mb) {
-      const int first = plan_.RouteBegin(mb);
-      const int last = plan_.RouteEnd(mb) - 1;
-      auto x = std::make_shared<const math::Matrix>(batch.inputs.middleRows(mb * mb_rows, mb_rows));
-      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(first))
-                      ->Send(TensorKey{step, mb, first, TensorKind::kInput}, x)
-                      .ok());
-      auto y =
-          std::make_shared<const math::Matrix>(batch.targets.middleRows(mb * mb_rows, mb_rows));
-      ASSERT_TRUE(feeds.at(plan_.placement.OwnerOf(last))
-                      ->Send(TensorKey{step, mb, last, TensorKind::kTarget}, y)
-                      .ok());
+      EXPECT_EQ(Bits(last.microbatch_losses(mb)), Bits(want->microbatch_losses[mb])) << "mb " << mb;
     }
   }
 
@@ -322,7 +257,6 @@ class StageWorkerTest : public ::testing::Test {
 
   FakeCoordinator coordinator_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   double emulate_gflops_ = 0;  // set by derived fixtures before SetUp.
   std::vector<std::unique_ptr<StageWorkerDaemon>> daemons_;
   std::vector<std::unique_ptr<PeerLink>> feeds_;
@@ -370,120 +304,13 @@ void StageWorkerScheduleTest::ExpectTwoStepsBitwiseEqualToTheReference() {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   constexpr int64_t kGeneration = 1;
   AssignBoth(kGeneration);
-  // The ranks at the ends of the micro-batches' routes, and the one whose loss each reports.
+  // The ranks at the ends of the micro-batches' routes.
   std::map<int, PeerLink*> feeds;
-  std::vector<int> loss_owner;
-  for (int mb = 0; mb < kMicrobatches; ++mb) {
-    for (int chunk : {plan_.RouteBegin(mb), plan_.RouteEnd(mb) - 1}) {
-      const int rank = plan_.placement.OwnerOf(chunk);
-      if (feeds.count(rank) == 0) feeds[rank] = Feed(rank, kGeneration);
-      ASSERT_NE(feeds[rank], nullptr);
-    }
-    loss_owner.push_back(plan_.placement.OwnerOf(plan_.RouteEnd(mb) - 1));
+  for (int rank : testing::FedWorkers(Job(kGeneration))) {
+    feeds[rank] = Feed(rank, kGeneration);
+    ASSERT_NE(feeds[rank], nullptr);
   }
-
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-
-  for (int64_t step = 1; step <= 2; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step));
-    const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, static_cast<int>(step));
-    absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-    ASSERT_TRUE(want.ok()) << want.status();
-
-    const int64_t rows = batch.inputs.rows();
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
-    }
-    FeedRouted(feeds, step, batch);
-    std::vector<double> per_layer(model_->num_layers(), 0.0);
-    std::vector<float> losses(kMicrobatches, 0.0f);
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-      const v1::StepDone& done = e->step_done();
-      EXPECT_EQ(done.step(), step);
-      EXPECT_EQ(done.generation(), kGeneration);
-      EXPECT_EQ(done.timings_size(), static_cast<int>(plan_.actions[w].size()));
-      for (const v1::ActionTiming& t : done.timings()) {
-        EXPECT_LE(t.start_us(), t.end_us());
-        EXPECT_GE(t.wait_us(), 0);
-      }
-      for (const v1::LayerNormSq& n : done.grad_norms()) {
-        EXPECT_EQ(per_layer[n.layer()], 0.0) << "layer " << n.layer() << " reported twice";
-        per_layer[n.layer()] = n.norm_sq();
-      }
-      if (std::count(loss_owner.begin(), loss_owner.end(), w) == 0) {
-        EXPECT_EQ(done.microbatch_losses_size(), 0);
-        continue;
-      }
-      ASSERT_EQ(done.microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        if (loss_owner[mb] == w) losses[mb] = done.microbatch_losses(mb);
-      }
-    }
-    ASSERT_EQ(losses.size(), want->microbatch_losses.size());
-    float loss = 0;
-    for (size_t mb = 0; mb < losses.size(); ++mb) {
-      EXPECT_EQ(Bits(losses[mb]), Bits(want->microbatch_losses[mb])) << "mb " << mb;
-      loss += losses[mb];
-    }
-    EXPECT_EQ(Bits(loss), Bits(want->loss));
-    const double norm_sq = model::SumLayerNormSq(per_layer);
-    EXPECT_EQ(norm_sq, want->grad_norm_sq);
-    const float clip = math::ClipScale(norm_sq, Optimizer().clip_norm);
-    EXPECT_EQ(Bits(clip), Bits(want->clip_scale));
-
-    for (int w = 0; w < 2; ++w) {
-      v1::WorkerCommand c;
-      v1::Commit* commit = c.mutable_commit();
-      commit->set_job(kJob);
-      commit->set_generation(kGeneration);
-      commit->set_step(step);
-      commit->set_clip_scale(clip);
-      ASSERT_TRUE(coordinator_.Send(Name(w), c));
-    }
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_committed()) << e->DebugString();
-      EXPECT_EQ(e->committed().step(), step);
-    }
-  }
-
-  // Shards uploaded by both workers, byte for byte equal to the reference's files.
-  const std::string ref_dir = TempDir("reference");
-  for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    v1::SaveShards* save = c.mutable_save_shards();
-    save->set_job(kJob);
-    save->set_generation(kGeneration);
-    save->set_step(2);
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
-  }
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_shards_saved()) << e->DebugString();
-  }
-  model::CheckpointManifest manifest;
-  manifest.step = (*reference)->steps_done();
-  manifest.model_spec = model_->spec();
-  manifest.optimizer = math::FormatOptimizerConfig(Optimizer());
-  manifest.seed = kSeed;
-  manifest.batch_size = kSamples;
-  manifest.microbatches = kMicrobatches;
-  manifest.shards = model::LayerShards(*model_, 0, model_->num_layers());
-  ASSERT_EQ(manifest.step, 2);
-  ASSERT_TRUE(model::SaveCheckpoint(ref_dir, manifest, (*reference)->ExportState()).ok());
-  ASSERT_FALSE(manifest.shards.empty());
-  for (const model::CheckpointShard& shard : manifest.shards) {
-    const std::string want = ReadBytes(absl::StrCat(ref_dir, "/", shard.file));
-    const std::string got = coordinator_.Uploaded(shard.file);
-    ASSERT_FALSE(want.empty()) << shard.file;
-    EXPECT_TRUE(got == want) << shard.file << " differs from the reference's";
-  }
+  testing::ExpectStepsBitwiseEqualToTheReference(&coordinator_, Job(kGeneration), feeds, 2);
 }
 
 // The tied GPT (tie_embeddings) on two daemons: with 1F1B and interleaved the ranks of chunk 0 and
@@ -509,41 +336,6 @@ TEST_P(StageWorkerTiedScheduleTest, TwoStepsAreBitwiseEqualToTheReference) {
   ExpectTwoStepsBitwiseEqualToTheReference();
 }
 
-// Opens an Exchange stream to worker `w` as `peer` (with the generation's secret), sends one
-// [2, 3] tensor under `key` and returns the status the stream ends with (DEADLINE_EXCEEDED if it
-// still runs after 10 s).
-absl::Status SendAndAwaitEnd(const std::string& address, const std::string& peer,
-                             int64_t generation, const std::string& secret, int chunks,
-                             const TensorKey& key) {
-  absl::Mutex mu;
-  absl::Status ended;
-  bool done = false;
-  LinkSettings settings;
-  settings.validation.expected = wire::StreamIdentity{kJob, generation};
-  settings.validation.num_microbatches = kMicrobatches;
-  settings.validation.num_chunks = chunks;
-  settings.callbacks.on_tensor = [](const TensorKey&, math::Matrix) { return absl::OkStatus(); };
-  settings.callbacks.on_error = [&](const absl::Status& status) {
-    absl::MutexLock lock(&mu);
-    ended = status;
-    done = true;
-  };
-  absl::StatusOr<std::unique_ptr<PeerLink>> link = PeerLink::Connect(
-      link::CreateExchangeChannel(address), address,
-      PeerHello{peer, wire::StreamIdentity{kJob, generation}, secret}, LinkOptions{}, settings);
-  if (!link.ok()) return link.status();
-  absl::Status sent = (*link)->Send(key, std::make_shared<const math::Matrix>(2, 3));
-  {
-    absl::MutexLock lock(&mu);
-    if (sent.ok() && !mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
-      ended = absl::DeadlineExceededError("the stream was not refused within 10 s");
-    }
-  }
-  (*link)->Shutdown();  // no callback runs after this: `mu` may go.
-  absl::MutexLock lock(&mu);
-  return sent.ok() ? ended : sent;
-}
-
 // Only the tie's other end sends a tied_gradient: the coordinator's feed stream to rank 0 (inputs
 // and targets only) is refused naming the kind. The tie's own stream is a neighbour's, fenced by
 // generation and secret like every other.
@@ -552,8 +344,7 @@ TEST_P(StageWorkerTiedScheduleTest, ATiedGradientFromAnotherPeerIsRefused) {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   AssignBoth(1);
   const absl::Status feed =
-      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
-                      TensorKey{1, 0, 0, TensorKind::kTiedGradient});
+      SendAndAwaitEnd(0, "coordinator", 1, TensorKey{1, 0, 0, TensorKind::kTiedGradient});
   EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
   EXPECT_THAT(feed.message(), HasSubstr("tied_gradient frames are not accepted on this stream"));
   EXPECT_EQ(StreamEnd(1, "stage/0", 2, SecretOf(2)).code(), absl::StatusCode::kAborted);
@@ -569,8 +360,7 @@ TEST_P(StageWorkerScheduleTest, ACopyGradientFromANonPeerIsRefused) {
   UsePlan(GetParam().kind, GetParam().virtual_stages);
   AssignBoth(1);
   const absl::Status feed =
-      SendAndAwaitEnd(daemons_[0]->address(), "coordinator", 1, SecretOf(1), plan_.num_chunks(),
-                      TensorKey{1, 0, 0, TensorKind::kCopyGradient});
+      SendAndAwaitEnd(0, "coordinator", 1, TensorKey{1, 0, 0, TensorKind::kCopyGradient});
   EXPECT_EQ(feed.code(), absl::StatusCode::kInvalidArgument) << feed;
   EXPECT_THAT(feed.message(), HasSubstr("copy_gradient frames are not accepted on this stream"));
 }
@@ -617,9 +407,7 @@ TEST_F(StageWorkerEmulationTest, ActionsTakeTheirEmulatedTimeAndResultsStayExact
   ASSERT_GT(longest, 0.01);
 
   const absl::Time t0 = absl::Now();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 0, rows)));
   FeedBatch(in, target, 0, batch);
   std::vector<float> losses;
   for (int w = 0; w < 2; ++w) {
@@ -662,17 +450,8 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
   // Step 0 starts without inputs (nothing is in flight), and is aborted.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
-  for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    c.mutable_abort()->set_job(kJob);
-    c.mutable_abort()->set_generation(kGeneration);
-    c.mutable_abort()->set_step(0);
-    c.mutable_abort()->set_reason("test");
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 0, rows)));
+  ASSERT_TRUE(SendBoth(testing::AbortCommand(JobAt(kGeneration), 0, "test")));
   for (int w = 0; w < 2; ++w) {
     absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
     ASSERT_TRUE(e.ok()) << e.status();
@@ -681,25 +460,7 @@ TEST_F(StageWorkerTest, AbortedStepRunsAgainInTheSameGeneration) {
     EXPECT_EQ(e->error().step(), 0);
   }
   // The re-run is exact.
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-  ASSERT_TRUE(want.ok()) << want.status();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, rows)));
-  }
-  FeedBatch(in, target, 0, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    if (w == 1) {
-      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepLossesOfTheReference(kGeneration, 0, in, target, batch));
 }
 
 // Issue 14: a process that is not one of the generation's peers opens Exchange streams to rank 1
@@ -721,26 +482,8 @@ TEST_F(StageWorkerTest, ImpostorWithoutTheLinkSecretIsRefusedAndDisplacesNoPeer)
   PeerLink* target = Feed(1, kGeneration);
   ASSERT_NE(in, nullptr);
   ASSERT_NE(target, nullptr);
-  auto reference = Reference();
-  ASSERT_TRUE(reference.ok()) << reference.status();
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
-  absl::StatusOr<model::StepResult> want = (*reference)->Step(batch);
-  ASSERT_TRUE(want.ok()) << want.status();
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 0, batch.inputs.rows())));
-  }
-  FeedBatch(in, target, 0, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    if (w == 1) {
-      ASSERT_EQ(e->step_done().microbatch_losses_size(), kMicrobatches);
-      for (int mb = 0; mb < kMicrobatches; ++mb) {
-        EXPECT_EQ(Bits(e->step_done().microbatch_losses(mb)), Bits(want->microbatch_losses[mb]));
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectStepLossesOfTheReference(kGeneration, 0, in, target, batch));
   // Once rank 0's real stream is in, a second claimant with the secret is still refused: the
   // legitimate stream is never displaced.
   EXPECT_EQ(StreamEnd(1, "stage/0", kGeneration, SecretOf(kGeneration)).code(),
@@ -780,55 +523,41 @@ TEST_F(StageWorkerTest, HealthServiceReportsServing) {
 }
 
 TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
+  v1::WorkerError error;
   v1::WorkerCommand bad = AssignCommand(0, 3);
   bad.mutable_assign()->mutable_chunks(1)->set_rank(7);  // no such rank
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("chunk 1"));
-  EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_EQ(e->error().generation(), 3);
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("chunk 1"));
+  EXPECT_EQ(error.job(), kJob);
+  EXPECT_EQ(error.generation(), 3);
 
   v1::WorkerCommand foreign = AssignCommand(0, 3);
   *foreign.mutable_assign()->mutable_actions(0) =
       control::ActionToProto(schedule::Action{schedule::Op::kForward, 0, 1});  // worker 1's chunk
-  ASSERT_TRUE(coordinator_.Send(Name(0), foreign));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("does not hold"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, foreign, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("does not hold"));
 
   v1::WorkerCommand bad_model = AssignCommand(0, 3);
   bad_model.mutable_assign()->mutable_model()->mutable_layers(3)->mutable_linear()->set_in_features(
       99);
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad_model));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad_model, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 
   v1::WorkerCommand no_secret = AssignCommand(0, 3);
   no_secret.mutable_assign()->clear_link_secret();
-  ASSERT_TRUE(coordinator_.Send(Name(0), no_secret));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("no link_secret"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, no_secret, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("no link_secret"));
 
   // An instruction-set level the worker does not know is refused; every worker registered the
   // levels this CPU runs (no --max-isa here).
   v1::WorkerCommand bad_isa = AssignCommand(0, 3);
   bad_isa.mutable_assign()->set_isa("x86-64-v9");
-  ASSERT_TRUE(coordinator_.Send(Name(0), bad_isa));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(e->error().message(), HasSubstr("unknown instruction set 'x86-64-v9'"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, bad_isa, &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(error.message(), HasSubstr("unknown instruction set 'x86-64-v9'"));
   absl::StatusOr<v1::RegisterWorker> reg = coordinator_.WaitRegistered(Name(0));
   ASSERT_TRUE(reg.ok()) << reg.status();
   std::vector<std::string> levels;
@@ -836,37 +565,27 @@ TEST_F(StageWorkerTest, BadAssignIsInvalidArgumentAndTheWorkerStaysUsable) {
   EXPECT_THAT(reg->isa_levels(), ::testing::ElementsAreArray(levels));
 
   // A RunStep for a job the worker does not have is refused; a valid Assign then works.
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(3, 0, kSamples)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(3, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 
-  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 3)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(0, AssignCommand(0, 3));
 }
 
 TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
+  v1::WorkerError error;
   AssignBoth(6);
   ASSERT_EQ(coordinator_.registrations(Name(0)), 1);
   ASSERT_TRUE(coordinator_.Kick(Name(0)));
   ASSERT_TRUE(coordinator_.WaitRegistrations(Name(0), 2));
   // The job went with the stream: a RunStep for it is refused.
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(6, 0, kSamples)));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(6, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   // And a new Assign works on the new stream.
-  ASSERT_TRUE(coordinator_.Send(Name(0), AssignCommand(0, 7)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(0, AssignCommand(0, 7));
 }
 
 TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
+  v1::WorkerError error;
   AssignBoth(9);
   // A Release of another job or a later generation's job leaves the job alone...
   v1::WorkerCommand other;
@@ -881,40 +600,26 @@ TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   // ... Release is not answered, and commands are handled in order: the RunStep behind each
   // Release shows what it did.
   ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(9, 0, kSamples)));
-  ASSERT_TRUE(coordinator_.Send(Name(1), RunStepCommand(9, 0, kSamples)));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(e->error().message(), HasSubstr("no job"));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(1, RunStepCommand(9, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(error.message(), HasSubstr("no job"));
   // Worker 0 still runs the job: its step fails only by the Abort (ABORTED) or by its released
   // neighbour refusing the link it dials at the step (ABORTED or UNAVAILABLE naming the link) —
   // whichever comes first is the scheduler's choice — never with its own "no job".
-  v1::WorkerCommand abort;
-  abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_generation(9);
-  abort.mutable_abort()->set_step(0);
-  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_THAT(e->error().code(), ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
-                                                  static_cast<int>(absl::StatusCode::kUnavailable)))
-      << e->DebugString();
-  EXPECT_EQ(e->error().job(), kJob);
-  EXPECT_THAT(e->error().message(), ::testing::Not(HasSubstr("this worker has no job")));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, testing::AbortCommand(JobAt(9), 0), &error));
+  EXPECT_THAT(error.code(), ::testing::AnyOf(static_cast<int>(absl::StatusCode::kAborted),
+                                             static_cast<int>(absl::StatusCode::kUnavailable)))
+      << error.DebugString();
+  EXPECT_EQ(error.job(), kJob);
+  EXPECT_THAT(error.message(), ::testing::Not(HasSubstr("this worker has no job")));
   // The released worker takes a new job.
-  ASSERT_TRUE(coordinator_.Send(Name(1), AssignCommand(1, 10)));
-  e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_TRUE(e->has_assigned()) << e->DebugString();
+  ExpectAssigned(1, AssignCommand(1, 10));
 }
 
 TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
   constexpr int64_t kGeneration = 8;
   AssignBoth(kGeneration);
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
-  const int64_t rows = batch.inputs.rows();
   for (int64_t step = 1; step <= 2; ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     // A fresh pair of feed streams per step; the previous pair is closed first.
@@ -923,40 +628,16 @@ TEST_F(StageWorkerTest, FeedStreamCanBeReplacedWithinTheGeneration) {
     PeerLink* target = Feed(1, kGeneration);
     ASSERT_NE(in, nullptr);
     ASSERT_NE(target, nullptr);
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, step, rows)));
-    }
-    FeedBatch(in, target, step, batch);
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-    }
-    for (int w = 0; w < 2; ++w) {
-      v1::WorkerCommand c;
-      c.mutable_commit()->set_job(kJob);
-      c.mutable_commit()->set_generation(kGeneration);
-      c.mutable_commit()->set_step(step);
-      c.mutable_commit()->set_clip_scale(1.0f);
-      ASSERT_TRUE(coordinator_.Send(Name(w), c));
-    }
-    for (int w = 0; w < 2; ++w) {
-      absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-      ASSERT_TRUE(e.ok()) << e.status();
-      ASSERT_TRUE(e->has_committed()) << e->DebugString();
-    }
+    ASSERT_NO_FATAL_FAILURE(RunAndCommit(kGeneration, step, in, target, batch));
   }
 }
 
 TEST_F(StageWorkerTest, StaleGenerationCommandIsAborted) {
   AssignBoth(5);
-  v1::WorkerCommand stale = RunStepCommand(4, 0, kSamples);
-  ASSERT_TRUE(coordinator_.Send(Name(1), stale));
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(1));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kAborted));
-  EXPECT_EQ(e->error().generation(), 4);
+  v1::WorkerError error;
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(1, RunStepCommand(4, 0, kSamples), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(error.generation(), 4);
 }
 
 TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
@@ -969,60 +650,20 @@ TEST_F(StageWorkerTest, NeighbourLostMidStepFailsTheStep) {
   const io::Batch batch = model::testing::MakeBatch(*model_, kSamples, 0);
   const int64_t rows = batch.inputs.rows();
   // Step 1 completes: the link between the workers is established.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 1, rows)));
-  }
-  FeedBatch(in, target, 1, batch);
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_step_done()) << e->DebugString();
-  }
-  for (int w = 0; w < 2; ++w) {
-    v1::WorkerCommand c;
-    c.mutable_commit()->set_job(kJob);
-    c.mutable_commit()->set_generation(kGeneration);
-    c.mutable_commit()->set_step(1);
-    c.mutable_commit()->set_clip_scale(1.0f);
-    ASSERT_TRUE(coordinator_.Send(Name(w), c));
-  }
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(w));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_committed()) << e->DebugString();
-  }
+  ASSERT_NO_FATAL_FAILURE(RunAndCommit(kGeneration, 1, in, target, batch));
   // Step 2: no targets, so worker 1 waits and worker 0 waits for its gradients; then worker 1
   // goes away and worker 0's established link breaks.
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(coordinator_.Send(Name(w), RunStepCommand(kGeneration, 2, rows)));
-  }
+  ASSERT_TRUE(SendBoth(RunStepCommand(kGeneration, 2, rows)));
   FeedBatch(in, nullptr, 2, batch);
   daemons_[1]->Shutdown();
-  // The link may break before worker 0 reads RunStep(2) (they travel on different streams); it
-  // then first reports the failure against its latest step, 1. Either way step 2 fails.
-  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  if (e->error().step() == 1) {
-    EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
-    e = coordinator_.Next(Name(0));
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE(e->has_error()) << e->DebugString();
-  }
-  EXPECT_EQ(e->error().step(), 2);
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(e->error().message(), HasSubstr("stage/1"));
+  // Step 2 fails (perhaps after a report against step 1).
+  v1::WorkerError error;
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectStepUnavailable(&coordinator_, Name(0), 2, &error));
+  EXPECT_THAT(error.message(), HasSubstr("stage/1"));
   // The generation is broken: a new RunStep fails at once with the link's status.
-  v1::WorkerCommand abort;
-  abort.mutable_abort()->set_job(kJob);
-  abort.mutable_abort()->set_generation(kGeneration);
-  abort.mutable_abort()->set_step(2);
-  ASSERT_TRUE(coordinator_.Send(Name(0), abort));
-  ASSERT_TRUE(coordinator_.Send(Name(0), RunStepCommand(kGeneration, 2, rows)));
-  e = coordinator_.Next(Name(0));
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE(e->has_error()) << e->DebugString();
-  EXPECT_EQ(e->error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE(coordinator_.Send(Name(0), testing::AbortCommand(JobAt(kGeneration), 2)));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusal(0, RunStepCommand(kGeneration, 2, rows), &error));
+  EXPECT_EQ(error.code(), static_cast<int>(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(StageWorkerTest, LostNeighbourFailsTheStep) {
