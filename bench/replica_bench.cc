@@ -283,7 +283,7 @@ absl::StatusOr<absl::Duration> ReplicaStep(const model::Model& model, int replic
 
 struct Reduction {
   absl::Duration time;
-  absl::Duration cpu;  // the process's CPU per reduction (mean over the measured rounds).
+  absl::Duration cpu;      // the process's CPU per reduction (mean over the measured rounds).
   int64_t bytes_sent = 0;  // per worker per step.
 };
 
