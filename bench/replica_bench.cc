@@ -11,7 +11,9 @@
 //            loopback TCP connection per worker at once, received into a buffer (the floor).
 // Per R in --replicas (default 2,4) prints: the bytes each worker sent per step and in how many
 // messages, the reduction's time (median of --rounds), and the ratios reduction / step and
-// reduction / raw TCP. Every worker shares this machine's cores, so the figures are those of R
+// reduction / raw TCP, then the CPU time the whole process (every worker) spent per reduction
+// (mean) and on the raw TCP transfer, and their ratio: unlike wall time, hardly changed by
+// other processes' load. Every worker shares this machine's cores, so the figures are those of R
 // workers on one host, not of R hosts.
 //
 // Usage: replica_bench [--replicas 2,4] [--rounds 5]
@@ -19,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -69,6 +72,13 @@ constexpr char kJob[] = "replica-bench";
 constexpr char kSecret[] = "bench-secret";
 constexpr int64_t kBatch = 256;
 constexpr int64_t kMicrobatches = 8;
+
+// CPU time of the whole process so far (every thread, user + system).
+absl::Duration ProcessCpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return absl::DurationFromTimeval(u.ru_utime) + absl::DurationFromTimeval(u.ru_stime);
+}
 
 absl::Duration Median(std::vector<absl::Duration> v) {
   std::sort(v.begin(), v.end());
@@ -186,7 +196,12 @@ class Node final : public worker::Sender {
 
 // Every worker sends `bytes` to its round-0 partner over loopback TCP at once; the time until
 // every byte arrived.
-absl::StatusOr<absl::Duration> RawTcp(int replicas, int64_t bytes) {
+struct Timing {
+  absl::Duration wall;
+  absl::Duration cpu;  // of every thread of the process.
+};
+
+absl::StatusOr<Timing> RawTcp(int replicas, int64_t bytes) {
   std::vector<int> listeners(replicas), ports(replicas);
   for (int i = 0; i < replicas; ++i) {
     listeners[i] = socket(AF_INET, SOCK_STREAM, 0);
@@ -203,6 +218,7 @@ absl::StatusOr<absl::Duration> RawTcp(int replicas, int64_t bytes) {
   }
   std::vector<char> out(static_cast<size_t>(bytes), 'x');
   std::vector<std::thread> threads;
+  const absl::Duration cpu = ProcessCpu();
   const absl::Time start = absl::Now();
   for (int i = 0; i < replicas; ++i) {
     threads.emplace_back([&, i] {  // receiver i
@@ -231,7 +247,7 @@ absl::StatusOr<absl::Duration> RawTcp(int replicas, int64_t bytes) {
     });
   }
   for (std::thread& t : threads) t.join();
-  const absl::Duration took = absl::Now() - start;
+  const Timing took{absl::Now() - start, ProcessCpu() - cpu};
   for (int fd : listeners) close(fd);
   return took;
 }
@@ -267,6 +283,7 @@ absl::StatusOr<absl::Duration> ReplicaStep(const model::Model& model, int replic
 
 struct Reduction {
   absl::Duration time;
+  absl::Duration cpu;      // the process's CPU per reduction (mean over the measured rounds).
   int64_t bytes_sent = 0;  // per worker per step.
 };
 
@@ -290,8 +307,7 @@ absl::StatusOr<Reduction> Reduce(int replicas, int64_t floats, int rounds) {
   }
   std::vector<std::unique_ptr<worker::ReplicaReducer>> reducers;
   for (int q = 0; q < replicas; ++q) {
-    auto r = worker::ReplicaReducer::Create(q, replicas, nodes[q].get(), nodes[q]->mailbox(),
-                                            absl::Seconds(60));
+    auto r = worker::ReplicaReducer::Create(nodes[q].get(), nodes[q]->mailbox(), absl::Seconds(60));
     if (!r.ok()) return r.status();
     reducers.push_back(*std::move(r));
   }
@@ -299,22 +315,32 @@ absl::StatusOr<Reduction> Reduce(int replicas, int64_t floats, int rounds) {
   for (int64_t i = 0; i < floats; ++i) grads[i] = 1e-3f * static_cast<float>(i % 977);
   std::vector<absl::Duration> times;
   Reduction out;
+  absl::Duration cpu;
   for (int round = 0; round <= rounds; ++round) {
+    const absl::Duration cpu_start = ProcessCpu();
     const absl::Time start = absl::Now();
     for (int q = 0; q < replicas; ++q) {
       reducers[q]->Start(round + 1);
-      reducers[q]->Submit(0, grads);
+      if (absl::Status s =
+              reducers[q]->Submit(worker::ReductionGroup::Replicas(0, q, replicas), grads);
+          !s.ok()) {
+        return s;
+      }
     }
     for (int q = 0; q < replicas; ++q) {
       auto sums = reducers[q]->Finish();
       if (!sums.ok()) return sums.status();
     }
-    if (round > 0) times.push_back(absl::Now() - start);
+    if (round > 0) {
+      times.push_back(absl::Now() - start);
+      cpu += ProcessCpu() - cpu_start;
+    }
     out.bytes_sent = reducers[0]->stats().bytes_sent;
   }
   reducers.clear();
   for (auto& n : nodes) n->Stop();
   out.time = Median(times);
+  out.cpu = cpu / rounds;
   return out;
 }
 
@@ -358,7 +384,7 @@ int Run() {
                    step.status().ToString().c_str());
       return 1;
     }
-    absl::StatusOr<absl::Duration> tcp = RawTcp(replicas, reduction->bytes_sent);
+    absl::StatusOr<Timing> tcp = RawTcp(replicas, reduction->bytes_sent);
     if (!tcp.ok()) {
       std::fprintf(stderr, "%s\n", tcp.status().ToString().c_str());
       return 1;
@@ -367,13 +393,16 @@ int Run() {
     std::printf(
         "R = %d: sent %.1f MB per worker per step in %d messages; reduction %.1f ms; "
         "one replica's step %.1f ms (reduction / step %.2f); raw TCP of the same bytes "
-        "%.1f ms (reduction / raw TCP %.2f)\n",
+        "%.1f ms (reduction / raw TCP %.2f); CPU of all workers: reduction %.1f ms, raw TCP "
+        "%.1f ms (%.2f)\n",
         replicas, reduction->bytes_sent * 1e-6,
         static_cast<int>((floats + worker::kReplicaSegmentFloats - 1) /
                          worker::kReplicaSegmentFloats) *
             worker::AllReduceRounds(replicas),
         ms, absl::ToDoubleMilliseconds(*step), ms / absl::ToDoubleMilliseconds(*step),
-        absl::ToDoubleMilliseconds(*tcp), ms / absl::ToDoubleMilliseconds(*tcp));
+        absl::ToDoubleMilliseconds(tcp->wall), ms / absl::ToDoubleMilliseconds(tcp->wall),
+        absl::ToDoubleMilliseconds(reduction->cpu), absl::ToDoubleMilliseconds(tcp->cpu),
+        absl::ToDoubleMilliseconds(reduction->cpu) / absl::ToDoubleMilliseconds(tcp->cpu));
   }
   return 0;
 }

@@ -155,8 +155,8 @@ class Stage {
 
   // The step's gradients as one flat vector -- every layer's parameters in order, each tensor's
   // elements in order (a tied head's copy of the table included) -- to be reduced over the
-  // replicas (server/worker/replica_reducer.h) or summed with the other copy of the stage under
-  // bidirectional DualPipe (executor_copies.cc), and put back.
+  // replicas or summed with the other copy of the stage under bidirectional DualPipe (both by
+  // server/worker/replica_reducer.h), and put back.
   // The floats of that vector.
   int64_t NumGradFloats() const;
   // Copies the gradients, as grads() reads them (deferred W added first), into *flat, resized to

@@ -314,6 +314,12 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": negative segment and round ", h.microbatch()));
     }
+  } else if (kind == TensorKind::kCopyGradient) {
+    // The micro-batch field of a copy's message is segment * 2 + round (a 2-peer reduction).
+    if (h.microbatch() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": negative segment and round ", h.microbatch()));
+    }
   } else if (h.microbatch() < 0 || h.microbatch() >= v.num_microbatches) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": micro-batch ", h.microbatch(),
                                                    " outside [0, ", v.num_microbatches, ")"));
@@ -346,7 +352,7 @@ absl::Status ValidateHeader(const FrameValidation& v, const pb::FrameHeader& h,
     case TensorKind::kReplicaGradient:  // any chunk; the receiver checks that it holds it.
       break;
     case TensorKind::kCopyGradient:  // for the owner of a copy of the stage.
-      chunk_fits_kind = v.two_copies && h.microbatch() == 0;
+      chunk_fits_kind = v.two_copies;
       break;
   }
   if (!chunk_fits_kind) {

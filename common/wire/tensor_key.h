@@ -13,9 +13,10 @@
 //                chunk c in the round's partner replica. The micro-batch field is
 //                segment * 2 log2(replicas) + round: the round of AllReduceSum
 //                (server/worker/gradient_exchange.h) on one segment of the chunk's gradients.
-//   kCopyGradient, any chunk of a job with two copies of its stages (bidirectional DualPipe,
-//                micro-batch 0): the other copy's partial gradient of the stage, for the owner
-//                of `chunk` (docs/wire.md, "Gradient exchange").
+//   kCopyGradient, any chunk of a job with two copies of its stages (bidirectional DualPipe):
+//                a message of the 2-peer reduction of the stage's gradients with the other copy,
+//                for the owner of `chunk` (server/worker/replica_reducer.h); the micro-batch
+//                field is segment * 2 + round (docs/wire.md, "Gradient exchange").
 #ifndef PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 #define PIPETRAIN_COMMON_WIRE_TENSOR_KEY_H_
 

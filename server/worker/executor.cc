@@ -169,10 +169,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::Create(const model::
   }
   std::unique_ptr<StepExecutor> executor(
       new StepExecutor(model, std::move(chunks), routes, mailbox, sender, options));
-  if (options.replicas > 1) {
+  if (options.replicas > 1 || options.two_copies) {
     PT_ASSIGN_OR_RETURN(executor->reducer_,
-                        ReplicaReducer::Create(options.replica, options.replicas, sender, mailbox,
-                                               options.input_timeout));
+                        ReplicaReducer::Create(sender, mailbox, options.input_timeout));
   }
   return executor;
 }
@@ -288,11 +287,10 @@ absl::Status StepExecutor::FinishGradients(int64_t step, absl::Status status, St
       reducer_->Finish().IgnoreError();
       return status;
     }
-    PT_RETURN_IF_ERROR(ApplyReplicaSums(step, report));
+    PT_RETURN_IF_ERROR(ApplyReducedSums(step, report));
   }
   if (!status.ok()) return status;
   MailboxTransport transport(sender_, mailbox_, options_.input_timeout);
-  PT_RETURN_IF_ERROR(ExchangeCopyGradients(step, &transport));
   PT_RETURN_IF_ERROR(ExchangeTiedGradients(step, &transport));
   return ReportNorms(step, report);
 }
@@ -588,14 +586,20 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   model::Stage& stage = chunks_[local].stage;
   const int64_t microbatch = grad_share_lo_ + a.mb;  // the step's number.
   if (reducer_ != nullptr) {
-    // Replicas: a chunk's gradients are final after its last W; its reduction starts at once
-    // and runs beside the actions that follow. Norms are taken after the reduction.
+    // Replicas or two copies: a chunk's gradients are final after its last W; its reduction
+    // starts at once and runs beside the actions that follow. Norms are taken after it.
     PT_RETURN_IF_ERROR(stage.BackwardWeightAt(microbatch, &f->state, nullptr));
     ReleaseInFlight(a.mb, local);
-    if (++weight_grads_done_[local] == step_microbatches_) {
+    if (++weight_grads_done_[local] == weight_grads_due_[local]) {
       std::vector<float> flat;
       stage.CopyGradsTo(&flat);  // adds the chunk's deferred W first.
-      reducer_->Submit(chunks_[local].chunk, std::move(flat));
+      const int chunk = chunks_[local].chunk;
+      PT_RETURN_IF_ERROR(reducer_->Submit(
+          routes_.two_copies()
+              ? ReductionGroup::Copies(routes_.StageOf(chunk), chunk, routes_.OtherCopy(chunk),
+                                       routes_.IsDown(chunk))
+              : ReductionGroup::Replicas(chunk, options_.replica, options_.replicas),
+          std::move(flat)));
     }
     return absl::OkStatus();
   }
@@ -625,7 +629,7 @@ absl::Status StepExecutor::WeightGrad(const Action& a, int local) {
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::ApplyReplicaSums(int64_t step, StepReport* report) {
+absl::Status StepExecutor::ApplyReducedSums(int64_t step, StepReport* report) {
   absl::StatusOr<std::map<int, std::vector<float>>> sums = reducer_->Finish();
   const ReplicaReduceStats stats = reducer_->stats();
   report->replica_bytes_sent = stats.bytes_sent;
@@ -636,11 +640,12 @@ absl::Status StepExecutor::ApplyReplicaSums(int64_t step, StepReport* report) {
     auto it = sums->find(chunks_[local].chunk);
     if (it == sums->end()) {
       return absl::InternalError(absl::StrCat("step ", step, ": chunk ", chunks_[local].chunk,
-                                              " has no sum over the replicas"));
+                                              " has no reduced gradients"));
     }
     PT_RETURN_IF_ERROR(stage.SetGradsFrom(it->second));
-    // The sum's norms, bit for bit what the reference's whole-batch gradients give.
-    if (take_norms_) chunk_norms_[local] = stage.GradNormSqPerLayer();
+    // The sum's norms, bit for bit what the reference's whole-batch gradients give (with two
+    // copies ReportNorms takes the down copies' after the tied exchange).
+    if (take_norms_ && !routes_.two_copies()) chunk_norms_[local] = stage.GradNormSqPerLayer();
   }
   return absl::OkStatus();
 }

@@ -68,11 +68,11 @@ struct ExecutorOptions {
   int replicas = 1;
   // The job's chunks are two copies of num_chunks / 2 stages (bidirectional DualPipe,
   // chunk_routes.h): micro-batches [0, M/2) run through the down copy, [M/2, M) through the up
-  // copy, each copy adds the weight gradients of its half, and after the step's last W the two
-  // copies of every stage held here swap their parts with the rank holding the other copy
-  // (kCopyGradient, SumWithPeer with the down copy's part first), so that both apply the same
-  // gradient: the whole step's, bit for bit the reference's. Evaluation and decoding run through
-  // the down copy only. False: one copy. Not with replicas > 1.
+  // copy, each copy adds the weight gradients of its half, and from a chunk's last W on its
+  // gradients are summed with the other copy's on the rank holding it (ReplicaReducer, a 2-peer
+  // reduction of kCopyGradient messages with the down copy's part first), so that both apply the
+  // same gradient: the whole step's, bit for bit the reference's. Evaluation and decoding run
+  // through the down copy only. False: one copy. Not with replicas > 1.
   bool two_copies = false;
 };
 
@@ -128,9 +128,10 @@ struct StepReport {
   int64_t peak_in_flight = 0;  // most (micro-batch, chunk) states held at once.
   // Most bytes those states, and the stages' deferred weight gradients, held at once.
   int64_t peak_stashed_bytes = 0;
-  // With replicas (ExecutorOptions::replicas > 1): the payload bytes this worker sent in the
-  // reduction of the gradients over the replicas, and the time from the first chunk's reduction
-  // start to the last one's end (overlapping the actions that ran meanwhile).
+  // With replicas (ExecutorOptions::replicas > 1) or two copies: the payload bytes this worker
+  // sent in the reductions of the gradients over the replicas or the copies, and the time from
+  // the first chunk's reduction start to the last one's end (overlapping the actions that ran
+  // meanwhile).
   int64_t replica_bytes_sent = 0;
   absl::Duration replica_reduce_time;
 };
@@ -223,7 +224,8 @@ class StepExecutor {
   // (ExecutorOptions::two_copies) the actions cover only the (micro-batch, chunk) pairs on each
   // micro-batch's route (ChunkRoutes), M must be even with M/2 a node of the gradient tree, a
   // loss chunk reports its half's losses (microbatch_losses has M entries, 0 for the other half),
-  // the copies' gradients are summed (kCopyGradient) before the tied gradient (whose two ends are
+  // the copies' gradients are summed (kCopyGradient, ReplicaReducer: started at each chunk's last
+  // W, awaited before the step ends) before the tied gradient (whose two ends are
   // then on one rank), and the norms are reported once per stage, by the down copy's owner.
   // Received tensors are shape-checked
   // (INVALID_ARGUMENT); a mailbox error (aborted, deadline) is returned with its code. Every
@@ -318,8 +320,8 @@ class StepExecutor {
   // Sets every stage's gradient tree (the step's m x replicas micro-batches, this replica's share
   // of m) and zeroes the gradients; starts the step's reduction over the replicas.
   absl::Status StartGradients(int64_t step, int m);
-  // After the actions ran with `status`: the sums over the replicas (or, on error, the
-  // reduction cancelled and drained), then the copies' and the tied exchanges and the norms.
+  // After the actions ran with `status`: the sums over the replicas or the copies (or, on error,
+  // the reductions cancelled and drained), then the tied exchange and the norms.
   // Returns the step's status.
   absl::Status FinishGradients(int64_t step, absl::Status status, StepReport* report);
   // Runs the `actions` CheckActionList (action_list.h) accepted; timings are relative to `t0`.
@@ -337,16 +339,12 @@ class StepExecutor {
   absl::Status InputGrad(int64_t step, const schedule::Action& a, int local,
                          Clock::time_point* ready);
   absl::Status WeightGrad(const schedule::Action& a, int local);
-  // With replicas, after the step's last action: waits for the chunks' sums over the replicas,
-  // puts them into the stages and takes the chunks' norms.
-  absl::Status ApplyReplicaSums(int64_t step, StepReport* report);
+  // With replicas or two copies, after the step's last action: waits for the chunks' sums
+  // (ReplicaReducer), puts them into the stages and, with replicas, takes the chunks' norms.
+  absl::Status ApplyReducedSums(int64_t step, StepReport* report);
   // After the step's last W: gives every tied-table copy held here the tied gradient (see
   // RunStep) and updates the copies' layers in chunk_norms_.
   absl::Status ExchangeTiedGradients(int64_t step, ExchangeTransport* transport);
-  // With two copies, after the step's last W: every chunk held here swaps its partial gradients
-  // with the other copy's owner over `transport` and keeps the sum (executor_copies.cc), in
-  // increasing stage order (the order of the peer too, so neither waits for the other).
-  absl::Status ExchangeCopyGradients(int64_t step, ExchangeTransport* transport);
   // The gradient norms after the step's exchanges: of each chunk's last W, or with two copies
   // those of the down copy's chunks after the copies' sum, into report->layer_grad_norm_sq.
   absl::Status ReportNorms(int64_t step, StepReport* report);
@@ -375,7 +373,8 @@ class StepExecutor {
   Sender* const sender_;
   const ExecutorOptions options_;
   std::vector<int> local_of_chunk_;  // [global chunk] -> local index, or -1.
-  // The reduction over the replicas (null with one replica); its thread calls sender_.
+  // The reductions over the replicas or the copies (null with one replica and one copy); its
+  // thread calls sender_.
   std::unique_ptr<ReplicaReducer> reducer_;
   ChunkRoutes routes_;  // one or two copies of the stages.
 

@@ -1,6 +1,7 @@
 #include "server/worker/gradient_exchange.h"
 
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,84 +39,109 @@ absl::StatusOr<math::Tensor> SumWithPeer(ExchangeTransport* transport, const wir
   return sum;
 }
 
-namespace {
-
-// Sends data[lo, hi) to `to` under key(me, to, round) and takes `to`'s message of the same round
-// and length into *theirs. Nothing travels for an empty range.
-absl::Status SwapRange(ExchangeTransport* transport, const AllReduceKeyFn& key, int me, int to,
-                       int round, const float* send, int64_t send_len, int64_t take_len,
-                       math::Matrix* theirs) {
-  if (send_len > 0) {
-    math::Matrix out(1, send_len);
-    std::memcpy(out.data(), send, static_cast<size_t>(send_len) * sizeof(float));
-    transport->Send(key(me, to, round), std::move(out));
-  }
-  if (take_len == 0) {
-    theirs->resize(0, 0);
-    return absl::OkStatus();
-  }
-  const wire::TensorKey from = key(to, me, round);
-  PT_ASSIGN_OR_RETURN(*theirs, transport->Take(from));
-  if (theirs->size() != take_len) {
-    return absl::InvalidArgumentError(absl::StrCat("allreduce: peer ", to, "'s message ",
-                                                   from.ToString(), " holds ", theirs->size(),
-                                                   " floats, expected ", take_len));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status AllReduceSum(ExchangeTransport* transport, int me, int peers,
-                          const AllReduceKeyFn& key, math::Tensor* data) {
-  if (peers < 1 || (peers & (peers - 1)) != 0 || me < 0 || me >= peers) {
+absl::StatusOr<AllReduceState> AllReduceState::Create(int me, int peers, float* data, int64_t n) {
+  const int rounds = AllReduceRounds(peers);
+  if (rounds < 0 || me < 0 || me >= peers) {
     return absl::InvalidArgumentError(absl::StrCat("allreduce: ", peers,
                                                    " peers (a power of two is needed) and peer ",
                                                    me, " (must be in [0, peers))"));
   }
+  if (n < 0 || (n > 0 && data == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce: no data for ", n, " floats"));
+  }
+  return AllReduceState(me, rounds, data, n);
+}
+
+AllReduceState::AllReduceState(int me, int rounds, float* data, int64_t n)
+    : me_(me), rounds_(rounds), data_(data), hi_(n) {
+  ranges_.resize(static_cast<size_t>(rounds / 2));
+  PlanRound();
+}
+
+int AllReduceState::partner() const {
+  const int half = rounds_ / 2;
+  return me_ ^ (1 << (round_ < half ? round_ : rounds_ - 1 - round_));
+}
+
+void AllReduceState::PlanRound() {
+  if (done()) return;
+  const int half = rounds_ / 2;
+  const int bit = round_ < half ? round_ : rounds_ - 1 - round_;
+  lower_ = (me_ & (1 << bit)) == 0;
+  if (round_ < half) {
+    // Halving: keep one half of the current range, give the partner the other.
+    ranges_[bit] = {lo_, hi_};
+    const int64_t mid = lo_ + (hi_ - lo_) / 2;
+    recv_lo_ = lower_ ? lo_ : mid;
+    recv_hi_ = lower_ ? mid : hi_;
+    send_lo_ = lower_ ? mid : lo_;
+    send_hi_ = lower_ ? hi_ : mid;
+  } else {
+    // Doubling: send the reduced range, take the half of the parent the partner reduced.
+    const auto [parent_lo, parent_hi] = ranges_[bit];
+    const int64_t mid = parent_lo + (parent_hi - parent_lo) / 2;
+    send_lo_ = lo_;
+    send_hi_ = hi_;
+    recv_lo_ = lower_ ? mid : parent_lo;
+    recv_hi_ = lower_ ? parent_hi : mid;
+  }
+}
+
+absl::Status AllReduceState::Receive(const float* theirs, int64_t len) {
+  if (done() || len != receive_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce round ", round_, ": the partner's message holds ", len, " floats, expected ",
+        done() ? 0 : receive_len(), done() ? " (the reduction is done)" : ""));
+  }
+  const int half = rounds_ / 2;
+  float* x = data_;
+  if (round_ < half) {
+    for (int64_t i = recv_lo_; i < recv_hi_; ++i) {
+      const float t = theirs[i - recv_lo_];
+      x[i] = lower_ ? x[i] + t : t + x[i];  // lower peer's partial first.
+    }
+    lo_ = recv_lo_;
+    hi_ = recv_hi_;
+  } else {
+    if (len > 0) std::memcpy(x + recv_lo_, theirs, static_cast<size_t>(len) * sizeof(float));
+    std::tie(lo_, hi_) = ranges_[rounds_ - 1 - round_];
+  }
+  ++round_;
+  PlanRound();
+  return absl::OkStatus();
+}
+
+absl::Status AllReduceSum(ExchangeTransport* transport, int me, int peers,
+                          const AllReduceKeyFn& key, math::Tensor* data) {
   if (static_cast<int64_t>(data->data.size()) != math::NumElements(data->shape)) {
     return absl::InvalidArgumentError(absl::StrCat("allreduce: data of shape [",
                                                    absl::StrJoin(data->shape, ", "), "] holds ",
                                                    data->data.size(), " floats"));
   }
-  float* x = data->data.data();
-  int rounds = 0;
-  while ((1 << rounds) < peers) ++rounds;
-  // ranges[r]: this peer's range before round r of the halving; both partners of round r share it.
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  int64_t lo = 0, hi = static_cast<int64_t>(data->data.size());
-  math::Matrix theirs;
-  for (int r = 0; r < rounds; ++r) {
-    ranges.emplace_back(lo, hi);
-    const int partner = me ^ (1 << r);
-    const bool lower = (me & (1 << r)) == 0;
-    const int64_t mid = lo + (hi - lo) / 2;
-    const int64_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
-    const int64_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
-    PT_RETURN_IF_ERROR(SwapRange(transport, key, me, partner, r, x + give_lo, give_hi - give_lo,
-                                 keep_hi - keep_lo, &theirs));
-    for (int64_t i = keep_lo; i < keep_hi; ++i) {
-      const float t = theirs.data()[i - keep_lo];
-      x[i] = lower ? x[i] + t : t + x[i];  // lower peer's partial first.
+  PT_ASSIGN_OR_RETURN(AllReduceState state,
+                      AllReduceState::Create(me, peers, data->data.data(),
+                                             static_cast<int64_t>(data->data.size())));
+  while (!state.done()) {
+    const int to = state.partner();
+    const int round = state.round();
+    if (state.send_len() > 0) {
+      math::Matrix out(1, state.send_len());
+      std::memcpy(out.data(), state.send_data(),
+                  static_cast<size_t>(state.send_len()) * sizeof(float));
+      transport->Send(key(me, to, round), std::move(out));
     }
-    lo = keep_lo;
-    hi = keep_hi;
-  }
-  for (int r = rounds - 1; r >= 0; --r) {
-    const int partner = me ^ (1 << r);
-    const auto [parent_lo, parent_hi] = ranges[r];
-    // The partner reduced the other half of the parent range (the halving's split).
-    const int64_t mid = parent_lo + (parent_hi - parent_lo) / 2;
-    const bool lower = (me & (1 << r)) == 0;
-    const int64_t other_lo = lower ? mid : parent_lo, other_hi = lower ? parent_hi : mid;
-    PT_RETURN_IF_ERROR(SwapRange(transport, key, me, partner, 2 * rounds - 1 - r, x + lo, hi - lo,
-                                 other_hi - other_lo, &theirs));
-    if (other_hi > other_lo) {
-      std::memcpy(x + other_lo, theirs.data(),
-                  static_cast<size_t>(other_hi - other_lo) * sizeof(float));
+    if (state.receive_len() == 0) {
+      PT_RETURN_IF_ERROR(state.Receive(nullptr, 0));
+      continue;
     }
-    lo = parent_lo;
-    hi = parent_hi;
+    const wire::TensorKey from = key(to, me, round);
+    PT_ASSIGN_OR_RETURN(const math::Matrix theirs, transport->Take(from));
+    if (theirs.size() != state.receive_len()) {
+      return absl::InvalidArgumentError(absl::StrCat("allreduce: peer ", to, "'s message ",
+                                                     from.ToString(), " holds ", theirs.size(),
+                                                     " floats, expected ", state.receive_len()));
+    }
+    PT_RETURN_IF_ERROR(state.Receive(theirs.data(), theirs.size()));
   }
   return absl::OkStatus();
 }

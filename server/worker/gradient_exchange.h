@@ -16,7 +16,10 @@
 #ifndef PIPETRAIN_SERVER_WORKER_GRADIENT_EXCHANGE_H_
 #define PIPETRAIN_SERVER_WORKER_GRADIENT_EXCHANGE_H_
 
+#include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,6 +67,49 @@ using AllReduceKeyFn = std::function<wire::TensorKey(int from, int to, int round
 // transport's errors (a lost peer: the link's status). On error `*data` is unspecified.
 absl::Status AllReduceSum(ExchangeTransport* transport, int me, int peers,
                           const AllReduceKeyFn& key, math::Tensor* data);
+
+// AllReduceSum as a state machine, for a caller that interleaves several reductions (the
+// reducer's segments, replica_reducer.h): round by round, this peer sends send_len() floats from
+// send_data() to partner() (nothing when 0), then hands the partner's message of receive_len()
+// floats to Receive() (none when 0: Receive(nullptr, 0)), until done(). Same sums, bit for bit,
+// as AllReduceSum, which runs it. Not thread-safe; `data` must outlive it, and the range a
+// message was sent from must stay unchanged until the peer's reply of that round arrived.
+class AllReduceState {
+ public:
+  // Begins the sum of data[0, n) over `peers` peers as peer `me`. INVALID_ARGUMENT for peers not
+  // a power of two >= 1, `me` outside [0, peers), n < 0 or null data with n > 0.
+  static absl::StatusOr<AllReduceState> Create(int me, int peers, float* data, int64_t n);
+
+  bool done() const { return round_ == rounds_; }
+  // The current round, in [0, 2 log2(peers)]; 2 log2(peers) once done.
+  int round() const { return round_; }
+  // The peer of the current round (AllReducePartner). Not once done.
+  int partner() const;
+  // What this peer sends in the current round: data[send_lo, send_lo + send_len).
+  const float* send_data() const { return data_ + send_lo_; }
+  int64_t send_len() const { return send_hi_ - send_lo_; }
+  // The length of the partner's message of the current round.
+  int64_t receive_len() const { return recv_hi_ - recv_lo_; }
+  // Ends the current round with the partner's message `theirs` of `len` floats (the halving adds
+  // it to the kept range, the lower peer's partial first; the doubling copies it in) and moves
+  // on. INVALID_ARGUMENT (data unchanged) if len != receive_len() or the state is done.
+  absl::Status Receive(const float* theirs, int64_t len);
+
+ private:
+  AllReduceState(int me, int rounds, float* data, int64_t n);
+  // Sets the send and receive ranges of round_.
+  void PlanRound();
+
+  int me_ = 0;
+  int rounds_ = 0;  // 2 log2(peers).
+  float* data_ = nullptr;
+  int round_ = 0;
+  int64_t lo_ = 0, hi_ = 0;  // the range this peer holds the partial sum of.
+  // ranges_[b]: the range before the halving's round b (its parent in the doubling).
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+  int64_t send_lo_ = 0, send_hi_ = 0, recv_lo_ = 0, recv_hi_ = 0;
+  bool lower_ = true;  // this peer is the lower of the round's pair.
+};
 
 // The rounds of AllReduceSum over `peers` peers: 2 log2(peers) (0 for one peer), or -1 if
 // `peers` is not a power of two >= 1.

@@ -1,5 +1,6 @@
 #include "server/worker/mailbox.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,58 @@ absl::StatusOr<math::Matrix> Mailbox::Take(const wire::TensorKey& key, absl::Tim
   entries_.erase(it);
   stored_bytes_ -= Bytes(out);
   return out;
+}
+
+absl::StatusOr<std::optional<Mailbox::Entry>> Mailbox::TakeAny(
+    const std::vector<wire::TensorKey>& keys, absl::Time deadline, int64_t notices_seen) {
+  if (keys.empty()) return absl::InvalidArgumentError("TakeAny without a key");
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (takers_.contains(keys[i])) {
+      for (size_t j = 0; j < i; ++j) takers_.erase(keys[j]);
+      return absl::Status(
+          std::find(keys.begin(), keys.begin() + i, keys[i]) != keys.begin() + i
+              ? absl::StatusCode::kInvalidArgument
+              : absl::StatusCode::kFailedPrecondition,
+          absl::StrCat("TakeAny: another Take already waits for ", keys[i].ToString()));
+    }
+    takers_.insert(keys[i]);
+  }
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const wire::TensorKey& key : keys) {
+      if (auto it = entries_.find(key); it != entries_.end()) return it;
+    }
+    return entries_.end();
+  };
+  auto it = find();
+  bool timed_out = false;
+  // Not reported to the observer: TakeAny serves a helper thread (the reducer's), and the
+  // observer counts the compute thread's waits.
+  while (it == entries_.end() && abort_status_.ok() && !timed_out && notices_ == notices_seen) {
+    timed_out = arrived_.WaitWithDeadline(&mu_, deadline);
+    it = find();
+  }
+  for (const wire::TensorKey& key : keys) takers_.erase(key);
+  if (!abort_status_.ok()) {
+    return absl::Status(abort_status_.code(), absl::StrCat("waiting for ", keys[0].ToString(), ": ",
+                                                           abort_status_.message()));
+  }
+  if (it == entries_.end()) return std::optional<Entry>();
+  Entry out(it->first, std::move(it->second));
+  entries_.erase(it);
+  stored_bytes_ -= Bytes(out.second);
+  return std::optional<Entry>(std::move(out));
+}
+
+void Mailbox::Notify() {
+  absl::MutexLock lock(&mu_);
+  ++notices_;
+  arrived_.SignalAll();
+}
+
+int64_t Mailbox::notices() const {
+  absl::MutexLock lock(&mu_);
+  return notices_;
 }
 
 void Mailbox::Abort(absl::Status status) {

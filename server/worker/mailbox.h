@@ -13,6 +13,9 @@
 #define PIPETRAIN_SERVER_WORKER_MAILBOX_H_
 
 #include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -69,6 +72,23 @@ class Mailbox {
   absl::StatusOr<math::Matrix> Take(const wire::TensorKey& key,
                                     absl::Time deadline = absl::InfiniteFuture());
 
+  // A stored tensor and its key (TakeAny).
+  using Entry = std::pair<wire::TensorKey, math::Matrix>;
+  // Removes and returns one of the tensors stored under `keys` (the first of `keys` present),
+  // blocking until one is put, the mailbox is aborted, `deadline` passes or Notify() is called
+  // after notices() returned `notices_seen` (also before this call): std::nullopt on the last two,
+  // so that one thread may wait for several reductions' messages and still be woken for new
+  // work. Unlike Take's, its waits are not reported to the MailboxObserver (which counts the
+  // compute thread's). Errors: the abort status (message naming the first key);
+  // FAILED_PRECONDITION if another Take waits for one of the keys; INVALID_ARGUMENT for no key or
+  // a key listed twice.
+  absl::StatusOr<std::optional<Entry>> TakeAny(const std::vector<wire::TensorKey>& keys,
+                                               absl::Time deadline, int64_t notices_seen);
+  // Wakes every TakeAny waiting now, and makes the next ones given an older count return at once.
+  void Notify();
+  // How many times Notify() was called.
+  int64_t notices() const;
+
   // Fails every current and future Put/Take with `status` (must not be OK; an OK status is
   // replaced by ABORTED) until Reset(). Stored tensors are dropped. The first status wins when
   // called repeatedly.
@@ -107,6 +127,7 @@ class Mailbox {
   // Keys whose Take is blocked and whose OnWaitEnd has not been reported yet.
   absl::flat_hash_set<wire::TensorKey> blocked_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  int64_t notices_ ABSL_GUARDED_BY(mu_) = 0;  // Notify() calls.
 };
 
 }  // namespace pipetrain::worker

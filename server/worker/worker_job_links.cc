@@ -92,10 +92,11 @@ absl::Status WorkerJob::Deliver(int peer_rank, const TensorKey& key, math::Matri
     const int from = key.chunk == 0 ? num_chunks_ - 1 : 0;
     ok = peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
   } else if (ok && key.kind == TensorKind::kCopyGradient) {
-    // The other copy's part of the same stage, only from the rank holding that copy.
+    // A message of the reduction with the other copy of the same stage (any segment and round:
+    // the micro-batch field is segment * 2 + round), only from the rank holding that copy.
     const int from =
         key.chunk < num_chunks_ / 2 ? key.chunk + num_chunks_ / 2 : key.chunk - num_chunks_ / 2;
-    ok = two_copies_ && peer_rank >= 0 && key.microbatch == 0 && owner_[from] == peer_rank;
+    ok = two_copies_ && peer_rank >= 0 && owner_[from] == peer_rank;
   } else if (ok && peer_rank >= 0) {
     const int from = key.kind == TensorKind::kActivation ? key.chunk - 1 : key.chunk + 1;
     ok = (key.kind == TensorKind::kActivation || key.kind == TensorKind::kGradient) && from >= 0 &&
@@ -298,6 +299,9 @@ void WorkerJob::Send(const TensorKey& key, math::Matrix tensor) {
     const int rounds = AllReduceRounds(replicas_);
     const int q = rounds > 0 ? AllReducePartner(replica_, replicas_, key.microbatch % rounds) : -1;
     owner = q >= 0 ? ReplicaPeer(q) : -1;
+  } else if (key.kind == TensorKind::kCopyGradient) {
+    // From the reduction's thread: to the other copy's owner (not paced).
+    owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;
   } else {
     if (pacer_ != nullptr) pacer_->BeforeSend(key);
     owner = key.chunk >= 0 && key.chunk < num_chunks_ ? owner_[key.chunk] : -1;

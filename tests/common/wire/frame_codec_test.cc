@@ -417,21 +417,25 @@ TEST(FrameCodecTest, ReplicaGradientCarriesARoundAndNeedsItsKindAllowed) {
 }
 
 // The two copies of a stage under dualpipe (docs/wire.md, "The copies of a stage"): a
-// copy_gradient frame names the receiving copy's chunk with micro-batch 0, and only a job with two
-// copies accepts it; there the up copy's first chunk takes inputs and the down copy's last targets.
-TEST(FrameCodecTest, CopyGradientNeedsTwoCopiesAndMicrobatch0) {
-  FrameValidation two = Validation();
+// copy_gradient frame names the receiving copy's chunk, its micro-batch field is segment * 2 +
+// round (not bounded by the job's micro-batches, never negative), and only a job with two copies
+// accepts it; there the up copy's first chunk takes inputs and the down copy's last targets.
+TEST(FrameCodecTest, CopyGradientNeedsTwoCopiesAndCarriesARound) {
+  FrameValidation two = Validation();  // 4 micro-batches.
   two.num_chunks = 4;
   two.two_copies = true;
   ASSERT_TRUE(two.Check().ok());
   for (int32_t chunk = 0; chunk < 4; ++chunk) {
-    const TensorKey key{5, 0, chunk, TensorKind::kCopyGradient};
-    EXPECT_TRUE(DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), two).ok()) << chunk;
+    for (int32_t field : {0, 1, 2 * 7 + 1}) {  // segment 7, round 1.
+      const TensorKey key{5, field, chunk, TensorKind::kCopyGradient};
+      EXPECT_TRUE(DecodeOne(FrameBytes(Header(key, 2, 3), std::string(24, 'x')), two).ok())
+          << chunk << " " << field;
+    }
   }
-  const TensorKey mb1{5, 1, 2, TensorKind::kCopyGradient};
-  absl::Status refused = DecodeOne(FrameBytes(Header(mb1, 2, 3), std::string(24, 'x')), two);
+  const TensorKey negative{5, -1, 2, TensorKind::kCopyGradient};
+  absl::Status refused = DecodeOne(FrameBytes(Header(negative, 2, 3), std::string(24, 'x')), two);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("copy_gradient cannot name chunk 2"));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("negative segment and round -1"));
   FrameValidation one = two;
   one.two_copies = false;
   const TensorKey key{5, 0, 2, TensorKind::kCopyGradient};

@@ -251,5 +251,64 @@ TEST(MailboxTest, ConcurrentProducersAndAConsumer) {
   EXPECT_EQ(box.size(), 0);
 }
 
+// TakeAny: the first listed key present wins; a TakeAny ends with the Put of any of its keys
+// (whether it came before or during the wait), with Notify (nullopt), or with the abort status;
+// its waits are not the observer's (it counts the compute thread's).
+TEST(MailboxTest, TakeAnyReturnsWhicheverKeyArrives) {
+  WaitRecorder recorder;
+  Mailbox box(MailboxOptions{0, &recorder});
+  ASSERT_TRUE(box.Put(Key(1, 3), Filled(1, 1, 3)).ok());
+  ASSERT_TRUE(box.Put(Key(1, 2), Filled(1, 1, 2)).ok());
+  auto got = box.TakeAny({Key(1, 9), Key(1, 2), Key(1, 3)}, absl::InfiniteFuture(), box.notices());
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_EQ((*got)->first, Key(1, 2));
+  EXPECT_EQ((*got)->second(0, 0), 2);
+  EXPECT_EQ(box.size(), 1);
+
+  absl::StatusOr<std::optional<Mailbox::Entry>> blocked;
+  std::thread taker([&] {
+    blocked = box.TakeAny({Key(2, 0), Key(2, 1)}, absl::InfiniteFuture(), box.notices());
+  });
+  ASSERT_TRUE(box.Put(Key(2, 1), Filled(2, 1, 5)).ok());
+  taker.join();
+  ASSERT_TRUE(blocked.ok() && blocked->has_value()) << blocked.status();
+  EXPECT_EQ((*blocked)->first, Key(2, 1));
+  EXPECT_EQ(recorder.starts(), 0);
+  EXPECT_EQ(recorder.ends(), 0);
+}
+
+// A Notify after the count the TakeAny was given ends it, before or during its wait.
+TEST(MailboxTest, NotifyEndsATakeAnyWithNothing) {
+  Mailbox box;
+  const int64_t seen = box.notices();
+  absl::StatusOr<std::optional<Mailbox::Entry>> got;
+  std::thread taker([&] { got = box.TakeAny({Key(1, 0)}, absl::InfiniteFuture(), seen); });
+  box.Notify();
+  taker.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->has_value());
+  // A notice before the call (a count older than notices()) returns at once, as does a deadline.
+  got = box.TakeAny({Key(1, 0)}, absl::InfiniteFuture(), seen);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->has_value());
+  got = box.TakeAny({Key(1, 0)}, absl::Now(), box.notices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->has_value());
+  // The keys are free again for a Take.
+  ASSERT_TRUE(box.Put(Key(1, 0), Filled(1, 1, 1)).ok());
+  EXPECT_TRUE(box.Take(Key(1, 0)).ok());
+}
+
+TEST(MailboxTest, TakeAnyRefusesBadKeysAndEndsOnAbort) {
+  Mailbox box;
+  EXPECT_EQ(box.TakeAny({}, absl::Now(), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(box.TakeAny({Key(1, 0), Key(1, 0)}, absl::Now(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  box.Abort(absl::UnavailableError("link lost"));
+  auto got = box.TakeAny({Key(1, 0), Key(1, 1)}, absl::InfiniteFuture(), box.notices());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(got.status().message(), HasSubstr("link lost"));
+}
+
 }  // namespace
 }  // namespace pipetrain::worker

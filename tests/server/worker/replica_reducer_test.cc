@@ -49,8 +49,7 @@ struct Replicas {
     for (int q = 0; q < r; ++q) boxes.push_back(std::make_unique<Mailbox>());
     for (int q = 0; q < r; ++q) {
       senders.push_back(std::make_unique<RouteToPartner>(&boxes, q, r));
-      auto reducer =
-          ReplicaReducer::Create(q, r, senders.back().get(), boxes[q].get(), absl::Minutes(1));
+      auto reducer = ReplicaReducer::Create(senders.back().get(), boxes[q].get(), absl::Minutes(1));
       EXPECT_TRUE(reducer.ok()) << reducer.status();
       reducers.push_back(*std::move(reducer));
     }
@@ -97,7 +96,9 @@ TEST(ReplicaReducerTest, EveryReplicaHoldsTheTreeSumOfEveryChunk) {
     for (const auto& [chunk, n] : sizes) {
       for (int q = 0; q < r; ++q) {
         parts[chunk].push_back(Part(q, n, chunk));
-        replicas.reducers[q]->Submit(chunk, parts[chunk].back());
+        ASSERT_TRUE(replicas.reducers[q]
+                        ->Submit(ReductionGroup::Replicas(chunk, q, r), parts[chunk].back())
+                        .ok());
       }
     }
     for (int q = 0; q < r; ++q) {
@@ -126,8 +127,11 @@ TEST(ReplicaReducerTest, EveryReplicaHoldsTheTreeSumOfEveryChunk) {
 TEST(ReplicaReducerTest, CancelEndsAWaitingReductionAndTheNextStepRuns) {
   Replicas replicas(2);
   replicas.reducers[0]->Start(1);
-  replicas.reducers[0]->Submit(0, Part(0, 100, 0));
-  replicas.reducers[0]->Submit(1, Part(0, 100, 1));  // skipped once the first failed.
+  ASSERT_TRUE(
+      replicas.reducers[0]->Submit(ReductionGroup::Replicas(0, 0, 2), Part(0, 100, 0)).ok());
+  // Dropped with the first.
+  ASSERT_TRUE(
+      replicas.reducers[0]->Submit(ReductionGroup::Replicas(1, 0, 2), Part(0, 100, 1)).ok());
   replicas.reducers[0]->Cancel();
   absl::StatusOr<std::map<int, std::vector<float>>> sums = replicas.reducers[0]->Finish();
   EXPECT_EQ(sums.status().code(), absl::StatusCode::kCancelled) << sums.status();
@@ -136,7 +140,8 @@ TEST(ReplicaReducerTest, CancelEndsAWaitingReductionAndTheNextStepRuns) {
   replicas.boxes[1]->ClearStep(1);
   for (int q = 0; q < 2; ++q) {
     replicas.reducers[q]->Start(2);
-    replicas.reducers[q]->Submit(0, Part(q, 100, 0));
+    ASSERT_TRUE(
+        replicas.reducers[q]->Submit(ReductionGroup::Replicas(0, q, 2), Part(q, 100, 0)).ok());
   }
   for (int q = 0; q < 2; ++q) {
     absl::StatusOr<std::map<int, std::vector<float>>> ok = replicas.reducers[q]->Finish();
@@ -149,7 +154,8 @@ TEST(ReplicaReducerTest, CancelEndsAWaitingReductionAndTheNextStepRuns) {
 TEST(ReplicaReducerTest, AnAbortedMailboxEndsTheReductionWithItsStatus) {
   Replicas replicas(2);
   replicas.reducers[0]->Start(1);
-  replicas.reducers[0]->Submit(0, Part(0, 100, 0));
+  ASSERT_TRUE(
+      replicas.reducers[0]->Submit(ReductionGroup::Replicas(0, 0, 2), Part(0, 100, 0)).ok());
   replicas.boxes[0]->Abort(absl::UnavailableError("link to replica/1 lost"));
   absl::StatusOr<std::map<int, std::vector<float>>> sums = replicas.reducers[0]->Finish();
   EXPECT_EQ(sums.status().code(), absl::StatusCode::kUnavailable) << sums.status();
@@ -160,16 +166,107 @@ TEST(ReplicaReducerTest, AnAbortedMailboxEndsTheReductionWithItsStatus) {
 TEST(ReplicaReducerTest, BadArgumentsAreInvalidArgument) {
   Mailbox box;
   RouteToPartner sender(nullptr, 0, 2);
-  EXPECT_EQ(ReplicaReducer::Create(0, 3, &sender, &box, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(ReplicaReducer::Create(nullptr, &box, absl::Seconds(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReplicaReducer::Create(0, 1, &sender, &box, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(ReplicaReducer::Create(&sender, nullptr, absl::Seconds(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReplicaReducer::Create(2, 2, &sender, &box, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(ReplicaReducer::Create(&sender, &box, absl::ZeroDuration()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReplicaReducer::Create(0, 2, nullptr, &box, absl::Seconds(1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReplicaReducer::Create(0, 2, &sender, &box, absl::ZeroDuration()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  auto reducer = ReplicaReducer::Create(&sender, &box, absl::Seconds(1));
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  (*reducer)->Start(1);
+  ReductionGroup tied = ReductionGroup::Replicas(0, 0, 2);
+  tied.kind = wire::TensorKind::kTiedGradient;
+  ReductionGroup other_chunk = ReductionGroup::Copies(0, 1, 2, /*down=*/true);
+  other_chunk.peer_chunks[0] = 3;  // peer 0 (this worker) would not hold the chunk.
+  for (const ReductionGroup& g :
+       {ReductionGroup::Replicas(0, 0, 3), ReductionGroup::Replicas(0, 0, 1),
+        ReductionGroup::Replicas(0, 2, 2), tied, other_chunk}) {
+    const absl::Status s = (*reducer)->Submit(g, {1.0f});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << g.what << ": " << s;
+  }
+  // Nothing was queued: the step ends at once.
+  EXPECT_TRUE((*reducer)->Finish().ok());
+}
+
+// The two copies of a stage (dualpipe): a 2-peer reduction of copy_gradient messages keyed by the
+// receiving copy's chunk, the down copy's part first -- exactly lower + upper. The two ranks hand
+// their chunks over in opposite orders (as their last Ws may come): both still end, since every
+// reduction runs at once.
+TEST(ReplicaReducerTest, CopiesSumTheDownCopysPartFirstInAnyOrder) {
+  // Rank 0 holds chunks 0 (stage 0, down) and 3 (stage 1, up); rank 1 chunks 1 (stage 1, down)
+  // and 2 (stage 0, up). Each message goes to the owner of the chunk it names.
+  std::vector<std::unique_ptr<Mailbox>> boxes;
+  for (int q = 0; q < 2; ++q) boxes.push_back(std::make_unique<Mailbox>());
+  class ToOwner final : public Sender {
+   public:
+    explicit ToOwner(std::vector<std::unique_ptr<Mailbox>>* boxes) : boxes_(boxes) {}
+    void Send(const TensorKey& key, math::Matrix tensor) override {
+      EXPECT_EQ(key.kind, wire::TensorKind::kCopyGradient) << key.ToString();
+      const int owner = key.chunk == 0 || key.chunk == 3 ? 0 : 1;
+      EXPECT_TRUE((*boxes_)[owner]->Put(key, std::move(tensor)).ok()) << key.ToString();
+    }
+
+   private:
+    std::vector<std::unique_ptr<Mailbox>>* const boxes_;
+  } sender(&boxes);
+  std::vector<std::unique_ptr<ReplicaReducer>> reducers;
+  for (int q = 0; q < 2; ++q) {
+    auto r = ReplicaReducer::Create(&sender, boxes[q].get(), absl::Minutes(1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    reducers.push_back(*std::move(r));
+    reducers.back()->Start(4);
+  }
+  const int64_t n = 2 * kReplicaSegmentFloats + 5;  // three segments.
+  const std::vector<float> down0 = Part(0, n, 0), up0 = Part(1, n, 0);
+  const std::vector<float> down1 = Part(0, 50, 1), up1 = Part(1, 50, 1);
+  // Rank 0: stage 0 first; rank 1: stage 1 first.
+  ASSERT_TRUE(reducers[0]->Submit(ReductionGroup::Copies(0, 0, 2, true), down0).ok());
+  ASSERT_TRUE(reducers[1]->Submit(ReductionGroup::Copies(1, 1, 3, true), down1).ok());
+  ASSERT_TRUE(reducers[0]->Submit(ReductionGroup::Copies(1, 3, 1, false), up1).ok());
+  ASSERT_TRUE(reducers[1]->Submit(ReductionGroup::Copies(0, 2, 0, false), up0).ok());
+  const std::vector<float> stage0 = TreeSum({down0, up0}), stage1 = TreeSum({down1, up1});
+  for (int q = 0; q < 2; ++q) {
+    absl::StatusOr<std::map<int, std::vector<float>>> sums = reducers[q]->Finish();
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    const std::vector<float>& s0 = sums->at(q == 0 ? 0 : 2);
+    const std::vector<float>& s1 = sums->at(q == 0 ? 3 : 1);
+    ASSERT_EQ(s0.size(), stage0.size());
+    EXPECT_EQ(std::memcmp(s0.data(), stage0.data(), stage0.size() * sizeof(float)), 0) << q;
+    EXPECT_EQ(s1, stage1) << q;
+    EXPECT_EQ(boxes[q]->size(), 0);
+  }
+}
+
+// A message of another length than the round's is INVALID_ARGUMENT naming the key.
+TEST(ReplicaReducerTest, AMessageOfAnotherLengthFailsTheStep) {
+  Replicas replicas(2);
+  replicas.reducers[0]->Start(1);
+  // Replica 1's round-0 message should hold replica 0's kept half (50 floats).
+  ASSERT_TRUE(replicas.boxes[0]
+                  ->Put(TensorKey{1, 0, 0, wire::TensorKind::kReplicaGradient}, math::Matrix(1, 7))
+                  .ok());
+  ASSERT_TRUE(
+      replicas.reducers[0]->Submit(ReductionGroup::Replicas(0, 0, 2), Part(0, 100, 0)).ok());
+  absl::StatusOr<std::map<int, std::vector<float>>> sums = replicas.reducers[0]->Finish();
+  EXPECT_EQ(sums.status().code(), absl::StatusCode::kInvalidArgument) << sums.status();
+  EXPECT_THAT(sums.status().message(), HasSubstr("holds 7 floats, expected 50"));
+  EXPECT_THAT(sums.status().message(), HasSubstr("replica reduction of chunk 0 (replica 0 of 2)"));
+}
+
+// No message within the timeout: DEADLINE_EXCEEDED naming the awaited key.
+TEST(ReplicaReducerTest, NoMessageWithinTheTimeoutIsDeadlineExceeded) {
+  std::vector<std::unique_ptr<Mailbox>> boxes;
+  boxes.push_back(std::make_unique<Mailbox>());
+  boxes.push_back(std::make_unique<Mailbox>());
+  RouteToPartner to_partner(&boxes, 0, 2);
+  auto reducer = ReplicaReducer::Create(&to_partner, boxes[0].get(), absl::Milliseconds(20));
+  ASSERT_TRUE(reducer.ok()) << reducer.status();
+  (*reducer)->Start(3);
+  ASSERT_TRUE((*reducer)->Submit(ReductionGroup::Replicas(2, 0, 2), Part(0, 10, 0)).ok());
+  absl::StatusOr<std::map<int, std::vector<float>>> sums = (*reducer)->Finish();
+  EXPECT_EQ(sums.status().code(), absl::StatusCode::kDeadlineExceeded) << sums.status();
+  EXPECT_THAT(sums.status().message(), HasSubstr("replica_gradient(step=3, mb=0, chunk=2)"));
 }
 
 }  // namespace
