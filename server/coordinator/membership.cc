@@ -37,6 +37,10 @@ absl::Status CoordinatorCore::OnWorkerEvent(WorkerChannel* channel, std::string*
   if (event.event_case() == v1::WorkerEvent::EVENT_NOT_SET) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", *name, "' sent an empty event"));
   }
+  if (event.has_layers_profiled()) {
+    RecordProfile(channel, *name, event.layers_profiled());
+    return absl::OkStatus();
+  }
   const WorkerRecord* worker = workers_.Find(*name);
   if (worker == nullptr || worker->channel != channel || worker->job.empty()) {
     return absl::OkStatus();  // stale: an evicted or idle worker's late report.

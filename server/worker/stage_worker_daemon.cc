@@ -27,6 +27,7 @@
 #include "server/control/control_proto.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
+#include "server/worker/layer_profiler.h"
 
 namespace pipetrain::worker {
 
@@ -136,6 +137,13 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
     daemon->Log(absl::StrFormat("emulating %.3f GFLOP/s: actions are paced to FLOPs / rate",
                                 options.emulate_gflops));
   }
+  LayerProfilerOptions profiler;
+  profiler.name = daemon->name_;
+  profiler.gflops = daemon->gflops_;
+  profiler.threads_max = options.threads_max > 0 ? options.threads_max : util::UsableCpuCount();
+  profiler.max_isa = options.max_isa;
+  daemon->profiler_ = std::make_unique<LayerProfiler>(
+      profiler, [raw = daemon.get()](v1::WorkerEvent event) { raw->Emit(std::move(event)); });
   daemon->command_thread_ = std::thread([raw = daemon.get()] { raw->CommandLoop(); });
   daemon->session_thread_ = std::thread([raw = daemon.get()] { raw->SessionLoop(); });
   return daemon;
@@ -371,6 +379,8 @@ void StageWorkerDaemon::HandleTask(Task task) {
   }
   switch (task.kind) {
     case Task::Kind::kStreamLost:
+      // Its answer could reach no one: the coordinator forgets a profile with its stream.
+      profiler_->Stop("the control stream was lost");
       DropJob(absl::StrCat("control stream lost: ", task.status.ToString()));
       return;
     case Task::Kind::kLinkFailed:
@@ -435,13 +445,39 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
         job->OnOpenLinks();
       return;
     }
+    case v1::WorkerCommand::kProfileLayers:
+      HandleProfile(command.profile_layers(), job);
+      return;
     case v1::WorkerCommand::COMMAND_NOT_SET:
       EmitError("", 0, 0, absl::InvalidArgumentError("empty WorkerCommand"));
       return;
   }
 }
 
+void StageWorkerDaemon::HandleProfile(const v1::ProfileLayers& command,
+                                      const std::shared_ptr<WorkerJob>& job) {
+  if (job == nullptr) {
+    Log(absl::StrCat("timing the layers of a model for profile ", command.profile(), " (",
+                     command.samples_size(), " micro-batch sizes)"));
+    profiler_->Start(command);
+    return;
+  }
+  v1::WorkerEvent event;
+  v1::LayersProfiled* answer = event.mutable_layers_profiled();
+  answer->set_profile(command.profile());
+  answer->set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  answer->set_message(absl::StrCat("worker ", name_, " holds a stage of job '", job->id(),
+                                   "' (generation ", job->generation(),
+                                   "): it times layers only when idle"));
+  answer->set_gflops(gflops_);
+  Emit(std::move(event));
+}
+
 void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
+  // A job's compute must not share the CPUs with a profile (nor its Eigen thread count).
+  if (profiler_->running()) Log("an Assign arrived: stopping the layer profile");
+  profiler_->Stop(
+      absl::StrCat("Assign(job ", assign.job(), ", generation ", assign.generation(), ") arrived"));
   DropJob(absl::StrCat("replaced by Assign(job ", assign.job(), ", generation ",
                        assign.generation(), ")"));
   WorkerJobOptions job_options;
@@ -486,6 +522,7 @@ void StageWorkerDaemon::Shutdown() {
   if (stream != nullptr) stream->Cancel();
   if (session_thread_.joinable()) session_thread_.join();
   if (command_thread_.joinable()) command_thread_.join();  // drops the job on its way out.
+  if (profiler_ != nullptr) profiler_->Stop("the worker is shutting down");
   DropJob("the worker is shutting down");
   if (server_ != nullptr) {
     introspection::SetNotServing(server_.get());
