@@ -13,6 +13,14 @@
 
 namespace pipetrain::plan {
 
+// The bounds of a layer profile (ProfileWorkers, ProfileLayers), which the coordinator and the
+// workers check alike: at most this many micro-batch sizes of at most kMaxProfileSamples samples
+// each, a deadline of at most kMaxProfileDeadlineMs (0 stands for kDefaultProfileDeadlineMs).
+inline constexpr int kMaxProfileSampleCounts = 64;
+inline constexpr int64_t kMaxProfileSamples = int64_t{1} << 20;
+inline constexpr int64_t kMaxProfileDeadlineMs = 3'600'000;
+inline constexpr int64_t kDefaultProfileDeadlineMs = 300'000;
+
 // The seconds of `costs` (its samples and each layer's F, I, W and optimizer seconds).
 v1::SampleLayerCosts LayerSecondsToProto(const ModelCosts& costs);
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/plan/layer_costs_proto.h"
 #include "common/util/status_macros.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/job_isa.h"
@@ -10,12 +11,12 @@
 namespace pipetrain::coordinator {
 namespace {
 
-// The request's bounds (the worker checks the same: server/worker/layer_profiler.h).
-constexpr int kMaxSampleCounts = 64;
-constexpr int64_t kMaxSamples = int64_t{1} << 20;
+// The request's bounds (the workers check the same).
+constexpr int kMaxSampleCounts = plan::kMaxProfileSampleCounts;
+constexpr int64_t kMaxSamples = plan::kMaxProfileSamples;
 constexpr int kMaxThreads = 1024;
-constexpr int64_t kMaxDeadlineMs = 3'600'000;
-constexpr int64_t kDefaultDeadlineMs = 300'000;
+constexpr int64_t kMaxDeadlineMs = plan::kMaxProfileDeadlineMs;
+constexpr int64_t kDefaultDeadlineMs = plan::kDefaultProfileDeadlineMs;
 
 absl::Status CheckProfileRequest(const v1::ProfileWorkersRequest& r) {
   if (r.model().layers_size() == 0) {

@@ -15,6 +15,11 @@
 namespace pipetrain::worker {
 namespace {
 
+using plan::kDefaultProfileDeadlineMs;
+using plan::kMaxProfileDeadlineMs;
+using plan::kMaxProfileSampleCounts;
+using plan::kMaxProfileSamples;
+
 absl::Status ProfileError(const v1::ProfileLayers& c, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("ProfileLayers(", c.profile(), "): ", what));
 }

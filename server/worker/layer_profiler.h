@@ -29,13 +29,6 @@
 
 namespace pipetrain::worker {
 
-// The most sample counts one ProfileLayers may ask for, and the largest micro-batch.
-inline constexpr int kMaxProfileSampleCounts = 64;
-inline constexpr int64_t kMaxProfileSamples = int64_t{1} << 20;
-// The longest deadline a profile may have (and the one it gets when it names none), in ms.
-inline constexpr int64_t kMaxProfileDeadlineMs = 3'600'000;
-inline constexpr int64_t kDefaultProfileDeadlineMs = 300'000;
-
 struct LayerProfilerOptions {
   std::string name;                  // the worker's registered name, for messages.
   double gflops = 0;                 // its registered GFLOP/s: the speed the seconds hold at, > 0.
@@ -58,8 +51,8 @@ struct ProfileRequest {
 
 // Checks `command` as an Assign is checked (the same model::Model::Build at the level it names,
 // RunnableIsa, OptimizerFromProto): INVALID_ARGUMENT "ProfileLayers(P): <what>" for no or too many
-// sample counts, a count outside [1, kMaxProfileSamples], threads outside [1, threads_max] (0
-// means 1), a deadline outside [0, kMaxProfileDeadlineMs] (0: the default), a bad model or
+// sample counts, a count outside [1, plan::kMaxProfileSamples], threads outside [1, threads_max]
+// (0 means 1), a deadline outside [0, plan::kMaxProfileDeadlineMs] (0: the default), a bad model or
 // optimizer; FAILED_PRECONDITION for a level this worker cannot run. Thread-safe.
 absl::StatusOr<ProfileRequest> CheckProfileLayers(const v1::ProfileLayers& command,
                                                   const LayerProfilerOptions& options);
