@@ -45,6 +45,22 @@ class ProfileWorkersTest : public testing::CoreTest {
     }
     return result_;
   }
+  // The status of a call made apart from Start (at most 30 s later).
+  absl::Status SecondCallStatus(const v1::ProfileWorkersRequest& request) {
+    struct Answer {
+      absl::Notification done;
+      absl::Status status;
+    };
+    auto answer = std::make_shared<Answer>();  // outlives a call that answers after the wait.
+    core_->ProfileWorkers(request, [answer](absl::StatusOr<v1::ProfileWorkersResponse> got) {
+      answer->status = got.status();
+      answer->done.Notify();
+    });
+    if (!answer->done.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+      return absl::DeadlineExceededError("ProfileWorkers never answered");
+    }
+    return answer->status;
+  }
   absl::StatusOr<v1::ProfileWorkersResponse> Profile(const v1::ProfileWorkersRequest& request) {
     Start(request);
     return Await();
@@ -144,13 +160,7 @@ TEST_F(ProfileWorkersTest, ABadRequestOrNoIdleWorkerFailsTheCallBeforeAnyWorkerH
   EXPECT_TRUE(workers_[0]->Received().empty());
 
   ASSERT_TRUE(CreateJob(MakeSpec(1, 1)).ok());
-  absl::Notification done;
-  absl::Status status;
-  core_->ProfileWorkers(Request(), [&](absl::StatusOr<v1::ProfileWorkersResponse> got) {
-    status = got.status();
-    done.Notify();
-  });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Status status = SecondCallStatus(Request());
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("no idle worker"));
 }
@@ -162,13 +172,7 @@ TEST_F(ProfileWorkersTest, ASecondProfileWhileOneRunsIsRefused) {
   request.set_deadline_ms(2'000);
   Start(request);
   ASSERT_TRUE(workers_[0]->WaitFor("profile_layers"));
-  absl::Notification done;
-  absl::Status status;
-  core_->ProfileWorkers(Request(), [&](absl::StatusOr<v1::ProfileWorkersResponse> got) {
-    status = got.status();
-    done.Notify();
-  });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Status status = SecondCallStatus(Request());
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   workers_[0]->Gone();  // the first one then ends at once.
   ASSERT_TRUE(Await().ok());
