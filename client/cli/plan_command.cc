@@ -12,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/training_setup.h"
+#include "client/cli/worker_profiles.h"
 #include "common/plan/layer_costs.h"
 #include "common/plan/speed_probe.h"
 #include "common/util/cpu_set.h"
@@ -208,6 +210,20 @@ absl::StatusOr<std::map<int, plan::ModelCosts>> CostsByMicrobatches(
   return by_m;
 }
 
+// The coordinator's workers' own measurements of the layers (worker_profiles.h) at the
+// micro-batch sizes of `by_m`; unprofiled workers (and why) in the notes.
+absl::StatusOr<WorkerProfiles> ProfileOnCoordinator(const PlanCommandOptions& o,
+                                                    const model::Model& net,
+                                                    const math::OptimizerConfig& optimizer,
+                                                    const std::map<int, plan::ModelCosts>& by_m,
+                                                    const std::vector<plan::WorkerResources>& w) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                      client::Client::Connect(o.coordinator, o.client));
+  return MeasureOnWorkers(
+      *client, ProfileRequestFor(net.spec(), by_m, o.training.threads, optimizer, o.training.isa),
+      w, net.num_layers());
+}
+
 // Times each worker's chunks on this machine (plan::MeasureWorkerChunkSeconds), each set of
 // chunks and M once.
 class ChunkTimings {
@@ -276,6 +292,21 @@ double MaxOf(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
 }
 
+// Which workers' chunks are costed by their own measurements, and why the others are not.
+std::string ProfileHeader(const PlanResult& r) {
+  if (r.measured.empty()) return "";
+  std::vector<std::string> profiled;
+  for (size_t w = 0; w < r.workers.size() && w < r.measured.size(); ++w) {
+    if (!r.measured[w].empty()) profiled.push_back(r.workers[w].name);
+  }
+  std::string out =
+      absl::StrCat("costed by their own layer profiles: ", profiled.empty() ? "none" : "",
+                   absl::StrJoin(profiled, ", "),
+                   r.profile_notes.empty() ? "\n" : "; by the GFLOP/s ratio (not profiled):\n");
+  for (const std::string& note : r.profile_notes) absl::StrAppend(&out, "  ", note, "\n");
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
@@ -308,6 +339,13 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   PT_ASSIGN_OR_RETURN(const auto by_m, CostsByMicrobatches(o, net, optimizer, probe.speed));
   ChunkTimings timings(&net, optimizer, o.training);
   plan::PlannerOptions po;
+  if (o.local_workers == 0) {
+    PT_ASSIGN_OR_RETURN(const WorkerProfiles profiles,
+                        ProfileOnCoordinator(o, net, optimizer, by_m, result.workers));
+    po.measured = profiles.measured;
+    result.measured = profiles.measured;
+    result.profile_notes = profiles.notes;
+  }
   po.batch = o.training.batch;
   po.workers = result.workers;
   po.link = result.link.costs;
@@ -403,6 +441,7 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
   absl::StrAppend(&out,
                   absl::StrFormat("); layer costs timed here at %.1f GFLOP/s\n", r.local_gflops));
   absl::StrAppend(&out, LinkFiguresText(r.link), "\n");
+  absl::StrAppend(&out, ProfileHeader(r));
   constexpr char kRow[] = "%-4s %-8s %-6s %-20s %-7s %-12s %10s %9s %7s %9s %9s %11s %s\n";
   absl::StrAppend(&out, absl::StrFormat(kRow, "#", "REPLICAS", "STAGES", "SCHEDULE", "VIRTUAL",
                                         "MICROBATCHES", "SAMPLES/S", "STEP MS", "BUBBLE",

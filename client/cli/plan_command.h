@@ -11,14 +11,17 @@
 // The per-layer costs are timed on this machine (plan::MeasureLayerCosts) for every micro-batch
 // count M dividing B (up to 64): each plan is cut by them (what `--plan auto` sends as
 // JobSpec.layer_costs, so the coordinator makes the same cut), its chunks are timed together
-// (plan::MeasureChunkSeconds) and scaled to each worker by its GFLOP/s against this machine's
-// speed probe, simulated and checked against the workers' memory (plan::RankPlans), with R
-// replicas of S stages for every power of two R the step's gradient tree supports and R x S <=
+// (plan::MeasureChunkSeconds) and scaled to each worker (with --coordinator, by what the worker
+// measured of the same layers itself, ProfileWorkers in client/cli/worker_profiles.h, against
+// this machine's figures; else, or for a worker not profiled, by its GFLOP/s against this
+// machine's speed probe), simulated and checked against the workers' memory (plan::RankPlans), with
+// R replicas of S stages for every power of two R the step's gradient tree supports and R x S <=
 // workers. Not thread-safe (it runs compute on the calling thread).
 #ifndef PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 #define PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 
 #include <optional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -109,6 +112,10 @@ struct PlanResult {
   double local_gflops = 0;  // this machine's speed probe: the speed the timed costs hold at.
   PlanLinkFigures link;     // the link figures every plan was simulated with.
   std::vector<plan::WorkerResources> workers;
+  // With --coordinator: [w] workers[w]'s own layer measurements by micro-batch samples (empty
+  // map: not profiled; PlannerOptions::measured), and why the unprofiled ones are not.
+  std::vector<std::map<int64_t, plan::ModelCosts>> measured;
+  std::vector<std::string> profile_notes;
   std::vector<plan::PlanChoice> plans;  // best first.
 };
 

@@ -605,6 +605,16 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers() {
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
+absl::StatusOr<v1::ProfileWorkersResponse> Client::ProfileWorkers(
+    const v1::ProfileWorkersRequest& request) {
+  // The coordinator answers by the request's deadline (0: its default of 5 minutes); a minute
+  // more covers the transfer and the workers' last sample count.
+  const absl::Duration deadline =
+      absl::Milliseconds(request.deadline_ms() > 0 ? request.deadline_ms() : 300'000);
+  return Unary(&v1::Coordinator::Stub::ProfileWorkers, request, "ProfileWorkers",
+               deadline + absl::Minutes(1));
+}
+
 absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(
     const std::string& job, const std::string& directory, int keep,
     const std::optional<v1::DataPosition>& position) {

@@ -325,6 +325,11 @@ class Client {
   // Every job the coordinator knows (ended ones for its retention period), oldest first.
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // Has every idle worker time the layers of `request`'s model on its own CPUs and returns each
+  // one's per-layer seconds or its error (coordinator.proto, ProfileWorkers). Deadline: the
+  // request's deadline_ms (0: 5 minutes) plus a minute. Errors of the call as documented there.
+  absl::StatusOr<v1::ProfileWorkersResponse> ProfileWorkers(
+      const v1::ProfileWorkersRequest& request);
   // Every worker writes its layers' files into `directory` (on the workers' and coordinator's
   // file system), then the coordinator writes the manifest (see docs/architecture.md). Deadline:
   // long_call_timeout.

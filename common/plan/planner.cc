@@ -30,6 +30,10 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
           "worker ", w.name, ": memory must be in [0, 2^53] bytes, got ", w.memory_bytes));
     }
   }
+  if (!o.measured.empty() && o.measured.size() != o.workers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("measured costs for ", o.measured.size(),
+                                                   " workers; there are ", o.workers.size()));
+  }
   if (o.max_virtual < 2 || o.max_virtual > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_virtual must be in [2, 64], got ", o.max_virtual));
@@ -75,6 +79,18 @@ MessageCounts CountMessages(const schedule::Placement& placement, int c) {
   return n;
 }
 
+// The sums of layers [first, last)'s seconds in `costs`.
+ChunkSeconds SumLayers(const ModelCosts& costs, int first, int last) {
+  ChunkSeconds sum;
+  for (int l = first; l < last; ++l) {
+    sum.forward += costs.layers[l].forward;
+    sum.backward_input += costs.layers[l].backward_input;
+    sum.backward_weight += costs.layers[l].backward_weight;
+    sum.optimizer += costs.layers[l].optimizer;
+  }
+  return sum;
+}
+
 // Chunk c's seconds at costs.gflops: from options.chunk_timer (given the chunks c's owner holds),
 // else its layers' sums.
 absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
@@ -96,23 +112,73 @@ absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
     }
     return seconds[index];
   }
-  ChunkSeconds sum;
-  for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
-    sum.forward += costs.layers[l].forward;
-    sum.backward_input += costs.layers[l].backward_input;
-    sum.backward_weight += costs.layers[l].backward_weight;
-    sum.optimizer += costs.layers[l].optimizer;
-  }
-  return sum;
+  return SumLayers(costs, cut.boundaries[c], cut.boundaries[c + 1]);
 }
 
-// The simulator's cost model of `cut` on the first S workers: each chunk's op seconds at its
-// owner's speed, its stash and output bytes, the link, each rank's optimizer update first.
+// How many times its seconds in the ModelCosts one op of a chunk takes on a rank.
+struct OpScales {
+  double forward = 1;
+  double backward_input = 1;
+  double backward_weight = 1;
+  double optimizer = 1;
+};
+
+// `there` / `here` when both are > 0, else `fallback`.
+double Ratio(double there, double here, double fallback) {
+  return there > 0 && here > 0 ? there / here : fallback;
+}
+
+// The scales of layers [first, last) on worker `w` of `options`, for `costs` (at costs.gflops):
+// per op, w's measured seconds at costs.samples over costs' (for an op without seconds in
+// either, the ratio of all four ops' sums), or costs.gflops / w's gflops when w has no
+// measurement at that size. INVALID_ARGUMENT for a measurement of another layer count.
+absl::StatusOr<OpScales> ScalesOn(const PlannerOptions& options, int worker,
+                                  const ModelCosts& costs, int first, int last) {
+  const WorkerResources& w = options.workers[worker];
+  const double by_speed = costs.gflops / w.gflops;
+  if (options.measured.empty()) return OpScales{by_speed, by_speed, by_speed, by_speed};
+  const std::map<int64_t, ModelCosts>& measured = options.measured[worker];
+  const auto it = measured.find(costs.samples);
+  if (it == measured.end()) return OpScales{by_speed, by_speed, by_speed, by_speed};
+  if (it->second.layers.size() != costs.layers.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", w.name, ": measured costs at ", costs.samples, " samples have ",
+                     it->second.layers.size(), " layers; the model has ", costs.layers.size()));
+  }
+  const ChunkSeconds here = SumLayers(costs, first, last);
+  const ChunkSeconds there = SumLayers(it->second, first, last);
+  auto total = [](const ChunkSeconds& x) {
+    return x.forward + x.backward_input + x.backward_weight + x.optimizer;
+  };
+  const double overall = Ratio(total(there), total(here), by_speed);
+  return OpScales{Ratio(there.forward, here.forward, overall),
+                  Ratio(there.backward_input, here.backward_input, overall),
+                  Ratio(there.backward_weight, here.backward_weight, overall),
+                  Ratio(there.optimizer, here.optimizer, overall)};
+}
+
+// The scales of layers [first, last) on rank `rank` of `replicas` x `stages`: the largest of its
+// replicas' workers (replica r's are [r S, (r + 1) S)), op by op.
+absl::StatusOr<OpScales> RankScales(const PlannerOptions& options, const ModelCosts& costs,
+                                    int stages, int replicas, int rank, int first, int last) {
+  OpScales out{0, 0, 0, 0};
+  for (int r = 0; r < replicas; ++r) {
+    PT_ASSIGN_OR_RETURN(const OpScales s, ScalesOn(options, r * stages + rank, costs, first, last));
+    out.forward = std::max(out.forward, s.forward);
+    out.backward_input = std::max(out.backward_input, s.backward_input);
+    out.backward_weight = std::max(out.backward_weight, s.backward_weight);
+    out.optimizer = std::max(out.optimizer, s.optimizer);
+  }
+  return out;
+}
+
+// The simulator's cost model of `cut` on the first R x S workers: each chunk's op seconds on
+// its owner (RankScales), its stash and output bytes, the link, each rank's optimizer update
+// first.
 absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cut,
                                                   const ModelCosts& costs,
-                                                  const PlannerOptions& options,
-                                                  const std::vector<WorkerResources>& ranks,
-                                                  int microbatches, int replicas) {
+                                                  const PlannerOptions& options, int microbatches,
+                                                  int replicas) {
   const schedule::Placement& placement = cut.placement;
   const double threads = static_cast<double>(placement.stages) * replicas * options.threads;
   const double share = options.host_cpus > 0 ? std::min(1.0, options.host_cpus / threads) : 1.0;
@@ -120,16 +186,19 @@ absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cu
   model.worker_start.assign(placement.stages, 0.0);
   for (int c = 0; c < placement.num_chunks(); ++c) {
     const int owner = placement.OwnerOf(c);
-    const double scale = costs.gflops / ranks[owner].gflops / share;
+    PT_ASSIGN_OR_RETURN(const OpScales scale,
+                        RankScales(options, costs, placement.stages, replicas, owner,
+                                   cut.boundaries[c], cut.boundaries[c + 1]));
     PT_ASSIGN_OR_RETURN(const ChunkSeconds seconds,
                         ChunkCost(cut, c, costs, options, microbatches));
     const MessageCounts messages = CountMessages(placement, c);
     const double cpu = options.link.cpu_seconds_per_message;
-    schedule::OpCosts op{seconds.forward * scale + messages.forward * cpu, 0,
-                         seconds.backward_input * scale + messages.backward * cpu,
-                         seconds.backward_weight * scale};
+    schedule::OpCosts op{
+        seconds.forward * scale.forward / share + messages.forward * cpu, 0,
+        seconds.backward_input * scale.backward_input / share + messages.backward * cpu,
+        seconds.backward_weight * scale.backward_weight / share};
     op.b = op.i + op.w;
-    model.worker_start[owner] += seconds.optimizer * scale;
+    model.worker_start[owner] += seconds.optimizer * scale.optimizer / share;
     double stash = 0;
     for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
       stash += costs.layers[l].activation_bytes;
@@ -197,10 +266,15 @@ bool Runnable(const schedule::ScheduleParams& p, int64_t layers) {
 }
 
 // Rank k of a plan of `replicas` x `stages`: the slowest speed and the least memory (0: unknown)
-// among the workers holding rank k in the replicas (replica r's are [r S, (r + 1) S)).
+// among the workers holding rank k in the replicas (replica r's are [r S, (r + 1) S)); no
+// measurements (RankScales reads them).
 std::vector<WorkerResources> RankResources(const PlannerOptions& options, int stages,
                                            int replicas) {
-  std::vector<WorkerResources> ranks(options.workers.begin(), options.workers.begin() + stages);
+  std::vector<WorkerResources> ranks;
+  for (int k = 0; k < stages; ++k) {
+    const WorkerResources& w = options.workers[k];
+    ranks.push_back({w.name, w.gflops, w.memory_bytes});
+  }
   for (int r = 1; r < replicas; ++r) {
     for (int k = 0; k < stages; ++k) {
       const WorkerResources& w = options.workers[r * stages + k];
@@ -317,7 +391,7 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
           options.partition_by_layer_costs ? choice.layer_costs : partition_costs, popts));
   const std::vector<WorkerResources> ranks = RankResources(options, stages, replicas);
   PT_ASSIGN_OR_RETURN(const schedule::CostModel cost_model,
-                      PlanCostModel(cut, costs, options, ranks, microbatches, replicas));
+                      PlanCostModel(cut, costs, options, microbatches, replicas));
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, cost_model));
   choice.replicas = replicas;
   choice.stages = stages;

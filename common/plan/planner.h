@@ -54,6 +54,13 @@ struct PlannerOptions {
   std::vector<schedule::ScheduleKind> kinds;
   int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
   LinkCosts link;
+  // Per worker ([w] for workers[w]; empty: none), the model's per-layer seconds measured on it
+  // (the coordinator's ProfileWorkers), by micro-batch samples (ModelCosts::samples), each with
+  // the model's layer count. A chunk of layers [a, b) on worker w then takes, op by op, its
+  // seconds in the planner's ModelCosts (or chunk timer) times (w's seconds for layers [a, b)) /
+  // (the ModelCosts' seconds for them), instead of times ModelCosts::gflops / w's gflops. A
+  // worker with no entry at a plan's micro-batch size is scaled by its gflops.
+  std::vector<std::map<int64_t, ModelCosts>> measured;
   // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them);
   // unset: the sums of the layers' seconds in the ModelCosts.
   ChunkTimer chunk_timer;
@@ -107,8 +114,9 @@ std::string PlanLabel(const PlanChoice& plan);
 // what the coordinator cuts by: F+B+W FLOPs of one sample, model::Model::LayerFlops(1); or
 // LayerPartitionCosts(costs) with options.partition_by_layer_costs) and replica 0's workers'
 // speeds give the cut the coordinator will make; `costs` (micro-batches of batch / microbatches
-// samples) give each op's seconds at a worker of speed s as seconds * costs.gflops / s, where a
-// rank runs at the speed (and memory) of its slowest replica's worker; the optimizer update runs
+// samples) give each op's seconds at a worker of speed s as seconds * costs.gflops / s, or as
+// scaled by the worker's measured seconds (PlannerOptions::measured), where a rank runs as slow
+// (and with as little memory) as its slowest replica's worker, op by op; the optimizer update runs
 // at the start of the step, and every message between workers crosses options.link. With R > 1
 // replicas, each rank reduces its layers' gradient bytes G after its last action, by recursive
 // halving/doubling: 2 log2 R messages (each the link's latency and the message CPU) and

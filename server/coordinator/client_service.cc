@@ -58,6 +58,18 @@ grpc::ServerUnaryReactor* ClientService::CreateJob(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ClientService::ProfileWorkers(grpc::CallbackServerContext* context,
+                                                        const v1::ProfileWorkersRequest* request,
+                                                        v1::ProfileWorkersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_->ProfileWorkers(*request,
+                        [reactor, response](absl::StatusOr<v1::ProfileWorkersResponse> result) {
+                          if (result.ok()) *response = *std::move(result);
+                          reactor->Finish(wire::ToGrpcStatus(result.status()));
+                        });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ClientService::Checkpoint(grpc::CallbackServerContext* context,
                                                     const v1::CheckpointRequest* request,
                                                     v1::CheckpointResponse* response) {

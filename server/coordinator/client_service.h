@@ -34,6 +34,9 @@ class ClientService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* ProfileWorkers(grpc::CallbackServerContext* context,
+                                           const v1::ProfileWorkersRequest* request,
+                                           v1::ProfileWorkersResponse* response) override;
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const v1::CheckpointRequest* request,
                                        v1::CheckpointResponse* response) override;

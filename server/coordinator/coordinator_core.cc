@@ -107,6 +107,7 @@ CoordinatorCore::CoordinatorCore(CoordinatorOptions options, std::shared_ptr<Fee
 CoordinatorCore::~CoordinatorCore() {
   Shutdown();
   admission_.reset();  // runs what is queued (each CreateJob fails: shutting down) and joins.
+  profiler_.reset();   // likewise for ProfileWorkers.
   {
     absl::MutexLock lock(&housekeeping_mu_);
     stop_housekeeping_ = true;

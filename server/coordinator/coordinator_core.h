@@ -204,6 +204,16 @@ class CoordinatorCore {
                                               const std::function<bool()>& cancelled = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Layer profiles (profile_workers.cc; coordinator.proto, ProfileWorkers). Thread-safe.
+  // Sends ProfileLayers to every idle worker and gives `done` (on the profiling thread) each
+  // one's answer, or an error for the worker that fails, is lost or has not answered by the
+  // request's deadline. Errors of the call: INVALID_ARGUMENT for a bad request,
+  // FAILED_PRECONDITION for no idle worker or no level they all run, RESOURCE_EXHAUSTED while
+  // another profile is queued or runs, UNAVAILABLE when the coordinator shuts down.
+  void ProfileWorkers(const v1::ProfileWorkersRequest& request,
+                      std::function<void(absl::StatusOr<v1::ProfileWorkersResponse>)> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Checkpoint transfer (PutState, FetchState). Non-blocking, thread-safe.
   // Where the first message of a PutState stream may store its files, or FAILED_PRECONDITION /
   // PERMISSION_DENIED / NOT_FOUND / ABORTED.
@@ -217,6 +227,32 @@ class CoordinatorCore {
   friend class StepRun;
   friend class EvalRun;
   friend class GenerateRun;
+
+  // ---- profile_workers.cc
+  // One ProfileWorkers in flight: its number and, per worker asked (by name), the channel it was
+  // asked on and its answer once it came.
+  struct ProfileAsk {
+    WorkerChannel* channel = nullptr;
+    std::optional<v1::LayersProfiled> answer;
+  };
+  struct ProfileRound {
+    int64_t id = 0;
+    std::map<std::string, ProfileAsk> asked;
+  };
+  // Profiling thread: sends the commands, waits for the answers until the deadline and builds
+  // the response.
+  absl::StatusOr<v1::ProfileWorkersResponse> RunProfile(const v1::ProfileWorkersRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a round of `request` on the idle workers (ProfileLayers sent), filling `*response`'s
+  // names and speeds in registration order.
+  absl::Status StartProfile(const v1::ProfileWorkersRequest& request,
+                            v1::ProfileWorkersResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True once every worker of the round answered or is gone.
+  bool ProfileSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `name`'s answer on `channel` to profile `p.profile()`, kept if it belongs to the round.
+  void RecordProfile(WorkerChannel* channel, const std::string& name, const v1::LayersProfiled& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- coordinator_core.cc: jobs' life, status and housekeeping.
   void HousekeepingLoop();
@@ -543,6 +579,13 @@ class CoordinatorCore {
 
   // Runs CreateJob's validation, worker selection and partitioning, one request at a time.
   std::unique_ptr<OpThread> admission_ = std::make_unique<OpThread>();
+  // ProfileWorkers: the round in flight (none between rounds), whether one is queued or runs,
+  // and the next round's number. Guarded by mu_.
+  std::optional<ProfileRound> profile_ ABSL_GUARDED_BY(mu_);
+  bool profile_busy_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_profile_ ABSL_GUARDED_BY(mu_) = 1;
+  // Runs ProfileWorkers' rounds (they block until their workers answer).
+  std::unique_ptr<OpThread> profiler_ = std::make_unique<OpThread>();
   // Wakes the housekeeping thread for shutdown.
   absl::Mutex housekeeping_mu_;
   bool stop_housekeeping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

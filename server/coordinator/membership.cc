@@ -40,6 +40,10 @@ absl::Status CoordinatorCore::OnWorkerEvent(WorkerChannel* channel, std::string*
   if (event.event_case() == v1::WorkerEvent::EVENT_NOT_SET) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", *name, "' sent an empty event"));
   }
+  if (event.has_layers_profiled()) {
+    RecordProfile(channel, *name, event.layers_profiled());
+    return absl::OkStatus();
+  }
   WorkerRecord* const worker = workers_.Find(*name);
   if (event.has_links_probed() && worker != nullptr && worker->channel == channel) {
     RecordLinksProbed(*worker, event.links_probed());

@@ -96,19 +96,11 @@ absl::Status CheckReplicas(const v1::Assign& a, JobPlan* plan) {
 
 // The level every rank of the job runs, if this worker runs it (FAILED_PRECONDITION otherwise).
 absl::StatusOr<math::Isa> JobIsa(const v1::Assign& a, const std::optional<math::Isa>& max_isa) {
-  // Empty: a coordinator older than Assign.isa, which ran every worker at the lowest built level.
-  math::Isa isa = math::BuiltIsas().front();
-  if (!a.isa().empty()) {
-    absl::StatusOr<math::Isa> parsed = math::ParseIsa(a.isa());
-    if (!parsed.ok()) return AssignError(a, absl::StrCat("isa: ", parsed.status().message()));
-    isa = *parsed;
-  }
-  const std::vector<math::Isa> runnable = math::SupportedIsas(max_isa);
-  if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Assign(job ", a.job(), ", generation ", a.generation(),
-                     "): this worker cannot run instruction set ", math::IsaName(isa), " (it runs ",
-                     math::IsaListName(runnable), ")"));
+  absl::StatusOr<math::Isa> isa = RunnableIsa(a.isa(), max_isa);
+  if (!isa.ok()) {
+    return absl::Status(isa.status().code(),
+                        absl::StrCat("Assign(job ", a.job(), ", generation ", a.generation(),
+                                     "): ", isa.status().message()));
   }
   return isa;
 }
@@ -210,6 +202,26 @@ absl::StatusOr<std::vector<schedule::Action>> RankActions(const v1::Assign& a,
 }
 
 }  // namespace
+
+absl::StatusOr<math::Isa> RunnableIsa(absl::string_view name,
+                                      const std::optional<math::Isa>& max_isa) {
+  // Empty: a coordinator older than Assign.isa, which ran every worker at the lowest built level.
+  math::Isa isa = math::BuiltIsas().front();
+  if (!name.empty()) {
+    absl::StatusOr<math::Isa> parsed = math::ParseIsa(name);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("isa: ", parsed.status().message()));
+    }
+    isa = *parsed;
+  }
+  const std::vector<math::Isa> runnable = math::SupportedIsas(max_isa);
+  if (std::find(runnable.begin(), runnable.end(), isa) == runnable.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("this worker cannot run instruction set ",
+                                                      math::IsaName(isa), " (it runs ",
+                                                      math::IsaListName(runnable), ")"));
+  }
+  return isa;
+}
 
 absl::Status AssignError(const v1::Assign& assign, absl::string_view what) {
   return absl::InvalidArgumentError(

@@ -51,6 +51,12 @@ struct JobPlan {
 absl::StatusOr<JobPlan> PlanJob(const v1::Assign& assign, int threads_max,
                                 const std::optional<math::Isa>& max_isa);
 
+// The instruction-set level named `name` (empty: the lowest level this binary was built with)
+// if this worker runs it at most at `max_isa`: INVALID_ARGUMENT "isa: ..." for a name that is
+// no level, FAILED_PRECONDITION naming the levels it runs otherwise. Thread-safe.
+absl::StatusOr<math::Isa> RunnableIsa(absl::string_view name,
+                                      const std::optional<math::Isa>& max_isa);
+
 // INVALID_ARGUMENT "Assign(job J, generation E): <what>", the error of every malformed Assign.
 absl::Status AssignError(const v1::Assign& assign, absl::string_view what);
 

@@ -27,6 +27,7 @@
 #include "server/control/control_proto.h"
 #include "server/introspection/introspection.h"
 #include "server/logging/daemon_log.h"
+#include "server/worker/layer_profiler.h"
 
 namespace pipetrain::worker {
 
@@ -139,6 +140,13 @@ absl::StatusOr<std::unique_ptr<StageWorkerDaemon>> StageWorkerDaemon::Start(
   daemon->link_prober_ = std::make_unique<LinkProber>(
       daemon->name_, daemon->channel_credentials_, WorkerProbeOptions(options.link),
       [raw = daemon.get()](v1::WorkerEvent event) { raw->Emit(std::move(event)); });
+  LayerProfilerOptions profiler;
+  profiler.name = daemon->name_;
+  profiler.gflops = daemon->gflops_;
+  profiler.threads_max = options.threads_max > 0 ? options.threads_max : util::UsableCpuCount();
+  profiler.max_isa = options.max_isa;
+  daemon->profiler_ = std::make_unique<LayerProfiler>(
+      profiler, [raw = daemon.get()](v1::WorkerEvent event) { raw->Emit(std::move(event)); });
   daemon->command_thread_ = std::thread([raw = daemon.get()] { raw->CommandLoop(); });
   daemon->session_thread_ = std::thread([raw = daemon.get()] { raw->SessionLoop(); });
   return daemon;
@@ -378,6 +386,8 @@ void StageWorkerDaemon::HandleTask(Task task) {
   }
   switch (task.kind) {
     case Task::Kind::kStreamLost:
+      // Its answer could reach no one: the coordinator forgets a profile with its stream.
+      profiler_->Stop("the control stream was lost");
       DropJob(absl::StrCat("control stream lost: ", task.status.ToString()));
       return;
     case Task::Kind::kLinkFailed:
@@ -446,13 +456,39 @@ void StageWorkerDaemon::HandleCommand(const v1::WorkerCommand& command,
       // Answered with LinksProbed, from the prober's thread.
       link_prober_->Start(command.probe_links());
       return;
+    case v1::WorkerCommand::kProfileLayers:
+      HandleProfile(command.profile_layers(), job);
+      return;
     case v1::WorkerCommand::COMMAND_NOT_SET:
       EmitError("", 0, 0, absl::InvalidArgumentError("empty WorkerCommand"));
       return;
   }
 }
 
+void StageWorkerDaemon::HandleProfile(const v1::ProfileLayers& command,
+                                      const std::shared_ptr<WorkerJob>& job) {
+  if (job == nullptr) {
+    Log(absl::StrCat("timing the layers of a model for profile ", command.profile(), " (",
+                     command.samples_size(), " micro-batch sizes)"));
+    profiler_->Start(command);
+    return;
+  }
+  v1::WorkerEvent event;
+  v1::LayersProfiled* answer = event.mutable_layers_profiled();
+  answer->set_profile(command.profile());
+  answer->set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  answer->set_message(absl::StrCat("worker ", name_, " holds a stage of job '", job->id(),
+                                   "' (generation ", job->generation(),
+                                   "): it times layers only when idle"));
+  answer->set_gflops(gflops_);
+  Emit(std::move(event));
+}
+
 void StageWorkerDaemon::HandleAssign(const v1::Assign& assign) {
+  // A job's compute must not share the CPUs with a profile (nor its Eigen thread count).
+  if (profiler_->running()) Log("an Assign arrived: stopping the layer profile");
+  profiler_->Stop(
+      absl::StrCat("Assign(job ", assign.job(), ", generation ", assign.generation(), ") arrived"));
   DropJob(absl::StrCat("replaced by Assign(job ", assign.job(), ", generation ",
                        assign.generation(), ")"));
   WorkerJobOptions job_options;
@@ -498,6 +534,7 @@ void StageWorkerDaemon::Shutdown() {
   if (session_thread_.joinable()) session_thread_.join();
   if (command_thread_.joinable()) command_thread_.join();  // drops the job on its way out.
   if (link_prober_ != nullptr) link_prober_->Stop();
+  if (profiler_ != nullptr) profiler_->Stop("the worker is shutting down");
   DropJob("the worker is shutting down");
   probe_answerer_.Shutdown();
   if (server_ != nullptr) {

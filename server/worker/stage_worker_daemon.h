@@ -4,10 +4,11 @@
 // It serves StageWorker.Exchange (server/link/exchange_service.h), the standard gRPC health
 // service and (when built with it) server reflection on one port, and keeps one control stream
 // WorkerControl.Join open to the coordinator, redialling with exponential backoff when it breaks.
-// Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards) are handled on a
-// command thread; each job (job id, generation) is a WorkerJob (server/worker/worker_job.h) that
-// runs its steps on its own compute thread. The control protocol as implemented here (step
-// numbering, which events answer which commands, link dialling) is in docs/worker.md.
+// Commands from the coordinator (Assign, RunStep, Commit, Abort, SaveShards, ProfileLayers) are
+// handled on a command thread (a ProfileLayers on an idle worker runs on a LayerProfiler's thread);
+// each job (job id, generation) is a WorkerJob (server/worker/worker_job.h) that runs its steps on
+// its own compute thread. The control protocol as implemented here (step numbering, which events
+// answer which commands, link dialling) is in docs/worker.md.
 //
 // Threads: gRPC's callback threads only decode and queue (never block, never compute); the
 // command thread validates and builds jobs; the compute thread runs steps, commits and writes
@@ -39,6 +40,7 @@
 #include "server/worker/control_stream.h"
 #include "server/worker/host_probe.h"
 #include "server/worker/link_prober.h"
+#include "server/worker/layer_profiler.h"
 #include "server/worker/worker_job.h"
 
 namespace grpc {
@@ -197,6 +199,9 @@ class StageWorkerDaemon final : private JobHost {
   void HandleCommand(const v1::WorkerCommand& command, const std::shared_ptr<WorkerJob>& job)
       ABSL_LOCKS_EXCLUDED(job_mu_);
   void HandleAssign(const v1::Assign& assign);
+  // ProfileLayers: starts the profile on an idle worker (LayerProfiler), answers
+  // FAILED_PRECONDITION on one that holds `job`.
+  void HandleProfile(const v1::ProfileLayers& command, const std::shared_ptr<WorkerJob>& job);
   // Drops the current job (aborts its step, closes its links, joins its compute thread).
   void DropJob(absl::string_view why);
   // Checks that a command names the current job and generation; otherwise answers it (stale
@@ -256,6 +261,9 @@ class StageWorkerDaemon final : private JobHost {
 
   // Serialises Shutdown() callers.
   absl::Mutex shutdown_mu_;
+
+  // Times layers for the coordinator's ProfileLayers (set in Start; used by the command thread).
+  std::unique_ptr<LayerProfiler> profiler_;
 
   std::thread session_thread_;
   std::thread command_thread_;

@@ -385,5 +385,112 @@ TEST(PlannerTest, PartitionByMeasuredLayerCosts) {
   EXPECT_EQ(LayerPartitionCosts(costs), measured->layer_costs);
 }
 
+// Layers 0-1 and 2-3 are two kinds (say attention and MLP) of equal FLOPs and equal seconds on the
+// planning machine (F = I = W = 1 s per micro-batch of one sample). `slow` ([w], empty: none)
+// marks the workers that run the kind of layers `slow_layers` `factor` times slower than the
+// planning machine, the other kind as fast: their measured seconds, at one sample.
+std::vector<std::map<int64_t, ModelCosts>> Measured(const std::vector<bool>& slow, int first_slow,
+                                                    int last_slow, double factor) {
+  std::vector<std::map<int64_t, ModelCosts>> out;
+  for (bool s : slow) {
+    ModelCosts m = Equal(4, 1, 1, 1, 1);
+    for (int l = first_slow; l < last_slow && s; ++l) {
+      m.layers[l].forward *= factor;
+      m.layers[l].backward_input *= factor;
+      m.layers[l].backward_weight *= factor;
+    }
+    out.push_back({{1, m}});
+  }
+  return out;
+}
+
+// Two workers of equal GFLOP/s, the second 2x slower on layers 2-3 only. The GFLOP/s ratio sees
+// twins: 1F1B over 2 stages of 4 micro-batches is (M + S - 1) x (F + B) = 5 x 6 = 30 s, better
+// than one stage's 4 x 6 x 2 = 48 s. Costed by what each worker measured, rank 1's chunk (layers
+// 2-3) takes F 4 s and B 8 s: the pipeline waits on it, as if those layers cost twice as much
+// everywhere, and one stage on the first worker (48 s) is now the best plan.
+TEST(PlannerTest, AWorkerSlowOnOneLayerKindIsCostedByItsOwnMeasurements) {
+  const std::vector<double> flops(4, 1.0);
+  const ModelCosts costs = Equal(4, 1, 1, 1, 1);
+  PlannerOptions o = Options(4, 2, {ScheduleKind::kOneFOneB});
+  absl::StatusOr<PlanChoice> twins =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(twins.ok()) << twins.status();
+  EXPECT_DOUBLE_EQ(twins->step_seconds, 30.0);
+  std::map<int, ModelCosts> by_m{{4, costs}};
+  absl::StatusOr<std::vector<PlanChoice>> by_speed = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(by_speed.ok()) << by_speed.status();
+  EXPECT_EQ(by_speed->front().stages, 2);
+
+  o.measured = Measured({false, true}, 2, 4, 2);
+  absl::StatusOr<PlanChoice> profiled =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  EXPECT_EQ(profiled->boundaries, (std::vector<int>{0, 2, 4}));  // the coordinator's cut: FLOPs.
+  // The same as planning twins with layers 2-3 twice as slow.
+  ModelCosts doubled = costs;
+  for (int l = 2; l < 4; ++l) doubled.layers[l] = Equal(1, 1, 2, 2, 2).layers[0];
+  PlannerOptions twins_options = Options(4, 2, {ScheduleKind::kOneFOneB});
+  absl::StatusOr<PlanChoice> expected =
+      EvaluatePlan(flops, doubled, twins_options, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_DOUBLE_EQ(profiled->step_seconds, expected->step_seconds);
+  EXPECT_GT(profiled->step_seconds, 48.0);
+  absl::StatusOr<std::vector<PlanChoice>> ranked = RankPlans(flops, by_m, o);
+  ASSERT_TRUE(ranked.ok()) << ranked.status();
+  EXPECT_EQ(ranked->front().stages, 1);
+  EXPECT_DOUBLE_EQ(ranked->front().step_seconds, 48.0);
+}
+
+// The worker slow on layers 0-1 holds only layers 2-3 in a 2-stage plan: its measurements say it
+// runs them as the planning machine does, and the plan is the twins' closed form.
+TEST(PlannerTest, AWorkerSlowOnlyOnLayersItDoesNotHoldKeepsThePlan) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2, {ScheduleKind::kOneFOneB});
+  o.measured = Measured({false, true}, 0, 2, 2);
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(4, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->step_seconds, 30.0);
+}
+
+// A worker's measurement differs from its GFLOP/s: the measurement wins where it exists (here at
+// one sample per micro-batch), the GFLOP/s ratio elsewhere. The first worker registered 2 GFLOP/s
+// against the planning machine's 1, but measured the planning machine's seconds: with 4
+// micro-batches of one sample it runs at the measured seconds (5 x 6 = 30 s); with 2 micro-batches
+// of 2 samples, which it did not time, at twice the planning machine's speed.
+TEST(PlannerTest, MeasurementsReplaceTheSpeedRatioOnlyWhereTheyExist) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2, {ScheduleKind::kOneFOneB});
+  o.workers[0].gflops = 2;
+  o.workers[1].gflops = 2;
+  o.measured = Measured({false, false}, 0, 0, 1);
+  absl::StatusOr<PlanChoice> measured =
+      EvaluatePlan(flops, Equal(4, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_DOUBLE_EQ(measured->step_seconds, 30.0);
+  absl::StatusOr<PlanChoice> by_speed =
+      EvaluatePlan(flops, Equal(4, 2, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 2);
+  ASSERT_TRUE(by_speed.ok()) << by_speed.status();
+  EXPECT_DOUBLE_EQ(by_speed->step_seconds, 3 * 3.0);  // (M + S - 1) x (F + B) / 2.
+}
+
+TEST(PlannerTest, MeasurementsOfTheWrongShapeAreRefused) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2, {ScheduleKind::kOneFOneB});
+  o.measured = Measured({false}, 0, 0, 1);
+  absl::StatusOr<PlanChoice> p =
+      EvaluatePlan(flops, Equal(4, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("measured costs for 1 workers; there are 2"),
+            std::string::npos);
+  o.measured = Measured({false, false}, 0, 0, 1);
+  o.measured[1][1].layers.pop_back();
+  p = EvaluatePlan(flops, Equal(4, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("worker w1: measured costs at 1 samples have 3 layers"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace pipetrain::plan

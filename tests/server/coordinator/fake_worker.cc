@@ -35,6 +35,8 @@ std::string KindOf(const v1::WorkerCommand& c) {
       return "eval_run";
     case v1::WorkerCommand::kGenRun:
       return "gen_run";
+    case v1::WorkerCommand::kProfileLayers:
+      return "profile_layers";
     default:
       return "other";
   }
@@ -176,6 +178,26 @@ void FakeWorker::FailRunSteps(absl::Status status) {
   fail_runs_ = std::move(status);
 }
 
+void FakeWorker::HoldProfiles() {
+  absl::MutexLock lock(&mu_);
+  hold_profiles_ = true;
+}
+
+void FakeWorker::FailProfiles(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  fail_profiles_ = std::move(status);
+}
+
+void FakeWorker::SlowProfiles(double factor) {
+  absl::MutexLock lock(&mu_);
+  profile_factor_ = factor;
+}
+
+v1::ProfileLayers FakeWorker::profile() const {
+  absl::MutexLock lock(&mu_);
+  return profile_;
+}
+
 std::vector<std::string> FakeWorker::Received() const {
   absl::MutexLock lock(&mu_);
   return received_;
@@ -239,6 +261,12 @@ std::optional<v1::WorkerEvent> FakeWorker::Answer(const v1::WorkerCommand& comma
   }
   if (command.has_run_step() || command.has_eval_run() || command.has_gen_run()) {
     return AnswerRun(command);
+  }
+  if (command.has_profile_layers()) {
+    absl::MutexLock lock(&mu_);
+    profile_ = command.profile_layers();
+    if (hold_profiles_) return std::nullopt;
+    return Profiled(command.profile_layers());
   }
   if (command.has_commit()) {
     const v1::Commit& c = command.commit();
@@ -363,6 +391,28 @@ v1::WorkerEvent FakeWorker::GenDone(const v1::GenRun& r) const {
 std::vector<v1::GenRun> FakeWorker::GenRuns() const {
   absl::MutexLock lock(&mu_);
   return gen_runs_;
+}
+
+v1::WorkerEvent FakeWorker::Profiled(const v1::ProfileLayers& p) const {
+  v1::WorkerEvent event;
+  v1::LayersProfiled* out = event.mutable_layers_profiled();
+  out->set_profile(p.profile());
+  out->set_code(static_cast<int32_t>(fail_profiles_.code()));
+  out->set_message(std::string(fail_profiles_.message()));
+  if (!fail_profiles_.ok()) return event;
+  for (int64_t samples : p.samples()) {
+    v1::SampleLayerCosts* costs = out->add_costs();
+    costs->set_samples(samples);
+    for (int l = 0; l < p.model().layers_size(); ++l) {
+      v1::LayerSeconds* s = costs->add_layers();
+      s->set_forward(profile_factor_ * 1e-3 * (l + 1) * samples);
+      s->set_backward_input(2 * s->forward());
+      s->set_backward_weight(2 * s->forward());
+      s->set_optimizer(profile_factor_ * 1e-4 * (l + 1));
+    }
+  }
+  out->set_cpu_seconds(0.5);
+  return event;
 }
 
 absl::Status FakeWorker::UploadShards(const v1::SaveShards& save) const {

@@ -81,11 +81,22 @@ class FakeWorker final : public WorkerChannel {
   // Script: a RunStep (and an EvalRun) is answered with this error.
   void FailRunSteps(absl::Status status);
 
+  // Script: ProfileLayers are never answered (a worker that hangs or dies while timing).
+  void HoldProfiles();
+  // Script: ProfileLayers are answered with this error.
+  void FailProfiles(absl::Status status);
+  // Script: the seconds it answers ProfileLayers with are `factor` times the default: layer l
+  // (from 0) of a micro-batch of s samples takes F = 1e-3 (l + 1) s, I = W = 2 F, and its
+  // optimizer update 1e-4 (l + 1).
+  void SlowProfiles(double factor);
+  // The last ProfileLayers received.
+  v1::ProfileLayers profile() const;
+
   const std::string& name() const { return name_; }
   // The GenRuns received, in order.
   std::vector<v1::GenRun> GenRuns() const;
   // The kinds of commands received, in order ("assign", "open_links", "run_step", "commit",
-  // "abort", "save_shards", "release", "eval_run", "gen_run").
+  // "abort", "save_shards", "release", "eval_run", "gen_run", "profile_layers").
   std::vector<std::string> Received() const;
   // Waits (at most 10 s) until `count` commands of `kind` arrived; false on timeout.
   bool WaitFor(const std::string& kind, int count = 1) const;
@@ -106,6 +117,8 @@ class FakeWorker final : public WorkerChannel {
   // The last chunk owner's logits: FakeNextToken of each run (others: none).
   v1::WorkerEvent GenDone(const v1::GenRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UploadShards(const v1::SaveShards& save) const;
+  // The answer to `p`: the scripted error, or the seconds SlowProfiles describes.
+  v1::WorkerEvent Profiled(const v1::ProfileLayers& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorCore* const core_;
   const std::string name_;
@@ -125,6 +138,10 @@ class FakeWorker final : public WorkerChannel {
   std::map<v1::WorkerCommand::CommandCase, v1::WorkerCommand> held_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::GenRun> gen_runs_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> closed_ ABSL_GUARDED_BY(mu_);
+  bool hold_profiles_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fail_profiles_ ABSL_GUARDED_BY(mu_);
+  double profile_factor_ ABSL_GUARDED_BY(mu_) = 1;
+  v1::ProfileLayers profile_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -584,6 +584,40 @@ TEST_F(StageWorkerTest, BrokenControlStreamDropsTheJobAndRedials) {
   ExpectAssigned(0, AssignCommand(0, 7));
 }
 
+// ProfileLayers (docs/worker.md, "Layer profiles"): an idle worker times the model's layers at
+// its registered speed; one that holds a job's stage refuses (FAILED_PRECONDITION).
+TEST_F(StageWorkerTest, ProfileLayersIsTimedWhenIdleAndRefusedWhileHoldingAStage) {
+  const v1::Assign assign = AssignCommand(0, 4).assign();
+  v1::WorkerCommand profile;
+  v1::ProfileLayers* p = profile.mutable_profile_layers();
+  p->set_profile(1);
+  *p->mutable_model() = assign.model();
+  p->add_samples(2);
+  p->set_threads(1);
+  *p->mutable_optimizer() = assign.optimizer();
+  ASSERT_TRUE(coordinator_.Send(Name(0), profile));
+  absl::StatusOr<v1::WorkerEvent> e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_layers_profiled()) << e->DebugString();
+  EXPECT_EQ(e->layers_profiled().profile(), 1);
+  ASSERT_EQ(e->layers_profiled().code(), 0) << e->layers_profiled().message();
+  EXPECT_EQ(e->layers_profiled().gflops(), daemons_[0]->gflops());
+  ASSERT_EQ(e->layers_profiled().costs_size(), 1);
+  EXPECT_EQ(e->layers_profiled().costs(0).samples(), 2);
+  EXPECT_EQ(e->layers_profiled().costs(0).layers_size(), assign.model().layers_size());
+
+  AssignBoth(4);
+  p->set_profile(2);
+  ASSERT_TRUE(coordinator_.Send(Name(0), profile));
+  e = coordinator_.Next(Name(0));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_layers_profiled()) << e->DebugString();
+  EXPECT_EQ(e->layers_profiled().profile(), 2);
+  EXPECT_EQ(e->layers_profiled().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(e->layers_profiled().message(), HasSubstr("holds a stage of job"));
+  EXPECT_EQ(e->layers_profiled().costs_size(), 0);
+}
+
 TEST_F(StageWorkerTest, ReleaseDropsTheJob) {
   v1::WorkerError error;
   AssignBoth(9);
