@@ -16,9 +16,6 @@
 namespace pipetrain::math {
 namespace {
 
-// Scores per chunk of CausalSoftmaxRows' exponentials (a buffer of doubles on the stack).
-constexpr int64_t kSoftmaxChunk = 256;
-
 float Scale(const GqaShape& shape) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
 }
@@ -32,25 +29,18 @@ StridedMap HeadOf(MatrixMap m, int64_t row0, int64_t rows, int64_t h, int64_t hd
   return StridedMap(m.data() + row0 * m.cols() + h * hd, rows, hd, Eigen::OuterStride<>(m.cols()));
 }
 
-// One softmax row: ar[0..count) scaled and replaced by its probabilities (the sum in double in
-// column order).
+// One softmax row: ar[0..count) scaled and replaced by its probabilities: the shifted scores in
+// float, their exponentials through PortableExpFloatArray, the sum in double in column order.
 void SoftmaxRow(int64_t count, float scale, float* ar) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < count; ++j) {
     ar[j] *= scale;
     mx = std::max(mx, ar[j]);
   }
-  double e[kSoftmaxChunk];
+  for (int64_t j = 0; j < count; ++j) ar[j] -= mx;
+  PortableExpFloatArray(ar, count, ar);
   double sum = 0;
-  for (int64_t start = 0; start < count; start += kSoftmaxChunk) {
-    const int64_t len = std::min(kSoftmaxChunk, count - start);
-    for (int64_t j = 0; j < len; ++j) e[j] = static_cast<double>(ar[start + j]) - mx;
-    PortableExpArray(e, len, e);
-    for (int64_t j = 0; j < len; ++j) {
-      ar[start + j] = static_cast<float>(e[j]);
-      sum += ar[start + j];
-    }
-  }
+  for (int64_t j = 0; j < count; ++j) sum += ar[j];
   for (int64_t j = 0; j < count; ++j) ar[j] = static_cast<float>(ar[j] / sum);
 }
 
