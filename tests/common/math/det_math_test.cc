@@ -128,8 +128,8 @@ TEST(PortableExpFloatTest, WithinOneUlpOfTheExactValueAndEdgesAsDocumented) {
 
 // The same bits at every instruction-set level: the checksum of the grid's results, the same when
 // this file and det_math.cc are compiled at -march=x86-64, x86-64-v3 and x86-64-v4 (checked by
-// hand with GCC 12; the build runs it at PIPETRAIN_ARCH), and every length, offset and in-place
-// call gives the bits of one argument at a time.
+// hand with GCC 12 and Clang 14; the build runs it at PIPETRAIN_ARCH), and every length, offset and
+// in-place call gives the bits of one argument at a time.
 TEST(PortableExpFloatTest, BitsArePinnedAndIndependentOfLengthAndPlace) {
   const std::vector<float> x = FloatGrid();
   std::vector<float> y(x.size());
