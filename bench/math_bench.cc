@@ -83,12 +83,21 @@ struct Gemm {
   float beta;
 };
 
+// Whether BenchLinear and SgemmSeconds time in thread CPU time (--peer-linear) instead of wall
+// time.
+bool g_cpu_time = false;
+
+// SecondsPerCall or CpuSecondsPerCall, as g_cpu_time says.
+double Timed(const std::function<void()>& fn) {
+  return g_cpu_time ? CpuSecondsPerCall(fn) : SecondsPerCall(fn);
+}
+
 double SgemmSeconds(const Gemm& g) {
   std::vector<float> a(static_cast<size_t>(g.m) * g.k, 0.5f),
       b(static_cast<size_t>(g.k) * g.n, 0.25f), c(static_cast<size_t>(g.m) * g.n, 0.0f);
   const int lda = g.ta == CblasNoTrans ? g.k : g.m;
   const int ldb = g.tb == CblasNoTrans ? g.n : g.k;
-  return SecondsPerCall([&] {
+  return Timed([&] {
     cblas_sgemm(CblasRowMajor, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb,
                 g.beta, c.data(), g.n);
   });
@@ -114,20 +123,20 @@ void BenchLinear(int rows, int in, int out, int threads) {
   math::Stash stash;
   const math::FlopCount f = layer.Flops(rows);
   const double tf =
-      SecondsPerCall([&] { layer.Forward(params, math::AsConstMap(x), math::AsMap(y), &stash); });
-  const double ti = SecondsPerCall([&] {
+      Timed([&] { layer.Forward(params, math::AsConstMap(x), math::AsMap(y), &stash); });
+  const double ti = Timed([&] {
     layer.BackwardInput(params, math::AsConstMap(x), math::AsConstMap(dy), &stash, math::AsMap(dx));
   });
   // As a Stage runs them: the weight packed once (math::ParamCache) and reused by every call.
   const std::unique_ptr<math::ParamCache> cache = layer.NewParamCache();
-  const double tf_cached = SecondsPerCall([&] {
+  const double tf_cached = Timed([&] {
     layer.ForwardCached(params, cache.get(), math::AsConstMap(x), math::AsMap(y), &stash);
   });
-  const double ti_cached = SecondsPerCall([&] {
+  const double ti_cached = Timed([&] {
     layer.BackwardInputCached(params, cache.get(), math::AsConstMap(x), math::AsConstMap(dy),
                               &stash, math::AsMap(dx));
   });
-  const double tw = SecondsPerCall([&] {
+  const double tw = Timed([&] {
     layer.BackwardWeight(params, math::AsConstMap(x), math::AsConstMap(dy), stash,
                          absl::MakeSpan(grads));
   });
@@ -142,6 +151,29 @@ void BenchLinear(int rows, int in, int out, int threads) {
   Row("input gradient (I)", f.backward_input, ti, si);
   Row("input gradient (I), packed once", f.backward_input, ti_cached, si);
   Row("weight gradient (W)", f.backward_weight, tw, sw);
+}
+
+// The Linear products of the peer models (bench/gpt_peer.textproto, bench/llama_peer.textproto:
+// d = 256, one micro-batch of 8 samples x context 128 = 1024 rows) beside OpenBLAS sgemm, one
+// thread, thread CPU time: which GEMM is faster at these shapes on this machine.
+int BenchPeerLinears() {
+  g_cpu_time = true;
+  Eigen::setNbThreads(1);
+  openblas_set_num_threads(1);
+  std::printf("threads=1, thread CPU time\n");
+  const int rows = 1024;
+  const struct {
+    const char* what;
+    int in, out;
+  } shapes[] = {{"GPT attn.qkv", 256, 768},   {"GPT attn.proj, LLaMA attn.q/o", 256, 256},
+                {"GPT mlp.fc", 256, 1024},    {"GPT mlp.proj", 1024, 256},
+                {"LLaMA attn.k/v", 256, 128}, {"LLaMA mlp.gate/up", 256, 768},
+                {"LLaMA mlp.down", 768, 256}};
+  for (const auto& s : shapes) {
+    std::printf("%s\n", s.what);
+    BenchLinear(rows, s.in, s.out, 1);
+  }
+  return 0;
 }
 
 // Causal attention (gqa_attention.h) at the transformer peer's shapes (bench/gpt_peer.textproto:
@@ -389,6 +421,13 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--grad-tree") {
     return pipetrain::BenchGradTreeOnly(
         argc > 2 ? argv[2] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto");
+  }
+  // --peer-linear: only the peer models' Linear shapes (BenchPeerLinears).
+  if (argc > 1 && std::string(argv[1]) == "--peer-linear") {
+    std::printf(
+        "OpenBLAS core: %s%s\n", openblas_get_corename(),
+        std::getenv("OPENBLAS_CORETYPE") ? " (from OPENBLAS_CORETYPE)" : " (auto-detected)");
+    return pipetrain::BenchPeerLinears();
   }
   const std::string spec = argc > 1 ? argv[1] : PIPETRAIN_SOURCE_DIR "/examples/deep_mlp.textproto";
 #ifdef EIGEN_USE_BLAS

@@ -188,6 +188,77 @@ void PortableExpArray(const double* x, int64_t n, double* y) {
   for (; i < n; ++i) y[i] = PortableExp(x[i]);
 }
 
+namespace {
+
+// PortableExpFloatArray's vectors: 16 floats (one AVX-512 register, two AVX2 or four SSE ones).
+constexpr int kExpFloatLanes = 16;
+using VecF = float __attribute__((vector_size(kExpFloatLanes * sizeof(float))));
+using VecI = int32_t __attribute__((vector_size(kExpFloatLanes * sizeof(int32_t))));
+// Cephes' expf constants: the argument range, log2(e), ln 2 = kExpFloatC1 - kExpFloatC2 with
+// n * kExpFloatC1 exact (9 significant bits), the polynomial of e^r - 1 - r over r^2.
+constexpr float kExpFloatLo = -87.3365447505531f;  // round(x log2 e) >= -126: 2^k normal
+constexpr float kExpFloatHi = 88.3762626647949f;   // round(x log2 e) <= 127
+constexpr float kLog2eFloat = 1.44269504088896341f;
+constexpr float kExpFloatC1 = 0.693359375f;
+constexpr float kExpFloatC2 = -2.12194440e-4f;
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: x + it - it rounds x to an integer.
+
+// *v = e^*v per lane; every lane the same float operations. (By pointer: a 64-byte vector passed
+// by value would depend on the level's calling convention.)
+void ExpFloatLanes(VecF* v) {
+  const VecF x = *v;
+  const VecF lo = kExpFloatLo - VecF{};
+  const VecF hi = kExpFloatHi - VecF{};
+  VecF xc = x > lo ? x : lo;  // NaN lanes become lo here and NaN again at the end.
+  xc = xc < hi ? xc : hi;
+  VecF n = xc * kLog2eFloat + kRoundMagic;
+  n = n - kRoundMagic;  // round(x log2 e), ties to even: -126 <= n <= 127
+  VecF r = xc - n * kExpFloatC1;
+  r = r - n * kExpFloatC2;
+  const VecF z = r * r;
+  VecF p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r;
+  p = p + 1.0f;                                     // e^r, r in [-ln2/2, ln2/2]
+  const VecI k = __builtin_convertvector(n, VecI);  // n is integral: exact
+  const VecI bits = (k + 127) << 23;
+  VecF scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  VecF y = p * scale;  // exact scaling unless the result is subnormal (then correctly rounded)
+  const VecF zero = VecF{};
+  const VecF inf = std::numeric_limits<float>::infinity() - VecF{};
+  y = x < lo ? zero : y;
+  y = x > hi ? inf : y;
+  *v = x != x ? x : y;
+}
+
+}  // namespace
+
+void PortableExpFloatArray(const float* x, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + kExpFloatLanes <= n; i += kExpFloatLanes) {
+    VecF v;
+    std::memcpy(&v, x + i, sizeof v);
+    ExpFloatLanes(&v);
+    std::memcpy(y + i, &v, sizeof v);
+  }
+  if (i == n) return;
+  // The rest through the same lanes, padded with zeros.
+  VecF v = VecF{};
+  std::memcpy(&v, x + i, static_cast<size_t>(n - i) * sizeof(float));
+  ExpFloatLanes(&v);
+  std::memcpy(y + i, &v, static_cast<size_t>(n - i) * sizeof(float));
+}
+
+float PortableExpFloat(float x) {
+  float y;
+  PortableExpFloatArray(&x, 1, &y);
+  return y;
+}
+
 double PortableLog(double x) {
   if (std::isnan(x) || x < 0) return std::numeric_limits<double>::quiet_NaN();
   if (x == 0) return -std::numeric_limits<double>::infinity();

@@ -28,6 +28,18 @@ double PortableExp(double x);
 // the same array (not otherwise overlapping). n >= 0.
 void PortableExpArray(const double* x, int64_t n, double* y);
 
+// e^x in float: y[i] = e^(x[i]) for i < n, within 2 float ulps of the exact value (Cephes' expf:
+// Cody-Waite reduction by ln 2, a degree-5 polynomial, scaling by 2^k), each element through the
+// same IEEE-754 float operations in the same order (no FMA) in 16-lane vectors, whatever the
+// instruction set the code is compiled for (the compiler splits them into AVX-512, AVX2 or SSE
+// registers), so the bits are the same at every level. Returns 0 below -87.336544 (where e^x
+// leaves the normal floats), +inf above 88.376262 (~2.4e38; the exact value overflows only past
+// 88.7228), NaN for NaN. x and y may be the same array (not otherwise overlapping). n >= 0.
+void PortableExpFloatArray(const float* x, int64_t n, float* y);
+
+// PortableExpFloatArray of one argument.
+float PortableExpFloat(float x);
+
 // Natural logarithm. Returns -inf for 0, NaN for negative or NaN arguments, +inf for +inf.
 double PortableLog(double x);
 

@@ -16,9 +16,6 @@
 namespace pipetrain::math {
 namespace {
 
-// Scores per chunk of CausalSoftmaxRows' exponentials (a buffer of doubles on the stack).
-constexpr int64_t kSoftmaxChunk = 256;
-
 float Scale(const GqaShape& shape) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
 }
@@ -32,25 +29,42 @@ StridedMap HeadOf(MatrixMap m, int64_t row0, int64_t rows, int64_t h, int64_t hd
   return StridedMap(m.data() + row0 * m.cols() + h * hd, rows, hd, Eigen::OuterStride<>(m.cols()));
 }
 
-// One softmax row: ar[0..count) scaled and replaced by its probabilities (the sum in double in
-// column order).
+// Partial sums of a softmax row: kRowSumLanes of them, so that the additions run in vectors.
+constexpr int64_t kRowSumLanes = 8;
+
+// Σ_j a_j (b == nullptr) or Σ_j a_j b_j over j < n in double (each product exact): partial sum l
+// adds the terms j ≡ l (mod 8) in increasing j, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
+// (s6 + s7)). The order is the code's, so the bits do not depend on the vector width.
+double RowSum(const float* a, const float* b, int64_t n) {
+  double s[kRowSumLanes] = {};
+  int64_t j = 0;
+  if (b == nullptr) {
+    for (; j + kRowSumLanes <= n; j += kRowSumLanes) {
+      for (int64_t l = 0; l < kRowSumLanes; ++l) s[l] += a[j + l];
+    }
+    for (int64_t l = 0; j + l < n; ++l) s[l] += a[j + l];
+  } else {
+    for (; j + kRowSumLanes <= n; j += kRowSumLanes) {
+      for (int64_t l = 0; l < kRowSumLanes; ++l) {
+        s[l] += static_cast<double>(a[j + l]) * b[j + l];
+      }
+    }
+    for (int64_t l = 0; j + l < n; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// One softmax row: ar[0..count) scaled and replaced by its probabilities: the shifted scores in
+// float, their exponentials through PortableExpFloatArray, the sum in double (RowSum).
 void SoftmaxRow(int64_t count, float scale, float* ar) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < count; ++j) {
     ar[j] *= scale;
     mx = std::max(mx, ar[j]);
   }
-  double e[kSoftmaxChunk];
-  double sum = 0;
-  for (int64_t start = 0; start < count; start += kSoftmaxChunk) {
-    const int64_t len = std::min(kSoftmaxChunk, count - start);
-    for (int64_t j = 0; j < len; ++j) e[j] = static_cast<double>(ar[start + j]) - mx;
-    PortableExpArray(e, len, e);
-    for (int64_t j = 0; j < len; ++j) {
-      ar[start + j] = static_cast<float>(e[j]);
-      sum += ar[start + j];
-    }
-  }
+  for (int64_t j = 0; j < count; ++j) ar[j] -= mx;
+  PortableExpFloatArray(ar, count, ar);
+  const double sum = RowSum(ar, nullptr, count);
   for (int64_t j = 0; j < count; ++j) ar[j] = static_cast<float>(ar[j] / sum);
 }
 
@@ -327,8 +341,7 @@ void CausalSoftmaxBackwardRows(int64_t rows, int64_t len, int64_t first, double 
     const float* ar = a + i * len;
     float* dr = d + i * len;
     const int64_t count = first + i + 1;
-    double dot = 0;
-    for (int64_t j = 0; j < count; ++j) dot += static_cast<double>(ar[j]) * dr[j];
+    const double dot = RowSum(ar, dr, count);
     for (int64_t j = 0; j < count; ++j) dr[j] = static_cast<float>(scale * ar[j] * (dr[j] - dot));
     std::fill(dr + count, dr + len, 0.0f);
   }

@@ -83,8 +83,9 @@ void CausalHeadBackward(ConstStridedMap q, ConstStridedMap k, ConstStridedMap v,
 // The causal softmax of attention scores, shared by every attention (this one, the transformer
 // block's, its cached forward). `rows` rows of `len` scores each, row i the query at position
 // `first` + i: its columns 0..first+i are scaled by `scale` (float), then become exp(s - max) /
-// sum (PortableExpArray; the sum in double in column order; each quotient in double, rounded to
-// float); the columns after it become exactly 0 (the scores there are never read).
+// sum (s - max in float, its exponential in float through PortableExpFloatArray; the sum in double
+// in column order; each quotient in double, rounded to float); the columns after it become exactly
+// 0 (the scores there are never read).
 void CausalSoftmaxRows(int64_t rows, int64_t len, int64_t first, float scale, float* a);
 
 // The softmax backward of CausalSoftmaxRows on the same rows: dP (in `d`, rows x len) becomes

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -46,9 +48,33 @@ struct FlopCount {
   double total() const { return forward + backward_input + backward_weight; }
 };
 
+// The allocator of a Stash's floats: like std::allocator, except that an element constructed
+// without a value is left uninitialised (default-initialised), so that resizing a stash costs no
+// pass over its memory.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 // Per-(micro-batch, layer) scratch kept from Forward to the end of backward. Layer-defined layout.
+// Elements a resize adds are uninitialised: a layer writes every element of its stash before it
+// reads it (the block tests run their passes on stashes filled with NaN beforehand).
 struct Stash {
-  std::vector<float> data;
+  std::vector<float, UninitializedAllocator<float>> data;
 };
 
 // What one micro-batch's BackwardWeight reads: its input, its output gradient and its stash.

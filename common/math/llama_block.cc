@@ -27,20 +27,21 @@ int64_t AlignUp(int64_t n) { return (n + kRegionAlign - 1) / kRegionAlign * kReg
 
 ConstMatrixMap AsConst(const MatrixMap& m) { return ConstMatrixMap(m.data(), m.rows(), m.cols()); }
 
-// The SwiGLU passes: silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double, rounded to
-// float; its derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to float. Elements per chunk:
-// their exponentials go through PortableExpArray from a buffer of this many doubles on the stack.
+// The SwiGLU passes: silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e^-g) in double (e^-g in float,
+// PortableExpFloat), rounded to float; its derivative s (1 + g (1 - s)), s = sigmoid(g), rounded to
+// float. Elements per chunk: their exponentials go through PortableExpFloatArray from a buffer of
+// this many floats on the stack.
 constexpr int64_t kSwiGluChunk = 256;
 
-// e[i] = PortableExp(-g[i]) for i < len (so that 1 / (1 + e[i]) is Sigmoid(g[i]) bitwise).
-void NegExpChunk(const float* g, int64_t len, double* e) {
-  for (int64_t i = 0; i < len; ++i) e[i] = -static_cast<double>(g[i]);
-  PortableExpArray(e, len, e);
+// e[i] = PortableExpFloat(-g[i]) for i < len.
+void NegExpChunk(const float* g, int64_t len, float* e) {
+  for (int64_t i = 0; i < len; ++i) e[i] = -g[i];
+  PortableExpFloatArray(e, len, e);
 }
 
 // m = silu(g) u over n elements; bitwise Silu(g[i]) * u[i].
 void SwiGluForward(const float* g, const float* u, int64_t n, float* m) {
-  double e[kSwiGluChunk];
+  float e[kSwiGluChunk];
   for (int64_t start = 0; start < n; start += kSwiGluChunk) {
     const int64_t len = std::min(kSwiGluChunk, n - start);
     NegExpChunk(g + start, len, e);
@@ -53,7 +54,7 @@ void SwiGluForward(const float* g, const float* u, int64_t n, float* m) {
 
 // Given dm (in du): dg = dm u silu'(g) and du = dm silu(g), bitwise SiluGrad's and Silu's.
 void SwiGluBackward(const float* g, const float* u, int64_t n, float* dg, float* du) {
-  double e[kSwiGluChunk];
+  float e[kSwiGluChunk];
   for (int64_t start = 0; start < n; start += kSwiGluChunk) {
     const int64_t len = std::min(kSwiGluChunk, n - start);
     NegExpChunk(g + start, len, e);
