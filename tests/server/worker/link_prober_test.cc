@@ -18,33 +18,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
+#include "tests/server/link/loopback_server.h"
 
 namespace pipetrain::worker {
 namespace {
 
 using ::testing::HasSubstr;
-
-// An Exchange server on 127.0.0.1 whose streams go to `accept`.
-class Peer {
- public:
-  explicit Peer(link::AcceptFn accept) {
-    auto service = link::ExchangeService::Create(link::LinkOptions{}, std::move(accept));
-    EXPECT_TRUE(service.ok()) << service.status();
-    service_ = *std::move(service);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    service_->RegisterOn(&builder);
-    server_ = builder.BuildAndStart();
-    EXPECT_NE(server_, nullptr);
-  }
-  ~Peer() { server_->Shutdown(std::chrono::system_clock::now()); }
-  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
-
- private:
-  std::unique_ptr<link::ExchangeService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-};
 
 // The events a prober emits. Thread-safe.
 class Events {
@@ -86,9 +65,10 @@ link::LinkProbeOptions Quick() {
 
 TEST(LinkProberTest, MeasuresEveryTargetInTurn) {
   link::ProbeAnswerer answerer;
-  Peer peer([&answerer](const link::PeerHello& hello, std::unique_ptr<link::PeerLink> l) {
-    return answerer.Accept(hello, std::move(l));
-  });
+  link::testing::LoopbackServer peer(
+      [&answerer](const link::PeerHello& hello, std::unique_ptr<link::PeerLink> l) {
+        return answerer.Accept(hello, std::move(l));
+      });
   Events events;
   LinkProber prober("w1", nullptr, Quick(), events.Emit());
   prober.Start(Targets({{"w0", peer.Address()}, {"w2", ""}}));
@@ -115,18 +95,19 @@ TEST(LinkProberTest, MeasuresEveryTargetInTurn) {
 TEST(LinkProberTest, ACommandWhileProbingAndTooManyTargetsAreRefused) {
   std::vector<std::unique_ptr<link::PeerLink>> kept;
   absl::Mutex kept_mu;
-  Peer silent([&](const link::PeerHello&,
-                  std::unique_ptr<link::PeerLink> l) -> absl::StatusOr<link::LinkSettings> {
-    absl::MutexLock lock(&kept_mu);
-    kept.push_back(std::move(l));
-    link::LinkCallbacks callbacks;
-    callbacks.on_tensor = [](const wire::TensorKey&, math::Matrix) { return absl::OkStatus(); };
-    link::LinkSettings settings;
-    settings.validation.expected = {link::kLinkProbeJob, link::kLinkProbeGeneration};
-    settings.validation.num_chunks = 2;
-    settings.callbacks = std::move(callbacks);
-    return settings;
-  });
+  link::testing::LoopbackServer silent(
+      [&](const link::PeerHello&,
+          std::unique_ptr<link::PeerLink> l) -> absl::StatusOr<link::LinkSettings> {
+        absl::MutexLock lock(&kept_mu);
+        kept.push_back(std::move(l));
+        link::LinkCallbacks callbacks;
+        callbacks.on_tensor = [](const wire::TensorKey&, math::Matrix) { return absl::OkStatus(); };
+        link::LinkSettings settings;
+        settings.validation.expected = {link::kLinkProbeJob, link::kLinkProbeGeneration};
+        settings.validation.num_chunks = 2;
+        settings.callbacks = std::move(callbacks);
+        return settings;
+      });
   link::LinkProbeOptions options = Quick();
   options.timeout = absl::Seconds(2);
   Events events;
