@@ -186,16 +186,13 @@ ABSL_FLAG(std::string, plan, "",
           "train/local: auto = run the best plan of `pipetrain plan` (stages, schedule, virtual "
           "stages, micro-batches) instead of --stages/--schedule/--virtual/--microbatches");
 ABSL_FLAG(int32_t, local, 0, "plan: plan for N workers on this host (instead of --coordinator)");
-// Unset: measured on this host's loopback link with --local, the defaults with --coordinator.
+// Unset: measured (the plan command's shown defaults say how).
 ABSL_FLAG(std::optional<double>, link_latency, std::nullopt,
-          "plan: seconds a message between two workers takes besides its bytes (unset: measured "
-          "with --local, 100e-6 with --coordinator)");
+          "plan: seconds a message between two workers takes besides its bytes");
 ABSL_FLAG(std::optional<double>, link_bandwidth, std::nullopt,
-          "plan: bytes per second between two workers, 0: infinite (unset: measured with "
-          "--local, 2e9 with --coordinator)");
+          "plan: bytes per second between two workers (0: infinite)");
 ABSL_FLAG(std::optional<double>, message_cpu, std::nullopt,
-          "plan: CPU seconds a worker spends on each tensor it sends or receives (unset: "
-          "measured with --local, 30e-6 with --coordinator)");
+          "plan: CPU seconds a worker spends on each tensor it sends or receives");
 ABSL_FLAG(double, step_overhead, 1.2e-3,
           "plan: seconds per step outside the workers' actions (the coordinator's round trips)");
 ABSL_FLAG(int32_t, top, 10, "plan: how many of the ranked plans to print");
@@ -277,6 +274,15 @@ absl::Status ClientSecurityFromFlags(client::ClientOptions* o) {
   return absl::OkStatus();
 }
 
+// The shown default of one of plan's link flags whose fallback is `fallback` (docs/scaling.md,
+// "The cost model").
+std::string MeasuredLink(const char* fallback) {
+  return absl::StrCat(
+      "measured: on this host's loopback (--local), the worst the coordinator's workers measured "
+      "(--coordinator), else ",
+      fallback);
+}
+
 // The commands, their arguments, summaries and flags.
 const ProgramSpec& Program() {
   static const ProgramSpec* const program = new ProgramSpec{
@@ -314,7 +320,10 @@ const ProgramSpec& Program() {
            {{"model", kRequired},
             {"local", "none: give --coordinator"},
             {"isa", "the highest this CPU runs"},
-            {"memory_cap", "each worker's memory (--local: this host's / N)"}}},
+            {"memory_cap", "each worker's memory (--local: this host's / N)"},
+            {"link_latency", MeasuredLink("100e-6")},
+            {"link_bandwidth", MeasuredLink("2e9")},
+            {"message_cpu", MeasuredLink("30e-6")}}},
           {"train", "", "train on a running coordinator and its stage workers",
            Concat(
                Concat(Concat({"coordinator", "reconnect_timeout"}, kSecurityFlags), kTrainingFlags),

@@ -33,11 +33,11 @@ void LinkProber::Start(const v1::ProbeLinks& command) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    if (running_) {
-      refusal = "a probe of this worker's links is running already";
-    } else if (command.targets_size() > kMaxProbeTargets) {
+    if (command.targets_size() > kMaxProbeTargets) {
       refusal = absl::StrCat("ProbeLinks names ", command.targets_size(), " targets; at most ",
                              kMaxProbeTargets);
+    } else if (running_) {
+      refusal = "a probe of this worker's links is running already";
     } else {
       finished = std::move(thread_);  // the last probe's thread, done (running_ is false).
       running_ = true;

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
+#include "tests/server/link/loopback_server.h"
 
 namespace pipetrain::link {
 namespace {
@@ -94,35 +95,14 @@ TEST(LinkProbeTest, AProbeOutOfTimeIsDeadlineExceeded) {
                         "link to loopback 127.0.0.1:"));
 }
 
-// An Exchange server on 127.0.0.1 whose streams go to `accept`, as a stage worker's do.
-class ProbeServer {
- public:
-  explicit ProbeServer(AcceptFn accept) {
-    auto service = ExchangeService::Create(LinkOptions{}, std::move(accept));
-    EXPECT_TRUE(service.ok()) << service.status();
-    service_ = *std::move(service);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    service_->RegisterOn(&builder);
-    server_ = builder.BuildAndStart();
-    EXPECT_NE(server_, nullptr);
-  }
-  ~ProbeServer() { server_->Shutdown(std::chrono::system_clock::now()); }
-  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
-
- private:
-  std::unique_ptr<ExchangeService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-};
-
 // Across processes' worth of code: a server that hands probe streams to a ProbeAnswerer (as a
 // stage worker does) is measured from the dialling end alone.
 TEST(LinkProbeTest, MeasuresAPeerThatAnswersProbeStreams) {
   ProbeAnswerer answerer;
-  ProbeServer server([&answerer](const PeerHello& hello, std::unique_ptr<PeerLink> link) {
-    return answerer.Accept(hello, std::move(link));
-  });
+  testing::LoopbackServer server(
+      [&answerer](const PeerHello& hello, std::unique_ptr<PeerLink> link) {
+        return answerer.Accept(hello, std::move(link));
+      });
   LinkProbeOptions options;
   options.bulk_runs = 2;
   absl::StatusOr<LinkMeasurement> m = MeasurePeerLink(CreateExchangeChannel(server.Address()),
@@ -149,7 +129,7 @@ TEST(LinkProbeTest, TheAnswererRefusesStreamsOfAJob) {
 // A peer that refuses the probe stream (a worker without a probe answerer) fails the probe with
 // the peer's status.
 TEST(LinkProbeTest, APeerThatRefusesTheStreamFailsTheProbeWithItsStatus) {
-  ProbeServer server(
+  testing::LoopbackServer server(
       [](const PeerHello&, std::unique_ptr<PeerLink>) -> absl::StatusOr<LinkSettings> {
         return absl::AbortedError("worker w has no job");
       });
