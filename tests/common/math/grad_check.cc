@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -89,8 +91,9 @@ double Dot(ConstMatrixMap a, ConstMatrixMap b) {
 }
 
 LayerRun RunLayer(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x,
-                  const Matrix& dy, bool want_dx) {
+                  const Matrix& dy, bool want_dx, Stash stash) {
   LayerRun run;
+  run.stash = std::move(stash);
   run.y.resize(x.rows(), layer.out_features());
   layer.Forward(params, AsConstMap(x), AsMap(run.y), &run.stash);
   run.dx.resize(want_dx ? x.rows() : 0, layer.in_features());
@@ -219,6 +222,20 @@ void ExpectBitwiseRepeatableForEachThreadCount(const Layer& layer,
     }
   }
   Eigen::setNbThreads(saved);
+}
+
+void ExpectNanStashGivesTheBitsOfAnEmptyOne(const Layer& layer, const std::vector<Tensor>& params,
+                                            const Matrix& x, const Matrix& dy) {
+  const LayerRun want = RunLayer(layer, params, x, dy);
+  Stash nan;
+  nan.data.resize(want.stash.data.size());
+  std::fill(nan.data.begin(), nan.data.end(), std::numeric_limits<float>::quiet_NaN());
+  const LayerRun got = RunLayer(layer, params, x, dy, /*want_dx=*/true, std::move(nan));
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(got.y), AsConstMap(want.y)));
+  EXPECT_TRUE(BitwiseEqual(AsConstMap(got.dx), AsConstMap(want.dx)));
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(got.grads[i].data, want.grads[i].data)) << layer.params()[i].name;
+  }
 }
 
 Matrix FullForward(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x) {

@@ -65,9 +65,16 @@ struct LayerRun {
   Stash stash;
 };
 
-// Runs Forward, BackwardInput (dx requested iff want_dx) and BackwardWeight into zeroed grads.
+// Runs Forward, BackwardInput (dx requested iff want_dx) and BackwardWeight into zeroed grads,
+// on `stash` as Forward gets it (default: empty).
 LayerRun RunLayer(const Layer& layer, const std::vector<Tensor>& params, const Matrix& x,
-                  const Matrix& dy, bool want_dx = true);
+                  const Matrix& dy, bool want_dx = true, Stash stash = {});
+
+// Every stash element the layer reads it has written first (a Stash leaves the elements a resize
+// adds uninitialised, layer.h): a run on a stash of the right size filled with NaN gives the bits
+// of a run on an empty one (y, dx, every gradient).
+void ExpectNanStashGivesTheBitsOfAnEmptyOne(const Layer& layer, const std::vector<Tensor>& params,
+                                            const Matrix& x, const Matrix& dy);
 
 // Runs the layer on copies of (params, x, dy) placed one float past an aligned address and checks
 // that y, dx and every gradient are bitwise equal to RunLayer's on aligned buffers, and that a

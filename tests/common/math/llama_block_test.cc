@@ -18,6 +18,7 @@ using testing::BitwiseEqual;
 using testing::ExpectBitwiseRepeatableForEachThreadCount;
 using testing::ExpectBitwiseStableUnderRealignment;
 using testing::ExpectLayerGradientsMatch;
+using testing::ExpectNanStashGivesTheBitsOfAnEmptyOne;
 using testing::GradCheckOptions;
 using testing::LayerRun;
 using testing::MaxAbs;
@@ -253,33 +254,8 @@ TEST(LlamaBlockTest, SplitBackwardOrderDoesNotMatter) {
 // of F, I and W on an empty one.
 TEST(LlamaBlockTest, StashFilledWithNanGivesTheBitsOfAnEmptyOne) {
   const LlamaBlock block(Config(8, 4, 2, 12, 12));
-  const std::vector<Tensor> p = RandomParams(block, 3);
-  const Matrix x = RandomMatrix(24, 8, 4);
-  const Matrix dy = RandomMatrix(24, 8, 5);
-  struct Run {
-    Matrix y = Matrix(24, 8), dx = Matrix(24, 8);
-    std::vector<Tensor> grads;
-  };
-  auto run = [&](Stash* stash) {
-    Run r;
-    r.grads = p;
-    for (Tensor& t : r.grads) t.data.assign(t.data.size(), 0.0f);
-    block.Forward(p, AsConstMap(x), AsMap(r.y), stash);
-    block.BackwardInput(p, AsConstMap(x), AsConstMap(dy), stash, AsMap(r.dx));
-    block.BackwardWeight(p, AsConstMap(x), AsConstMap(dy), *stash, absl::MakeSpan(r.grads));
-    return r;
-  };
-  Stash empty;
-  const Run want = run(&empty);
-  Stash nan;
-  nan.data.resize(empty.data.size());
-  std::fill(nan.data.begin(), nan.data.end(), std::numeric_limits<float>::quiet_NaN());
-  const Run got = run(&nan);
-  EXPECT_TRUE(BitwiseEqual(AsConstMap(got.y), AsConstMap(want.y)));
-  EXPECT_TRUE(BitwiseEqual(AsConstMap(got.dx), AsConstMap(want.dx)));
-  for (size_t i = 0; i < p.size(); ++i) {
-    EXPECT_TRUE(BitwiseEqual(got.grads[i].data, want.grads[i].data)) << block.params()[i].name;
-  }
+  ExpectNanStashGivesTheBitsOfAnEmptyOne(block, RandomParams(block, 3), RandomMatrix(24, 8, 4),
+                                         RandomMatrix(24, 8, 5));
 }
 
 TEST(LlamaBlockTest, StashIsReusedWhenSizeMatches) {
