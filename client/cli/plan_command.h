@@ -20,8 +20,8 @@
 #ifndef PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 #define PIPETRAIN_CLIENT_CLI_PLAN_COMMAND_H_
 
-#include <optional>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>

@@ -39,8 +39,8 @@
 #include "server/link/peer_link.h"
 #include "server/worker/control_stream.h"
 #include "server/worker/host_probe.h"
-#include "server/worker/link_prober.h"
 #include "server/worker/layer_profiler.h"
+#include "server/worker/link_prober.h"
 #include "server/worker/worker_job.h"
 
 namespace grpc {
