@@ -2,7 +2,8 @@
 # How close `pipetrain plan`'s predictions are, plan by plan: the TOP best plans of `pipetrain
 # plan --local WORKERS --partition-by flops` for examples/gpt_char and the deep MLP (B=64), plus
 # the plain 1F1B default (2 stages, one micro-batch), each run with `pipetrain local` (cut by
-# FLOPs, as the prediction assumes), and its measured step (the median of steps 3..STEPS) beside
+# FLOPs, as the prediction assumes), and its measured step (the median of steps 3..STEPS; a run's
+# first ~8 steps are slower, so take STEPS >= 30) beside
 # the predicted one: predicted / measured (1 is exact; below 1 the plan ran slower than
 # predicted). Run on an idle host: the planner predicts the workers' speed when the CPUs are
 # theirs. The load average before and after is printed.
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-steps=${2:-20}
+steps=${2:-60}
 top=${3:-6}
 workers=${4:-2}
 pipetrain=$build/client/pipetrain
