@@ -36,37 +36,8 @@ then
 fi
 ip netns del "${tag}probe"
 
-work=$(mktemp -d)
-pids=()
-namespaces=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for n in "${namespaces[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-ip netns add "${tag}sw"
-namespaces+=("${tag}sw")
-ip -n "${tag}sw" link add br0 type bridge
-ip -n "${tag}sw" link set br0 up
-index=0
-# add_host NAME ADDRESS: a namespace with one veth (eth0, ADDRESS/24) to the switch, lo down.
-add_host() {
-  local ns="${tag}$1" a="${tag}a${index}" b="${tag}b${index}"
-  index=$((index + 1))
-  ip netns add "$ns"
-  namespaces+=("$ns")
-  ip link add "$a" type veth peer name "$b"
-  ip link set "$a" netns "$ns"
-  ip link set "$b" netns "${tag}sw"
-  ip -n "$ns" link set "$a" name eth0
-  ip -n "$ns" addr add "$2/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "${tag}sw" link set "$b" master br0
-  ip -n "${tag}sw" link set "$b" up
-}
+# shellcheck source=tests/netns/hosts.sh
+source tests/netns/hosts.sh
 add_host coord 198.18.0.1
 add_host client 198.18.0.2
 add_host w0 198.18.0.10

@@ -33,40 +33,8 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! ip netns add "$probe"
 fi
 ip netns del "$probe"
 
-work=$(mktemp -d)
-pids=()
-namespaces=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for n in "${namespaces[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-switch="${tag}sw"
-ip netns add "$switch"
-namespaces+=("$switch")
-ip -n "$switch" link add br0 type bridge
-ip -n "$switch" link set br0 up
-
-# add_host NAME ADDRESS: a namespace with one veth to the switch, address ADDRESS/24, lo down.
-host_index=0
-add_host() {
-  local ns="${tag}$1" addr=$2
-  ip netns add "$ns"
-  namespaces+=("$ns")
-  local a="${tag}a${host_index}" b="${tag}b${host_index}"
-  host_index=$((host_index + 1))
-  ip link add "$a" type veth peer name "$b"
-  ip link set "$a" netns "$ns"
-  ip link set "$b" netns "$switch"
-  ip -n "$ns" link set "$a" name eth0
-  ip -n "$ns" addr add "$addr/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$switch" link set "$b" master br0
-  ip -n "$switch" link set "$b" up
-}
+# shellcheck source=tests/netns/hosts.sh
+source "$src/tests/netns/hosts.sh"
 
 add_host coord 198.18.0.1
 add_host client 198.18.0.2
