@@ -104,10 +104,11 @@ absl::Status CheckWorkerChunks(const model::Model& model, const std::vector<Laye
   return absl::OkStatus();
 }
 
-// One chunk of a worker being timed: its stage and the micro-batch it runs; each op returns its
-// CPU seconds / threads.
 // Most repeats a measurement takes to reach MeasureOptions::min_seconds.
 constexpr int kMaxRepeats = 1000;
+
+// One chunk of a worker being timed: its stage and the micro-batch it runs; each op returns its
+// CPU seconds / the compute threads.
 
 class ChunkRig {
  public:
@@ -120,7 +121,8 @@ class ChunkRig {
     const int64_t rows = samples * model.tokens_per_sample();
     const math::Layer& in = model.layer(range.first);
     const math::Layer& out = model.layer(range.last - 1);
-    ChunkRig rig(std::move(stage), &model, range.first > 0, range.last == model.num_layers());
+    ChunkRig rig(std::move(stage), &model, options.threads, range.first > 0,
+                 range.last == model.num_layers());
     rig.x_ = TimingInput(rows, in.in_features(), 1.0f, EmbeddingVocab(in));
     rig.dy_ = TimingInput(rows, out.out_features(), 1e-3f, 0);
     // Class 0 for every row (a valid target of both losses).
@@ -129,37 +131,44 @@ class ChunkRig {
     return rig;
   }
 
-  double Forward(model::MicrobatchState* mb, const MeasureOptions& o) {
-    const double t0 = ProcessCpuSeconds();
-    const math::Matrix& pred = stage_.Forward(math::AsConstMap(x_), mb);
-    if (loss_) {
-      model_->loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets_),
-                                 1.0 / static_cast<double>(x_.rows()), math::AsMap(dpred_));
-    }
-    return (ProcessCpuSeconds() - t0) / o.threads;
+  double Forward(model::MicrobatchState* mb) {
+    return Timed([&] {
+      const math::Matrix& pred = stage_.Forward(math::AsConstMap(x_), mb);
+      if (loss_) {
+        model_->loss().LossAndGrad(math::AsConstMap(pred), math::AsConstMap(targets_),
+                                   1.0 / static_cast<double>(x_.rows()), math::AsMap(dpred_));
+      }
+    });
   }
-  double BackwardInput(model::MicrobatchState* mb, const MeasureOptions& o) {
-    const double t0 = ProcessCpuSeconds();
-    stage_.BackwardInput(math::AsConstMap(loss_ ? dpred_ : dy_), needs_dx_, mb);
-    return (ProcessCpuSeconds() - t0) / o.threads;
+  double BackwardInput(model::MicrobatchState* mb) {
+    return Timed(
+        [&] { stage_.BackwardInput(math::AsConstMap(loss_ ? dpred_ : dy_), needs_dx_, mb); });
   }
-  double BackwardWeight(model::MicrobatchState* mb, const MeasureOptions& o) {
-    const double t0 = ProcessCpuSeconds();
-    stage_.BackwardWeight(mb);
-    return (ProcessCpuSeconds() - t0) / o.threads;
+  double BackwardWeight(model::MicrobatchState* mb) {
+    return Timed([&] { stage_.BackwardWeight(mb); });
   }
-  double Update(int step, const MeasureOptions& o) {
-    const double t0 = ProcessCpuSeconds();
-    stage_.ApplyOptimizer(step, 1.0f);
-    return (ProcessCpuSeconds() - t0) / o.threads;
+  double Update(int step) {
+    return Timed([&] { stage_.ApplyOptimizer(step, 1.0f); });
   }
 
  private:
-  ChunkRig(model::Stage stage, const model::Model* model, bool needs_dx, bool loss)
-      : stage_(std::move(stage)), model_(model), needs_dx_(needs_dx), loss_(loss) {}
+  ChunkRig(model::Stage stage, const model::Model* model, int threads, bool needs_dx, bool loss)
+      : stage_(std::move(stage)),
+        model_(model),
+        threads_(threads),
+        needs_dx_(needs_dx),
+        loss_(loss) {}
+
+  template <typename Op>
+  double Timed(Op&& op) const {
+    const double t0 = ProcessCpuSeconds();
+    op();
+    return (ProcessCpuSeconds() - t0) / threads_;
+  }
 
   model::Stage stage_;
   const model::Model* model_;
+  int threads_;
   bool needs_dx_;
   bool loss_;
   math::Matrix x_, dy_, targets_, dpred_;
@@ -251,12 +260,12 @@ absl::StatusOr<std::vector<ChunkSeconds>> MeasureWorkerChunkSeconds(
   for (int r = 0; r <= options.repeats || (timed < options.min_seconds && r <= kMaxRepeats); ++r) {
     std::vector<model::MicrobatchState> mbs(rigs.size());
     std::vector<ChunkSeconds> s(rigs.size());
-    for (size_t k = 0; k < rigs.size(); ++k) s[k].forward = rigs[k].Forward(&mbs[k], options);
+    for (size_t k = 0; k < rigs.size(); ++k) s[k].forward = rigs[k].Forward(&mbs[k]);
     for (size_t k = rigs.size(); k-- > 0;) {
-      s[k].backward_input = rigs[k].BackwardInput(&mbs[k], options);
-      s[k].backward_weight = rigs[k].BackwardWeight(&mbs[k], options);
+      s[k].backward_input = rigs[k].BackwardInput(&mbs[k]);
+      s[k].backward_weight = rigs[k].BackwardWeight(&mbs[k]);
     }
-    for (size_t k = 0; k < rigs.size(); ++k) s[k].optimizer = rigs[k].Update(r + 1, options);
+    for (size_t k = 0; k < rigs.size(); ++k) s[k].optimizer = rigs[k].Update(r + 1);
     if (r == 0) continue;  // warm-up: first touches, parameter caches.
     for (size_t k = 0; k < rigs.size(); ++k) {
       times[k].Add(s[k]);
