@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/job/job_spec.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -44,10 +45,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PT_FUZZ_CHECK(checked->model->num_layers() <= limits.max_layers);
   PT_FUZZ_CHECK(spec.microbatches() >= 1 && spec.microbatches() <= limits.max_microbatches);
   PT_FUZZ_CHECK(checked->plan.num_chunks() == spec.stages() * spec.virtual_stages());
-  PT_FUZZ_CHECK(checked->plan.num_chunks() <= checked->model->num_layers());
   PT_FUZZ_CHECK(spec.threads() >= 1);
-  // What the coordinator computes next from a valid spec.
-  PT_FUZZ_CHECK(static_cast<int64_t>(checked->model->LayerFlops(1).size()) ==
-                checked->model->num_layers());
+  // What the coordinator computes next from a valid spec: the cut of the layers across equal
+  // workers. Every chunk holds at least one layer and lies in the model; the two copies of a
+  // bidirectional plan (dualpipe) hold the same S ranges, so S <= layers is what it needs.
+  const int layers = checked->model->num_layers();
+  PT_FUZZ_CHECK(static_cast<int64_t>(checked->model->LayerFlops(1).size()) == layers);
+  const bool two_copies =
+      checked->plan.placement.kind == pipetrain::schedule::PlacementKind::kBidirectional;
+  PT_FUZZ_CHECK((two_copies ? spec.stages() : checked->plan.num_chunks()) <= layers);
+  const auto cut = pipetrain::job::PartitionChunks(spec, *checked->model, checked->plan,
+                                                   std::vector<double>(spec.stages(), 1.0));
+  PT_FUZZ_CHECK(cut.ok());
+  PT_FUZZ_CHECK(static_cast<int>(cut->first.size()) == checked->plan.num_chunks());
+  for (const pipetrain::v1::ChunkSpec& chunk : cut->first) {
+    PT_FUZZ_CHECK(chunk.first_layer() >= 0 && chunk.first_layer() < chunk.last_layer() &&
+                  chunk.last_layer() <= layers);
+  }
   return 0;
 }
