@@ -161,6 +161,24 @@ nlohmann::ordered_json ShapeChangesJson(const v1::JobStatus& job) {
   return changes;
 }
 
+// The links `w` measured at registration (WorkerInfo.links), one object each; a failed probe
+// carries its error instead of figures.
+nlohmann::json LinksJson(const v1::WorkerInfo& w) {
+  nlohmann::json links = nlohmann::json::array();
+  for (const v1::MeasuredLink& l : w.links()) {
+    nlohmann::json j = {{"from", l.from()}, {"to", l.to()}};
+    if (l.error().empty()) {
+      j["latency_seconds"] = l.latency_seconds();
+      j["bytes_per_second"] = l.bytes_per_second();
+      j["cpu_seconds_per_message"] = l.cpu_seconds_per_message();
+    } else {
+      j["error"] = l.error();
+    }
+    links.push_back(std::move(j));
+  }
+  return links;
+}
+
 }  // namespace
 
 std::string ShapeText(const v1::JobStatus& job) {
@@ -252,6 +270,7 @@ absl::Status RunWorkersCommand(const JobCommandOptions& o, std::ostream& out) {
           {"job", w.job()},
           {"rank", w.rank()},
           {"replica", w.replica()},
+          {"links", LinksJson(w)},
       };
       out << j.dump() << "\n";
     }

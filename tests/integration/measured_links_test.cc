@@ -59,6 +59,17 @@ TEST(MeasuredLinksTest, TheCoordinatorReportsTheLinkItsWorkersMeasured) {
   for (const double x : {l.latency_seconds(), l.bytes_per_second(), l.cpu_seconds_per_message()}) {
     EXPECT_TRUE(std::isfinite(x) && x > 0) << x;
   }
+  // `workers --json` prints it on the worker that measured it.
+  const testing::CommandRun listed = testing::RunCommand(
+      absl::StrCat(PIPETRAIN_BINARY, " workers --json --coordinator ", daemons.address(), " 2>&1"));
+  ASSERT_EQ(listed.exit_code, 0) << listed.out;
+  EXPECT_THAT(listed.out,
+              ::testing::ContainsRegex(absl::StrCat(
+                  "\"links\":\\[\\{\"bytes_per_second\":[0-9.e+]+,"
+                  "\"cpu_seconds_per_message\":[0-9.e+-]+,\"from\":\"",
+                  l.from(), "\",\"latency_seconds\":[0-9.e+-]+,\"to\":\"", l.to(), "\"\\}\\]")))
+      << listed.out;
+  EXPECT_THAT(listed.out, HasSubstr("\"links\":[]")) << "the first worker measured none";
   const testing::CommandRun plan = testing::RunCommand(PlanCommand(daemons));
   EXPECT_EQ(plan.exit_code, 0) << plan.out;
   EXPECT_THAT(plan.out, HasSubstr("(the worst of 1 measured link between the coordinator's "
