@@ -56,7 +56,7 @@ std::string Label(const schedule::Placement& placement, const schedule::Action& 
 // "activation", "gradient", "input", "target", "tied_gradient" ("unknown" otherwise):
 // v1::TensorKind and wire::TensorKind share their numbers (tensor.proto).
 const char* KindName(v1::TensorKind kind) {
-  if (kind < v1::TENSOR_KIND_ACTIVATION || kind > v1::TENSOR_KIND_TIED_GRADIENT) return "unknown";
+  if (kind < v1::TENSOR_KIND_ACTIVATION || kind > v1::TENSOR_KIND_COPY_GRADIENT) return "unknown";
   return wire::TensorKindName(static_cast<wire::TensorKind>(kind));
 }
 

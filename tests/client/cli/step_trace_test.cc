@@ -38,7 +38,7 @@ v1::LinkSpan Span(bool send, v1::TensorKind kind, int mb, double start, double e
 }
 
 // A one-rank step `step` of `step_ms`: F0 waits 10 us then computes to 50; two overlapping sends
-// and one receive.
+// and one receive (of the replicas' reduction).
 v1::StepResult Step(int64_t step, double step_ms) {
   v1::StepResult r;
   r.set_step(step);
@@ -51,7 +51,7 @@ v1::StepResult Step(int64_t step, double step_ms) {
   *w->add_timings() = Timing(v1::ACTION_OP_BACKWARD, 0, 50, 0, 80);
   *w->add_links() = Span(true, v1::TENSOR_KIND_ACTIVATION, 0, 50, 70);
   *w->add_links() = Span(true, v1::TENSOR_KIND_ACTIVATION, 1, 60, 90);  // overlaps the first
-  *w->add_links() = Span(false, v1::TENSOR_KIND_GRADIENT, 0, 75, 78);
+  *w->add_links() = Span(false, v1::TENSOR_KIND_REPLICA_GRADIENT, 0, 75, 78);
   return r;
 }
 
@@ -115,7 +115,7 @@ TEST(RenderStepTraceTest, ComputeWaitSendAndReceiveSpansOfConsecutiveSteps) {
   EXPECT_EQ(events["send"][0]["name"], "activation mb 0 to stage/1");
   EXPECT_EQ(events["send"][1]["args"]["bytes"], 1024);
   ASSERT_EQ(events["recv"].size(), 2u);
-  EXPECT_EQ(events["recv"][0]["name"], "gradient mb 0 from stage/1");
+  EXPECT_EQ(events["recv"][0]["name"], "replica_gradient mb 0 from stage/1");
   EXPECT_EQ(events["recv"][1]["ts"], 175.0);
   EXPECT_EQ(events["recv"][1]["dur"], 3.0);
   // Tracks are named per rank: compute, wait, send, send 2, recv; processes rank 0 and steps.
