@@ -416,6 +416,7 @@ std::string FormatPlans(const PlanResult& r, int top, bool json) {
           {"step_seconds", p.step_seconds},
           {"bubble", p.bubble},
           {"reduction_seconds", p.reduction_seconds},
+          {"coordinator_seconds", p.coordinator_seconds},
           {"imbalance", p.imbalance},
           {"boundaries", p.boundaries},
           {"peak_memory_bytes", p.peak_memory_bytes},

@@ -307,41 +307,66 @@ absl::Status CheckReplicas(const PlannerOptions& options, int stages, int microb
   return absl::OkStatus();
 }
 
-// The seconds rank `rank`'s workers take to reduce `bytes` of gradients over `replicas` by
-// recursive halving/doubling: 2 log2 R messages and 2 (R - 1) / R x bytes over the link.
-double ReductionSeconds(double bytes, int replicas, const LinkCosts& link) {
+// Most bytes of one message of the replicas' reduction: the worker's segments of 2^20 floats
+// (worker::kReplicaSegmentFloats).
+constexpr double kReductionSegmentBytes = 4.0 * (1 << 20);
+
+// The seconds a rank's workers take to reduce their chunks' gradients (`chunk_bytes`, one entry
+// per chunk the rank holds) over `replicas` by recursive halving/doubling: each chunk's
+// gradient travels in segments of at most kReductionSegmentBytes, every segment through
+// 2 log2 R rounds of one message sent and one received (each the link's message CPU); the rounds'
+// latencies (once per round: the segments are pipelined) and 2 (R - 1) / R of the bytes over the
+// link's bandwidth.
+double ReductionSeconds(const std::vector<double>& chunk_bytes, int replicas,
+                        const LinkCosts& link) {
   if (replicas <= 1) return 0;
-  const double messages = 2 * std::log2(static_cast<double>(replicas));
+  const double rounds = 2 * std::log2(static_cast<double>(replicas));
+  double bytes = 0;
+  double segments = 0;
+  for (const double b : chunk_bytes) {
+    bytes += b;
+    segments += std::max(1.0, std::ceil(b / kReductionSegmentBytes));
+  }
   const double volume = 2.0 * (replicas - 1) / replicas * bytes;
-  return messages * (link.latency_seconds + link.cpu_seconds_per_message) +
+  return rounds * (link.latency_seconds + 2 * segments * link.cpu_seconds_per_message) +
          (link.bytes_per_second > 0 ? volume / link.bytes_per_second : 0);
 }
 
+// Messages every worker exchanges with the coordinator in a step: RunStep, StepDone, Commit.
+constexpr int kControlMessagesPerStep = 3;
+
 // The end of the step on the ranks of `cut`: each rank's last action (or its optimizer update)
-// followed by its gradients' reduction over the replicas; the largest such reduction goes to
-// *reduction.
+// followed by its gradients' reduction over the replicas and its control messages' CPU; the
+// largest such reduction goes to *reduction.
 double StepEnd(const partition::Partition& cut, const ModelCosts& costs,
                const schedule::SimulationResult& sim, const schedule::CostModel& model,
                const PlannerOptions& options, int replicas, double* reduction) {
   const int S = cut.placement.stages;
-  std::vector<double> bytes(S, 0.0);
+  std::vector<std::vector<double>> chunk_bytes(S);
   for (int c = 0; c < cut.placement.num_chunks(); ++c) {
+    double bytes = 0;
     for (int l = cut.boundaries[c]; l < cut.boundaries[c + 1]; ++l) {
-      bytes[cut.placement.OwnerOf(c)] += costs.layers[l].gradient_bytes;
+      bytes += costs.layers[l].gradient_bytes;
     }
+    chunk_bytes[cut.placement.OwnerOf(c)].push_back(bytes);
   }
+  const double control = kControlMessagesPerStep * options.link.cpu_seconds_per_message;
   double end = sim.stats.makespan;
   *reduction = 0;
   for (int k = 0; k < S; ++k) {
     const auto& actions = sim.timeline.workers[k];
     const double last = actions.empty() ? model.worker_start[k] : actions.back().end;
-    const double reduce = ReductionSeconds(bytes[k], replicas, options.link);
+    const double reduce = ReductionSeconds(chunk_bytes[k], replicas, options.link);
     *reduction = std::max(*reduction, reduce);
-    end = std::max(end, last + reduce);
+    end = std::max(end, last + reduce + control);
   }
   return end;
 }
 }  // namespace
+
+double CoordinatorSeconds(int microbatches, int workers, double cpu_seconds_per_message) {
+  return (2.0 * microbatches + 3.0 * workers + 4.0) * cpu_seconds_per_message;
+}
 
 std::string PlanLabel(const PlanChoice& p) {
   return absl::StrCat(p.replicas, " replica", p.replicas == 1 ? "" : "s", " x ", p.stages,
@@ -400,9 +425,17 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
   choice.microbatches = microbatches;
   choice.boundaries = cut.boundaries;
   choice.imbalance = cut.imbalance;
+  // On a host whose CPUs the workers' threads fill, the coordinator's and the client's CPU
+  // seconds are taken from the workers' while they compute: the busy share of the step.
+  const int workers = replicas * stages;
+  if (options.host_cpus > 0 && workers * options.threads >= options.host_cpus) {
+    choice.coordinator_seconds =
+        CoordinatorSeconds(microbatches, workers, options.link.cpu_seconds_per_message) *
+        (1 - sim.stats.bubble_fraction);
+  }
   choice.step_seconds =
       StepEnd(cut, costs, sim, cost_model, options, replicas, &choice.reduction_seconds) +
-      options.step_overhead_seconds;
+      choice.coordinator_seconds + options.step_overhead_seconds;
   choice.samples_per_second =
       choice.step_seconds > 0 ? static_cast<double>(options.batch) / choice.step_seconds : 0;
   choice.bubble = sim.stats.bubble_fraction;

@@ -64,9 +64,13 @@ struct PlannerOptions {
   // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them);
   // unset: the sums of the layers' seconds in the ModelCosts.
   ChunkTimer chunk_timer;
-  // > 0: the workers share one host of this many CPUs (`pipetrain local`): a plan of S stages
-  // runs S x threads compute threads, and where that is more than host_cpus every worker
-  // computes at host_cpus / (S x threads) of its speed. 0: every worker has CPUs of its own.
+  // > 0: the workers share one host of this many CPUs with the coordinator and the client
+  // (`pipetrain local`): a plan of R x S workers runs R x S x threads compute threads, and where
+  // that is more than host_cpus every worker computes at host_cpus / (R x S x threads) of its
+  // speed; where it is host_cpus or more, the coordinator's and the client's CPU seconds of the
+  // step (CoordinatorSeconds) come out of the workers' while they compute and add that share
+  // (1 - the bubble) to the step. 0: every worker has CPUs of its own, and the coordinator and
+  // the client others.
   int host_cpus = 0;
   int threads = 1;  // compute threads per worker, >= 1 (used with host_cpus).
   // Fixed seconds per step beyond the simulated pipeline (the coordinator's RunStep, StepDone
@@ -102,9 +106,18 @@ struct PlanChoice {
   double bubble = 0;  // the simulated step's bubble fraction.
   // The slowest rank's gradient reduction over the replicas (0 for one replica); part of the step.
   double reduction_seconds = 0;
+  // The coordinator's and the client's CPU seconds the step waits for (PlannerOptions::host_cpus;
+  // 0 when they have CPUs of their own); part of the step.
+  double coordinator_seconds = 0;
   std::vector<double> peak_memory_bytes;  // [rank] state + peak stashed activations.
   bool fits_memory = true;                // every rank's peak within its worker's memory.
 };
+
+// The CPU seconds the coordinator and the client spend on one step of `microbatches` over
+// `workers` (R x S) workers at `cpu_seconds_per_message` per tensor end: the step's inputs and
+// targets fed (2 M), RunStep, StepDone and Commit with each worker (3 R S), and the client's
+// TrainStep request and answer at both ends (4). Pure.
+double CoordinatorSeconds(int microbatches, int workers, double cpu_seconds_per_message);
 
 // "4 stages x 2 virtual, interleaved, 8 micro-batches" style label for messages.
 std::string PlanLabel(const PlanChoice& plan);
@@ -119,8 +132,11 @@ std::string PlanLabel(const PlanChoice& plan);
 // (and with as little memory) as its slowest replica's worker, op by op; the optimizer update runs
 // at the start of the step, and every message between workers crosses options.link. With R > 1
 // replicas, each rank reduces its layers' gradient bytes G after its last action, by recursive
-// halving/doubling: 2 log2 R messages (each the link's latency and the message CPU) and
-// 2 (R - 1) / R x G bytes over its bandwidth; the step ends with the last rank's reduction.
+// halving/doubling: 2 log2 R rounds, each the link's latency and, per chunk the rank holds (per
+// 4 MiB segment of it), a message sent and one received at the message CPU; and
+// 2 (R - 1) / R x G bytes over its bandwidth. Each worker's RunStep, StepDone and Commit cost it
+// the message CPU after its last action; the step ends with the last rank's; then
+// coordinator_seconds (PlannerOptions::host_cpus) and options.step_overhead_seconds.
 // Errors: INVALID_ARGUMENT for a plan the workers cannot run or numbers out of range (naming
 // them), those of partition::PartitionLayers and schedule::Simulate.
 absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_costs,

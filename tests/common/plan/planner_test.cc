@@ -56,7 +56,8 @@ TEST(PlannerTest, OneFOneBMatchesItsClosedForm) {
 // Each tensor a worker sends or receives costs it CPU time on the op that moves it: with one
 // micro-batch over two stages (F 1 s, B 2 s each) and 1 s per tensor, rank 0's F takes the input
 // and sends its output (+2), rank 1's F takes the activation and the targets (+2), rank 1's B
-// sends the gradient (+1) and rank 0's B takes it (+1): 6 s of compute become 12.
+// sends the gradient (+1) and rank 0's B takes it (+1): 6 s of compute become 12. Then each
+// worker's RunStep, StepDone and Commit (+3 after rank 0's last action): 15.
 TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
   const std::vector<double> flops(2, 1.0);
   PlannerOptions o = Options(1, 2);
@@ -64,7 +65,7 @@ TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
   absl::StatusOr<PlanChoice> p =
       EvaluatePlan(flops, Equal(2, 1, 1, 1, 1), o, 2, ScheduleKind::kOneFOneB, 1, 1);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_DOUBLE_EQ(p->step_seconds, 12.0);
+  EXPECT_DOUBLE_EQ(p->step_seconds, 15.0);
 }
 
 // A chunk timer replaces the layers' sums, once per chunk and micro-batch count.
@@ -152,6 +153,43 @@ TEST(PlannerTest, WorkersSharingTooFewCpusSlowDown) {
       EvaluatePlan(flops, Equal(4, 1, 0.5, 0.5, 0.5), o, 2, ScheduleKind::kOneFOneB, 1, 4);
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_DOUBLE_EQ(own->step_seconds, 15.0);
+}
+
+// On a host whose CPUs the workers fill, the coordinator's and the client's CPU seconds of the
+// step (2 M tensors fed, 3 control messages per worker, 4 for the client's TrainStep) add to it,
+// times the share of the step the workers compute (1 - the bubble: they take a CPU from a
+// worker only while it computes). With a CPU to spare, or CPUs of their own, they do not.
+TEST(PlannerTest, OnAFullHostTheCoordinatorsCpuAddsToTheStep) {
+  EXPECT_DOUBLE_EQ(CoordinatorSeconds(16, 2, 0.5), (32 + 6 + 4) * 0.5);
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2);
+  o.link.cpu_seconds_per_message = 0.01;
+  const ModelCosts costs = Equal(4, 1, 0.5, 0.5, 0.5);
+  absl::StatusOr<PlanChoice> apart =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_EQ(apart->coordinator_seconds, 0);
+  o.host_cpus = 2;
+  absl::StatusOr<PlanChoice> full = EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_DOUBLE_EQ(full->bubble, apart->bubble);
+  EXPECT_GT(full->bubble, 0.1);
+  EXPECT_DOUBLE_EQ(full->coordinator_seconds, (2 * 4 + 3 * 2 + 4) * 0.01 * (1 - full->bubble));
+  EXPECT_DOUBLE_EQ(full->step_seconds, apart->step_seconds + full->coordinator_seconds);
+  o.host_cpus = 3;
+  absl::StatusOr<PlanChoice> spare =
+      EvaluatePlan(flops, costs, o, 2, ScheduleKind::kOneFOneB, 1, 4);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  EXPECT_EQ(spare->coordinator_seconds, 0);
+  EXPECT_DOUBLE_EQ(spare->step_seconds, apart->step_seconds);
+  // Two replicas of one stage fill the two CPUs as well, with no bubble: 2 x 4 fed, 3 x 2
+  // control, 4.
+  o.host_cpus = 2;
+  absl::StatusOr<PlanChoice> replicas =
+      EvaluatePlan(flops, costs, o, 1, ScheduleKind::kOneFOneB, 1, 4, 2);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  EXPECT_EQ(replicas->bubble, 0);
+  EXPECT_DOUBLE_EQ(replicas->coordinator_seconds, (2 * 4 + 3 * 2 + 4) * 0.01);
 }
 
 std::map<int, ModelCosts> ProportionalCosts(int layers, int64_t batch, std::vector<int> ms,
@@ -297,6 +335,30 @@ TEST(PlannerTest, ReplicasRunTheirShareThenReduceGradients) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->boundaries, (std::vector<int>{0, 2, 4}));  // cut by replica 0's speeds.
   EXPECT_GT(p->step_seconds, 15.0);
+}
+
+// The reduction sends and receives one message per round for each chunk a rank holds, and one
+// per 4 MiB segment of a larger chunk: 2 replicas (2 rounds) of one stage at 0.1 s of CPU per
+// message and free latency and bandwidth reduce one chunk in 2 x 2 x 0.1 s, two chunks in twice
+// that, and one chunk of 10 MiB (3 segments) in three times.
+TEST(PlannerTest, ReplicasReduceEveryChunkAndSegmentInMessagesOfTheirOwn) {
+  const std::vector<double> flops(4, 1.0);
+  PlannerOptions o = Options(4, 2);
+  o.link.cpu_seconds_per_message = 0.1;
+  const ModelCosts costs = WithGradients(Equal(4, 1, 0.5, 0.5, 0.5), 1000);
+  absl::StatusOr<PlanChoice> one =
+      EvaluatePlan(flops, costs, o, 1, ScheduleKind::kOneFOneB, 1, 4, 2);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_DOUBLE_EQ(one->reduction_seconds, 0.4);
+  absl::StatusOr<PlanChoice> two =
+      EvaluatePlan(flops, costs, o, 1, ScheduleKind::kInterleaved, 2, 4, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_DOUBLE_EQ(two->reduction_seconds, 0.8);
+  const ModelCosts large = WithGradients(Equal(4, 1, 0.5, 0.5, 0.5), 2.5 * (1 << 20));
+  absl::StatusOr<PlanChoice> segmented =
+      EvaluatePlan(flops, large, o, 1, ScheduleKind::kOneFOneB, 1, 4, 2);
+  ASSERT_TRUE(segmented.ok()) << segmented.status();
+  EXPECT_DOUBLE_EQ(segmented->reduction_seconds, 1.2);
 }
 
 // Four workers, 4 equal layers, a step of 8 micro-batches of 1F1B. Free gradients: 4 replicas of
