@@ -253,13 +253,14 @@ TEST(PlannerTest, TightMemoryFavoursMoreMicrobatchesAndFewerInFlight) {
 }
 
 // Every runnable kind is tried; interleaved only where M is a multiple of S and each chunk has a
-// layer; dualpipe (never run) is not.
+// layer; dualpipe (never run) is not; one stage only in one chunk (it has no bubble to fill).
 TEST(PlannerTest, EnumeratesOnlyRunnablePlans) {
   const std::vector<double> flops(4, 1.0);
   absl::StatusOr<std::vector<PlanChoice>> plans =
       RankPlans(flops, ProportionalCosts(4, 4, {1, 2, 4}, 0.1, 0), Options(4, 2));
   ASSERT_TRUE(plans.ok()) << plans.status();
   bool interleaved = false;
+  int one_stage = 0;
   for (const PlanChoice& p : *plans) {
     EXPECT_NE(p.kind, ScheduleKind::kDualPipe);
     EXPECT_LE(p.stages * p.virtual_stages, 4) << PlanLabel(p);
@@ -267,8 +268,13 @@ TEST(PlannerTest, EnumeratesOnlyRunnablePlans) {
       interleaved = true;
       EXPECT_EQ(p.microbatches % p.stages, 0) << PlanLabel(p);
     }
+    if (p.stages == 1) {
+      ++one_stage;
+      EXPECT_EQ(p.virtual_stages, 1) << PlanLabel(p);
+    }
   }
   EXPECT_TRUE(interleaved);
+  EXPECT_GT(one_stage, 0);
 }
 
 TEST(PlannerTest, RefusesBadInput) {
