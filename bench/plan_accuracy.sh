@@ -2,17 +2,18 @@
 # How close `pipetrain plan`'s predictions are, plan by plan: the TOP best plans of `pipetrain
 # plan --local WORKERS --partition-by flops` for examples/gpt_char and the deep MLP (B=64), plus
 # the plain 1F1B default (2 stages, one micro-batch), each run with `pipetrain local` (cut by
-# FLOPs, as the prediction assumes), and its measured step (the median of steps 3..STEPS; a run's
-# first ~8 steps are slower, so take STEPS >= 30) beside
+# FLOPs, as the prediction assumes), and its measured step (the median of steps WARMUP..STEPS; a
+# run's first ~10 steps are slower) beside
 # the predicted one: predicted / measured (1 is exact; below 1 the plan ran slower than
 # predicted). Run on an idle host: the planner predicts the workers' speed when the CPUs are
 # theirs. The load average before and after is printed.
-# Usage: bench/plan_accuracy.sh [BUILD_DIR] [STEPS] [TOP] [WORKERS]
+# Usage: bench/plan_accuracy.sh [BUILD_DIR] [STEPS] [TOP] [WORKERS]   Env: WARMUP (10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-60}
 top=${3:-6}
+warmup=${WARMUP:-10}
 workers=${4:-2}
 pipetrain=$build/client/pipetrain
 out=$(mktemp -d)
@@ -38,10 +39,10 @@ PY
   while read -r r s kind v m pred; do
     "$pipetrain" local "${flags[@]}" --replicas "$r" --stages "$s" --schedule "$kind" \
       --virtual "$v" --microbatches "$m" --steps "$steps" --json >"$out/run.json" 2>/dev/null
-    meas=$(python3 - "$out/run.json" <<'PY'
+    meas=$(python3 - "$out/run.json" "$warmup" <<'PY'
 import json, statistics, sys
 ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1])
-      if l.startswith("{") and '"step_ms"' in l and json.loads(l)["step"] >= 3]
+      if l.startswith("{") and '"step_ms"' in l and json.loads(l)["step"] >= int(sys.argv[2])]
 print("%.2f" % statistics.median(ms))
 PY
 )
