@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <set>
 #include <tuple>
 #include <utility>
 
@@ -64,31 +63,6 @@ absl::Status CheckPlanOptions(const PlanCommandOptions& o) {
   return CheckTrainingOptions(o.training);
 }
 
-// The worst of `links` between two of `workers` without an error (see PlanCommandOptions), into
-// `f`; nothing when there is none.
-void WorstMeasuredLink(const std::vector<v1::MeasuredLink>& links,
-                       const std::vector<plan::WorkerResources>& workers, PlanLinkFigures* f) {
-  std::set<std::string> names;
-  for (const plan::WorkerResources& w : workers) names.insert(w.name);
-  int pairs = 0;
-  plan::LinkCosts& c = f->costs;
-  for (const v1::MeasuredLink& l : links) {
-    if (!l.error().empty() || names.count(l.from()) == 0 || names.count(l.to()) == 0) continue;
-    const bool first = pairs++ == 0;
-    c.latency_seconds =
-        first ? l.latency_seconds() : std::max(c.latency_seconds, l.latency_seconds());
-    c.bytes_per_second =
-        first ? l.bytes_per_second() : std::min(c.bytes_per_second, l.bytes_per_second());
-    c.cpu_seconds_per_message =
-        first ? l.cpu_seconds_per_message()
-              : std::max(c.cpu_seconds_per_message, l.cpu_seconds_per_message());
-  }
-  if (pairs == 0) return;
-  f->latency = f->bandwidth = f->message_cpu = LinkFigureSource::kMeasured;
-  f->measured_on = absl::StrCat("the worst of ", pairs, " measured link", pairs == 1 ? "" : "s",
-                                " between the coordinator's workers");
-}
-
 // The link figures: those given; the others measured on this host's loopback link (--local), the
 // worst of those the coordinator's idle `workers` measured (`links`), or the defaults. A failed
 // loopback probe is an error saying how to plan without it.
@@ -98,7 +72,7 @@ absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o,
   PlanLinkFigures f;
   f.costs = {kDefaultLinkLatencySeconds, kDefaultLinkBytesPerSecond, kDefaultMessageCpuSeconds};
   const bool all_given = o.link_latency_seconds && o.link_bytes_per_second && o.message_cpu_seconds;
-  if (o.local_workers == 0) WorstMeasuredLink(links, workers, &f);
+  if (o.local_workers == 0) ApplyMeasuredLinks(links, workers, &f);
   if (o.local_workers > 0 && !all_given) {
     absl::StatusOr<link::LinkMeasurement> m = link::MeasureLoopbackLink(o.link_probe);
     if (!m.ok()) {
@@ -124,6 +98,13 @@ absl::StatusOr<PlanLinkFigures> PlanLink(const PlanCommandOptions& o,
   if (o.message_cpu_seconds) {
     f.costs.cpu_seconds_per_message = *o.message_cpu_seconds;
     f.message_cpu = LinkFigureSource::kGiven;
+  }
+  for (std::vector<plan::LinkCosts>& row : f.pairs) {
+    for (plan::LinkCosts& pair : row) {
+      if (o.link_latency_seconds) pair.latency_seconds = *o.link_latency_seconds;
+      if (o.link_bytes_per_second) pair.bytes_per_second = *o.link_bytes_per_second;
+      pair.cpu_seconds_per_message = f.costs.cpu_seconds_per_message;
+    }
   }
   return f;
 }
@@ -309,6 +290,44 @@ std::string ProfileHeader(const PlanResult& r) {
 
 }  // namespace
 
+void ApplyMeasuredLinks(const std::vector<v1::MeasuredLink>& links,
+                        const std::vector<plan::WorkerResources>& workers, PlanLinkFigures* f) {
+  std::map<std::string, size_t> index;
+  for (size_t w = 0; w < workers.size(); ++w) index[workers[w].name] = w;
+  std::vector<const v1::MeasuredLink*> usable;
+  for (const v1::MeasuredLink& l : links) {
+    if (l.error().empty() && index.count(l.from()) > 0 && index.count(l.to()) > 0 &&
+        l.from() != l.to()) {
+      usable.push_back(&l);
+    }
+  }
+  if (usable.empty()) return;
+  plan::LinkCosts& c = f->costs;
+  for (size_t k = 0; k < usable.size(); ++k) {
+    const v1::MeasuredLink& l = *usable[k];
+    const bool first = k == 0;
+    c.latency_seconds =
+        first ? l.latency_seconds() : std::max(c.latency_seconds, l.latency_seconds());
+    c.bytes_per_second =
+        first ? l.bytes_per_second() : std::min(c.bytes_per_second, l.bytes_per_second());
+    c.cpu_seconds_per_message =
+        first ? l.cpu_seconds_per_message()
+              : std::max(c.cpu_seconds_per_message, l.cpu_seconds_per_message());
+  }
+  f->pairs.assign(workers.size(), std::vector<plan::LinkCosts>(workers.size(), c));
+  for (const v1::MeasuredLink* l : usable) {
+    const size_t a = index[l->from()];
+    const size_t b = index[l->to()];
+    f->pairs[a][b] =
+        f->pairs[b][a] = {l->latency_seconds(), l->bytes_per_second(), c.cpu_seconds_per_message};
+  }
+  f->latency = f->bandwidth = f->message_cpu = LinkFigureSource::kMeasured;
+  const size_t n = usable.size();
+  f->measured_on = absl::StrCat("the worst of ", n, " measured link", n == 1 ? "" : "s",
+                                " between the coordinator's workers; each measured pair's own "
+                                "latency and bandwidth in the plans");
+}
+
 absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   PT_RETURN_IF_ERROR(CheckPlanOptions(o));
   PT_ASSIGN_OR_RETURN(const math::Isa isa, ReferenceIsaFor(o.training));
@@ -349,6 +368,7 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   po.batch = o.training.batch;
   po.workers = result.workers;
   po.link = result.link.costs;
+  po.pair_links = result.link.pairs;
   po.step_overhead_seconds = o.step_overhead_seconds;
   po.chunk_timer = [&timings](const std::vector<plan::LayerRange>& chunks, int m) {
     return timings(chunks, m);

@@ -30,6 +30,7 @@
 #include "client/cli/training_options.h"
 #include "client/sdk/client.h"
 #include "common/plan/planner.h"
+#include "pipetrain/v1/plan.pb.h"
 #include "server/link/link_probe.h"
 
 namespace pipetrain::cli {
@@ -97,7 +98,18 @@ struct PlanLinkFigures {
   // What the measured figures are of: "this host's loopback link", "the worst of 3 measured
   // links between the coordinator's workers"; empty when none is measured.
   std::string measured_on;
+  // With links measured between the coordinator's workers: [a][b] the latency and bandwidth
+  // between the plan's workers a and b (plan::PlannerOptions::pair_links): each measured pair its
+  // own (measured one way, taken for both), the others `costs`', given figures everywhere. Empty:
+  // `costs` between every pair.
+  std::vector<std::vector<plan::LinkCosts>> pairs;
 };
+
+// Into `f`: the worst of `links` (a coordinator's ListWorkers) between two of `workers` without
+// an error, each figure on its own, with f->measured_on saying so, and f->pairs each measured
+// pair's own figures; nothing when no such link was measured. Pure.
+void ApplyMeasuredLinks(const std::vector<v1::MeasuredLink>& links,
+                        const std::vector<plan::WorkerResources>& workers, PlanLinkFigures* f);
 
 // One line for plan headers: "link measured: 45 us, 2.1 GB/s, 12 us CPU per message (this
 // host's loopback link)" (measured_on) when the figures share a source (measured, given or

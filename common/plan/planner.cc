@@ -47,6 +47,33 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
         "[1e-3, 1e30] bytes/s, got ",
         o.link.latency_seconds, " s, ", o.link.cpu_seconds_per_message, " s and ", bw, " bytes/s"));
   }
+  if (!o.pair_links.empty()) {
+    const size_t n = o.workers.size();
+    if (o.pair_links.size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pair links for ", o.pair_links.size(), " workers; there are ", n));
+    }
+    for (size_t a = 0; a < n; ++a) {
+      if (o.pair_links[a].size() != n) {
+        return absl::InvalidArgumentError(absl::StrCat("pair links of worker ", o.workers[a].name,
+                                                       ": ", o.pair_links[a].size(),
+                                                       " entries; there are ", n, " workers"));
+      }
+      for (size_t b = 0; b < n; ++b) {
+        const LinkCosts& l = o.pair_links[a][b];
+        const double pbw = l.bytes_per_second;
+        if (a != b &&
+            (!(l.latency_seconds >= 0 && l.latency_seconds <= 1e6) ||
+             !(pbw == 0 || (pbw >= schedule::kMinBandwidth && pbw <= schedule::kMaxBandwidth)))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the link from ", o.workers[a].name, " to ", o.workers[b].name,
+              ": latency must be in [0, 1e6] s and bandwidth 0 (infinite) or in [1e-3, 1e30] "
+              "bytes/s, got ",
+              l.latency_seconds, " s and ", pbw, " bytes/s"));
+        }
+      }
+    }
+  }
   if (o.host_cpus < 0 || o.threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("host CPUs must be >= 0 and threads >= 1, got ",
                                                    o.host_cpus, " and ", o.threads));
@@ -60,6 +87,41 @@ absl::Status CheckPlannerOptions(const PlannerOptions& o) {
         absl::StrCat("max_replicas must be in [1, 2^20], got ", o.max_replicas));
   }
   return absl::OkStatus();
+}
+
+// `a` with `b`'s latency and bandwidth where they are worse (higher; lower, 0 being infinite).
+void Worsen(LinkCosts* a, const LinkCosts& b) {
+  a->latency_seconds = std::max(a->latency_seconds, b.latency_seconds);
+  if (b.bytes_per_second > 0) {
+    a->bytes_per_second = a->bytes_per_second > 0
+                              ? std::min(a->bytes_per_second, b.bytes_per_second)
+                              : b.bytes_per_second;
+  }
+}
+
+// The link between ranks `x` and `y` (x != y) of `replicas` x `stages` workers: options.link, or
+// with pair links the worst of their workers' links (both directions) over the replicas.
+LinkCosts RankLink(const PlannerOptions& options, int stages, int replicas, int x, int y) {
+  if (options.pair_links.empty()) return options.link;
+  LinkCosts out{0, 0, options.link.cpu_seconds_per_message};
+  for (int r = 0; r < replicas; ++r) {
+    Worsen(&out, options.pair_links[r * stages + x][r * stages + y]);
+    Worsen(&out, options.pair_links[r * stages + y][r * stages + x]);
+  }
+  return out;
+}
+
+// The link a rank's reduction crosses: options.link, or with pair links the worst between the
+// rank's workers of different replicas.
+LinkCosts ReductionLink(const PlannerOptions& options, int stages, int replicas, int rank) {
+  if (options.pair_links.empty()) return options.link;
+  LinkCosts out{0, 0, options.link.cpu_seconds_per_message};
+  for (int r = 0; r < replicas; ++r) {
+    for (int q = 0; q < replicas; ++q) {
+      if (q != r) Worsen(&out, options.pair_links[r * stages + rank][q * stages + rank]);
+    }
+  }
+  return out;
 }
 
 // Tensors chunk c's F and backward send or receive across ranks (or from the coordinator).
@@ -209,6 +271,15 @@ absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cu
   }
   model.link.latency = options.link.latency_seconds;
   model.link.bandwidth = options.link.bytes_per_second;
+  if (!options.pair_links.empty()) {
+    for (int c = 0; c < placement.num_chunks(); ++c) {
+      const int from = placement.OwnerOf(c);
+      const int to = c + 1 < placement.num_chunks() ? placement.OwnerOf(c + 1) : from;
+      const LinkCosts link =
+          from == to ? LinkCosts{} : RankLink(options, placement.stages, replicas, from, to);
+      model.boundary_links.push_back({link.latency_seconds, link.bytes_per_second});
+    }
+  }
   return model;
 }
 
@@ -356,7 +427,8 @@ double StepEnd(const partition::Partition& cut, const ModelCosts& costs,
   for (int k = 0; k < S; ++k) {
     const auto& actions = sim.timeline.workers[k];
     const double last = actions.empty() ? model.worker_start[k] : actions.back().end;
-    const double reduce = ReductionSeconds(chunk_bytes[k], replicas, options.link);
+    const double reduce =
+        ReductionSeconds(chunk_bytes[k], replicas, ReductionLink(options, S, replicas, k));
     *reduction = std::max(*reduction, reduce);
     end = std::max(end, last + reduce + control);
   }

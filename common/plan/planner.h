@@ -54,6 +54,12 @@ struct PlannerOptions {
   std::vector<schedule::ScheduleKind> kinds;
   int max_virtual = 4;  // interleaved plans try V = 2..max_virtual (each chunk needs a layer).
   LinkCosts link;
+  // Optional, [a][b] for workers[a] and workers[b] (N x N; the diagonal unused): the latency and
+  // bandwidth of the link between the two, in place of `link`'s (the CPU per message stays
+  // `link`'s: it is the workers' own). A message between two ranks crosses the worst of their
+  // workers' links over the replicas (the highest latency, the lowest bandwidth, each direction);
+  // a rank's reduction the worst between its replicas' workers. Empty: `link` everywhere.
+  std::vector<std::vector<LinkCosts>> pair_links;
   // Per worker ([w] for workers[w]; empty: none), the model's per-layer seconds measured on it
   // (the coordinator's ProfileWorkers), by micro-batch samples (ModelCosts::samples), each with
   // the model's layer count. A chunk of layers [a, b) on worker w then takes, op by op, its

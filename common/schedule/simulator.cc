@@ -35,6 +35,18 @@ absl::Status CheckOpCosts(const OpCosts& c, const std::string& what, double max)
   return absl::OkStatus();
 }
 
+// A link's latency is a time; its bandwidth 0 (infinite) or in range.
+absl::Status CheckLink(const LinkModel& link, const std::string& what) {
+  PT_RETURN_IF_ERROR(CheckTime(link.latency, what + " latency"));
+  if (link.bandwidth != 0 &&
+      !(link.bandwidth >= kMinBandwidth && link.bandwidth <= kMaxBandwidth)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " bandwidth must be 0 (infinite) or in [",
+                                                   kMinBandwidth, ", ", kMaxBandwidth, "] (got ",
+                                                   link.bandwidth, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
   const size_t c_count = static_cast<size_t>(plan.num_chunks());
   if (costs.action_durations.empty()) {
@@ -112,12 +124,14 @@ absl::Status CheckCostModel(const Plan& plan, const CostModel& costs) {
           CheckRange((*bytes)[c], 0.0, kMaxSimulatedBytes, absl::StrCat(name, " of chunk ", c)));
     }
   }
-  PT_RETURN_IF_ERROR(CheckTime(costs.link.latency, "link latency"));
-  const double bandwidth = costs.link.bandwidth;
-  if (bandwidth != 0 && !(bandwidth >= kMinBandwidth && bandwidth <= kMaxBandwidth)) {
-    return absl::InvalidArgumentError(absl::StrCat("link bandwidth must be 0 (infinite) or in [",
-                                                   kMinBandwidth, ", ", kMaxBandwidth, "] (got ",
-                                                   bandwidth, ")"));
+  PT_RETURN_IF_ERROR(CheckLink(costs.link, "link"));
+  if (!costs.boundary_links.empty() && costs.boundary_links.size() != c_count) {
+    return absl::InvalidArgumentError(absl::StrCat("boundary links has ",
+                                                   costs.boundary_links.size(),
+                                                   " entries; the plan has ", c_count, " chunks"));
+  }
+  for (size_t c = 0; c < costs.boundary_links.size(); ++c) {
+    PT_RETURN_IF_ERROR(CheckLink(costs.boundary_links[c], absl::StrCat("link after chunk ", c)));
   }
   return absl::OkStatus();
 }
@@ -194,16 +208,20 @@ absl::StatusOr<SimulationResult> Simulate(const Plan& plan, const CostModel& cos
       }
     }
   }
+  // Each boundary's message: its link's latency, plus its bytes over its bandwidth.
   std::vector<double> delay;
   const int c_count = plan.num_chunks();
-  if (costs.link.latency > 0 || (costs.link.bandwidth > 0 && !costs.boundary_bytes.empty())) {
-    delay.assign(static_cast<size_t>(c_count > 1 ? c_count - 1 : 0), costs.link.latency);
-    if (costs.link.bandwidth > 0 && !costs.boundary_bytes.empty()) {
-      for (size_t c = 0; c < delay.size(); ++c) {
-        delay[c] += costs.boundary_bytes[c] / costs.link.bandwidth;
-      }
+  bool any_delay = false;
+  std::vector<double> boundary(static_cast<size_t>(c_count > 1 ? c_count - 1 : 0), 0.0);
+  for (size_t c = 0; c < boundary.size(); ++c) {
+    const LinkModel& link = costs.boundary_links.empty() ? costs.link : costs.boundary_links[c];
+    boundary[c] = link.latency;
+    if (link.bandwidth > 0 && !costs.boundary_bytes.empty()) {
+      boundary[c] += costs.boundary_bytes[c] / link.bandwidth;
     }
+    any_delay = any_delay || boundary[c] > 0;
   }
+  if (any_delay) delay = std::move(boundary);
   SimulationResult result;
   result.timeline.placement = plan.placement;
   PT_ASSIGN_OR_RETURN(result.timeline.workers,

@@ -62,6 +62,10 @@ struct CostModel {
   // size. Entry S*V-1 is unused. Empty: messages cost only the link latency.
   std::vector<double> boundary_bytes;
   LinkModel link;
+  // Optional, [chunk c]: the link chunk c's output crosses to chunk c + 1 and its gradient back
+  // (between the two chunks' owners), instead of `link`. Size S*V; entry S*V-1 is unused. Empty:
+  // `link` for every boundary. (A boundary within one rank costs nothing either way.)
+  std::vector<LinkModel> boundary_links;
   // Optional measured durations, [rank][position] with the plan's shape; when non-empty they
   // replace chunk_costs (e.g. to replay a measured step through a different link model).
   std::vector<std::vector<double>> action_durations;

@@ -73,7 +73,8 @@ TEST(MeasuredLinksTest, TheCoordinatorReportsTheLinkItsWorkersMeasured) {
   const testing::CommandRun plan = testing::RunCommand(PlanCommand(daemons));
   EXPECT_EQ(plan.exit_code, 0) << plan.out;
   EXPECT_THAT(plan.out, HasSubstr("(the worst of 1 measured link between the coordinator's "
-                                  "workers)"));
+                                  "workers; each measured pair's own latency and bandwidth in "
+                                  "the plans)"));
   EXPECT_THAT(plan.out, HasSubstr("link measured: "));
   // Given figures override the measured ones.
   const testing::CommandRun given = testing::RunCommand(

@@ -149,6 +149,49 @@ TEST(PlanCommandTest, LinkFiguresSayWhereTheyCameFrom) {
   EXPECT_THAT(LinkFiguresText(mixed), HasSubstr("infinite bandwidth given"));
 }
 
+v1::MeasuredLink Link(const std::string& from, const std::string& to, double latency,
+                      double bandwidth, double cpu, const std::string& error = "") {
+  v1::MeasuredLink l;
+  l.set_from(from);
+  l.set_to(to);
+  l.set_latency_seconds(latency);
+  l.set_bytes_per_second(bandwidth);
+  l.set_cpu_seconds_per_message(cpu);
+  l.set_error(error);
+  return l;
+}
+
+// The worst of the measured links between the plan's workers goes to the figures, each measured
+// pair keeps its own latency and bandwidth (both ways), an unmeasured pair gets the worst; a
+// failed probe, or a link to a worker not planned for, counts for nothing.
+TEST(PlanCommandTest, MeasuredLinksGiveTheWorstAndEachPairItsOwn) {
+  const std::vector<plan::WorkerResources> workers = {{"a", 1, 0}, {"b", 1, 0}, {"c", 1, 0}};
+  PlanLinkFigures f;
+  ApplyMeasuredLinks({Link("b", "a", 1e-4, 2e9, 2e-5), Link("c", "a", 5e-4, 1e9, 1e-5),
+                      Link("c", "b", 9, 1, 9, "DEADLINE_EXCEEDED"), Link("x", "a", 9, 1, 9)},
+                     workers, &f);
+  EXPECT_EQ(f.latency, LinkFigureSource::kMeasured);
+  EXPECT_EQ(f.measured_on,
+            "the worst of 2 measured links between the coordinator's workers; each measured "
+            "pair's own latency and bandwidth in the plans");
+  EXPECT_DOUBLE_EQ(f.costs.latency_seconds, 5e-4);
+  EXPECT_DOUBLE_EQ(f.costs.bytes_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(f.costs.cpu_seconds_per_message, 2e-5);
+  ASSERT_EQ(f.pairs.size(), 3u);
+  EXPECT_DOUBLE_EQ(f.pairs[0][1].latency_seconds, 1e-4);  // a-b, measured b -> a
+  EXPECT_DOUBLE_EQ(f.pairs[1][0].bytes_per_second, 2e9);
+  EXPECT_DOUBLE_EQ(f.pairs[2][0].latency_seconds, 5e-4);
+  EXPECT_DOUBLE_EQ(f.pairs[1][2].latency_seconds, 5e-4);  // b-c failed: the worst
+  EXPECT_DOUBLE_EQ(f.pairs[1][2].bytes_per_second, 1e9);
+  for (const auto& row : f.pairs) {
+    for (const plan::LinkCosts& l : row) EXPECT_DOUBLE_EQ(l.cpu_seconds_per_message, 2e-5);
+  }
+  PlanLinkFigures none;
+  ApplyMeasuredLinks({Link("c", "b", 9, 1, 9, "UNAVAILABLE")}, workers, &none);
+  EXPECT_EQ(none.latency, LinkFigureSource::kDefault);
+  EXPECT_TRUE(none.pairs.empty());
+}
+
 TEST(PlanCommandTest, TableAndJsonNameTheLinkFigures) {
   PlanResult r = Result();
   r.link = Figures(LinkFigureSource::kGiven, LinkFigureSource::kGiven, LinkFigureSource::kGiven);

@@ -343,6 +343,49 @@ TEST(PlannerTest, ReplicasRunTheirShareThenReduceGradients) {
   EXPECT_GT(p->step_seconds, 15.0);
 }
 
+// Workers joined by different links: three stages whose first boundary crosses a link of 0.5 s +
+// 1000 bytes at 500 B/s (2.5 s a message) and whose second is free take 9 s of 1F1B compute +
+// 2 x 2.5 = 14 s; with that link between every pair, 9 + 4 x 2.5 = 19 s. A rank's reduction
+// crosses the link between its replicas' workers. Pair links of the wrong shape are refused.
+TEST(PlannerTest, PairLinksPriceEachMessageByTheLinkItCrosses) {
+  const std::vector<double> flops(3, 1.0);
+  const ModelCosts costs = Equal(3, 1, 1, 1, 1, 0, 1000);
+  PlannerOptions o = Options(1, 3);
+  const LinkCosts slow{0.5, 500, 0};
+  o.pair_links.assign(3, std::vector<LinkCosts>(3, LinkCosts{}));
+  o.pair_links[0][1] = o.pair_links[1][0] = slow;
+  absl::StatusOr<PlanChoice> mixed =
+      EvaluatePlan(flops, costs, o, 3, ScheduleKind::kOneFOneB, 1, 1);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_DOUBLE_EQ(mixed->step_seconds, 14.0);
+  o.pair_links.clear();
+  o.link = slow;
+  absl::StatusOr<PlanChoice> uniform =
+      EvaluatePlan(flops, costs, o, 3, ScheduleKind::kOneFOneB, 1, 1);
+  ASSERT_TRUE(uniform.ok()) << uniform.status();
+  EXPECT_DOUBLE_EQ(uniform->step_seconds, 19.0);
+
+  PlannerOptions r = Options(2, 2);
+  r.pair_links.assign(2, std::vector<LinkCosts>(2, LinkCosts{}));
+  r.pair_links[1][0].latency_seconds = 0.25;  // measured one way: the worse direction counts.
+  absl::StatusOr<PlanChoice> reduced =
+      EvaluatePlan(std::vector<double>(3, 1.0), costs, r, 1, ScheduleKind::kOneFOneB, 1, 2, 2);
+  ASSERT_TRUE(reduced.ok()) << reduced.status();
+  EXPECT_DOUBLE_EQ(reduced->reduction_seconds, 2 * 0.25);
+
+  r.pair_links.pop_back();
+  absl::StatusOr<PlanChoice> refused =
+      EvaluatePlan(std::vector<double>(3, 1.0), costs, r, 1, ScheduleKind::kOneFOneB, 1, 2, 2);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "pair links for 1 workers; there are 2");
+  r.pair_links = {{LinkCosts{}, LinkCosts{}}, {LinkCosts{0, -5, 0}, LinkCosts{}}};
+  refused =
+      EvaluatePlan(std::vector<double>(3, 1.0), costs, r, 1, ScheduleKind::kOneFOneB, 1, 2, 2);
+  EXPECT_EQ(refused.status().message(),
+            "the link from w1 to w0: latency must be in [0, 1e6] s and bandwidth 0 (infinite) or "
+            "in [1e-3, 1e30] bytes/s, got 0 s and -5 bytes/s");
+}
+
 // The reduction sends and receives one message per round for each chunk a rank holds, and one
 // per 4 MiB segment of a larger chunk: 2 replicas (2 rounds) of one stage at 0.1 s of CPU per
 // message and free latency and bandwidth reduce one chunk in 2 x 2 x 0.1 s, two chunks in twice

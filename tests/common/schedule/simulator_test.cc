@@ -335,6 +335,25 @@ TEST(SimulatorTest, LinkLatencyAndBandwidth) {
   EXPECT_DOUBLE_EQ(r->stats.makespan, 6);
 }
 
+// Each boundary may have a link of its own (workers joined by different networks): the same
+// 1F1B step over 3 stages, the first boundary 0.5 + 1000 / 500 = 2.5 per message, the second
+// free. F: [0,1) w0, arrives 3.5, [3.5,4.5) w1, [4.5,5.5) w2; B: [5.5,7.5) w2, [7.5,9.5) w1,
+// arrives 12, [12,14) w0. Empty: `link` everywhere.
+TEST(SimulatorTest, BoundaryLinksReplaceTheLinkPerBoundary) {
+  const Plan plan = Generated(ScheduleKind::kOneFOneB, 3, 1, 1);
+  CostModel costs = UniformCostModel(plan.placement, {1, 2, 1, 1});
+  costs.boundary_bytes = {1000, 1000, 0};
+  costs.boundary_links = {LinkModel{0.5, 500}, LinkModel{0, 0}, LinkModel{}};
+  absl::StatusOr<SimulationResult> r = Simulate(plan, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->stats.makespan, 14);
+  costs.boundary_links.clear();
+  costs.link = LinkModel{0.5, 500};
+  r = Simulate(plan, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->stats.makespan, 19);  // both boundaries 2.5 each way: 9 + 4 x 2.5.
+}
+
 TEST(SimulatorTest, CostsFromFlopsAndWorkerSpeeds) {
   const Plan plan = Generated(ScheduleKind::kGPipe, 2, 1, 1);
   absl::StatusOr<CostModel> costs =
@@ -413,6 +432,12 @@ TEST(SimulatorTest, NumbersOutsideTheirRangesAreRefused) {
   costs.worker_start = {0, 1e34};
   EXPECT_EQ(simulate(costs), "start time of rank 1 must be in [0, 1e+33] (got 1e+34)");
   costs.worker_start.clear();
+  costs.boundary_links = {LinkModel{}};
+  EXPECT_EQ(simulate(costs), "boundary links has 1 entries; the plan has 2 chunks");
+  costs.boundary_links = {LinkModel{0, -1}, LinkModel{}};
+  EXPECT_EQ(simulate(costs),
+            "link after chunk 0 bandwidth must be 0 (infinite) or in [0.001, 1e+30] (got -1)");
+  costs.boundary_links.clear();
   costs.action_durations = {{1, 1, 1, 1}, {1, 1, 1, 1e300}};
   EXPECT_EQ(simulate(costs),
             "measured duration of rank 1 position 3 must be in [0, 1e+33] (got 1e+300)");
