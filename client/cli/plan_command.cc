@@ -217,12 +217,12 @@ class ChunkTimings {
   }
 
   absl::StatusOr<std::vector<plan::ChunkSeconds>> operator()(
-      const std::vector<plan::LayerRange>& chunks, int microbatches) {
-    auto key = std::make_pair(chunks, microbatches);
+      const std::vector<plan::LayerRange>& chunks, int microbatches, int in_flight) {
+    auto key = std::make_tuple(chunks, microbatches, in_flight);
     if (auto it = seconds_.find(key); it != seconds_.end()) return it->second;
     PT_ASSIGN_OR_RETURN(std::vector<plan::ChunkSeconds> s,
                         plan::MeasureWorkerChunkSeconds(*net_, chunks, batch_ / microbatches,
-                                                        optimizer_, measure_));
+                                                        optimizer_, measure_, in_flight));
     seconds_.emplace(std::move(key), s);
     return s;
   }
@@ -232,7 +232,8 @@ class ChunkTimings {
   math::OptimizerConfig optimizer_;
   int64_t batch_;
   plan::MeasureOptions measure_;
-  std::map<std::pair<std::vector<plan::LayerRange>, int>, std::vector<plan::ChunkSeconds>> seconds_;
+  std::map<std::tuple<std::vector<plan::LayerRange>, int, int>, std::vector<plan::ChunkSeconds>>
+      seconds_;
 };
 
 // Confines the calling thread to the first `threads` CPUs it may use while it lives, as `pipetrain
@@ -370,8 +371,8 @@ absl::StatusOr<PlanResult> ComputePlans(const PlanCommandOptions& o) {
   po.link = result.link.costs;
   po.pair_links = result.link.pairs;
   po.step_overhead_seconds = o.step_overhead_seconds;
-  po.chunk_timer = [&timings](const std::vector<plan::LayerRange>& chunks, int m) {
-    return timings(chunks, m);
+  po.chunk_timer = [&timings](const std::vector<plan::LayerRange>& chunks, int m, int in_flight) {
+    return timings(chunks, m, in_flight);
   };
   po.threads = o.training.threads;
   po.max_replicas = static_cast<int>(result.workers.size());

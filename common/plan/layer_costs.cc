@@ -244,10 +244,14 @@ absl::StatusOr<ModelCosts> MeasureLayerCosts(const model::Model& model, int64_t 
 
 absl::StatusOr<std::vector<ChunkSeconds>> MeasureWorkerChunkSeconds(
     const model::Model& model, const std::vector<LayerRange>& chunks, int64_t samples,
-    const math::OptimizerConfig& optimizer, const MeasureOptions& options) {
+    const math::OptimizerConfig& optimizer, const MeasureOptions& options, int in_flight) {
   PT_RETURN_IF_ERROR(CheckCostArguments(samples, 1));
   PT_RETURN_IF_ERROR(CheckMeasureOptions(options));
   PT_RETURN_IF_ERROR(CheckWorkerChunks(model, chunks));
+  if (in_flight < 1 || in_flight > kMaxTimedInFlight) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batches in flight must be in [1, ",
+                                                   kMaxTimedInFlight, "], got ", in_flight));
+  }
   model.kernels().ConfigureEigen(options.threads);
   std::vector<ChunkRig> rigs;
   rigs.reserve(chunks.size());
@@ -257,19 +261,29 @@ absl::StatusOr<std::vector<ChunkSeconds>> MeasureWorkerChunkSeconds(
   }
   std::vector<ChunkSamples> times(chunks.size());
   double timed = 0;  // CPU seconds of the timed repeats.
+  const double per_mb = 1.0 / in_flight;
   for (int r = 0; r <= options.repeats || (timed < options.min_seconds && r <= kMaxRepeats); ++r) {
-    std::vector<model::MicrobatchState> mbs(rigs.size());
+    // [mb][chunk]: K micro-batches' states, all alive from their F to their W.
+    std::vector<std::vector<model::MicrobatchState>> mbs(
+        in_flight, std::vector<model::MicrobatchState>(rigs.size()));
     std::vector<ChunkSeconds> s(rigs.size());
-    for (size_t k = 0; k < rigs.size(); ++k) s[k].forward = rigs[k].Forward(&mbs[k]);
-    for (size_t k = rigs.size(); k-- > 0;) {
-      s[k].backward_input = rigs[k].BackwardInput(&mbs[k]);
-      s[k].backward_weight = rigs[k].BackwardWeight(&mbs[k]);
+    for (int mb = 0; mb < in_flight; ++mb) {
+      for (size_t k = 0; k < rigs.size(); ++k)
+        s[k].forward += rigs[k].Forward(&mbs[mb][k]) * per_mb;
+    }
+    for (int mb = 0; mb < in_flight; ++mb) {
+      for (size_t k = rigs.size(); k-- > 0;) {
+        s[k].backward_input += rigs[k].BackwardInput(&mbs[mb][k]) * per_mb;
+        s[k].backward_weight += rigs[k].BackwardWeight(&mbs[mb][k]) * per_mb;
+      }
+      mbs[mb].clear();  // its stashes freed, as W frees them.
     }
     for (size_t k = 0; k < rigs.size(); ++k) s[k].optimizer = rigs[k].Update(r + 1);
     if (r == 0) continue;  // warm-up: first touches, parameter caches.
     for (size_t k = 0; k < rigs.size(); ++k) {
       times[k].Add(s[k]);
-      timed += s[k].forward + s[k].backward_input + s[k].backward_weight + s[k].optimizer;
+      timed +=
+          (s[k].forward + s[k].backward_input + s[k].backward_weight) * in_flight + s[k].optimizer;
     }
   }
   std::vector<ChunkSeconds> out;

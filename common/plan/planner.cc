@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -153,11 +154,11 @@ ChunkSeconds SumLayers(const ModelCosts& costs, int first, int last) {
   return sum;
 }
 
-// Chunk c's seconds at costs.gflops: from options.chunk_timer (given the chunks c's owner holds),
-// else its layers' sums.
+// Chunk c's seconds at costs.gflops: from options.chunk_timer (given the chunks c's owner holds
+// and the micro-batches it keeps in flight), else its layers' sums.
 absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
                                        const ModelCosts& costs, const PlannerOptions& options,
-                                       int microbatches) {
+                                       int microbatches, int in_flight) {
   if (options.chunk_timer) {
     const schedule::Placement& placement = cut.placement;
     std::vector<LayerRange> held;
@@ -167,7 +168,9 @@ absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
       if (k == c) index = held.size();
       held.push_back({cut.boundaries[k], cut.boundaries[k + 1]});
     }
-    PT_ASSIGN_OR_RETURN(std::vector<ChunkSeconds> seconds, options.chunk_timer(held, microbatches));
+    PT_ASSIGN_OR_RETURN(
+        std::vector<ChunkSeconds> seconds,
+        options.chunk_timer(held, microbatches, std::min(in_flight, kMaxTimedInFlight)));
     if (seconds.size() != held.size()) {
       return absl::InternalError(absl::StrCat("the chunk timer gave ", seconds.size(),
                                               " figures for ", held.size(), " chunks"));
@@ -240,7 +243,7 @@ absl::StatusOr<OpScales> RankScales(const PlannerOptions& options, const ModelCo
 absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cut,
                                                   const ModelCosts& costs,
                                                   const PlannerOptions& options, int microbatches,
-                                                  int replicas) {
+                                                  int replicas, const std::vector<int>& in_flight) {
   const schedule::Placement& placement = cut.placement;
   const double threads = static_cast<double>(placement.stages) * replicas * options.threads;
   const double share = options.host_cpus > 0 ? std::min(1.0, options.host_cpus / threads) : 1.0;
@@ -252,7 +255,7 @@ absl::StatusOr<schedule::CostModel> PlanCostModel(const partition::Partition& cu
                         RankScales(options, costs, placement.stages, replicas, owner,
                                    cut.boundaries[c], cut.boundaries[c + 1]));
     PT_ASSIGN_OR_RETURN(const ChunkSeconds seconds,
-                        ChunkCost(cut, c, costs, options, microbatches));
+                        ChunkCost(cut, c, costs, options, microbatches, in_flight[owner]));
     const MessageCounts messages = CountMessages(placement, c);
     const double cpu = options.link.cpu_seconds_per_message;
     schedule::OpCosts op{
@@ -436,6 +439,23 @@ double StepEnd(const partition::Partition& cut, const ModelCosts& costs,
 }
 }  // namespace
 
+std::vector<int> InFlightOf(const schedule::Plan& plan) {
+  std::vector<int> out;
+  for (const std::vector<schedule::Action>& actions : plan.actions) {
+    std::set<int> chunks;
+    int alive = 0;
+    int peak = 0;
+    for (const schedule::Action& a : actions) {
+      chunks.insert(a.chunk);
+      if (a.op == schedule::Op::kForward) peak = std::max(peak, ++alive);
+      if (a.op == schedule::Op::kBackward || a.op == schedule::Op::kWeightGrad) --alive;
+    }
+    const int held = std::max<int>(1, static_cast<int>(chunks.size()));
+    out.push_back(std::max(1, (peak + held - 1) / held));
+  }
+  return out;
+}
+
 double CoordinatorSeconds(int microbatches, int workers, double cpu_seconds_per_message) {
   return (2.0 * microbatches + 3.0 * workers + 4.0) * cpu_seconds_per_message;
 }
@@ -488,7 +508,7 @@ absl::StatusOr<PlanChoice> EvaluatePlan(const std::vector<double>& partition_cos
           options.partition_by_layer_costs ? choice.layer_costs : partition_costs, popts));
   const std::vector<WorkerResources> ranks = RankResources(options, stages, replicas);
   PT_ASSIGN_OR_RETURN(const schedule::CostModel cost_model,
-                      PlanCostModel(cut, costs, options, microbatches, replicas));
+                      PlanCostModel(cut, costs, options, microbatches, replicas, InFlightOf(plan)));
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(plan, cost_model));
   choice.replicas = replicas;
   choice.stages = stages;

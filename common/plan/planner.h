@@ -41,10 +41,11 @@ struct LinkCosts {
 };
 
 // The seconds of one micro-batch on each of one worker's chunks (their layer ranges, in chunk
-// order) when a step has `microbatches` of them, at the speed ModelCosts::gflops, [k] for
-// chunks[k]: timed together, as the worker runs them (e.g. MeasureWorkerChunkSeconds, memoized).
+// order) when a step has `microbatches` of them and the worker keeps up to `in_flight` of them
+// in flight (in [1, kMaxTimedInFlight]), at the speed ModelCosts::gflops, [k] for chunks[k]: timed
+// together, as the worker runs them (e.g. MeasureWorkerChunkSeconds, memoized).
 using ChunkTimer = std::function<absl::StatusOr<std::vector<ChunkSeconds>>(
-    const std::vector<LayerRange>& chunks, int microbatches)>;
+    const std::vector<LayerRange>& chunks, int microbatches, int in_flight)>;
 
 struct PlannerOptions {
   int64_t batch = 0;                     // B, samples per step, >= 1.
@@ -67,8 +68,9 @@ struct PlannerOptions {
   // (the ModelCosts' seconds for them), instead of times ModelCosts::gflops / w's gflops. A
   // worker with no entry at a plan's micro-batch size is scaled by its gflops.
   std::vector<std::map<int64_t, ModelCosts>> measured;
-  // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them);
-  // unset: the sums of the layers' seconds in the ModelCosts.
+  // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them,
+  // with as many micro-batches in flight as the plan keeps on the worker at its peak, at most
+  // kMaxTimedInFlight: InFlightOf); unset: the sums of the layers' seconds in the ModelCosts.
   ChunkTimer chunk_timer;
   // > 0: the workers share one host of this many CPUs with the coordinator and the client
   // (`pipetrain local`): a plan of R x S workers runs R x S x threads compute threads, and where
@@ -124,6 +126,11 @@ struct PlanChoice {
 // targets fed (2 M), RunStep, StepDone and Commit with each worker (3 R S), and the client's
 // TrainStep request and answer at both ends (4). Pure.
 double CoordinatorSeconds(int microbatches, int workers, double cpu_seconds_per_message);
+
+// Per rank of `plan`, the most micro-batches it keeps in flight at once: the peak count of
+// (micro-batch, chunk) states alive (from F to the W, or B, that ends them) over the chunks it
+// holds, rounded up; at least 1. Pure.
+std::vector<int> InFlightOf(const schedule::Plan& plan);
 
 // "4 stages x 2 virtual, interleaved, 8 micro-batches" style label for messages.
 std::string PlanLabel(const PlanChoice& plan);

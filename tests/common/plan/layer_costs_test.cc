@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/model.h"
 #include "gtest/gtest.h"
 
@@ -106,6 +107,22 @@ TEST(LayerCostsTest, WorkerChunkSecondsHaveAFigurePerChunk) {
            {}, {{1, 2}, {0, 1}}, {{0, 2}, {1, 3}}, {{0, 1}, {1, 4}}}) {
     absl::Status st = MeasureWorkerChunkSeconds(*m, bad, 2, adamw, options).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad.size();
+  }
+  // With micro-batches in flight: still a figure per chunk and op, per micro-batch.
+  s = MeasureWorkerChunkSeconds(*m, {{0, 1}, {2, 3}}, 2, adamw, options, kMaxTimedInFlight);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->size(), 2u);
+  for (const ChunkSeconds& c : *s) {
+    for (double t : {c.forward, c.backward_input, c.backward_weight, c.optimizer}) {
+      EXPECT_TRUE(std::isfinite(t) && t >= 0);
+    }
+  }
+  for (const int in_flight : {0, kMaxTimedInFlight + 1}) {
+    absl::Status st =
+        MeasureWorkerChunkSeconds(*m, {{0, 1}}, 2, adamw, options, in_flight).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << in_flight;
+    EXPECT_EQ(st.message(),
+              absl::StrCat("micro-batches in flight must be in [1, 16], got ", in_flight));
   }
 }
 

@@ -68,31 +68,38 @@ TEST(PlannerTest, MessageCpuIsChargedToTheOpsThatMoveTensors) {
   EXPECT_DOUBLE_EQ(p->step_seconds, 15.0);
 }
 
-// A chunk timer replaces the layers' sums, once per chunk and micro-batch count.
+// A chunk timer replaces the layers' sums, once per chunk, micro-batch count and micro-batches in
+// flight (GPipe keeps both of a step's 2 in flight on each rank; 1F1B over 2 stages and 4
+// micro-batches 2 on rank 0 and 1 on rank 1).
 TEST(PlannerTest, ChunkTimerGivesTheChunksSeconds) {
   const std::vector<double> flops(4, 1.0);
   PlannerOptions o = Options(2, 2);
-  std::vector<std::pair<std::vector<LayerRange>, int>> calls;
-  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks,
-                           int m) -> absl::StatusOr<std::vector<ChunkSeconds>> {
-    calls.emplace_back(chunks, m);
+  using Call = std::tuple<std::vector<LayerRange>, int, int>;
+  std::vector<Call> calls;
+  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks, int m,
+                           int in_flight) -> absl::StatusOr<std::vector<ChunkSeconds>> {
+    calls.emplace_back(chunks, m, in_flight);
     return std::vector<ChunkSeconds>(chunks.size(), ChunkSeconds{1, 1, 1, 0.5});
   };
   absl::StatusOr<PlanChoice> p =
       EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2);
   ASSERT_TRUE(p.ok()) << p.status();
-  using Call = std::pair<std::vector<LayerRange>, int>;
-  EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 2}, {{{2, 4}}, 2}}));
+  EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 2, 2}, {{{2, 4}}, 2, 2}}));
   // The update (0.5 s) first, then GPipe with F 1, B 2 over 2 stages and 2 micro-batches: 9 s.
   EXPECT_DOUBLE_EQ(p->step_seconds, 9.5);
-  o.chunk_timer = [](const std::vector<LayerRange>&,
+  calls.clear();
+  o.batch = 4;
+  ASSERT_TRUE(EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kOneFOneB, 1, 4).ok());
+  EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 4, 2}, {{{2, 4}}, 4, 1}}));
+  o.batch = 2;
+  o.chunk_timer = [](const std::vector<LayerRange>&, int,
                      int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
     return absl::ResourceExhaustedError("chunk too large");
   };
   EXPECT_EQ(
       EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kGPipe, 1, 2).status().code(),
       absl::StatusCode::kResourceExhausted);
-  o.chunk_timer = [](const std::vector<LayerRange>&,
+  o.chunk_timer = [](const std::vector<LayerRange>&, int,
                      int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
     return std::vector<ChunkSeconds>{};
   };
@@ -107,7 +114,7 @@ TEST(PlannerTest, ChunkTimerTimesAWorkersChunksTogether) {
   const std::vector<double> flops(4, 1.0);
   PlannerOptions o = Options(2, 2);
   std::map<std::vector<LayerRange>, int> calls;
-  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks,
+  o.chunk_timer = [&calls](const std::vector<LayerRange>& chunks, int,
                            int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
     ++calls[chunks];
     std::vector<ChunkSeconds> s;
