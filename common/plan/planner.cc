@@ -168,9 +168,18 @@ absl::StatusOr<ChunkSeconds> ChunkCost(const partition::Partition& cut, int c,
       if (k == c) index = held.size();
       held.push_back({cut.boundaries[k], cut.boundaries[k + 1]});
     }
-    PT_ASSIGN_OR_RETURN(
-        std::vector<ChunkSeconds> seconds,
-        options.chunk_timer(held, microbatches, std::min(in_flight, kMaxTimedInFlight)));
+    // At most kMaxTimedInFlight micro-batches, and no more than kMaxTimedStashBytes of their
+    // stashes: the timer allocates them all.
+    double stash = 0;
+    for (const LayerRange& r : held) {
+      for (int64_t l = r.first; l < r.last; ++l) stash += costs.layers[l].activation_bytes;
+    }
+    int timed = std::min(in_flight, kMaxTimedInFlight);
+    if (stash > 0) {
+      timed = static_cast<int>(std::max(1.0, std::min<double>(timed, kMaxTimedStashBytes / stash)));
+    }
+    PT_ASSIGN_OR_RETURN(std::vector<ChunkSeconds> seconds,
+                        options.chunk_timer(held, microbatches, timed));
     if (seconds.size() != held.size()) {
       return absl::InternalError(absl::StrCat("the chunk timer gave ", seconds.size(),
                                               " figures for ", held.size(), " chunks"));

@@ -69,8 +69,9 @@ struct PlannerOptions {
   // worker with no entry at a plan's micro-batch size is scaled by its gflops.
   std::vector<std::map<int64_t, ModelCosts>> measured;
   // Set: each chunk's seconds come from it (a worker's chunks timed together, as it runs them,
-  // with as many micro-batches in flight as the plan keeps on the worker at its peak, at most
-  // kMaxTimedInFlight: InFlightOf); unset: the sums of the layers' seconds in the ModelCosts.
+  // with as many micro-batches in flight as the plan keeps on the worker at its peak, InFlightOf,
+  // at most kMaxTimedInFlight and as many as kMaxTimedStashBytes of their stashes hold, at least
+  // one); unset: the sums of the layers' seconds in the ModelCosts.
   ChunkTimer chunk_timer;
   // > 0: the workers share one host of this many CPUs with the coordinator and the client
   // (`pipetrain local`): a plan of R x S workers runs R x S x threads compute threads, and where
@@ -126,6 +127,9 @@ struct PlanChoice {
 // targets fed (2 M), RunStep, StepDone and Commit with each worker (3 R S), and the client's
 // TrainStep request and answer at both ends (4). Pure.
 double CoordinatorSeconds(int microbatches, int workers, double cpu_seconds_per_message);
+
+// The most bytes of stashed activations a chunk timer is asked to hold at once (1 GiB).
+inline constexpr double kMaxTimedStashBytes = double{1 << 30};
 
 // Per rank of `plan`, the most micro-batches it keeps in flight at once: the peak count of
 // (micro-batch, chunk) states alive (from F to the W, or B, that ends them) over the chunks it

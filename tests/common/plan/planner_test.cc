@@ -91,7 +91,13 @@ TEST(PlannerTest, ChunkTimerGivesTheChunksSeconds) {
   o.batch = 4;
   ASSERT_TRUE(EvaluatePlan(flops, Equal(4, 1, 9, 9, 9), o, 2, ScheduleKind::kOneFOneB, 1, 4).ok());
   EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 4, 2}, {{{2, 4}}, 4, 1}}));
+  // No more micro-batches than kMaxTimedStashBytes of stashes hold: 2 layers of 512 MiB each.
+  calls.clear();
   o.batch = 2;
+  ASSERT_TRUE(
+      EvaluatePlan(flops, Equal(4, 1, 9, 9, 9, 512.0 * (1 << 20)), o, 2, ScheduleKind::kGPipe, 1, 2)
+          .ok());
+  EXPECT_EQ(calls, (std::vector<Call>{{{{0, 2}}, 2, 1}, {{{2, 4}}, 2, 1}}));
   o.chunk_timer = [](const std::vector<LayerRange>&, int,
                      int) -> absl::StatusOr<std::vector<ChunkSeconds>> {
     return absl::ResourceExhaustedError("chunk too large");
