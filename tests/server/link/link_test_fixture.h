@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/link/exchange_service.h"
 #include "server/link/peer_link.h"
+#include "tests/server/link/loopback_server.h"
 
 namespace pipetrain::link::testing {
 
@@ -161,8 +162,7 @@ class Collector {
 class LinkTest : public ::testing::Test {
  protected:
   void StartServer(LinkOptions options = {}, wire::FrameValidation validation = Validation()) {
-    auto service = ExchangeService::Create(
-        options,
+    server_ = std::make_unique<LoopbackServer>(
         [this, validation](const PeerHello& hello,
                            std::unique_ptr<PeerLink> link) -> absl::StatusOr<LinkSettings> {
           absl::MutexLock lock(&mu_);
@@ -170,18 +170,13 @@ class LinkTest : public ::testing::Test {
           hellos_.push_back(hello);
           server_links_.push_back(std::move(link));
           return LinkSettings{validation, server_collector_.Callbacks()};
-        });
-    ASSERT_TRUE(service.ok()) << service.status();
-    service_ = *std::move(service);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    service_->RegisterOn(&builder);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port_, 0);
+        },
+        options);
+    ASSERT_TRUE(server_->serving());
+    ASSERT_GT(server_->port(), 0);
   }
 
-  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Address() const { return server_->Address(); }
 
   std::unique_ptr<PeerLink> Connect(LinkOptions options = {}, int64_t generation = kGeneration,
                                     wire::FrameValidation validation = Validation()) {
@@ -215,7 +210,6 @@ class LinkTest : public ::testing::Test {
       absl::MutexLock lock(&mu_);
       for (auto& link : server_links_) link->Shutdown();
     }
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
     server_.reset();
   }
 
@@ -223,9 +217,7 @@ class LinkTest : public ::testing::Test {
   Collector client_collector_;
   Collector server_collector_;
 
-  std::unique_ptr<ExchangeService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  std::unique_ptr<LoopbackServer> server_;
 
   absl::Mutex mu_;  // protects the accept callback's state.
   std::vector<PeerHello> hellos_ ABSL_GUARDED_BY(mu_);

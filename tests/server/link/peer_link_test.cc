@@ -245,7 +245,7 @@ TEST_F(LinkTest, ServerShutdownFiresTheClientErrorCallback) {
   std::unique_ptr<PeerLink> client = Connect();
   ASSERT_NE(client, nullptr);
   ASSERT_NE(ServerLink(0), nullptr);
-  server_->Shutdown(std::chrono::system_clock::now());
+  server_->Shutdown();
   const absl::Status status = client_collector_.WaitForError();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_TRUE(WaitClosed(client.get()));
@@ -268,7 +268,7 @@ TEST_F(LinkTest, ServerLinkShutdownFiresTheClientErrorCallback) {
 TEST_F(LinkTest, ConnectingToNobodyIsUnavailable) {
   StartServer();
   const std::string address = Address();
-  server_->Shutdown(std::chrono::system_clock::now());  // the port is now closed.
+  server_->Shutdown();  // the port is now closed.
   auto link =
       PeerLink::Connect(CreateExchangeChannel(address), address, Hello("stage/0", kGeneration),
                         LinkOptions(), LinkSettings{Validation(), client_collector_.Callbacks()});

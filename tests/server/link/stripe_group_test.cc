@@ -152,7 +152,7 @@ TEST_F(LinkTest, EachStripeIsItsOwnTcpConnection) {
   ASSERT_TRUE(client->WaitFor([](const LinkStats& s) { return s.credit_granted >= 4 * (8 << 20); },
                               kTimeout));
   const pipetrain::testing::CommandRun ss = pipetrain::testing::RunCommand(
-      absl::StrCat("ss -tnH state established '( dport = :", port_, " )' 2>&1"));
+      absl::StrCat("ss -tnH state established '( dport = :", server_->port(), " )' 2>&1"));
   ASSERT_EQ(ss.exit_code, 0) << ss.out;
   const std::vector<std::string> lines = absl::StrSplit(ss.out, '\n', absl::SkipEmpty());
   EXPECT_EQ(lines.size(), 4u) << ss.out;

@@ -2,8 +2,6 @@
 // peers swap a 4 MB part (fragmented, credit-controlled) and both hold the same lower + upper
 // bits; AllReduceSum over the same link gives SumWithPeer's bits; a dialler of another generation
 // or without the link secret fails both peers' exchange with ABORTED or UNAUTHENTICATED.
-#include <grpcpp/grpcpp.h>
-
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -13,7 +11,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -22,6 +19,7 @@
 #include "server/link/peer_link.h"
 #include "server/worker/gradient_exchange.h"
 #include "server/worker/mailbox.h"
+#include "tests/server/link/loopback_server.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -81,8 +79,7 @@ struct Peer : public ExchangeTransport {
 class ExchangeLinkTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto service = link::ExchangeService::Create(
-        link::LinkOptions{},
+    server_ = std::make_unique<link::testing::LoopbackServer>(
         [this](const PeerHello& hello,
                std::unique_ptr<PeerLink> accepted) -> absl::StatusOr<LinkSettings> {
           if (hello.secret != kSecret) {
@@ -93,17 +90,11 @@ class ExchangeLinkTest : public ::testing::Test {
           upper_.link = upper_link_.get();
           return LinkSettings{Validation(), upper_.Callbacks()};
         });
-    ASSERT_TRUE(service.ok()) << service.status();
-    service_ = *std::move(service);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    service_->RegisterOn(&builder);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
+    ASSERT_TRUE(server_->serving());
   }
 
   void Dial(int64_t generation, const std::string& secret) {
-    const std::string address = absl::StrCat("127.0.0.1:", port_);
+    const std::string address = server_->Address();
     auto dialled = PeerLink::Connect(link::CreateExchangeChannel(address), address,
                                      PeerHello{"stage/0", {kJob, generation}, secret},
                                      link::LinkOptions{}, {Validation(), lower_.Callbacks()});
@@ -119,7 +110,7 @@ class ExchangeLinkTest : public ::testing::Test {
       absl::MutexLock lock(&upper_.mu);
       if (upper_link_ != nullptr) upper_link_->Shutdown();
     }
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+    if (server_ != nullptr) server_->Shutdown();
   }
 
   // SumWithPeer on both peers at once; returns {lower's, upper's}.
@@ -138,9 +129,7 @@ class ExchangeLinkTest : public ::testing::Test {
   }
 
   Peer lower_, upper_;
-  std::unique_ptr<link::ExchangeService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  std::unique_ptr<link::testing::LoopbackServer> server_;
   std::unique_ptr<PeerLink> lower_link_;
   std::unique_ptr<PeerLink> upper_link_;  // guarded by upper_.mu while the server runs.
 };
